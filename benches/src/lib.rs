@@ -1,0 +1,1 @@
+//! Benchmark support for idempo (bodies are generated in the bench targets).

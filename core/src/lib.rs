@@ -1,0 +1,32 @@
+//! # idempo-core
+//!
+//! The pure core of idempo, the library that makes "charge this card" safe to retry.
+//!
+//! ## Purity contract
+//!
+//! This crate performs **no IO, reads no clock, draws no randomness, spawns no threads and has no
+//! async code**. Time (`now`, in milliseconds on the store's clock) and entropy (fencing tokens,
+//! jitter samples, fresh keys) are always parameters supplied by the host. Every function is a
+//! deterministic map from its inputs to plain data, which is what lets the same decisions be
+//! model-checked (`stateright`), property-tested (`proptest`) and driven from Python, Node and Swift
+//! with identical results.
+//!
+//! ## Modules
+//!
+//! - [`canonical`]: RFC 8785 (JCS) canonical JSON with strict input validation and limits.
+//! - [`fingerprint`]: the versioned request fingerprint (SHA-256 or HMAC-SHA256).
+//! - [`key`]: `Idempotency-Key` header parsing and validation.
+//! - [`scope`]: collision-free scope ids from (principal, method, route, key).
+//! - [`retry`]: the client retry policy shared by every binding's client helper.
+//! - [`record`]: the stored record and its versioned encoding.
+//! - [`machine`]: the key state machine: `decide`, completion, takeover and the sans-IO server flow.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod canonical;
+pub mod fingerprint;
+pub mod key;
+pub mod machine;
+pub mod record;
+pub mod retry;
+pub mod scope;
