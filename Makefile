@@ -4,17 +4,31 @@
 #   make test    run every test (lint, Rust, and each binding's suite)
 #   make bench   print benchmark figures (never asserted)
 #   make lint    cargo fmt --check and clippy -D warnings
+#
+# Each binding adds its own verbs in mk/<binding>.mk and appends them to TEST_TARGETS,
+# BENCH_TARGETS; setup steps live in scripts/setup.d/.
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 CARGO ?= cargo
+TEST_TARGETS :=
+BENCH_TARGETS :=
+DEMO_TARGET := demo-cli
 
-.PHONY: demo test lint test-rust bench fmt clean
+.PHONY: demo demo-cli setup test lint test-rust bench bench-rust fmt clean
 
-demo:
+-include $(sort $(wildcard mk/*.mk))
+
+setup:
+	./scripts/setup.sh
+
+demo: setup $(DEMO_TARGET)
+
+demo-cli:
 	$(CARGO) build --release -q -p idempo-cli
 	./scripts/demo-cli.sh target/release/idempo
 
-test: lint test-rust
+test: setup lint test-rust $(TEST_TARGETS)
+	@echo "make test: all suites passed"
 
 lint:
 	$(CARGO) fmt --all --check
@@ -23,7 +37,9 @@ lint:
 test-rust:
 	$(CARGO) test --workspace -q
 
-bench:
+bench: bench-rust $(BENCH_TARGETS)
+
+bench-rust:
 	$(CARGO) bench -p idempo-benches
 
 fmt:
