@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Database servers used by the binding test suites (PostgreSQL and Redis from Debian's packages).
+# Nothing is started here: scripts/test-services.sh runs throwaway instances per test run.
+set -euo pipefail
+
+have_pg() {
+  command -v pg_ctl >/dev/null 2>&1 && return 0
+  compgen -G '/usr/lib/postgresql/*/bin/pg_ctl' >/dev/null
+}
+
+missing=()
+have_pg || missing+=(postgresql)
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+[ "${#missing[@]}" -eq 0 ] && exit 0
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "setup: missing ${missing[*]}; install them (apt-get install ${missing[*]}) or run setup as root" >&2
+  exit 1
+fi
+echo "setup: installing ${missing[*]} from Debian"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq >/dev/null
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
