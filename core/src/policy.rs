@@ -1,0 +1,496 @@
+//! Per-route policy: lease and heartbeat, takeover, response caching, retention, key requirement.
+//!
+//! Every value has a documented default ([`Config::default`]); the values that have invariants
+//! are built through validating constructors, so an invalid policy cannot exist at run time.
+use std::num::{NonZeroU8, NonZeroU64};
+
+use thiserror::Error;
+
+use crate::record::is_valid_header_name;
+
+/// Default lease: 30 s.
+pub const DEFAULT_LEASE_MS: u64 = 30_000;
+/// Default retention of a record: 24 h.
+pub const DEFAULT_TTL_MS: u64 = 24 * 60 * 60 * 1000;
+/// Default largest stored body: 1 MiB.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
+/// Default `Retry-After` hint for a 409 while another request holds the key: 1 s.
+pub const DEFAULT_IN_FLIGHT_RETRY_AFTER_MS: u64 = 1_000;
+/// Default `Retry-After` for a 503 (store unavailable or contention): 1 s.
+pub const DEFAULT_UNAVAILABLE_RETRY_AFTER_MS: u64 = 1_000;
+/// Default number of claim/get rounds before answering 503 contention.
+pub const DEFAULT_MAX_STORE_ROUNDS: u8 = 3;
+/// Shortest lease accepted: 1 s (clock steps and store latency make shorter leases unsafe).
+pub const MIN_LEASE_MS: u64 = 1_000;
+
+/// Headers stored for replays unless configured otherwise.
+pub const DEFAULT_STORED_HEADERS: &[&str] = &[
+    "content-type",
+    "content-language",
+    "content-location",
+    "location",
+    "etag",
+    "last-modified",
+    "cache-control",
+];
+
+/// Headers that may never be stored, even when configured: credentials, cookies, hop-by-hop
+/// fields, framing (the host recomputes it) and idempo's own replay marker.
+pub const FORBIDDEN_STORED_HEADERS: &[&str] = &[
+    "set-cookie",
+    "set-cookie2",
+    "cookie",
+    "authorization",
+    "proxy-authorization",
+    "proxy-authenticate",
+    "www-authenticate",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+    "date",
+    "idempotent-replayed",
+];
+
+/// Statuses never stored by default: transient answers a retry should re-run
+/// (408 Request Timeout, 409 Conflict, 425 Too Early, 429 Too Many Requests).
+pub const DEFAULT_TRANSIENT_STATUSES: &[u16] = &[408, 409, 425, 429];
+
+/// An invalid policy value.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The lease is shorter than [`MIN_LEASE_MS`].
+    #[error("lease of {0} ms is shorter than the minimum of 1000 ms")]
+    LeaseTooShort(u64),
+    /// The heartbeat interval is zero or not shorter than the lease.
+    #[error("heartbeat interval {heartbeat_ms} ms must be > 0 and < the lease ({lease_ms} ms)")]
+    BadHeartbeat {
+        /// Configured heartbeat interval.
+        heartbeat_ms: u64,
+        /// Configured lease.
+        lease_ms: u64,
+    },
+    /// A header name is not an RFC 9110 token.
+    #[error("{0:?} is not a valid header name")]
+    InvalidHeaderName(String),
+    /// A header that may never be stored (credentials, cookies, hop-by-hop) was allow-listed.
+    #[error("header {0:?} may never be stored for replays")]
+    ForbiddenHeader(String),
+    /// A status outside 100..=599 was listed.
+    #[error("status {0} is outside 100..=599")]
+    InvalidStatus(u16),
+}
+
+/// Lease length and heartbeat of in-progress records.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LeasePolicy {
+    lease_ms: u64,
+    heartbeat_ms: Option<u64>,
+}
+
+impl LeasePolicy {
+    /// A lease of `lease_ms` (≥ 1 s), renewed every `heartbeat_ms` while the handler runs
+    /// (`None`: never renewed, so the handler must finish within the lease).
+    pub fn new(lease_ms: u64, heartbeat_ms: Option<u64>) -> Result<Self, ConfigError> {
+        if lease_ms < MIN_LEASE_MS {
+            return Err(ConfigError::LeaseTooShort(lease_ms));
+        }
+        if let Some(hb) = heartbeat_ms {
+            if hb == 0 || hb >= lease_ms {
+                return Err(ConfigError::BadHeartbeat {
+                    heartbeat_ms: hb,
+                    lease_ms,
+                });
+            }
+        }
+        Ok(Self {
+            lease_ms,
+            heartbeat_ms,
+        })
+    }
+
+    /// A lease of `lease_ms` with a heartbeat every third of it.
+    pub fn with_default_heartbeat(lease_ms: u64) -> Result<Self, ConfigError> {
+        Self::new(lease_ms, Some(lease_ms / 3))
+    }
+
+    /// The lease length in ms.
+    #[must_use]
+    pub fn lease_ms(&self) -> u64 {
+        self.lease_ms
+    }
+
+    /// The heartbeat interval in ms, if heartbeats are on.
+    #[must_use]
+    pub fn heartbeat_ms(&self) -> Option<u64> {
+        self.heartbeat_ms
+    }
+}
+
+impl Default for LeasePolicy {
+    /// 30 s lease, heartbeat every 10 s.
+    fn default() -> Self {
+        Self {
+            lease_ms: DEFAULT_LEASE_MS,
+            heartbeat_ms: Some(DEFAULT_LEASE_MS / 3),
+        }
+    }
+}
+
+/// What a request does with an `InProgress` record whose lease has expired (its owner crashed,
+/// paused or was partitioned away).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum TakeoverPolicy {
+    /// Take the key over with a new fencing token and run the handler again. Choose this when the
+    /// side effect commits in the store's transaction or is keyed downstream with the generation's
+    /// downstream key; for an unkeyed external effect it gives an at-least-once window.
+    ReRun,
+    /// Mark the record outcome-unknown (terminal until it expires) and answer every retry with the
+    /// outcome-unknown problem: the handler runs at most once per generation.
+    #[default]
+    OutcomeUnknown,
+}
+
+/// Whether a route requires the `Idempotency-Key` header.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum KeyRequirement {
+    /// A request without a key is answered 400 (missing-key problem).
+    #[default]
+    Required,
+    /// A request without a key runs the handler without idempotency protection.
+    Optional,
+}
+
+/// Where the host applies its redaction hook to a response before it is stored.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Redaction {
+    /// Store the body exactly as the handler returned it.
+    #[default]
+    None,
+    /// The host calls its redaction hook and passes the result as
+    /// [`HandlerResponse::body_to_store`](crate::machine::HandlerResponse::body_to_store); the
+    /// flow then stores that copy and replays it, while the live client gets the original body.
+    HostHook,
+}
+
+/// A validated list of header names stored for replays (lowercase, no forbidden names).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct HeaderAllowlist {
+    names: Vec<String>,
+}
+
+impl HeaderAllowlist {
+    /// Validates `names` (case-insensitive); forbidden names are a [`ConfigError::ForbiddenHeader`].
+    pub fn new<I, S>(names: I) -> Result<Self, ConfigError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let mut out: Vec<String> = Vec::new();
+        for name in names {
+            let name = name.as_ref();
+            if !is_valid_header_name(name) {
+                return Err(ConfigError::InvalidHeaderName(name.to_owned()));
+            }
+            let lower = name.to_ascii_lowercase();
+            if FORBIDDEN_STORED_HEADERS.contains(&lower.as_str()) {
+                return Err(ConfigError::ForbiddenHeader(lower));
+            }
+            if !out.contains(&lower) {
+                out.push(lower);
+            }
+        }
+        out.sort();
+        Ok(Self { names: out })
+    }
+
+    /// True when a header of this name is stored (case-insensitive).
+    #[must_use]
+    pub fn allows(&self, name: &str) -> bool {
+        self.names.iter().any(|n| n.eq_ignore_ascii_case(name))
+    }
+
+    /// The lowercase names, sorted.
+    #[must_use]
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+}
+
+impl Default for HeaderAllowlist {
+    /// [`DEFAULT_STORED_HEADERS`].
+    fn default() -> Self {
+        let mut names: Vec<String> = DEFAULT_STORED_HEADERS
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+        names.sort();
+        Self { names }
+    }
+}
+
+/// Which handler responses are stored for replays, and how.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ResponsePolicy {
+    transient: Vec<u16>,
+    store_server_errors: bool,
+    max_body_bytes: usize,
+    headers: HeaderAllowlist,
+    redaction: Redaction,
+}
+
+/// What the policy says about one handler response.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[must_use]
+pub enum StoreVerdict {
+    /// Store it (complete the record).
+    Store,
+    /// Not stored: release the key so a retry runs the handler again.
+    Release,
+    /// Storable by status but the body exceeds the size cap: the outcome cannot be retained.
+    TooLarge,
+}
+
+impl ResponsePolicy {
+    /// Builds a policy. `transient` lists statuses never stored (a retry re-runs);
+    /// `store_server_errors` stores 5xx (except 503) as Stripe does, instead of releasing the key.
+    pub fn new(
+        transient: &[u16],
+        store_server_errors: bool,
+        max_body_bytes: usize,
+        headers: HeaderAllowlist,
+        redaction: Redaction,
+    ) -> Result<Self, ConfigError> {
+        let mut t = Vec::with_capacity(transient.len());
+        for &s in transient {
+            if !(100..=599).contains(&s) {
+                return Err(ConfigError::InvalidStatus(s));
+            }
+            if !t.contains(&s) {
+                t.push(s);
+            }
+        }
+        t.sort_unstable();
+        Ok(Self {
+            transient: t,
+            store_server_errors,
+            max_body_bytes,
+            headers,
+            redaction,
+        })
+    }
+
+    /// True when a response with this status is stored (size aside).
+    ///
+    /// Stored: 200..=499 except the transient list; 500..=599 except 503 only with
+    /// `store_server_errors`. Never: 1xx (not final) and anything outside 100..=599.
+    #[must_use]
+    pub fn stores_status(&self, status: u16) -> bool {
+        if self.transient.contains(&status) {
+            return false;
+        }
+        match status {
+            200..=499 => true,
+            503 => false,
+            500..=599 => self.store_server_errors,
+            _ => false,
+        }
+    }
+
+    /// The verdict for a response of `status` whose stored body has `body_len` bytes.
+    pub fn verdict(&self, status: u16, body_len: usize) -> StoreVerdict {
+        if !self.stores_status(status) {
+            StoreVerdict::Release
+        } else if body_len > self.max_body_bytes {
+            StoreVerdict::TooLarge
+        } else {
+            StoreVerdict::Store
+        }
+    }
+
+    /// Statuses never stored.
+    #[must_use]
+    pub fn transient(&self) -> &[u16] {
+        &self.transient
+    }
+
+    /// Whether 5xx (other than 503) are stored.
+    #[must_use]
+    pub fn store_server_errors(&self) -> bool {
+        self.store_server_errors
+    }
+
+    /// Largest stored body in bytes.
+    #[must_use]
+    pub fn max_body_bytes(&self) -> usize {
+        self.max_body_bytes
+    }
+
+    /// The header allowlist.
+    #[must_use]
+    pub fn headers(&self) -> &HeaderAllowlist {
+        &self.headers
+    }
+
+    /// Where redaction happens.
+    #[must_use]
+    pub fn redaction(&self) -> Redaction {
+        self.redaction
+    }
+}
+
+impl Default for ResponsePolicy {
+    /// 2xx–4xx except 408/409/425/429 stored, 5xx released, 1 MiB cap, default header allowlist,
+    /// no redaction.
+    fn default() -> Self {
+        Self {
+            transient: DEFAULT_TRANSIENT_STATUSES.to_vec(),
+            store_server_errors: false,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            headers: HeaderAllowlist::default(),
+            redaction: Redaction::None,
+        }
+    }
+}
+
+/// The complete per-route configuration of the key state machine.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Config {
+    /// Lease and heartbeat.
+    pub lease: LeasePolicy,
+    /// What to do with an expired lease.
+    pub takeover: TakeoverPolicy,
+    /// Which responses are stored.
+    pub response: ResponsePolicy,
+    /// Retention of a record after completion or outcome-unknown (and at least the lease while
+    /// in progress). Default 24 h.
+    pub ttl_ms: NonZeroU64,
+    /// Whether the route requires a key. Default required.
+    pub key: KeyRequirement,
+    /// `Retry-After` hint (ms) on a 409; the flow sends the smaller of this and the lease left.
+    pub in_flight_retry_after_ms: NonZeroU64,
+    /// `Retry-After` (ms) on a 503 (store unavailable, contention).
+    pub unavailable_retry_after_ms: NonZeroU64,
+    /// Store rounds (claim, get, takeover, mark-unknown) before the flow gives up with 503
+    /// contention. Default 3.
+    pub max_store_rounds: NonZeroU8,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            lease: LeasePolicy::default(),
+            takeover: TakeoverPolicy::default(),
+            response: ResponsePolicy::default(),
+            ttl_ms: nz64(DEFAULT_TTL_MS),
+            key: KeyRequirement::default(),
+            in_flight_retry_after_ms: nz64(DEFAULT_IN_FLIGHT_RETRY_AFTER_MS),
+            unavailable_retry_after_ms: nz64(DEFAULT_UNAVAILABLE_RETRY_AFTER_MS),
+            max_store_rounds: NonZeroU8::new(DEFAULT_MAX_STORE_ROUNDS).unwrap_or(NonZeroU8::MIN),
+        }
+    }
+}
+
+fn nz64(v: u64) -> NonZeroU64 {
+    NonZeroU64::new(v).unwrap_or(NonZeroU64::MIN)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_validation() {
+        assert_eq!(
+            LeasePolicy::new(999, None),
+            Err(ConfigError::LeaseTooShort(999))
+        );
+        assert!(LeasePolicy::new(1_000, None).is_ok());
+        assert!(matches!(
+            LeasePolicy::new(5_000, Some(5_000)),
+            Err(ConfigError::BadHeartbeat { .. })
+        ));
+        assert!(matches!(
+            LeasePolicy::new(5_000, Some(0)),
+            Err(ConfigError::BadHeartbeat { .. })
+        ));
+        let p = LeasePolicy::with_default_heartbeat(9_000).expect("valid");
+        assert_eq!((p.lease_ms(), p.heartbeat_ms()), (9_000, Some(3_000)));
+        let d = LeasePolicy::default();
+        assert_eq!((d.lease_ms(), d.heartbeat_ms()), (30_000, Some(10_000)));
+    }
+
+    #[test]
+    fn allowlist_refuses_forbidden_headers_in_any_case() {
+        for bad in [
+            "Set-Cookie",
+            "AUTHORIZATION",
+            "transfer-encoding",
+            "Connection",
+        ] {
+            assert!(
+                matches!(
+                    HeaderAllowlist::new([bad]),
+                    Err(ConfigError::ForbiddenHeader(_))
+                ),
+                "{bad}"
+            );
+        }
+        assert!(matches!(
+            HeaderAllowlist::new(["bad name"]),
+            Err(ConfigError::InvalidHeaderName(_))
+        ));
+        let a = HeaderAllowlist::new(["ETag", "x-request-id", "etag"]).expect("valid");
+        assert_eq!(a.names(), ["etag", "x-request-id"]);
+        assert!(a.allows("ETAG"));
+        assert!(!a.allows("content-type"));
+        let d = HeaderAllowlist::default();
+        for h in DEFAULT_STORED_HEADERS {
+            assert!(d.allows(h));
+            assert!(!FORBIDDEN_STORED_HEADERS.contains(h));
+        }
+    }
+
+    #[test]
+    fn default_status_policy() {
+        let p = ResponsePolicy::default();
+        for s in [200, 201, 204, 303, 400, 404, 410, 422] {
+            assert!(p.stores_status(s), "{s} stored");
+        }
+        for s in [100, 101, 408, 409, 425, 429, 500, 502, 503, 504, 600] {
+            assert!(!p.stores_status(s), "{s} not stored");
+        }
+        assert_eq!(p.verdict(201, DEFAULT_MAX_BODY_BYTES), StoreVerdict::Store);
+        assert_eq!(
+            p.verdict(201, DEFAULT_MAX_BODY_BYTES + 1),
+            StoreVerdict::TooLarge
+        );
+        assert_eq!(p.verdict(500, 10), StoreVerdict::Release);
+    }
+
+    #[test]
+    fn stripe_like_policy_stores_server_errors_but_not_503() {
+        let p = ResponsePolicy::new(
+            &[409, 429],
+            true,
+            10,
+            HeaderAllowlist::default(),
+            Redaction::None,
+        )
+        .expect("valid");
+        assert!(p.stores_status(500));
+        assert!(p.stores_status(408));
+        assert!(!p.stores_status(503));
+        assert!(!p.stores_status(409));
+        assert_eq!(p.verdict(500, 11), StoreVerdict::TooLarge);
+        assert_eq!(
+            ResponsePolicy::new(&[42], false, 1, HeaderAllowlist::default(), Redaction::None),
+            Err(ConfigError::InvalidStatus(42))
+        );
+    }
+}
