@@ -1,1 +1,274 @@
-//! (module under construction in this commit series)
+//! RFC 8785 (JCS) canonical JSON with strict input validation and limits.
+//!
+//! [`canonicalize`] turns a JSON text into its canonical UTF-8 bytes: members sorted by UTF-16 code
+//! units, ECMAScript number serialization, minimal string escaping, no whitespace. The input is
+//! read strictly: anything RFC 8259 / I-JSON does not allow is a typed [`CanonError`] naming the
+//! byte offset and, where there is one, the JSON Pointer of the value concerned. The normative
+//! profile is `spec/CANONICAL.md`.
+//!
+//! ```
+//! use idempo_core::canonical::canonicalize;
+//! let out = canonicalize(br#"{ "b": 1.50, "a": [true, "\u0041"] }"#).unwrap();
+//! assert_eq!(out, br#"{"a":[true,"A"],"b":1.5}"#);
+//! assert_eq!(canonicalize(br#"{"a":1,"\u0061":2}"#).unwrap_err().code(), "duplicate_member");
+//! ```
+//!
+//! # How it works
+//! One iterative pass (no recursion: depth is bounded by [`Limits::max_depth`] and by memory only,
+//! never by the call stack) parses the input into a flat tape. Strings without escapes are
+//! borrowed from the input. Each object's member indices are sorted once with an O(n log n) sort
+//! using a UTF-16 comparator over UTF-8 bytes; duplicates (compared after unescaping) are then
+//! adjacent. A second iterative walk writes the canonical bytes into a [`CanonSink`]: a `Vec<u8>`,
+//! or a hasher through [`DigestSink`] so the fingerprint never materializes the canonical text.
+//!
+//! # Errors and their order
+//! The parser reports the first error met left to right. Duplicate member names are reported when
+//! their object closes (offset: the later of the two names). [`NumberMode::RejectPrecisionLoss`]
+//! errors are reported while emitting, after the whole input has been validated. Partial output may
+//! have been written to the sink when an error is returned.
+
+mod emit;
+mod error;
+mod number;
+mod parse;
+mod pointer;
+mod sink;
+
+pub use error::{CanonError, CanonErrorKind};
+pub use number::format_number;
+pub use pointer::{Exclusions, MAX_EXCLUSIONS, PointerError};
+pub use sink::{CanonSink, DIGEST_SINK_BUFFER, DigestSink};
+
+/// Size and nesting limits applied before and while parsing.
+///
+/// The defaults are [`Limits::DEFAULT_MAX_INPUT_BYTES`] (8 MiB), [`Limits::DEFAULT_MAX_DEPTH`] (128)
+/// and [`Limits::DEFAULT_MAX_MEMBERS`] (100,000 per object). Depth counts open arrays and objects:
+/// `[]` has depth 1, a top-level scalar depth 0. Inputs are also capped at 4 GiB - 2 bytes whatever
+/// the configured size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest accepted input, in bytes.
+    pub max_input_bytes: usize,
+    /// Deepest accepted nesting of arrays and objects.
+    pub max_depth: usize,
+    /// Most members accepted in one object.
+    pub max_members: usize,
+}
+
+impl Limits {
+    /// Default for [`Limits::max_input_bytes`]: 8 MiB.
+    pub const DEFAULT_MAX_INPUT_BYTES: usize = 8 * 1024 * 1024;
+    /// Default for [`Limits::max_depth`]: 128.
+    pub const DEFAULT_MAX_DEPTH: usize = 128;
+    /// Default for [`Limits::max_members`]: 100,000.
+    pub const DEFAULT_MAX_MEMBERS: usize = 100_000;
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_input_bytes: Self::DEFAULT_MAX_INPUT_BYTES,
+            max_depth: Self::DEFAULT_MAX_DEPTH,
+            max_members: Self::DEFAULT_MAX_MEMBERS,
+        }
+    }
+}
+
+/// How number literals that a double cannot hold exactly are treated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NumberMode {
+    /// RFC 8785: round to the nearest double (`9007199254740993` becomes `9007199254740992`).
+    /// The default of [`canonicalize`].
+    #[default]
+    Rfc,
+    /// Accept a literal only when its decimal value equals the value of the shortest round-trip
+    /// form of its double (`0.1`, `1.10`, `100`, `1e2`, `-0` pass; `9007199254740993`,
+    /// `0.10000000000000001`, `1e-400` and `1152921504606846976` fail with
+    /// [`CanonErrorKind::PrecisionLoss`]). Integers of at most 15 digits are always exact. This
+    /// makes distinct accepted literals map to distinct outputs. The fingerprint's default.
+    RejectPrecisionLoss,
+}
+
+/// Options of [`canonicalize_with`] and [`canonicalize_to`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CanonOptions {
+    /// Input size, depth and member limits.
+    pub limits: Limits,
+    /// Number policy; [`NumberMode::Rfc`] by default.
+    pub numbers: NumberMode,
+}
+
+/// Canonicalize with the default options ([`Limits::default`], [`NumberMode::Rfc`]).
+///
+/// # Errors
+/// A [`CanonError`] for any input RFC 8259 / RFC 8785 rejects or a limit exceeded.
+pub fn canonicalize(input: &[u8]) -> Result<Vec<u8>, CanonError> {
+    canonicalize_with(input, &CanonOptions::default())
+}
+
+/// Canonicalize with explicit options, returning the canonical bytes.
+///
+/// # Errors
+/// A [`CanonError`] for any input RFC 8259 / RFC 8785 rejects or a limit exceeded.
+pub fn canonicalize_with(input: &[u8], opts: &CanonOptions) -> Result<Vec<u8>, CanonError> {
+    let mut out = Vec::with_capacity(input.len());
+    canonicalize_to(input, opts, &mut out)?;
+    Ok(out)
+}
+
+/// Canonicalize into `sink` without building the output in memory.
+///
+/// # Errors
+/// A [`CanonError`]; the sink may then hold partial output.
+pub fn canonicalize_to<S: CanonSink + ?Sized>(
+    input: &[u8],
+    opts: &CanonOptions,
+    sink: &mut S,
+) -> Result<(), CanonError> {
+    canonicalize_excluding_to(input, opts, &Exclusions::none(), sink)
+}
+
+/// Canonicalize into `sink`, leaving out the values that `exclusions` points at.
+///
+/// Excluded values are validated like every other value but not emitted (see [`Exclusions`]).
+///
+/// # Errors
+/// A [`CanonError`]; the sink may then hold partial output.
+pub fn canonicalize_excluding_to<S: CanonSink + ?Sized>(
+    input: &[u8],
+    opts: &CanonOptions,
+    exclusions: &Exclusions,
+    sink: &mut S,
+) -> Result<(), CanonError> {
+    let tape = parse::parse(input, &opts.limits, opts.numbers)?;
+    emit::emit(&tape, opts.numbers, exclusions, sink)
+}
+
+/// Check that `input` is acceptable (including the number policy) without producing output.
+///
+/// # Errors
+/// The [`CanonError`] that [`canonicalize_with`] would return.
+pub fn validate(input: &[u8], opts: &CanonOptions) -> Result<(), CanonError> {
+    struct Discard;
+    impl CanonSink for Discard {
+        fn write(&mut self, _bytes: &[u8]) {}
+    }
+    canonicalize_to(input, opts, &mut Discard)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn canon(s: &str) -> String {
+        String::from_utf8(canonicalize(s.as_bytes()).expect("valid")).expect("utf8")
+    }
+
+    fn code(s: &[u8]) -> (&'static str, usize, Option<String>) {
+        let e = canonicalize(s).expect_err("must fail");
+        (e.code(), e.offset, e.pointer)
+    }
+
+    #[test]
+    fn basics() {
+        assert_eq!(canon(" 1 "), "1");
+        assert_eq!(canon("-0"), "0");
+        assert_eq!(canon("-0.0"), "0");
+        assert_eq!(canon("\"\\u00e9\\n\\u001f/\\/\""), "\"\u{e9}\\n\\u001f//\"");
+        assert_eq!(
+            canon("[1e21, 1E-7, 0.000001, 56.0]"),
+            "[1e+21,1e-7,0.000001,56]"
+        );
+        assert_eq!(
+            canon("{\"b\":{\"d\":1,\"c\":2},\"a\":[]}"),
+            "{\"a\":[],\"b\":{\"c\":2,\"d\":1}}"
+        );
+        assert_eq!(canon("9007199254740993"), "9007199254740992");
+        assert_eq!(canon("{}"), "{}");
+        assert_eq!(canon("\"\u{FFFF}\u{FDD0}\""), "\"\u{FFFF}\u{FDD0}\"");
+    }
+
+    #[test]
+    fn rejections() {
+        assert_eq!(code(b"{\"a\":1,\"\\u0061\":2}").0, "duplicate_member");
+        assert_eq!(
+            code(b"{\"x\":{\"a\":1,\"a\":2}}"),
+            ("duplicate_member", 12, Some("/x/a".into()))
+        );
+        assert_eq!(code(b"[1, ]"), ("trailing_comma", 2, Some("".into())));
+        assert_eq!(
+            code(b"{\"a\":{\"b\":1,}}"),
+            ("trailing_comma", 11, Some("/a".into()))
+        );
+        assert_eq!(code(b"\xEF\xBB\xBF1").0, "byte_order_mark");
+        assert_eq!(code(b"[\"\xED\xA0\x80\"]").0, "lone_surrogate");
+        assert_eq!(
+            code(b"[\"\\uDC00\\uD800\"]"),
+            ("lone_surrogate", 2, Some("/0".into()))
+        );
+        assert_eq!(code(b"[\"\xff\"]").0, "invalid_utf8");
+        assert_eq!(code(b"01").0, "leading_zero");
+        assert_eq!(code(b"+1").0, "invalid_number");
+        assert_eq!(code(b".5").0, "invalid_number");
+        assert_eq!(code(b"1.").0, "invalid_number");
+        assert_eq!(code(b"NaN").0, "non_finite_number");
+        assert_eq!(code(b"-Infinity").0, "non_finite_number");
+        assert_eq!(code(b"1e400").0, "number_out_of_range");
+        assert_eq!(code(b"1 2"), ("trailing_data", 2, None));
+        assert_eq!(code(b"[1]//c").0, "comment");
+        assert_eq!(code(b"[\x0c1]").0, "invalid_whitespace");
+        assert_eq!(code(b"\"a\x01\"").0, "control_character");
+        assert_eq!(code(b"").0, "unexpected_end");
+        assert_eq!(code(b"tru").0, "invalid_literal");
+    }
+
+    #[test]
+    fn deep_nesting_is_an_error_not_a_crash() {
+        let deep = "[".repeat(100_000);
+        let e = canonicalize(deep.as_bytes()).expect_err("too deep");
+        assert_eq!(e.code(), "depth_limit");
+        assert_eq!(e.offset, 128);
+        let ok = format!("{}{}", "[".repeat(128), "]".repeat(128));
+        assert_eq!(canon(&ok), ok);
+        let opts = CanonOptions {
+            limits: Limits {
+                max_depth: 200_000,
+                ..Limits::default()
+            },
+            ..CanonOptions::default()
+        };
+        let huge = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        assert_eq!(
+            canonicalize_with(huge.as_bytes(), &opts).expect("deep ok"),
+            huge.as_bytes()
+        );
+    }
+
+    #[test]
+    fn precision_mode() {
+        let opts = CanonOptions {
+            numbers: NumberMode::RejectPrecisionLoss,
+            ..CanonOptions::default()
+        };
+        let e = canonicalize_with(b"{\"a\":[1,9007199254740993]}", &opts).expect_err("loss");
+        assert_eq!(
+            (e.code(), e.offset, e.pointer.as_deref()),
+            ("precision_loss", 8, Some("/a/1"))
+        );
+        assert!(canonicalize_with(b"[0.1,1.10,100,1e2,-0]", &opts).is_ok());
+    }
+
+    #[test]
+    fn exclusions() {
+        let ex = Exclusions::new(["/ts", "/items/0", "/items/1/trace"]).expect("valid");
+        let mut out = Vec::new();
+        canonicalize_excluding_to(
+            br#"{"ts":1,"items":[{"a":1},{"trace":"x","b":2}],"z":0}"#,
+            &CanonOptions::default(),
+            &ex,
+            &mut out,
+        )
+        .expect("valid");
+        assert_eq!(out, br#"{"items":[{"b":2}],"z":0}"#);
+    }
+}

@@ -1,0 +1,264 @@
+//! Canonical emission: walk the tape without recursion and write RFC 8785 bytes into a sink.
+
+use super::NumberMode;
+use super::error::{CanonError, CanonErrorKind as K};
+use super::number::{format_finite, literal_is_exact};
+use super::parse::{Node, Tag, Tape};
+use super::pointer::{Exclusions, push_token};
+use super::sink::CanonSink;
+
+enum Frame {
+    Object {
+        /// Next position in `members`, and the end of this object's range.
+        next: u32,
+        end: u32,
+        /// Current member's key node (for error pointers).
+        cur: u32,
+        mask: u64,
+        first: bool,
+    },
+    Array {
+        /// Next child node index and the end of the array's subtree.
+        next: u32,
+        end: u32,
+        /// Index of the next element.
+        idx: u32,
+        mask: u64,
+        first: bool,
+    },
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// Write `s` (unescaped, valid UTF-8) as a JSON string with RFC 8785 minimal escaping.
+#[inline]
+fn write_escaped<S: CanonSink + ?Sized>(sink: &mut S, s: &[u8]) {
+    sink.write_byte(b'"');
+    let mut run = 0;
+    for (i, &b) in s.iter().enumerate() {
+        let short: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            0x08 => b"\\b",
+            0x09 => b"\\t",
+            0x0A => b"\\n",
+            0x0C => b"\\f",
+            0x0D => b"\\r",
+            0x00..=0x1F => b"",
+            _ => continue,
+        };
+        sink.write(&s[run..i]);
+        if short.is_empty() {
+            sink.write(&[
+                b'\\',
+                b'u',
+                b'0',
+                b'0',
+                HEX[usize::from(b >> 4)],
+                HEX[usize::from(b & 0xF)],
+            ]);
+        } else {
+            sink.write(short);
+        }
+        run = i + 1;
+    }
+    sink.write(&s[run..]);
+    sink.write_byte(b'"');
+}
+
+#[inline]
+fn write_string<S: CanonSink + ?Sized>(tape: &Tape<'_>, n: Node, sink: &mut S) {
+    let bytes = tape.str_bytes(n);
+    if n.tag == Tag::Str {
+        // No escapes in the input: the raw bytes hold no `"`, `\` or control character.
+        sink.write_byte(b'"');
+        sink.write(bytes);
+        sink.write_byte(b'"');
+    } else {
+        write_escaped(sink, bytes);
+    }
+}
+
+struct Emitter<'t, 'a, S: CanonSink + ?Sized> {
+    tape: &'t Tape<'a>,
+    numbers: NumberMode,
+    excl: &'t Exclusions,
+    sink: &'t mut S,
+    stack: Vec<Frame>,
+    buf: ryu_js::Buffer,
+}
+
+/// Emit the canonical form of the tape's root value into `sink`.
+pub(crate) fn emit<S: CanonSink + ?Sized>(
+    tape: &Tape<'_>,
+    numbers: NumberMode,
+    excl: &Exclusions,
+    sink: &mut S,
+) -> Result<(), CanonError> {
+    let mut e = Emitter {
+        tape,
+        numbers,
+        excl,
+        sink,
+        stack: Vec::new(),
+        buf: ryu_js::Buffer::new(),
+    };
+    e.run()
+}
+
+impl<S: CanonSink + ?Sized> Emitter<'_, '_, S> {
+    #[cold]
+    fn pointer(&self) -> String {
+        let mut out = String::new();
+        for f in &self.stack {
+            match *f {
+                Frame::Object { cur, .. } => {
+                    push_token(&mut out, self.tape.str_bytes(self.tape.node(cur)));
+                }
+                Frame::Array { idx, .. } => {
+                    out.push('/');
+                    out.push_str(&idx.saturating_sub(1).to_string());
+                }
+            }
+        }
+        out
+    }
+
+    /// Write a value; containers push a frame and are finished by the main loop.
+    #[inline]
+    fn value(&mut self, i: u32, mask: u64) -> Result<(), CanonError> {
+        let n = self.tape.node(i);
+        match n.tag {
+            Tag::Null => self.sink.write(b"null"),
+            Tag::True => self.sink.write(b"true"),
+            Tag::False => self.sink.write(b"false"),
+            Tag::Int => {
+                let lit = self.tape.literal(n);
+                if lit == b"-0" {
+                    self.sink.write_byte(b'0');
+                } else {
+                    self.sink.write(lit);
+                }
+            }
+            Tag::Float => {
+                let v = self.tape.nums.get(n.c as usize).copied().unwrap_or(0.0);
+                let s = format_finite(v, &mut self.buf);
+                if self.numbers == NumberMode::RejectPrecisionLoss {
+                    let lit = self.tape.literal(n);
+                    if !literal_is_exact(lit, s) {
+                        return Err(CanonError::new(
+                            K::PrecisionLoss,
+                            n.a as usize,
+                            Some(self.pointer()),
+                        ));
+                    }
+                }
+                self.sink.write(s.as_bytes());
+            }
+            Tag::Str | Tag::StrOwned => write_string(self.tape, n, self.sink),
+            Tag::Array => {
+                self.sink.write_byte(b'[');
+                self.stack.push(Frame::Array {
+                    next: i + 1,
+                    end: n.b,
+                    idx: 0,
+                    mask,
+                    first: true,
+                });
+            }
+            Tag::Object => {
+                self.sink.write_byte(b'{');
+                self.stack.push(Frame::Object {
+                    next: n.a,
+                    end: n.a + n.c,
+                    cur: u32::MAX,
+                    mask,
+                    first: true,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn run(&mut self) -> Result<(), CanonError> {
+        let root_mask = self.excl.root_mask();
+        self.value(0, root_mask)?;
+        loop {
+            let depth = self.stack.len().saturating_sub(1);
+            let Some(top) = self.stack.last_mut() else {
+                return Ok(());
+            };
+            match top {
+                Frame::Object {
+                    next,
+                    end,
+                    cur,
+                    mask,
+                    first,
+                } => {
+                    if *next >= *end {
+                        self.sink.write_byte(b'}');
+                        self.stack.pop();
+                        continue;
+                    }
+                    let key = self.tape.members.get(*next as usize).copied().unwrap_or(0);
+                    *next += 1;
+                    *cur = key;
+                    let kn = self.tape.node(key);
+                    let child_mask = if *mask == 0 {
+                        0
+                    } else {
+                        match self
+                            .excl
+                            .descend(*mask, depth, Some(self.tape.str_bytes(kn)), 0)
+                        {
+                            Some(m) => m,
+                            None => continue,
+                        }
+                    };
+                    if !*first {
+                        self.sink.write_byte(b',');
+                    }
+                    *first = false;
+                    write_string(self.tape, kn, self.sink);
+                    self.sink.write_byte(b':');
+                    self.value(key + 1, child_mask)?;
+                }
+                Frame::Array {
+                    next,
+                    end,
+                    idx,
+                    mask,
+                    first,
+                } => {
+                    if *next >= *end {
+                        self.sink.write_byte(b']');
+                        self.stack.pop();
+                        continue;
+                    }
+                    let child = *next;
+                    let cn = self.tape.node(child);
+                    *next = match cn.tag {
+                        Tag::Array | Tag::Object => cn.b,
+                        _ => child + 1,
+                    };
+                    let this = *idx;
+                    *idx += 1;
+                    let child_mask = if *mask == 0 {
+                        0
+                    } else {
+                        match self.excl.descend(*mask, depth, None, this) {
+                            Some(m) => m,
+                            None => continue,
+                        }
+                    };
+                    if !*first {
+                        self.sink.write_byte(b',');
+                    }
+                    *first = false;
+                    self.value(child, child_mask)?;
+                }
+            }
+        }
+    }
+}

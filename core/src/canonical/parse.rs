@@ -1,0 +1,737 @@
+//! The strict, iterative JSON parser: input bytes to a flat tape.
+//!
+//! One pass over the input builds a `Vec<Node>`; strings without escapes are borrowed (a range of
+//! the input), others are unescaped once into one shared buffer. Each object's member keys are
+//! sorted by an O(n log n) sort when the object closes; duplicates are then adjacent.
+
+use std::cmp::Ordering;
+
+use super::error::{CanonError, CanonErrorKind as K};
+use super::pointer::push_token;
+use super::{Limits, NumberMode};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Tag {
+    Null,
+    True,
+    False,
+    /// Integer literal of at most 15 digits: exact, emitted as written (`-0` as `0`).
+    /// `a` = start, `b` = length in the input.
+    Int,
+    /// Other number. `a` = start, `b` = length, `c` = index into `nums`.
+    Float,
+    /// String without escapes. `a` = first content byte, `b` = length in the input.
+    Str,
+    /// Unescaped string. `a` = start, `b` = length in `strbuf`, `c` = offset of the opening quote.
+    StrOwned,
+    /// Array. `a` = offset of `[`, `b` = index of the node after the array's subtree.
+    Array,
+    /// Object. `a` = first index in `members`, `b` = index after the subtree, `c` = member count.
+    Object,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Node {
+    pub(crate) tag: Tag,
+    pub(crate) a: u32,
+    pub(crate) b: u32,
+    pub(crate) c: u32,
+}
+
+/// The parsed document: a flat arena the emitter walks without recursion.
+pub(crate) struct Tape<'a> {
+    pub(crate) input: &'a [u8],
+    pub(crate) nodes: Vec<Node>,
+    /// Per object, its member key node indices in canonical (UTF-16) order; value = key + 1.
+    pub(crate) members: Vec<u32>,
+    pub(crate) strbuf: Vec<u8>,
+    pub(crate) nums: Vec<f64>,
+}
+
+impl Tape<'_> {
+    /// The unescaped bytes of a string node.
+    #[inline]
+    pub(crate) fn str_bytes(&self, n: Node) -> &[u8] {
+        let (a, b) = (n.a as usize, n.b as usize);
+        match n.tag {
+            Tag::StrOwned => self.strbuf.get(a..a + b).unwrap_or(&[]),
+            _ => self.input.get(a..a + b).unwrap_or(&[]),
+        }
+    }
+
+    /// The literal text of a number node.
+    #[inline]
+    pub(crate) fn literal(&self, n: Node) -> &[u8] {
+        let (a, b) = (n.a as usize, n.b as usize);
+        self.input.get(a..a + b).unwrap_or(&[])
+    }
+
+    /// Byte offset where a string node starts (its opening quote).
+    pub(crate) fn str_offset(&self, n: Node) -> usize {
+        match n.tag {
+            Tag::StrOwned => n.c as usize,
+            _ => (n.a as usize).saturating_sub(1),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn node(&self, i: u32) -> Node {
+        self.nodes.get(i as usize).copied().unwrap_or(Node {
+            tag: Tag::Null,
+            a: 0,
+            b: 0,
+            c: 0,
+        })
+    }
+}
+
+/// Compare two UTF-8 strings by their UTF-16 code units (RFC 8785 §3.2.3).
+///
+/// Byte order equals code point order; it differs from UTF-16 order only where a supplementary
+/// character (4-byte lead F0–F4, surrogates D800–DBFF in UTF-16) meets U+E000–U+FFFF (lead EE or
+/// EF) at the first differing position, where the result is inverted.
+#[inline]
+pub(crate) fn cmp_utf16(a: &[u8], b: &[u8]) -> Ordering {
+    match a.iter().zip(b).position(|(x, y)| x != y) {
+        None => a.len().cmp(&b.len()),
+        Some(i) => {
+            let (x, y) = (a[i], b[i]);
+            if x >= 0xF0 && (y == 0xEE || y == 0xEF) {
+                Ordering::Less
+            } else if y >= 0xF0 && (x == 0xEE || x == 0xEF) {
+                Ordering::Greater
+            } else {
+                x.cmp(&y)
+            }
+        }
+    }
+}
+
+struct Frame {
+    node: u32,
+    is_obj: bool,
+    /// Objects: where this object's key indices start in `pending`.
+    pending_start: u32,
+    /// Objects: members so far. Arrays: elements started so far.
+    count: u32,
+    /// Objects: the key node of the member being read, or `NO_KEY`.
+    key: u32,
+}
+
+const NO_KEY: u32 = u32::MAX;
+const HI: u64 = 0x8080_8080_8080_8080;
+const LO: u64 = 0x0101_0101_0101_0101;
+
+/// Index of the first byte in `input[i..]` that is `"`, `\` or below 0x20 (or `input.len()`),
+/// and whether any byte before it is non-ASCII.
+#[inline]
+fn scan_string(input: &[u8], mut i: usize) -> (usize, bool) {
+    let mut high = 0u64;
+    while let Some(chunk) = input.get(i..i + 8) {
+        let mut w8 = [0u8; 8];
+        w8.copy_from_slice(chunk);
+        let w = u64::from_le_bytes(w8);
+        let q = w ^ (LO * u64::from(b'"'));
+        let s = w ^ (LO * u64::from(b'\\'));
+        let m =
+            (q.wrapping_sub(LO) & !q | s.wrapping_sub(LO) & !s | w.wrapping_sub(LO * 0x20) & !w)
+                & HI;
+        if m != 0 {
+            let k = (m.trailing_zeros() / 8) as usize;
+            // Only bytes before the hit count for the non-ASCII flag.
+            let before = if k == 0 {
+                0
+            } else {
+                w & (u64::MAX >> (64 - 8 * k as u32))
+            };
+            return (i + k, (high | before) & HI != 0);
+        }
+        high |= w;
+        i += 8;
+    }
+    let mut hb = high & HI != 0;
+    while let Some(&b) = input.get(i) {
+        if b == b'"' || b == b'\\' || b < 0x20 {
+            return (i, hb);
+        }
+        hb |= b >= 0x80;
+        i += 1;
+    }
+    (i, hb)
+}
+
+#[inline]
+fn hex4(bytes: &[u8]) -> Option<u16> {
+    let mut v: u16 = 0;
+    for &b in bytes.get(..4)? {
+        let d = match b {
+            b'0'..=b'9' => b - b'0',
+            b'a'..=b'f' => b - b'a' + 10,
+            b'A'..=b'F' => b - b'A' + 10,
+            _ => return None,
+        };
+        v = (v << 4) | u16::from(d);
+    }
+    Some(v)
+}
+
+/// Decode the UTF-8 character at `i`, if the bytes there form one.
+fn char_at(input: &[u8], i: usize) -> Option<char> {
+    let lead = *input.get(i)?;
+    let n = match lead {
+        0x00..=0x7F => 1,
+        0xC2..=0xDF => 2,
+        0xE0..=0xEF => 3,
+        0xF0..=0xF4 => 4,
+        _ => return None,
+    };
+    std::str::from_utf8(input.get(i..i + n)?)
+        .ok()?
+        .chars()
+        .next()
+}
+
+/// Classify invalid UTF-8 at `i`: an encoded surrogate (`ED A0..BF ..`) is a lone surrogate.
+fn utf8_error_kind(input: &[u8], i: usize) -> K {
+    match (input.get(i), input.get(i + 1)) {
+        (Some(0xED), Some(0xA0..=0xBF)) => K::LoneSurrogate,
+        _ => K::InvalidUtf8,
+    }
+}
+
+pub(crate) struct Parser<'a> {
+    input: &'a [u8],
+    pos: usize,
+    limits: Limits,
+    tape: Tape<'a>,
+    stack: Vec<Frame>,
+    pending: Vec<u32>,
+}
+
+/// Parse and fully validate `input` into a tape.
+pub(crate) fn parse<'a>(
+    input: &'a [u8],
+    limits: &Limits,
+    _numbers: NumberMode,
+) -> Result<Tape<'a>, CanonError> {
+    let max = limits.max_input_bytes.min(u32::MAX as usize - 1);
+    if input.len() > max {
+        return Err(CanonError::new(
+            K::InputTooLarge {
+                limit: limits.max_input_bytes,
+            },
+            max,
+            None,
+        ));
+    }
+    if input.starts_with(&[0xEF, 0xBB, 0xBF]) {
+        return Err(CanonError::new(K::ByteOrderMark, 0, None));
+    }
+    let est = input.len() / 8 + 4;
+    let p = Parser {
+        input,
+        pos: 0,
+        limits: *limits,
+        tape: Tape {
+            input,
+            nodes: Vec::with_capacity(est),
+            members: Vec::new(),
+            strbuf: Vec::new(),
+            nums: Vec::new(),
+        },
+        stack: Vec::new(),
+        pending: Vec::new(),
+    };
+    p.run()
+}
+
+impl<'a> Parser<'a> {
+    #[inline]
+    fn peek(&self) -> Option<u8> {
+        self.input.get(self.pos).copied()
+    }
+
+    #[inline]
+    fn skip_ws(&mut self) {
+        while let Some(&b) = self.input.get(self.pos) {
+            if b == b' ' || b == b'\n' || b == b'\r' || b == b'\t' {
+                self.pos += 1;
+            } else {
+                break;
+            }
+        }
+    }
+
+    #[inline]
+    fn push(&mut self, tag: Tag, a: u32, b: u32, c: u32) -> u32 {
+        let i = self.tape.nodes.len() as u32;
+        self.tape.nodes.push(Node { tag, a, b, c });
+        i
+    }
+
+    /// JSON pointer of the place being read: each open container contributes its current child.
+    #[cold]
+    fn pointer(&self, frames: usize) -> String {
+        let mut out = String::new();
+        for f in self.stack.iter().take(frames) {
+            if f.is_obj {
+                if f.key == NO_KEY {
+                    break;
+                }
+                let k = self.tape.node(f.key);
+                push_token(&mut out, self.tape.str_bytes(k));
+            } else {
+                if f.count == 0 {
+                    break;
+                }
+                out.push('/');
+                out.push_str(&(f.count - 1).to_string());
+            }
+        }
+        out
+    }
+
+    #[cold]
+    fn err(&self, kind: K, offset: usize) -> CanonError {
+        CanonError::new(kind, offset, Some(self.pointer(self.stack.len())))
+    }
+
+    /// Error located at the innermost open container (not at one of its children).
+    #[cold]
+    fn err_container(&self, kind: K, offset: usize) -> CanonError {
+        let frames = self.stack.len().saturating_sub(1);
+        CanonError::new(kind, offset, Some(self.pointer(frames)))
+    }
+
+    /// Error for an unexpected byte at `pos`; `context` is the code used when nothing more
+    /// specific applies.
+    #[cold]
+    fn unexpected(&self, at_value: bool, trailing: bool) -> CanonError {
+        let i = self.pos;
+        let input = self.input;
+        let Some(&b) = input.get(i) else {
+            return self.err(K::UnexpectedEnd, i);
+        };
+        let kind = match b {
+            b'/' if matches!(input.get(i + 1), Some(b'/' | b'*')) => K::Comment,
+            0x0B | 0x0C => K::InvalidWhitespace,
+            b'+' | b'.' if at_value => K::InvalidNumber,
+            b'N' if at_value && input[i..].starts_with(b"NaN") => K::NonFiniteNumber,
+            b'I' if at_value && input[i..].starts_with(b"Infinity") => K::NonFiniteNumber,
+            0x80..=0xFF => match char_at(input, i) {
+                None => utf8_error_kind(input, i),
+                Some(c) if c.is_whitespace() || c == '\u{FEFF}' => K::InvalidWhitespace,
+                Some(_) if trailing => K::TrailingData,
+                Some(_) => K::UnexpectedCharacter { byte: b },
+            },
+            _ if trailing => K::TrailingData,
+            _ => K::UnexpectedCharacter { byte: b },
+        };
+        if trailing {
+            CanonError::new(kind, i, None)
+        } else {
+            self.err(kind, i)
+        }
+    }
+
+    fn run(mut self) -> Result<Tape<'a>, CanonError> {
+        'value: loop {
+            self.skip_ws();
+            let Some(b) = self.peek() else {
+                return Err(self.err(K::UnexpectedEnd, self.pos));
+            };
+            match b {
+                b'{' | b'[' => {
+                    if self.stack.len() >= self.limits.max_depth {
+                        return Err(self.err(
+                            K::DepthLimit {
+                                limit: self.limits.max_depth,
+                            },
+                            self.pos,
+                        ));
+                    }
+                    let is_obj = b == b'{';
+                    let node = if is_obj {
+                        self.push(Tag::Object, 0, 0, 0)
+                    } else {
+                        self.push(Tag::Array, self.pos as u32, 0, 0)
+                    };
+                    self.stack.push(Frame {
+                        node,
+                        is_obj,
+                        pending_start: self.pending.len() as u32,
+                        count: 0,
+                        key: NO_KEY,
+                    });
+                    self.pos += 1;
+                    self.skip_ws();
+                    if is_obj {
+                        if self.peek() == Some(b'}') {
+                            self.pos += 1;
+                            self.close_object()?;
+                        } else {
+                            self.member_key()?;
+                            continue 'value;
+                        }
+                    } else if self.peek() == Some(b']') {
+                        self.pos += 1;
+                        self.close_array();
+                    } else {
+                        if let Some(f) = self.stack.last_mut() {
+                            f.count = 1;
+                        }
+                        continue 'value;
+                    }
+                }
+                b'"' => {
+                    let (tag, a, len, c) = self.string()?;
+                    self.push(tag, a, len, c);
+                }
+                b'-' | b'0'..=b'9' => self.number()?,
+                b't' => self.literal(b"true", Tag::True)?,
+                b'f' => self.literal(b"false", Tag::False)?,
+                b'n' => self.literal(b"null", Tag::Null)?,
+                _ => return Err(self.unexpected(true, false)),
+            }
+            // A value is complete: continue the enclosing containers.
+            loop {
+                self.skip_ws();
+                let Some(top) = self.stack.last() else {
+                    if self.pos < self.input.len() {
+                        return Err(self.unexpected(false, true));
+                    }
+                    return Ok(self.tape);
+                };
+                let is_obj = top.is_obj;
+                match self.peek() {
+                    Some(b',') => {
+                        let comma = self.pos;
+                        self.pos += 1;
+                        self.skip_ws();
+                        if is_obj {
+                            if let Some(f) = self.stack.last_mut() {
+                                f.key = NO_KEY;
+                            }
+                            if self.peek() == Some(b'}') {
+                                return Err(self.err_container(K::TrailingComma, comma));
+                            }
+                            self.member_key()?;
+                        } else {
+                            if self.peek() == Some(b']') {
+                                return Err(self.err_container(K::TrailingComma, comma));
+                            }
+                            if let Some(f) = self.stack.last_mut() {
+                                f.count += 1;
+                            }
+                        }
+                        continue 'value;
+                    }
+                    Some(b'}') if is_obj => {
+                        self.pos += 1;
+                        self.close_object()?;
+                    }
+                    Some(b']') if !is_obj => {
+                        self.pos += 1;
+                        self.close_array();
+                    }
+                    _ => return Err(self.unexpected(false, false)),
+                }
+            }
+        }
+    }
+
+    /// Read `"name"` and `:` of an object member; the value follows.
+    fn member_key(&mut self) -> Result<(), CanonError> {
+        if self.peek() != Some(b'"') {
+            return Err(self.unexpected(false, false));
+        }
+        let (tag, a, len, c) = self.string()?;
+        let key = self.push(tag, a, len, c);
+        self.pending.push(key);
+        let limit = self.limits.max_members;
+        let Some(f) = self.stack.last_mut() else {
+            return Err(self.err(K::UnexpectedEnd, self.pos));
+        };
+        f.count += 1;
+        f.key = key;
+        if f.count as usize > limit {
+            let off = self.tape.str_offset(self.tape.node(key));
+            return Err(self.err(K::TooManyMembers { limit }, off));
+        }
+        self.skip_ws();
+        if self.peek() != Some(b':') {
+            return Err(self.unexpected(false, false));
+        }
+        self.pos += 1;
+        Ok(())
+    }
+
+    fn close_array(&mut self) {
+        if let Some(f) = self.stack.pop() {
+            let end = self.tape.nodes.len() as u32;
+            if let Some(n) = self.tape.nodes.get_mut(f.node as usize) {
+                n.b = end;
+            }
+        }
+    }
+
+    fn close_object(&mut self) -> Result<(), CanonError> {
+        let Some(f) = self.stack.last() else {
+            return Ok(());
+        };
+        let start = f.pending_start as usize;
+        let node = f.node;
+        let tape = &self.tape;
+        let keys = &mut self.pending[start..];
+        if keys.len() > 1 {
+            keys.sort_unstable_by(|&x, &y| {
+                cmp_utf16(tape.str_bytes(tape.node(x)), tape.str_bytes(tape.node(y)))
+            });
+            for w in keys.windows(2) {
+                let (x, y) = (tape.node(w[0]), tape.node(w[1]));
+                let kb = tape.str_bytes(y);
+                if tape.str_bytes(x) == kb {
+                    let off = tape.str_offset(x).max(tape.str_offset(y));
+                    let mut ptr = self.pointer(self.stack.len() - 1);
+                    push_token(&mut ptr, kb);
+                    return Err(CanonError::new(K::DuplicateMember, off, Some(ptr)));
+                }
+            }
+        }
+        let mstart = self.tape.members.len() as u32;
+        let count = (self.pending.len() - start) as u32;
+        self.tape.members.extend_from_slice(&self.pending[start..]);
+        self.pending.truncate(start);
+        let end = self.tape.nodes.len() as u32;
+        if let Some(n) = self.tape.nodes.get_mut(node as usize) {
+            n.a = mstart;
+            n.b = end;
+            n.c = count;
+        }
+        self.stack.pop();
+        Ok(())
+    }
+
+    fn literal(&mut self, word: &[u8], tag: Tag) -> Result<(), CanonError> {
+        if self.input[self.pos..].starts_with(word) {
+            self.pos += word.len();
+            self.push(tag, 0, 0, 0);
+            Ok(())
+        } else {
+            Err(self.err(K::InvalidLiteral, self.pos))
+        }
+    }
+
+    fn number(&mut self) -> Result<(), CanonError> {
+        let input = self.input;
+        let start = self.pos;
+        let mut i = start;
+        let digit = |i: usize| matches!(input.get(i), Some(b'0'..=b'9'));
+        if input.get(i) == Some(&b'-') {
+            i += 1;
+            if input[i..].starts_with(b"Infinity") {
+                return Err(self.err(K::NonFiniteNumber, start));
+            }
+        }
+        match input.get(i) {
+            Some(b'0') => {
+                i += 1;
+                if digit(i) {
+                    return Err(self.err(K::LeadingZero, start));
+                }
+            }
+            Some(b'1'..=b'9') => {
+                i += 1;
+                while digit(i) {
+                    i += 1;
+                }
+            }
+            None => return Err(self.err(K::UnexpectedEnd, i)),
+            _ => return Err(self.err(K::InvalidNumber, start)),
+        }
+        let int_end = i;
+        let mut integer = true;
+        if input.get(i) == Some(&b'.') {
+            i += 1;
+            if !digit(i) {
+                return Err(self.err(K::InvalidNumber, start));
+            }
+            while digit(i) {
+                i += 1;
+            }
+            integer = false;
+        }
+        if matches!(input.get(i), Some(b'e' | b'E')) {
+            i += 1;
+            if matches!(input.get(i), Some(b'+' | b'-')) {
+                i += 1;
+            }
+            if !digit(i) {
+                return Err(self.err(K::InvalidNumber, start));
+            }
+            while digit(i) {
+                i += 1;
+            }
+            integer = false;
+        }
+        self.pos = i;
+        let len = (i - start) as u32;
+        let digits = int_end - start - usize::from(input[start] == b'-');
+        if integer && digits <= 15 {
+            self.push(Tag::Int, start as u32, len, 0);
+            return Ok(());
+        }
+        let value = std::str::from_utf8(&input[start..i])
+            .ok()
+            .and_then(|s| s.parse::<f64>().ok());
+        let Some(value) = value else {
+            return Err(self.err(K::InvalidNumber, start));
+        };
+        if !value.is_finite() {
+            return Err(self.err(K::NumberOutOfRange, start));
+        }
+        let idx = self.tape.nums.len() as u32;
+        self.tape.nums.push(value);
+        self.push(Tag::Float, start as u32, len, idx);
+        Ok(())
+    }
+
+    /// Read a string at `pos` (which holds `"`). Returns the node fields.
+    #[inline]
+    fn string(&mut self) -> Result<(Tag, u32, u32, u32), CanonError> {
+        let input = self.input;
+        let quote = self.pos;
+        let start = quote + 1;
+        let mut i = start;
+        let mut owned: Option<usize> = None;
+        let mut high = false;
+        let end = loop {
+            let (j, h) = scan_string(input, i);
+            high |= h;
+            match input.get(j) {
+                None => return Err(self.err(K::UnexpectedEnd, j)),
+                Some(b'"') => {
+                    if owned.is_some() {
+                        self.tape.strbuf.extend_from_slice(&input[i..j]);
+                    }
+                    break j;
+                }
+                Some(b'\\') => {
+                    if owned.is_none() {
+                        owned = Some(self.tape.strbuf.len());
+                    }
+                    self.tape.strbuf.extend_from_slice(&input[i..j]);
+                    i = self.escape(j)?;
+                }
+                Some(&c) => return Err(self.err(K::ControlCharacter { byte: c }, j)),
+            }
+        };
+        if high {
+            if let Err(e) = std::str::from_utf8(&input[start..end]) {
+                let at = start + e.valid_up_to();
+                return Err(self.err(utf8_error_kind(input, at), at));
+            }
+        }
+        self.pos = end + 1;
+        Ok(match owned {
+            None => (Tag::Str, start as u32, (end - start) as u32, 0),
+            Some(s) => (
+                Tag::StrOwned,
+                s as u32,
+                (self.tape.strbuf.len() - s) as u32,
+                quote as u32,
+            ),
+        })
+    }
+
+    /// Decode the escape starting at `j` (a backslash) into `strbuf`; returns the index after it.
+    fn escape(&mut self, j: usize) -> Result<usize, CanonError> {
+        let input = self.input;
+        let Some(&e) = input.get(j + 1) else {
+            return Err(self.err(K::UnexpectedEnd, input.len()));
+        };
+        let simple = match e {
+            b'"' => b'"',
+            b'\\' => b'\\',
+            b'/' => b'/',
+            b'b' => 0x08,
+            b'f' => 0x0C,
+            b'n' => b'\n',
+            b'r' => b'\r',
+            b't' => b'\t',
+            b'u' => 0,
+            _ => return Err(self.err(K::InvalidEscape, j)),
+        };
+        if e != b'u' {
+            self.tape.strbuf.push(simple);
+            return Ok(j + 2);
+        }
+        let Some(u) = input.get(j + 2..).and_then(hex4) else {
+            if input.len() < j + 6 && input[j + 2..].iter().all(u8::is_ascii_hexdigit) {
+                return Err(self.err(K::UnexpectedEnd, input.len()));
+            }
+            return Err(self.err(K::InvalidEscape, j));
+        };
+        let (cp, next) = match u {
+            0xD800..=0xDBFF => {
+                let lo = if input.get(j + 6..j + 8) == Some(b"\\u") {
+                    input.get(j + 8..).and_then(hex4)
+                } else {
+                    None
+                };
+                match lo {
+                    Some(lo @ 0xDC00..=0xDFFF) => {
+                        let cp =
+                            0x10000 + ((u32::from(u) - 0xD800) << 10) + (u32::from(lo) - 0xDC00);
+                        (cp, j + 12)
+                    }
+                    _ => return Err(self.err(K::LoneSurrogate, j)),
+                }
+            }
+            0xDC00..=0xDFFF => return Err(self.err(K::LoneSurrogate, j)),
+            _ => (u32::from(u), j + 6),
+        };
+        let Some(ch) = char::from_u32(cp) else {
+            return Err(self.err(K::LoneSurrogate, j));
+        };
+        let mut buf = [0u8; 4];
+        self.tape
+            .strbuf
+            .extend_from_slice(ch.encode_utf8(&mut buf).as_bytes());
+        Ok(next)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utf16_order() {
+        let emoji = "\u{1F600}".as_bytes();
+        let fb33 = "\u{FB33}".as_bytes();
+        assert_eq!(cmp_utf16(emoji, fb33), Ordering::Less);
+        assert_eq!(cmp_utf16(fb33, emoji), Ordering::Greater);
+        assert_eq!(cmp_utf16(b"a", b"b"), Ordering::Less);
+        assert_eq!(cmp_utf16(b"a", b"ab"), Ordering::Less);
+        assert_eq!(
+            cmp_utf16("\u{D7FF}".as_bytes(), emoji),
+            Ordering::Less,
+            "U+D7FF < surrogates"
+        );
+        assert_eq!(cmp_utf16("\u{E000}".as_bytes(), emoji), Ordering::Greater);
+    }
+
+    #[test]
+    fn scan_finds_specials() {
+        let s = b"abcdefghijk\"lmn";
+        assert_eq!(scan_string(s, 0), (11, false));
+        let s = "ab\u{e9}defghijklm\\".as_bytes();
+        assert_eq!(scan_string(s, 0), (s.len() - 1, true));
+        let s = b"abcdefg\x01";
+        assert_eq!(scan_string(s, 0), (7, false));
+        let s = "abcdefg\"\u{e9}".as_bytes();
+        assert_eq!(scan_string(s, 0), (7, false));
+        assert_eq!(scan_string(b"abc", 0), (3, false));
+    }
+}

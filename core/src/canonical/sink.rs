@@ -1,0 +1,126 @@
+//! Where canonical bytes go: a `Vec<u8>`, or a hasher through a small stack buffer.
+
+use sha2::digest::Update;
+
+/// A destination for canonical bytes. Writing cannot fail (core does no IO).
+pub trait CanonSink {
+    /// Append `bytes`.
+    fn write(&mut self, bytes: &[u8]);
+
+    /// Append one byte.
+    #[inline]
+    fn write_byte(&mut self, byte: u8) {
+        self.write(&[byte]);
+    }
+}
+
+impl CanonSink for Vec<u8> {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+
+    #[inline]
+    fn write_byte(&mut self, byte: u8) {
+        self.push(byte);
+    }
+}
+
+/// Size of [`DigestSink`]'s stack buffer.
+pub const DIGEST_SINK_BUFFER: usize = 4096;
+
+/// Feeds canonical bytes into a hasher (`sha2::Sha256`, `hmac::Hmac<Sha256>`, ...) through a
+/// 4 KiB buffer, so the canonical text is never materialized and the hasher sees large updates.
+///
+/// Call [`DigestSink::finish`] to flush the buffer and get the hasher back.
+pub struct DigestSink<D: Update> {
+    digest: D,
+    buf: [u8; DIGEST_SINK_BUFFER],
+    len: usize,
+    total: u64,
+}
+
+impl<D: Update> DigestSink<D> {
+    /// Wrap `digest`; bytes written go into it after whatever it already absorbed.
+    #[must_use]
+    pub fn new(digest: D) -> Self {
+        Self {
+            digest,
+            buf: [0; DIGEST_SINK_BUFFER],
+            len: 0,
+            total: 0,
+        }
+    }
+
+    /// Number of bytes written through this sink so far.
+    #[must_use]
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// Flush the buffer and return the hasher and the number of bytes written through the sink.
+    #[must_use]
+    pub fn finish(mut self) -> (D, u64) {
+        self.digest.update(&self.buf[..self.len]);
+        (self.digest, self.total)
+    }
+}
+
+impl<D: Update> CanonSink for DigestSink<D> {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        self.total += bytes.len() as u64;
+        let room = DIGEST_SINK_BUFFER - self.len;
+        if bytes.len() <= room {
+            self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
+            self.len += bytes.len();
+            return;
+        }
+        self.digest.update(&self.buf[..self.len]);
+        self.len = 0;
+        if bytes.len() >= DIGEST_SINK_BUFFER {
+            self.digest.update(bytes);
+        } else {
+            self.buf[..bytes.len()].copy_from_slice(bytes);
+            self.len = bytes.len();
+        }
+    }
+
+    #[inline]
+    fn write_byte(&mut self, byte: u8) {
+        if self.len == DIGEST_SINK_BUFFER {
+            self.digest.update(&self.buf);
+            self.len = 0;
+        }
+        self.buf[self.len] = byte;
+        self.len += 1;
+        self.total += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sha2::{Digest, Sha256};
+
+    #[test]
+    fn buffered_equals_direct() {
+        let data: Vec<u8> = (0..20_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let mut sink = DigestSink::new(Sha256::new());
+        let mut i = 0;
+        let mut step = 1;
+        while i < data.len() {
+            let end = (i + step).min(data.len());
+            if step == 1 {
+                sink.write_byte(data[i]);
+            } else {
+                sink.write(&data[i..end]);
+            }
+            i = end;
+            step = step * 3 % 5001 + 1;
+        }
+        let (h, n) = sink.finish();
+        assert_eq!(n, data.len() as u64);
+        assert_eq!(h.finalize(), Sha256::digest(&data));
+    }
+}
