@@ -1,0 +1,1 @@
+export { nativeVersion } from './native';
