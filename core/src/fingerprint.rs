@@ -1,1 +1,614 @@
-//! (module under construction in this commit series)
+//! The versioned request fingerprint: SHA-256 (or HMAC-SHA256 with a server key) over a
+//! length-prefixed framing of the request parts that decide "is this the same request?".
+//!
+//! Two requests carrying the same idempotency key must produce the same fingerprint exactly when
+//! they mean the same thing. So the framing takes the method (upper-cased), the route *template*,
+//! the configured headers (names lower-cased, values trimmed, sorted by name), the content-type
+//! class (JSON or other) and the body: RFC 8785 canonical JSON for JSON bodies, streamed into the
+//! hasher without materializing it; the raw bytes for other media types. Volatile JSON fields are
+//! left out by RFC 6901 pointer ([`FingerprintConfig::exclude`]).
+//!
+//! The text form is `v1:<64 lowercase hex>` (plain SHA-256) or `h1:<64 lowercase hex>`
+//! (HMAC-SHA256 keyed with [`FingerprintConfig::hmac_key`]). The prefix names the framing version
+//! and the algorithm, so the framing can evolve without turning stored fingerprints into false
+//! mismatches. `spec/CANONICAL.md` gives the framing byte by byte.
+//!
+//! ```
+//! use idempo_core::fingerprint::{fingerprint, FingerprintConfig, RequestParts};
+//! let cfg = FingerprintConfig::default();
+//! let a = RequestParts::json("post", "/payments", br#"{"amount":100,"currency":"EUR"}"#);
+//! let b = RequestParts::json("POST", "/payments", br#"{ "currency":"EUR", "amount":1e2 }"#);
+//! assert_eq!(fingerprint(&a, &cfg).unwrap(), fingerprint(&b, &cfg).unwrap());
+//! assert!(fingerprint(&a, &cfg).unwrap().to_string().starts_with("v1:"));
+//! ```
+
+use std::fmt;
+use std::str::FromStr;
+
+use hmac::{Hmac, KeyInit, Mac};
+use sha2::digest::Update;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::canonical::{
+    CanonError, CanonOptions, DigestSink, Exclusions, Limits, NumberMode, PointerError,
+    canonicalize_excluding_to,
+};
+
+/// The domain-separation and version tag that starts every v1 framing.
+pub const FRAMING_TAG_V1: &[u8] = b"idempo/fingerprint/v1";
+
+/// Content-type class byte: JSON (`application/json` or any `*/*+json`).
+const CLASS_JSON: u8 = 0x01;
+/// Content-type class byte: anything else, including no content type.
+const CLASS_OTHER: u8 = 0x02;
+/// Body kind byte: empty body.
+const BODY_EMPTY: u8 = 0x00;
+/// Body kind byte: RFC 8785 canonical JSON.
+const BODY_JSON: u8 = 0x01;
+/// Body kind byte: raw bytes.
+const BODY_RAW: u8 = 0x02;
+
+/// The parts of an HTTP request that the fingerprint covers. Borrowed: nothing is copied.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestParts<'a> {
+    /// HTTP method; ASCII letters are upper-cased before hashing.
+    pub method: &'a str,
+    /// The route template chosen by the host (`/payments/{id}`), not the concrete path.
+    pub route: &'a str,
+    /// Request headers as (name, value) pairs, in arrival order. Only the names listed in
+    /// [`FingerprintConfig::header_names`] are used (matched case-insensitively).
+    pub headers: &'a [(&'a str, &'a str)],
+    /// The `Content-Type` header value, if any.
+    pub content_type: Option<&'a str>,
+    /// The raw body bytes.
+    pub body: &'a [u8],
+}
+
+impl<'a> RequestParts<'a> {
+    /// A request with an `application/json` body and no headers.
+    #[must_use]
+    pub fn json(method: &'a str, route: &'a str, body: &'a [u8]) -> Self {
+        Self {
+            method,
+            route,
+            headers: &[],
+            content_type: Some("application/json"),
+            body,
+        }
+    }
+}
+
+/// How fingerprints are computed. All services that share a store must use the same config.
+#[derive(Clone, PartialEq, Eq)]
+pub struct FingerprintConfig {
+    /// Header names that take part (case-insensitive; duplicates are merged). Default: none.
+    pub header_names: Vec<String>,
+    /// RFC 6901 pointers of JSON values left out (e.g. `/client_timestamp`); see
+    /// [`Exclusions`] for the exact semantics. Default: none.
+    pub exclude: Vec<String>,
+    /// Number policy for JSON bodies. Default: [`NumberMode::RejectPrecisionLoss`], so two
+    /// different numbers can never share a fingerprint through rounding.
+    pub numbers: NumberMode,
+    /// Limits for JSON bodies. Default: [`Limits::default`].
+    pub limits: Limits,
+    /// When set, fingerprints are HMAC-SHA256 under this key (`h1:`), not bare SHA-256 (`v1:`),
+    /// so a leaked table cannot confirm guessed bodies. Must not be empty.
+    pub hmac_key: Option<Vec<u8>>,
+}
+
+impl Default for FingerprintConfig {
+    fn default() -> Self {
+        Self {
+            header_names: Vec::new(),
+            exclude: Vec::new(),
+            numbers: NumberMode::RejectPrecisionLoss,
+            limits: Limits::default(),
+            hmac_key: None,
+        }
+    }
+}
+
+impl fmt::Debug for FingerprintConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FingerprintConfig")
+            .field("header_names", &self.header_names)
+            .field("exclude", &self.exclude)
+            .field("numbers", &self.numbers)
+            .field("limits", &self.limits)
+            .field("hmac_key", &self.hmac_key.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+/// Why a fingerprint could not be computed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FingerprintError {
+    /// The body is declared JSON but is not acceptable canonical-JSON input.
+    #[error("request body: {0}")]
+    Body(#[from] CanonError),
+    /// An exclusion pointer in the config is malformed.
+    #[error("exclusion pointer: {0}")]
+    Exclusion(#[from] PointerError),
+    /// [`FingerprintConfig::hmac_key`] is `Some` but empty.
+    #[error("the HMAC key is empty")]
+    EmptyHmacKey,
+    /// A configured header name is empty or not an HTTP token.
+    #[error("configured header name {0:?} is not a valid HTTP field name")]
+    InvalidHeaderName(String),
+}
+
+impl FingerprintError {
+    /// Stable snake_case code; for [`FingerprintError::Body`] the canonicalizer's code
+    /// (e.g. `"precision_loss"`).
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Body(e) => e.code(),
+            Self::Exclusion(e) => e.code(),
+            Self::EmptyHmacKey => "empty_hmac_key",
+            Self::InvalidHeaderName(_) => "invalid_header_name",
+        }
+    }
+}
+
+/// Which algorithm (and framing version) produced a [`Fingerprint`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FingerprintKind {
+    /// `v1:`: SHA-256 over the v1 framing.
+    Sha256V1,
+    /// `h1:`: HMAC-SHA256 over the v1 framing, keyed by the server.
+    HmacSha256V1,
+}
+
+impl FingerprintKind {
+    /// The text prefix without the colon: `"v1"` or `"h1"`.
+    #[must_use]
+    pub fn prefix(self) -> &'static str {
+        match self {
+            Self::Sha256V1 => "v1",
+            Self::HmacSha256V1 => "h1",
+        }
+    }
+}
+
+/// A request fingerprint. Displays as `v1:<64 hex>` or `h1:<64 hex>`; parses back with
+/// [`FromStr`]. Equality is constant-time over the digest.
+#[derive(Clone, Copy)]
+pub struct Fingerprint {
+    kind: FingerprintKind,
+    digest: [u8; 32],
+}
+
+impl Fingerprint {
+    /// Build from parts (e.g. a digest computed elsewhere).
+    #[must_use]
+    pub fn from_parts(kind: FingerprintKind, digest: [u8; 32]) -> Self {
+        Self { kind, digest }
+    }
+
+    /// The algorithm and framing version.
+    #[must_use]
+    pub fn kind(&self) -> FingerprintKind {
+        self.kind
+    }
+
+    /// The 32 digest bytes.
+    #[must_use]
+    pub fn digest(&self) -> &[u8; 32] {
+        &self.digest
+    }
+
+    /// Constant-time comparison (kinds compared first; they are not secret).
+    #[must_use]
+    pub fn ct_eq(&self, other: &Self) -> bool {
+        self.kind == other.kind && bool::from(self.digest.ct_eq(&other.digest))
+    }
+}
+
+impl PartialEq for Fingerprint {
+    fn eq(&self, other: &Self) -> bool {
+        self.ct_eq(other)
+    }
+}
+
+impl Eq for Fingerprint {}
+
+impl fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut text = [0u8; 64];
+        for (i, b) in self.digest.iter().enumerate() {
+            text[2 * i] = HEX[usize::from(b >> 4)];
+            text[2 * i + 1] = HEX[usize::from(b & 0xF)];
+        }
+        f.write_str(self.kind.prefix())?;
+        f.write_str(":")?;
+        f.write_str(std::str::from_utf8(&text).map_err(|_| fmt::Error)?)
+    }
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Fingerprint({self})")
+    }
+}
+
+/// Why a fingerprint text did not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ParseFingerprintError {
+    /// The prefix is neither `v1:` nor `h1:`.
+    #[error("unknown fingerprint version (expected \"v1:\" or \"h1:\")")]
+    UnknownVersion,
+    /// The digest is not exactly 64 lowercase hexadecimal characters.
+    #[error("fingerprint digest must be 64 lowercase hex characters")]
+    InvalidDigest,
+}
+
+impl ParseFingerprintError {
+    /// Stable snake_case code.
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::UnknownVersion => "unknown_fingerprint_version",
+            Self::InvalidDigest => "invalid_fingerprint_digest",
+        }
+    }
+}
+
+impl FromStr for Fingerprint {
+    type Err = ParseFingerprintError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (kind, hex) = if let Some(h) = s.strip_prefix("v1:") {
+            (FingerprintKind::Sha256V1, h)
+        } else if let Some(h) = s.strip_prefix("h1:") {
+            (FingerprintKind::HmacSha256V1, h)
+        } else {
+            return Err(ParseFingerprintError::UnknownVersion);
+        };
+        let hex = hex.as_bytes();
+        if hex.len() != 64 {
+            return Err(ParseFingerprintError::InvalidDigest);
+        }
+        let nibble = |c: u8| match c {
+            b'0'..=b'9' => Ok(c - b'0'),
+            b'a'..=b'f' => Ok(c - b'a' + 10),
+            _ => Err(ParseFingerprintError::InvalidDigest),
+        };
+        let mut digest = [0u8; 32];
+        for (i, pair) in hex.chunks_exact(2).enumerate() {
+            digest[i] = (nibble(pair[0])? << 4) | nibble(pair[1])?;
+        }
+        Ok(Self { kind, digest })
+    }
+}
+
+/// True for `application/json` and any `type/subtype+json` media type (case-insensitive;
+/// parameters such as `charset` are ignored).
+#[must_use]
+pub fn is_json_media_type(content_type: &str) -> bool {
+    let essence = content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim_matches(|c| c == ' ' || c == '\t');
+    let Some((ty, sub)) = essence.split_once('/') else {
+        return false;
+    };
+    if ty.is_empty() || sub.is_empty() {
+        return false;
+    }
+    let sub = sub.to_ascii_lowercase();
+    (ty.eq_ignore_ascii_case("application") && sub == "json") || sub.ends_with("+json")
+}
+
+fn is_token_char(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c)
+}
+
+fn trim_ows(s: &str) -> &str {
+    s.trim_matches(|c| c == ' ' || c == '\t')
+}
+
+enum Hasher {
+    Plain,
+    Keyed(Box<Hmac<Sha256>>),
+}
+
+/// A prepared fingerprint configuration: pointers compiled, header names normalized and the
+/// HMAC key schedule computed once. Cheap to share; use it on hot paths.
+pub struct Fingerprinter {
+    headers: Vec<String>,
+    exclusions: Exclusions,
+    opts: CanonOptions,
+    hasher: Hasher,
+}
+
+impl fmt::Debug for Fingerprinter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Fingerprinter")
+            .field("headers", &self.headers)
+            .field("opts", &self.opts)
+            .field("keyed", &matches!(self.hasher, Hasher::Keyed(_)))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Fingerprinter {
+    /// Validate and prepare `config`.
+    ///
+    /// # Errors
+    /// [`FingerprintError::Exclusion`], [`FingerprintError::EmptyHmacKey`] or
+    /// [`FingerprintError::InvalidHeaderName`].
+    pub fn new(config: &FingerprintConfig) -> Result<Self, FingerprintError> {
+        let mut headers = Vec::with_capacity(config.header_names.len());
+        for name in &config.header_names {
+            if name.is_empty() || !name.bytes().all(is_token_char) {
+                return Err(FingerprintError::InvalidHeaderName(name.clone()));
+            }
+            headers.push(name.to_ascii_lowercase());
+        }
+        headers.sort_unstable();
+        headers.dedup();
+        let exclusions = Exclusions::new(&config.exclude)?;
+        let hasher = match &config.hmac_key {
+            None => Hasher::Plain,
+            Some(k) if k.is_empty() => return Err(FingerprintError::EmptyHmacKey),
+            Some(k) => {
+                let mac = <Hmac<Sha256> as KeyInit>::new_from_slice(k)
+                    .map_err(|_| FingerprintError::EmptyHmacKey)?;
+                Hasher::Keyed(Box::new(mac))
+            }
+        };
+        Ok(Self {
+            headers,
+            exclusions,
+            opts: CanonOptions {
+                limits: config.limits,
+                numbers: config.numbers,
+            },
+            hasher,
+        })
+    }
+
+    /// The kind of fingerprint this configuration produces.
+    #[must_use]
+    pub fn kind(&self) -> FingerprintKind {
+        match self.hasher {
+            Hasher::Plain => FingerprintKind::Sha256V1,
+            Hasher::Keyed(_) => FingerprintKind::HmacSha256V1,
+        }
+    }
+
+    /// Fingerprint one request.
+    ///
+    /// # Errors
+    /// [`FingerprintError::Body`] when the content type is JSON and the non-empty body is not
+    /// acceptable (syntax, duplicates, limits, precision loss, ...).
+    pub fn fingerprint(&self, parts: &RequestParts<'_>) -> Result<Fingerprint, FingerprintError> {
+        let digest: [u8; 32] = match &self.hasher {
+            Hasher::Plain => self.frame(Sha256::new(), parts)?.finalize().into(),
+            Hasher::Keyed(mac) => self
+                .frame(mac.as_ref().clone(), parts)?
+                .finalize()
+                .into_bytes()
+                .into(),
+        };
+        Ok(Fingerprint {
+            kind: self.kind(),
+            digest,
+        })
+    }
+
+    /// Write the v1 framing of `parts` into `d`.
+    fn frame<D: Update>(&self, mut d: D, parts: &RequestParts<'_>) -> Result<D, FingerprintError> {
+        fn field<D: Update>(d: &mut D, bytes: &[u8]) {
+            d.update(&(bytes.len() as u32).to_be_bytes());
+            d.update(bytes);
+        }
+        field(&mut d, FRAMING_TAG_V1);
+        field(&mut d, parts.method.to_ascii_uppercase().as_bytes());
+        field(&mut d, parts.route.as_bytes());
+        d.update(&(self.headers.len() as u32).to_be_bytes());
+        for name in &self.headers {
+            field(&mut d, name.as_bytes());
+            let matching = || {
+                parts
+                    .headers
+                    .iter()
+                    .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+            };
+            d.update(&(matching().count() as u32).to_be_bytes());
+            for (_, value) in matching() {
+                field(&mut d, trim_ows(value).as_bytes());
+            }
+        }
+        let json = parts.content_type.is_some_and(is_json_media_type);
+        d.update(&[if json { CLASS_JSON } else { CLASS_OTHER }]);
+        if parts.body.is_empty() {
+            d.update(&[BODY_EMPTY]);
+            d.update(&0u64.to_be_bytes());
+        } else if json {
+            d.update(&[BODY_JSON]);
+            let mut sink = DigestSink::new(d);
+            canonicalize_excluding_to(parts.body, &self.opts, &self.exclusions, &mut sink)?;
+            let (inner, len) = sink.finish();
+            d = inner;
+            d.update(&len.to_be_bytes());
+        } else {
+            d.update(&[BODY_RAW]);
+            d.update(parts.body);
+            d.update(&(parts.body.len() as u64).to_be_bytes());
+        }
+        Ok(d)
+    }
+}
+
+/// Fingerprint `parts` under `config` (prepares a [`Fingerprinter`] each call; keep one around on
+/// hot paths).
+///
+/// # Errors
+/// Configuration errors and [`FingerprintError::Body`] for an unacceptable JSON body.
+pub fn fingerprint(
+    parts: &RequestParts<'_>,
+    config: &FingerprintConfig,
+) -> Result<Fingerprint, FingerprintError> {
+    Fingerprinter::new(config)?.fingerprint(parts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fp(parts: &RequestParts<'_>, cfg: &FingerprintConfig) -> Fingerprint {
+        fingerprint(parts, cfg).expect("fingerprint")
+    }
+
+    #[test]
+    fn framing_matches_manual_bytes() {
+        let cfg = FingerprintConfig {
+            header_names: vec!["X-Tenant".into()],
+            ..FingerprintConfig::default()
+        };
+        let parts = RequestParts {
+            method: "post",
+            route: "/p/{id}",
+            headers: &[("x-tenant", " acme\t")],
+            content_type: Some("application/json; charset=utf-8"),
+            body: b"{\"b\":1,\"a\":2}",
+        };
+        let mut m = Vec::new();
+        let field = |m: &mut Vec<u8>, b: &[u8]| {
+            m.extend_from_slice(&(b.len() as u32).to_be_bytes());
+            m.extend_from_slice(b);
+        };
+        field(&mut m, b"idempo/fingerprint/v1");
+        field(&mut m, b"POST");
+        field(&mut m, b"/p/{id}");
+        m.extend_from_slice(&1u32.to_be_bytes());
+        field(&mut m, b"x-tenant");
+        m.extend_from_slice(&1u32.to_be_bytes());
+        field(&mut m, b"acme");
+        m.push(1);
+        m.push(1);
+        m.extend_from_slice(b"{\"a\":2,\"b\":1}");
+        m.extend_from_slice(&13u64.to_be_bytes());
+        let want: [u8; 32] = Sha256::digest(&m).into();
+        assert_eq!(fp(&parts, &cfg).digest(), &want);
+    }
+
+    #[test]
+    fn distinctions() {
+        let cfg = FingerprintConfig {
+            header_names: vec!["x-a".into()],
+            ..FingerprintConfig::default()
+        };
+        let base = RequestParts {
+            method: "POST",
+            route: "/r",
+            headers: &[],
+            content_type: Some("text/plain"),
+            body: b"",
+        };
+        let missing = fp(&base, &cfg);
+        let empty = fp(
+            &RequestParts {
+                headers: &[("X-A", "  ")],
+                ..base
+            },
+            &cfg,
+        );
+        assert_ne!(missing, empty, "missing header differs from empty header");
+        let json_empty = fp(
+            &RequestParts {
+                content_type: Some("application/json"),
+                ..base
+            },
+            &cfg,
+        );
+        assert_ne!(missing, json_empty, "class is framed");
+        assert_ne!(
+            fp(
+                &RequestParts {
+                    body: b"{}",
+                    ..base
+                },
+                &cfg
+            ),
+            fp(
+                &RequestParts {
+                    body: b"{}",
+                    content_type: Some("application/problem+json"),
+                    ..base
+                },
+                &cfg
+            )
+        );
+    }
+
+    #[test]
+    fn text_round_trip_and_hmac() {
+        let cfg = FingerprintConfig {
+            hmac_key: Some(b"server secret".to_vec()),
+            ..FingerprintConfig::default()
+        };
+        let parts = RequestParts::json("POST", "/x", b"[1]");
+        let h = fp(&parts, &cfg);
+        let v = fp(&parts, &FingerprintConfig::default());
+        assert_eq!(h.kind(), FingerprintKind::HmacSha256V1);
+        assert!(h.to_string().starts_with("h1:"));
+        assert_ne!(h.digest(), v.digest());
+        for f in [h, v] {
+            let text = f.to_string();
+            assert_eq!(text.len(), 67);
+            assert_eq!(text.parse::<Fingerprint>().expect("parse"), f);
+        }
+        assert_eq!(
+            "x1:00".parse::<Fingerprint>().unwrap_err().code(),
+            "unknown_fingerprint_version"
+        );
+        let upper = format!("v1:{}", v.to_string()[3..].to_ascii_uppercase());
+        if upper != v.to_string() {
+            assert_eq!(
+                upper.parse::<Fingerprint>().unwrap_err().code(),
+                "invalid_fingerprint_digest"
+            );
+        }
+        assert!("v1:abc".parse::<Fingerprint>().is_err());
+        let empty_key = FingerprintConfig {
+            hmac_key: Some(Vec::new()),
+            ..FingerprintConfig::default()
+        };
+        assert_eq!(
+            Fingerprinter::new(&empty_key).unwrap_err().code(),
+            "empty_hmac_key"
+        );
+    }
+
+    #[test]
+    fn precision_loss_is_reported_with_pointer() {
+        let e = fingerprint(
+            &RequestParts::json("POST", "/x", br#"{"amount":9007199254740993}"#),
+            &FingerprintConfig::default(),
+        )
+        .unwrap_err();
+        assert_eq!(e.code(), "precision_loss");
+        let FingerprintError::Body(c) = e else {
+            panic!("body error expected")
+        };
+        assert_eq!(c.pointer.as_deref(), Some("/amount"));
+    }
+
+    #[test]
+    fn media_types() {
+        assert!(is_json_media_type("application/json"));
+        assert!(is_json_media_type("Application/JSON ; charset=utf-8"));
+        assert!(is_json_media_type("application/vnd.api+json"));
+        assert!(!is_json_media_type("text/plain"));
+        assert!(!is_json_media_type("application/jsonx"));
+        assert!(!is_json_media_type("json"));
+    }
+}
