@@ -1,0 +1,77 @@
+"""Record stores implementing the eight primitives of ``spec/STORAGE.md``.
+
+``MemoryStore`` and ``SQLiteStore`` need nothing beyond the standard library;
+``PostgresStore`` needs psycopg 3 and ``RedisStore``/``CachedStore`` need redis-py, imported on
+first use. Every store has an asyncio twin (``Async...``).
+
+Cleanup: call ``store.purge_expired(batch=1000)`` periodically (cron, a scheduler, or a background
+task); it deletes expired records in short batches and returns :class:`PurgeCounts` per state::
+
+    counts = store.purge_expired(batch=1000)
+    log.info("idempo purge: %d records (%d completed)", counts.total, counts.completed)
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from idempo.stores._base import (
+    COMPLETED,
+    IN_PROGRESS,
+    OUTCOME_UNKNOWN,
+    AsyncStore,
+    Claimed,
+    ClaimResult,
+    Existing,
+    PurgeCounts,
+    Store,
+    StoredRecord,
+)
+from idempo.stores.memory import AsyncMemoryStore, MemoryStore
+from idempo.stores.sqlite import AsyncSQLiteStore, SQLiteStore
+
+if TYPE_CHECKING:
+    from idempo.stores.cached import AsyncCachedStore, CachedStore
+    from idempo.stores.postgres import AsyncPostgresStore, PostgresStore
+    from idempo.stores.redis import AsyncRedisStore, RedisStore
+
+_LAZY = {
+    "PostgresStore": "idempo.stores.postgres",
+    "AsyncPostgresStore": "idempo.stores.postgres",
+    "RedisStore": "idempo.stores.redis",
+    "AsyncRedisStore": "idempo.stores.redis",
+    "CachedStore": "idempo.stores.cached",
+    "AsyncCachedStore": "idempo.stores.cached",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'idempo.stores' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+__all__ = [
+    "COMPLETED",
+    "IN_PROGRESS",
+    "OUTCOME_UNKNOWN",
+    "AsyncCachedStore",
+    "AsyncMemoryStore",
+    "AsyncPostgresStore",
+    "AsyncRedisStore",
+    "AsyncSQLiteStore",
+    "AsyncStore",
+    "CachedStore",
+    "ClaimResult",
+    "Claimed",
+    "Existing",
+    "MemoryStore",
+    "PostgresStore",
+    "PurgeCounts",
+    "RedisStore",
+    "SQLiteStore",
+    "Store",
+    "StoredRecord",
+]

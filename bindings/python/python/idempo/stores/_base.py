@@ -1,0 +1,210 @@
+"""Types shared by every store: the stored record, primitive results, and the store protocols.
+
+A store implements the eight atomic primitives of ``spec/STORAGE.md`` and nothing else: it makes
+no protocol decision. Every time it uses comes from its own clock (the database's, Redis ``TIME``,
+or the process clock for :class:`~idempo.stores.MemoryStore`), and ``claim``/``get`` return that
+clock's ``now_ms`` so core decides with it.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Protocol, Tuple, TypeVar, Union
+
+from idempo._idempo import InvalidArgument, StoreUnavailable
+
+IN_PROGRESS = 1
+"""Record state: claimed, the handler is (or may be) running under a lease."""
+COMPLETED = 2
+"""Record state: the handler finished and its response is stored."""
+OUTCOME_UNKNOWN = 3
+"""Record state: an attempt may have had its effect but never completed (terminal)."""
+
+SCOPE_KEY_LEN = 32
+TOKEN_LEN = 16
+TABLE = "idempo_record"
+
+
+@dataclass(frozen=True)
+class StoredRecord:
+    """One row of ``idempo_record``, exactly as stored (columns of the storage contract)."""
+
+    scope_key: bytes
+    fingerprint: str
+    state: int
+    token: bytes
+    generation: int
+    lease_until: Optional[int]
+    expires_at: int
+    response: Optional[bytes]
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """``claim`` inserted a new in-progress record; the caller owns it."""
+
+    generation: int
+    now_ms: int
+
+
+@dataclass(frozen=True)
+class Existing:
+    """``claim`` found a live record and wrote nothing."""
+
+    record: StoredRecord
+    now_ms: int
+
+
+ClaimResult = Union[Claimed, Existing]
+
+
+@dataclass(frozen=True)
+class PurgeCounts:
+    """Records deleted by ``purge_expired``, per state."""
+
+    in_progress: int = 0
+    completed: int = 0
+    outcome_unknown: int = 0
+
+    @property
+    def total(self) -> int:
+        """All records deleted."""
+        return self.in_progress + self.completed + self.outcome_unknown
+
+    def __add__(self, other: PurgeCounts) -> PurgeCounts:
+        return PurgeCounts(
+            self.in_progress + other.in_progress,
+            self.completed + other.completed,
+            self.outcome_unknown + other.outcome_unknown,
+        )
+
+    @classmethod
+    def from_states(cls, states: "list[int]") -> PurgeCounts:
+        """Counts from the states of the deleted rows."""
+        return cls(
+            sum(1 for s in states if s == IN_PROGRESS),
+            sum(1 for s in states if s == COMPLETED),
+            sum(1 for s in states if s == OUTCOME_UNKNOWN),
+        )
+
+
+class Store(Protocol):
+    """The synchronous storage contract (``spec/STORAGE.md``): each method is one atomic step."""
+
+    def claim(
+        self, scope_key: bytes, fingerprint: str, token: bytes, lease_ms: int, ttl_ms: int
+    ) -> ClaimResult: ...
+
+    def get(self, scope_key: bytes) -> Tuple[Optional[StoredRecord], int]: ...
+
+    def takeover(
+        self, scope_key: bytes, seen_token: bytes, new_token: bytes, lease_ms: int
+    ) -> Optional[int]: ...
+
+    def mark_unknown(self, scope_key: bytes, seen_token: bytes, ttl_ms: int) -> bool: ...
+
+    def complete(self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int) -> bool: ...
+
+    def release(self, scope_key: bytes, token: bytes) -> bool: ...
+
+    def renew(self, scope_key: bytes, token: bytes, lease_ms: int) -> bool: ...
+
+    def purge_expired(self, batch: int = 1000) -> PurgeCounts: ...
+
+
+class AsyncStore(Protocol):
+    """The asyncio storage contract: the same primitives as :class:`Store`, awaitable."""
+
+    async def claim(
+        self, scope_key: bytes, fingerprint: str, token: bytes, lease_ms: int, ttl_ms: int
+    ) -> ClaimResult: ...
+
+    async def get(self, scope_key: bytes) -> Tuple[Optional[StoredRecord], int]: ...
+
+    async def takeover(
+        self, scope_key: bytes, seen_token: bytes, new_token: bytes, lease_ms: int
+    ) -> Optional[int]: ...
+
+    async def mark_unknown(self, scope_key: bytes, seen_token: bytes, ttl_ms: int) -> bool: ...
+
+    async def complete(
+        self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int
+    ) -> bool: ...
+
+    async def release(self, scope_key: bytes, token: bytes) -> bool: ...
+
+    async def renew(self, scope_key: bytes, token: bytes, lease_ms: int) -> bool: ...
+
+    async def purge_expired(self, batch: int = 1000) -> PurgeCounts: ...
+
+
+def check_key(scope_key: bytes) -> bytes:
+    """Validates a scope key (32 bytes, a core ScopeId)."""
+    if not isinstance(scope_key, (bytes, bytearray)) or len(scope_key) != SCOPE_KEY_LEN:
+        raise InvalidArgument(f"scope_key must be {SCOPE_KEY_LEN} bytes")
+    return bytes(scope_key)
+
+
+def check_token(token: bytes) -> bytes:
+    """Validates a fencing token (16 random bytes)."""
+    if not isinstance(token, (bytes, bytearray)) or len(token) != TOKEN_LEN:
+        raise InvalidArgument(f"token must be {TOKEN_LEN} bytes")
+    return bytes(token)
+
+
+def check_ms(name: str, value: int) -> int:
+    """Validates a duration in milliseconds."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value >= 2**53:
+        raise InvalidArgument(f"{name} must be a non-negative integer number of milliseconds")
+    return value
+
+
+def check_batch(batch: int) -> int:
+    """Validates a purge batch size."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch <= 0:
+        raise InvalidArgument("batch must be a positive integer")
+    return batch
+
+
+def unavailable(message: str, cause: BaseException, retry_after: float = 1.0) -> StoreUnavailable:
+    """A :class:`StoreUnavailable` with ``retry_after`` set, chained to its cause by the caller."""
+    err = StoreUnavailable(f"{message}: {type(cause).__name__}: {cause}")
+    err.retry_after = retry_after
+    return err
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def fail_closed(errors: Tuple[type, ...], what: str) -> Callable[[F], F]:
+    """Maps the driver's errors to :class:`StoreUnavailable` (store errors fail closed)."""
+
+    def wrap(fn: F) -> F:
+        @functools.wraps(fn)
+        def inner(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except errors as exc:
+                raise unavailable(what, exc) from exc
+
+        return inner  # type: ignore[return-value]
+
+    return wrap
+
+
+def fail_closed_async(errors: Tuple[type, ...], what: str) -> Callable[[F], F]:
+    """Async form of :func:`fail_closed`."""
+
+    def wrap(fn: F) -> F:
+        @functools.wraps(fn)
+        async def inner(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await fn(*args, **kwargs)
+            except errors as exc:
+                raise unavailable(what, exc) from exc
+
+        return inner  # type: ignore[return-value]
+
+    return wrap
+

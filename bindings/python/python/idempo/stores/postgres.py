@@ -1,0 +1,558 @@
+"""PostgreSQL store (psycopg 3): the authority for production.
+
+Each primitive is one autocommit statement under Read Committed, timed by the database clock
+(``clock_timestamp()`` in unix milliseconds), so skewed application hosts change nothing. Claim is
+``INSERT ... ON CONFLICT DO UPDATE ... WHERE expires_at <= now RETURNING``: a live row is left
+untouched and returns nothing, an expired one is replaced in the same statement with
+``generation + 1``. The loser re-reads in a *new* statement (a new snapshot); if the row vanished
+in between (released or purged) it claims again, at most three times, then fails closed.
+
+Pass a DSN (one connection per thread, opened lazily), a ``psycopg_pool.ConnectionPool`` (anything
+with a ``connection()`` context manager) or a single ``psycopg.Connection`` (serialized by a lock).
+Do not run the claim inside your own Repeatable Read or Serializable transaction.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, AsyncIterator, Iterator, List, Optional, Sequence, Tuple
+
+from idempo._idempo import StoreUnavailable
+from idempo.stores._base import (
+    COMPLETED,
+    IN_PROGRESS,
+    OUTCOME_UNKNOWN,
+    TABLE,
+    ClaimResult,
+    Claimed,
+    Existing,
+    PurgeCounts,
+    StoredRecord,
+    check_batch,
+    check_key,
+    check_ms,
+    check_token,
+    fail_closed,
+    fail_closed_async,
+)
+
+try:
+    import psycopg
+except ImportError as exc:  # pragma: no cover - import guard for the optional dependency
+    raise ImportError("idempo.stores.postgres needs psycopg 3: pip install 'psycopg[binary]'") from exc
+
+NOW = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+COLUMNS = "scope_key, fingerprint, state, token, generation, lease_until, expires_at, response"
+CLAIM_ATTEMPTS = 3
+
+SCHEMA_STATEMENTS = (
+    f"""CREATE TABLE IF NOT EXISTS {TABLE} (
+  scope_key   bytea PRIMARY KEY CHECK (octet_length(scope_key) = 32),
+  fingerprint text NOT NULL,
+  state       smallint NOT NULL CHECK (state IN ({IN_PROGRESS}, {COMPLETED}, {OUTCOME_UNKNOWN})),
+  token       bytea NOT NULL,
+  generation  integer NOT NULL,
+  lease_until bigint,
+  expires_at  bigint NOT NULL,
+  response    bytea
+)""",
+    f"CREATE INDEX IF NOT EXISTS {TABLE}_expires ON {TABLE} (expires_at)",
+)
+"""The DDL ``create_schema()`` runs; copy it into your migrations instead if you prefer."""
+
+SQL_CLAIM = f"""
+WITH c AS (SELECT {NOW} AS now)
+INSERT INTO {TABLE} AS r ({COLUMNS})
+SELECT %(key)s, %(fp)s, {IN_PROGRESS}, %(tok)s, 1, c.now + %(lease)s,
+       c.now + greatest(%(ttl)s::bigint, %(lease)s::bigint), NULL FROM c
+ON CONFLICT (scope_key) DO UPDATE SET
+  fingerprint = EXCLUDED.fingerprint, state = {IN_PROGRESS}, token = EXCLUDED.token,
+  generation = least(r.generation + 1, 2147483647), lease_until = EXCLUDED.lease_until,
+  expires_at = EXCLUDED.expires_at, response = NULL
+WHERE r.expires_at <= EXCLUDED.lease_until - %(lease)s
+RETURNING r.generation, r.lease_until - %(lease)s
+"""
+
+SQL_GET = f"""
+SELECT {NOW}, r.scope_key, r.fingerprint, r.state, r.token, r.generation, r.lease_until,
+       r.expires_at, r.response
+FROM (SELECT 1) AS one LEFT JOIN {TABLE} AS r ON r.scope_key = %(key)s
+"""
+
+SQL_TAKEOVER = f"""
+WITH c AS (SELECT {NOW} AS now)
+UPDATE {TABLE} AS r SET token = %(new)s, lease_until = c.now + %(lease)s,
+       expires_at = greatest(r.expires_at, c.now + %(lease)s)
+FROM c WHERE r.scope_key = %(key)s AND r.state = {IN_PROGRESS} AND r.token = %(seen)s
+  AND r.lease_until <= c.now
+RETURNING r.generation
+"""
+
+SQL_MARK_UNKNOWN = f"""
+WITH c AS (SELECT {NOW} AS now)
+UPDATE {TABLE} AS r SET state = {OUTCOME_UNKNOWN}, lease_until = NULL, expires_at = c.now + %(ttl)s
+FROM c WHERE r.scope_key = %(key)s AND r.state = {IN_PROGRESS} AND r.token = %(seen)s
+  AND r.lease_until <= c.now
+RETURNING r.generation
+"""
+
+SQL_COMPLETE = f"""
+WITH c AS (SELECT {NOW} AS now)
+UPDATE {TABLE} AS r SET state = {COMPLETED}, response = %(resp)s, lease_until = NULL,
+       expires_at = c.now + %(ttl)s
+FROM c WHERE r.scope_key = %(key)s AND r.state = {IN_PROGRESS} AND r.token = %(tok)s
+RETURNING r.fingerprint, r.generation, r.expires_at, c.now
+"""
+
+SQL_RELEASE = f"""
+DELETE FROM {TABLE} WHERE scope_key = %(key)s AND state = {IN_PROGRESS} AND token = %(tok)s
+RETURNING generation
+"""
+
+SQL_RENEW = f"""
+WITH c AS (SELECT {NOW} AS now)
+UPDATE {TABLE} AS r SET lease_until = c.now + %(lease)s,
+       expires_at = greatest(r.expires_at, c.now + %(lease)s)
+FROM c WHERE r.scope_key = %(key)s AND r.state = {IN_PROGRESS} AND r.token = %(tok)s
+RETURNING r.generation
+"""
+
+SQL_PURGE = f"""
+DELETE FROM {TABLE} WHERE scope_key IN (
+  SELECT scope_key FROM {TABLE} WHERE expires_at <= {NOW}
+  ORDER BY expires_at LIMIT %(batch)s FOR UPDATE SKIP LOCKED)
+RETURNING state
+"""
+
+_errors = (psycopg.Error,)
+
+
+def record_from_row(row: Sequence[Any]) -> StoredRecord:
+    """A :class:`StoredRecord` from the 8 contract columns in order."""
+    return StoredRecord(
+        scope_key=bytes(row[0]),
+        fingerprint=str(row[1]),
+        state=int(row[2]),
+        token=bytes(row[3]),
+        generation=int(row[4]),
+        lease_until=None if row[5] is None else int(row[5]),
+        expires_at=int(row[6]),
+        response=None if row[7] is None else bytes(row[7]),
+    )
+
+
+def _contention() -> StoreUnavailable:
+    err = StoreUnavailable(
+        f"claim did not settle after {CLAIM_ATTEMPTS} attempts (the record kept changing)"
+    )
+    err.retry_after = 1.0
+    return err
+
+
+def _claim_params(
+    scope_key: bytes, fingerprint: str, token: bytes, lease_ms: int, ttl_ms: int
+) -> dict[str, Any]:
+    return {
+        "key": check_key(scope_key),
+        "fp": fingerprint,
+        "tok": check_token(token),
+        "lease": check_ms("lease_ms", lease_ms),
+        "ttl": check_ms("ttl_ms", ttl_ms),
+    }
+
+
+class CompletedRow:
+    """What a successful ``complete`` returns to a cache in front of the store."""
+
+    __slots__ = ("fingerprint", "generation", "expires_at", "now_ms")
+
+    def __init__(self, fingerprint: str, generation: int, expires_at: int, now_ms: int) -> None:
+        self.fingerprint = fingerprint
+        self.generation = generation
+        self.expires_at = expires_at
+        self.now_ms = now_ms
+
+
+class PostgresStore:
+    """The storage contract on PostgreSQL (psycopg 3, sync)."""
+
+    def __init__(self, conninfo_or_pool: Any, *, connect_timeout: int = 5) -> None:
+        self._dsn: Optional[str] = None
+        self._pool: Any = None
+        self._single: Optional[psycopg.Connection[Any]] = None
+        self._single_lock = threading.Lock()
+        if isinstance(conninfo_or_pool, str):
+            self._dsn = conninfo_or_pool
+        elif isinstance(conninfo_or_pool, psycopg.Connection):
+            self._single = conninfo_or_pool
+        elif hasattr(conninfo_or_pool, "connection"):
+            self._pool = conninfo_or_pool
+        else:
+            raise TypeError("PostgresStore needs a DSN, a psycopg Connection or a connection pool")
+        self._connect_timeout = connect_timeout
+        self._local = threading.local()
+        self._all: List[psycopg.Connection[Any]] = []
+        self._all_lock = threading.Lock()
+
+    @contextmanager
+    def _conn(self) -> Iterator[psycopg.Connection[Any]]:
+        if self._pool is not None:
+            with self._pool.connection() as conn:
+                yield conn
+            return
+        if self._single is not None:
+            with self._single_lock:
+                yield self._single
+            return
+        conn: Optional[psycopg.Connection[Any]] = getattr(self._local, "conn", None)
+        if conn is None or conn.closed:
+            assert self._dsn is not None
+            conn = psycopg.connect(
+                self._dsn, autocommit=True, connect_timeout=self._connect_timeout
+            )
+            self._local.conn = conn
+            with self._all_lock:
+                self._all.append(conn)
+        try:
+            yield conn
+        except psycopg.OperationalError:
+            # The connection may be broken: drop it so the next call reconnects.
+            self._local.conn = None
+            conn.close()
+            raise
+
+    def _one(self, sql: str, params: dict[str, Any]) -> Optional[Tuple[Any, ...]]:
+        with self._conn() as conn:
+            cur = conn.execute(sql, params, prepare=True)
+            row = cur.fetchone()
+            if not conn.autocommit:
+                conn.commit()
+            return row
+
+    def _all_rows(self, sql: str, params: dict[str, Any]) -> List[Tuple[Any, ...]]:
+        with self._conn() as conn:
+            cur = conn.execute(sql, params, prepare=True)
+            rows = cur.fetchall()
+            if not conn.autocommit:
+                conn.commit()
+            return rows
+
+    @fail_closed(_errors, "PostgreSQL create_schema failed")
+    def create_schema(self) -> None:
+        """Creates the table and its expiry index if missing (see :data:`SCHEMA_STATEMENTS`)."""
+        with self._conn() as conn:
+            for stmt in SCHEMA_STATEMENTS:
+                conn.execute(stmt)  # type: ignore[arg-type]
+            if not conn.autocommit:
+                conn.commit()
+
+    def close(self) -> None:
+        """Closes the connections this store opened (not a pool or connection passed in)."""
+        with self._all_lock:
+            conns, self._all = self._all, []
+        for conn in conns:
+            conn.close()
+        self._local = threading.local()
+
+    @fail_closed(_errors, "PostgreSQL claim failed")
+    def claim(
+        self, scope_key: bytes, fingerprint: str, token: bytes, lease_ms: int, ttl_ms: int
+    ) -> ClaimResult:
+        """Primitive 1: insert-if-absent (an expired record counts as absent)."""
+        params = _claim_params(scope_key, fingerprint, token, lease_ms, ttl_ms)
+        for _ in range(CLAIM_ATTEMPTS):
+            row = self._one(SQL_CLAIM, params)
+            if row is not None:
+                return Claimed(int(row[0]), int(row[1]))
+            record, now = self._get(params["key"])
+            if record is not None and record.expires_at > now:
+                return Existing(record, now)
+        raise _contention()
+
+    def _get(self, key: bytes) -> Tuple[Optional[StoredRecord], int]:
+        row = self._one(SQL_GET, {"key": key})
+        assert row is not None
+        return (None if row[1] is None else record_from_row(row[1:])), int(row[0])
+
+    @fail_closed(_errors, "PostgreSQL get failed")
+    def get(self, scope_key: bytes) -> Tuple[Optional[StoredRecord], int]:
+        """Primitive 2: the record (expired ones included) and the store's now."""
+        return self._get(check_key(scope_key))
+
+    @fail_closed(_errors, "PostgreSQL takeover failed")
+    def takeover(
+        self, scope_key: bytes, seen_token: bytes, new_token: bytes, lease_ms: int
+    ) -> Optional[int]:
+        """Primitive 3: take over an expired lease with a new token."""
+        row = self._one(
+            SQL_TAKEOVER,
+            {
+                "key": check_key(scope_key),
+                "seen": check_token(seen_token),
+                "new": check_token(new_token),
+                "lease": check_ms("lease_ms", lease_ms),
+            },
+        )
+        return None if row is None else int(row[0])
+
+    @fail_closed(_errors, "PostgreSQL mark_unknown failed")
+    def mark_unknown(self, scope_key: bytes, seen_token: bytes, ttl_ms: int) -> bool:
+        """Primitive 4: an abandoned in-progress record becomes outcome-unknown."""
+        row = self._one(
+            SQL_MARK_UNKNOWN,
+            {
+                "key": check_key(scope_key),
+                "seen": check_token(seen_token),
+                "ttl": check_ms("ttl_ms", ttl_ms),
+            },
+        )
+        return row is not None
+
+    def complete_returning(
+        self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int
+    ) -> Optional[CompletedRow]:
+        """``complete`` that also returns what a cache needs (None when the token is stale)."""
+        try:
+            row = self._one(
+                SQL_COMPLETE,
+                {
+                    "key": check_key(scope_key),
+                    "tok": check_token(token),
+                    "resp": bytes(response),
+                    "ttl": check_ms("ttl_ms", ttl_ms),
+                },
+            )
+        except psycopg.Error as exc:
+            from idempo.stores._base import unavailable
+
+            raise unavailable("PostgreSQL complete failed", exc) from exc
+        if row is None:
+            return None
+        return CompletedRow(str(row[0]), int(row[1]), int(row[2]), int(row[3]))
+
+    def complete(self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int) -> bool:
+        """Primitive 5: store the response, only while still holding the token."""
+        return self.complete_returning(scope_key, token, response, ttl_ms) is not None
+
+    @fail_closed(_errors, "PostgreSQL release failed")
+    def release(self, scope_key: bytes, token: bytes) -> bool:
+        """Primitive 6: delete the caller's own in-progress record."""
+        row = self._one(SQL_RELEASE, {"key": check_key(scope_key), "tok": check_token(token)})
+        return row is not None
+
+    @fail_closed(_errors, "PostgreSQL renew failed")
+    def renew(self, scope_key: bytes, token: bytes, lease_ms: int) -> bool:
+        """Primitive 7: extend the caller's lease (heartbeat)."""
+        row = self._one(
+            SQL_RENEW,
+            {
+                "key": check_key(scope_key),
+                "tok": check_token(token),
+                "lease": check_ms("lease_ms", lease_ms),
+            },
+        )
+        return row is not None
+
+    @fail_closed(_errors, "PostgreSQL purge_expired failed")
+    def purge_expired(self, batch: int = 1000) -> PurgeCounts:
+        """Primitive 8: batched deletes of expired rows (``SKIP LOCKED``), counted per state."""
+        check_batch(batch)
+        total = PurgeCounts()
+        while True:
+            rows = self._all_rows(SQL_PURGE, {"batch": batch})
+            total = total + PurgeCounts.from_states([int(r[0]) for r in rows])
+            if len(rows) < batch:
+                return total
+
+
+class AsyncPostgresStore:
+    """The storage contract on PostgreSQL with psycopg's asyncio API.
+
+    Pass a DSN (one connection, opened on first use, serialized by an asyncio lock), an
+    ``AsyncConnection``, or a ``psycopg_pool.AsyncConnectionPool``.
+    """
+
+    def __init__(self, conninfo_or_pool: Any, *, connect_timeout: int = 5) -> None:
+        self._dsn: Optional[str] = None
+        self._pool: Any = None
+        self._single: Optional[psycopg.AsyncConnection[Any]] = None
+        if isinstance(conninfo_or_pool, str):
+            self._dsn = conninfo_or_pool
+        elif isinstance(conninfo_or_pool, psycopg.AsyncConnection):
+            self._single = conninfo_or_pool
+        elif hasattr(conninfo_or_pool, "connection"):
+            self._pool = conninfo_or_pool
+        else:
+            raise TypeError(
+                "AsyncPostgresStore needs a DSN, a psycopg AsyncConnection or an async pool"
+            )
+        self._connect_timeout = connect_timeout
+        self._lock: Optional[Any] = None
+        self._owned = False
+
+    @asynccontextmanager
+    async def _conn(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        import asyncio
+
+        if self._pool is not None:
+            async with self._pool.connection() as conn:
+                yield conn
+            return
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self._single is None or self._single.closed:
+                assert self._dsn is not None
+                self._single = await psycopg.AsyncConnection.connect(
+                    self._dsn, autocommit=True, connect_timeout=self._connect_timeout
+                )
+                self._owned = True
+            try:
+                yield self._single
+            except psycopg.OperationalError:
+                if self._owned:
+                    await self._single.close()
+                    self._single = None
+                raise
+
+    async def _one(self, sql: str, params: dict[str, Any]) -> Optional[Tuple[Any, ...]]:
+        async with self._conn() as conn:
+            cur = await conn.execute(sql, params, prepare=True)
+            row = await cur.fetchone()
+            if not conn.autocommit:
+                await conn.commit()
+            return row
+
+    async def _all_rows(self, sql: str, params: dict[str, Any]) -> List[Tuple[Any, ...]]:
+        async with self._conn() as conn:
+            cur = await conn.execute(sql, params, prepare=True)
+            rows = await cur.fetchall()
+            if not conn.autocommit:
+                await conn.commit()
+            return rows
+
+    @fail_closed_async(_errors, "PostgreSQL create_schema failed")
+    async def create_schema(self) -> None:
+        """Creates the table and its expiry index if missing."""
+        async with self._conn() as conn:
+            for stmt in SCHEMA_STATEMENTS:
+                await conn.execute(stmt)  # type: ignore[arg-type]
+            if not conn.autocommit:
+                await conn.commit()
+
+    async def close(self) -> None:
+        """Closes the connection this store opened (not one or a pool passed in)."""
+        if self._owned and self._single is not None:
+            await self._single.close()
+            self._single = None
+
+    @fail_closed_async(_errors, "PostgreSQL claim failed")
+    async def claim(
+        self, scope_key: bytes, fingerprint: str, token: bytes, lease_ms: int, ttl_ms: int
+    ) -> ClaimResult:
+        """Primitive 1: insert-if-absent (an expired record counts as absent)."""
+        params = _claim_params(scope_key, fingerprint, token, lease_ms, ttl_ms)
+        for _ in range(CLAIM_ATTEMPTS):
+            row = await self._one(SQL_CLAIM, params)
+            if row is not None:
+                return Claimed(int(row[0]), int(row[1]))
+            record, now = await self._get(params["key"])
+            if record is not None and record.expires_at > now:
+                return Existing(record, now)
+        raise _contention()
+
+    async def _get(self, key: bytes) -> Tuple[Optional[StoredRecord], int]:
+        row = await self._one(SQL_GET, {"key": key})
+        assert row is not None
+        return (None if row[1] is None else record_from_row(row[1:])), int(row[0])
+
+    @fail_closed_async(_errors, "PostgreSQL get failed")
+    async def get(self, scope_key: bytes) -> Tuple[Optional[StoredRecord], int]:
+        """Primitive 2: the record (expired ones included) and the store's now."""
+        return await self._get(check_key(scope_key))
+
+    @fail_closed_async(_errors, "PostgreSQL takeover failed")
+    async def takeover(
+        self, scope_key: bytes, seen_token: bytes, new_token: bytes, lease_ms: int
+    ) -> Optional[int]:
+        """Primitive 3: take over an expired lease with a new token."""
+        row = await self._one(
+            SQL_TAKEOVER,
+            {
+                "key": check_key(scope_key),
+                "seen": check_token(seen_token),
+                "new": check_token(new_token),
+                "lease": check_ms("lease_ms", lease_ms),
+            },
+        )
+        return None if row is None else int(row[0])
+
+    @fail_closed_async(_errors, "PostgreSQL mark_unknown failed")
+    async def mark_unknown(self, scope_key: bytes, seen_token: bytes, ttl_ms: int) -> bool:
+        """Primitive 4: an abandoned in-progress record becomes outcome-unknown."""
+        row = await self._one(
+            SQL_MARK_UNKNOWN,
+            {
+                "key": check_key(scope_key),
+                "seen": check_token(seen_token),
+                "ttl": check_ms("ttl_ms", ttl_ms),
+            },
+        )
+        return row is not None
+
+    @fail_closed_async(_errors, "PostgreSQL complete failed")
+    async def complete_returning(
+        self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int
+    ) -> Optional[CompletedRow]:
+        """``complete`` that also returns what a cache needs (None when the token is stale)."""
+        row = await self._one(
+            SQL_COMPLETE,
+            {
+                "key": check_key(scope_key),
+                "tok": check_token(token),
+                "resp": bytes(response),
+                "ttl": check_ms("ttl_ms", ttl_ms),
+            },
+        )
+        if row is None:
+            return None
+        return CompletedRow(str(row[0]), int(row[1]), int(row[2]), int(row[3]))
+
+    async def complete(
+        self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int
+    ) -> bool:
+        """Primitive 5: store the response, only while still holding the token."""
+        return await self.complete_returning(scope_key, token, response, ttl_ms) is not None
+
+    @fail_closed_async(_errors, "PostgreSQL release failed")
+    async def release(self, scope_key: bytes, token: bytes) -> bool:
+        """Primitive 6: delete the caller's own in-progress record."""
+        row = await self._one(
+            SQL_RELEASE, {"key": check_key(scope_key), "tok": check_token(token)}
+        )
+        return row is not None
+
+    @fail_closed_async(_errors, "PostgreSQL renew failed")
+    async def renew(self, scope_key: bytes, token: bytes, lease_ms: int) -> bool:
+        """Primitive 7: extend the caller's lease (heartbeat)."""
+        row = await self._one(
+            SQL_RENEW,
+            {
+                "key": check_key(scope_key),
+                "tok": check_token(token),
+                "lease": check_ms("lease_ms", lease_ms),
+            },
+        )
+        return row is not None
+
+    @fail_closed_async(_errors, "PostgreSQL purge_expired failed")
+    async def purge_expired(self, batch: int = 1000) -> PurgeCounts:
+        """Primitive 8: batched deletes of expired rows (``SKIP LOCKED``), counted per state."""
+        check_batch(batch)
+        total = PurgeCounts()
+        while True:
+            rows = await self._all_rows(SQL_PURGE, {"batch": batch})
+            total = total + PurgeCounts.from_states([int(r[0]) for r in rows])
+            if len(rows) < batch:
+                return total

@@ -1,0 +1,330 @@
+"""SQLite store: the embedded default, for one host (any number of processes on it).
+
+Every connection runs ``journal_mode=WAL``, ``synchronous=FULL`` (with ``NORMAL`` a committed
+completion may roll back after a power loss, and a lost completion re-executes) and a
+``busy_timeout``; it is opened with ``isolation_level=None`` so Python never opens a deferred
+transaction on its own, and each read-then-write primitive runs in ``BEGIN IMMEDIATE`` (the write
+lock first, so ``busy_timeout`` applies and no ``SQLITE_BUSY_SNAPSHOT`` can occur). Time is the
+SQLite host's clock in milliseconds. WAL does not work over a network filesystem: keep the file
+local.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import threading
+from contextlib import contextmanager
+from typing import Iterator, List, Optional, Tuple, Union
+
+from idempo._idempo import InvalidArgument
+from idempo.stores._base import (
+    COMPLETED,
+    IN_PROGRESS,
+    OUTCOME_UNKNOWN,
+    TABLE,
+    ClaimResult,
+    Claimed,
+    Existing,
+    PurgeCounts,
+    StoredRecord,
+    check_batch,
+    check_key,
+    check_ms,
+    check_token,
+    fail_closed,
+)
+
+_NOW = "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
+_COLUMNS = "scope_key, fingerprint, state, token, generation, lease_until, expires_at, response"
+MIN_SQLITE = (3, 24, 0)
+
+SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS {TABLE} (
+  scope_key   BLOB PRIMARY KEY,
+  fingerprint TEXT NOT NULL,
+  state       INTEGER NOT NULL CHECK (state IN ({IN_PROGRESS}, {COMPLETED}, {OUTCOME_UNKNOWN})),
+  token       BLOB NOT NULL,
+  generation  INTEGER NOT NULL,
+  lease_until INTEGER,
+  expires_at  INTEGER NOT NULL,
+  response    BLOB
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS {TABLE}_expires ON {TABLE} (expires_at);
+"""
+
+_errors = (sqlite3.Error,)
+
+
+def _record(row: Tuple[object, ...]) -> StoredRecord:
+    return StoredRecord(
+        scope_key=bytes(row[0]),  # type: ignore[arg-type]
+        fingerprint=str(row[1]),
+        state=int(row[2]),  # type: ignore[call-overload]
+        token=bytes(row[3]),  # type: ignore[arg-type]
+        generation=int(row[4]),  # type: ignore[call-overload]
+        lease_until=None if row[5] is None else int(row[5]),  # type: ignore[call-overload]
+        expires_at=int(row[6]),  # type: ignore[call-overload]
+        response=None if row[7] is None else bytes(row[7]),  # type: ignore[arg-type]
+    )
+
+
+class SQLiteStore:
+    """The storage contract on one SQLite database file (one connection per thread)."""
+
+    def __init__(
+        self,
+        path: Union[str, "os.PathLike[str]"],
+        *,
+        busy_timeout_ms: int = 5000,
+        create_schema: bool = True,
+    ) -> None:
+        if sqlite3.sqlite_version_info < MIN_SQLITE:
+            raise InvalidArgument(
+                f"SQLite {sqlite3.sqlite_version} is too old: idempo needs "
+                f"{'.'.join(map(str, MIN_SQLITE))} or newer"
+            )
+        self.path = os.fspath(path)
+        self._busy_timeout_ms = check_ms("busy_timeout_ms", busy_timeout_ms)
+        self._local = threading.local()
+        self._all: List[sqlite3.Connection] = []
+        self._all_lock = threading.Lock()
+        if create_schema:
+            self.create_schema()
+
+    def _conn(self) -> sqlite3.Connection:
+        conn: Optional[sqlite3.Connection] = getattr(self._local, "conn", None)
+        if conn is not None and getattr(self._local, "pid", None) == os.getpid():
+            return conn
+        conn = sqlite3.connect(
+            self.path,
+            timeout=self._busy_timeout_ms / 1000,
+            isolation_level=None,
+            # Each connection is used only by the thread that opened it; close() may run
+            # elsewhere.
+            check_same_thread=False,
+        )
+        conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+        if mode is None or str(mode[0]).lower() != "wal" and self.path != ":memory:":
+            conn.close()
+            raise InvalidArgument(f"SQLite refused WAL mode for {self.path!r}")
+        conn.execute("PRAGMA synchronous = FULL")
+        self._local.conn = conn
+        self._local.pid = os.getpid()
+        with self._all_lock:
+            self._all.append(conn)
+        return conn
+
+    @contextmanager
+    def _immediate(self) -> Iterator[Tuple[sqlite3.Connection, int]]:
+        conn = self._conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            now = int(conn.execute(f"SELECT {_NOW}").fetchone()[0])
+            yield conn, now
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        else:
+            conn.execute("COMMIT")
+
+    @fail_closed(_errors, "SQLite create_schema failed")
+    def create_schema(self) -> None:
+        """Creates the table and its expiry index (idempotent)."""
+        self._conn().executescript(SCHEMA)
+
+    def close(self) -> None:
+        """Closes every connection this store opened (in any thread)."""
+        with self._all_lock:
+            conns, self._all = self._all, []
+        for conn in conns:
+            conn.close()
+        self._local = threading.local()
+
+    @fail_closed(_errors, "SQLite claim failed")
+    def claim(
+        self, scope_key: bytes, fingerprint: str, token: bytes, lease_ms: int, ttl_ms: int
+    ) -> ClaimResult:
+        """Primitive 1: insert-if-absent (an expired record counts as absent)."""
+        key = check_key(scope_key)
+        tok = check_token(token)
+        check_ms("lease_ms", lease_ms)
+        check_ms("ttl_ms", ttl_ms)
+        with self._immediate() as (conn, now):
+            row = conn.execute(
+                f"SELECT {_COLUMNS} FROM {TABLE} WHERE scope_key = ?", (key,)
+            ).fetchone()
+            if row is not None and int(row[6]) > now:
+                return Existing(_record(row), now)
+            generation = 1 if row is None else min(int(row[4]) + 1, 2**31 - 1)
+            conn.execute(
+                f"INSERT OR REPLACE INTO {TABLE} ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, NULL)",
+                (
+                    key,
+                    fingerprint,
+                    IN_PROGRESS,
+                    tok,
+                    generation,
+                    now + lease_ms,
+                    now + max(ttl_ms, lease_ms),
+                ),
+            )
+            return Claimed(generation, now)
+
+    @fail_closed(_errors, "SQLite get failed")
+    def get(self, scope_key: bytes) -> Tuple[Optional[StoredRecord], int]:
+        """Primitive 2: the record (expired ones included) and the store's now."""
+        key = check_key(scope_key)
+        conn = self._conn()
+        # One statement, one snapshot: the row and the clock together.
+        row = conn.execute(
+            f"SELECT {_NOW}, r.scope_key, r.fingerprint, r.state, r.token, r.generation, "
+            f"r.lease_until, r.expires_at, r.response FROM (SELECT 1) "
+            f"LEFT JOIN {TABLE} r ON r.scope_key = ?",
+            (key,),
+        ).fetchone()
+        now = int(row[0])
+        return (None if row[1] is None else _record(row[1:])), now
+
+    @fail_closed(_errors, "SQLite takeover failed")
+    def takeover(
+        self, scope_key: bytes, seen_token: bytes, new_token: bytes, lease_ms: int
+    ) -> Optional[int]:
+        """Primitive 3: take over an expired lease with a new token."""
+        key = check_key(scope_key)
+        seen = check_token(seen_token)
+        new = check_token(new_token)
+        check_ms("lease_ms", lease_ms)
+        with self._immediate() as (conn, now):
+            cur = conn.execute(
+                f"UPDATE {TABLE} SET token = :new, lease_until = :now + :lease, "
+                f"expires_at = max(expires_at, :now + :lease) "
+                f"WHERE scope_key = :key AND state = {IN_PROGRESS} AND token = :seen "
+                f"AND lease_until <= :now",
+                {"new": new, "now": now, "lease": lease_ms, "key": key, "seen": seen},
+            )
+            if cur.rowcount != 1:
+                return None
+            gen = conn.execute(
+                f"SELECT generation FROM {TABLE} WHERE scope_key = ?", (key,)
+            ).fetchone()
+            return int(gen[0])
+
+    @fail_closed(_errors, "SQLite mark_unknown failed")
+    def mark_unknown(self, scope_key: bytes, seen_token: bytes, ttl_ms: int) -> bool:
+        """Primitive 4: an abandoned in-progress record becomes outcome-unknown."""
+        key = check_key(scope_key)
+        seen = check_token(seen_token)
+        check_ms("ttl_ms", ttl_ms)
+        with self._immediate() as (conn, now):
+            cur = conn.execute(
+                f"UPDATE {TABLE} SET state = {OUTCOME_UNKNOWN}, lease_until = NULL, "
+                f"expires_at = :now + :ttl WHERE scope_key = :key AND state = {IN_PROGRESS} "
+                f"AND token = :seen AND lease_until <= :now",
+                {"now": now, "ttl": ttl_ms, "key": key, "seen": seen},
+            )
+            return cur.rowcount == 1
+
+    @fail_closed(_errors, "SQLite complete failed")
+    def complete(self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int) -> bool:
+        """Primitive 5: store the response, only while still holding the token."""
+        key = check_key(scope_key)
+        tok = check_token(token)
+        check_ms("ttl_ms", ttl_ms)
+        with self._immediate() as (conn, now):
+            cur = conn.execute(
+                f"UPDATE {TABLE} SET state = {COMPLETED}, response = :resp, lease_until = NULL, "
+                f"expires_at = :now + :ttl WHERE scope_key = :key AND state = {IN_PROGRESS} "
+                f"AND token = :tok",
+                {"resp": bytes(response), "now": now, "ttl": ttl_ms, "key": key, "tok": tok},
+            )
+            return cur.rowcount == 1
+
+    @fail_closed(_errors, "SQLite release failed")
+    def release(self, scope_key: bytes, token: bytes) -> bool:
+        """Primitive 6: delete the caller's own in-progress record."""
+        key = check_key(scope_key)
+        tok = check_token(token)
+        with self._immediate() as (conn, _now):
+            cur = conn.execute(
+                f"DELETE FROM {TABLE} WHERE scope_key = ? AND state = {IN_PROGRESS} AND token = ?",
+                (key, tok),
+            )
+            return cur.rowcount == 1
+
+    @fail_closed(_errors, "SQLite renew failed")
+    def renew(self, scope_key: bytes, token: bytes, lease_ms: int) -> bool:
+        """Primitive 7: extend the caller's lease (heartbeat)."""
+        key = check_key(scope_key)
+        tok = check_token(token)
+        check_ms("lease_ms", lease_ms)
+        with self._immediate() as (conn, now):
+            cur = conn.execute(
+                f"UPDATE {TABLE} SET lease_until = :now + :lease, "
+                f"expires_at = max(expires_at, :now + :lease) "
+                f"WHERE scope_key = :key AND state = {IN_PROGRESS} AND token = :tok",
+                {"now": now, "lease": lease_ms, "key": key, "tok": tok},
+            )
+            return cur.rowcount == 1
+
+    @fail_closed(_errors, "SQLite purge_expired failed")
+    def purge_expired(self, batch: int = 1000) -> PurgeCounts:
+        """Primitive 8: delete expired records in batches (one ``BEGIN IMMEDIATE`` each)."""
+        check_batch(batch)
+        total = PurgeCounts()
+        while True:
+            with self._immediate() as (conn, now):
+                rows = conn.execute(
+                    f"SELECT scope_key, state FROM {TABLE} WHERE expires_at <= ? "
+                    f"ORDER BY expires_at LIMIT ?",
+                    (now, batch),
+                ).fetchall()
+                conn.executemany(
+                    f"DELETE FROM {TABLE} WHERE scope_key = ?", [(r[0],) for r in rows]
+                )
+            total = total + PurgeCounts.from_states([int(r[1]) for r in rows])
+            if len(rows) < batch:
+                return total
+
+
+class AsyncSQLiteStore:
+    """The asyncio face of :class:`SQLiteStore`: each primitive runs in a worker thread."""
+
+    def __init__(self, path: Union[str, "os.PathLike[str]"], **kwargs: object) -> None:
+        self.sync = SQLiteStore(path, **kwargs)  # type: ignore[arg-type]
+
+    async def claim(
+        self, scope_key: bytes, fingerprint: str, token: bytes, lease_ms: int, ttl_ms: int
+    ) -> ClaimResult:
+        return await asyncio.to_thread(
+            self.sync.claim, scope_key, fingerprint, token, lease_ms, ttl_ms
+        )
+
+    async def get(self, scope_key: bytes) -> Tuple[Optional[StoredRecord], int]:
+        return await asyncio.to_thread(self.sync.get, scope_key)
+
+    async def takeover(
+        self, scope_key: bytes, seen_token: bytes, new_token: bytes, lease_ms: int
+    ) -> Optional[int]:
+        return await asyncio.to_thread(self.sync.takeover, scope_key, seen_token, new_token, lease_ms)
+
+    async def mark_unknown(self, scope_key: bytes, seen_token: bytes, ttl_ms: int) -> bool:
+        return await asyncio.to_thread(self.sync.mark_unknown, scope_key, seen_token, ttl_ms)
+
+    async def complete(self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int) -> bool:
+        return await asyncio.to_thread(self.sync.complete, scope_key, token, response, ttl_ms)
+
+    async def release(self, scope_key: bytes, token: bytes) -> bool:
+        return await asyncio.to_thread(self.sync.release, scope_key, token)
+
+    async def renew(self, scope_key: bytes, token: bytes, lease_ms: int) -> bool:
+        return await asyncio.to_thread(self.sync.renew, scope_key, token, lease_ms)
+
+    async def purge_expired(self, batch: int = 1000) -> PurgeCounts:
+        return await asyncio.to_thread(self.sync.purge_expired, batch)
+
+    def close(self) -> None:
+        """Closes the underlying connections."""
+        self.sync.close()

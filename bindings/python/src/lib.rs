@@ -1,0 +1,18 @@
+//! `idempo._idempo`: the Python extension module over `idempo-core`.
+//!
+//! This crate is deliberately thin: it converts Python values to core types and back, maps core
+//! errors to Python exception classes, and makes no protocol decision of its own. Every function
+//! takes raw bytes where core does, and no input can make it panic: conversions are fallible and
+//! every core error becomes a typed Python exception.
+#![forbid(unsafe_code)]
+
+mod errors;
+
+use pyo3::prelude::*;
+
+/// The extension module. The public `idempo` package re-exports what it defines.
+#[pymodule]
+fn _idempo(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    errors::register(m)?;
+    Ok(())
+}

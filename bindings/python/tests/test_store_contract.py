@@ -1,0 +1,318 @@
+"""The storage contract (spec/STORAGE.md), run against every store, sync and async."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import pytest
+from storekit import ALL_KINDS, SERVICE_KINDS, open_store
+
+import idempo
+from idempo.stores import COMPLETED, IN_PROGRESS, OUTCOME_UNKNOWN, Claimed, Existing
+
+LEASE = 150  # ms; lease-expiry scenarios sleep past it on the store's clock
+SLEEP = 0.25
+
+
+def key(n: int) -> bytes:
+    return bytes([n]) * 32
+
+
+def tok(n: int) -> bytes:
+    return bytes([n]) * 16
+
+
+FP = "v1:" + "ab" * 32
+FP2 = "v1:" + "cd" * 32
+
+
+def run(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest, body: Callable[[Any], Awaitable[None]]
+) -> None:
+    services = request.getfixturevalue("services") if kind in SERVICE_KINDS else None
+
+    async def main() -> None:
+        async with open_store(kind, tmp_path, services) as store:
+            await body(store)
+
+    asyncio.run(main())
+
+
+kinds = pytest.mark.parametrize("kind", ALL_KINDS)
+
+
+@kinds
+def test_claim_insert_then_existing(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    async def body(s: Any) -> None:
+        res = await s.claim(key(1), FP, tok(1), 10_000, 60_000)
+        assert isinstance(res, Claimed) and res.generation == 1
+        rec, now = await s.get(key(1))
+        assert rec is not None and now >= res.now_ms
+        assert (rec.scope_key, rec.fingerprint, rec.state, rec.token) == (key(1), FP, IN_PROGRESS, tok(1))
+        assert rec.generation == 1 and rec.response is None
+        assert rec.lease_until == res.now_ms + 10_000
+        assert rec.expires_at == res.now_ms + 60_000
+        again = await s.claim(key(1), FP2, tok(2), 10_000, 60_000)
+        assert isinstance(again, Existing)
+        assert again.record == rec  # nothing written by the loser
+        # expires_at = now + max(ttl, lease)
+        short = await s.claim(key(2), FP, tok(3), 5_000, 1_000)
+        rec2, _ = await s.get(key(2))
+        assert rec2 is not None and rec2.expires_at == short.now_ms + 5_000
+        missing, _ = await s.get(key(3))
+        assert missing is None
+
+    run(kind, tmp_path, request, body)
+
+
+@kinds
+def test_complete_checks_token(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    payload = bytes(range(256)) * 3  # every byte value survives
+
+    async def body(s: Any) -> None:
+        await s.claim(key(1), FP, tok(1), 10_000, 60_000)
+        assert await s.complete(key(1), tok(9), b"stale", 60_000) is False
+        assert await s.complete(key(1), tok(1), payload, 120_000) is True
+        rec, now = await s.get(key(1))
+        assert rec is not None and rec.state == COMPLETED and rec.response == payload
+        assert rec.lease_until is None and rec.token == tok(1)
+        assert now <= rec.expires_at <= now + 120_000
+        assert await s.complete(key(1), tok(1), b"again", 60_000) is False
+        assert await s.release(key(1), tok(1)) is False
+        assert await s.renew(key(1), tok(1), 1_000) is False
+        existing = await s.claim(key(1), FP, tok(2), 10_000, 60_000)
+        assert isinstance(existing, Existing) and existing.record.response == payload
+        assert await s.complete(key(7), tok(1), b"x", 1_000) is False  # no record at all
+
+    run(kind, tmp_path, request, body)
+
+
+@kinds
+def test_release_only_own_claim(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    async def body(s: Any) -> None:
+        await s.claim(key(1), FP, tok(1), 10_000, 60_000)
+        assert await s.release(key(1), tok(2)) is False
+        assert (await s.get(key(1)))[0] is not None
+        assert await s.release(key(1), tok(1)) is True
+        assert (await s.get(key(1)))[0] is None
+        res = await s.claim(key(1), FP2, tok(3), 10_000, 60_000)
+        assert isinstance(res, Claimed) and res.generation == 1
+
+    run(kind, tmp_path, request, body)
+
+
+@kinds
+def test_takeover_after_lease_and_stale_owner(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    async def body(s: Any) -> None:
+        await s.claim(key(1), FP, tok(1), LEASE, 60_000)
+        assert await s.takeover(key(1), tok(1), tok(2), 10_000) is None  # lease still live
+        await asyncio.sleep(SLEEP)
+        assert await s.takeover(key(1), tok(9), tok(2), 10_000) is None  # wrong seen token
+        assert await s.takeover(key(1), tok(1), tok(2), 10_000) == 1
+        rec, now = await s.get(key(1))
+        assert rec is not None and rec.token == tok(2) and rec.state == IN_PROGRESS
+        assert rec.lease_until is not None and now < rec.lease_until <= now + 10_000
+        assert rec.expires_at >= rec.lease_until
+        # The paused former owner wakes up: every write of its is refused.
+        assert await s.complete(key(1), tok(1), b"late", 60_000) is False
+        assert await s.renew(key(1), tok(1), 10_000) is False
+        assert await s.release(key(1), tok(1)) is False
+        assert await s.takeover(key(1), tok(1), tok(3), 10_000) is None
+        assert await s.complete(key(1), tok(2), b"ok", 60_000) is True
+        rec, _ = await s.get(key(1))
+        assert rec is not None and rec.response == b"ok"
+
+    run(kind, tmp_path, request, body)
+
+
+@kinds
+def test_mark_unknown(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    async def body(s: Any) -> None:
+        await s.claim(key(1), FP, tok(1), LEASE, 60_000)
+        assert await s.mark_unknown(key(1), tok(1), 60_000) is False  # lease live
+        await asyncio.sleep(SLEEP)
+        assert await s.mark_unknown(key(1), tok(2), 60_000) is False  # not the seen token
+        assert await s.mark_unknown(key(1), tok(1), 90_000) is True
+        rec, now = await s.get(key(1))
+        assert rec is not None and rec.state == OUTCOME_UNKNOWN and rec.lease_until is None
+        assert now <= rec.expires_at <= now + 90_000
+        assert await s.complete(key(1), tok(1), b"late", 60_000) is False
+        assert await s.takeover(key(1), tok(1), tok(3), 1_000) is None
+        res = await s.claim(key(1), FP, tok(4), 1_000, 60_000)
+        assert isinstance(res, Existing) and res.record.state == OUTCOME_UNKNOWN
+
+    run(kind, tmp_path, request, body)
+
+
+@kinds
+def test_renew_extends_lease(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    async def body(s: Any) -> None:
+        await s.claim(key(1), FP, tok(1), LEASE, LEASE)
+        assert await s.renew(key(1), tok(2), 10_000) is False
+        assert await s.renew(key(1), tok(1), 10_000) is True
+        rec, now = await s.get(key(1))
+        assert rec is not None and rec.lease_until is not None
+        assert now < rec.lease_until and rec.expires_at >= rec.lease_until
+        await asyncio.sleep(SLEEP)  # past the original lease, within the renewed one
+        assert await s.takeover(key(1), tok(1), tok(2), 1_000) is None
+        assert isinstance(await s.claim(key(1), FP, tok(3), 1_000, 1_000), Existing)
+        # renew(0) expires the caller's own lease at once
+        assert await s.renew(key(1), tok(1), 0) is True
+        await asyncio.sleep(0.01)
+        assert await s.takeover(key(1), tok(1), tok(2), 1_000) == 1
+
+    run(kind, tmp_path, request, body)
+
+
+@kinds
+def test_expired_record_is_replaced(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    async def body(s: Any) -> None:
+        await s.claim(key(1), FP, tok(1), LEASE, LEASE)
+        assert await s.complete(key(1), tok(1), b"first", LEASE) is True
+        await asyncio.sleep(SLEEP)
+        res = await s.claim(key(1), FP2, tok(2), 10_000, 60_000)
+        assert isinstance(res, Claimed) and res.generation == 2
+        rec, _ = await s.get(key(1))
+        assert rec is not None
+        assert (rec.fingerprint, rec.state, rec.token, rec.response) == (FP2, IN_PROGRESS, tok(2), None)
+
+    run(kind, tmp_path, request, body)
+
+
+@kinds
+def test_purge_expired_counts(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    async def body(s: Any) -> None:
+        # expired: 2 in progress, 3 completed, 1 outcome unknown; live: 2
+        for n in (1, 2):
+            await s.claim(key(n), FP, tok(n), 1, LEASE)
+        for n in (3, 4, 5):
+            await s.claim(key(n), FP, tok(n), 10_000, 60_000)
+            assert await s.complete(key(n), tok(n), b"r", LEASE)
+        await s.claim(key(6), FP, tok(6), 1, 60_000)
+        await asyncio.sleep(0.01)
+        assert await s.mark_unknown(key(6), tok(6), LEASE)
+        for n in (7, 8):
+            await s.claim(key(n), FP, tok(n), 10_000, 60_000)
+        await s.complete(key(8), tok(8), b"live", 60_000)
+        await asyncio.sleep(SLEEP)
+        counts = await s.purge_expired(batch=2)
+        if kind.endswith("cached"):
+            pass  # purged on PostgreSQL; same counts
+        assert (counts.in_progress, counts.completed, counts.outcome_unknown) == (2, 3, 1)
+        assert counts.total == 6
+        for n in range(1, 7):
+            assert (await s.get(key(n)))[0] is None
+        for n in (7, 8):
+            assert (await s.get(key(n)))[0] is not None
+        again = await s.purge_expired(batch=1000)
+        assert again.total == 0
+
+    run(kind, tmp_path, request, body)
+
+
+@kinds
+def test_concurrent_claims_one_winner(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    async def body(s: Any) -> None:
+        for round_ in range(3):
+            k = key(40 + round_)
+            results = await asyncio.gather(
+                *(s.claim(k, FP, tok(i + 1), 10_000, 60_000) for i in range(24))
+            )
+            winners = [r for r in results if isinstance(r, Claimed)]
+            assert len(winners) == 1
+            rec, _ = await s.get(k)
+            assert rec is not None
+            for r in results:
+                if isinstance(r, Existing):
+                    assert r.record.token == rec.token
+
+    run(kind, tmp_path, request, body)
+
+
+@kinds
+def test_bad_arguments_are_typed_errors(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    async def body(s: Any) -> None:
+        with pytest.raises(idempo.InvalidArgument):
+            await s.claim(b"short", FP, tok(1), 1_000, 1_000)
+        with pytest.raises(idempo.InvalidArgument):
+            await s.claim(key(1), FP, b"tok", 1_000, 1_000)
+        with pytest.raises(idempo.InvalidArgument):
+            await s.claim(key(1), FP, tok(1), -1, 1_000)
+        with pytest.raises(idempo.InvalidArgument):
+            await s.purge_expired(batch=0)
+
+    run(kind, tmp_path, request, body)
+
+
+def test_store_down_fails_closed(tmp_path: Path) -> None:
+    """Unreachable servers and unusable files raise StoreUnavailable (503), never something else."""
+    import socket
+
+    from idempo.stores import PostgresStore, RedisStore, SQLiteStore
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # nothing listens here once closed
+    pg = PostgresStore(f"postgresql://postgres@127.0.0.1:{port}/postgres", connect_timeout=2)
+    with pytest.raises(idempo.StoreUnavailable) as exc:
+        pg.claim(key(1), FP, tok(1), 1_000, 1_000)
+    assert exc.value.retry_after == 1.0
+    rs = RedisStore(f"redis://127.0.0.1:{port}/0", assume_noeviction=True)
+    with pytest.raises(idempo.StoreUnavailable):
+        rs.claim(key(1), FP, tok(1), 1_000, 1_000)
+    rs.close()
+    with pytest.raises(idempo.StoreUnavailable):
+        SQLiteStore(tmp_path / "missing-dir" / "x.sqlite3")
+
+
+def test_redis_refuses_evicting_policy(services: Any) -> None:
+    import redis
+
+    from idempo.stores import RedisStore
+
+    client = redis.Redis.from_url(services.redis_url)
+    client.config_set("maxmemory-policy", "volatile-lru")
+    try:
+        with pytest.raises(idempo.InvalidArgument, match="noeviction"):
+            RedisStore(client).claim(key(1), FP, tok(1), 1_000, 1_000)
+        RedisStore(client, allow_eviction=True).get(key(1))
+    finally:
+        client.config_set("maxmemory-policy", "noeviction")
+        client.close()
+    with pytest.raises(idempo.InvalidArgument):
+        RedisStore(redis.Redis.from_url(services.redis_url, decode_responses=True))
+
+
+def test_memory_store_bounds_and_fork_guard() -> None:
+    from idempo.stores import MemoryStore
+
+    s = MemoryStore(max_entries=3)
+    for n in (1, 2):
+        s.claim(key(n), FP, tok(n), 10_000, 60_000)
+        assert s.complete(key(n), tok(n), b"x", 60_000 + n)
+    s.claim(key(3), FP, tok(3), 10_000, 60_000)
+    # Full: the completed record with the earliest expiry goes, never an in-progress one.
+    assert isinstance(s.claim(key(4), FP, tok(4), 10_000, 60_000), Claimed)
+    assert s.get(key(1))[0] is None and s.evicted_live == 1
+    assert isinstance(s.claim(key(5), FP, tok(5), 10_000, 60_000), Claimed)
+    assert s.get(key(2))[0] is None and s.evicted_live == 2
+    with pytest.raises(idempo.StoreUnavailable, match="full"):
+        s.claim(key(6), FP, tok(6), 10_000, 60_000)
+    assert {s.get(key(n))[0].state for n in (3, 4, 5)} == {IN_PROGRESS}  # type: ignore[union-attr]
+
+    forked = MemoryStore()
+    forked._pid = os.getpid() + 1  # what a forked child sees  # noqa: SLF001
+    with pytest.raises(idempo.StoreUnavailable, match="forked"):
+        forked.get(key(1))
+    ok = MemoryStore(allow_multiprocess=True)
+    ok._pid = os.getpid() + 1  # noqa: SLF001
+    assert ok.get(key(1))[0] is None

@@ -1,0 +1,31 @@
+# Python binding (bindings/python): the idempo package in a repo-local virtualenv.
+#
+#   make test-python    stubtest of the extension + the pytest suite (starts throwaway PostgreSQL and
+#                       Redis via scripts/test-services.sh; IDEMPO_SKIP_SERVICES=1 skips those tests)
+#   make bench-python   fingerprint benchmark against json.dumps+sha256 and rfc8785 (prints ratios)
+#   make demo-python    the payments demo: python -m idempo.demo
+#   make python-dev     fast debug rebuild of the extension into .venv (maturin develop)
+PY_VENV := .venv
+PY := $(CURDIR)/$(PY_VENV)/bin/python
+
+TEST_TARGETS += test-python
+BENCH_TARGETS += bench-python
+DEMO_TARGET := demo-python
+
+.PHONY: test-python bench-python demo-python python-setup python-dev
+
+python-setup:
+	bash scripts/setup.d/30-python.sh
+
+test-python: python-setup
+	cd bindings/python && $(PY) -m mypy.stubtest idempo._idempo
+	cd bindings/python && $(PY) -m pytest -q
+
+bench-python: python-setup
+	$(PY) bindings/python/bench/bench_fingerprint.py
+
+demo-python: python-setup
+	$(PY) -m idempo.demo
+
+python-dev:
+	cd bindings/python && VIRTUAL_ENV=$(CURDIR)/$(PY_VENV) $(CURDIR)/$(PY_VENV)/bin/maturin develop -q
