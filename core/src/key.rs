@@ -721,12 +721,8 @@ impl Parser<'_> {
         if self.peek() == Some(b'-') {
             self.pos += 1;
         }
-        let mut int_digits = 0usize;
-        while self.peek().is_some_and(|c| c.is_ascii_digit()) {
-            int_digits += 1;
-            self.pos += 1;
-        }
-        if int_digits == 0 || int_digits > 15 {
+        let int_digits = self.digit_run(15)?;
+        if int_digits == 0 {
             return Err(self.param_err());
         }
         if allow_decimal && self.peek() == Some(b'.') {
@@ -734,21 +730,30 @@ impl Parser<'_> {
                 return Err(self.param_err());
             }
             self.pos += 1;
-            let mut frac = 0usize;
-            while self.peek().is_some_and(|c| c.is_ascii_digit()) {
-                frac += 1;
-                self.pos += 1;
-            }
-            if frac == 0 || frac > 3 {
+            if self.digit_run(3)? == 0 {
                 return Err(self.param_err());
             }
         }
         Ok(())
     }
 
+    /// Consumes up to `max` ASCII digits; a further digit is an error at its offset.
+    fn digit_run(&mut self, max: usize) -> Result<usize, KeyError> {
+        let mut n = 0usize;
+        while self.peek().is_some_and(|c| c.is_ascii_digit()) {
+            if n == max {
+                return Err(self.param_err());
+            }
+            n += 1;
+            self.pos += 1;
+        }
+        Ok(n)
+    }
+
     /// RFC 9651 display string: `%"` then printable ASCII with `%xx` (lowercase hex) escapes,
     /// `"`; the decoded bytes must be UTF-8.
     fn display_string(&mut self) -> Result<(), KeyError> {
+        let start = self.pos;
         self.pos += 1;
         if self.peek() != Some(b'"') {
             return Err(self.param_err());
@@ -762,7 +767,10 @@ impl Parser<'_> {
                     return if std::str::from_utf8(&bytes).is_ok() {
                         Ok(())
                     } else {
-                        Err(self.param_err())
+                        Err(KeyError::InvalidParameter {
+                            offset: start,
+                            preview: self.preview(),
+                        })
                     };
                 }
                 Some(b'%') => {
