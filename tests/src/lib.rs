@@ -1,6 +1,8 @@
 //! Shared helpers for idempo's workspace tests: locating `spec/vectors` and `../shared` reference data.
 use std::path::PathBuf;
 
+pub mod memstore;
+
 /// The repository root (the folder holding the workspace `Cargo.toml`).
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -20,7 +22,13 @@ pub fn vectors_dir(sub: &str) -> PathBuf {
 pub fn shared_jcs_dir() -> Option<PathBuf> {
     let dir = std::env::var_os("IDEMPO_JCS_VECTORS")
         .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("..").join("shared").join("vectors").join("jcs"));
+        .unwrap_or_else(|| {
+            repo_root()
+                .join("..")
+                .join("shared")
+                .join("vectors")
+                .join("jcs")
+        });
     if dir.join("input").is_dir() {
         Some(dir)
     } else {

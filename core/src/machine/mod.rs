@@ -11,7 +11,15 @@
 //! - [`problem`]: RFC 9457 problem+json responses for every non-handler answer.
 //!
 //! The normative description is `spec/PROTOCOL.md`.
+mod flow;
+pub mod problem;
 pub mod store;
+
+pub use flow::{
+    Action, DownstreamKey, Event, FlowError, HandlerResponse, HttpResponse, MissingKey, Outcome,
+    REPLAYED_HEADER, RunHandler, ServerFlow, StoreOp, StoreResult, downstream_key, missing_key,
+    replay_response,
+};
 
 use crate::policy::{Config, TakeoverPolicy};
 use crate::record::{FencingToken, FingerprintText, Record, RecordState, StoredResponse};

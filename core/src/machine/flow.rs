@@ -1,0 +1,826 @@
+//! The sans-IO server flow (quinn-proto style): events in, plain-data actions out.
+//!
+//! One [`ServerFlow`] handles one request that carries a valid key. The host:
+//!
+//! 1. computes the [`ScopeId`] and the request fingerprint, draws 16 bytes of entropy, and calls
+//!    [`ServerFlow::start`], which returns the first [`Action`];
+//! 2. executes each action and feeds the result back with [`ServerFlow::handle`]:
+//!    - [`Action::Store`]: run the [`StoreOp`] atomically, feed [`Event::Store`] with the matching
+//!      [`StoreResult`], or [`Event::StoreFailed`] on any store error;
+//!    - [`Action::RunHandler`]: run the handler; while it runs, feed [`Event::HeartbeatDue`] every
+//!      [`RunHandler::heartbeat_ms`] (and execute the renew it returns); when it ends feed
+//!      [`Event::HandlerFinished`] or [`Event::HandlerFailed`];
+//!    - [`Action::Wait`]: nothing to do, keep waiting for the handler;
+//!    - [`Action::LeaseLost`]: another request took the key over; the host MAY cancel the handler
+//!      and keeps waiting for its end as usual;
+//!    - [`Action::Respond`]: send the response; the flow is finished;
+//!    - [`Action::PropagateError`]: re-raise the handler's error (or render the framework's error
+//!      page); the flow is finished.
+//!
+//! Events are fed one at a time: after a store action the next event is its result.
+//!
+//! **One token per flow.** The entropy given to `start` is the fencing token for the claim and,
+//! if needed, for a takeover. It is written to the store at most once: once a claim or takeover
+//! succeeds the flow owns the record and never claims again, and a failed attempt wrote nothing.
+//! So a flow needs exactly 16 fresh random bytes.
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+use thiserror::Error;
+
+use super::problem::{ProblemKind, problem_response};
+use super::{Decision, decide};
+use crate::policy::{Config, KeyRequirement, StoreVerdict, TakeoverPolicy};
+use crate::record::{FencingToken, FingerprintText, Record, RecordState, StoredResponse, hex};
+use crate::scope::ScopeId;
+
+/// The replay marker header added to every replayed response.
+pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+
+/// An HTTP response for the host to send.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct HttpResponse {
+    /// Status code.
+    pub status: u16,
+    /// Header fields, in order (names lowercase for responses idempo builds).
+    pub headers: Vec<(String, String)>,
+    /// Body bytes.
+    pub body: Vec<u8>,
+}
+
+/// What the handler returned.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct HandlerResponse {
+    /// Status code.
+    pub status: u16,
+    /// All header fields; only allow-listed ones are stored, all are sent to the live client.
+    pub headers: Vec<(String, String)>,
+    /// The body sent to the live client.
+    pub body: Vec<u8>,
+    /// The redaction hook's output: when `Some`, this body is stored and replayed instead of
+    /// `body` (see [`Redaction::HostHook`](crate::policy::Redaction::HostHook)).
+    pub body_to_store: Option<Vec<u8>>,
+}
+
+impl HandlerResponse {
+    fn into_http(self) -> HttpResponse {
+        HttpResponse {
+            status: self.status,
+            headers: self.headers,
+            body: self.body,
+        }
+    }
+}
+
+/// The idempotency key a handler passes to a downstream service for its side effect.
+///
+/// Derived from (scope, generation) only, never from the fencing token, so a takeover re-run
+/// sends the same downstream key and the downstream service deduplicates; a new generation (after
+/// the record expired) gets a new one. 64 lowercase hex characters; append a suffix such as
+/// `:charge` when a handler makes several downstream calls.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DownstreamKey(String);
+
+impl DownstreamKey {
+    /// The key text.
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for DownstreamKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// `hex(SHA-256("idempo-downstream-v1" ‖ 0x00 ‖ scope (32 bytes) ‖ generation (u32 BE)))`.
+#[must_use]
+pub fn downstream_key(scope: &ScopeId, generation: u32) -> DownstreamKey {
+    let mut h = Sha256::new();
+    h.update(b"idempo-downstream-v1\0");
+    h.update(scope.as_bytes());
+    h.update(generation.to_be_bytes());
+    DownstreamKey(hex(&h.finalize()))
+}
+
+/// The replay of a stored response: its status, headers and body plus `Idempotent-Replayed: true`.
+#[must_use]
+pub fn replay_response(stored: &StoredResponse) -> HttpResponse {
+    replay_owned(stored.clone())
+}
+
+fn replay_owned(stored: StoredResponse) -> HttpResponse {
+    let mut headers = stored.headers;
+    headers.push((REPLAYED_HEADER.to_owned(), "true".to_owned()));
+    HttpResponse {
+        status: stored.status,
+        headers,
+        body: stored.body,
+    }
+}
+
+/// What to do with a request that has no `Idempotency-Key`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[must_use]
+pub enum MissingKey {
+    /// Answer with this 400 problem.
+    Reject(HttpResponse),
+    /// The key is optional on this route: run the handler without idempotency protection.
+    RunUnprotected,
+}
+
+/// The answer for a request without a key, per [`Config::key`].
+pub fn missing_key(config: &Config) -> MissingKey {
+    match config.key {
+        KeyRequirement::Required => {
+            MissingKey::Reject(problem_response(ProblemKind::MissingKey, None, None, None))
+        }
+        KeyRequirement::Optional => MissingKey::RunUnprotected,
+    }
+}
+
+/// A storage primitive to execute atomically (`spec/STORAGE.md` §3).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum StoreOp {
+    /// Primitive 1; answer [`StoreResult::Claimed`] or [`StoreResult::Existing`].
+    Claim {
+        /// Record key.
+        scope: ScopeId,
+        /// Fingerprint to store.
+        fingerprint: FingerprintText,
+        /// Token to store.
+        token: FencingToken,
+        /// Lease length.
+        lease_ms: u64,
+        /// Retention.
+        ttl_ms: u64,
+    },
+    /// Primitive 2; answer [`StoreResult::Got`].
+    Get {
+        /// Record key.
+        scope: ScopeId,
+    },
+    /// Primitive 3; answer [`StoreResult::TookOver`].
+    TakeOver {
+        /// Record key.
+        scope: ScopeId,
+        /// Token the record must still hold.
+        seen_token: FencingToken,
+        /// Token to write.
+        new_token: FencingToken,
+        /// Lease length.
+        lease_ms: u64,
+    },
+    /// Primitive 4; answer [`StoreResult::MarkedUnknown`].
+    MarkUnknown {
+        /// Record key.
+        scope: ScopeId,
+        /// Token the record must still hold.
+        seen_token: FencingToken,
+        /// Retention of the terminal record.
+        ttl_ms: u64,
+    },
+    /// Primitive 5; answer [`StoreResult::Completed`].
+    Complete {
+        /// Record key.
+        scope: ScopeId,
+        /// The owner's token.
+        token: FencingToken,
+        /// The encoded [`StoredResponse`] (the `response` column).
+        response: Vec<u8>,
+        /// Retention.
+        ttl_ms: u64,
+    },
+    /// Primitive 6; answer [`StoreResult::Released`].
+    Release {
+        /// Record key.
+        scope: ScopeId,
+        /// The owner's token.
+        token: FencingToken,
+    },
+    /// Primitive 7; answer [`StoreResult::Renewed`]. `lease_ms` may be 0 (expire own lease).
+    Renew {
+        /// Record key.
+        scope: ScopeId,
+        /// The owner's token.
+        token: FencingToken,
+        /// New lease length from the store's now.
+        lease_ms: u64,
+    },
+}
+
+/// The result of a [`StoreOp`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum StoreResult {
+    /// Claim inserted a new record.
+    Claimed {
+        /// Its generation.
+        generation: u32,
+        /// The store's clock.
+        now_ms: u64,
+    },
+    /// Claim found a live record.
+    Existing {
+        /// The record.
+        record: Record,
+        /// The store's clock.
+        now_ms: u64,
+    },
+    /// Get's answer (an expired record may be returned; it counts as absent).
+    Got {
+        /// The record, if any.
+        record: Option<Record>,
+        /// The store's clock.
+        now_ms: u64,
+    },
+    /// Takeover's answer: the generation when it applied.
+    TookOver(Option<u32>),
+    /// Mark-unknown's answer: whether it applied.
+    MarkedUnknown(bool),
+    /// Complete's answer: whether it applied.
+    Completed(bool),
+    /// Release's answer: whether it applied.
+    Released(bool),
+    /// Renew's answer: whether it applied.
+    Renewed(bool),
+}
+
+/// An input to the flow.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Event {
+    /// The result of the last [`Action::Store`].
+    Store(StoreResult),
+    /// The last [`Action::Store`] failed (connection error, timeout, corrupt row...).
+    StoreFailed,
+    /// The handler returned a response.
+    HandlerFinished(HandlerResponse),
+    /// The handler raised an error. `maybe_side_effect`: it may have acted before failing.
+    HandlerFailed {
+        /// False only when the handler certainly had no effect (e.g. validation before any write).
+        maybe_side_effect: bool,
+    },
+    /// The heartbeat timer fired while the handler runs.
+    HeartbeatDue,
+}
+
+/// Parameters for running the handler.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RunHandler {
+    /// The fencing token this execution owns.
+    pub token: FencingToken,
+    /// The record's generation.
+    pub generation: u32,
+    /// Key for downstream side effects (see [`DownstreamKey`]).
+    pub downstream_key: DownstreamKey,
+    /// Feed [`Event::HeartbeatDue`] at this interval while the handler runs (`None`: never).
+    pub heartbeat_ms: Option<u64>,
+}
+
+/// How the request ended (for metrics and logs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// Handler ran; response stored for replays.
+    Stored,
+    /// Handler ran; status not stored by policy; key released.
+    NotStored,
+    /// Handler ran; response too large (or not encodable) to retain; record left to the
+    /// takeover policy (outcome-unknown under the default policy).
+    NotRetained,
+    /// Handler ran; the lease was lost to a takeover, so nothing was written.
+    LeaseLost,
+    /// Handler ran; the store failed while recording the result.
+    CompletionFailed,
+    /// Handler raised an error.
+    HandlerFailed,
+    /// Stored response replayed.
+    Replayed,
+    /// 409: another request holds a live lease.
+    InFlight,
+    /// 422: fingerprint mismatch.
+    Mismatch,
+    /// Outcome-unknown problem answered.
+    OutcomeUnknown,
+    /// 503: store unavailable before the handler ran.
+    StoreUnavailable,
+    /// 503: too many store rounds.
+    Contention,
+}
+
+impl Outcome {
+    /// Stable snake_case name.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stored => "stored",
+            Self::NotStored => "not_stored",
+            Self::NotRetained => "not_retained",
+            Self::LeaseLost => "lease_lost",
+            Self::CompletionFailed => "completion_failed",
+            Self::HandlerFailed => "handler_failed",
+            Self::Replayed => "replayed",
+            Self::InFlight => "in_flight",
+            Self::Mismatch => "mismatch",
+            Self::OutcomeUnknown => "outcome_unknown",
+            Self::StoreUnavailable => "store_unavailable",
+            Self::Contention => "contention",
+        }
+    }
+
+    /// True when the handler ran in this flow.
+    #[must_use]
+    pub fn handler_ran(self) -> bool {
+        matches!(
+            self,
+            Self::Stored
+                | Self::NotStored
+                | Self::NotRetained
+                | Self::LeaseLost
+                | Self::CompletionFailed
+                | Self::HandlerFailed
+        )
+    }
+}
+
+/// What the host does next.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[must_use]
+pub enum Action {
+    /// Execute this storage primitive and feed its result.
+    Store(StoreOp),
+    /// Run the handler now.
+    RunHandler(RunHandler),
+    /// Nothing to do; keep waiting for the handler.
+    Wait,
+    /// The lease was lost (another request took over): the host may cancel the handler; it still
+    /// feeds the handler's end.
+    LeaseLost,
+    /// Send this response; the flow is finished.
+    Respond {
+        /// The response.
+        response: HttpResponse,
+        /// How the request ended.
+        outcome: Outcome,
+    },
+    /// Re-raise the handler's error; the flow is finished.
+    PropagateError {
+        /// How the request ended (always [`Outcome::HandlerFailed`]).
+        outcome: Outcome,
+    },
+}
+
+/// A host fed an event the flow cannot accept in its current phase (a binding bug).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum FlowError {
+    /// The event does not fit the phase; the flow is unchanged.
+    #[error("event {event} is not valid while the flow is {phase}")]
+    UnexpectedEvent {
+        /// The flow's phase.
+        phase: &'static str,
+        /// The event fed.
+        event: &'static str,
+    },
+    /// The flow already answered.
+    #[error("the flow is finished")]
+    Finished,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Finish {
+    Respond(HttpResponse, Outcome),
+    Propagate,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Phase {
+    Claiming,
+    Reading,
+    TakingOver,
+    MarkingUnknown,
+    Running { renewing: bool, lease_lost: bool },
+    Completing(HttpResponse),
+    Releasing(Finish),
+    Expiring(Finish),
+    Abandoning(Finish),
+    Finished,
+}
+
+impl Phase {
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Claiming => "claiming",
+            Self::Reading => "reading",
+            Self::TakingOver => "taking_over",
+            Self::MarkingUnknown => "marking_unknown",
+            Self::Running { renewing: true, .. } => "running_renewing",
+            Self::Running { .. } => "running",
+            Self::Completing(_) => "completing",
+            Self::Releasing(_) => "releasing",
+            Self::Expiring(_) => "expiring",
+            Self::Abandoning(_) => "abandoning",
+            Self::Finished => "finished",
+        }
+    }
+}
+
+fn event_name(e: &Event) -> &'static str {
+    match e {
+        Event::Store(StoreResult::Claimed { .. }) => "claimed",
+        Event::Store(StoreResult::Existing { .. }) => "existing",
+        Event::Store(StoreResult::Got { .. }) => "got",
+        Event::Store(StoreResult::TookOver(_)) => "took_over",
+        Event::Store(StoreResult::MarkedUnknown(_)) => "marked_unknown",
+        Event::Store(StoreResult::Completed(_)) => "completed",
+        Event::Store(StoreResult::Released(_)) => "released",
+        Event::Store(StoreResult::Renewed(_)) => "renewed",
+        Event::StoreFailed => "store_failed",
+        Event::HandlerFinished(_) => "handler_finished",
+        Event::HandlerFailed { .. } => "handler_failed",
+        Event::HeartbeatDue => "heartbeat_due",
+    }
+}
+
+/// The server flow for one request with a valid key (see the module docs).
+#[derive(Clone, Debug)]
+pub struct ServerFlow {
+    scope: ScopeId,
+    fingerprint: FingerprintText,
+    config: Arc<Config>,
+    token: FencingToken,
+    generation: Option<u32>,
+    reads: u8,
+    phase: Phase,
+}
+
+impl ServerFlow {
+    /// Starts the flow: the first action is always [`StoreOp::Claim`].
+    ///
+    /// `entropy` must be 16 fresh random bytes from the host (the fencing token).
+    pub fn start(
+        scope: ScopeId,
+        fingerprint: FingerprintText,
+        config: Arc<Config>,
+        entropy: [u8; 16],
+    ) -> (Self, Action) {
+        let mut flow = Self {
+            scope,
+            fingerprint,
+            config,
+            token: FencingToken(entropy),
+            generation: None,
+            reads: 0,
+            phase: Phase::Claiming,
+        };
+        let first = flow.claim();
+        (flow, first)
+    }
+
+    /// This flow's fencing token.
+    #[must_use]
+    pub fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// The generation this flow owns, once it has claimed or taken over the record.
+    #[must_use]
+    pub fn generation(&self) -> Option<u32> {
+        self.generation
+    }
+
+    /// True once the flow has answered.
+    #[must_use]
+    pub fn is_finished(&self) -> bool {
+        self.phase == Phase::Finished
+    }
+
+    /// Feeds one event and returns the next action. A rejected event leaves the flow unchanged.
+    pub fn handle(&mut self, event: Event) -> Result<Action, FlowError> {
+        let phase = std::mem::replace(&mut self.phase, Phase::Finished);
+        match (phase, event) {
+            (Phase::Finished, _) => Err(FlowError::Finished),
+
+            // Admission: claim, read, takeover, mark-unknown.
+            (Phase::Claiming, Event::Store(StoreResult::Claimed { generation, .. }))
+            | (Phase::TakingOver, Event::Store(StoreResult::TookOver(Some(generation)))) => {
+                Ok(self.run(generation))
+            }
+            (Phase::Claiming, Event::Store(StoreResult::Existing { record, now_ms }))
+            | (
+                Phase::Reading,
+                Event::Store(StoreResult::Got {
+                    record: Some(record),
+                    now_ms,
+                }),
+            ) => Ok(self.on_record(record, now_ms)),
+            (Phase::Reading, Event::Store(StoreResult::Got { record: None, .. })) => {
+                Ok(self.claim())
+            }
+            (Phase::TakingOver, Event::Store(StoreResult::TookOver(None)))
+            | (Phase::MarkingUnknown, Event::Store(StoreResult::MarkedUnknown(false))) => {
+                Ok(self.get())
+            }
+            (Phase::MarkingUnknown, Event::Store(StoreResult::MarkedUnknown(true))) => {
+                Ok(self.problem(ProblemKind::OutcomeUnknown, None, Outcome::OutcomeUnknown))
+            }
+            (
+                Phase::Claiming | Phase::Reading | Phase::TakingOver | Phase::MarkingUnknown,
+                Event::StoreFailed,
+            ) => Ok(self.problem(
+                ProblemKind::StoreUnavailable,
+                Some(self.config.unavailable_retry_after_ms.get()),
+                Outcome::StoreUnavailable,
+            )),
+
+            // The handler runs.
+            (
+                Phase::Running {
+                    renewing: false,
+                    lease_lost,
+                },
+                Event::HeartbeatDue,
+            ) => {
+                if lease_lost {
+                    self.phase = Phase::Running {
+                        renewing: false,
+                        lease_lost,
+                    };
+                    Ok(Action::Wait)
+                } else {
+                    self.phase = Phase::Running {
+                        renewing: true,
+                        lease_lost,
+                    };
+                    Ok(Action::Store(StoreOp::Renew {
+                        scope: self.scope,
+                        token: self.token,
+                        lease_ms: self.config.lease.lease_ms(),
+                    }))
+                }
+            }
+            (Phase::Running { renewing: true, .. }, Event::Store(StoreResult::Renewed(ok))) => {
+                self.phase = Phase::Running {
+                    renewing: false,
+                    lease_lost: !ok,
+                };
+                Ok(if ok { Action::Wait } else { Action::LeaseLost })
+            }
+            (
+                Phase::Running {
+                    renewing: true,
+                    lease_lost,
+                },
+                Event::StoreFailed,
+            ) => {
+                self.phase = Phase::Running {
+                    renewing: false,
+                    lease_lost,
+                };
+                Ok(Action::Wait)
+            }
+            (
+                Phase::Running {
+                    renewing: false,
+                    lease_lost,
+                },
+                Event::HandlerFinished(response),
+            ) => Ok(self.on_finished(response, lease_lost)),
+            (
+                Phase::Running {
+                    renewing: false,
+                    lease_lost,
+                },
+                Event::HandlerFailed { maybe_side_effect },
+            ) => Ok(if lease_lost {
+                self.finish(Finish::Propagate)
+            } else if maybe_side_effect {
+                self.abandon(Finish::Propagate)
+            } else {
+                self.release(Finish::Propagate)
+            }),
+
+            // After the handler.
+            (Phase::Completing(response), Event::Store(StoreResult::Completed(ok))) => {
+                let outcome = if ok {
+                    Outcome::Stored
+                } else {
+                    Outcome::LeaseLost
+                };
+                Ok(self.finish(Finish::Respond(response, outcome)))
+            }
+            (Phase::Completing(response), Event::StoreFailed) => {
+                Ok(self.finish(Finish::Respond(response, Outcome::CompletionFailed)))
+            }
+            (
+                Phase::Releasing(fin),
+                Event::Store(StoreResult::Released(_)) | Event::StoreFailed,
+            )
+            | (
+                Phase::Expiring(fin),
+                Event::Store(StoreResult::Renewed(false)) | Event::StoreFailed,
+            )
+            | (
+                Phase::Abandoning(fin),
+                Event::Store(StoreResult::MarkedUnknown(_)) | Event::StoreFailed,
+            ) => Ok(self.finish(fin)),
+            (Phase::Expiring(fin), Event::Store(StoreResult::Renewed(true))) => {
+                match self.config.takeover {
+                    TakeoverPolicy::OutcomeUnknown => {
+                        self.phase = Phase::Abandoning(fin);
+                        Ok(Action::Store(StoreOp::MarkUnknown {
+                            scope: self.scope,
+                            seen_token: self.token,
+                            ttl_ms: self.config.ttl_ms.get(),
+                        }))
+                    }
+                    TakeoverPolicy::ReRun => Ok(self.finish(fin)),
+                }
+            }
+
+            (phase, event) => {
+                let err = FlowError::UnexpectedEvent {
+                    phase: phase.name(),
+                    event: event_name(&event),
+                };
+                self.phase = phase;
+                Err(err)
+            }
+        }
+    }
+
+    fn claim(&mut self) -> Action {
+        if self.reads >= self.config.max_store_rounds.get() {
+            return self.contention();
+        }
+        self.reads += 1;
+        self.phase = Phase::Claiming;
+        Action::Store(StoreOp::Claim {
+            scope: self.scope,
+            fingerprint: self.fingerprint.clone(),
+            token: self.token,
+            lease_ms: self.config.lease.lease_ms(),
+            ttl_ms: self.config.ttl_ms.get(),
+        })
+    }
+
+    fn get(&mut self) -> Action {
+        if self.reads >= self.config.max_store_rounds.get() {
+            return self.contention();
+        }
+        self.reads += 1;
+        self.phase = Phase::Reading;
+        Action::Store(StoreOp::Get { scope: self.scope })
+    }
+
+    fn contention(&mut self) -> Action {
+        self.problem(
+            ProblemKind::Contention,
+            Some(self.config.unavailable_retry_after_ms.get()),
+            Outcome::Contention,
+        )
+    }
+
+    fn problem(
+        &mut self,
+        kind: ProblemKind,
+        retry_after_ms: Option<u64>,
+        outcome: Outcome,
+    ) -> Action {
+        self.finish(Finish::Respond(
+            problem_response(kind, None, None, retry_after_ms),
+            outcome,
+        ))
+    }
+
+    fn finish(&mut self, fin: Finish) -> Action {
+        self.phase = Phase::Finished;
+        match fin {
+            Finish::Respond(response, outcome) => Action::Respond { response, outcome },
+            Finish::Propagate => Action::PropagateError {
+                outcome: Outcome::HandlerFailed,
+            },
+        }
+    }
+
+    fn run(&mut self, generation: u32) -> Action {
+        self.generation = Some(generation);
+        self.phase = Phase::Running {
+            renewing: false,
+            lease_lost: false,
+        };
+        Action::RunHandler(RunHandler {
+            token: self.token,
+            generation,
+            downstream_key: downstream_key(&self.scope, generation),
+            heartbeat_ms: self.config.lease.heartbeat_ms(),
+        })
+    }
+
+    fn on_record(&mut self, record: Record, now_ms: u64) -> Action {
+        match decide(&record, &self.fingerprint, now_ms, &self.config) {
+            Decision::Absent => self.claim(),
+            Decision::Replay(_) => match record.state {
+                RecordState::Completed { response } => {
+                    self.finish(Finish::Respond(replay_owned(response), Outcome::Replayed))
+                }
+                // decide only answers Replay for a completed record
+                _ => self.problem(ProblemKind::OutcomeUnknown, None, Outcome::OutcomeUnknown),
+            },
+            Decision::InFlight { retry_after_ms } => self.problem(
+                ProblemKind::InFlight,
+                Some(retry_after_ms),
+                Outcome::InFlight,
+            ),
+            Decision::Mismatch => self.problem(ProblemKind::Mismatch, None, Outcome::Mismatch),
+            Decision::OutcomeUnknown => {
+                self.problem(ProblemKind::OutcomeUnknown, None, Outcome::OutcomeUnknown)
+            }
+            Decision::TakeOver { seen_token } => {
+                self.phase = Phase::TakingOver;
+                Action::Store(StoreOp::TakeOver {
+                    scope: self.scope,
+                    seen_token,
+                    new_token: self.token,
+                    lease_ms: self.config.lease.lease_ms(),
+                })
+            }
+            Decision::MarkUnknown { seen_token } => {
+                self.phase = Phase::MarkingUnknown;
+                Action::Store(StoreOp::MarkUnknown {
+                    scope: self.scope,
+                    seen_token,
+                    ttl_ms: self.config.ttl_ms.get(),
+                })
+            }
+        }
+    }
+
+    fn on_finished(&mut self, response: HandlerResponse, lease_lost: bool) -> Action {
+        if lease_lost {
+            return self.finish(Finish::Respond(response.into_http(), Outcome::LeaseLost));
+        }
+        let policy = &self.config.response;
+        let stored_len = response
+            .body_to_store
+            .as_ref()
+            .map_or(response.body.len(), Vec::len);
+        match policy.verdict(response.status, stored_len) {
+            StoreVerdict::Release => {
+                self.release(Finish::Respond(response.into_http(), Outcome::NotStored))
+            }
+            StoreVerdict::TooLarge => {
+                self.abandon(Finish::Respond(response.into_http(), Outcome::NotRetained))
+            }
+            StoreVerdict::Store => {
+                let stored = StoredResponse {
+                    status: response.status,
+                    headers: response
+                        .headers
+                        .iter()
+                        .filter(|(n, _)| policy.headers().allows(n))
+                        .map(|(n, v)| (n.to_ascii_lowercase(), v.clone()))
+                        .collect(),
+                    body: response
+                        .body_to_store
+                        .clone()
+                        .unwrap_or_else(|| response.body.clone()),
+                };
+                match stored.encode() {
+                    Ok(bytes) => {
+                        self.phase = Phase::Completing(response.into_http());
+                        Action::Store(StoreOp::Complete {
+                            scope: self.scope,
+                            token: self.token,
+                            response: bytes,
+                            ttl_ms: self.config.ttl_ms.get(),
+                        })
+                    }
+                    Err(_) => {
+                        self.abandon(Finish::Respond(response.into_http(), Outcome::NotRetained))
+                    }
+                }
+            }
+        }
+    }
+
+    fn release(&mut self, fin: Finish) -> Action {
+        self.phase = Phase::Releasing(fin);
+        Action::Store(StoreOp::Release {
+            scope: self.scope,
+            token: self.token,
+        })
+    }
+
+    /// Hands an execution whose outcome cannot be recorded to the takeover policy: expire the own
+    /// lease at once (renew with 0 ms), then, under the outcome-unknown policy, mark the record.
+    fn abandon(&mut self, fin: Finish) -> Action {
+        self.phase = Phase::Expiring(fin);
+        Action::Store(StoreOp::Renew {
+            scope: self.scope,
+            token: self.token,
+            lease_ms: 0,
+        })
+    }
+}

@@ -1,0 +1,276 @@
+//! RFC 9457 problem+json answers for every response idempo makes itself.
+//!
+//! Bodies are `{"type", "title", "status", "detail"}` plus, for some kinds, a `code` extension
+//! member; `Content-Type: application/problem+json`; `Retry-After` (delta-seconds, rounded up,
+//! at least 1) on 409 and 503. Type URIs are `urn:idempo:problem:<slug>` (non-resolvable by
+//! design; see `spec/PROTOCOL.md` §9).
+use super::flow::HttpResponse;
+use crate::key::KeyError;
+
+/// Prefix of every problem type URI.
+pub const PROBLEM_TYPE_PREFIX: &str = "urn:idempo:problem:";
+/// Media type of problem bodies.
+pub const PROBLEM_CONTENT_TYPE: &str = "application/problem+json";
+
+/// The problems idempo answers with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ProblemKind {
+    /// 400: the route requires an `Idempotency-Key` and the request has none.
+    MissingKey,
+    /// 400: the `Idempotency-Key` value is malformed.
+    InvalidKey,
+    /// 400: the request body cannot be fingerprinted (e.g. malformed JSON).
+    InvalidBody,
+    /// 413: the request body exceeds the fingerprinting limits.
+    BodyTooLarge,
+    /// 409: another request with this key is being processed (live lease).
+    InFlight,
+    /// 422: the key was used for a different request.
+    Mismatch,
+    /// 500: an earlier execution under this key may have taken effect and its outcome was not
+    /// recorded; retrying this key cannot change the answer until the record expires.
+    OutcomeUnknown,
+    /// 503: the idempotency store is unavailable; the handler did not run.
+    StoreUnavailable,
+    /// 503: the record kept changing under concurrent requests; the handler did not run.
+    Contention,
+}
+
+impl ProblemKind {
+    /// The HTTP status.
+    #[must_use]
+    pub fn status(self) -> u16 {
+        match self {
+            Self::MissingKey | Self::InvalidKey | Self::InvalidBody => 400,
+            Self::BodyTooLarge => 413,
+            Self::InFlight => 409,
+            Self::Mismatch => 422,
+            Self::OutcomeUnknown => 500,
+            Self::StoreUnavailable | Self::Contention => 503,
+        }
+    }
+
+    /// The stable slug (last part of the type URI).
+    #[must_use]
+    pub fn slug(self) -> &'static str {
+        match self {
+            Self::MissingKey => "missing-key",
+            Self::InvalidKey => "invalid-key",
+            Self::InvalidBody => "invalid-body",
+            Self::BodyTooLarge => "body-too-large",
+            Self::InFlight => "in-flight",
+            Self::Mismatch => "key-reused",
+            Self::OutcomeUnknown => "outcome-unknown",
+            Self::StoreUnavailable => "store-unavailable",
+            Self::Contention => "contention",
+        }
+    }
+
+    /// The type URI, `urn:idempo:problem:<slug>`.
+    #[must_use]
+    pub fn type_uri(self) -> String {
+        format!("{PROBLEM_TYPE_PREFIX}{}", self.slug())
+    }
+
+    /// The short, fixed title.
+    #[must_use]
+    pub fn title(self) -> &'static str {
+        match self {
+            Self::MissingKey => "Idempotency-Key required",
+            Self::InvalidKey => "Invalid Idempotency-Key",
+            Self::InvalidBody => "Request body cannot be fingerprinted",
+            Self::BodyTooLarge => "Request body too large",
+            Self::InFlight => "Request in progress",
+            Self::Mismatch => "Idempotency-Key reused for a different request",
+            Self::OutcomeUnknown => "Outcome unknown",
+            Self::StoreUnavailable => "Idempotency store unavailable",
+            Self::Contention => "Idempotency key contended",
+        }
+    }
+
+    /// The default `detail`.
+    #[must_use]
+    pub fn default_detail(self) -> &'static str {
+        match self {
+            Self::MissingKey => "This endpoint requires an Idempotency-Key request header.",
+            Self::InvalidKey => "The Idempotency-Key header value is not valid.",
+            Self::InvalidBody => "The request body could not be canonicalized for fingerprinting.",
+            Self::BodyTooLarge => "The request body exceeds the limits for fingerprinting.",
+            Self::InFlight => {
+                "A request with this Idempotency-Key is being processed. Retry after the indicated delay."
+            }
+            Self::Mismatch => {
+                "This Idempotency-Key was already used for a different request. Use a new key for a new operation."
+            }
+            Self::OutcomeUnknown => {
+                "An earlier attempt with this Idempotency-Key may have taken effect and its outcome was not recorded. Check the resource's state before using a new key."
+            }
+            Self::StoreUnavailable => {
+                "The idempotency store is unavailable; the request was not processed. Retry with the same key."
+            }
+            Self::Contention => {
+                "The idempotency record changed repeatedly under concurrent requests; the request was not processed. Retry with the same key."
+            }
+        }
+    }
+
+    /// Whether the answer carries `Retry-After`.
+    #[must_use]
+    pub fn has_retry_after(self) -> bool {
+        matches!(
+            self,
+            Self::InFlight | Self::StoreUnavailable | Self::Contention
+        )
+    }
+}
+
+/// `Retry-After` delta-seconds for a wait of `ms`: rounded up, at least 1.
+#[must_use]
+pub fn retry_after_seconds(ms: u64) -> u64 {
+    ms.div_ceil(1000).max(1)
+}
+
+/// Builds the problem response for `kind`.
+///
+/// `detail` replaces the default detail; `code` adds a `code` extension member (a stable
+/// snake_case reason such as a key error code); `retry_after_ms` sets `Retry-After` (only
+/// for kinds that carry one; ignored otherwise).
+#[must_use]
+pub fn problem_response(
+    kind: ProblemKind,
+    detail: Option<&str>,
+    code: Option<&str>,
+    retry_after_ms: Option<u64>,
+) -> HttpResponse {
+    let status = kind.status();
+    let mut body = String::with_capacity(256);
+    body.push_str("{\"type\":");
+    push_json_string(&mut body, &kind.type_uri());
+    body.push_str(",\"title\":");
+    push_json_string(&mut body, kind.title());
+    body.push_str(",\"status\":");
+    body.push_str(&status.to_string());
+    body.push_str(",\"detail\":");
+    push_json_string(&mut body, detail.unwrap_or(kind.default_detail()));
+    if let Some(code) = code {
+        body.push_str(",\"code\":");
+        push_json_string(&mut body, code);
+    }
+    body.push('}');
+    let mut headers = vec![("content-type".to_owned(), PROBLEM_CONTENT_TYPE.to_owned())];
+    if kind.has_retry_after() {
+        if let Some(ms) = retry_after_ms {
+            headers.push((
+                "retry-after".to_owned(),
+                retry_after_seconds(ms).to_string(),
+            ));
+        }
+    }
+    HttpResponse {
+        status,
+        headers,
+        body: body.into_bytes(),
+    }
+}
+
+/// 400 for a malformed `Idempotency-Key`, with the key error's message and code.
+#[must_use]
+pub fn invalid_key(err: &KeyError) -> HttpResponse {
+    let detail = format!("The Idempotency-Key header value is not valid: {err}.");
+    problem_response(
+        ProblemKind::InvalidKey,
+        Some(&detail),
+        Some(err.code()),
+        None,
+    )
+}
+
+/// Appends `s` as a JSON string (RFC 8259 escaping; non-ASCII kept as UTF-8).
+fn push_json_string(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if u32::from(c) < 0x20 => {
+                out.push_str(&format!("\\u{:04x}", u32::from(c)));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_is_valid_problem_json() {
+        let r = problem_response(
+            ProblemKind::InFlight,
+            Some("quote \" backslash \\ ctl \u{1}"),
+            Some("x"),
+            Some(1_001),
+        );
+        assert_eq!(r.status, 409);
+        assert_eq!(
+            r.headers,
+            vec![
+                ("content-type".to_owned(), PROBLEM_CONTENT_TYPE.to_owned()),
+                ("retry-after".to_owned(), "2".to_owned())
+            ]
+        );
+        let v: serde_json::Value = serde_json::from_slice(&r.body).expect("valid JSON");
+        assert_eq!(v["type"], "urn:idempo:problem:in-flight");
+        assert_eq!(v["status"], 409);
+        assert_eq!(v["detail"], "quote \" backslash \\ ctl \u{1}");
+        assert_eq!(v["code"], "x");
+        assert_eq!(v["title"], "Request in progress");
+    }
+
+    #[test]
+    fn retry_after_only_where_it_belongs() {
+        let r = problem_response(ProblemKind::Mismatch, None, None, Some(5_000));
+        assert_eq!(r.headers.len(), 1);
+        assert_eq!(retry_after_seconds(0), 1);
+        assert_eq!(retry_after_seconds(1_000), 1);
+        assert_eq!(retry_after_seconds(1_001), 2);
+    }
+
+    #[test]
+    fn statuses_per_kind() {
+        use ProblemKind::*;
+        let all = [
+            (MissingKey, 400),
+            (InvalidKey, 400),
+            (InvalidBody, 400),
+            (BodyTooLarge, 413),
+            (InFlight, 409),
+            (Mismatch, 422),
+            (OutcomeUnknown, 500),
+            (StoreUnavailable, 503),
+            (Contention, 503),
+        ];
+        for (k, s) in all {
+            assert_eq!(k.status(), s);
+            let v: serde_json::Value =
+                serde_json::from_slice(&problem_response(k, None, None, None).body)
+                    .expect("valid JSON");
+            assert_eq!(v["status"], s);
+            assert_eq!(v["detail"], k.default_detail());
+        }
+    }
+
+    #[test]
+    fn invalid_key_carries_code() {
+        let r = invalid_key(&KeyError::Empty);
+        let v: serde_json::Value = serde_json::from_slice(&r.body).expect("valid JSON");
+        assert_eq!(v["code"], "empty");
+        assert_eq!(r.status, 400);
+    }
+}
