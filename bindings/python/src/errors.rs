@@ -4,6 +4,7 @@
 //! and re-exported by `idempo`. Extra context travels as instance attributes (`code`, `offset`,
 //! `pointer`, `retry_after`) set when the exception is built.
 
+use pyo3::BoundObject;
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
@@ -110,4 +111,79 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("RequestTooLarge", py.get_type::<RequestTooLarge>())?;
     m.add("InvalidArgument", py.get_type::<InvalidArgument>())?;
     Ok(())
+}
+
+/// Builds an exception of class `T` with `message` and extra instance attributes.
+pub(crate) fn with_attrs<T: pyo3::PyTypeInfo>(
+    py: Python<'_>,
+    message: String,
+    attrs: &[(&str, Py<PyAny>)],
+) -> PyErr {
+    let err = PyErr::new::<T, _>(message);
+    let value = err.value(py);
+    for (name, attr) in attrs {
+        if let Err(e) = value.setattr(*name, attr.bind(py)) {
+            return e;
+        }
+    }
+    err
+}
+
+/// `CanonicalizationError` for a core canonicalization error (`code`, `offset`, `pointer`).
+pub(crate) fn canon_error(py: Python<'_>, e: &idempo_core::canonical::CanonError) -> PyErr {
+    let pointer: Py<PyAny> = match &e.pointer {
+        Some(p) => p
+            .into_pyobject(py)
+            .map_or_else(|_| py.None(), |s| s.into_any().unbind()),
+        None => py.None(),
+    };
+    let attrs = [
+        ("code", to_py(py, e.code())),
+        ("offset", to_py(py, e.offset)),
+        ("pointer", pointer),
+    ];
+    with_attrs::<CanonicalizationError>(py, e.to_string(), &attrs)
+}
+
+/// `FingerprintError` (configuration) or `CanonicalizationError` (the body) for a core error.
+pub(crate) fn fingerprint_error(
+    py: Python<'_>,
+    e: &idempo_core::fingerprint::FingerprintError,
+) -> PyErr {
+    use idempo_core::fingerprint::FingerprintError as E;
+    match e {
+        E::Body(c) => canon_error(py, c),
+        other => with_attrs::<FingerprintError>(
+            py,
+            other.to_string(),
+            &[("code", to_py(py, other.code()))],
+        ),
+    }
+}
+
+/// `InvalidKey` for a core key error (`code`, `offset`).
+pub(crate) fn key_error(py: Python<'_>, e: &idempo_core::key::KeyError) -> PyErr {
+    let offset = match e.offset() {
+        Some(o) => to_py(py, o),
+        None => py.None(),
+    };
+    with_attrs::<InvalidKey>(
+        py,
+        e.to_string(),
+        &[("code", to_py(py, e.code())), ("offset", offset)],
+    )
+}
+
+/// `InvalidArgument` with a `code` attribute.
+pub(crate) fn invalid_argument(py: Python<'_>, message: String, code: &str) -> PyErr {
+    with_attrs::<InvalidArgument>(py, message, &[("code", to_py(py, code))])
+}
+
+/// Converts a plain value into a Python object (infallible for the types used here).
+pub(crate) fn to_py<'py, T>(py: Python<'py>, v: T) -> Py<PyAny>
+where
+    T: IntoPyObject<'py>,
+{
+    v.into_pyobject(py)
+        .map_or_else(|_| py.None(), |o| o.into_any().unbind())
 }

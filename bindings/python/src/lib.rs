@@ -6,6 +6,8 @@
 //! every core error becomes a typed Python exception.
 #![forbid(unsafe_code)]
 
+mod api;
+mod convert;
 mod errors;
 
 use pyo3::prelude::*;
@@ -14,5 +16,16 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _idempo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
+    m.add_function(wrap_pyfunction!(api::canonicalize, m)?)?;
+    m.add_function(wrap_pyfunction!(api::fingerprint, m)?)?;
+    m.add_function(wrap_pyfunction!(api::parse_key, m)?)?;
+    m.add_function(wrap_pyfunction!(api::generate_key, m)?)?;
+    m.add_function(wrap_pyfunction!(api::parse_key_details, m)?)?;
+    m.add_function(wrap_pyfunction!(api::key_header_value, m)?)?;
+    m.add_function(wrap_pyfunction!(api::scope_id, m)?)?;
+    m.add_function(wrap_pyfunction!(api::parse_retry_after, m)?)?;
+    m.add_class::<api::Fingerprinter>()?;
+    m.add_class::<api::RetryPolicy>()?;
+    m.add_class::<api::RetryAdvice>()?;
     Ok(())
 }

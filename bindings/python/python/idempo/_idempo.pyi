@@ -1,8 +1,12 @@
 """Type stubs for the ``idempo._idempo`` extension module (checked by ``mypy.stubtest``)."""
 
+from collections.abc import Iterable, Mapping
+from typing import Literal, final
+
 __all__ = [
     "CanonicalizationError",
     "FingerprintError",
+    "Fingerprinter",
     "IdempotencyError",
     "InvalidArgument",
     "InvalidKey",
@@ -13,26 +17,136 @@ __all__ = [
     "OutcomeUnknown",
     "RecordCorrupt",
     "RequestTooLarge",
+    "RetryAdvice",
+    "RetryPolicy",
     "StoreUnavailable",
+    "canonicalize",
+    "fingerprint",
+    "generate_key",
+    "key_header_value",
+    "parse_key",
+    "parse_key_details",
+    "parse_retry_after",
+    "scope_id",
 ]
 
+_Bytes = bytes | bytearray | str
+_Headers = Mapping[str, str] | Iterable[tuple[str | bytes, str | bytes]]
+_Numbers = Literal["strict", "rfc"]
+
 class IdempotencyError(Exception): ...
+
 class InvalidKey(IdempotencyError):
     code: str
+    offset: int | None
+
 class MissingKey(IdempotencyError): ...
+
 class CanonicalizationError(IdempotencyError):
     code: str
     offset: int
     pointer: str | None
+
 class FingerprintError(IdempotencyError):
     code: str
+
 class KeyInUse(IdempotencyError):
     retry_after: float | None
+
 class KeyReusedWithDifferentRequest(IdempotencyError): ...
 class OutcomeUnknown(IdempotencyError): ...
+
 class StoreUnavailable(IdempotencyError):
     retry_after: float | None
+
 class LeaseLost(IdempotencyError): ...
 class RecordCorrupt(IdempotencyError): ...
 class RequestTooLarge(IdempotencyError): ...
-class InvalidArgument(IdempotencyError): ...
+
+class InvalidArgument(IdempotencyError):
+    code: str
+
+def canonicalize(
+    data: _Bytes,
+    *,
+    numbers: _Numbers = "rfc",
+    max_input_bytes: int | None = None,
+    max_depth: int | None = None,
+) -> bytes: ...
+def fingerprint(
+    method: str,
+    route: str,
+    body: _Bytes,
+    headers: _Headers | None = None,
+    exclude: Iterable[str] | None = None,
+    content_type: str | None = ...,
+    hmac_key: bytes | None = None,
+    numbers: _Numbers = "strict",
+) -> str: ...
+@final
+class Fingerprinter:
+    def __new__(
+        cls,
+        *,
+        header_names: Iterable[str] | None = None,
+        exclude: Iterable[str] | None = None,
+        hmac_key: bytes | None = None,
+        numbers: _Numbers = "strict",
+        max_input_bytes: int | None = None,
+        max_depth: int | None = None,
+    ) -> Fingerprinter: ...
+    @property
+    def header_names(self) -> list[str]: ...
+    def fingerprint(
+        self,
+        method: str,
+        route: str,
+        body: _Bytes,
+        headers: _Headers | None = None,
+        content_type: str | None = ...,
+    ) -> str: ...
+
+def parse_key(
+    value: _Bytes, *, strict: bool = False, min_len: int = 8, max_len: int = 128
+) -> str: ...
+def parse_key_details(
+    value: _Bytes, *, strict: bool = False, min_len: int = 8, max_len: int = 128
+) -> tuple[str, str, int, str]: ...
+def key_header_value(key: str) -> str: ...
+def generate_key(entropy: bytes | None = None) -> str: ...
+def scope_id(principal: str, method: str, route: str, key: str | bytes) -> bytes: ...
+def parse_retry_after(value: str | bytes, now_ms: int) -> int | None: ...
+@final
+class RetryAdvice:
+    @property
+    def retry(self) -> bool: ...
+    @property
+    def delay_ms(self) -> int | None: ...
+    @property
+    def reason(self) -> str | None: ...
+    @property
+    def status(self) -> int | None: ...
+
+@final
+class RetryPolicy:
+    def __new__(
+        cls,
+        *,
+        max_attempts: int = 5,
+        base_delay_ms: int = 500,
+        max_delay_ms: int = 10000,
+        max_elapsed_ms: int = 60000,
+        jitter: Literal["equal", "full"] = "equal",
+    ) -> RetryPolicy: ...
+    @property
+    def max_attempts(self) -> int: ...
+    @property
+    def max_elapsed_ms(self) -> int: ...
+    def decide(
+        self,
+        attempt: int,
+        elapsed_ms: int,
+        outcome: int | Literal["timeout", "connection_error"],
+        jitter: float,
+        retry_after_ms: int | None = None,
+    ) -> RetryAdvice: ...

@@ -1,0 +1,448 @@
+//! Canonical JSON, fingerprints, keys, scopes and the retry policy: thin wrappers over core.
+
+use idempo_core::canonical::{self, CanonOptions, Limits, NumberMode};
+use idempo_core::fingerprint::{
+    FingerprintConfig, Fingerprinter as CoreFingerprinter, RequestParts,
+};
+use idempo_core::key::{self, IdempotencyKey, KeyOptions};
+use idempo_core::retry::{self, AttemptOutcome, Jitter, RetryConfig, RetryDecision, StopReason};
+use idempo_core::scope::ScopeId;
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyString};
+
+use crate::convert::{DETACH_THRESHOLD, header_pairs, strings, text, with_bytes};
+use crate::errors::{canon_error, fingerprint_error, invalid_argument, key_error};
+
+// The Python signatures spell the key length defaults out (so stubs can check them).
+const _: () = assert!(key::DEFAULT_MIN_LEN == 8 && key::DEFAULT_MAX_LEN == 128);
+
+fn number_mode(py: Python<'_>, numbers: &str) -> PyResult<NumberMode> {
+    match numbers {
+        "strict" => Ok(NumberMode::RejectPrecisionLoss),
+        "rfc" => Ok(NumberMode::Rfc),
+        other => Err(invalid_argument(
+            py,
+            format!("numbers must be 'strict' or 'rfc', got {other:?}"),
+            "invalid_number_mode",
+        )),
+    }
+}
+
+fn limits(max_input_bytes: Option<usize>, max_depth: Option<usize>) -> Limits {
+    let mut l = Limits::default();
+    if let Some(v) = max_input_bytes {
+        l.max_input_bytes = v;
+    }
+    if let Some(v) = max_depth {
+        l.max_depth = v;
+    }
+    l
+}
+
+/// RFC 8785 canonical form of a JSON text (`bytes` or `str`), as bytes.
+#[pyfunction]
+#[pyo3(signature = (data, *, numbers = "rfc", max_input_bytes = None, max_depth = None))]
+pub(crate) fn canonicalize<'py>(
+    py: Python<'py>,
+    data: &Bound<'py, PyAny>,
+    numbers: &str,
+    max_input_bytes: Option<usize>,
+    max_depth: Option<usize>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let opts = CanonOptions {
+        limits: limits(max_input_bytes, max_depth),
+        numbers: number_mode(py, numbers)?,
+    };
+    let result = with_bytes(data, |input| {
+        if input.len() >= DETACH_THRESHOLD {
+            py.detach(|| canonical::canonicalize_with(input, &opts))
+        } else {
+            canonical::canonicalize_with(input, &opts)
+        }
+    })?;
+    match result {
+        Ok(out) => Ok(PyBytes::new(py, &out)),
+        Err(e) => Err(canon_error(py, &e)),
+    }
+}
+
+/// A prepared fingerprint configuration (keep one per route on hot paths).
+#[pyclass(frozen, module = "idempo._idempo")]
+pub(crate) struct Fingerprinter {
+    inner: CoreFingerprinter,
+    header_names: Vec<String>,
+}
+
+#[pymethods]
+impl Fingerprinter {
+    #[new]
+    #[pyo3(signature = (*, header_names = None, exclude = None, hmac_key = None, numbers = "strict", max_input_bytes = None, max_depth = None))]
+    fn new(
+        py: Python<'_>,
+        header_names: Option<&Bound<'_, PyAny>>,
+        exclude: Option<&Bound<'_, PyAny>>,
+        hmac_key: Option<Vec<u8>>,
+        numbers: &str,
+        max_input_bytes: Option<usize>,
+        max_depth: Option<usize>,
+    ) -> PyResult<Self> {
+        let header_names = strings(header_names)?;
+        let config = FingerprintConfig {
+            header_names: header_names.clone(),
+            exclude: strings(exclude)?,
+            numbers: number_mode(py, numbers)?,
+            limits: limits(max_input_bytes, max_depth),
+            hmac_key,
+        };
+        let inner = CoreFingerprinter::new(&config).map_err(|e| fingerprint_error(py, &e))?;
+        Ok(Self {
+            inner,
+            header_names,
+        })
+    }
+
+    /// The header names that take part in the fingerprint.
+    #[getter]
+    fn header_names(&self) -> Vec<String> {
+        self.header_names.clone()
+    }
+
+    /// Fingerprint of one request (`v1:<hex>` or, with an HMAC key, `h1:<hex>`).
+    #[pyo3(signature = (method, route, body, headers = None, content_type = Some("application/json".to_owned())))]
+    fn fingerprint(
+        &self,
+        py: Python<'_>,
+        method: &Bound<'_, PyString>,
+        route: &Bound<'_, PyString>,
+        body: &Bound<'_, PyAny>,
+        headers: Option<&Bound<'_, PyAny>>,
+        content_type: Option<String>,
+    ) -> PyResult<String> {
+        let pairs = header_pairs(headers)?;
+        compute(
+            py,
+            &self.inner,
+            method,
+            route,
+            body,
+            &pairs,
+            content_type.as_deref(),
+        )
+    }
+}
+
+fn compute(
+    py: Python<'_>,
+    fp: &CoreFingerprinter,
+    method: &Bound<'_, PyString>,
+    route: &Bound<'_, PyString>,
+    body: &Bound<'_, PyAny>,
+    pairs: &[(String, String)],
+    content_type: Option<&str>,
+) -> PyResult<String> {
+    let method = method.to_cow()?;
+    let route = route.to_cow()?;
+    let borrowed: Vec<(&str, &str)> = pairs
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_str()))
+        .collect();
+    let result = with_bytes(body, |body| {
+        let parts = RequestParts {
+            method: &method,
+            route: &route,
+            headers: &borrowed,
+            content_type,
+            body,
+        };
+        if body.len() >= DETACH_THRESHOLD {
+            py.detach(|| fp.fingerprint(&parts))
+        } else {
+            fp.fingerprint(&parts)
+        }
+    })?;
+    match result {
+        Ok(f) => Ok(f.to_string()),
+        Err(e) => Err(fingerprint_error(py, &e)),
+    }
+}
+
+/// Fingerprint of one request. `headers` (a mapping or `(name, value)` pairs) all take part.
+#[pyfunction]
+#[pyo3(signature = (method, route, body, headers = None, exclude = None, content_type = Some("application/json".to_owned()), hmac_key = None, numbers = "strict"))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn fingerprint(
+    py: Python<'_>,
+    method: &Bound<'_, PyString>,
+    route: &Bound<'_, PyString>,
+    body: &Bound<'_, PyAny>,
+    headers: Option<&Bound<'_, PyAny>>,
+    exclude: Option<&Bound<'_, PyAny>>,
+    content_type: Option<String>,
+    hmac_key: Option<Vec<u8>>,
+    numbers: &str,
+) -> PyResult<String> {
+    let pairs = header_pairs(headers)?;
+    let config = FingerprintConfig {
+        header_names: pairs.iter().map(|(n, _)| n.clone()).collect(),
+        exclude: strings(exclude)?,
+        numbers: number_mode(py, numbers)?,
+        limits: Limits::default(),
+        hmac_key,
+    };
+    let fp = CoreFingerprinter::new(&config).map_err(|e| fingerprint_error(py, &e))?;
+    compute(
+        py,
+        &fp,
+        method,
+        route,
+        body,
+        &pairs,
+        content_type.as_deref(),
+    )
+}
+
+fn key_options(
+    py: Python<'_>,
+    strict: bool,
+    min_len: usize,
+    max_len: usize,
+) -> PyResult<KeyOptions> {
+    KeyOptions::new(min_len, max_len)
+        .map(|o| o.with_strict(strict))
+        .map_err(|e| invalid_argument(py, e.to_string(), e.code()))
+}
+
+/// Parses an `Idempotency-Key` header value (sf-string or bare token) into the key text.
+#[pyfunction]
+#[pyo3(signature = (value, *, strict = false, min_len = 8, max_len = 128))]
+pub(crate) fn parse_key(
+    py: Python<'_>,
+    value: &Bound<'_, PyAny>,
+    strict: bool,
+    min_len: usize,
+    max_len: usize,
+) -> PyResult<String> {
+    let opts = key_options(py, strict, min_len, max_len)?;
+    let parsed = with_bytes(value, |raw| key::parse_key_bytes(raw, &opts))?;
+    parsed
+        .map(|k| k.as_str().to_owned())
+        .map_err(|e| key_error(py, &e))
+}
+
+/// Parses a header value and also reports how it was written:
+/// `(key, form, ignored_parameters, canonical_header_value)`.
+#[pyfunction]
+#[pyo3(signature = (value, *, strict = false, min_len = 8, max_len = 128))]
+pub(crate) fn parse_key_details(
+    py: Python<'_>,
+    value: &Bound<'_, PyAny>,
+    strict: bool,
+    min_len: usize,
+    max_len: usize,
+) -> PyResult<(String, &'static str, usize, String)> {
+    let opts = key_options(py, strict, min_len, max_len)?;
+    let parsed = with_bytes(value, |raw| key::parse_key_detailed(raw, &opts))?;
+    parsed
+        .map(|p| {
+            (
+                p.key.as_str().to_owned(),
+                p.form.as_str(),
+                p.ignored_parameters,
+                p.key.to_header_value(),
+            )
+        })
+        .map_err(|e| key_error(py, &e))
+}
+
+/// The sf-string header value (`"..."`) that carries `key`.
+#[pyfunction]
+pub(crate) fn key_header_value(py: Python<'_>, key: &Bound<'_, PyString>) -> PyResult<String> {
+    let opts = key_options(py, false, 1, key::MAX_LEN_LIMIT)?;
+    IdempotencyKey::from_text(&key.to_cow()?, &opts)
+        .map(|k| k.to_header_value())
+        .map_err(|e| key_error(py, &e))
+}
+
+/// A fresh key (UUIDv4 shape) from 16 bytes of entropy: `os.urandom(16)` unless given.
+#[pyfunction]
+#[pyo3(signature = (entropy = None))]
+pub(crate) fn generate_key(py: Python<'_>, entropy: Option<Vec<u8>>) -> PyResult<String> {
+    let entropy = match entropy {
+        Some(bytes) => <[u8; 16]>::try_from(bytes.as_slice()).map_err(|_| {
+            invalid_argument(py, "entropy must be 16 bytes".to_owned(), "invalid_entropy")
+        })?,
+        None => urandom16(py)?,
+    };
+    Ok(IdempotencyKey::generate(entropy).as_str().to_owned())
+}
+
+/// 16 bytes from `os.urandom` (the host's entropy source).
+pub(crate) fn urandom16(py: Python<'_>) -> PyResult<[u8; 16]> {
+    let raw: Vec<u8> = py.import("os")?.call_method1("urandom", (16,))?.extract()?;
+    <[u8; 16]>::try_from(raw.as_slice())
+        .map_err(|_| PyTypeError::new_err("os.urandom(16) did not return 16 bytes"))
+}
+
+/// The 32-byte scope id of (principal, method, route template, key).
+#[pyfunction]
+pub(crate) fn scope_id<'py>(
+    py: Python<'py>,
+    principal: &Bound<'py, PyString>,
+    method: &Bound<'py, PyString>,
+    route: &Bound<'py, PyString>,
+    key: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let key = text(key)?;
+    let id = ScopeId::from_parts(
+        &principal.to_cow()?,
+        &method.to_cow()?,
+        &route.to_cow()?,
+        &key,
+    );
+    Ok(PyBytes::new(py, id.as_bytes()))
+}
+
+/// What the client should do after one attempt.
+#[pyclass(frozen, module = "idempo._idempo", get_all)]
+pub(crate) struct RetryAdvice {
+    /// True: wait `delay_ms`, then resend with the same key.
+    retry: bool,
+    /// Milliseconds to wait (retry only).
+    delay_ms: Option<u64>,
+    /// Why to stop (stop only): a stable code such as `"success"` or `"attempts_exhausted"`.
+    reason: Option<&'static str>,
+    /// The status behind a `client_error` or `server_error_not_retryable` stop.
+    status: Option<u16>,
+}
+
+#[pymethods]
+impl RetryAdvice {
+    fn __repr__(&self) -> String {
+        match (self.retry, self.delay_ms, self.reason) {
+            (true, Some(d), _) => format!("RetryAdvice(retry=True, delay_ms={d})"),
+            (_, _, Some(r)) => format!("RetryAdvice(retry=False, reason={r:?})"),
+            _ => "RetryAdvice()".to_owned(),
+        }
+    }
+}
+
+/// The client retry policy of core (exponential backoff with jitter, `Retry-After`, budgets).
+#[pyclass(frozen, module = "idempo._idempo")]
+pub(crate) struct RetryPolicy {
+    inner: retry::RetryPolicy,
+}
+
+#[pymethods]
+impl RetryPolicy {
+    #[new]
+    #[pyo3(signature = (*, max_attempts = 5, base_delay_ms = 500, max_delay_ms = 10_000, max_elapsed_ms = 60_000, jitter = "equal"))]
+    fn new(
+        py: Python<'_>,
+        max_attempts: u32,
+        base_delay_ms: u64,
+        max_delay_ms: u64,
+        max_elapsed_ms: u64,
+        jitter: &str,
+    ) -> PyResult<Self> {
+        let jitter = match jitter {
+            "equal" => Jitter::Equal,
+            "full" => Jitter::Full,
+            other => {
+                return Err(invalid_argument(
+                    py,
+                    format!("jitter must be 'equal' or 'full', got {other:?}"),
+                    "invalid_jitter_mode",
+                ));
+            }
+        };
+        let inner = retry::RetryPolicy::new(RetryConfig {
+            max_attempts,
+            base_delay_ms,
+            max_delay_ms,
+            max_elapsed_ms,
+            jitter,
+        })
+        .map_err(|e| invalid_argument(py, e.to_string(), e.code()))?;
+        Ok(Self { inner })
+    }
+
+    /// Attempts in all, the first included.
+    #[getter]
+    fn max_attempts(&self) -> u32 {
+        self.inner.config().max_attempts
+    }
+
+    /// Total time budget in ms.
+    #[getter]
+    fn max_elapsed_ms(&self) -> u64 {
+        self.inner.config().max_elapsed_ms
+    }
+
+    /// Decides after attempt `attempt` (1-based), `elapsed_ms` after the first attempt started.
+    ///
+    /// `outcome` is an HTTP status (int), `"timeout"` or `"connection_error"`; `retry_after_ms`
+    /// is the response's `Retry-After` already converted (see `parse_retry_after`); `jitter` is
+    /// a uniform sample in [0, 1) from the host.
+    #[pyo3(signature = (attempt, elapsed_ms, outcome, jitter, retry_after_ms = None))]
+    fn decide(
+        &self,
+        py: Python<'_>,
+        attempt: u32,
+        elapsed_ms: u64,
+        outcome: &Bound<'_, PyAny>,
+        jitter: f64,
+        retry_after_ms: Option<u64>,
+    ) -> PyResult<RetryAdvice> {
+        let outcome = if let Ok(s) = outcome.cast::<PyString>() {
+            match &*s.to_cow()? {
+                "timeout" => AttemptOutcome::Timeout,
+                "connection_error" => AttemptOutcome::ConnectionError,
+                other => {
+                    return Err(invalid_argument(
+                        py,
+                        format!(
+                            "outcome must be a status, 'timeout' or 'connection_error', got {other:?}"
+                        ),
+                        "invalid_outcome",
+                    ));
+                }
+            }
+        } else {
+            let status: u16 = outcome.extract()?;
+            AttemptOutcome::Response {
+                status,
+                retry_after_ms,
+            }
+        };
+        let decision = self
+            .inner
+            .decide(attempt, elapsed_ms, &outcome, jitter)
+            .map_err(|e| invalid_argument(py, e.to_string(), e.code()))?;
+        Ok(match decision {
+            RetryDecision::Retry { delay_ms } => RetryAdvice {
+                retry: true,
+                delay_ms: Some(delay_ms),
+                reason: None,
+                status: None,
+            },
+            RetryDecision::Stop { reason } => RetryAdvice {
+                retry: false,
+                delay_ms: None,
+                reason: Some(reason.code()),
+                status: match reason {
+                    StopReason::ClientError { status }
+                    | StopReason::ServerErrorNotRetryable { status } => Some(status),
+                    _ => None,
+                },
+            },
+        })
+    }
+}
+
+/// A `Retry-After` value (delta-seconds or HTTP-date) as milliseconds from `now_ms`.
+#[pyfunction]
+pub(crate) fn parse_retry_after(value: &Bound<'_, PyAny>, now_ms: u64) -> PyResult<Option<u64>> {
+    let value = text(value)?;
+    Ok(retry::parse_retry_after(&value, now_ms))
+}

@@ -1,0 +1,170 @@
+"""The shared vectors in spec/vectors/, run through the Python package, byte for byte."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+from conftest import VECTORS
+
+import idempo
+
+
+def cases(kind: str, name: str) -> List[Dict[str, Any]]:
+    data = json.loads((VECTORS / kind / name).read_text(encoding="utf-8"))
+    found: List[Dict[str, Any]] = data["cases"]
+    assert found, f"{kind}/{name} has no cases"
+    return found
+
+
+def ids(items: List[Dict[str, Any]]) -> List[str]:
+    return [c["name"] for c in items]
+
+
+def raw_input(case: Dict[str, Any]) -> bytes:
+    if "input_hex" in case:
+        return bytes.fromhex(case["input_hex"])
+    return case["input"].encode("utf-8")
+
+
+KEY_PARSE = cases("key", "parse.json")
+
+
+@pytest.mark.parametrize("case", KEY_PARSE, ids=ids(KEY_PARSE))
+def test_key_parse(case: Dict[str, Any]) -> None:
+    opts = case["options"]
+    expect = case["expect"]
+    kwargs = {"strict": opts["strict"], "min_len": opts["min_len"], "max_len": opts["max_len"]}
+    if "error" in expect:
+        with pytest.raises(idempo.InvalidKey) as exc:
+            idempo.parse_key_details(raw_input(case), **kwargs)
+        assert exc.value.code == expect["error"]
+        if "offset" in expect:
+            assert exc.value.offset == expect["offset"]
+        assert isinstance(exc.value, idempo.IdempotencyError)
+    else:
+        key, form, params, header = idempo.parse_key_details(raw_input(case), **kwargs)
+        assert key == expect["key"]
+        assert form == expect["form"]
+        assert params == expect["ignored_parameters"]
+        assert header == expect["header_value"]
+        assert idempo.parse_key(raw_input(case), **kwargs) == key
+        assert idempo.key_header_value(key) == header
+
+
+KEY_OPTIONS = cases("key", "options.json")
+
+
+@pytest.mark.parametrize("case", KEY_OPTIONS, ids=ids(KEY_OPTIONS))
+def test_key_options(case: Dict[str, Any]) -> None:
+    value = "\"" + "k" * max(case["min_len"], 1) + "\""
+    if case["expect"] == "ok":
+        assert idempo.parse_key(value, min_len=case["min_len"], max_len=case["max_len"])
+    else:
+        with pytest.raises(idempo.InvalidArgument) as exc:
+            idempo.parse_key(value, min_len=case["min_len"], max_len=case["max_len"])
+        assert exc.value.code == case["expect"]
+
+
+KEY_GENERATE = cases("key", "generate.json")
+
+
+@pytest.mark.parametrize("case", KEY_GENERATE, ids=ids(KEY_GENERATE))
+def test_key_generate(case: Dict[str, Any]) -> None:
+    assert idempo.generate_key(bytes.fromhex(case["entropy_hex"])) == case["key"]
+
+
+def test_generate_key_uses_fresh_entropy() -> None:
+    keys = {idempo.generate_key() for _ in range(200)}
+    assert len(keys) == 200
+    for k in keys:
+        assert idempo.parse_key(k, strict=False) == k and len(k) == 36
+    with pytest.raises(idempo.InvalidArgument):
+        idempo.generate_key(b"short")
+
+
+SCOPE = cases("scope", "scope.json")
+
+
+@pytest.mark.parametrize("case", SCOPE, ids=ids(SCOPE))
+def test_scope(case: Dict[str, Any]) -> None:
+    sid = idempo.scope_id(case["principal"], case["method"], case["route"], case["key"])
+    assert sid.hex() == case["scope_hex"]
+
+
+RETRY_CONFIG = cases("retry", "config.json")
+
+
+def policy(spec: Dict[str, Any]) -> idempo.RetryPolicy:
+    return idempo.RetryPolicy(**spec)
+
+
+@pytest.mark.parametrize("case", RETRY_CONFIG, ids=ids(RETRY_CONFIG))
+def test_retry_config(case: Dict[str, Any]) -> None:
+    if case["expect"] == "ok":
+        assert policy(case["policy"]).max_attempts == case["policy"]["max_attempts"]
+    else:
+        with pytest.raises(idempo.InvalidArgument) as exc:
+            policy(case["policy"])
+        assert exc.value.code == case["expect"]
+
+
+def _retry_cases() -> List[Any]:
+    data = json.loads((VECTORS / "retry" / "decide.json").read_text(encoding="utf-8"))
+    out = []
+    for group in data["groups"]:
+        for case in group["cases"]:
+            out.append(pytest.param(group["policy"], case, id=f"{group['name']}/{case['name']}"))
+    assert out
+    return out
+
+
+def _jitter(value: Any) -> float:
+    if isinstance(value, str):
+        return {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[value]
+    return float(value)
+
+
+@pytest.mark.parametrize(("spec", "case"), _retry_cases())
+def test_retry_decide(spec: Dict[str, Any], case: Dict[str, Any]) -> None:
+    p = policy(spec)
+    outcome = case["outcome"]
+    if outcome["kind"] == "response":
+        args: Any = outcome["status"]
+    else:
+        args = outcome["kind"]
+    expect = case["expect"]
+    call = lambda: p.decide(  # noqa: E731
+        case["attempt"],
+        case["elapsed_ms"],
+        args,
+        _jitter(case["jitter"]),
+        retry_after_ms=outcome.get("retry_after_ms"),
+    )
+    if "error" in expect:
+        with pytest.raises(idempo.InvalidArgument) as exc:
+            call()
+        assert exc.value.code == expect["error"]
+        return
+    advice = call()
+    if "retry" in expect:
+        assert advice.retry and advice.delay_ms == expect["retry"]
+    else:
+        assert not advice.retry and advice.reason == expect["stop"]
+        assert advice.status == expect.get("status")
+
+
+RETRY_AFTER = cases("retry", "retry_after.json")
+
+
+@pytest.mark.parametrize("case", RETRY_AFTER, ids=ids(RETRY_AFTER))
+def test_retry_after(case: Dict[str, Any]) -> None:
+    assert idempo.parse_retry_after(case["value"], case["now_ms"]) == case["expect_ms"]
+
+
+def test_vectors_dir_is_the_shared_one() -> None:
+    assert (VECTORS / "key" / "parse.json").is_file()
+    assert Path(__file__).resolve().parents[2].name == "bindings"
