@@ -492,8 +492,8 @@ pub fn parse_key_detailed(header_value: &[u8], opts: &KeyOptions) -> Result<Pars
                 preview: Preview::of(input),
             });
         }
-        // Every byte is in %x21-7E, hence valid UTF-8.
-        let text = String::from_utf8_lossy(bare).into_owned();
+        // Every byte is in %x21-7E: one ASCII character each.
+        let text: String = bare.iter().map(|&b| char::from(b)).collect();
         (text, KeyForm::Bare, 0)
     };
     check_len(text.len(), opts)?;
