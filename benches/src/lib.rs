@@ -1,1 +1,218 @@
-//! Benchmark support for idempo (bodies are generated in the bench targets).
+//! Benchmark support for idempo: deterministic JSON bodies (no randomness at run time, a fixed
+//! xorshift sequence) and a small timing helper for the summary report.
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+/// A fixed pseudo-random sequence (xorshift64*), so every run benchmarks identical bytes.
+#[derive(Debug, Clone)]
+pub struct Seq(u64);
+
+impl Seq {
+    /// Start the sequence from `seed` (any value; 0 is mapped to a fixed non-zero state).
+    #[must_use]
+    pub fn new(seed: u64) -> Self {
+        Self(seed.max(1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    /// Next 64-bit value.
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// A value in `0..n` (`n > 0`).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+}
+
+const WORDS: &[&str] = &[
+    "alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet",
+    "kilo", "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango",
+];
+
+fn word(s: &mut Seq) -> &'static str {
+    WORDS[s.below(WORDS.len() as u64) as usize]
+}
+
+/// A payment request of about 200 bytes, pretty-printed with members out of order.
+#[must_use]
+pub fn tiny() -> Vec<u8> {
+    br#"{
+  "currency": "EUR",
+  "amount": 12.5,
+  "customer": {"id": "cus_8f3a2b", "email": "ada@example.com"},
+  "description": "Order #18452, 3 items",
+  "capture": true,
+  "metadata": {"cart": "c-771", "channel": "ios"}
+}"#
+    .to_vec()
+}
+
+fn record(s: &mut Seq, i: u64, out: &mut String) {
+    let _ = write!(
+        out,
+        "{{\"sku\":\"{}-{}\",\"qty\":{},\"price\":{}.{:02},\"name\":\"{} {}\",\"tags\":[\"{}\",\"{}\"],\"active\":{},\"meta\":{{\"z\":{},\"a\":\"{}\",\"m\":null}},\"id\":{}}}",
+        word(s),
+        s.below(100_000),
+        s.below(20) + 1,
+        s.below(1000),
+        s.below(100),
+        word(s),
+        word(s),
+        word(s),
+        word(s),
+        s.below(2) == 0,
+        s.below(1_000_000),
+        word(s),
+        i
+    );
+}
+
+fn records(target: usize, seed: u64) -> Vec<u8> {
+    let mut s = Seq::new(seed);
+    let mut out = String::with_capacity(target + 256);
+    out.push_str("{\"order_id\":\"ord_1\",\"items\":[");
+    let mut i = 0;
+    while out.len() < target.saturating_sub(64) {
+        if i > 0 {
+            out.push(',');
+        }
+        record(&mut s, i, &mut out);
+        i += 1;
+    }
+    out.push_str("],\"total\":1234.5,\"currency\":\"EUR\"}");
+    out.into_bytes()
+}
+
+/// An order with line items, about 4 KB.
+#[must_use]
+pub fn medium() -> Vec<u8> {
+    records(4 * 1024, 2)
+}
+
+/// An order with many line items, about 1 MB.
+#[must_use]
+pub fn large() -> Vec<u8> {
+    records(1024 * 1024, 3)
+}
+
+/// About 256 KB of numbers: integers, decimals, exponents, negative values.
+#[must_use]
+pub fn numbers() -> Vec<u8> {
+    let mut s = Seq::new(4);
+    let mut out = String::from("{\"series\":[");
+    let mut i = 0;
+    while out.len() < 256 * 1024 {
+        if i > 0 {
+            out.push(',');
+        }
+        let _ = match s.below(4) {
+            0 => write!(out, "{}", s.below(1 << 40)),
+            1 => write!(out, "{}.{}", s.below(10_000), s.below(1_000_000)),
+            2 => write!(out, "-{}.{}e{}", s.below(10), s.below(100_000), s.below(40)),
+            _ => write!(out, "{}", f64::from_bits(s.next_u64() >> 2) / 1e10),
+        };
+        i += 1;
+    }
+    out.push_str("]}");
+    out.into_bytes()
+}
+
+/// About 256 KB of non-ASCII text (accents, CJK, emoji) and escapes, in many keyed objects.
+#[must_use]
+pub fn unicode() -> Vec<u8> {
+    const TEXT: &[&str] = &[
+        "café crème",
+        "naïve façade",
+        "日本語のテキスト",
+        "中文字符",
+        "emoji 😀🎉",
+        "Ελληνικά",
+        "кириллица",
+        "tab\\tnew\\nline",
+        "quote \\\" slash \\\\",
+        "\\u00e9\\u4e2d\\ud83d\\ude00",
+    ];
+    let mut s = Seq::new(5);
+    let mut out = String::from("[");
+    let mut i = 0;
+    while out.len() < 256 * 1024 {
+        if i > 0 {
+            out.push(',');
+        }
+        let _ = write!(
+            out,
+            "{{\"ключ\":\"{}\",\"名前\":\"{}\",\"דּ\":{},\"😀\":\"{}\"}}",
+            TEXT[s.below(TEXT.len() as u64) as usize],
+            TEXT[s.below(TEXT.len() as u64) as usize],
+            i,
+            TEXT[s.below(TEXT.len() as u64) as usize]
+        );
+        i += 1;
+    }
+    out.push(']');
+    out.into_bytes()
+}
+
+/// The benchmark bodies, by name.
+#[must_use]
+pub fn bodies() -> Vec<(&'static str, Vec<u8>)> {
+    vec![
+        ("tiny", tiny()),
+        ("medium", medium()),
+        ("large", large()),
+        ("numbers", numbers()),
+        ("unicode", unicode()),
+    ]
+}
+
+/// Run `f` repeatedly for at least `budget` (after a short warm-up) and return the mean time
+/// per call.
+pub fn time_per_call(budget: Duration, mut f: impl FnMut()) -> Duration {
+    let warm = Instant::now();
+    while warm.elapsed() < budget / 10 {
+        f();
+    }
+    let mut iters: u32 = 0;
+    let start = Instant::now();
+    loop {
+        for _ in 0..16 {
+            f();
+        }
+        iters += 16;
+        let el = start.elapsed();
+        if el >= budget {
+            return el / iters;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies_are_valid_and_deterministic() {
+        for (name, body) in bodies() {
+            let v: serde_json::Value =
+                serde_json::from_slice(&body).unwrap_or_else(|e| panic!("{name} is not JSON: {e}"));
+            assert!(!v.is_null());
+            assert_eq!(
+                body,
+                bodies()
+                    .into_iter()
+                    .find(|(n, _)| *n == name)
+                    .expect("same name")
+                    .1
+            );
+        }
+        assert!((150..400).contains(&tiny().len()));
+        assert!((3_000..6_000).contains(&medium().len()));
+        assert!(large().len() > 1_000_000);
+    }
+}

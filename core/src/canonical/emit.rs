@@ -68,14 +68,12 @@ fn write_escaped<S: CanonSink + ?Sized>(sink: &mut S, s: &[u8]) {
 
 #[inline]
 fn write_string<S: CanonSink + ?Sized>(tape: &Tape<'_>, n: Node, sink: &mut S) {
-    let bytes = tape.str_bytes(n);
     if n.tag == Tag::Str {
-        // No escapes in the input: the raw bytes hold no `"`, `\` or control character.
-        sink.write_byte(b'"');
-        sink.write(bytes);
-        sink.write_byte(b'"');
+        // No escapes in the input: the raw bytes hold no `"`, `\` or control character, so the
+        // quoted input slice is already canonical.
+        sink.write(tape.quoted(n));
     } else {
-        write_escaped(sink, bytes);
+        write_escaped(sink, tape.str_bytes(n));
     }
 }
 

@@ -258,6 +258,54 @@ mod tests {
         assert!(canonicalize_with(b"[0.1,1.10,100,1e2,-0]", &opts).is_ok());
     }
 
+    /// The verbatim fast path for plain decimals must agree with parse + ES6 format.
+    #[test]
+    fn fixed_fast_path_agrees_with_formatter() {
+        let ints = [
+            "0",
+            "-0",
+            "1",
+            "-7",
+            "12",
+            "999999999999999",
+            "123456789012345",
+            "100",
+        ];
+        let fracs = [
+            "",
+            ".0",
+            ".000",
+            ".5",
+            ".50",
+            ".000001",
+            ".0000001",
+            ".00000123",
+            ".1234567890123",
+            ".12345678901234567",
+            ".000010",
+            ".999999999999999",
+            ".100000000000000",
+        ];
+        let strict = CanonOptions {
+            numbers: NumberMode::RejectPrecisionLoss,
+            ..CanonOptions::default()
+        };
+        for i in ints {
+            for f in fracs {
+                let lit = format!("{i}{f}");
+                let v: f64 = lit.parse().expect("number");
+                let want = format_number(v).expect("finite");
+                assert_eq!(canon(&lit), want, "{lit}");
+                let exact = number::literal_is_exact(lit.as_bytes(), &want);
+                assert_eq!(
+                    canonicalize_with(lit.as_bytes(), &strict).is_ok(),
+                    exact,
+                    "{lit}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn exclusions() {
         let ex = Exclusions::new(["/ts", "/items/0", "/items/1/trace"]).expect("valid");

@@ -15,8 +15,9 @@ pub(crate) enum Tag {
     Null,
     True,
     False,
-    /// Integer literal of at most 15 digits: exact, emitted as written (`-0` as `0`).
-    /// `a` = start, `b` = length in the input.
+    /// A number whose canonical form is `input[a..a + b]` (a prefix of its literal; `-0` is
+    /// written `0`): integers of at most 15 digits, and plain decimals of at most 15 significant
+    /// digits at or above 1e-6, which are exact and print as themselves minus trailing zeros.
     Int,
     /// Other number. `a` = start, `b` = length, `c` = index into `nums`.
     Float,
@@ -74,14 +75,17 @@ impl Tape<'_> {
         }
     }
 
+    /// Node `i`; indices come from the parser itself, so they are always in range.
     #[inline]
     pub(crate) fn node(&self, i: u32) -> Node {
-        self.nodes.get(i as usize).copied().unwrap_or(Node {
-            tag: Tag::Null,
-            a: 0,
-            b: 0,
-            c: 0,
-        })
+        self.nodes[i as usize]
+    }
+
+    /// A borrowed string with its quotes, exactly as in the input (and as in the output).
+    #[inline]
+    pub(crate) fn quoted(&self, n: Node) -> &[u8] {
+        let (a, b) = (n.a as usize, n.b as usize);
+        &self.input[a - 1..a + b + 1]
     }
 }
 
@@ -104,6 +108,36 @@ pub(crate) fn cmp_utf16(a: &[u8], b: &[u8]) -> Ordering {
                 x.cmp(&y)
             }
         }
+    }
+}
+
+/// The first 8 bytes of a key, big-endian, zero-padded: compares like the bytes themselves.
+#[inline]
+fn key_prefix(key: &[u8]) -> u64 {
+    if let Some(head) = key.first_chunk::<8>() {
+        return u64::from_be_bytes(*head);
+    }
+    let mut v = 0u64;
+    for (i, &b) in key.iter().enumerate() {
+        v |= u64::from(b) << (56 - 8 * i);
+    }
+    v
+}
+
+/// Order two key prefixes by UTF-16 code units; `Equal` means "decide on the full keys".
+#[inline]
+fn cmp_prefixed(a: u64, b: u64) -> Ordering {
+    if a == b {
+        return Ordering::Equal;
+    }
+    let shift = (a ^ b).leading_zeros() & !7;
+    let (x, y) = ((a << shift >> 56) as u8, (b << shift >> 56) as u8);
+    if x >= 0xF0 && (y == 0xEE || y == 0xEF) {
+        Ordering::Less
+    } else if y >= 0xF0 && (x == 0xEE || x == 0xEF) {
+        Ordering::Greater
+    } else {
+        x.cmp(&y)
     }
 }
 
@@ -160,6 +194,42 @@ fn scan_string(input: &[u8], mut i: usize) -> (usize, bool) {
     (i, hb)
 }
 
+/// The canonical length of a number literal without exponent that is certainly exact and prints
+/// in ES6 fixed notation as itself (trailing fractional zeros and a bare dot removed), or `None`.
+///
+/// Any decimal of at most 15 significant digits converts to a double whose shortest round-trip
+/// form has the same value (DBL_DIG = 15) as long as the double is normal, which holds at or above
+/// 1e-6; ES6 prints such a value in fixed notation, i.e. as the normalized literal.
+#[inline]
+fn exact_fixed(
+    input: &[u8],
+    start: usize,
+    int_start: usize,
+    int_end: usize,
+    frac_end: Option<usize>,
+) -> Option<usize> {
+    let int_digits = int_end - int_start;
+    let Some(fe) = frac_end else {
+        return (int_digits <= 15).then_some(int_end - start);
+    };
+    let frac = input.get(int_end + 1..fe)?;
+    let kept = frac.iter().rposition(|&d| d != b'0').map_or(0, |p| p + 1);
+    if kept == 0 {
+        // `x.000`: an integer.
+        return (int_digits <= 15).then_some(int_end - start);
+    }
+    let sig = if input.get(int_start) == Some(&b'0') {
+        let zeros = frac.iter().position(|&d| d != b'0').unwrap_or(0);
+        if zeros > 5 {
+            return None;
+        }
+        kept - zeros
+    } else {
+        int_digits + kept
+    };
+    (sig <= 15).then_some(int_end + 1 + kept - start)
+}
+
 #[inline]
 fn hex4(bytes: &[u8]) -> Option<u16> {
     let mut v: u16 = 0;
@@ -205,7 +275,8 @@ pub(crate) struct Parser<'a> {
     limits: Limits,
     tape: Tape<'a>,
     stack: Vec<Frame>,
-    pending: Vec<u32>,
+    /// Keys of the open objects: (8-byte big-endian prefix, key node).
+    pending: Vec<(u64, u32)>,
 }
 
 /// Parse and fully validate `input` into a tape.
@@ -227,7 +298,7 @@ pub(crate) fn parse<'a>(
     if input.starts_with(&[0xEF, 0xBB, 0xBF]) {
         return Err(CanonError::new(K::ByteOrderMark, 0, None));
     }
-    let est = input.len() / 8 + 4;
+    let est = input.len() / 5 + 4;
     let p = Parser {
         input,
         pos: 0,
@@ -447,7 +518,8 @@ impl<'a> Parser<'a> {
         }
         let (tag, a, len, c) = self.string()?;
         let key = self.push(tag, a, len, c);
-        self.pending.push(key);
+        let prefix = key_prefix(self.tape.str_bytes(self.tape.node(key)));
+        self.pending.push((prefix, key));
         let limit = self.limits.max_members;
         let Some(f) = self.stack.last_mut() else {
             return Err(self.err(K::UnexpectedEnd, self.pos));
@@ -484,11 +556,22 @@ impl<'a> Parser<'a> {
         let tape = &self.tape;
         let keys = &mut self.pending[start..];
         if keys.len() > 1 {
-            keys.sort_unstable_by(|&x, &y| {
-                cmp_utf16(tape.str_bytes(tape.node(x)), tape.str_bytes(tape.node(y)))
-            });
+            let cmp = |x: &(u64, u32), y: &(u64, u32)| {
+                cmp_prefixed(x.0, y.0).then_with(|| {
+                    cmp_utf16(
+                        tape.str_bytes(tape.node(x.1)),
+                        tape.str_bytes(tape.node(y.1)),
+                    )
+                })
+            };
+            if !keys.windows(2).all(|w| cmp(&w[0], &w[1]) == Ordering::Less) {
+                keys.sort_unstable_by(cmp);
+            }
             for w in keys.windows(2) {
-                let (x, y) = (tape.node(w[0]), tape.node(w[1]));
+                if w[0].0 != w[1].0 {
+                    continue;
+                }
+                let (x, y) = (tape.node(w[0].1), tape.node(w[1].1));
                 let kb = tape.str_bytes(y);
                 if tape.str_bytes(x) == kb {
                     let off = tape.str_offset(x).max(tape.str_offset(y));
@@ -500,7 +583,9 @@ impl<'a> Parser<'a> {
         }
         let mstart = self.tape.members.len() as u32;
         let count = (self.pending.len() - start) as u32;
-        self.tape.members.extend_from_slice(&self.pending[start..]);
+        self.tape
+            .members
+            .extend(self.pending[start..].iter().map(|&(_, k)| k));
         self.pending.truncate(start);
         let end = self.tape.nodes.len() as u32;
         if let Some(n) = self.tape.nodes.get_mut(node as usize) {
@@ -550,7 +635,7 @@ impl<'a> Parser<'a> {
             _ => return Err(self.err(K::InvalidNumber, start)),
         }
         let int_end = i;
-        let mut integer = true;
+        let mut frac_end = None;
         if input.get(i) == Some(&b'.') {
             i += 1;
             if !digit(i) {
@@ -559,8 +644,9 @@ impl<'a> Parser<'a> {
             while digit(i) {
                 i += 1;
             }
-            integer = false;
+            frac_end = Some(i);
         }
+        let mut has_exp = false;
         if matches!(input.get(i), Some(b'e' | b'E')) {
             i += 1;
             if matches!(input.get(i), Some(b'+' | b'-')) {
@@ -572,14 +658,16 @@ impl<'a> Parser<'a> {
             while digit(i) {
                 i += 1;
             }
-            integer = false;
+            has_exp = true;
         }
         self.pos = i;
         let len = (i - start) as u32;
-        let digits = int_end - start - usize::from(input[start] == b'-');
-        if integer && digits <= 15 {
-            self.push(Tag::Int, start as u32, len, 0);
-            return Ok(());
+        let int_start = start + usize::from(input[start] == b'-');
+        if !has_exp {
+            if let Some(verbatim) = exact_fixed(input, start, int_start, int_end, frac_end) {
+                self.push(Tag::Int, start as u32, verbatim as u32, 0);
+                return Ok(());
+            }
         }
         let value = std::str::from_utf8(&input[start..i])
             .ok()
