@@ -9,6 +9,7 @@
 mod api;
 mod convert;
 mod errors;
+mod flow;
 
 use pyo3::prelude::*;
 
@@ -24,6 +25,12 @@ fn _idempo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(api::key_header_value, m)?)?;
     m.add_function(wrap_pyfunction!(api::scope_id, m)?)?;
     m.add_function(wrap_pyfunction!(api::parse_retry_after, m)?)?;
+    m.add_function(wrap_pyfunction!(flow::admit_key, m)?)?;
+    m.add_function(wrap_pyfunction!(flow::body_problem, m)?)?;
+    m.add_function(wrap_pyfunction!(flow::unavailable_problem, m)?)?;
+    m.add_class::<flow::Config>()?;
+    m.add_class::<flow::ServerFlow>()?;
+    m.add_class::<flow::Action>()?;
     m.add_class::<api::Fingerprinter>()?;
     m.add_class::<api::RetryPolicy>()?;
     m.add_class::<api::RetryAdvice>()?;

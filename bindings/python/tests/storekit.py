@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator, Callable, Optional
 
 SYNC_KINDS = ["memory", "sqlite", "postgres", "redis", "cached"]
 ASYNC_KINDS = ["async-memory", "async-sqlite", "async-postgres", "async-redis", "async-cached"]
@@ -48,7 +48,9 @@ def _truncate_pg(dsn: str) -> None:
 
 
 @asynccontextmanager
-async def open_store(kind: str, tmp_path: Path, services: Optional[Any]) -> AsyncIterator[Any]:
+async def open_store(
+    kind: str, tmp_path: Path, services: Optional[Any], clock: Optional[Callable[[], int]] = None
+) -> AsyncIterator[Any]:
     """Yields (an awaitable store) of the given kind, fresh and empty."""
     from idempo import stores
 
@@ -57,56 +59,56 @@ async def open_store(kind: str, tmp_path: Path, services: Optional[Any]) -> Asyn
         _truncate_pg(services.pg_dsn)
         _flush_redis(services.redis_url)
     if kind == "memory":
-        yield SyncAsAsync(stores.MemoryStore())
+        yield SyncAsAsync(stores.MemoryStore(clock=clock))
     elif kind == "sqlite":
-        s = stores.SQLiteStore(tmp_path / "idempo.sqlite3")
+        s = stores.SQLiteStore(tmp_path / "idempo.sqlite3", clock=clock)
         try:
             yield SyncAsAsync(s)
         finally:
             s.close()
     elif kind == "postgres":
-        s = stores.PostgresStore(services.pg_dsn)
+        s = stores.PostgresStore(services.pg_dsn, clock=clock)
         try:
             yield SyncAsAsync(s)
         finally:
             s.close()
     elif kind == "redis":
-        s = stores.RedisStore(services.redis_url)
+        s = stores.RedisStore(services.redis_url, clock=clock)
         try:
             yield SyncAsAsync(s)
         finally:
             s.close()
     elif kind == "cached":
-        pg = stores.PostgresStore(services.pg_dsn)
-        s = stores.CachedStore(services.redis_url, pg)
+        pg = stores.PostgresStore(services.pg_dsn, clock=clock)
+        s = stores.CachedStore(services.redis_url, pg, clock=clock)
         try:
             yield SyncAsAsync(s)
         finally:
             s.redis.close()
             pg.close()
     elif kind == "async-memory":
-        yield stores.AsyncMemoryStore()
+        yield stores.AsyncMemoryStore(clock=clock)
     elif kind == "async-sqlite":
-        a = stores.AsyncSQLiteStore(tmp_path / "idempo-async.sqlite3")
+        a = stores.AsyncSQLiteStore(tmp_path / "idempo-async.sqlite3", clock=clock)
         try:
             yield a
         finally:
             a.close()
     elif kind == "async-postgres":
-        a = stores.AsyncPostgresStore(services.pg_dsn)
+        a = stores.AsyncPostgresStore(services.pg_dsn, clock=clock)
         try:
             yield a
         finally:
             await a.close()
     elif kind == "async-redis":
-        a = stores.AsyncRedisStore(services.redis_url)
+        a = stores.AsyncRedisStore(services.redis_url, clock=clock)
         try:
             yield a
         finally:
             await a.close()
     elif kind == "async-cached":
-        apg = stores.AsyncPostgresStore(services.pg_dsn)
-        a = stores.AsyncCachedStore(services.redis_url, apg)
+        apg = stores.AsyncPostgresStore(services.pg_dsn, clock=clock)
+        a = stores.AsyncCachedStore(services.redis_url, apg, clock=clock)
         try:
             yield a
         finally:

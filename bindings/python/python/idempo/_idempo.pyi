@@ -4,7 +4,9 @@ from collections.abc import Iterable, Mapping
 from typing import Literal, final
 
 __all__ = [
+    "Action",
     "CanonicalizationError",
+    "Config",
     "FingerprintError",
     "Fingerprinter",
     "IdempotencyError",
@@ -19,7 +21,10 @@ __all__ = [
     "RequestTooLarge",
     "RetryAdvice",
     "RetryPolicy",
+    "ServerFlow",
     "StoreUnavailable",
+    "admit_key",
+    "body_problem",
     "canonicalize",
     "fingerprint",
     "generate_key",
@@ -28,6 +33,7 @@ __all__ = [
     "parse_key_details",
     "parse_retry_after",
     "scope_id",
+    "unavailable_problem",
 ]
 
 _Bytes = bytes | bytearray | str
@@ -150,3 +156,104 @@ class RetryPolicy:
         jitter: float,
         retry_after_ms: int | None = None,
     ) -> RetryAdvice: ...
+
+@final
+class Config:
+    def __new__(
+        cls,
+        *,
+        lease_ms: int = 30000,
+        heartbeat: bool = True,
+        heartbeat_ms: int | None = None,
+        takeover: Literal["outcome_unknown", "rerun"] = "outcome_unknown",
+        ttl_ms: int = 86400000,
+        key_required: bool = True,
+        transient_statuses: list[int] | None = None,
+        store_server_errors: bool = False,
+        max_body_bytes: int = 1048576,
+        replay_headers: Iterable[str] | None = None,
+        redact: bool = False,
+        in_flight_retry_after_ms: int = 1000,
+        unavailable_retry_after_ms: int = 1000,
+        max_store_rounds: int = 3,
+    ) -> Config: ...
+    @property
+    def lease_ms(self) -> int: ...
+    @property
+    def heartbeat_ms(self) -> int | None: ...
+    @property
+    def ttl_ms(self) -> int: ...
+    @property
+    def key_required(self) -> bool: ...
+    @property
+    def takeover(self) -> str: ...
+    @property
+    def replay_headers(self) -> list[str]: ...
+    @property
+    def max_body_bytes(self) -> int: ...
+    @property
+    def redact(self) -> bool: ...
+
+@final
+class Action:
+    @property
+    def kind(self) -> str: ...
+    @property
+    def op(self) -> str | None: ...
+    @property
+    def args(self) -> tuple[object, ...]: ...
+    @property
+    def status(self) -> int | None: ...
+    @property
+    def headers(self) -> list[tuple[str, str]]: ...
+    @property
+    def body(self) -> bytes | None: ...
+    @property
+    def outcome(self) -> str | None: ...
+    @property
+    def handler_ran(self) -> bool: ...
+    @property
+    def token(self) -> bytes | None: ...
+    @property
+    def generation(self) -> int | None: ...
+    @property
+    def downstream_key(self) -> str | None: ...
+    @property
+    def heartbeat_ms(self) -> int | None: ...
+
+@final
+class ServerFlow:
+    @staticmethod
+    def start(
+        scope: bytes, fingerprint: str, config: Config, entropy: bytes
+    ) -> tuple[ServerFlow, Action]: ...
+    def store_result(self, result: object) -> Action: ...
+    def store_failed(self) -> Action: ...
+    def handler_finished(
+        self,
+        status: int,
+        headers: _Headers,
+        body: _Bytes,
+        body_to_store: _Bytes | None = None,
+    ) -> Action: ...
+    def handler_failed(self, maybe_side_effect: bool = True) -> Action: ...
+    def heartbeat_due(self) -> Action: ...
+    @property
+    def token(self) -> bytes: ...
+    @property
+    def generation(self) -> int | None: ...
+    @property
+    def finished(self) -> bool: ...
+    @property
+    def corrupt_record(self) -> str | None: ...
+
+def admit_key(
+    value: _Bytes | None,
+    config: Config,
+    *,
+    strict: bool = False,
+    min_len: int = 8,
+    max_len: int = 128,
+) -> tuple[str | None, Action | None]: ...
+def body_problem(code: str) -> Action: ...
+def unavailable_problem(config: Config) -> Action: ...

@@ -4,10 +4,11 @@
 ``PostgresStore`` needs psycopg 3 and ``RedisStore``/``CachedStore`` need redis-py, imported on
 first use. Every store has an asyncio twin (``Async...``).
 
-Cleanup: call ``store.purge_expired(batch=1000)`` periodically (cron, a scheduler, or a background
-task); it deletes expired records in short batches and returns :class:`PurgeCounts` per state::
+Cleanup: ``store.purge_expired(batch=1000)`` deletes up to one batch of expired records (earliest
+expiry first) and returns :class:`PurgeCounts` per state; :func:`purge_all` repeats it until a batch
+comes back short. Run it periodically (cron, a scheduler, or a background task)::
 
-    counts = store.purge_expired(batch=1000)
+    counts = purge_all(store, batch=1000)
     log.info("idempo purge: %d records (%d completed)", counts.total, counts.completed)
 """
 
@@ -27,6 +28,8 @@ from idempo.stores._base import (
     PurgeCounts,
     Store,
     StoredRecord,
+    purge_all,
+    purge_all_async,
 )
 from idempo.stores.memory import AsyncMemoryStore, MemoryStore
 from idempo.stores.sqlite import AsyncSQLiteStore, SQLiteStore
@@ -74,4 +77,6 @@ __all__ = [
     "SQLiteStore",
     "Store",
     "StoredRecord",
+    "purge_all",
+    "purge_all_async",
 ]

@@ -139,6 +139,37 @@ class AsyncStore(Protocol):
     async def purge_expired(self, batch: int = 1000) -> PurgeCounts: ...
 
 
+def purge_all(store: Store, batch: int = 1000, max_batches: Optional[int] = None) -> PurgeCounts:
+    """Calls ``store.purge_expired(batch)`` until a batch comes back short (or ``max_batches``).
+
+    Each batch is its own short transaction; run this from a periodic job.
+    """
+    total = PurgeCounts()
+    done = 0
+    while max_batches is None or done < max_batches:
+        counts = store.purge_expired(batch)
+        total = total + counts
+        done += 1
+        if counts.total < batch:
+            break
+    return total
+
+
+async def purge_all_async(
+    store: AsyncStore, batch: int = 1000, max_batches: Optional[int] = None
+) -> PurgeCounts:
+    """Async form of :func:`purge_all`."""
+    total = PurgeCounts()
+    done = 0
+    while max_batches is None or done < max_batches:
+        counts = await store.purge_expired(batch)
+        total = total + counts
+        done += 1
+        if counts.total < batch:
+            break
+    return total
+
+
 def check_key(scope_key: bytes) -> bytes:
     """Validates a scope key (32 bytes, a core ScopeId)."""
     if not isinstance(scope_key, (bytes, bytearray)) or len(scope_key) != SCOPE_KEY_LEN:

@@ -6,7 +6,8 @@ never a replay. The cache entry lives ``min(cache_ttl_ms, expires_at - now)`` wi
 PostgreSQL, so it never outlives the record (a longer one would replay a dead generation after a
 new one was claimed). The cache is filled after the completion committed, and on reads that find
 a completed record; a miss or any Redis error falls through to PostgreSQL and never fails the
-request (``on_cache_error`` sees the error).
+request (``on_cache_error`` sees the error). ``clock`` replaces Redis ``TIME`` for cache reads
+(conformance tests only; give the PostgreSQL store the same clock).
 """
 
 from __future__ import annotations
@@ -32,10 +33,15 @@ except ImportError as exc:  # pragma: no cover - import guard for the optional d
 
 DEFAULT_CACHE_PREFIX = b"idempo:c:"
 
-# KEYS[1]; returns {now, HGETALL}
+# KEYS[1]; ARGV[1] clock override ('' = Redis TIME); returns {now, HGETALL}
 LUA_CACHE_GET = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now
+if ARGV[1] ~= '' then
+  now = tonumber(ARGV[1])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 return {now, redis.call('HGETALL', KEYS[1])}
 """
 
@@ -78,6 +84,7 @@ class CachedStore:
         cache_ttl_ms: int = 3_600_000,
         prefix: bytes = DEFAULT_CACHE_PREFIX,
         on_cache_error: ErrorHook = _ignore,
+        clock: Optional[Callable[[], int]] = None,
     ) -> None:
         if isinstance(redis_url_or_client, str):
             self.redis = redis.Redis.from_url(redis_url_or_client)
@@ -89,21 +96,25 @@ class CachedStore:
         self.on_cache_error = on_cache_error
         self._get_script = self.redis.register_script(LUA_CACHE_GET)
         self._put_script = self.redis.register_script(LUA_CACHE_PUT)
+        self._clock = clock
         self.hits = 0
         self.misses = 0
 
     def _cached(self, scope_key: bytes) -> Optional[Tuple[StoredRecord, int]]:
         try:
-            reply = self._get_script(keys=[self.prefix + scope_key])
+            override = "" if self._clock is None else str(self._clock())
+            reply = self._get_script(keys=[self.prefix + scope_key], args=[override])
             record = record_from_hash(scope_key, reply[1])
         except (redis.RedisError, KeyError, ValueError) as exc:
             self.on_cache_error(exc)
             return None
-        if record is None or record.state != COMPLETED:
+        now = int(reply[0])
+        # Never answer from the cache past the record's expiry, whatever the two clocks say.
+        if record is None or record.state != COMPLETED or record.expires_at <= now:
             self.misses += 1
             return None
         self.hits += 1
-        return record, int(reply[0])
+        return record, now
 
     def _fill(self, record: StoredRecord, now_ms: int) -> None:
         px = min(self.cache_ttl_ms, record.expires_at - now_ms)
@@ -192,6 +203,7 @@ class AsyncCachedStore:
         cache_ttl_ms: int = 3_600_000,
         prefix: bytes = DEFAULT_CACHE_PREFIX,
         on_cache_error: ErrorHook = _ignore,
+        clock: Optional[Callable[[], int]] = None,
     ) -> None:
         if isinstance(redis_url_or_client, str):
             self.redis = redis.asyncio.Redis.from_url(redis_url_or_client)
@@ -203,21 +215,25 @@ class AsyncCachedStore:
         self.on_cache_error = on_cache_error
         self._get_script = self.redis.register_script(LUA_CACHE_GET)
         self._put_script = self.redis.register_script(LUA_CACHE_PUT)
+        self._clock = clock
         self.hits = 0
         self.misses = 0
 
     async def _cached(self, scope_key: bytes) -> Optional[Tuple[StoredRecord, int]]:
         try:
-            reply = await self._get_script(keys=[self.prefix + scope_key])
+            override = "" if self._clock is None else str(self._clock())
+            reply = await self._get_script(keys=[self.prefix + scope_key], args=[override])
             record = record_from_hash(scope_key, reply[1])
         except (redis.RedisError, KeyError, ValueError) as exc:
             self.on_cache_error(exc)
             return None
-        if record is None or record.state != COMPLETED:
+        now = int(reply[0])
+        # Never answer from the cache past the record's expiry, whatever the two clocks say.
+        if record is None or record.state != COMPLETED or record.expires_at <= now:
             self.misses += 1
             return None
         self.hits += 1
-        return record, int(reply[0])
+        return record, now
 
     async def _fill(self, record: StoredRecord, now_ms: int) -> None:
         px = min(self.cache_ttl_ms, record.expires_at - now_ms)

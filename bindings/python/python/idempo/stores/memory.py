@@ -269,23 +269,19 @@ class MemoryStore:
             return True
 
     def purge_expired(self, batch: int = 1000) -> PurgeCounts:
-        """Primitive 8: delete expired records, ``batch`` at a time under the lock, per state."""
+        """Primitive 8: delete up to ``batch`` expired records (earliest expiry first), per state."""
         check_batch(batch)
-        total = PurgeCounts()
-        while True:
-            states: List[int] = []
-            with self._lock:
-                self._check_process()
-                now = self._clock()
-                while self._heap and len(states) < batch and self._heap[0][0] <= now:
-                    expires_at, _seq, key = heapq.heappop(self._heap)
-                    record = self._records.get(key)
-                    if record is None or record.expires_at != expires_at:
-                        continue
-                    states.append(self._delete(key).state)
-            total = total + PurgeCounts.from_states(states)
-            if len(states) < batch:
-                return total
+        states: List[int] = []
+        with self._lock:
+            self._check_process()
+            now = self._clock()
+            while self._heap and len(states) < batch and self._heap[0][0] <= now:
+                expires_at, _seq, key = heapq.heappop(self._heap)
+                record = self._records.get(key)
+                if record is None or record.expires_at != expires_at:
+                    continue
+                states.append(self._delete(key).state)
+        return PurgeCounts.from_states(states)
 
 
 class AsyncMemoryStore:

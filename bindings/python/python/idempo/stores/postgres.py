@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, AsyncIterator, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, AsyncIterator, Callable, Iterator, List, Optional, Sequence, Tuple
 
 from idempo._idempo import StoreUnavailable
 from idempo.stores._base import (
@@ -128,6 +128,18 @@ RETURNING state
 _errors = (psycopg.Error,)
 
 
+class _Sql:
+    """Binds the statements to the database clock, or to a test clock given as a parameter."""
+
+    def __init__(self, clock: Optional[Callable[[], int]]) -> None:
+        self.clock = clock
+
+    def bind(self, sql: str, params: dict[str, Any]) -> Tuple[str, dict[str, Any]]:
+        if self.clock is None:
+            return sql, params
+        return sql.replace(NOW, "%(now)s::bigint"), {**params, "now": int(self.clock())}
+
+
 def record_from_row(row: Sequence[Any]) -> StoredRecord:
     """A :class:`StoredRecord` from the 8 contract columns in order."""
     return StoredRecord(
@@ -177,7 +189,15 @@ class CompletedRow:
 class PostgresStore:
     """The storage contract on PostgreSQL (psycopg 3, sync)."""
 
-    def __init__(self, conninfo_or_pool: Any, *, connect_timeout: int = 5) -> None:
+    def __init__(
+        self,
+        conninfo_or_pool: Any,
+        *,
+        connect_timeout: int = 5,
+        clock: Optional[Callable[[], int]] = None,
+    ) -> None:
+        """``clock`` replaces the database clock (conformance tests only)."""
+        self._sql = _Sql(clock)
         self._dsn: Optional[str] = None
         self._pool: Any = None
         self._single: Optional[psycopg.Connection[Any]] = None
@@ -223,6 +243,7 @@ class PostgresStore:
             raise
 
     def _one(self, sql: str, params: dict[str, Any]) -> Optional[Tuple[Any, ...]]:
+        sql, params = self._sql.bind(sql, params)
         with self._conn() as conn:
             cur = conn.execute(sql, params, prepare=True)
             row = cur.fetchone()
@@ -231,6 +252,7 @@ class PostgresStore:
             return row
 
     def _all_rows(self, sql: str, params: dict[str, Any]) -> List[Tuple[Any, ...]]:
+        sql, params = self._sql.bind(sql, params)
         with self._conn() as conn:
             cur = conn.execute(sql, params, prepare=True)
             rows = cur.fetchall()
@@ -285,8 +307,7 @@ class PostgresStore:
         self, scope_key: bytes, seen_token: bytes, new_token: bytes, lease_ms: int
     ) -> Optional[int]:
         """Primitive 3: take over an expired lease with a new token."""
-        row = self._one(
-            SQL_TAKEOVER,
+        row = self._one(SQL_TAKEOVER,
             {
                 "key": check_key(scope_key),
                 "seen": check_token(seen_token),
@@ -299,8 +320,7 @@ class PostgresStore:
     @fail_closed(_errors, "PostgreSQL mark_unknown failed")
     def mark_unknown(self, scope_key: bytes, seen_token: bytes, ttl_ms: int) -> bool:
         """Primitive 4: an abandoned in-progress record becomes outcome-unknown."""
-        row = self._one(
-            SQL_MARK_UNKNOWN,
+        row = self._one(SQL_MARK_UNKNOWN,
             {
                 "key": check_key(scope_key),
                 "seen": check_token(seen_token),
@@ -314,8 +334,7 @@ class PostgresStore:
     ) -> Optional[CompletedRow]:
         """``complete`` that also returns what a cache needs (None when the token is stale)."""
         try:
-            row = self._one(
-                SQL_COMPLETE,
+            row = self._one(SQL_COMPLETE,
                 {
                     "key": check_key(scope_key),
                     "tok": check_token(token),
@@ -344,8 +363,7 @@ class PostgresStore:
     @fail_closed(_errors, "PostgreSQL renew failed")
     def renew(self, scope_key: bytes, token: bytes, lease_ms: int) -> bool:
         """Primitive 7: extend the caller's lease (heartbeat)."""
-        row = self._one(
-            SQL_RENEW,
+        row = self._one(SQL_RENEW,
             {
                 "key": check_key(scope_key),
                 "tok": check_token(token),
@@ -356,14 +374,10 @@ class PostgresStore:
 
     @fail_closed(_errors, "PostgreSQL purge_expired failed")
     def purge_expired(self, batch: int = 1000) -> PurgeCounts:
-        """Primitive 8: batched deletes of expired rows (``SKIP LOCKED``), counted per state."""
+        """Primitive 8: delete up to ``batch`` expired rows, earliest first (``SKIP LOCKED``)."""
         check_batch(batch)
-        total = PurgeCounts()
-        while True:
-            rows = self._all_rows(SQL_PURGE, {"batch": batch})
-            total = total + PurgeCounts.from_states([int(r[0]) for r in rows])
-            if len(rows) < batch:
-                return total
+        rows = self._all_rows(SQL_PURGE, {"batch": batch})
+        return PurgeCounts.from_states([int(r[0]) for r in rows])
 
 
 class AsyncPostgresStore:
@@ -373,7 +387,15 @@ class AsyncPostgresStore:
     ``AsyncConnection``, or a ``psycopg_pool.AsyncConnectionPool``.
     """
 
-    def __init__(self, conninfo_or_pool: Any, *, connect_timeout: int = 5) -> None:
+    def __init__(
+        self,
+        conninfo_or_pool: Any,
+        *,
+        connect_timeout: int = 5,
+        clock: Optional[Callable[[], int]] = None,
+    ) -> None:
+        """``clock`` replaces the database clock (conformance tests only)."""
+        self._sql = _Sql(clock)
         self._dsn: Optional[str] = None
         self._pool: Any = None
         self._single: Optional[psycopg.AsyncConnection[Any]] = None
@@ -417,6 +439,7 @@ class AsyncPostgresStore:
                 raise
 
     async def _one(self, sql: str, params: dict[str, Any]) -> Optional[Tuple[Any, ...]]:
+        sql, params = self._sql.bind(sql, params)
         async with self._conn() as conn:
             cur = await conn.execute(sql, params, prepare=True)
             row = await cur.fetchone()
@@ -425,6 +448,7 @@ class AsyncPostgresStore:
             return row
 
     async def _all_rows(self, sql: str, params: dict[str, Any]) -> List[Tuple[Any, ...]]:
+        sql, params = self._sql.bind(sql, params)
         async with self._conn() as conn:
             cur = await conn.execute(sql, params, prepare=True)
             rows = await cur.fetchall()
@@ -477,8 +501,7 @@ class AsyncPostgresStore:
         self, scope_key: bytes, seen_token: bytes, new_token: bytes, lease_ms: int
     ) -> Optional[int]:
         """Primitive 3: take over an expired lease with a new token."""
-        row = await self._one(
-            SQL_TAKEOVER,
+        row = await self._one(SQL_TAKEOVER,
             {
                 "key": check_key(scope_key),
                 "seen": check_token(seen_token),
@@ -491,8 +514,7 @@ class AsyncPostgresStore:
     @fail_closed_async(_errors, "PostgreSQL mark_unknown failed")
     async def mark_unknown(self, scope_key: bytes, seen_token: bytes, ttl_ms: int) -> bool:
         """Primitive 4: an abandoned in-progress record becomes outcome-unknown."""
-        row = await self._one(
-            SQL_MARK_UNKNOWN,
+        row = await self._one(SQL_MARK_UNKNOWN,
             {
                 "key": check_key(scope_key),
                 "seen": check_token(seen_token),
@@ -506,8 +528,7 @@ class AsyncPostgresStore:
         self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int
     ) -> Optional[CompletedRow]:
         """``complete`` that also returns what a cache needs (None when the token is stale)."""
-        row = await self._one(
-            SQL_COMPLETE,
+        row = await self._one(SQL_COMPLETE,
             {
                 "key": check_key(scope_key),
                 "tok": check_token(token),
@@ -528,16 +549,14 @@ class AsyncPostgresStore:
     @fail_closed_async(_errors, "PostgreSQL release failed")
     async def release(self, scope_key: bytes, token: bytes) -> bool:
         """Primitive 6: delete the caller's own in-progress record."""
-        row = await self._one(
-            SQL_RELEASE, {"key": check_key(scope_key), "tok": check_token(token)}
+        row = await self._one(SQL_RELEASE, {"key": check_key(scope_key), "tok": check_token(token)}
         )
         return row is not None
 
     @fail_closed_async(_errors, "PostgreSQL renew failed")
     async def renew(self, scope_key: bytes, token: bytes, lease_ms: int) -> bool:
         """Primitive 7: extend the caller's lease (heartbeat)."""
-        row = await self._one(
-            SQL_RENEW,
+        row = await self._one(SQL_RENEW,
             {
                 "key": check_key(scope_key),
                 "tok": check_token(token),
@@ -548,11 +567,7 @@ class AsyncPostgresStore:
 
     @fail_closed_async(_errors, "PostgreSQL purge_expired failed")
     async def purge_expired(self, batch: int = 1000) -> PurgeCounts:
-        """Primitive 8: batched deletes of expired rows (``SKIP LOCKED``), counted per state."""
+        """Primitive 8: delete up to ``batch`` expired rows, earliest first (``SKIP LOCKED``)."""
         check_batch(batch)
-        total = PurgeCounts()
-        while True:
-            rows = await self._all_rows(SQL_PURGE, {"batch": batch})
-            total = total + PurgeCounts.from_states([int(r[0]) for r in rows])
-            if len(rows) < batch:
-                return total
+        rows = await self._all_rows(SQL_PURGE, {"batch": batch})
+        return PurgeCounts.from_states([int(r[0]) for r in rows])

@@ -10,13 +10,13 @@ one key each (Cluster-safe) and run by ``EVALSHA`` with an ``EVAL`` fallback on 
 Redis must run with ``maxmemory-policy noeviction`` (``volatile-*`` policies evict exactly these
 keys): the store checks ``CONFIG GET`` on first use and refuses otherwise, unless
 ``allow_eviction=True``; where ``CONFIG`` is disabled, pass ``assume_noeviction=True`` after
-checking it yourself. Redis alone (asynchronous replication, ``appendfsync everysec``) is not the
+checking it yourself. ``clock`` replaces Redis ``TIME`` (conformance tests only). Redis alone (asynchronous replication, ``appendfsync everysec``) is not the
 authority for money; use PostgreSQL there, with :class:`~idempo.stores.CachedStore` for hot replays.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from idempo._idempo import InvalidArgument
 from idempo.stores._base import (
@@ -44,9 +44,15 @@ except ImportError as exc:  # pragma: no cover - import guard for the optional d
 
 DEFAULT_PREFIX = b"idempo:r:"
 
+# The last ARGV of every script is a clock override for conformance tests ('' = Redis TIME).
 _NOW = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now
+if ARGV[#ARGV] ~= '' then
+  now = tonumber(ARGV[#ARGV])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 """
 
 # KEYS[1] record; ARGV fp, token, lease_ms, ttl_ms, grace_ms
@@ -218,6 +224,7 @@ class RedisStore:
         grace_ms: int = 60_000,
         allow_eviction: bool = False,
         assume_noeviction: bool = False,
+        clock: Optional[Callable[[], int]] = None,
     ) -> None:
         if isinstance(url_or_client, str):
             self.client = redis.Redis.from_url(url_or_client)
@@ -229,6 +236,7 @@ class RedisStore:
         self.prefix = bytes(prefix)
         self.grace_ms = check_ms("grace_ms", grace_ms)
         self._policy = _PolicyCheck(allow_eviction, assume_noeviction)
+        self._clock = clock
         self._scripts = {name: self.client.register_script(src) for name, src in _SCRIPTS.items()}
 
     def _key(self, scope_key: bytes) -> bytes:
@@ -237,7 +245,8 @@ class RedisStore:
     def _run(self, name: str, key: bytes, *args: Any) -> Any:
         if not self._policy.done:
             self._policy.verify(self.client.config_get("maxmemory-policy"))
-        return self._scripts[name](keys=[key], args=list(args))
+        override = "" if self._clock is None else str(self._clock())
+        return self._scripts[name](keys=[key], args=[*args, override])
 
     def close(self) -> None:
         """Closes the client if this store created it."""
@@ -330,30 +339,27 @@ class RedisStore:
 
     @fail_closed(_errors, "Redis purge_expired failed")
     def purge_expired(self, batch: int = 1000) -> PurgeCounts:
-        """Primitive 8: ``SCAN`` the prefix in batches and delete expired records, per state.
+        """Primitive 8: delete up to ``batch`` expired records, earliest expiry first.
 
-        Redis also drops each key by itself ``grace_ms`` after its expiry, so this only
-        shortens how long expired records occupy memory and reports counts.
+        Redis keeps no expiry index, so this ``SCAN``s the prefix (O(records)); each deletion is
+        re-checked atomically by a script. Redis also drops each key by itself ``grace_ms``
+        after its expiry, so running this only frees memory sooner and reports counts.
         """
         check_batch(batch)
+        candidates: List[Tuple[int, bytes]] = []
+        for key in self.client.scan_iter(match=self.prefix + b"*", count=1000):
+            exp = self.client.hget(key, "exp")
+            if exp is not None:
+                candidates.append((int(exp), key))
+        candidates.sort()
         states: List[int] = []
-        for keys in _batched(self.client.scan_iter(match=self.prefix + b"*", count=batch), batch):
-            for key in keys:
-                state = int(self._run("purge_one", key))
-                if state:
-                    states.append(state)
+        for _exp, key in candidates:
+            if len(states) >= batch:
+                break
+            state = int(self._run("purge_one", key))
+            if state:
+                states.append(state)
         return PurgeCounts.from_states(states)
-
-
-def _batched(it: Any, n: int) -> Any:
-    chunk: List[bytes] = []
-    for item in it:
-        chunk.append(item)
-        if len(chunk) == n:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
 
 
 class AsyncRedisStore:
@@ -367,6 +373,7 @@ class AsyncRedisStore:
         grace_ms: int = 60_000,
         allow_eviction: bool = False,
         assume_noeviction: bool = False,
+        clock: Optional[Callable[[], int]] = None,
     ) -> None:
         if isinstance(url_or_client, str):
             self.client = redis.asyncio.Redis.from_url(url_or_client)
@@ -378,6 +385,7 @@ class AsyncRedisStore:
         self.prefix = bytes(prefix)
         self.grace_ms = check_ms("grace_ms", grace_ms)
         self._policy = _PolicyCheck(allow_eviction, assume_noeviction)
+        self._clock = clock
         self._scripts = {name: self.client.register_script(src) for name, src in _SCRIPTS.items()}
 
     def _key(self, scope_key: bytes) -> bytes:
@@ -386,7 +394,8 @@ class AsyncRedisStore:
     async def _run(self, name: str, key: bytes, *args: Any) -> Any:
         if not self._policy.done:
             self._policy.verify(await self.client.config_get("maxmemory-policy"))
-        return await self._scripts[name](keys=[key], args=list(args))
+        override = "" if self._clock is None else str(self._clock())
+        return await self._scripts[name](keys=[key], args=[*args, override])
 
     async def close(self) -> None:
         """Closes the client if this store created it."""
@@ -481,10 +490,18 @@ class AsyncRedisStore:
 
     @fail_closed_async(_errors, "Redis purge_expired failed")
     async def purge_expired(self, batch: int = 1000) -> PurgeCounts:
-        """Primitive 8: ``SCAN`` the prefix and delete expired records, per state."""
+        """Primitive 8: delete up to ``batch`` expired records, earliest expiry first (SCAN)."""
         check_batch(batch)
+        candidates: List[Tuple[int, bytes]] = []
+        async for key in self.client.scan_iter(match=self.prefix + b"*", count=1000):
+            exp = await self.client.hget(key, "exp")
+            if exp is not None:
+                candidates.append((int(exp), key))
+        candidates.sort()
         states: List[int] = []
-        async for key in self.client.scan_iter(match=self.prefix + b"*", count=batch):
+        for _exp, key in candidates:
+            if len(states) >= batch:
+                break
             state = int(await self._run("purge_one", key))
             if state:
                 states.append(state)

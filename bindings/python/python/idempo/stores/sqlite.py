@@ -16,7 +16,7 @@ import os
 import sqlite3
 import threading
 from contextlib import contextmanager
-from typing import Iterator, List, Optional, Tuple, Union
+from typing import Callable, Iterator, List, Optional, Tuple, Union
 
 from idempo._idempo import InvalidArgument
 from idempo.stores._base import (
@@ -79,7 +79,9 @@ class SQLiteStore:
         *,
         busy_timeout_ms: int = 5000,
         create_schema: bool = True,
+        clock: Optional[Callable[[], int]] = None,
     ) -> None:
+        """``clock`` replaces the SQLite clock (conformance tests only)."""
         if sqlite3.sqlite_version_info < MIN_SQLITE:
             raise InvalidArgument(
                 f"SQLite {sqlite3.sqlite_version} is too old: idempo needs "
@@ -87,6 +89,7 @@ class SQLiteStore:
             )
         self.path = os.fspath(path)
         self._busy_timeout_ms = check_ms("busy_timeout_ms", busy_timeout_ms)
+        self._clock = clock
         self._local = threading.local()
         self._all: List[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
@@ -122,7 +125,10 @@ class SQLiteStore:
         conn = self._conn()
         conn.execute("BEGIN IMMEDIATE")
         try:
-            now = int(conn.execute(f"SELECT {_NOW}").fetchone()[0])
+            if self._clock is not None:
+                now = self._clock()
+            else:
+                now = int(conn.execute(f"SELECT {_NOW}").fetchone()[0])
             yield conn, now
         except BaseException:
             conn.execute("ROLLBACK")
@@ -179,8 +185,9 @@ class SQLiteStore:
         key = check_key(scope_key)
         conn = self._conn()
         # One statement, one snapshot: the row and the clock together.
+        now_sql = _NOW if self._clock is None else str(int(self._clock()))
         row = conn.execute(
-            f"SELECT {_NOW}, r.scope_key, r.fingerprint, r.state, r.token, r.generation, "
+            f"SELECT {now_sql}, r.scope_key, r.fingerprint, r.state, r.token, r.generation, "
             f"r.lease_until, r.expires_at, r.response FROM (SELECT 1) "
             f"LEFT JOIN {TABLE} r ON r.scope_key = ?",
             (key,),
@@ -271,22 +278,17 @@ class SQLiteStore:
 
     @fail_closed(_errors, "SQLite purge_expired failed")
     def purge_expired(self, batch: int = 1000) -> PurgeCounts:
-        """Primitive 8: delete expired records in batches (one ``BEGIN IMMEDIATE`` each)."""
+        """Primitive 8: delete up to ``batch`` expired records (earliest expiry first) in one
+        ``BEGIN IMMEDIATE``; counts per state."""
         check_batch(batch)
-        total = PurgeCounts()
-        while True:
-            with self._immediate() as (conn, now):
-                rows = conn.execute(
-                    f"SELECT scope_key, state FROM {TABLE} WHERE expires_at <= ? "
-                    f"ORDER BY expires_at LIMIT ?",
-                    (now, batch),
-                ).fetchall()
-                conn.executemany(
-                    f"DELETE FROM {TABLE} WHERE scope_key = ?", [(r[0],) for r in rows]
-                )
-            total = total + PurgeCounts.from_states([int(r[1]) for r in rows])
-            if len(rows) < batch:
-                return total
+        with self._immediate() as (conn, now):
+            rows = conn.execute(
+                f"SELECT scope_key, state FROM {TABLE} WHERE expires_at <= ? "
+                f"ORDER BY expires_at LIMIT ?",
+                (now, batch),
+            ).fetchall()
+            conn.executemany(f"DELETE FROM {TABLE} WHERE scope_key = ?", [(r[0],) for r in rows])
+        return PurgeCounts.from_states([int(r[1]) for r in rows])
 
 
 class AsyncSQLiteStore:

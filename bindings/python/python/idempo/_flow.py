@@ -1,0 +1,271 @@
+"""The host loop around core's sans-IO server flow, shared by the ASGI and WSGI integrations.
+
+Nothing here decides anything: the loop executes the store primitive each action names, runs the
+handler when told to (feeding heartbeats while it runs), and returns the response core chose.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, List, Optional, Tuple
+
+from idempo._idempo import Action, Config, ServerFlow
+
+log = logging.getLogger("idempo")
+
+Headers = List[Tuple[str, str]]
+
+
+@dataclass(frozen=True)
+class HandlerResult:
+    """What the application answered: status, headers, body (and the redacted body to store)."""
+
+    status: int
+    headers: Headers
+    body: bytes
+    body_to_store: Optional[bytes] = None
+
+
+@dataclass(frozen=True)
+class Execution:
+    """Passed to the handler: the claim it runs under."""
+
+    key: str
+    generation: int
+    downstream_key: str
+    """Idempotency key for downstream side effects; the same across takeovers of one generation."""
+
+
+@dataclass(frozen=True)
+class Response:
+    """The answer to send: status, headers (lowercase names), body, and how the request ended."""
+
+    status: int
+    headers: Headers
+    body: bytes
+    outcome: str
+    handler_ran: bool
+
+
+@dataclass
+class Hooks:
+    """Plain callbacks for metrics and logs; each receives the route template first.
+
+    ``on_outcome(route, outcome)``: every answered request (``"stored"``, ``"replayed"``,
+    ``"in_flight"``, ``"mismatch"``, ``"store_unavailable"``, ...).
+    ``on_lease_lost(route)``: a running handler lost its claim to a takeover.
+    ``on_store_error(route, exc)``: a store primitive raised (the request fails closed).
+    """
+
+    on_outcome: Optional[Callable[[str, str], None]] = None
+    on_lease_lost: Optional[Callable[[str], None]] = None
+    on_store_error: Optional[Callable[[str, BaseException], None]] = None
+
+    def outcome(self, route: str, outcome: str) -> None:
+        if self.on_outcome is not None:
+            self.on_outcome(route, outcome)
+
+    def lease_lost(self, route: str) -> None:
+        log.warning("idempo: lease lost on %s: another request took the key over", route)
+        if self.on_lease_lost is not None:
+            self.on_lease_lost(route)
+
+    def store_error(self, route: str, exc: BaseException) -> None:
+        log.error("idempo: store failed on %s: %s", route, exc)
+        if self.on_store_error is not None:
+            self.on_store_error(route, exc)
+
+
+def logging_hooks(logger: logging.Logger = log) -> Hooks:
+    """Hooks that log every outcome at INFO (an example of wiring metrics)."""
+    return Hooks(
+        on_outcome=lambda route, outcome: logger.info("idempo %s: %s", route, outcome),
+        on_lease_lost=lambda route: logger.warning("idempo %s: lease lost", route),
+        on_store_error=lambda route, exc: logger.error("idempo %s: store error: %s", route, exc),
+    )
+
+
+def response_of(action: Action) -> Response:
+    """A :class:`Response` from a ``"respond"`` action."""
+    assert action.kind == "respond" and action.status is not None and action.body is not None
+    return Response(
+        status=action.status,
+        headers=list(action.headers),
+        body=action.body,
+        outcome=action.outcome or "",
+        handler_ran=action.handler_ran,
+    )
+
+
+def is_async_store(store: Any) -> bool:
+    """True when the store's primitives are coroutine functions."""
+    return inspect.iscoroutinefunction(getattr(store, "claim", None))
+
+
+def _execute(store: Any, action: Action) -> Any:
+    return getattr(store, action.op or "")(*action.args)
+
+
+@dataclass
+class _Run:
+    flow: ServerFlow
+    route: str
+    hooks: Hooks
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _store_step(run: _Run, store: Any, action: Action) -> Action:
+    """Executes store actions until the flow asks for something else."""
+    while action.kind == "store":
+        try:
+            result = _execute(store, action)
+        except Exception as exc:  # noqa: BLE001 - any store failure fails closed
+            run.hooks.store_error(run.route, exc)
+            action = run.flow.store_failed()
+            continue
+        action = run.flow.store_result(result)
+        if run.flow.corrupt_record is not None and action.kind != "store":
+            log.error("idempo: corrupt record on %s: %s", run.route, run.flow.corrupt_record)
+    return action
+
+
+def run_sync(
+    *,
+    store: Any,
+    config: Config,
+    scope: bytes,
+    fingerprint: str,
+    key: str,
+    route: str,
+    handler: Callable[[Execution], HandlerResult],
+    hooks: Hooks,
+) -> Response:
+    """Drives one request through the flow with a synchronous store and handler.
+
+    The handler runs in the calling thread; heartbeats (lease renewals) run in a helper thread
+    while it does. A handler exception is re-raised after core decided what to record.
+    """
+    flow, action = ServerFlow.start(scope, fingerprint, config, os.urandom(16))
+    run = _Run(flow, route, hooks)
+    action = _store_step(run, store, action)
+    if action.kind == "run_handler":
+        assert action.generation is not None and action.downstream_key is not None
+        info = Execution(key, action.generation, action.downstream_key)
+        stop = threading.Event()
+        beat = None
+        if action.heartbeat_ms:
+            beat = threading.Thread(
+                target=_heartbeat_sync,
+                args=(run, store, action.heartbeat_ms / 1000, stop),
+                name="idempo-heartbeat",
+                daemon=True,
+            )
+            beat.start()
+        try:
+            result = handler(info)
+        except BaseException as exc:
+            stop.set()
+            if beat is not None:
+                beat.join()
+            with run.lock:
+                action = _store_step(run, store, flow.handler_failed(True))
+            hooks.outcome(route, action.outcome or "handler_failed")
+            assert action.kind == "propagate_error", action
+            raise exc
+        stop.set()
+        if beat is not None:
+            beat.join()
+        with run.lock:
+            action = flow.handler_finished(
+                result.status, result.headers, result.body, result.body_to_store
+            )
+            action = _store_step(run, store, action)
+    response = response_of(action)
+    hooks.outcome(route, response.outcome)
+    return response
+
+
+def _heartbeat_sync(run: _Run, store: Any, interval: float, stop: threading.Event) -> None:
+    while not stop.wait(interval):
+        with run.lock:
+            if stop.is_set():
+                return
+            action = _store_step(run, store, run.flow.heartbeat_due())
+        if action.kind == "lease_lost":
+            run.hooks.lease_lost(run.route)
+
+
+async def _store_step_async(run: _Run, store: Any, action: Action) -> Action:
+    sync = not is_async_store(store)
+    while action.kind == "store":
+        try:
+            if sync:
+                result = await asyncio.to_thread(_execute, store, action)
+            else:
+                result = await _execute(store, action)
+        except Exception as exc:  # noqa: BLE001 - any store failure fails closed
+            run.hooks.store_error(run.route, exc)
+            action = run.flow.store_failed()
+            continue
+        action = run.flow.store_result(result)
+    return action
+
+
+async def run_async(
+    *,
+    store: Any,
+    config: Config,
+    scope: bytes,
+    fingerprint: str,
+    key: str,
+    route: str,
+    handler: Callable[[Execution], Awaitable[HandlerResult]],
+    hooks: Hooks,
+) -> Response:
+    """Drives one request through the flow from asyncio (sync stores run in worker threads)."""
+    flow, action = ServerFlow.start(scope, fingerprint, config, os.urandom(16))
+    run = _Run(flow, route, hooks)
+    lock = asyncio.Lock()
+    action = await _store_step_async(run, store, action)
+    if action.kind == "run_handler":
+        assert action.generation is not None and action.downstream_key is not None
+        info = Execution(key, action.generation, action.downstream_key)
+        beat = None
+        if action.heartbeat_ms:
+            beat = asyncio.ensure_future(
+                _heartbeat_async(run, store, action.heartbeat_ms / 1000, lock)
+            )
+        try:
+            result = await handler(info)
+        except BaseException as exc:
+            async with lock:
+                # Cancelled only while sleeping or waiting for the lock: never mid-renewal.
+                if beat is not None:
+                    beat.cancel()
+                action = await _store_step_async(run, store, flow.handler_failed(True))
+            hooks.outcome(route, action.outcome or "handler_failed")
+            raise exc
+        async with lock:
+            if beat is not None:
+                beat.cancel()
+            action = flow.handler_finished(
+                result.status, result.headers, result.body, result.body_to_store
+            )
+            action = await _store_step_async(run, store, action)
+    response = response_of(action)
+    hooks.outcome(route, response.outcome)
+    return response
+
+
+async def _heartbeat_async(run: _Run, store: Any, interval: float, lock: asyncio.Lock) -> None:
+    while True:
+        await asyncio.sleep(interval)
+        async with lock:
+            action = await _store_step_async(run, store, run.flow.heartbeat_due())
+        if action.kind == "lease_lost":
+            run.hooks.lease_lost(run.route)

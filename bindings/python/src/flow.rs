@@ -1,0 +1,671 @@
+//! The sans-IO server flow of core, for Python hosts.
+//!
+//! The host loop (`idempo._flow`) executes each [`Action`] and feeds the result back; every
+//! protocol decision (claim, replay, 409, 422, takeover, what to store, which problem to answer)
+//! is made by `idempo_core::machine::ServerFlow`. This module only converts values: store results
+//! from the Python store objects into core's `StoreResult`, and core's actions into [`Action`].
+
+use std::num::{NonZeroU8, NonZeroU64};
+use std::sync::Arc;
+
+use idempo_core::key::{self, KeyOptions};
+use idempo_core::machine::problem::{ProblemKind, invalid_key, problem_response};
+use idempo_core::machine::{
+    Action as CoreAction, Event, HandlerResponse, HttpResponse, MissingKey, ServerFlow as CoreFlow,
+    StoreOp, StoreResult, missing_key,
+};
+use idempo_core::policy::{
+    self, Config as CoreConfig, HeaderAllowlist, KeyRequirement, LeasePolicy, Redaction,
+    ResponsePolicy, TakeoverPolicy,
+};
+use idempo_core::record::{FencingToken, FingerprintText, Record, RecordRow};
+use idempo_core::scope::ScopeId;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
+
+use crate::convert::{header_pairs, strings, with_bytes};
+use crate::errors::invalid_argument;
+
+/// Per-route idempotency policy (core's `Config`), validated on construction.
+#[pyclass(frozen, module = "idempo._idempo")]
+pub(crate) struct Config {
+    pub(crate) inner: Arc<CoreConfig>,
+}
+
+fn config_error(py: Python<'_>, e: &policy::ConfigError) -> PyErr {
+    invalid_argument(py, e.to_string(), "invalid_config")
+}
+
+#[pymethods]
+impl Config {
+    #[new]
+    #[pyo3(signature = (
+        *,
+        lease_ms = 30_000,
+        heartbeat = true,
+        heartbeat_ms = None,
+        takeover = "outcome_unknown",
+        ttl_ms = 86_400_000,
+        key_required = true,
+        transient_statuses = None,
+        store_server_errors = false,
+        max_body_bytes = 1_048_576,
+        replay_headers = None,
+        redact = false,
+        in_flight_retry_after_ms = 1_000,
+        unavailable_retry_after_ms = 1_000,
+        max_store_rounds = 3,
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        lease_ms: u64,
+        heartbeat: bool,
+        heartbeat_ms: Option<u64>,
+        takeover: &str,
+        ttl_ms: u64,
+        key_required: bool,
+        transient_statuses: Option<Vec<u16>>,
+        store_server_errors: bool,
+        max_body_bytes: usize,
+        replay_headers: Option<&Bound<'_, PyAny>>,
+        redact: bool,
+        in_flight_retry_after_ms: u64,
+        unavailable_retry_after_ms: u64,
+        max_store_rounds: u8,
+    ) -> PyResult<Self> {
+        let lease = match (heartbeat, heartbeat_ms) {
+            (false, _) => LeasePolicy::new(lease_ms, None),
+            (true, None) => LeasePolicy::with_default_heartbeat(lease_ms),
+            (true, Some(hb)) => LeasePolicy::new(lease_ms, Some(hb)),
+        }
+        .map_err(|e| config_error(py, &e))?;
+        let takeover = match takeover {
+            "outcome_unknown" => TakeoverPolicy::OutcomeUnknown,
+            "rerun" => TakeoverPolicy::ReRun,
+            other => {
+                return Err(invalid_argument(
+                    py,
+                    format!("takeover must be 'outcome_unknown' or 'rerun', got {other:?}"),
+                    "invalid_config",
+                ));
+            }
+        };
+        let headers = match replay_headers {
+            Some(obj) if !obj.is_none() => HeaderAllowlist::new(strings(Some(obj))?),
+            _ => Ok(HeaderAllowlist::default()),
+        }
+        .map_err(|e| config_error(py, &e))?;
+        let transient =
+            transient_statuses.unwrap_or_else(|| policy::DEFAULT_TRANSIENT_STATUSES.to_vec());
+        let response = ResponsePolicy::new(
+            &transient,
+            store_server_errors,
+            max_body_bytes,
+            headers,
+            if redact {
+                Redaction::HostHook
+            } else {
+                Redaction::None
+            },
+        )
+        .map_err(|e| config_error(py, &e))?;
+        let nz = |name: &str, v: u64| {
+            NonZeroU64::new(v).ok_or_else(|| {
+                invalid_argument(py, format!("{name} must be positive"), "invalid_config")
+            })
+        };
+        let inner = CoreConfig {
+            lease,
+            takeover,
+            response,
+            ttl_ms: nz("ttl_ms", ttl_ms)?,
+            key: if key_required {
+                KeyRequirement::Required
+            } else {
+                KeyRequirement::Optional
+            },
+            in_flight_retry_after_ms: nz("in_flight_retry_after_ms", in_flight_retry_after_ms)?,
+            unavailable_retry_after_ms: nz(
+                "unavailable_retry_after_ms",
+                unavailable_retry_after_ms,
+            )?,
+            max_store_rounds: NonZeroU8::new(max_store_rounds).ok_or_else(|| {
+                invalid_argument(
+                    py,
+                    "max_store_rounds must be positive".to_owned(),
+                    "invalid_config",
+                )
+            })?,
+        };
+        Ok(Self {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// Lease length in ms.
+    #[getter]
+    fn lease_ms(&self) -> u64 {
+        self.inner.lease.lease_ms()
+    }
+
+    /// Heartbeat interval in ms (None: no heartbeat).
+    #[getter]
+    fn heartbeat_ms(&self) -> Option<u64> {
+        self.inner.lease.heartbeat_ms()
+    }
+
+    /// Record retention in ms.
+    #[getter]
+    fn ttl_ms(&self) -> u64 {
+        self.inner.ttl_ms.get()
+    }
+
+    /// Whether requests without a key are rejected (400).
+    #[getter]
+    fn key_required(&self) -> bool {
+        self.inner.key == KeyRequirement::Required
+    }
+
+    /// `"outcome_unknown"` or `"rerun"`.
+    #[getter]
+    fn takeover(&self) -> &'static str {
+        match self.inner.takeover {
+            TakeoverPolicy::OutcomeUnknown => "outcome_unknown",
+            TakeoverPolicy::ReRun => "rerun",
+        }
+    }
+
+    /// Header names stored for replays.
+    #[getter]
+    fn replay_headers(&self) -> Vec<String> {
+        self.inner.response.headers().names().to_vec()
+    }
+
+    /// Largest stored body in bytes.
+    #[getter]
+    fn max_body_bytes(&self) -> usize {
+        self.inner.response.max_body_bytes()
+    }
+
+    /// Whether a redaction hook supplies the stored body.
+    #[getter]
+    fn redact(&self) -> bool {
+        self.inner.response.redaction() == Redaction::HostHook
+    }
+}
+
+/// One step for the host: a store primitive to run, the handler to run, or the answer.
+#[pyclass(frozen, module = "idempo._idempo", get_all)]
+pub(crate) struct Action {
+    /// `"store"`, `"run_handler"`, `"wait"`, `"lease_lost"`, `"respond"` or `"propagate_error"`.
+    kind: &'static str,
+    /// The store primitive (`"claim"`, `"get"`, `"takeover"`, `"mark_unknown"`, `"complete"`,
+    /// `"release"`, `"renew"`) for `"store"`.
+    op: Option<&'static str>,
+    /// Positional arguments of the store primitive, in the store method's order.
+    args: Py<PyTuple>,
+    /// HTTP status for `"respond"`.
+    status: Option<u16>,
+    /// Header pairs for `"respond"`.
+    headers: Py<PyList>,
+    /// Body for `"respond"`.
+    body: Option<Py<PyBytes>>,
+    /// How the request ended (`"respond"`, `"propagate_error"`), e.g. `"replayed"`.
+    outcome: Option<&'static str>,
+    /// Whether the handler ran in this flow (`"respond"`, `"propagate_error"`).
+    handler_ran: bool,
+    /// The fencing token of this execution (`"run_handler"`).
+    token: Option<Py<PyBytes>>,
+    /// The record generation (`"run_handler"`).
+    generation: Option<u32>,
+    /// Key for downstream side effects, stable across takeovers (`"run_handler"`).
+    downstream_key: Option<String>,
+    /// Heartbeat interval while the handler runs (`"run_handler"`).
+    heartbeat_ms: Option<u64>,
+}
+
+#[pymethods]
+impl Action {
+    fn __repr__(&self) -> String {
+        match (self.kind, self.op, self.status, self.outcome) {
+            ("store", Some(op), _, _) => format!("Action(store {op})"),
+            ("respond", _, Some(s), Some(o)) => format!("Action(respond {s}, outcome={o})"),
+            (k, _, _, _) => format!("Action({k})"),
+        }
+    }
+}
+
+fn blank(py: Python<'_>, kind: &'static str) -> Action {
+    Action {
+        kind,
+        op: None,
+        args: PyTuple::empty(py).unbind(),
+        status: None,
+        headers: PyList::empty(py).unbind(),
+        body: None,
+        outcome: None,
+        handler_ran: false,
+        token: None,
+        generation: None,
+        downstream_key: None,
+        heartbeat_ms: None,
+    }
+}
+
+fn respond(
+    py: Python<'_>,
+    r: &HttpResponse,
+    outcome: Option<&'static str>,
+    ran: bool,
+) -> PyResult<Action> {
+    let headers = PyList::empty(py);
+    for (n, v) in &r.headers {
+        headers.append((n.as_str(), v.as_str()))?;
+    }
+    let mut a = blank(py, "respond");
+    a.status = Some(r.status);
+    a.headers = headers.unbind();
+    a.body = Some(PyBytes::new(py, &r.body).unbind());
+    a.outcome = outcome;
+    a.handler_ran = ran;
+    Ok(a)
+}
+
+fn store_action(py: Python<'_>, op: &StoreOp) -> PyResult<Action> {
+    let mut a = blank(py, "store");
+    let key = |s: &ScopeId| PyBytes::new(py, s.as_bytes()).into_any();
+    let tok = |t: &FencingToken| PyBytes::new(py, t.as_bytes()).into_any();
+    let (name, args) = match op {
+        StoreOp::Claim {
+            scope,
+            fingerprint,
+            token,
+            lease_ms,
+            ttl_ms,
+        } => (
+            "claim",
+            PyTuple::new(
+                py,
+                [
+                    key(scope),
+                    PyString::new(py, fingerprint.as_str()).into_any(),
+                    tok(token),
+                    lease_ms.into_pyobject(py)?.into_any(),
+                    ttl_ms.into_pyobject(py)?.into_any(),
+                ],
+            )?,
+        ),
+        StoreOp::Get { scope } => ("get", PyTuple::new(py, [key(scope)])?),
+        StoreOp::TakeOver {
+            scope,
+            seen_token,
+            new_token,
+            lease_ms,
+        } => (
+            "takeover",
+            PyTuple::new(
+                py,
+                [
+                    key(scope),
+                    tok(seen_token),
+                    tok(new_token),
+                    lease_ms.into_pyobject(py)?.into_any(),
+                ],
+            )?,
+        ),
+        StoreOp::MarkUnknown {
+            scope,
+            seen_token,
+            ttl_ms,
+        } => (
+            "mark_unknown",
+            PyTuple::new(
+                py,
+                [
+                    key(scope),
+                    tok(seen_token),
+                    ttl_ms.into_pyobject(py)?.into_any(),
+                ],
+            )?,
+        ),
+        StoreOp::Complete {
+            scope,
+            token,
+            response,
+            ttl_ms,
+        } => (
+            "complete",
+            PyTuple::new(
+                py,
+                [
+                    key(scope),
+                    tok(token),
+                    PyBytes::new(py, response).into_any(),
+                    ttl_ms.into_pyobject(py)?.into_any(),
+                ],
+            )?,
+        ),
+        StoreOp::Release { scope, token } => {
+            ("release", PyTuple::new(py, [key(scope), tok(token)])?)
+        }
+        StoreOp::Renew {
+            scope,
+            token,
+            lease_ms,
+        } => (
+            "renew",
+            PyTuple::new(
+                py,
+                [
+                    key(scope),
+                    tok(token),
+                    lease_ms.into_pyobject(py)?.into_any(),
+                ],
+            )?,
+        ),
+    };
+    a.op = Some(name);
+    a.args = args.unbind();
+    Ok(a)
+}
+
+fn to_action(py: Python<'_>, action: &CoreAction) -> PyResult<Action> {
+    match action {
+        CoreAction::Store(op) => store_action(py, op),
+        CoreAction::RunHandler(run) => {
+            let mut a = blank(py, "run_handler");
+            a.token = Some(PyBytes::new(py, run.token.as_bytes()).unbind());
+            a.generation = Some(run.generation);
+            a.downstream_key = Some(run.downstream_key.as_str().to_owned());
+            a.heartbeat_ms = run.heartbeat_ms;
+            Ok(a)
+        }
+        CoreAction::Wait => Ok(blank(py, "wait")),
+        CoreAction::LeaseLost => Ok(blank(py, "lease_lost")),
+        CoreAction::Respond { response, outcome } => {
+            respond(py, response, Some(outcome.as_str()), outcome.handler_ran())
+        }
+        CoreAction::PropagateError { outcome } => {
+            let mut a = blank(py, "propagate_error");
+            a.outcome = Some(outcome.as_str());
+            a.handler_ran = outcome.handler_ran();
+            Ok(a)
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pending {
+    Claim,
+    Get,
+    TakeOver,
+    MarkUnknown,
+    Complete,
+    Release,
+    Renew,
+    Nothing,
+}
+
+fn pending_of(action: &CoreAction) -> Pending {
+    match action {
+        CoreAction::Store(StoreOp::Claim { .. }) => Pending::Claim,
+        CoreAction::Store(StoreOp::Get { .. }) => Pending::Get,
+        CoreAction::Store(StoreOp::TakeOver { .. }) => Pending::TakeOver,
+        CoreAction::Store(StoreOp::MarkUnknown { .. }) => Pending::MarkUnknown,
+        CoreAction::Store(StoreOp::Complete { .. }) => Pending::Complete,
+        CoreAction::Store(StoreOp::Release { .. }) => Pending::Release,
+        CoreAction::Store(StoreOp::Renew { .. }) => Pending::Renew,
+        _ => Pending::Nothing,
+    }
+}
+
+/// A record from a store's `StoredRecord` (attributes named as the contract's columns).
+fn record_from_py(obj: &Bound<'_, PyAny>) -> PyResult<Result<Record, String>> {
+    let row = RecordRow {
+        fingerprint: obj.getattr("fingerprint")?.extract()?,
+        state: obj.getattr("state")?.extract()?,
+        token: obj.getattr("token")?.extract()?,
+        generation: obj.getattr("generation")?.extract()?,
+        lease_until_ms: obj.getattr("lease_until")?.extract()?,
+        expires_at_ms: obj.getattr("expires_at")?.extract()?,
+        response: obj.getattr("response")?.extract()?,
+    };
+    Ok(Record::from_row(row).map_err(|e| e.to_string()))
+}
+
+/// The server flow for one request with a valid key.
+#[pyclass(module = "idempo._idempo")]
+pub(crate) struct ServerFlow {
+    inner: CoreFlow,
+    pending: Pending,
+    corrupt: Option<String>,
+}
+
+impl ServerFlow {
+    fn feed(&mut self, py: Python<'_>, event: Event) -> PyResult<Action> {
+        match self.inner.handle(event) {
+            Ok(action) => {
+                self.pending = pending_of(&action);
+                to_action(py, &action)
+            }
+            Err(e) => Err(invalid_argument(py, e.to_string(), "unexpected_event")),
+        }
+    }
+}
+
+#[pymethods]
+impl ServerFlow {
+    /// Starts a flow; returns it with its first action (always a claim).
+    #[staticmethod]
+    fn start(
+        py: Python<'_>,
+        scope: &[u8],
+        fingerprint: &Bound<'_, PyString>,
+        config: &Config,
+        entropy: &[u8],
+    ) -> PyResult<(Self, Action)> {
+        let scope =
+            ScopeId::try_from(scope).map_err(|e| invalid_argument(py, e.to_string(), e.code()))?;
+        let fingerprint = FingerprintText::new(fingerprint.to_cow()?.into_owned())
+            .map_err(|e| invalid_argument(py, e.to_string(), "invalid_fingerprint"))?;
+        let entropy = <[u8; 16]>::try_from(entropy).map_err(|_| {
+            invalid_argument(py, "entropy must be 16 bytes".to_owned(), "invalid_entropy")
+        })?;
+        let (inner, first) =
+            CoreFlow::start(scope, fingerprint, Arc::clone(&config.inner), entropy);
+        let action = to_action(py, &first)?;
+        Ok((
+            Self {
+                inner,
+                pending: pending_of(&first),
+                corrupt: None,
+            },
+            action,
+        ))
+    }
+
+    /// Feeds the return value of the store primitive the last action asked for.
+    ///
+    /// A record that violates the storage contract is treated as a store failure (fail closed);
+    /// `corrupt_record` then says why.
+    fn store_result(&mut self, py: Python<'_>, result: &Bound<'_, PyAny>) -> PyResult<Action> {
+        let event = match self.pending {
+            Pending::Claim => {
+                let now_ms: u64 = result.getattr("now_ms")?.extract()?;
+                if result.hasattr("record")? {
+                    match record_from_py(&result.getattr("record")?)? {
+                        Ok(record) => Event::Store(StoreResult::Existing { record, now_ms }),
+                        Err(why) => {
+                            self.corrupt = Some(why);
+                            Event::StoreFailed
+                        }
+                    }
+                } else {
+                    let generation: u32 = result.getattr("generation")?.extract()?;
+                    Event::Store(StoreResult::Claimed { generation, now_ms })
+                }
+            }
+            Pending::Get => {
+                let (record, now_ms): (Bound<'_, PyAny>, u64) = result.extract()?;
+                if record.is_none() {
+                    Event::Store(StoreResult::Got {
+                        record: None,
+                        now_ms,
+                    })
+                } else {
+                    match record_from_py(&record)? {
+                        Ok(r) => Event::Store(StoreResult::Got {
+                            record: Some(r),
+                            now_ms,
+                        }),
+                        Err(why) => {
+                            self.corrupt = Some(why);
+                            Event::StoreFailed
+                        }
+                    }
+                }
+            }
+            Pending::TakeOver => Event::Store(StoreResult::TookOver(result.extract()?)),
+            Pending::MarkUnknown => Event::Store(StoreResult::MarkedUnknown(result.extract()?)),
+            Pending::Complete => Event::Store(StoreResult::Completed(result.extract()?)),
+            Pending::Release => Event::Store(StoreResult::Released(result.extract()?)),
+            Pending::Renew => Event::Store(StoreResult::Renewed(result.extract()?)),
+            Pending::Nothing => {
+                return Err(invalid_argument(
+                    py,
+                    "no store operation is pending".to_owned(),
+                    "unexpected_event",
+                ));
+            }
+        };
+        self.feed(py, event)
+    }
+
+    /// The pending store primitive failed (error, timeout): fail closed.
+    fn store_failed(&mut self, py: Python<'_>) -> PyResult<Action> {
+        self.feed(py, Event::StoreFailed)
+    }
+
+    /// The handler returned a response. `body_to_store` is the redaction hook's output.
+    #[pyo3(signature = (status, headers, body, body_to_store = None))]
+    fn handler_finished(
+        &mut self,
+        py: Python<'_>,
+        status: u16,
+        headers: &Bound<'_, PyAny>,
+        body: &Bound<'_, PyAny>,
+        body_to_store: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Action> {
+        let headers = header_pairs(Some(headers))?;
+        let body = with_bytes(body, <[u8]>::to_vec)?;
+        let body_to_store = match body_to_store {
+            Some(b) if !b.is_none() => Some(with_bytes(b, <[u8]>::to_vec)?),
+            _ => None,
+        };
+        self.feed(
+            py,
+            Event::HandlerFinished(HandlerResponse {
+                status,
+                headers,
+                body,
+                body_to_store,
+            }),
+        )
+    }
+
+    /// The handler raised. `maybe_side_effect=False` only when it certainly did nothing.
+    #[pyo3(signature = (maybe_side_effect = true))]
+    fn handler_failed(&mut self, py: Python<'_>, maybe_side_effect: bool) -> PyResult<Action> {
+        self.feed(py, Event::HandlerFailed { maybe_side_effect })
+    }
+
+    /// The heartbeat timer fired while the handler runs.
+    fn heartbeat_due(&mut self, py: Python<'_>) -> PyResult<Action> {
+        self.feed(py, Event::HeartbeatDue)
+    }
+
+    /// This flow's fencing token.
+    #[getter]
+    fn token<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, self.inner.token().as_bytes())
+    }
+
+    /// The generation owned, once claimed or taken over.
+    #[getter]
+    fn generation(&self) -> Option<u32> {
+        self.inner.generation()
+    }
+
+    /// True once the flow answered.
+    #[getter]
+    fn finished(&self) -> bool {
+        self.inner.is_finished()
+    }
+
+    /// Why the last record read was refused as corrupt, if it was.
+    #[getter]
+    fn corrupt_record(&self) -> Option<String> {
+        self.corrupt.clone()
+    }
+}
+
+/// Admission of the `Idempotency-Key` header: the key text, or the action to take instead.
+///
+/// Returns `(key, None)` for a valid key, `(None, action)` with a 400 `"respond"` action for a
+/// missing (required) or invalid key, and `(None, None)` when the key is missing on a route
+/// where it is optional (run the handler unprotected).
+#[pyfunction]
+#[pyo3(signature = (value, config, *, strict = false, min_len = 8, max_len = 128))]
+pub(crate) fn admit_key(
+    py: Python<'_>,
+    value: Option<&Bound<'_, PyAny>>,
+    config: &Config,
+    strict: bool,
+    min_len: usize,
+    max_len: usize,
+) -> PyResult<(Option<String>, Option<Action>)> {
+    let Some(value) = value.filter(|v| !v.is_none()) else {
+        return match missing_key(&config.inner) {
+            MissingKey::Reject(resp) => {
+                Ok((None, Some(respond(py, &resp, Some("missing_key"), false)?)))
+            }
+            MissingKey::RunUnprotected => Ok((None, None)),
+        };
+    };
+    let opts = KeyOptions::new(min_len, max_len)
+        .map(|o| o.with_strict(strict))
+        .map_err(|e| invalid_argument(py, e.to_string(), e.code()))?;
+    match with_bytes(value, |raw| key::parse_key_bytes(raw, &opts))? {
+        Ok(k) => Ok((Some(k.as_str().to_owned()), None)),
+        Err(e) => Ok((
+            None,
+            Some(respond(py, &invalid_key(&e), Some("invalid_key"), false)?),
+        )),
+    }
+}
+
+/// The problem answer (400 or 413) for a body that could not be fingerprinted, from the error's
+/// code (`CanonicalizationError.code`); 413 for the size, depth and member limits.
+#[pyfunction]
+pub(crate) fn body_problem(py: Python<'_>, code: &str) -> PyResult<Action> {
+    let kind = match code {
+        "input_too_large" | "depth_limit" | "too_many_members" => ProblemKind::BodyTooLarge,
+        _ => ProblemKind::InvalidBody,
+    };
+    let resp = problem_response(kind, None, Some(code), None);
+    respond(py, &resp, Some("invalid_body"), false)
+}
+
+/// The 503 problem answer for a failure before the flow could start (e.g. the store could not
+/// be reached to read the key's record).
+#[pyfunction]
+pub(crate) fn unavailable_problem(py: Python<'_>, config: &Config) -> PyResult<Action> {
+    let resp = problem_response(
+        ProblemKind::StoreUnavailable,
+        None,
+        None,
+        Some(config.inner.unavailable_retry_after_ms.get()),
+    );
+    respond(py, &resp, Some("store_unavailable"), false)
+}
