@@ -200,7 +200,7 @@ pub fn fingerprints_equal(a: String, b: String) -> Result<bool, FingerprintError
     Ok(a.ct_eq(&b))
 }
 
-/// Whether a `Content-Type` value is a JSON media type (`application/json`, `*/*+json`), i.e.
+/// Whether a `Content-Type` value is a JSON media type (`application/json` or any `type/subtype+json`), i.e.
 /// whether the fingerprint canonicalizes the body.
 #[must_use]
 #[uniffi::export]

@@ -2589,7 +2589,7 @@ public func fingerprintsEqual(a: String, b: String)throws  -> Bool  {
 })
 }
 /**
- * Whether a `Content-Type` value is a JSON media type (`application/json`, `*/*+json`), i.e.
+ * Whether a `Content-Type` value is a JSON media type (`application/json` or any `type/subtype+json`), i.e.
  * whether the fingerprint canonicalizes the body.
  */
 public func isJsonMediaType(contentType: String) -> Bool  {
@@ -2815,7 +2815,7 @@ private let initializationResult: InitializationResult = {
     if (uniffi_idempo_swift_checksum_func_fingerprints_equal() != 50330) {
         return InitializationResult.apiChecksumMismatch
     }
-    if (uniffi_idempo_swift_checksum_func_is_json_media_type() != 56745) {
+    if (uniffi_idempo_swift_checksum_func_is_json_media_type() != 63713) {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_idempo_swift_checksum_func_parse_fingerprint() != 62034) {

@@ -1,0 +1,94 @@
+import Foundation
+import IdempoBindings
+
+/// What happened to one attempt: a response (status and `Retry-After` in ms), a timeout, or a
+/// connection error.
+public typealias AttemptOutcome = IdempoBindings.AttemptOutcome
+/// What to do after an attempt: retry after a delay (same key), or stop with a reason.
+public typealias RetryDecision = IdempoBindings.RetryDecision
+/// Why retrying stopped.
+public typealias StopReason = IdempoBindings.StopReason
+/// How the random sample spreads the backoff.
+public typealias JitterMode = IdempoBindings.JitterMode
+
+extension IdempoBindings.StopReason {
+    /// Core's stable snake_case code, e.g. `key_reused_with_different_request`.
+    public var code: String { stopReasonCode(reason: self) }
+}
+
+/// idempo's client retry policy, decided by core (the same algorithm in every binding).
+///
+/// Retried: timeouts, connection errors, 408, 409 (the first request is still running), 425,
+/// 429 and 5xx except 501/505/506/508/510/511. Stopped: 1xx-3xx, 422 (key used with another
+/// request) and other 4xx. Backoff is exponential with jitter; a server's `Retry-After` is a floor;
+/// attempts and total time are bounded.
+public struct RetryPolicy: Sendable, Hashable {
+    /// Attempts in all, the first included.
+    public let maxAttempts: UInt32
+    /// Backoff cap after the first attempt, in milliseconds.
+    public let baseDelayMilliseconds: UInt64
+    /// Largest backoff, in milliseconds (does not cap `Retry-After`).
+    public let maxDelayMilliseconds: UInt64
+    /// Time budget from the start of the first attempt, in milliseconds.
+    public let maxElapsedMilliseconds: UInt64
+    /// Jitter mode.
+    public let jitter: JitterMode
+
+    /// A policy checked by core.
+    ///
+    /// - Throws: ``RetryPolicyError/invalidConfiguration(code:message:)`` naming the first value
+    ///   out of range.
+    public init(
+        maxAttempts: UInt32, baseDelayMilliseconds: UInt64, maxDelayMilliseconds: UInt64,
+        maxElapsedMilliseconds: UInt64, jitter: JitterMode = .equal
+    ) throws {
+        let config = RetryConfig(
+            maxAttempts: maxAttempts, baseDelayMs: baseDelayMilliseconds, maxDelayMs: maxDelayMilliseconds,
+            maxElapsedMs: maxElapsedMilliseconds, jitter: jitter)
+        try callFFI(RetryError.self, RetryPolicyError.init) { try validateRetryConfig(config: config) }
+        self.init(checked: config)
+    }
+
+    private init(checked config: RetryConfig) {
+        maxAttempts = config.maxAttempts
+        baseDelayMilliseconds = config.baseDelayMs
+        maxDelayMilliseconds = config.maxDelayMs
+        maxElapsedMilliseconds = config.maxElapsedMs
+        jitter = config.jitter
+    }
+
+    /// Core's default: 5 attempts, 500 ms base, 10 s cap, 60 s budget, equal jitter.
+    public static let standard = RetryPolicy(checked: defaultRetryConfig())
+
+    var ffi: RetryConfig {
+        RetryConfig(
+            maxAttempts: maxAttempts, baseDelayMs: baseDelayMilliseconds, maxDelayMs: maxDelayMilliseconds,
+            maxElapsedMs: maxElapsedMilliseconds, jitter: jitter)
+    }
+
+    /// What to do after attempt number `attempt` (1-based) ended with `outcome`, `elapsed`
+    /// milliseconds after the first attempt started, given a uniform sample `jitter` in `[0, 1)`.
+    ///
+    /// - Throws: ``RetryPolicyError/invalidInput(code:message:)`` for attempt 0, a jitter outside
+    ///   `[0, 1)` or a status outside 100...599.
+    public func decide(attempt: UInt32, elapsedMilliseconds: UInt64, outcome: AttemptOutcome, jitter: Double) throws
+        -> RetryDecision
+    {
+        try callFFI(RetryError.self, RetryPolicyError.init) {
+            try retryDecide(
+                config: ffi, attempt: attempt, elapsedMs: elapsedMilliseconds, outcome: outcome, jitter: jitter)
+        }
+    }
+
+    /// Reads a `Retry-After` value (delay-seconds or an HTTP-date) as milliseconds from `now`;
+    /// `nil` when it is not a usable value.
+    public static func retryAfterMilliseconds(_ value: String, now: Date = Date()) -> UInt64? {
+        let nowMs = UInt64(clamping: Int64((now.timeIntervalSince1970 * 1000).rounded(.down)))
+        return retryAfterMilliseconds(value, nowUnixMilliseconds: nowMs)
+    }
+
+    /// ``retryAfterMilliseconds(_:now:)`` with the current time in unix milliseconds.
+    public static func retryAfterMilliseconds(_ value: String, nowUnixMilliseconds: UInt64) -> UInt64? {
+        parseRetryAfter(value: value, nowUnixMs: nowUnixMilliseconds)
+    }
+}
