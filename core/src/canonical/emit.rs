@@ -218,8 +218,15 @@ impl<S: CanonSink + ?Sized> Emitter<'_, '_, S> {
                         self.sink.write_byte(b',');
                     }
                     *first = false;
-                    write_string(self.tape, kn, self.sink);
-                    self.sink.write_byte(b':');
+                    if let Some(k) = (kn.tag == Tag::Str)
+                        .then(|| self.tape.quoted_key(kn))
+                        .flatten()
+                    {
+                        self.sink.write(k);
+                    } else {
+                        write_string(self.tape, kn, self.sink);
+                        self.sink.write_byte(b':');
+                    }
                     self.value(key + 1, child_mask)?;
                 }
                 Frame::Array {

@@ -81,6 +81,18 @@ impl Tape<'_> {
         self.nodes[i as usize]
     }
 
+    /// A borrowed member name with its quotes and the `:` that follows it in canonical form; when the
+    /// input has the colon right after the closing quote (one slice of the input).
+    #[inline]
+    pub(crate) fn quoted_key(&self, n: Node) -> Option<&[u8]> {
+        let (a, b) = (n.a as usize, n.b as usize);
+        if self.input.get(a + b + 1) == Some(&b':') {
+            self.input.get(a - 1..a + b + 2)
+        } else {
+            None
+        }
+    }
+
     /// A borrowed string with its quotes, exactly as in the input (and as in the output).
     #[inline]
     pub(crate) fn quoted(&self, n: Node) -> &[u8] {
@@ -117,6 +129,29 @@ fn key_prefix(key: &[u8]) -> u64 {
     if let Some(head) = key.first_chunk::<8>() {
         return u64::from_be_bytes(*head);
     }
+    slow_prefix(key)
+}
+
+/// The prefix of a borrowed key starting at `input[a]` with `len` bytes: one unaligned load
+/// when the input extends 8 bytes past the key start (it always holds the closing quote).
+#[inline]
+fn borrowed_prefix(input: &[u8], a: usize, len: usize) -> u64 {
+    match input.get(a..a + 8) {
+        Some(chunk) => {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(chunk);
+            let v = u64::from_be_bytes(w);
+            if len >= 8 {
+                v
+            } else {
+                v & !(u64::MAX >> (8 * len))
+            }
+        }
+        None => slow_prefix(input.get(a..a + len.min(8)).unwrap_or(&[])),
+    }
+}
+
+fn slow_prefix(key: &[u8]) -> u64 {
     let mut v = 0u64;
     for (i, &b) in key.iter().enumerate() {
         v |= u64::from(b) << (56 - 8 * i);
@@ -139,6 +174,13 @@ fn cmp_prefixed(a: u64, b: u64) -> Ordering {
     } else {
         x.cmp(&y)
     }
+}
+
+/// Member names of an object (in input order) and the permutation that sorts them.
+#[derive(Default)]
+struct Shape {
+    keys: Vec<(u64, u32)>,
+    perm: Vec<u32>,
 }
 
 struct Frame {
@@ -277,6 +319,8 @@ pub(crate) struct Parser<'a> {
     stack: Vec<Frame>,
     /// Keys of the open objects: (8-byte big-endian prefix, key node).
     pending: Vec<(u64, u32)>,
+    /// Per depth, the member names of the last object closed there and their sort permutation.
+    shapes: Vec<Shape>,
 }
 
 /// Parse and fully validate `input` into a tape.
@@ -312,6 +356,7 @@ pub(crate) fn parse<'a>(
         },
         stack: Vec::new(),
         pending: Vec::new(),
+        shapes: Vec::new(),
     };
     p.run()
 }
@@ -518,7 +563,11 @@ impl<'a> Parser<'a> {
         }
         let (tag, a, len, c) = self.string()?;
         let key = self.push(tag, a, len, c);
-        let prefix = key_prefix(self.tape.str_bytes(self.tape.node(key)));
+        let prefix = if tag == Tag::Str {
+            borrowed_prefix(self.input, a as usize, len as usize)
+        } else {
+            key_prefix(self.tape.str_bytes(self.tape.node(key)))
+        };
         self.pending.push((prefix, key));
         let limit = self.limits.max_members;
         let Some(f) = self.stack.last_mut() else {
@@ -553,39 +602,70 @@ impl<'a> Parser<'a> {
         };
         let start = f.pending_start as usize;
         let node = f.node;
-        let tape = &self.tape;
+        let depth = self.stack.len() - 1;
+        let tape = &mut self.tape;
+        let mstart = tape.members.len() as u32;
         let keys = &mut self.pending[start..];
-        if keys.len() > 1 {
-            let cmp = |x: &(u64, u32), y: &(u64, u32)| {
-                cmp_prefixed(x.0, y.0).then_with(|| {
-                    cmp_utf16(
-                        tape.str_bytes(tape.node(x.1)),
-                        tape.str_bytes(tape.node(y.1)),
-                    )
-                })
-            };
-            if !keys.windows(2).all(|w| cmp(&w[0], &w[1]) == Ordering::Less) {
-                keys.sort_unstable_by(cmp);
+        let count = keys.len() as u32;
+        if keys.len() < 2 {
+            tape.members.extend(keys.iter().map(|&(_, k)| k));
+        } else {
+            if self.shapes.len() <= depth {
+                self.shapes.resize_with(depth + 1, Shape::default);
             }
-            for w in keys.windows(2) {
-                if w[0].0 != w[1].0 {
-                    continue;
+            let shape = &mut self.shapes[depth];
+            let same = shape.perm.len() == keys.len()
+                && shape.keys.iter().zip(keys.iter()).all(|(a, b)| {
+                    if a.0 != b.0 {
+                        return false;
+                    }
+                    let (x, y) = (tape.node(a.1), tape.node(b.1));
+                    // Equal prefixes and equal lengths up to 8 bytes: equal names.
+                    (x.tag == Tag::Str && y.tag == Tag::Str && x.b == y.b && x.b <= 8)
+                        || tape.str_bytes(x) == tape.str_bytes(y)
+                });
+            if same {
+                // Same member names in the same order as the previous object at this depth
+                // (typical of arrays of records): reuse its sort permutation. Its names were
+                // already checked for duplicates.
+                for &p in &shape.perm {
+                    tape.members.push(keys[p as usize].1);
                 }
-                let (x, y) = (tape.node(w[0].1), tape.node(w[1].1));
-                let kb = tape.str_bytes(y);
-                if tape.str_bytes(x) == kb {
-                    let off = tape.str_offset(x).max(tape.str_offset(y));
-                    let mut ptr = self.pointer(self.stack.len() - 1);
-                    push_token(&mut ptr, kb);
-                    return Err(CanonError::new(K::DuplicateMember, off, Some(ptr)));
+            } else {
+                shape.keys.clear();
+                shape.keys.extend_from_slice(keys);
+                let t: &Tape<'_> = tape;
+                let cmp = |x: &(u64, u32), y: &(u64, u32)| {
+                    cmp_prefixed(x.0, y.0)
+                        .then_with(|| cmp_utf16(t.str_bytes(t.node(x.1)), t.str_bytes(t.node(y.1))))
+                };
+                if !keys.windows(2).all(|w| cmp(&w[0], &w[1]) == Ordering::Less) {
+                    keys.sort_unstable_by(cmp);
                 }
+                for w in keys.windows(2) {
+                    if w[0].0 != w[1].0 {
+                        continue;
+                    }
+                    let (x, y) = (t.node(w[0].1), t.node(w[1].1));
+                    let kb = t.str_bytes(y);
+                    if t.str_bytes(x) == kb {
+                        let off = t.str_offset(x).max(t.str_offset(y));
+                        shape.perm.clear();
+                        let kb = kb.to_vec();
+                        let mut ptr = self.pointer(self.stack.len() - 1);
+                        push_token(&mut ptr, &kb);
+                        return Err(CanonError::new(K::DuplicateMember, off, Some(ptr)));
+                    }
+                }
+                // Node ids grow in input order, so an id's original position is its rank.
+                shape.perm.clear();
+                for &(_, id) in keys.iter() {
+                    let pos = shape.keys.partition_point(|&(_, k)| k < id);
+                    shape.perm.push(pos as u32);
+                }
+                tape.members.extend(keys.iter().map(|&(_, k)| k));
             }
         }
-        let mstart = self.tape.members.len() as u32;
-        let count = (self.pending.len() - start) as u32;
-        self.tape
-            .members
-            .extend(self.pending[start..].iter().map(|&(_, k)| k));
         self.pending.truncate(start);
         let end = self.tape.nodes.len() as u32;
         if let Some(n) = self.tape.nodes.get_mut(node as usize) {
