@@ -8,7 +8,10 @@ the host parts: stores (``idempo.stores``), ASGI/WSGI integrations (``idempo.asg
 
 from __future__ import annotations
 
+from idempo._flow import Execution, HandlerResult, Hooks, Response, logging_hooks
+from idempo._host import UnscopedKeyWarning, idempotent
 from idempo._idempo import (
+    Config,
     CanonicalizationError,
     FingerprintError,
     Fingerprinter,
@@ -37,6 +40,14 @@ from idempo._idempo import (
 
 __all__ = [
     "CanonicalizationError",
+    "Config",
+    "Execution",
+    "HandlerResult",
+    "Hooks",
+    "Response",
+    "UnscopedKeyWarning",
+    "idempotent",
+    "logging_hooks",
     "FingerprintError",
     "Fingerprinter",
     "IdempotencyError",

@@ -1,0 +1,273 @@
+"""ASGI middleware (Starlette, FastAPI, any ASGI app) that makes POST endpoints idempotent.
+
+::
+
+    from idempo.asgi import IdempotencyMiddleware
+    from idempo.stores import SQLiteStore
+
+    app.add_middleware(
+        IdempotencyMiddleware,
+        store=SQLiteStore("idempo.sqlite3"),
+        scope=lambda request_scope: request_scope["state"]["user_id"],  # principal
+    )
+
+Per route, mark the endpoint with :func:`idempo.idempotent` (its own ``Config``, fingerprint
+headers, excluded JSON pointers, scope function; ``enabled=False`` to exempt it). The handler's
+response is buffered until core decided what to store; replays carry
+``Idempotent-Replayed: true``; problems are RFC 9457 ``application/problem+json``. The running
+handler finds its execution (key, generation, downstream key) in ``scope["state"]["idempotency"]``
+(``request.state.idempotency`` in Starlette).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Awaitable, Callable, Dict, Iterable, List, MutableMapping, Optional, Sequence, Tuple
+
+from idempo._flow import Execution, HandlerResult, Hooks, Response, run_async
+from idempo._host import HostCore, RouteOptions, with_content_length
+from idempo._idempo import Config
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+def _starlette_route(scope: Scope) -> Tuple[Optional[str], Any]:
+    """(route template, endpoint) of the Starlette route that fully matches, if any."""
+    app = scope.get("app")
+    routes = getattr(app, "routes", None)
+    if not routes:
+        return None, None
+    try:
+        from starlette.routing import Match
+    except ImportError:  # pragma: no cover - Starlette is what sets scope["app"].routes
+        return None, None
+    for route in routes:
+        try:
+            match, _child = route.matches(scope)
+        except Exception:  # noqa: BLE001 - a foreign route type: skip it
+            continue
+        if match == Match.FULL:
+            return getattr(route, "path", None), getattr(route, "endpoint", None)
+    return None, None
+
+
+def _authenticated(scope: Scope, headers: Dict[str, str]) -> bool:
+    user = scope.get("user")
+    if user is not None and getattr(user, "is_authenticated", False):
+        return True
+    return "authorization" in headers
+
+
+class IdempotencyMiddleware:
+    """Idempotency-Key handling for an ASGI application (see the module docs for options).
+
+    - ``store``: a store from :mod:`idempo.stores` (sync stores run in worker threads).
+    - ``config``: :class:`idempo.Config` (lease, heartbeat, TTL, key required or optional,
+      caching policy, replay header allowlist, takeover policy, retry-after hints).
+    - ``methods``: methods that are protected (default ``POST`` and ``PATCH``).
+    - ``header_name``: the key header (default ``Idempotency-Key``).
+    - ``scope``: ``fn(asgi_scope) -> principal | None``; the principal (user, tenant, API
+      client) namespaces keys. Without it an authenticated request raises an
+      :class:`~idempo.UnscopedKeyWarning` once per route.
+    - ``route``: ``fn(asgi_scope) -> template | None``; default: the matching Starlette route's
+      path template, else the raw path.
+    - ``fingerprint_headers`` / ``exclude``: request headers and JSON pointers (left out) of the
+      fingerprint; ``hmac_key`` makes fingerprints HMACs; ``numbers``: ``"strict"`` or ``"rfc"``.
+    - ``max_body_bytes``: larger request bodies get 413 (after reading at most this much plus
+      one chunk).
+    - ``strict_key``, ``key_min_len``, ``key_max_len``: key syntax options.
+    - ``redact``: ``fn(status, headers, body) -> bytes | None``, the body to store instead
+      (needs ``Config(redact=True)``).
+    - ``hooks``: :class:`idempo.Hooks` callbacks for metrics.
+    - ``only_marked``: protect only endpoints marked with :func:`idempo.idempotent`.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        store: Any,
+        config: Optional[Config] = None,
+        methods: Sequence[str] = ("POST", "PATCH"),
+        header_name: str = "Idempotency-Key",
+        scope: Optional[Callable[[Scope], Optional[str]]] = None,
+        route: Optional[Callable[[Scope], Optional[str]]] = None,
+        fingerprint_headers: Iterable[str] = (),
+        exclude: Iterable[str] = (),
+        hmac_key: Optional[bytes] = None,
+        numbers: str = "strict",
+        max_body_bytes: int = 1024 * 1024,
+        strict_key: bool = False,
+        key_min_len: int = 8,
+        key_max_len: int = 128,
+        redact: Optional[Callable[[int, List[Tuple[str, str]], bytes], Optional[bytes]]] = None,
+        hooks: Optional[Hooks] = None,
+        only_marked: bool = False,
+        warn_unscoped: bool = True,
+    ) -> None:
+        self.app = app
+        self.route_fn = route
+        self.core = HostCore(
+            store=store,
+            config=config,
+            methods=methods,
+            header_name=header_name,
+            scope=scope,
+            fingerprint_headers=fingerprint_headers,
+            exclude=exclude,
+            hmac_key=hmac_key,
+            numbers=numbers,
+            max_body_bytes=max_body_bytes,
+            strict_key=strict_key,
+            key_min_len=key_min_len,
+            key_max_len=key_max_len,
+            redact=redact,
+            hooks=hooks,
+            only_marked=only_marked,
+            warn_unscoped=warn_unscoped,
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"].upper() not in self.core.methods:
+            await self.app(scope, receive, send)
+            return
+        template, endpoint = _starlette_route(scope)
+        if self.route_fn is not None:
+            template = self.route_fn(scope) or template
+        opts = self.core.options_for(endpoint)
+        if opts is None:
+            await self.app(scope, receive, send)
+            return
+        route = template or scope["path"]
+        await self._protected(scope, receive, send, opts, route)
+
+    async def _read_body(self, receive: Receive) -> Tuple[Optional[bytes], bool]:
+        """(body, too_large); body None when the client went away."""
+        chunks: List[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None, False
+            if message["type"] != "http.request":
+                continue
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.core.max_body_bytes:
+                return b"", True
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks), False
+
+    async def _protected(
+        self, scope: Scope, receive: Receive, send: Send, opts: RouteOptions, route: str
+    ) -> None:
+        core = self.core
+        body, too_large = await self._read_body(receive)
+        if body is None:
+            return
+        if too_large:
+            answer = core.too_large()
+            core.hooks.outcome(route, answer.outcome)
+            await _send(send, answer)
+            return
+        raw_headers: List[Tuple[bytes, bytes]] = list(scope.get("headers", []))
+        headers = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in raw_headers]
+        lower = {n.lower(): v for n, v in headers}
+        key_values = [v for n, v in raw_headers if n.lower() == core.header_name.encode()]
+        key_value = b", ".join(key_values) if key_values else None
+        method = scope["method"].upper()
+        prepared = core.prepare(
+            opts=opts,
+            request=scope,
+            method=method,
+            route=route,
+            key_value=key_value,
+            headers=headers,
+            content_type=lower.get("content-type"),
+            body=body,
+            authenticated=_authenticated(scope, lower),
+        )
+        if prepared.answer is not None:
+            await _send(send, prepared.answer)
+            return
+        if prepared.unprotected:
+            await self.app(scope, _replay(body, receive), send)
+            return
+        assert prepared.key is not None
+
+        async def handler(execution: Execution) -> HandlerResult:
+            inner = dict(scope)
+            state = dict(scope.get("state") or {})
+            state["idempotency"] = execution
+            inner["state"] = state
+            captured = _Capture()
+            await self.app(inner, _replay(body, receive), captured.send)
+            status, out_headers, out_body = captured.result()
+            stored = None
+            if opts.redact is not None:
+                stored = opts.redact(status, out_headers, out_body)
+            return HandlerResult(status, out_headers, out_body, stored)
+
+        response = await run_async(
+            store=core.store,
+            config=opts.config,
+            scope=prepared.scope,
+            fingerprint=prepared.fingerprint,
+            key=prepared.key,
+            route=route,
+            handler=handler,
+            hooks=core.hooks,
+        )
+        await _send(send, response)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A receive callable that yields the buffered body once, then the real channel."""
+    sent = False
+
+    async def inner() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return inner
+
+
+class _Capture:
+    def __init__(self) -> None:
+        self.status: Optional[int] = None
+        self.headers: List[Tuple[str, str]] = []
+        self.chunks: List[bytes] = []
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = int(message["status"])
+            self.headers = [
+                (bytes(n).decode("latin-1"), bytes(v).decode("latin-1"))
+                for n, v in message.get("headers", [])
+            ]
+        elif message["type"] == "http.response.body":
+            self.chunks.append(bytes(message.get("body", b"")))
+
+    def result(self) -> Tuple[int, List[Tuple[str, str]], bytes]:
+        if self.status is None:
+            raise RuntimeError("the application finished without starting a response")
+        return self.status, self.headers, b"".join(self.chunks)
+
+
+async def _send(send: Send, response: Response) -> None:
+    headers = with_content_length(response.headers, response.body)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": response.status,
+            "headers": [(n.encode("latin-1"), v.encode("latin-1")) for n, v in headers],
+        }
+    )
+    await send({"type": "http.response.body", "body": response.body, "more_body": False})
