@@ -9,5 +9,198 @@
  */
 export declare const __napiBindingTarget: 'native' | 'wasm32-wasi' | 'wasm32-wasip1'
 
+/** A prepared fingerprint configuration (pointers compiled, HMAC key schedule computed once). */
+export declare class Fingerprinter {
+  /** Validates and prepares the settings (throws `FINGERPRINT_ERROR` or `INVALID_ARGUMENT`). */
+  constructor(options?: FingerprinterOptions | undefined | null)
+  /** True when configured header names take part (the caller must then pass the headers). */
+  get usesHeaders(): boolean
+  /**
+   * The fingerprint text of one request. `headers` is a flat `[name, value, name, value, ...]`
+   * list (only read when header names are configured); `contentType` null means none.
+   * A JSON body that is not acceptable throws `CANONICALIZATION_ERROR`.
+   */
+  fingerprint(method: string, route: string, body: Uint8Array, contentType?: string | undefined | null, headers?: Array<string> | undefined | null): string
+  /**
+   * The fingerprint of a JSON request without configured headers: the hot path (strings read
+   * into stack buffers, the body borrowed from the `Uint8Array`, the result created as a JS
+   * string directly: no heap allocation in the binding).
+   */
+  fingerprintJson(method: string, route: string, body: Uint8Array): string
+}
+
+/** The retry policy of core, configured once and asked after every attempt. */
+export declare class RetryPolicy {
+  /** Validates the settings (throws `CONFIG_INVALID` with core's reason code). */
+  constructor(options?: RetryPolicyOptions | undefined | null)
+  /**
+   * What to do after attempt `attempt` (1-based) ended with `outcome`, `elapsedMs` after the
+   * first attempt started; `jitter` is a uniform sample in [0, 1) from the host.
+   */
+  decide(attempt: number, elapsedMs: number, outcome: AttemptOutcomeInput, jitter: number): RetryDecisionOutput
+}
+
+/** How an attempt ended. */
+export interface AttemptOutcomeInput {
+  /** `"response"`, `"timeout"` or `"connection_error"`. */
+  kind: string
+  /** HTTP status (for `"response"`). */
+  status?: number
+  /** The parsed `Retry-After` in ms (for `"response"`), if the response had a valid one. */
+  retryAfterMs?: number
+}
+
+/** Canonicalizes a JSON text given as bytes (UTF-8) into its RFC 8785 form. */
+export declare function canonicalizeBytes(data: Uint8Array, options?: CanonicalizeOptions | undefined | null): Buffer
+
+/** Options of `canonicalize`. */
+export interface CanonicalizeOptions {
+  /** `"rfc"` (default: round to the nearest double, as RFC 8785) or `"reject_precision_loss"`. */
+  numbers?: string
+  /** Maximum input size in bytes (default 8 MiB). */
+  maxInputBytes?: number
+  /** Maximum nesting depth (default 128). */
+  maxDepth?: number
+  /** Maximum number of members and elements (default 100000). */
+  maxMembers?: number
+}
+
+/** Canonicalizes a JSON text given as a string into its RFC 8785 form. */
+export declare function canonicalizeString(data: string, options?: CanonicalizeOptions | undefined | null): Buffer
+
+/**
+ * Checks a row against the storage contract (throws `RECORD_CORRUPT`) and returns it in
+ * canonical form (the response re-encoded in the current version).
+ */
+export declare function checkRecordRow(row: RecordRowData): RecordRowData
+
+/** Decodes a `response` column (throws `RECORD_CORRUPT` on malformed bytes). */
+export declare function decodeResponse(encoded: Uint8Array): ResponseData
+
+/** Encodes a response into the versioned `response` column format. */
+export declare function encodeResponse(response: ResponseData): Buffer
+
+/** Fingerprint settings. Every service sharing a store must use the same ones. */
+export interface FingerprinterOptions {
+  /** Header names that take part (case-insensitive). Default: none. */
+  headerNames?: Array<string>
+  /** RFC 6901 pointers of JSON values left out. Default: none. */
+  exclude?: Array<string>
+  /** `"reject_precision_loss"` (default) or `"rfc"`. */
+  numbers?: string
+  /** HMAC key: fingerprints become `h1:` HMAC-SHA256. Must not be empty. */
+  hmacKey?: Buffer
+  /** Maximum JSON body size in bytes (default 8 MiB). */
+  maxInputBytes?: number
+  /** Maximum JSON nesting depth (default 128). */
+  maxDepth?: number
+  /** Maximum JSON members and elements (default 100000). */
+  maxMembers?: number
+}
+
+/** Makes a fresh key from 16 bytes of host entropy. */
+export declare function generateKey(entropy: Uint8Array): string
+
+/** The header value to send for a key (its sf-string form). */
+export declare function keyHeaderValue(key: string): string
+
 /** The version of the native addon (the workspace version). */
 export declare function nativeVersion(): string
+
+/** A parsed key with the form it was sent in. */
+export interface ParsedKeyData {
+  /** The key text. */
+  key: string
+  /** `"sf_string"` or `"bare"`. */
+  form: string
+  /** How many RFC 9651 parameters followed the sf-string (validated, then ignored). */
+  ignoredParameters: number
+}
+
+/**
+ * Parses an `Idempotency-Key` header value (sf-string or, unless strict, a bare token) and
+ * returns the key text.
+ */
+export declare function parseKey(value: string, options?: ParseKeyOptions | undefined | null): string
+
+/**
+ * Parses a raw header value (bytes as received: Node gives header strings in latin1) and
+ * reports the form and ignored parameters.
+ */
+export declare function parseKeyBytes(value: Uint8Array, options?: ParseKeyOptions | undefined | null): ParsedKeyData
+
+/** Options of `parseKey`. */
+export interface ParseKeyOptions {
+  /** Minimum key length in characters (default 8). */
+  minLen?: number
+  /** Maximum key length in characters (default 128, at most 255). */
+  maxLen?: number
+  /** Accept only the quoted sf-string form (default false: a bare token is accepted too). */
+  strict?: boolean
+}
+
+/**
+ * Parses a `Retry-After` value (delay-seconds or HTTP-date) into ms from `nowMs`; `null` when
+ * the value is not valid.
+ */
+export declare function parseRetryAfter(value: string, nowMs: number): number | null
+
+/** One `idempo_record` row (every column but `scope_key`). */
+export interface RecordRowData {
+  /** `v1:<hex>` or `h1:<hex>`. */
+  fingerprint: string
+  /** 1 in progress, 2 completed, 3 outcome unknown. */
+  state: number
+  /** The 16-byte fencing token. */
+  token: Buffer
+  /** Generation, from 1. */
+  generation: number
+  /** Lease deadline (unix ms) while in progress, else null. */
+  leaseUntil?: number
+  /** Expiry (unix ms). */
+  expiresAt: number
+  /** The encoded response when completed, else null. */
+  response?: Buffer
+}
+
+/** A response as stored for replays: status, allow-listed headers (name/value pairs) and body. */
+export interface ResponseData {
+  /** HTTP status. */
+  status: number
+  /** Header fields as `[name, value]` pairs, in order. */
+  headers: Array<Array<string>>
+  /** Body bytes. */
+  body: Buffer
+}
+
+/** Core's decision. */
+export interface RetryDecisionOutput {
+  /** True: retry with the same key after `delayMs`. */
+  retry: boolean
+  /** Delay before the next attempt (when `retry`). */
+  delayMs?: number
+  /** Why to stop (when not `retry`): core's snake_case stop reason. */
+  reason?: string
+  /** The status behind a `client_error` or `server_error_not_retryable` stop. */
+  status?: number
+}
+
+/** Retry policy settings; omitted fields take core's defaults. */
+export interface RetryPolicyOptions {
+  /** Maximum number of attempts, the first included (default 5). */
+  maxAttempts?: number
+  /** Backoff base in ms (default 500). */
+  baseDelayMs?: number
+  /** Backoff ceiling in ms (default 10000). */
+  maxDelayMs?: number
+  /** Total time budget in ms since the first attempt started (default 60000). */
+  maxElapsedMs?: number
+  /** `"equal"` (default) or `"full"` jitter. */
+  jitter?: string
+}
+
+/** The 32-byte scope id of (principal, method, route template, key). */
+export declare function scopeId(principal: string, method: string, route: string, key: string): Buffer
+
+/** The scope id as 64 lowercase hex characters. */
+export declare function scopeIdHex(principal: string, method: string, route: string, key: string): string

@@ -835,4 +835,18 @@ function __napiStampBindingTarget(exportsObject, target) {
 // linked import resolves to `undefined`.
 module.exports.__napiBindingTarget = __napiStampBindingTarget(nativeBinding, __napiLoadedBindingTarget)
 module.exports = nativeBinding
+module.exports.Fingerprinter = nativeBinding.Fingerprinter
+module.exports.RetryPolicy = nativeBinding.RetryPolicy
+module.exports.canonicalizeBytes = nativeBinding.canonicalizeBytes
+module.exports.canonicalizeString = nativeBinding.canonicalizeString
+module.exports.checkRecordRow = nativeBinding.checkRecordRow
+module.exports.decodeResponse = nativeBinding.decodeResponse
+module.exports.encodeResponse = nativeBinding.encodeResponse
+module.exports.generateKey = nativeBinding.generateKey
+module.exports.keyHeaderValue = nativeBinding.keyHeaderValue
 module.exports.nativeVersion = nativeBinding.nativeVersion
+module.exports.parseKey = nativeBinding.parseKey
+module.exports.parseKeyBytes = nativeBinding.parseKeyBytes
+module.exports.parseRetryAfter = nativeBinding.parseRetryAfter
+module.exports.scopeId = nativeBinding.scopeId
+module.exports.scopeIdHex = nativeBinding.scopeIdHex

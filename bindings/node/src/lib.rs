@@ -1,5 +1,22 @@
-//! Node.js binding of idempo-core.
+//! Node.js binding of idempo-core (built with napi-rs, loaded by the `idempo` npm package).
+//!
+//! Thin by design: every function converts JavaScript values to core types, calls core and
+//! converts back. Errors are thrown as JS `Error`s with a stable `code` (see [`error`]); the
+//! TypeScript layer maps them to `Error` subclasses. Every export uses `catch_unwind`, so a panic
+//! becomes a JS exception instead of aborting the process.
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+// napi-derive registers exports only outside `cfg(test)`; clippy's test build sees them unused.
+#![cfg_attr(test, allow(dead_code))]
+
+mod canonical;
+mod error;
+mod fingerprint;
+mod key;
+mod num;
+mod record;
+mod retry;
+mod scope;
+mod strarg;
 
 use napi_derive::napi;
 

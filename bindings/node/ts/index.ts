@@ -1,1 +1,33 @@
+/**
+ * idempo for Node.js: safe retries of HTTP POST with an `Idempotency-Key`.
+ *
+ * Every decision comes from the Rust core (through the native addon); this package adds the
+ * stores, the Express/Fastify integration and the retrying `fetch` client.
+ */
+export * from './errors';
+export {
+  canonicalize,
+  parseKey,
+  parseKeyDetailed,
+  generateKey,
+  keyHeaderValue,
+  scopeId,
+  scopeIdHex,
+  RetryPolicy,
+  parseRetryAfter,
+  encodeResponse,
+  decodeResponse,
+} from './core';
+export type {
+  CanonicalizeOptions,
+  NumberMode,
+  ParseKeyOptions,
+  ParsedKey,
+  RetryPolicyOptions,
+  AttemptOutcome,
+  RetryDecision,
+  StoredResponse,
+} from './core';
 export { nativeVersion } from './native';
+export { Fingerprinter, fingerprint } from './fingerprint';
+export type { FingerprinterOptions, FingerprintRequest, FingerprintInput, HeaderInput } from './fingerprint';

@@ -1,0 +1,163 @@
+//! The client retry policy (core decides; the JS client only sleeps and re-sends).
+use idempo_core::retry::{self, AttemptOutcome, Jitter, RetryConfig, RetryDecision, StopReason};
+use napi::Env;
+use napi_derive::napi;
+
+use crate::error::{Fail, code};
+use crate::num::{from_u64, to_status, to_u64};
+
+/// Retry policy settings; omitted fields take core's defaults.
+#[napi(object)]
+#[derive(Default)]
+pub struct RetryPolicyOptions {
+    /// Maximum number of attempts, the first included (default 5).
+    pub max_attempts: Option<u32>,
+    /// Backoff base in ms (default 500).
+    pub base_delay_ms: Option<f64>,
+    /// Backoff ceiling in ms (default 10000).
+    pub max_delay_ms: Option<f64>,
+    /// Total time budget in ms since the first attempt started (default 60000).
+    pub max_elapsed_ms: Option<f64>,
+    /// `"equal"` (default) or `"full"` jitter.
+    pub jitter: Option<String>,
+}
+
+/// How an attempt ended.
+#[napi(object)]
+pub struct AttemptOutcomeInput {
+    /// `"response"`, `"timeout"` or `"connection_error"`.
+    pub kind: String,
+    /// HTTP status (for `"response"`).
+    pub status: Option<u32>,
+    /// The parsed `Retry-After` in ms (for `"response"`), if the response had a valid one.
+    pub retry_after_ms: Option<f64>,
+}
+
+/// Core's decision.
+#[napi(object)]
+pub struct RetryDecisionOutput {
+    /// True: retry with the same key after `delayMs`.
+    pub retry: bool,
+    /// Delay before the next attempt (when `retry`).
+    pub delay_ms: Option<f64>,
+    /// Why to stop (when not `retry`): core's snake_case stop reason.
+    pub reason: Option<String>,
+    /// The status behind a `client_error` or `server_error_not_retryable` stop.
+    pub status: Option<u32>,
+}
+
+fn config(o: &RetryPolicyOptions) -> Result<RetryConfig, Fail> {
+    let d = RetryConfig::default();
+    let jitter = match o.jitter.as_deref() {
+        None => d.jitter,
+        Some("equal") => Jitter::Equal,
+        Some("full") => Jitter::Full,
+        Some(other) => {
+            return Err(Fail::new(
+                code::CONFIG,
+                format!("jitter must be \"equal\" or \"full\", got {other:?}"),
+            ));
+        }
+    };
+    let opt = |v: Option<f64>, name: &str, default: u64| v.map_or(Ok(default), |x| to_u64(x, name));
+    Ok(RetryConfig {
+        max_attempts: o.max_attempts.unwrap_or(d.max_attempts),
+        base_delay_ms: opt(o.base_delay_ms, "baseDelayMs", d.base_delay_ms)?,
+        max_delay_ms: opt(o.max_delay_ms, "maxDelayMs", d.max_delay_ms)?,
+        max_elapsed_ms: opt(o.max_elapsed_ms, "maxElapsedMs", d.max_elapsed_ms)?,
+        jitter,
+    })
+}
+
+fn outcome(o: &AttemptOutcomeInput) -> Result<AttemptOutcome, Fail> {
+    match o.kind.as_str() {
+        "response" => {
+            let status = o.status.ok_or_else(|| {
+                Fail::new(code::INVALID_ARGUMENT, "a response outcome needs a status")
+            })?;
+            Ok(AttemptOutcome::Response {
+                status: to_status(status)?,
+                retry_after_ms: o
+                    .retry_after_ms
+                    .map(|v| to_u64(v, "retryAfterMs"))
+                    .transpose()?,
+            })
+        }
+        "timeout" => Ok(AttemptOutcome::Timeout),
+        "connection_error" => Ok(AttemptOutcome::ConnectionError),
+        other => Err(Fail::new(
+            code::INVALID_ARGUMENT,
+            format!("outcome kind must be response, timeout or connection_error, got {other:?}"),
+        )),
+    }
+}
+
+/// The retry policy of core, configured once and asked after every attempt.
+#[napi]
+pub struct RetryPolicy {
+    inner: retry::RetryPolicy,
+}
+
+#[napi]
+impl RetryPolicy {
+    /// Validates the settings (throws `CONFIG_INVALID` with core's reason code).
+    #[napi(constructor, catch_unwind)]
+    pub fn new(env: Env, options: Option<RetryPolicyOptions>) -> napi::Result<Self> {
+        let cfg = config(&options.unwrap_or_default()).map_err(|f| f.throw(&env))?;
+        let inner = retry::RetryPolicy::new(cfg).map_err(|e| {
+            Fail::new(code::CONFIG, e.to_string())
+                .reason(e.code())
+                .throw(&env)
+        })?;
+        Ok(Self { inner })
+    }
+
+    /// What to do after attempt `attempt` (1-based) ended with `outcome`, `elapsedMs` after the
+    /// first attempt started; `jitter` is a uniform sample in [0, 1) from the host.
+    #[napi(catch_unwind)]
+    pub fn decide(
+        &self,
+        env: Env,
+        attempt: u32,
+        elapsed_ms: f64,
+        outcome: AttemptOutcomeInput,
+        jitter: f64,
+    ) -> napi::Result<RetryDecisionOutput> {
+        let elapsed = to_u64(elapsed_ms, "elapsedMs").map_err(|f| f.throw(&env))?;
+        let o = self::outcome(&outcome).map_err(|f| f.throw(&env))?;
+        let d = self
+            .inner
+            .decide(attempt, elapsed, &o, jitter)
+            .map_err(|e| {
+                Fail::new(code::INVALID_ARGUMENT, e.to_string())
+                    .reason(e.code())
+                    .throw(&env)
+            })?;
+        Ok(match d {
+            RetryDecision::Retry { delay_ms } => RetryDecisionOutput {
+                retry: true,
+                delay_ms: Some(from_u64(delay_ms)),
+                reason: None,
+                status: None,
+            },
+            RetryDecision::Stop { reason } => RetryDecisionOutput {
+                retry: false,
+                delay_ms: None,
+                reason: Some(reason.code().to_owned()),
+                status: match reason {
+                    StopReason::ClientError { status }
+                    | StopReason::ServerErrorNotRetryable { status } => Some(u32::from(status)),
+                    _ => None,
+                },
+            },
+        })
+    }
+}
+
+/// Parses a `Retry-After` value (delay-seconds or HTTP-date) into ms from `nowMs`; `null` when
+/// the value is not valid.
+#[napi(catch_unwind)]
+pub fn parse_retry_after(env: Env, value: String, now_ms: f64) -> napi::Result<Option<f64>> {
+    let now = to_u64(now_ms, "nowMs").map_err(|f| f.throw(&env))?;
+    Ok(retry::parse_retry_after(&value, now).map(from_u64))
+}

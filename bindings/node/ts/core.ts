@@ -1,0 +1,197 @@
+/**
+ * Thin wrappers over the native addon: argument conversion and error mapping only. Every decision
+ * (canonical form, key validity, scope id, retry delay, response encoding) is made by core.
+ */
+import { randomBytes } from 'node:crypto';
+import native = require('./native');
+import { fromNative } from './errors';
+
+/** Number handling of canonicalization. */
+export type NumberMode = 'rfc' | 'reject_precision_loss';
+
+/** Options of {@link canonicalize}. */
+export interface CanonicalizeOptions {
+  /** `'rfc'` (default, RFC 8785 rounding) or `'reject_precision_loss'`. */
+  numbers?: NumberMode;
+  /** Maximum input size in bytes (default 8 MiB). */
+  maxInputBytes?: number;
+  /** Maximum nesting depth (default 128). */
+  maxDepth?: number;
+  /** Maximum number of members and elements (default 100000). */
+  maxMembers?: number;
+}
+
+/**
+ * The RFC 8785 (JCS) canonical form of a JSON text. Throws `CanonicalizationError` (with
+ * `offset`, `pointer`, `reason`) for input that is not strict I-JSON.
+ */
+export function canonicalize(data: Uint8Array | string, options?: CanonicalizeOptions): Buffer {
+  try {
+    return typeof data === 'string'
+      ? native.canonicalizeString(data, options)
+      : native.canonicalizeBytes(data, options);
+  } catch (e) {
+    throw fromNative(e);
+  }
+}
+
+/** Options of {@link parseKey}. */
+export interface ParseKeyOptions {
+  /** Minimum length in characters (default 8). */
+  minLen?: number;
+  /** Maximum length in characters (default 128, at most 255). */
+  maxLen?: number;
+  /** Accept only the quoted sf-string form (default false). */
+  strict?: boolean;
+}
+
+/** A parsed key and how it was sent. */
+export interface ParsedKey {
+  /** The key text. */
+  key: string;
+  /** `'sf_string'` (quoted) or `'bare'` (token). */
+  form: string;
+  /** Number of RFC 9651 parameters after the sf-string (validated, then ignored). */
+  ignoredParameters: number;
+}
+
+/**
+ * Parses an `Idempotency-Key` header value (an RFC 8941 sf-string, or a bare token unless
+ * `strict`) and returns the key. Throws `IdempotencyKeyInvalidError` (with `reason`, `offset`).
+ * A string is taken as UTF-8 text; pass a `Uint8Array` for raw header bytes.
+ */
+export function parseKey(value: string | Uint8Array, options?: ParseKeyOptions): string {
+  try {
+    return typeof value === 'string' ? native.parseKey(value, options) : native.parseKeyBytes(value, options).key;
+  } catch (e) {
+    throw fromNative(e);
+  }
+}
+
+/** {@link parseKey} with the form and ignored parameters; takes the raw header bytes. */
+export function parseKeyDetailed(value: Uint8Array | string, options?: ParseKeyOptions): ParsedKey {
+  try {
+    const bytes = typeof value === 'string' ? Buffer.from(value, 'utf8') : value;
+    return native.parseKeyBytes(bytes, options);
+  } catch (e) {
+    throw fromNative(e);
+  }
+}
+
+/** A fresh random key (128 bits from `crypto.randomBytes`, formatted by core). */
+export function generateKey(): string {
+  return native.generateKey(randomBytes(16));
+}
+
+/** The header value to send for `key` (its quoted sf-string form). */
+export function keyHeaderValue(key: string): string {
+  try {
+    return native.keyHeaderValue(key);
+  } catch (e) {
+    throw fromNative(e);
+  }
+}
+
+/**
+ * The 32-byte record key of (principal, method, route template, key): a length-prefixed SHA-256,
+ * so `('a:b', 'c')` and `('a', 'b:c')` differ. Use `''` as principal when there is none.
+ */
+export function scopeId(principal: string, method: string, route: string, key: string): Buffer {
+  return native.scopeId(principal, method, route, key);
+}
+
+/** {@link scopeId} as 64 lowercase hex characters. */
+export function scopeIdHex(principal: string, method: string, route: string, key: string): string {
+  return native.scopeIdHex(principal, method, route, key);
+}
+
+/** Retry policy settings (defaults from core: 5 attempts, 500 ms base, 10 s cap, 60 s budget). */
+export interface RetryPolicyOptions {
+  maxAttempts?: number;
+  baseDelayMs?: number;
+  maxDelayMs?: number;
+  maxElapsedMs?: number;
+  jitter?: 'equal' | 'full';
+}
+
+/** How one attempt ended. */
+export type AttemptOutcome =
+  | { kind: 'response'; status: number; retryAfterMs?: number | null }
+  | { kind: 'timeout' }
+  | { kind: 'connection_error' };
+
+/** Core's answer after an attempt. */
+export type RetryDecision =
+  | { retry: true; delayMs: number }
+  | { retry: false; reason: string; status?: number };
+
+/** The client retry policy of core (which outcomes to retry, backoff with jitter, budgets). */
+export class RetryPolicy {
+  readonly #inner: native.RetryPolicy;
+
+  constructor(options: RetryPolicyOptions = {}) {
+    try {
+      this.#inner = new native.RetryPolicy(options);
+    } catch (e) {
+      throw fromNative(e);
+    }
+  }
+
+  /**
+   * What to do after attempt `attempt` (1-based), `elapsedMs` after the first attempt started.
+   * `jitter` is a uniform sample in [0, 1) (default `Math.random()`).
+   */
+  decide(attempt: number, elapsedMs: number, outcome: AttemptOutcome, jitter: number = Math.random()): RetryDecision {
+    const input: native.AttemptOutcomeInput =
+      outcome.kind === 'response'
+        ? outcome.retryAfterMs == null
+          ? { kind: 'response', status: outcome.status }
+          : { kind: 'response', status: outcome.status, retryAfterMs: outcome.retryAfterMs }
+        : { kind: outcome.kind };
+    let d: native.RetryDecisionOutput;
+    try {
+      d = this.#inner.decide(attempt, elapsedMs, input, jitter);
+    } catch (e) {
+      throw fromNative(e);
+    }
+    if (d.retry) return { retry: true, delayMs: d.delayMs ?? 0 };
+    return d.status === undefined
+      ? { retry: false, reason: d.reason ?? 'unknown' }
+      : { retry: false, reason: d.reason ?? 'unknown', status: d.status };
+  }
+}
+
+/** Parses a `Retry-After` value into ms from `nowMs` (default now); null when invalid. */
+export function parseRetryAfter(value: string, nowMs: number = Date.now()): number | null {
+  try {
+    return native.parseRetryAfter(value, nowMs);
+  } catch (e) {
+    throw fromNative(e);
+  }
+}
+
+/** A response as stored for replays. */
+export interface StoredResponse {
+  status: number;
+  headers: Array<[string, string]>;
+  body: Buffer;
+}
+
+/** Encodes a response into the versioned `response` column (shared with every idempo binding). */
+export function encodeResponse(response: StoredResponse): Buffer {
+  try {
+    return native.encodeResponse(response);
+  } catch (e) {
+    throw fromNative(e);
+  }
+}
+
+/** Decodes a `response` column; throws `RecordCorruptError` on malformed bytes. */
+export function decodeResponse(encoded: Uint8Array): StoredResponse {
+  try {
+    const r = native.decodeResponse(encoded);
+    return { status: r.status, headers: r.headers as Array<[string, string]>, body: r.body };
+  } catch (e) {
+    throw fromNative(e);
+  }
+}
