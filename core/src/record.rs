@@ -107,6 +107,13 @@ impl fmt::Display for FingerprintText {
     }
 }
 
+impl From<&crate::fingerprint::Fingerprint> for FingerprintText {
+    /// The fingerprint's text form (`v1:<64 hex>` / `h1:<64 hex>`), always valid.
+    fn from(fp: &crate::fingerprint::Fingerprint) -> Self {
+        Self(fp.to_string())
+    }
+}
+
 impl std::str::FromStr for FingerprintText {
     type Err = RecordError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
@@ -713,6 +720,15 @@ mod tests {
             r.encode(),
             Err(EncodeError::InvalidHeaderName(String::new()))
         );
+    }
+
+    #[test]
+    fn core_fingerprints_convert() {
+        use crate::fingerprint::{Fingerprint, FingerprintKind};
+        let f = Fingerprint::from_parts(FingerprintKind::Sha256V1, [0xab; 32]);
+        let text = FingerprintText::from(&f);
+        assert_eq!(text.as_str(), format!("v1:{}", "ab".repeat(32)));
+        assert_eq!(FingerprintText::new(text.as_str()), Ok(text));
     }
 
     #[test]
