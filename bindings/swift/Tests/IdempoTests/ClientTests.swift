@@ -1,0 +1,183 @@
+import Foundation
+import XCTest
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+@testable import Idempo
+
+/// IdempotentClient against a real local HTTP server (bindings/swift/Tests/server.py).
+final class ClientTests: XCTestCase {
+    private var server: TestServer!
+    private var tempDir: URL!
+
+    /// Short backoff so the suite stays fast; Retry-After still applies as a floor.
+    private let fastPolicy = try! RetryPolicy(
+        maxAttempts: 5, baseDelayMilliseconds: 20, maxDelayMilliseconds: 100, maxElapsedMilliseconds: 20_000)
+
+    override func setUpWithError() throws {
+        server = try TestServer()
+        tempDir = FileManager.default.temporaryDirectory.appendingPathComponent("idempo-client-\(UUID().uuidString)")
+    }
+
+    override func tearDown() {
+        server.stop()
+        try? FileManager.default.removeItem(at: tempDir)
+    }
+
+    private func client(store: any PendingKeyStore = InMemoryPendingKeyStore(), policy: RetryPolicy? = nil) -> IdempotentClient {
+        IdempotentClient(keyStore: store, retryPolicy: policy ?? fastPolicy, jitter: { 0.5 })
+    }
+
+    func testLostResponseIsRetriedWithTheSameKeyAndExecutesOnce() async throws {
+        let store = InMemoryPendingKeyStore()
+        let request = server.paymentRequest(amount: 100, controls: ["X-Test-Lose-Response": "1"])
+        let answer = try await client(store: store).send(request, intent: "checkout-lost")
+
+        XCTAssertEqual(answer.status, 201)
+        XCTAssertEqual(answer.attempts, 2)
+        XCTAssertTrue(answer.isReplay, "the second attempt must be answered from the stored response")
+        XCTAssertEqual(answer.stopReason, .success)
+        let stats = try await server.stats(for: answer.key)
+        XCTAssertEqual(stats.executions, 1)
+        XCTAssertEqual(stats.requests, 2)
+        XCTAssertEqual(stats.header_values, [answer.key.headerValue, answer.key.headerValue])
+        let pending = await store.pendingKey(for: "checkout-lost")
+        XCTAssertNil(pending, "a definitive answer clears the pending key")
+    }
+
+    func testTimeoutThenInFlightConflictThenReplay() async throws {
+        // The handler takes 1.2 s; the client gives up on each attempt after 0.4 s.
+        let configuration = URLSessionConfiguration.ephemeral
+        configuration.timeoutIntervalForRequest = 0.4
+        let session = URLSession(configuration: configuration)
+        let request = server.paymentRequest(amount: 7, controls: ["X-Test-Delay-Ms": "1200"], timeout: 0.4)
+        let answer = try await IdempotentClient(transport: URLSessionTransport(session: session), retryPolicy: fastPolicy)
+            .send(request)
+        XCTAssertEqual(answer.status, 201)
+        XCTAssertTrue(answer.isReplay)
+        XCTAssertGreaterThanOrEqual(answer.attempts, 2)
+        let stats = try await server.stats(for: answer.key)
+        XCTAssertEqual(stats.executions, 1)
+        XCTAssertEqual(Set(stats.header_values), [answer.key.headerValue])
+    }
+
+    func testConflictWhileInFlightWaitsForRetryAfterThenGetsTheReplay() async throws {
+        let key = IdempotencyKey.generate()
+        // Another device (a plain request) is running the payment with this key for 0.8 s.
+        var first = server.paymentRequest(amount: 42, controls: ["X-Test-Delay-Ms": "800"])
+        first.setValue(key.headerValue, forHTTPHeaderField: "Idempotency-Key")
+        let firstTask = Task { try await URLSessionTransport().send(first) }
+        try await Task.sleep(nanoseconds: 200_000_000)
+
+        let started = Date()
+        let answer = try await client().send(server.paymentRequest(amount: 42), key: key)
+        let waited = Date().timeIntervalSince(started)
+
+        XCTAssertEqual(answer.status, 201)
+        XCTAssertTrue(answer.isReplay)
+        XCTAssertEqual(answer.attempts, 2, "one 409, then the replay")
+        XCTAssertGreaterThanOrEqual(waited, 0.95, "Retry-After: 1 is a floor for the delay")
+        let original = try await firstTask.value
+        XCTAssertEqual(original.status, 201)
+        XCTAssertEqual(answer.body, original.body, "the replay carries the original answer")
+        let stats = try await server.stats(for: key)
+        XCTAssertEqual(stats.executions, 1)
+    }
+
+    func testKeyReusedWithDifferentRequestStopsAt422AndDropsTheKey() async throws {
+        let store = InMemoryPendingKeyStore()
+        let key = IdempotencyKey.generate()
+        let c = client(store: store)
+        _ = try await c.send(server.paymentRequest(amount: 10), key: key)
+        do {
+            _ = try await c.send(server.paymentRequest(amount: 11), intent: "checkout-422", key: key)
+            XCTFail("a 422 must throw")
+        } catch IdempotentClientError.keyReusedWithDifferentRequest(let got, let response) {
+            XCTAssertEqual(got, key)
+            XCTAssertEqual(response.status, 422)
+        }
+        let stats = try await server.stats(for: key)
+        XCTAssertEqual(stats.requests, 2, "no retry after 422")
+        XCTAssertEqual(stats.executions, 1)
+        let pending = await store.pendingKey(for: "checkout-422")
+        XCTAssertNil(pending, "a new intent needs a new key")
+    }
+
+    func testOtherClientErrorsStopWithoutRetry() async throws {
+        var request = server.paymentRequest(amount: 1)
+        request.httpBody = Data("not json".utf8)
+        let answer = try await client().send(request)
+        XCTAssertEqual(answer.status, 400)
+        XCTAssertEqual(answer.attempts, 1)
+        XCTAssertEqual(answer.stopReason, .clientError(status: 400))
+    }
+
+    func testServerErrorsAreRetriedWithTheSameKey() async throws {
+        let request = server.paymentRequest(amount: 5, controls: ["X-Test-Fail-Times": "2"])
+        let answer = try await client().send(request)
+        XCTAssertEqual(answer.status, 201)
+        XCTAssertEqual(answer.attempts, 3)
+        XCTAssertFalse(answer.isReplay)
+        let stats = try await server.stats(for: answer.key)
+        XCTAssertEqual(stats.requests, 3)
+        XCTAssertEqual(stats.executions, 1)
+        XCTAssertEqual(Set(stats.header_values), [answer.key.headerValue])
+    }
+
+    func testPendingKeySurvivesARestart() async throws {
+        let file = tempDir.appendingPathComponent("pending-keys.json")
+        let request = server.paymentRequest(amount: 250, controls: ["X-Test-Fail-Times": "3"])
+        let twoAttempts = try RetryPolicy(
+            maxAttempts: 2, baseDelayMilliseconds: 20, maxDelayMilliseconds: 100, maxElapsedMilliseconds: 20_000)
+
+        // First app run: the server keeps failing, the client gives up, the key stays pending.
+        let firstKey: IdempotencyKey
+        do {
+            _ = try await client(store: FilePendingKeyStore(fileURL: file), policy: twoAttempts)
+                .send(request, intent: "checkout-restart")
+            XCTFail("the first run must give up")
+            return
+        } catch IdempotentClientError.gaveUp(let key, let reason, let attempts, let last) {
+            XCTAssertEqual(reason, .attemptsExhausted)
+            XCTAssertEqual(attempts, 2)
+            guard case .response(let response) = last else { return XCTFail("expected a 503, got \(last)") }
+            XCTAssertEqual(response.status, 503)
+            firstKey = key
+        }
+        XCTAssertTrue(FileManager.default.fileExists(atPath: file.path))
+
+        // Second app run: new store instance on the same file, new client, same intent.
+        let reopened = FilePendingKeyStore(fileURL: file)
+        let stored = try await reopened.pendingKey(for: "checkout-restart")
+        XCTAssertEqual(stored, firstKey)
+        let answer = try await client(store: reopened).send(request, intent: "checkout-restart")
+        XCTAssertEqual(answer.key, firstKey, "the retry after a restart reuses the pending key")
+        XCTAssertEqual(answer.status, 201)
+        let stats = try await server.stats(for: firstKey)
+        XCTAssertEqual(stats.requests, 4)
+        XCTAssertEqual(stats.executions, 1)
+        XCTAssertEqual(Set(stats.header_values), [firstKey.headerValue])
+        let after = try await FilePendingKeyStore(fileURL: file).pendingKey(for: "checkout-restart")
+        XCTAssertNil(after, "done: nothing pending any more")
+    }
+
+    func testConnectionRefusedGivesUpAndKeepsTheKey() async throws {
+        let store = InMemoryPendingKeyStore()
+        let port = server.baseURL.port!
+        server.stop()
+        var request = URLRequest(url: URL(string: "http://127.0.0.1:\(port)/payments")!)
+        request.httpMethod = "POST"
+        request.httpBody = Data("{}".utf8)
+        let policy = try RetryPolicy(maxAttempts: 3, baseDelayMilliseconds: 5, maxDelayMilliseconds: 10, maxElapsedMilliseconds: 5_000)
+        do {
+            _ = try await client(store: store, policy: policy).send(request, intent: "offline")
+            XCTFail("nothing listens: the client must give up")
+        } catch IdempotentClientError.gaveUp(let key, let reason, let attempts, let last) {
+            XCTAssertEqual(reason, .attemptsExhausted)
+            XCTAssertEqual(attempts, 3)
+            guard case .connectionError = last else { return XCTFail("expected a connection error, got \(last)") }
+            let pending = await store.pendingKey(for: "offline")
+            XCTAssertEqual(pending, key)
+        }
+    }
+}
