@@ -190,13 +190,19 @@ class HostCore:
         request: Any,
         method: str,
         route: str,
+        target: str,
         key_value: Optional[bytes],
         headers: List[Tuple[str, str]],
         content_type: Optional[str],
         body: bytes,
         authenticated: bool,
     ) -> Prepared:
-        """Admits the key, computes the principal, fingerprint and scope id."""
+        """Admits the key, computes the principal, fingerprint and scope id.
+
+        The scope uses the route *template* (one record namespace per endpoint); the fingerprint
+        covers the concrete ``target`` (path and query), so the same key sent to
+        ``/accounts/1/payments`` and ``/accounts/2/payments`` is a 422, never a replay.
+        """
         key, problem = admit_key(key_value, opts.config, **self.key_opts)  # type: ignore[arg-type]
         if problem is not None:
             answer = response_of(problem)
@@ -217,7 +223,7 @@ class HostCore:
             principal = ""
         try:
             fp = self.fingerprinter(opts).fingerprint(
-                method, route, body, headers, content_type=content_type
+                method, target, body, headers, content_type=content_type
             )
         except CanonicalizationError as exc:
             answer = response_of(body_problem(exc.code))

@@ -185,6 +185,7 @@ class IdempotencyMiddleware:
             request=scope,
             method=method,
             route=route,
+            target=_target(scope),
             key_value=key_value,
             headers=headers,
             content_type=lower.get("content-type"),
@@ -223,6 +224,13 @@ class IdempotencyMiddleware:
             hooks=core.hooks,
         )
         await _send(send, response)
+
+
+def _target(scope: Scope) -> str:
+    """The concrete request target: path plus query string."""
+    query = scope.get("query_string", b"")
+    path = str(scope.get("path", ""))
+    return path + ("?" + bytes(query).decode("latin-1") if query else "")
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

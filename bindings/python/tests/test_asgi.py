@@ -1,0 +1,293 @@
+"""The ASGI middleware on Starlette, driven through httpx's ASGI transport."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from storekit import ALL_KINDS, SERVICE_KINDS, open_store
+
+import idempo
+from idempo.asgi import IdempotencyMiddleware
+from idempo.stores import MemoryStore
+
+
+class Effects:
+    def __init__(self) -> None:
+        self.runs: List[Dict[str, Any]] = []
+        self.lock = threading.Lock()
+
+    def record(self, item: Dict[str, Any]) -> int:
+        with self.lock:
+            self.runs.append(item)
+            return len(self.runs)
+
+
+def make_app(store: Any, effects: Effects, delay: float = 0.0, **options: Any) -> Starlette:
+    async def pay(request: Request) -> Response:
+        body = await request.json()
+        if delay or body.get("sleep"):
+            await asyncio.sleep(body.get("sleep", delay))
+        if body.get("fail"):
+            effects.record({"failed": True})
+            raise RuntimeError("handler failed after its side effect")
+        n = effects.record(body)
+        status = int(body.get("status", 201))
+        return JSONResponse(
+            {"payment": n, "amount": body.get("amount"),
+             "downstream": request.state.idempotency.downstream_key},
+            status_code=status,
+            headers={"location": f"/payments/{n}", "set-cookie": "session=secret"},
+        )
+
+    @idempo.idempotent(enabled=False)
+    async def exempt(request: Request) -> Response:
+        effects.record({"exempt": True})
+        return JSONResponse({"ok": True})
+
+    @idempo.idempotent(config=idempo.Config(key_required=False))
+    async def optional(request: Request) -> Response:
+        n = effects.record({"optional": True})
+        return JSONResponse({"n": n}, status_code=201)
+
+    app = Starlette(routes=[
+        Route("/payments/{account}", pay, methods=["POST"]),
+        Route("/exempt", exempt, methods=["POST"]),
+        Route("/optional", optional, methods=["POST"]),
+    ])
+    app.add_middleware(IdempotencyMiddleware, store=store, **options)
+    return app
+
+
+def client(app: Starlette) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+
+
+def key(n: int) -> Dict[str, str]:
+    return {"Idempotency-Key": f'"key-{n:08d}"'}
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_new_replay_mismatch_and_problems() -> None:
+    effects = Effects()
+    outcomes: List[str] = []
+    app = make_app(MemoryStore(), effects,
+                   hooks=idempo.Hooks(on_outcome=lambda route, o: outcomes.append(f"{route} {o}")))
+
+    async def main() -> None:
+        async with client(app) as c:
+            first = await c.post("/payments/a1", json={"amount": 10}, headers=key(1))
+            assert first.status_code == 201 and "idempotent-replayed" not in first.headers
+            assert first.headers["set-cookie"] == "session=secret"  # the live client gets it all
+            again = await c.post("/payments/a1", json={"amount": 10}, headers=key(1))
+            assert again.status_code == 201 and again.content == first.content
+            assert again.headers["idempotent-replayed"] == "true"
+            assert again.headers["location"] == first.headers["location"]
+            assert "set-cookie" not in again.headers  # never stored
+            # key order and whitespace do not matter: same canonical body
+            same = await c.post("/payments/a1", content=b'{ "amount" : 10 }', headers={
+                **key(1), "content-type": "application/json"})
+            assert same.status_code == 201 and same.headers["idempotent-replayed"] == "true"
+            other = await c.post("/payments/a1", json={"amount": 11}, headers=key(1))
+            assert other.status_code == 422
+            assert other.headers["content-type"] == "application/problem+json"
+            assert other.json()["type"] == "urn:idempo:problem:key-reused"
+            # same template, another concrete path: the fingerprint differs -> 422, not a replay
+            moved = await c.post("/payments/a2", json={"amount": 10}, headers=key(1))
+            assert moved.status_code == 422
+            fresh = await c.post("/payments/a2", json={"amount": 10}, headers=key(2))
+            assert fresh.status_code == 201 and fresh.json()["payment"] == 2
+            missing = await c.post("/payments/a1", json={"amount": 10})
+            assert missing.status_code == 400 and missing.json()["type"].endswith("missing-key")
+            invalid = await c.post("/payments/a1", json={"amount": 10}, headers={"Idempotency-Key": "short"})
+            assert invalid.status_code == 400 and invalid.json()["code"] == "too_short"
+            dup = await c.post("/payments/a1", content=b'{"a":1,"a":2}', headers={
+                **key(3), "content-type": "application/json"})
+            assert dup.status_code == 400 and dup.json()["code"] == "duplicate_member"
+            lossy = await c.post("/payments/a1", content=b'{"amount":9007199254740993}', headers={
+                **key(4), "content-type": "application/json"})
+            assert lossy.status_code == 400 and lossy.json()["code"] == "precision_loss"
+            get = await c.get("/payments/a1")
+            assert get.status_code == 405  # not protected: passes through
+
+    run(main())
+    assert len(effects.runs) == 2
+    assert "/payments/{account} stored" in outcomes and "/payments/{account} replayed" in outcomes
+    assert "/payments/{account} mismatch" in outcomes
+
+
+def test_route_marks_and_optional_key() -> None:
+    effects = Effects()
+    app = make_app(MemoryStore(), effects)
+
+    async def main() -> None:
+        async with client(app) as c:
+            assert (await c.post("/exempt", json={})).status_code == 200
+            assert (await c.post("/exempt", json={})).status_code == 200
+            a = await c.post("/optional", json={})
+            b = await c.post("/optional", json={})
+            assert a.status_code == b.status_code == 201 and a.json() != b.json()  # unprotected
+            k1 = await c.post("/optional", json={}, headers=key(9))
+            k2 = await c.post("/optional", json={}, headers=key(9))
+            assert k2.headers["idempotent-replayed"] == "true" and k1.content == k2.content
+
+    run(main())
+    assert len(effects.runs) == 5
+
+
+def test_body_limit_413() -> None:
+    effects = Effects()
+    app = make_app(MemoryStore(), effects, max_body_bytes=64)
+
+    async def main() -> None:
+        async with client(app) as c:
+            big = await c.post("/payments/a", json={"amount": 1, "pad": "x" * 100}, headers=key(1))
+            assert big.status_code == 413 and big.json()["type"].endswith("body-too-large")
+            ok = await c.post("/payments/a", json={"amount": 1}, headers=key(2))
+            assert ok.status_code == 201
+
+    run(main())
+    assert len(effects.runs) == 1
+
+
+class BrokenStore(MemoryStore):
+    def claim(self, *args: Any, **kwargs: Any) -> Any:
+        raise ConnectionError("store is down")
+
+
+def test_store_down_fails_closed_503() -> None:
+    effects = Effects()
+    errors: List[BaseException] = []
+    app = make_app(BrokenStore(), effects,
+                   hooks=idempo.Hooks(on_store_error=lambda route, e: errors.append(e)))
+
+    async def main() -> None:
+        async with client(app) as c:
+            r = await c.post("/payments/a", json={"amount": 1}, headers=key(1))
+            assert r.status_code == 503 and r.headers["retry-after"] == "1"
+            assert r.json()["type"].endswith("store-unavailable")
+
+    run(main())
+    assert effects.runs == [] and len(errors) == 1
+
+
+def test_failed_handler_leaves_outcome_unknown() -> None:
+    effects = Effects()
+    app = make_app(MemoryStore(), effects, config=idempo.Config(lease_ms=1000))
+
+    async def main() -> None:
+        async with client(app) as c:
+            with pytest.raises(RuntimeError, match="after its side effect"):
+                await c.post("/payments/a", json={"fail": True}, headers=key(1))
+            again = await c.post("/payments/a", json={"fail": True}, headers=key(1))
+            assert again.status_code == 500
+            assert again.json()["type"].endswith("outcome-unknown")
+
+    run(main())
+    assert len(effects.runs) == 1  # never re-run
+
+
+def test_transient_status_is_not_stored() -> None:
+    effects = Effects()
+    app = make_app(MemoryStore(), effects)
+
+    async def main() -> None:
+        async with client(app) as c:
+            a = await c.post("/payments/a", json={"status": 503}, headers=key(1))
+            b = await c.post("/payments/a", json={"status": 503}, headers=key(1))
+            assert a.status_code == b.status_code == 503 and "idempotent-replayed" not in b.headers
+
+    run(main())
+    assert len(effects.runs) == 2  # released: a retry runs again
+
+
+def test_heartbeat_keeps_long_handler_owned() -> None:
+    effects = Effects()
+    app = make_app(MemoryStore(), effects, config=idempo.Config(lease_ms=1000, takeover="rerun"))
+
+    async def main() -> None:
+        async with client(app) as c:
+            slow = asyncio.ensure_future(
+                c.post("/payments/a", json={"sleep": 1.6}, headers=key(1)))
+            await asyncio.sleep(1.3)  # past the first lease: only heartbeats keep it
+            dup = await c.post("/payments/a", json={"sleep": 1.6}, headers=key(1))
+            assert dup.status_code == 409
+            assert (await slow).status_code == 201
+
+    run(main())
+    assert len(effects.runs) == 1
+
+
+def test_unscoped_authenticated_request_warns() -> None:
+    effects = Effects()
+    app = make_app(MemoryStore(), effects)
+
+    async def main() -> None:
+        async with client(app) as c:
+            with pytest.warns(idempo.UnscopedKeyWarning):
+                await c.post("/payments/a", json={}, headers={**key(1), "Authorization": "Bearer x"})
+
+    run(main())
+    scoped = make_app(MemoryStore(), effects, scope=lambda s: "user-1")
+
+    async def quiet() -> None:
+        async with client(scoped) as c:
+            r = await c.post("/payments/a", json={}, headers={**key(1), "Authorization": "Bearer x"})
+            assert r.status_code == 201
+
+    run(quiet())
+
+
+def test_scope_function_separates_principals() -> None:
+    effects = Effects()
+
+    def principal(scope: Any) -> Optional[str]:
+        for n, v in scope["headers"]:
+            if n == b"x-user":
+                return str(v.decode())
+        return None
+
+    app = make_app(MemoryStore(), effects, scope=principal)
+
+    async def main() -> None:
+        async with client(app) as c:
+            a = await c.post("/payments/x", json={"amount": 1}, headers={**key(1), "x-user": "alice"})
+            b = await c.post("/payments/x", json={"amount": 2}, headers={**key(1), "x-user": "bob"})
+            assert a.status_code == b.status_code == 201 and "idempotent-replayed" not in b.headers
+
+    run(main())
+    assert len(effects.runs) == 2
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS)
+def test_concurrent_duplicates_run_once(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """Many concurrent requests with one key, on every store: the handler runs exactly once."""
+    services = request.getfixturevalue("services") if kind in SERVICE_KINDS else None
+    effects = Effects()
+
+    async def main() -> None:
+        async with open_store(kind, tmp_path, services) as store:
+            target = getattr(store, "store", store)  # the real store behind the test facade
+            app = make_app(target, effects, delay=0.3)
+            async with client(app) as c:
+                rs = await asyncio.gather(*(
+                    c.post("/payments/a", json={"amount": 5}, headers=key(77)) for _ in range(16)))
+                statuses = sorted(r.status_code for r in rs)
+                assert statuses.count(201) == 1 and statuses.count(409) == 15, statuses
+                await asyncio.sleep(0.4)
+                after = await c.post("/payments/a", json={"amount": 5}, headers=key(77))
+                assert after.status_code == 201 and after.headers["idempotent-replayed"] == "true"
+
+    run(main())
+    assert len(effects.runs) == 1
