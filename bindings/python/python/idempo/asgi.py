@@ -34,24 +34,25 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-def _starlette_route(scope: Scope) -> Tuple[Optional[str], Any]:
-    """(route template, endpoint) of the Starlette route that fully matches, if any."""
+def _starlette_route(scope: Scope) -> Tuple[Optional[str], Any, bool]:
+    """(route template, endpoint, routed): the Starlette route that fully matches, if any;
+    ``routed`` is False when the app exposes no routes to match against."""
     app = scope.get("app")
     routes = getattr(app, "routes", None)
     if not routes:
-        return None, None
+        return None, None, False
     try:
         from starlette.routing import Match
     except ImportError:  # pragma: no cover - Starlette is what sets scope["app"].routes
-        return None, None
+        return None, None, False
     for route in routes:
         try:
             match, _child = route.matches(scope)
         except Exception:  # noqa: BLE001 - a foreign route type: skip it
             continue
         if match == Match.FULL:
-            return getattr(route, "path", None), getattr(route, "endpoint", None)
-    return None, None
+            return getattr(route, "path", None), getattr(route, "endpoint", None), True
+    return None, None, True
 
 
 def _authenticated(scope: Scope, headers: Dict[str, str]) -> bool:
@@ -134,9 +135,12 @@ class IdempotencyMiddleware:
         if scope["type"] != "http" or scope["method"].upper() not in self.core.methods:
             await self.app(scope, receive, send)
             return
-        template, endpoint = _starlette_route(scope)
+        template, endpoint, routed = _starlette_route(scope)
         if self.route_fn is not None:
             template = self.route_fn(scope) or template
+        elif routed and template is None:
+            await self.app(scope, receive, send)  # no such route: the app answers 404/405
+            return
         opts = self.core.options_for(endpoint)
         if opts is None:
             await self.app(scope, receive, send)
