@@ -6,7 +6,7 @@
 #                                             difference with the committed files (CI)
 #
 # uniffi 0.32 library mode reads the interface metadata from the library's symbol table, so the
-# input is the UNSTRIPPED dev build (target/debug/libidempo_swift.so); the Apple build strips
+# input is the UNSTRIPPED dev build (target/debug/libidempo_swift.so or .dylib); the Apple build strips
 # only what it ships. Generated files (never edit them by hand):
 #   Sources/IdempoBindings/IdempoBindings.swift   Swift wrapper (module IdempoBindings)
 #   Sources/IdempoFFI/IdempoFFI.h                 C declarations of the FFI
@@ -26,7 +26,8 @@ target_dir=$("$CARGO" metadata --format-version 1 --no-deps | python3 -c 'import
 # the files left in target/debug are the ones the Swift package links.
 "$CARGO" build -q -p idempo-swift --features bindgen --bin uniffi-bindgen-swift
 "$CARGO" build -q -p idempo-swift --lib
-lib="$target_dir/debug/libidempo_swift.so"
+case "$(uname -s)" in Darwin) ext=dylib ;; *) ext=so ;; esac
+lib="$target_dir/debug/libidempo_swift.$ext"
 bindgen="$target_dir/debug/uniffi-bindgen-swift"
 [ -f "$lib" ] || { echo "gen-bindings: $lib is missing" >&2; exit 1; }
 
