@@ -29,6 +29,56 @@ export declare class Fingerprinter {
   fingerprintJson(method: string, route: string, body: Uint8Array): string
 }
 
+/** A validated per-route configuration, shared by every request of the route. */
+export declare class FlowConfig {
+  /** Validates the policy (throws `CONFIG_INVALID`). */
+  constructor(options?: FlowConfigOptions | undefined | null)
+  /** The lease in ms. */
+  get leaseMs(): number
+  /** The heartbeat interval in ms, or null. */
+  get heartbeatMs(): number | null
+  /** The record retention in ms. */
+  get ttlMs(): number
+  /** The largest response body stored. */
+  get maxBodyBytes(): number
+  /** `Retry-After` (ms) core uses on a 503. */
+  get unavailableRetryAfterMs(): number
+  /**
+   * The answer for a request without a key: a 400 problem, or null when the key is optional
+   * (run the handler unprotected).
+   */
+  missingKeyResponse(): HttpResponseData | null
+}
+
+/** A bounded map of records; the clock is supplied by the caller on every call. */
+export declare class MemoryStoreCore {
+  /** A store holding at most `maxEntries` records and `maxBytes` of stored responses. */
+  constructor(maxEntries: number, maxBytes: number)
+  /** Number of records held (expired ones included until purged or evicted). */
+  get size(): number
+  /** Completed records evicted before their expiry (retention cut short). */
+  get evictedLive(): number
+  /** Primitive 1 (positional arguments keep the JS call allocation-free). Throws `STORE_UNAVAILABLE` (reason `store_full`) when no room can be made. */
+  claim(scope: Uint8Array, fingerprint: string, tokenBytes: Uint8Array, leaseMs: number, ttlMs: number, nowMs: number): MemoryClaim
+  /** Primitive 2 (may return an expired record). */
+  get(scope: Uint8Array): RecordRowData | null
+  /** Primitive 3. */
+  takeover(scope: Uint8Array, seen: Uint8Array, newToken: Uint8Array, leaseMs: number, nowMs: number): number | null
+  /** Primitive 4. */
+  markUnknown(scope: Uint8Array, seen: Uint8Array, ttlMs: number, nowMs: number): boolean
+  /**
+   * Primitive 5. `response` is the encoded column (decoded by core; a malformed value throws
+   * `RECORD_CORRUPT`). Throws `STORE_UNAVAILABLE` (`store_full`) when the bytes do not fit.
+   */
+  complete(scope: Uint8Array, tokenBytes: Uint8Array, response: Uint8Array, ttlMs: number, nowMs: number): boolean
+  /** Primitive 6. */
+  release(scope: Uint8Array, tokenBytes: Uint8Array): boolean
+  /** Primitive 7. */
+  renew(scope: Uint8Array, tokenBytes: Uint8Array, leaseMs: number, nowMs: number): boolean
+  /** Primitive 8: deletes at most `batch` expired records, earliest expiry first. */
+  purgeExpired(batch: number, nowMs: number): PurgeCounts
+}
+
 /** The retry policy of core, configured once and asked after every attempt. */
 export declare class RetryPolicy {
   /** Validates the settings (throws `CONFIG_INVALID` with core's reason code). */
@@ -39,6 +89,46 @@ export declare class RetryPolicy {
    */
   decide(attempt: number, elapsedMs: number, outcome: AttemptOutcomeInput, jitter: number): RetryDecisionOutput
 }
+
+/** The server flow of one request that carries a valid key. */
+export declare class ServerFlow {
+  /**
+   * Starts the flow for (scope id, fingerprint text) with 16 fresh random bytes (the fencing
+   * token). The first action is available from `start()`.
+   */
+  constructor(config: FlowConfig, scope: Uint8Array, fingerprint: string, entropy: Uint8Array)
+  /** The first action (always a claim); callable once. */
+  start(): FlowAction
+  /** True once the flow has answered. */
+  get finished(): boolean
+  /** Claim inserted a new record. */
+  claimed(generation: number, nowMs: number): FlowAction
+  /** Claim found a live record (a corrupt row counts as a store failure). */
+  existing(row: RecordRowData, nowMs: number): FlowAction
+  /** Get's answer. */
+  got(row: RecordRowData | undefined | null, nowMs: number): FlowAction
+  /** Takeover's answer (the generation, or null when it did not apply). */
+  tookOver(generation?: number | undefined | null): FlowAction
+  /** Mark-unknown's answer. */
+  markedUnknown(applied: boolean): FlowAction
+  /** Complete's answer. */
+  completed(applied: boolean): FlowAction
+  /** Release's answer. */
+  released(applied: boolean): FlowAction
+  /** Renew's answer. */
+  renewed(applied: boolean): FlowAction
+  /** The last store action failed (error, timeout). */
+  storeFailed(): FlowAction
+  /** The heartbeat timer fired. */
+  heartbeatDue(): FlowAction
+  /** The handler returned a response (`bodyToStore`: the redaction hook's output, if any). */
+  handlerFinished(status: number, headers: Array<Array<string>>, body: Uint8Array, bodyToStore?: Uint8Array | undefined | null): FlowAction
+  /** The handler threw; `maybeSideEffect` false only when it certainly did nothing. */
+  handlerFailed(maybeSideEffect: boolean): FlowAction
+}
+
+/** Parses a raw `Idempotency-Key` header value; an invalid one yields core's 400 problem. */
+export declare function admitKey(value: Uint8Array, options?: ParseKeyOptions | undefined | null): KeyAdmission
 
 /** How an attempt ended. */
 export interface AttemptOutcomeInput {
@@ -98,11 +188,109 @@ export interface FingerprinterOptions {
   maxMembers?: number
 }
 
+/** One action for the host, as a flat object; `type` says which fields are set. */
+export interface FlowAction {
+  /** `store`, `run_handler`, `wait`, `lease_lost`, `respond` or `propagate_error`. */
+  type: string
+  /** For `store`: `claim`, `get`, `takeover`, `mark_unknown`, `complete`, `release`, `renew`. */
+  op?: string
+  /** For `store`: the record key. */
+  scope?: Buffer
+  /** For `store` claim: the fingerprint to store. */
+  fingerprint?: string
+  /** For `store` claim/complete/release/renew and `run_handler`: the token. */
+  token?: Buffer
+  /** For `store` takeover/mark_unknown: the token the record must still hold. */
+  seenToken?: Buffer
+  /** For `store` takeover: the token to write. */
+  newToken?: Buffer
+  /** For `store` claim/takeover/renew: the lease length. */
+  leaseMs?: number
+  /** For `store` claim/mark_unknown/complete: the retention. */
+  ttlMs?: number
+  /** For `store` complete: the encoded response column. */
+  response?: Buffer
+  /** For `run_handler`: the generation. */
+  generation?: number
+  /** For `run_handler`: the key for downstream side effects. */
+  downstreamKey?: string
+  /** For `run_handler`: feed `heartbeatDue` at this interval (absent: never). */
+  heartbeatMs?: number
+  /** For `respond`: the response. */
+  http?: HttpResponseData
+  /** For `respond` and `propagate_error`: how the request ended. */
+  outcome?: string
+  /** Set when a stored row was refused as corrupt (the flow treated it as a store failure). */
+  corrupt?: string
+}
+
+/** Per-route policy; omitted fields take core's defaults. */
+export interface FlowConfigOptions {
+  /** `"re_run"` (default) or `"outcome_unknown"`: what an expired lease leads to. */
+  takeover?: string
+  /** Lease length in ms (default 30000, at least 1000). */
+  leaseMs?: number
+  /** Heartbeat interval in ms; `null` disables; default a third of the lease. */
+  heartbeatMs?: number
+  /** Disable the heartbeat (overrides `heartbeatMs`). */
+  noHeartbeat?: boolean
+  /** Retention of a record in ms (default 24 h). */
+  ttlMs?: number
+  /** Whether a request without a key is refused (default true). */
+  keyRequired?: boolean
+  /** Statuses never stored (a retry re-runs). Default 408, 409, 425, 429. */
+  transientStatuses?: Array<number>
+  /** Store 5xx responses (except 503) instead of releasing the key (default false). */
+  storeServerErrors?: boolean
+  /** Largest body stored for replays (default 1 MiB). */
+  maxBodyBytes?: number
+  /** Response headers stored and replayed (default: core's allowlist). */
+  storedHeaders?: Array<string>
+  /** Whether the host supplies a redacted body to store (default false). */
+  redactionHook?: boolean
+  /** `Retry-After` hint for 409 in ms (default 1000). */
+  inFlightRetryAfterMs?: number
+  /** `Retry-After` for 503 in ms (default 1000). */
+  unavailableRetryAfterMs?: number
+  /** Store rounds before 503 contention (default 3). */
+  maxStoreRounds?: number
+}
+
 /** Makes a fresh key from 16 bytes of host entropy. */
 export declare function generateKey(entropy: Uint8Array): string
 
+/** An HTTP response to send. */
+export interface HttpResponseData {
+  /** Status code. */
+  status: number
+  /** Header fields as `[name, value]` pairs, in order. */
+  headers: Array<Array<string>>
+  /** Body bytes. */
+  body: Buffer
+}
+
+/** Result of `admitKey`: the key, or the 400 problem to answer. */
+export interface KeyAdmission {
+  /** The parsed key, when valid. */
+  key?: string
+  /** The problem response, when invalid. */
+  response?: HttpResponseData
+  /** Core's reason code, when invalid. */
+  reason?: string
+}
+
 /** The header value to send for a key (its sf-string form). */
 export declare function keyHeaderValue(key: string): string
+
+/** Claim's answer: `claimed` with the generation, or the live record. */
+export interface MemoryClaim {
+  /** True when a new record was inserted. */
+  claimed: boolean
+  /** The new record's generation (when claimed). */
+  generation?: number
+  /** The live record (when not claimed). */
+  record?: RecordRowData
+}
 
 /** The version of the native addon (the workspace version). */
 export declare function nativeVersion(): string
@@ -144,6 +332,23 @@ export interface ParseKeyOptions {
  * the value is not valid.
  */
 export declare function parseRetryAfter(value: string, nowMs: number): number | null
+
+/**
+ * A problem+json response of core: `kind` is one of `missing_key`, `invalid_key`,
+ * `invalid_body`, `body_too_large`, `in_flight`, `mismatch`, `outcome_unknown`,
+ * `store_unavailable`, `contention`.
+ */
+export declare function problemResponse(kind: string, detail?: string | undefined | null, reason?: string | undefined | null, retryAfterMs?: number | undefined | null): HttpResponseData
+
+/** Rows deleted by one purge, per state. */
+export interface PurgeCounts {
+  /** In-progress rows deleted. */
+  inProgress: number
+  /** Completed rows deleted. */
+  completed: number
+  /** Outcome-unknown rows deleted. */
+  outcomeUnknown: number
+}
 
 /** One `idempo_record` row (every column but `scope_key`). */
 export interface RecordRowData {

@@ -33,6 +33,11 @@ impl Fail {
         }
     }
 
+    /// The human message.
+    pub(crate) fn message(&self) -> &str {
+        &self.message
+    }
+
     /// Adds core's snake_case reason code.
     pub(crate) fn reason(self, reason: &str) -> Self {
         self.with("reason", Detail::Str(reason.to_owned()))
@@ -83,10 +88,14 @@ pub(crate) mod code {
     pub(crate) const CANONICALIZATION: &str = "CANONICALIZATION_ERROR";
     /// A fingerprint could not be computed (bad configuration).
     pub(crate) const FINGERPRINT: &str = "FINGERPRINT_ERROR";
+    /// The store failed or is full; fail closed.
+    pub(crate) const STORE_UNAVAILABLE: &str = "STORE_UNAVAILABLE";
     /// A stored record violates the storage contract.
     pub(crate) const RECORD_CORRUPT: &str = "RECORD_CORRUPT";
     /// An argument is outside its documented domain.
     pub(crate) const INVALID_ARGUMENT: &str = "INVALID_ARGUMENT";
+    /// The host fed the server flow an event it cannot accept (a binding bug).
+    pub(crate) const FLOW: &str = "FLOW_ERROR";
     /// A configuration value was rejected by core.
     pub(crate) const CONFIG: &str = "CONFIG_INVALID";
 }

@@ -11,7 +11,9 @@
 mod canonical;
 mod error;
 mod fingerprint;
+mod flow;
 mod key;
+mod memstore;
 mod num;
 mod record;
 mod retry;

@@ -181,6 +181,8 @@ export function fromNative(err: unknown): unknown {
       return new CanonicalizationError(message, details);
     case 'FINGERPRINT_ERROR':
       return new FingerprintError(message, details);
+    case 'STORE_UNAVAILABLE':
+      return new StoreUnavailableError(message, details);
     case 'RECORD_CORRUPT':
       return new RecordCorruptError(message, details);
     case 'CONFIG_INVALID':

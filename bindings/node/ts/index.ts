@@ -31,3 +31,4 @@ export type {
 export { nativeVersion } from './native';
 export { Fingerprinter, fingerprint } from './fingerprint';
 export type { FingerprinterOptions, FingerprintRequest, FingerprintInput, HeaderInput } from './fingerprint';
+export * from './stores/index';

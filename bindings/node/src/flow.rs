@@ -1,0 +1,666 @@
+//! The sans-IO server flow of core, driven from JavaScript.
+//!
+//! The JS host loop executes the store operations and runs the handler; every decision (claim,
+//! replay, 409, 422, takeover, what to store, which problem to answer) is core's.
+use std::num::{NonZeroU8, NonZeroU64};
+use std::sync::Arc;
+
+use idempo_core::machine::problem::{self, ProblemKind};
+use idempo_core::machine::{
+    self, Action, Event, HandlerResponse, HttpResponse, MissingKey, ServerFlow as CoreFlow,
+    StoreOp, StoreResult,
+};
+use idempo_core::policy::{
+    Config, HeaderAllowlist, KeyRequirement, LeasePolicy, Redaction, ResponsePolicy, TakeoverPolicy,
+};
+use idempo_core::record::FingerprintText;
+use idempo_core::scope::ScopeId;
+use napi::Env;
+use napi::bindgen_prelude::Buffer;
+use napi_derive::napi;
+
+use crate::error::{Fail, code};
+use crate::key::{ParseKeyOptions, key_options};
+use crate::num::{from_u64, to_status, to_u64};
+use crate::record::{RecordRowData, header_pairs, to_record};
+
+/// Per-route policy; omitted fields take core's defaults.
+#[napi(object)]
+#[derive(Default)]
+pub struct FlowConfigOptions {
+    /// `"re_run"` (default) or `"outcome_unknown"`: what an expired lease leads to.
+    pub takeover: Option<String>,
+    /// Lease length in ms (default 30000, at least 1000).
+    pub lease_ms: Option<f64>,
+    /// Heartbeat interval in ms; `null` disables; default a third of the lease.
+    pub heartbeat_ms: Option<f64>,
+    /// Disable the heartbeat (overrides `heartbeatMs`).
+    pub no_heartbeat: Option<bool>,
+    /// Retention of a record in ms (default 24 h).
+    pub ttl_ms: Option<f64>,
+    /// Whether a request without a key is refused (default true).
+    pub key_required: Option<bool>,
+    /// Statuses never stored (a retry re-runs). Default 408, 409, 425, 429.
+    pub transient_statuses: Option<Vec<u32>>,
+    /// Store 5xx responses (except 503) instead of releasing the key (default false).
+    pub store_server_errors: Option<bool>,
+    /// Largest body stored for replays (default 1 MiB).
+    pub max_body_bytes: Option<f64>,
+    /// Response headers stored and replayed (default: core's allowlist).
+    pub stored_headers: Option<Vec<String>>,
+    /// Whether the host supplies a redacted body to store (default false).
+    pub redaction_hook: Option<bool>,
+    /// `Retry-After` hint for 409 in ms (default 1000).
+    pub in_flight_retry_after_ms: Option<f64>,
+    /// `Retry-After` for 503 in ms (default 1000).
+    pub unavailable_retry_after_ms: Option<f64>,
+    /// Store rounds before 503 contention (default 3).
+    pub max_store_rounds: Option<u32>,
+}
+
+fn config_fail(e: &impl std::fmt::Display) -> Fail {
+    Fail::new(code::CONFIG, e.to_string())
+}
+
+fn nonzero(v: u64, name: &str) -> Result<NonZeroU64, Fail> {
+    NonZeroU64::new(v).ok_or_else(|| Fail::new(code::CONFIG, format!("{name} must be positive")))
+}
+
+fn build_config(o: FlowConfigOptions) -> Result<Config, Fail> {
+    let d = Config::default();
+    let ms = |v: Option<f64>, name: &str| v.map(|x| to_u64(x, name)).transpose();
+    let lease_ms = ms(o.lease_ms, "leaseMs")?.unwrap_or(d.lease.lease_ms());
+    let lease = if o.no_heartbeat == Some(true) {
+        LeasePolicy::new(lease_ms, None)
+    } else if let Some(hb) = ms(o.heartbeat_ms, "heartbeatMs")? {
+        LeasePolicy::new(lease_ms, Some(hb))
+    } else {
+        LeasePolicy::with_default_heartbeat(lease_ms)
+    }
+    .map_err(|e| config_fail(&e))?;
+    let takeover = match o.takeover.as_deref() {
+        None => d.takeover,
+        Some("re_run") => TakeoverPolicy::ReRun,
+        Some("outcome_unknown") => TakeoverPolicy::OutcomeUnknown,
+        Some(other) => {
+            return Err(Fail::new(
+                code::CONFIG,
+                format!("takeover must be \"re_run\" or \"outcome_unknown\", got {other:?}"),
+            ));
+        }
+    };
+    let transient: Vec<u16> = match o.transient_statuses {
+        None => d.response.transient().to_vec(),
+        Some(v) => v.into_iter().map(to_status).collect::<Result<_, _>>()?,
+    };
+    let headers = match o.stored_headers {
+        None => d.response.headers().clone(),
+        Some(names) => HeaderAllowlist::new(names).map_err(|e| config_fail(&e))?,
+    };
+    let max_body = match ms(o.max_body_bytes, "maxBodyBytes")? {
+        None => d.response.max_body_bytes(),
+        Some(v) => {
+            usize::try_from(v).map_err(|_| Fail::new(code::CONFIG, "maxBodyBytes too large"))?
+        }
+    };
+    let redaction = if o.redaction_hook == Some(true) {
+        Redaction::HostHook
+    } else {
+        Redaction::None
+    };
+    let response = ResponsePolicy::new(
+        &transient,
+        o.store_server_errors
+            .unwrap_or(d.response.store_server_errors()),
+        max_body,
+        headers,
+        redaction,
+    )
+    .map_err(|e| config_fail(&e))?;
+    let rounds = match o.max_store_rounds {
+        None => d.max_store_rounds,
+        Some(v) => u8::try_from(v)
+            .ok()
+            .and_then(NonZeroU8::new)
+            .ok_or_else(|| Fail::new(code::CONFIG, "maxStoreRounds must be 1..=255"))?,
+    };
+    Ok(Config {
+        lease,
+        takeover,
+        response,
+        ttl_ms: match ms(o.ttl_ms, "ttlMs")? {
+            None => d.ttl_ms,
+            Some(v) => nonzero(v, "ttlMs")?,
+        },
+        key: if o.key_required == Some(false) {
+            KeyRequirement::Optional
+        } else {
+            KeyRequirement::Required
+        },
+        in_flight_retry_after_ms: match ms(o.in_flight_retry_after_ms, "inFlightRetryAfterMs")? {
+            None => d.in_flight_retry_after_ms,
+            Some(v) => nonzero(v, "inFlightRetryAfterMs")?,
+        },
+        unavailable_retry_after_ms: match ms(
+            o.unavailable_retry_after_ms,
+            "unavailableRetryAfterMs",
+        )? {
+            None => d.unavailable_retry_after_ms,
+            Some(v) => nonzero(v, "unavailableRetryAfterMs")?,
+        },
+        max_store_rounds: rounds,
+    })
+}
+
+/// An HTTP response to send.
+#[napi(object)]
+pub struct HttpResponseData {
+    /// Status code.
+    pub status: u32,
+    /// Header fields as `[name, value]` pairs, in order.
+    pub headers: Vec<Vec<String>>,
+    /// Body bytes.
+    pub body: Buffer,
+}
+
+fn http(r: HttpResponse) -> HttpResponseData {
+    HttpResponseData {
+        status: u32::from(r.status),
+        headers: r.headers.into_iter().map(|(n, v)| vec![n, v]).collect(),
+        body: Buffer::from(r.body),
+    }
+}
+
+/// A validated per-route configuration, shared by every request of the route.
+#[napi]
+pub struct FlowConfig {
+    inner: Arc<Config>,
+}
+
+#[napi]
+impl FlowConfig {
+    /// Validates the policy (throws `CONFIG_INVALID`).
+    #[napi(constructor, catch_unwind)]
+    pub fn new(env: Env, options: Option<FlowConfigOptions>) -> napi::Result<Self> {
+        build_config(options.unwrap_or_default())
+            .map(|c| Self { inner: Arc::new(c) })
+            .map_err(|f| f.throw(&env))
+    }
+
+    /// The lease in ms.
+    #[napi(getter)]
+    #[must_use]
+    pub fn lease_ms(&self) -> f64 {
+        from_u64(self.inner.lease.lease_ms())
+    }
+
+    /// The heartbeat interval in ms, or null.
+    #[napi(getter)]
+    #[must_use]
+    pub fn heartbeat_ms(&self) -> Option<f64> {
+        self.inner.lease.heartbeat_ms().map(from_u64)
+    }
+
+    /// The record retention in ms.
+    #[napi(getter)]
+    #[must_use]
+    pub fn ttl_ms(&self) -> f64 {
+        from_u64(self.inner.ttl_ms.get())
+    }
+
+    /// The largest response body stored.
+    #[napi(getter)]
+    #[must_use]
+    pub fn max_body_bytes(&self) -> f64 {
+        from_u64(u64::try_from(self.inner.response.max_body_bytes()).unwrap_or(u64::MAX))
+    }
+
+    /// `Retry-After` (ms) core uses on a 503.
+    #[napi(getter)]
+    #[must_use]
+    pub fn unavailable_retry_after_ms(&self) -> f64 {
+        from_u64(self.inner.unavailable_retry_after_ms.get())
+    }
+
+    /// The answer for a request without a key: a 400 problem, or null when the key is optional
+    /// (run the handler unprotected).
+    #[napi(catch_unwind)]
+    #[must_use]
+    pub fn missing_key_response(&self) -> Option<HttpResponseData> {
+        match machine::missing_key(&self.inner) {
+            MissingKey::Reject(r) => Some(http(r)),
+            MissingKey::RunUnprotected => None,
+        }
+    }
+}
+
+/// Result of `admitKey`: the key, or the 400 problem to answer.
+#[napi(object)]
+pub struct KeyAdmission {
+    /// The parsed key, when valid.
+    pub key: Option<String>,
+    /// The problem response, when invalid.
+    pub response: Option<HttpResponseData>,
+    /// Core's reason code, when invalid.
+    pub reason: Option<String>,
+}
+
+/// Parses a raw `Idempotency-Key` header value; an invalid one yields core's 400 problem.
+#[napi(catch_unwind)]
+pub fn admit_key(
+    env: Env,
+    value: &[u8],
+    options: Option<ParseKeyOptions>,
+) -> napi::Result<KeyAdmission> {
+    let opts = key_options(options.as_ref()).map_err(|f| f.throw(&env))?;
+    Ok(match idempo_core::key::parse_key_bytes(value, &opts) {
+        Ok(k) => KeyAdmission {
+            key: Some(k.as_str().to_owned()),
+            response: None,
+            reason: None,
+        },
+        Err(e) => KeyAdmission {
+            key: None,
+            response: Some(http(problem::invalid_key(&e))),
+            reason: Some(e.code().to_owned()),
+        },
+    })
+}
+
+/// A problem+json response of core: `kind` is one of `missing_key`, `invalid_key`,
+/// `invalid_body`, `body_too_large`, `in_flight`, `mismatch`, `outcome_unknown`,
+/// `store_unavailable`, `contention`.
+#[napi(catch_unwind)]
+pub fn problem_response(
+    env: Env,
+    kind: String,
+    detail: Option<String>,
+    reason: Option<String>,
+    retry_after_ms: Option<f64>,
+) -> napi::Result<HttpResponseData> {
+    let k = match kind.as_str() {
+        "missing_key" => ProblemKind::MissingKey,
+        "invalid_key" => ProblemKind::InvalidKey,
+        "invalid_body" => ProblemKind::InvalidBody,
+        "body_too_large" => ProblemKind::BodyTooLarge,
+        "in_flight" => ProblemKind::InFlight,
+        "mismatch" => ProblemKind::Mismatch,
+        "outcome_unknown" => ProblemKind::OutcomeUnknown,
+        "store_unavailable" => ProblemKind::StoreUnavailable,
+        "contention" => ProblemKind::Contention,
+        other => {
+            return Err(Fail::new(
+                code::INVALID_ARGUMENT,
+                format!("unknown problem kind {other:?}"),
+            )
+            .throw(&env));
+        }
+    };
+    let ra = retry_after_ms
+        .map(|v| to_u64(v, "retryAfterMs"))
+        .transpose()
+        .map_err(|f| f.throw(&env))?;
+    Ok(http(problem::problem_response(
+        k,
+        detail.as_deref(),
+        reason.as_deref(),
+        ra,
+    )))
+}
+
+/// One action for the host, as a flat object; `type` says which fields are set.
+#[napi(object)]
+pub struct FlowAction {
+    /// `store`, `run_handler`, `wait`, `lease_lost`, `respond` or `propagate_error`.
+    #[napi(js_name = "type")]
+    pub kind: String,
+    /// For `store`: `claim`, `get`, `takeover`, `mark_unknown`, `complete`, `release`, `renew`.
+    pub op: Option<String>,
+    /// For `store`: the record key.
+    pub scope: Option<Buffer>,
+    /// For `store` claim: the fingerprint to store.
+    pub fingerprint: Option<String>,
+    /// For `store` claim/complete/release/renew and `run_handler`: the token.
+    pub token: Option<Buffer>,
+    /// For `store` takeover/mark_unknown: the token the record must still hold.
+    pub seen_token: Option<Buffer>,
+    /// For `store` takeover: the token to write.
+    pub new_token: Option<Buffer>,
+    /// For `store` claim/takeover/renew: the lease length.
+    pub lease_ms: Option<f64>,
+    /// For `store` claim/mark_unknown/complete: the retention.
+    pub ttl_ms: Option<f64>,
+    /// For `store` complete: the encoded response column.
+    pub response: Option<Buffer>,
+    /// For `run_handler`: the generation.
+    pub generation: Option<u32>,
+    /// For `run_handler`: the key for downstream side effects.
+    pub downstream_key: Option<String>,
+    /// For `run_handler`: feed `heartbeatDue` at this interval (absent: never).
+    pub heartbeat_ms: Option<f64>,
+    /// For `respond`: the response.
+    pub http: Option<HttpResponseData>,
+    /// For `respond` and `propagate_error`: how the request ended.
+    pub outcome: Option<String>,
+    /// Set when a stored row was refused as corrupt (the flow treated it as a store failure).
+    pub corrupt: Option<String>,
+}
+
+fn empty(kind: &str) -> FlowAction {
+    FlowAction {
+        kind: kind.to_owned(),
+        op: None,
+        scope: None,
+        fingerprint: None,
+        token: None,
+        seen_token: None,
+        new_token: None,
+        lease_ms: None,
+        ttl_ms: None,
+        response: None,
+        generation: None,
+        downstream_key: None,
+        heartbeat_ms: None,
+        http: None,
+        outcome: None,
+        corrupt: None,
+    }
+}
+
+fn store(op: &str, scope: &ScopeId) -> FlowAction {
+    let mut a = empty("store");
+    a.op = Some(op.to_owned());
+    a.scope = Some(Buffer::from(scope.as_bytes().to_vec()));
+    a
+}
+
+fn tok(t: idempo_core::record::FencingToken) -> Option<Buffer> {
+    Some(Buffer::from(t.0.to_vec()))
+}
+
+fn action(a: Action) -> FlowAction {
+    match a {
+        Action::Store(op) => match op {
+            StoreOp::Claim {
+                scope,
+                fingerprint,
+                token,
+                lease_ms,
+                ttl_ms,
+            } => {
+                let mut o = store("claim", &scope);
+                o.fingerprint = Some(fingerprint.as_str().to_owned());
+                o.token = tok(token);
+                o.lease_ms = Some(from_u64(lease_ms));
+                o.ttl_ms = Some(from_u64(ttl_ms));
+                o
+            }
+            StoreOp::Get { scope } => store("get", &scope),
+            StoreOp::TakeOver {
+                scope,
+                seen_token,
+                new_token,
+                lease_ms,
+            } => {
+                let mut o = store("takeover", &scope);
+                o.seen_token = tok(seen_token);
+                o.new_token = tok(new_token);
+                o.lease_ms = Some(from_u64(lease_ms));
+                o
+            }
+            StoreOp::MarkUnknown {
+                scope,
+                seen_token,
+                ttl_ms,
+            } => {
+                let mut o = store("mark_unknown", &scope);
+                o.seen_token = tok(seen_token);
+                o.ttl_ms = Some(from_u64(ttl_ms));
+                o
+            }
+            StoreOp::Complete {
+                scope,
+                token,
+                response,
+                ttl_ms,
+            } => {
+                let mut o = store("complete", &scope);
+                o.token = tok(token);
+                o.response = Some(Buffer::from(response));
+                o.ttl_ms = Some(from_u64(ttl_ms));
+                o
+            }
+            StoreOp::Release { scope, token } => {
+                let mut o = store("release", &scope);
+                o.token = tok(token);
+                o
+            }
+            StoreOp::Renew {
+                scope,
+                token,
+                lease_ms,
+            } => {
+                let mut o = store("renew", &scope);
+                o.token = tok(token);
+                o.lease_ms = Some(from_u64(lease_ms));
+                o
+            }
+        },
+        Action::RunHandler(r) => {
+            let mut o = empty("run_handler");
+            o.token = tok(r.token);
+            o.generation = Some(r.generation);
+            o.downstream_key = Some(r.downstream_key.as_str().to_owned());
+            o.heartbeat_ms = r.heartbeat_ms.map(from_u64);
+            o
+        }
+        Action::Wait => empty("wait"),
+        Action::LeaseLost => empty("lease_lost"),
+        Action::Respond { response, outcome } => {
+            let mut o = empty("respond");
+            o.http = Some(http(response));
+            o.outcome = Some(outcome.as_str().to_owned());
+            o
+        }
+        Action::PropagateError { outcome } => {
+            let mut o = empty("propagate_error");
+            o.outcome = Some(outcome.as_str().to_owned());
+            o
+        }
+    }
+}
+
+/// The server flow of one request that carries a valid key.
+#[napi]
+pub struct ServerFlow {
+    inner: CoreFlow,
+    first: Option<Action>,
+}
+
+#[napi]
+impl ServerFlow {
+    /// Starts the flow for (scope id, fingerprint text) with 16 fresh random bytes (the fencing
+    /// token). The first action is available from `start()`.
+    #[napi(constructor, catch_unwind)]
+    pub fn new(
+        env: Env,
+        config: &FlowConfig,
+        scope: &[u8],
+        fingerprint: String,
+        entropy: &[u8],
+    ) -> napi::Result<Self> {
+        let build = || -> Result<Self, Fail> {
+            let scope = ScopeId::try_from(scope)
+                .map_err(|e| Fail::new(code::INVALID_ARGUMENT, e.to_string()))?;
+            let fp = FingerprintText::new(fingerprint)
+                .map_err(|e| Fail::new(code::INVALID_ARGUMENT, e.to_string()))?;
+            let entropy: [u8; 16] = entropy.try_into().map_err(|_| {
+                Fail::new(code::INVALID_ARGUMENT, "the flow needs 16 bytes of entropy")
+            })?;
+            let (inner, first) = CoreFlow::start(scope, fp, Arc::clone(&config.inner), entropy);
+            Ok(Self {
+                inner,
+                first: Some(first),
+            })
+        };
+        build().map_err(|f| f.throw(&env))
+    }
+
+    /// The first action (always a claim); callable once.
+    #[napi(catch_unwind)]
+    pub fn start(&mut self, env: Env) -> napi::Result<FlowAction> {
+        self.first
+            .take()
+            .map(action)
+            .ok_or_else(|| Fail::new(code::FLOW, "start() was already called").throw(&env))
+    }
+
+    /// True once the flow has answered.
+    #[napi(getter)]
+    #[must_use]
+    pub fn finished(&self) -> bool {
+        self.inner.is_finished()
+    }
+
+    fn feed(&mut self, env: &Env, event: Event) -> napi::Result<FlowAction> {
+        self.inner.handle(event).map(action).map_err(|e| {
+            let reason = match e {
+                machine::FlowError::Finished => "finished",
+                _ => "unexpected_event",
+            };
+            Fail::new(code::FLOW, e.to_string())
+                .reason(reason)
+                .throw(env)
+        })
+    }
+
+    fn feed_row(
+        &mut self,
+        env: &Env,
+        row: Option<RecordRowData>,
+        make: impl FnOnce(Option<idempo_core::record::Record>) -> Event,
+    ) -> napi::Result<FlowAction> {
+        match row.as_ref().map(to_record).transpose() {
+            Ok(record) => self.feed(env, make(record)),
+            Err(f) => {
+                let mut a = self.feed(env, Event::StoreFailed)?;
+                a.corrupt = Some(f.message().to_owned());
+                Ok(a)
+            }
+        }
+    }
+
+    /// Claim inserted a new record.
+    #[napi(catch_unwind)]
+    pub fn claimed(&mut self, env: Env, generation: u32, now_ms: f64) -> napi::Result<FlowAction> {
+        let now_ms = to_u64(now_ms, "nowMs").map_err(|f| f.throw(&env))?;
+        self.feed(
+            &env,
+            Event::Store(StoreResult::Claimed { generation, now_ms }),
+        )
+    }
+
+    /// Claim found a live record (a corrupt row counts as a store failure).
+    #[napi(catch_unwind)]
+    pub fn existing(
+        &mut self,
+        env: Env,
+        row: RecordRowData,
+        now_ms: f64,
+    ) -> napi::Result<FlowAction> {
+        let now_ms = to_u64(now_ms, "nowMs").map_err(|f| f.throw(&env))?;
+        self.feed_row(&env, Some(row), |r| match r {
+            Some(record) => Event::Store(StoreResult::Existing { record, now_ms }),
+            None => Event::StoreFailed,
+        })
+    }
+
+    /// Get's answer.
+    #[napi(catch_unwind)]
+    pub fn got(
+        &mut self,
+        env: Env,
+        row: Option<RecordRowData>,
+        now_ms: f64,
+    ) -> napi::Result<FlowAction> {
+        let now_ms = to_u64(now_ms, "nowMs").map_err(|f| f.throw(&env))?;
+        self.feed_row(&env, row, |record| {
+            Event::Store(StoreResult::Got { record, now_ms })
+        })
+    }
+
+    /// Takeover's answer (the generation, or null when it did not apply).
+    #[napi(catch_unwind)]
+    pub fn took_over(&mut self, env: Env, generation: Option<u32>) -> napi::Result<FlowAction> {
+        self.feed(&env, Event::Store(StoreResult::TookOver(generation)))
+    }
+
+    /// Mark-unknown's answer.
+    #[napi(catch_unwind)]
+    pub fn marked_unknown(&mut self, env: Env, applied: bool) -> napi::Result<FlowAction> {
+        self.feed(&env, Event::Store(StoreResult::MarkedUnknown(applied)))
+    }
+
+    /// Complete's answer.
+    #[napi(catch_unwind)]
+    pub fn completed(&mut self, env: Env, applied: bool) -> napi::Result<FlowAction> {
+        self.feed(&env, Event::Store(StoreResult::Completed(applied)))
+    }
+
+    /// Release's answer.
+    #[napi(catch_unwind)]
+    pub fn released(&mut self, env: Env, applied: bool) -> napi::Result<FlowAction> {
+        self.feed(&env, Event::Store(StoreResult::Released(applied)))
+    }
+
+    /// Renew's answer.
+    #[napi(catch_unwind)]
+    pub fn renewed(&mut self, env: Env, applied: bool) -> napi::Result<FlowAction> {
+        self.feed(&env, Event::Store(StoreResult::Renewed(applied)))
+    }
+
+    /// The last store action failed (error, timeout).
+    #[napi(catch_unwind)]
+    pub fn store_failed(&mut self, env: Env) -> napi::Result<FlowAction> {
+        self.feed(&env, Event::StoreFailed)
+    }
+
+    /// The heartbeat timer fired.
+    #[napi(catch_unwind)]
+    pub fn heartbeat_due(&mut self, env: Env) -> napi::Result<FlowAction> {
+        self.feed(&env, Event::HeartbeatDue)
+    }
+
+    /// The handler returned a response (`bodyToStore`: the redaction hook's output, if any).
+    #[napi(catch_unwind)]
+    pub fn handler_finished(
+        &mut self,
+        env: Env,
+        status: u32,
+        headers: Vec<Vec<String>>,
+        body: &[u8],
+        body_to_store: Option<&[u8]>,
+    ) -> napi::Result<FlowAction> {
+        let status = to_status(status).map_err(|f| f.throw(&env))?;
+        let headers = header_pairs(headers).map_err(|f| f.throw(&env))?;
+        self.feed(
+            &env,
+            Event::HandlerFinished(HandlerResponse {
+                status,
+                headers,
+                body: body.to_vec(),
+                body_to_store: body_to_store.map(<[u8]>::to_vec),
+            }),
+        )
+    }
+
+    /// The handler threw; `maybeSideEffect` false only when it certainly did nothing.
+    #[napi(catch_unwind)]
+    pub fn handler_failed(
+        &mut self,
+        env: Env,
+        maybe_side_effect: bool,
+    ) -> napi::Result<FlowAction> {
+        self.feed(&env, Event::HandlerFailed { maybe_side_effect })
+    }
+}

@@ -1,0 +1,141 @@
+// Shared test helpers: repository paths, vector loading, store factories on real servers.
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { createRequire } from 'node:module';
+
+const require = createRequire(import.meta.url);
+export const here = path.dirname(fileURLToPath(import.meta.url));
+export const pkgRoot = path.resolve(here, '..');
+export const repoRoot = path.resolve(pkgRoot, '..', '..');
+export const vectorsDir = path.join(repoRoot, 'spec', 'vectors');
+
+export const idempo = require('../dist/index.js');
+
+/** The JSON files of spec/vectors/<kind>/ (sorted), or [] when the folder does not exist yet. */
+export function vectorFiles(kind) {
+  const dir = path.join(vectorsDir, kind);
+  if (!fs.existsSync(dir)) return [];
+  return fs
+    .readdirSync(dir)
+    .filter((f) => f.endsWith('.json'))
+    .sort()
+    .map((f) => ({ file: f, data: JSON.parse(fs.readFileSync(path.join(dir, f), 'utf8')) }));
+}
+
+export function loadVector(kind, file) {
+  return JSON.parse(fs.readFileSync(path.join(vectorsDir, kind, file), 'utf8'));
+}
+
+export const PG_DSN = process.env.IDEMPO_TEST_PG_DSN;
+export const REDIS_URL = process.env.IDEMPO_TEST_REDIS_URL;
+
+/** Why a server-backed store cannot run, or null. In CI (`CI` set) missing servers fail the run. */
+export function missing(what) {
+  const v = what === 'postgres' ? PG_DSN : REDIS_URL;
+  if (v) return null;
+  const msg = `${what}: IDEMPO_TEST_${what === 'postgres' ? 'PG_DSN' : 'REDIS_URL'} is not set (make test-node starts the servers)`;
+  if (process.env.CI) throw new Error(msg);
+  return msg;
+}
+
+let uniq = 0;
+export function uniqueName(prefix) {
+  uniq += 1;
+  return `${prefix}_${process.pid}_${Date.now().toString(36)}_${uniq}`;
+}
+
+let pgPool;
+export function sharedPgPool() {
+  const pg = require('pg');
+  pgPool ??= new pg.Pool({ connectionString: PG_DSN, max: 20 });
+  return pgPool;
+}
+
+let redisClient;
+export function sharedRedis() {
+  const Redis = require('ioredis');
+  redisClient ??= new Redis(REDIS_URL, { maxRetriesPerRequest: 1 });
+  return redisClient;
+}
+
+export async function closeShared() {
+  if (pgPool) await pgPool.end();
+  if (redisClient) await redisClient.quit();
+  pgPool = undefined;
+  redisClient = undefined;
+}
+
+/**
+ * Store factories: each returns a fresh, empty store (`clock` optional, for the conformance
+ * clock override) plus a cleanup function.
+ */
+export const storeKinds = {
+  memory: {
+    skip: () => null,
+    async make(clock) {
+      return { store: new idempo.MemoryStore({ clock }), cleanup: async () => {} };
+    },
+  },
+  sqlite: {
+    skip: () => null,
+    async make(clock) {
+      const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'idempo-node-sqlite-'));
+      const store = new idempo.SqliteStore({ filename: path.join(dir, 'db.sqlite3'), clock });
+      return {
+        store,
+        cleanup: async () => {
+          await store.close();
+          fs.rmSync(dir, { recursive: true, force: true });
+        },
+      };
+    },
+  },
+  postgres: {
+    skip: () => missing('postgres'),
+    async make(clock) {
+      const schema = uniqueName('t');
+      const pool = sharedPgPool();
+      const store = new idempo.PostgresStore({ pool, schema, clock });
+      await store.createSchema();
+      return { store, cleanup: async () => pool.query(`DROP SCHEMA "${schema}" CASCADE`) };
+    },
+  },
+  redis: {
+    skip: () => missing('redis'),
+    noPurge: true,
+    async make(clock) {
+      const prefix = `${uniqueName('idempo_test')}:`;
+      const client = sharedRedis();
+      const store = new idempo.RedisStore({ client, prefix, clock });
+      return {
+        store,
+        cleanup: async () => {
+          const keys = await client.keys(`${prefix}*`);
+          if (keys.length) await client.del(...keys);
+        },
+      };
+    },
+  },
+  cached: {
+    skip: () => missing('postgres') ?? missing('redis'),
+    async make(clock) {
+      const schema = uniqueName('c');
+      const pool = sharedPgPool();
+      const authority = new idempo.PostgresStore({ pool, schema, clock });
+      await authority.createSchema();
+      const prefix = `${uniqueName('idempo_cache')}:`;
+      const redis = sharedRedis();
+      const store = new idempo.CachedStore({ authority, redis, prefix, clock });
+      return {
+        store,
+        cleanup: async () => {
+          await pool.query(`DROP SCHEMA "${schema}" CASCADE`);
+          const keys = await redis.keys(`${prefix}*`);
+          if (keys.length) await redis.del(...keys);
+        },
+      };
+    },
+  },
+};

@@ -1,0 +1,157 @@
+import type IORedis from 'ioredis';
+import type { ClaimResult, ClockOverride, GetResult, IdempotencyStore, PurgeCounts, PurgeOptions, StoreRecord } from './types';
+import { asBuffer } from './types';
+import { hashToRecord } from './redis';
+
+/** Options of {@link CachedStore}. */
+export interface CachedStoreOptions {
+  /** The authority (normally a `PostgresStore`). */
+  authority: IdempotencyStore;
+  /** The ioredis client of the cache (not quit by the store). */
+  redis: IORedis;
+  /** Cache key prefix (default `idempo:cache:`). */
+  prefix?: string;
+  /** Longest time a completed record stays cached, ms (default 60000). */
+  cacheTtlMs?: number;
+  /** Clock override for conformance runs only (a cache hit's `now`; default Redis `TIME`). */
+  clock?: ClockOverride;
+  /** Called with cache errors (they never fail a request). */
+  onCacheError?: (err: unknown) => void;
+}
+
+/**
+ * Redis in front of an authority (`spec/STORAGE.md` §9): only completed records are cached, with
+ * their fingerprint and generation (so another body still gets 422), for at most
+ * `min(cacheTtlMs, expires_at - now)` as computed from the authority's own clock, so the cache
+ * never outlives the record. A miss or any Redis error falls through to the authority. Every
+ * write primitive goes to the authority (they only touch in-progress records, which are never
+ * cached).
+ */
+export class CachedStore implements IdempotencyStore {
+  readonly kind = 'cached';
+  readonly authority: IdempotencyStore;
+  readonly #redis: IORedis;
+  readonly #prefix: string;
+  readonly #cacheTtl: number;
+  readonly #onError: (err: unknown) => void;
+  readonly #clock: ClockOverride | undefined;
+  /** Cache hits, misses and errors, for metrics. */
+  readonly stats = { hits: 0, misses: 0, errors: 0, fills: 0 };
+
+  constructor(options: CachedStoreOptions) {
+    this.authority = options.authority;
+    this.#redis = options.redis;
+    this.#prefix = options.prefix ?? 'idempo:cache:';
+    this.#cacheTtl = options.cacheTtlMs ?? 60_000;
+    this.#onError = options.onCacheError ?? (() => undefined);
+    this.#clock = options.clock;
+  }
+
+  #key(scopeKey: Uint8Array): string {
+    return this.#prefix + asBuffer(scopeKey).toString('hex');
+  }
+
+  async #lookup(scopeKey: Uint8Array): Promise<{ record: StoreRecord; nowMs: number } | null> {
+    try {
+      const [[e1, time], [e2, flat]] = (await this.#redis
+        .multi()
+        .time()
+        .hgetallBuffer(this.#key(scopeKey))
+        .exec()) as [[Error | null, [string, string]], [Error | null, Record<string, Buffer>]];
+      if (e1 || e2) throw e1 ?? e2;
+      const entries = Object.entries(flat);
+      if (entries.length === 0) {
+        this.stats.misses++;
+        return null;
+      }
+      const record = hashToRecord(entries.flatMap(([k, v]) => [Buffer.from(k, 'latin1'), v]));
+      if (record === null || record.state !== 2) {
+        this.stats.misses++;
+        return null;
+      }
+      const nowMs = this.#clock ? this.#clock() : Number(time[0]) * 1000 + Math.floor(Number(time[1]) / 1000);
+      if (record.expiresAt <= nowMs) {
+        // Never serve an expired record from the cache (clock skew, or a virtual clock).
+        this.stats.misses++;
+        return null;
+      }
+      this.stats.hits++;
+      return { record, nowMs };
+    } catch (e) {
+      this.stats.errors++;
+      this.#onError(e);
+      return null;
+    }
+  }
+
+  /** Caches a completed record for `min(cacheTtl, expiresAt - nowMs)` (authority's clock). */
+  async #fill(scopeKey: Uint8Array, record: StoreRecord, nowMs: number): Promise<void> {
+    if (record.state !== 2 || record.response === null) return;
+    const px = Math.min(this.#cacheTtl, record.expiresAt - nowMs);
+    if (px <= 0) return;
+    try {
+      const key = this.#key(scopeKey);
+      await this.#redis
+        .multi()
+        .del(key)
+        .hset(key, {
+          fingerprint: record.fingerprint,
+          state: '2',
+          token: record.token,
+          generation: String(record.generation),
+          expires_at: String(record.expiresAt),
+          response: record.response,
+        })
+        .pexpire(key, Math.floor(px))
+        .exec();
+      this.stats.fills++;
+    } catch (e) {
+      this.stats.errors++;
+      this.#onError(e);
+    }
+  }
+
+  async claim(scopeKey: Uint8Array, fingerprint: string, token: Uint8Array, leaseMs: number, ttlMs: number): Promise<ClaimResult> {
+    const hit = await this.#lookup(scopeKey);
+    if (hit) return { claimed: false, record: hit.record, nowMs: hit.nowMs };
+    const r = await this.authority.claim(scopeKey, fingerprint, token, leaseMs, ttlMs);
+    if (!r.claimed) await this.#fill(scopeKey, r.record, r.nowMs);
+    return r;
+  }
+
+  async get(scopeKey: Uint8Array): Promise<GetResult> {
+    const hit = await this.#lookup(scopeKey);
+    if (hit) return hit;
+    const r = await this.authority.get(scopeKey);
+    if (r.record) await this.#fill(scopeKey, r.record, r.nowMs);
+    return r;
+  }
+
+  takeover(scopeKey: Uint8Array, seenToken: Uint8Array, newToken: Uint8Array, leaseMs: number): Promise<number | null> {
+    return this.authority.takeover(scopeKey, seenToken, newToken, leaseMs);
+  }
+
+  markUnknown(scopeKey: Uint8Array, seenToken: Uint8Array, ttlMs: number): Promise<boolean> {
+    return this.authority.markUnknown(scopeKey, seenToken, ttlMs);
+  }
+
+  complete(scopeKey: Uint8Array, token: Uint8Array, response: Uint8Array, ttlMs: number): Promise<boolean> {
+    return this.authority.complete(scopeKey, token, response, ttlMs);
+  }
+
+  release(scopeKey: Uint8Array, token: Uint8Array): Promise<boolean> {
+    return this.authority.release(scopeKey, token);
+  }
+
+  renew(scopeKey: Uint8Array, token: Uint8Array, leaseMs: number): Promise<boolean> {
+    return this.authority.renew(scopeKey, token, leaseMs);
+  }
+
+  purgeExpired(options?: PurgeOptions): Promise<PurgeCounts> {
+    return this.authority.purgeExpired(options);
+  }
+
+  close(): Promise<void> {
+    return this.authority.close();
+  }
+}

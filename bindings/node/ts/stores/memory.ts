@@ -1,0 +1,122 @@
+import { performance } from 'node:perf_hooks';
+import native = require('../native');
+import { ConfigError, fromNative } from '../errors';
+import type { ClaimResult, ClockOverride, GetResult, IdempotencyStore, PurgeCounts, PurgeOptions, StoreRecord } from './types';
+
+/** Options of {@link MemoryStore}. */
+export interface MemoryStoreOptions {
+  /** Maximum records held (default 100000). */
+  maxEntries?: number;
+  /** Maximum bytes of stored responses (default 64 MiB). */
+  maxBytes?: number;
+  /**
+   * The memory store protects one process only; with `NODE_ENV=production` it refuses to start
+   * unless this is true (several workers would each run duplicates).
+   */
+  allowInProduction?: boolean;
+  /** Clock override for conformance runs only. */
+  clock?: ClockOverride;
+}
+
+/** Monotonic unix-like milliseconds (nothing in this store outlives the process). */
+function monotonicMs(): number {
+  return Math.floor(performance.timeOrigin + performance.now());
+}
+
+export function rowToRecord(r: native.RecordRowData): StoreRecord {
+  return {
+    fingerprint: r.fingerprint,
+    state: r.state as 1 | 2 | 3,
+    token: r.token,
+    generation: r.generation,
+    leaseUntil: r.leaseUntil ?? null,
+    expiresAt: r.expiresAt,
+    response: r.response ?? null,
+  };
+}
+
+/**
+ * In-process store: core's pure storage primitives applied to a bounded map, one synchronous
+ * native call per primitive (so nothing interleaves). Bounded in entries and bytes; evicts expired
+ * records, then completed ones with the earliest expiry; never an in-progress or outcome-unknown
+ * record (a full store fails claims with `StoreUnavailableError`, answered 503).
+ */
+export class MemoryStore implements IdempotencyStore {
+  readonly kind = 'memory';
+  readonly #core: native.MemoryStoreCore;
+  readonly #clock: () => number;
+
+  constructor(options: MemoryStoreOptions = {}) {
+    if (process.env.NODE_ENV === 'production' && options.allowInProduction !== true) {
+      throw new ConfigError(
+        'MemoryStore protects a single process only; pass allowInProduction: true to use it with NODE_ENV=production',
+      );
+    }
+    this.#core = new native.MemoryStoreCore(options.maxEntries ?? 100_000, options.maxBytes ?? 64 * 1024 * 1024);
+    this.#clock = options.clock ?? monotonicMs;
+  }
+
+  /** Records held. */
+  get size(): number {
+    return this.#core.size;
+  }
+
+  /** Completed records evicted before expiry (retention cut short). */
+  get evictedLive(): number {
+    return this.#core.evictedLive;
+  }
+
+  #call<T>(f: () => T): Promise<T> {
+    try {
+      return Promise.resolve(f());
+    } catch (e) {
+      return Promise.reject(fromNative(e));
+    }
+  }
+
+  claim(scopeKey: Uint8Array, fingerprint: string, token: Uint8Array, leaseMs: number, ttlMs: number): Promise<ClaimResult> {
+    return this.#call(() => {
+      const now = this.#clock();
+      const r = this.#core.claim(scopeKey, fingerprint, token, leaseMs, ttlMs, now);
+      return r.claimed
+        ? { claimed: true as const, generation: r.generation ?? 1, nowMs: now }
+        : { claimed: false as const, record: rowToRecord(r.record as native.RecordRowData), nowMs: now };
+    });
+  }
+
+  get(scopeKey: Uint8Array): Promise<GetResult> {
+    return this.#call(() => {
+      const now = this.#clock();
+      const r = this.#core.get(scopeKey);
+      return { record: r == null ? null : rowToRecord(r), nowMs: now };
+    });
+  }
+
+  takeover(scopeKey: Uint8Array, seenToken: Uint8Array, newToken: Uint8Array, leaseMs: number): Promise<number | null> {
+    return this.#call(() => this.#core.takeover(scopeKey, seenToken, newToken, leaseMs, this.#clock()) ?? null);
+  }
+
+  markUnknown(scopeKey: Uint8Array, seenToken: Uint8Array, ttlMs: number): Promise<boolean> {
+    return this.#call(() => this.#core.markUnknown(scopeKey, seenToken, ttlMs, this.#clock()));
+  }
+
+  complete(scopeKey: Uint8Array, token: Uint8Array, response: Uint8Array, ttlMs: number): Promise<boolean> {
+    return this.#call(() => this.#core.complete(scopeKey, token, response, ttlMs, this.#clock()));
+  }
+
+  release(scopeKey: Uint8Array, token: Uint8Array): Promise<boolean> {
+    return this.#call(() => this.#core.release(scopeKey, token));
+  }
+
+  renew(scopeKey: Uint8Array, token: Uint8Array, leaseMs: number): Promise<boolean> {
+    return this.#call(() => this.#core.renew(scopeKey, token, leaseMs, this.#clock()));
+  }
+
+  purgeExpired(options: PurgeOptions = {}): Promise<PurgeCounts> {
+    return this.#call(() => this.#core.purgeExpired(options.batch ?? 1000, this.#clock()));
+  }
+
+  close(): Promise<void> {
+    return Promise.resolve();
+  }
+}

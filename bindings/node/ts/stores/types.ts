@@ -1,0 +1,105 @@
+/**
+ * The storage contract (`spec/STORAGE.md` §3): eight atomic primitives, each answered with the
+ * store's own clock. Every store in this package implements it exactly.
+ */
+
+/** 1 in progress, 2 completed, 3 outcome unknown. */
+export type RecordStateCode = 1 | 2 | 3;
+
+/** One `idempo_record` row (every column but `scope_key`). */
+export interface StoreRecord {
+  /** `v1:<hex>` or `h1:<hex>`. */
+  fingerprint: string;
+  state: RecordStateCode;
+  /** The 16-byte fencing token. */
+  token: Buffer;
+  generation: number;
+  /** Lease deadline, unix ms (store clock); non-null exactly while in progress. */
+  leaseUntil: number | null;
+  /** Expiry, unix ms (store clock). */
+  expiresAt: number;
+  /** The core-encoded response column; non-null exactly when completed. */
+  response: Buffer | null;
+}
+
+/** Claim's answer. */
+export type ClaimResult =
+  | { claimed: true; generation: number; nowMs: number }
+  | { claimed: false; record: StoreRecord; nowMs: number };
+
+/** Get's answer (an expired record may be returned; core treats it as absent). */
+export interface GetResult {
+  record: StoreRecord | null;
+  nowMs: number;
+}
+
+/** Rows deleted by one purge batch, per state. */
+export interface PurgeCounts {
+  inProgress: number;
+  completed: number;
+  outcomeUnknown: number;
+}
+
+/** Options of `purgeExpired`. */
+export interface PurgeOptions {
+  /** Rows per batch (default 1000). */
+  batch?: number;
+}
+
+/**
+ * A store adapter. Scope keys are 32 bytes, tokens 16 bytes; `response` bytes are opaque.
+ * Every method is one atomic step on the store's clock; errors reject the promise (the flow then
+ * fails closed with 503).
+ */
+export interface IdempotencyStore {
+  /** Adapter name for logs and metrics (`memory`, `sqlite`, `postgres`, `redis`, `cached`). */
+  readonly kind: string;
+  /** Primitive 1: insert-if-absent (an expired row counts as absent and is replaced). */
+  claim(scopeKey: Uint8Array, fingerprint: string, token: Uint8Array, leaseMs: number, ttlMs: number): Promise<ClaimResult>;
+  /** Primitive 2. */
+  get(scopeKey: Uint8Array): Promise<GetResult>;
+  /** Primitive 3: the generation when applied, else null. */
+  takeover(scopeKey: Uint8Array, seenToken: Uint8Array, newToken: Uint8Array, leaseMs: number): Promise<number | null>;
+  /** Primitive 4. */
+  markUnknown(scopeKey: Uint8Array, seenToken: Uint8Array, ttlMs: number): Promise<boolean>;
+  /** Primitive 5. */
+  complete(scopeKey: Uint8Array, token: Uint8Array, response: Uint8Array, ttlMs: number): Promise<boolean>;
+  /** Primitive 6. */
+  release(scopeKey: Uint8Array, token: Uint8Array): Promise<boolean>;
+  /** Primitive 7 (`leaseMs` may be 0). */
+  renew(scopeKey: Uint8Array, token: Uint8Array, leaseMs: number): Promise<boolean>;
+  /** Primitive 8: one batch, earliest expiry first. */
+  purgeExpired(options?: PurgeOptions): Promise<PurgeCounts>;
+  /** Releases connections the store opened itself. */
+  close(): Promise<void>;
+}
+
+/**
+ * Clock override for conformance runs (`spec/STORAGE.md` §6): returns the virtual unix-ms `now`
+ * the store must use instead of its own clock. Never wire this to request input.
+ */
+export type ClockOverride = () => number;
+
+/** Loops `purgeExpired` while batches come back full; returns the totals. */
+export async function purgeAllExpired(store: IdempotencyStore, options: PurgeOptions = {}): Promise<PurgeCounts> {
+  const batch = options.batch ?? 1000;
+  const total: PurgeCounts = { inProgress: 0, completed: 0, outcomeUnknown: 0 };
+  for (;;) {
+    const c = await store.purgeExpired({ batch });
+    total.inProgress += c.inProgress;
+    total.completed += c.completed;
+    total.outcomeUnknown += c.outcomeUnknown;
+    if (c.inProgress + c.completed + c.outcomeUnknown < batch) return total;
+  }
+}
+
+/** Checks the fixed sizes of the contract. */
+export function checkKeyAndToken(scopeKey: Uint8Array, ...tokens: Uint8Array[]): void {
+  if (scopeKey.length !== 32) throw new RangeError(`a scope key is 32 bytes, got ${scopeKey.length}`);
+  for (const t of tokens) if (t.length !== 16) throw new RangeError(`a fencing token is 16 bytes, got ${t.length}`);
+}
+
+/** A `Buffer` view of bytes (no copy). */
+export function asBuffer(u: Uint8Array): Buffer {
+  return Buffer.isBuffer(u) ? u : Buffer.from(u.buffer, u.byteOffset, u.byteLength);
+}
