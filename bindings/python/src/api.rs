@@ -19,7 +19,7 @@ const _: () = assert!(key::DEFAULT_MIN_LEN == 8 && key::DEFAULT_MAX_LEN == 128);
 
 fn number_mode(py: Python<'_>, numbers: &str) -> PyResult<NumberMode> {
     match numbers {
-        "strict" => Ok(NumberMode::RejectPrecisionLoss),
+        "strict" | "reject_precision_loss" => Ok(NumberMode::RejectPrecisionLoss),
         "rfc" => Ok(NumberMode::Rfc),
         other => Err(invalid_argument(
             py,
@@ -29,8 +29,15 @@ fn number_mode(py: Python<'_>, numbers: &str) -> PyResult<NumberMode> {
     }
 }
 
-fn limits(max_input_bytes: Option<usize>, max_depth: Option<usize>) -> Limits {
+fn limits(
+    max_input_bytes: Option<usize>,
+    max_depth: Option<usize>,
+    max_members: Option<usize>,
+) -> Limits {
     let mut l = Limits::default();
+    if let Some(v) = max_members {
+        l.max_members = v;
+    }
     if let Some(v) = max_input_bytes {
         l.max_input_bytes = v;
     }
@@ -40,25 +47,34 @@ fn limits(max_input_bytes: Option<usize>, max_depth: Option<usize>) -> Limits {
     l
 }
 
-/// RFC 8785 canonical form of a JSON text (`bytes` or `str`), as bytes.
+/// RFC 8785 canonical form of a JSON text (`bytes` or `str`), as bytes; `exclude` lists JSON
+/// pointers of values left out.
 #[pyfunction]
-#[pyo3(signature = (data, *, numbers = "rfc", max_input_bytes = None, max_depth = None))]
+#[pyo3(signature = (data, *, numbers = "rfc", exclude = None, max_input_bytes = None, max_depth = None, max_members = None))]
 pub(crate) fn canonicalize<'py>(
     py: Python<'py>,
     data: &Bound<'py, PyAny>,
     numbers: &str,
+    exclude: Option<&Bound<'py, PyAny>>,
     max_input_bytes: Option<usize>,
     max_depth: Option<usize>,
+    max_members: Option<usize>,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let opts = CanonOptions {
-        limits: limits(max_input_bytes, max_depth),
+        limits: limits(max_input_bytes, max_depth, max_members),
         numbers: number_mode(py, numbers)?,
+    };
+    let exclusions = canonical::Exclusions::new(strings(exclude)?)
+        .map_err(|e| invalid_argument(py, e.to_string(), e.code()))?;
+    let run = |input: &[u8]| {
+        let mut out = Vec::with_capacity(input.len());
+        canonical::canonicalize_excluding_to(input, &opts, &exclusions, &mut out).map(|()| out)
     };
     let result = with_bytes(data, |input| {
         if input.len() >= DETACH_THRESHOLD {
-            py.detach(|| canonical::canonicalize_with(input, &opts))
+            py.detach(|| run(input))
         } else {
-            canonical::canonicalize_with(input, &opts)
+            run(input)
         }
     })?;
     match result {
@@ -77,7 +93,8 @@ pub(crate) struct Fingerprinter {
 #[pymethods]
 impl Fingerprinter {
     #[new]
-    #[pyo3(signature = (*, header_names = None, exclude = None, hmac_key = None, numbers = "strict", max_input_bytes = None, max_depth = None))]
+    #[pyo3(signature = (*, header_names = None, exclude = None, hmac_key = None, numbers = "strict", max_input_bytes = None, max_depth = None, max_members = None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         header_names: Option<&Bound<'_, PyAny>>,
@@ -86,13 +103,14 @@ impl Fingerprinter {
         numbers: &str,
         max_input_bytes: Option<usize>,
         max_depth: Option<usize>,
+        max_members: Option<usize>,
     ) -> PyResult<Self> {
         let header_names = strings(header_names)?;
         let config = FingerprintConfig {
             header_names: header_names.clone(),
             exclude: strings(exclude)?,
             numbers: number_mode(py, numbers)?,
-            limits: limits(max_input_bytes, max_depth),
+            limits: limits(max_input_bytes, max_depth, max_members),
             hmac_key,
         };
         let inner = CoreFingerprinter::new(&config).map_err(|e| fingerprint_error(py, &e))?;

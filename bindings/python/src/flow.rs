@@ -11,14 +11,14 @@ use std::sync::Arc;
 use idempo_core::key::{self, KeyOptions};
 use idempo_core::machine::problem::{ProblemKind, invalid_key, problem_response};
 use idempo_core::machine::{
-    Action as CoreAction, Event, HandlerResponse, HttpResponse, MissingKey, ServerFlow as CoreFlow,
-    StoreOp, StoreResult, missing_key,
+    Action as CoreAction, Event, FlowError, HandlerResponse, HttpResponse, MissingKey,
+    ServerFlow as CoreFlow, StoreOp, StoreResult, missing_key,
 };
 use idempo_core::policy::{
     self, Config as CoreConfig, HeaderAllowlist, KeyRequirement, LeasePolicy, Redaction,
     ResponsePolicy, TakeoverPolicy,
 };
-use idempo_core::record::{FencingToken, FingerprintText, Record, RecordRow};
+use idempo_core::record::{FencingToken, FingerprintText, Record, RecordRow, StoredResponse};
 use idempo_core::scope::ScopeId;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
@@ -82,11 +82,11 @@ impl Config {
         .map_err(|e| config_error(py, &e))?;
         let takeover = match takeover {
             "outcome_unknown" => TakeoverPolicy::OutcomeUnknown,
-            "rerun" => TakeoverPolicy::ReRun,
+            "re_run" => TakeoverPolicy::ReRun,
             other => {
                 return Err(invalid_argument(
                     py,
-                    format!("takeover must be 'outcome_unknown' or 'rerun', got {other:?}"),
+                    format!("takeover must be 'outcome_unknown' or 're_run', got {other:?}"),
                     "invalid_config",
                 ));
             }
@@ -167,12 +167,12 @@ impl Config {
         self.inner.key == KeyRequirement::Required
     }
 
-    /// `"outcome_unknown"` or `"rerun"`.
+    /// `"outcome_unknown"` or `"re_run"`.
     #[getter]
     fn takeover(&self) -> &'static str {
         match self.inner.takeover {
             TakeoverPolicy::OutcomeUnknown => "outcome_unknown",
-            TakeoverPolicy::ReRun => "rerun",
+            TakeoverPolicy::ReRun => "re_run",
         }
     }
 
@@ -407,6 +407,21 @@ enum Pending {
     Nothing,
 }
 
+impl Pending {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Claim => "claim",
+            Self::Get => "get",
+            Self::TakeOver => "takeover",
+            Self::MarkUnknown => "mark_unknown",
+            Self::Complete => "complete",
+            Self::Release => "release",
+            Self::Renew => "renew",
+            Self::Nothing => "",
+        }
+    }
+}
+
 fn pending_of(action: &CoreAction) -> Pending {
     match action {
         CoreAction::Store(StoreOp::Claim { .. }) => Pending::Claim,
@@ -449,7 +464,13 @@ impl ServerFlow {
                 self.pending = pending_of(&action);
                 to_action(py, &action)
             }
-            Err(e) => Err(invalid_argument(py, e.to_string(), "unexpected_event")),
+            Err(e) => {
+                let code = match e {
+                    FlowError::Finished => "finished",
+                    _ => "unexpected_event",
+                };
+                Err(invalid_argument(py, e.to_string(), code))
+            }
         }
     }
 }
@@ -490,8 +511,21 @@ impl ServerFlow {
     /// A record that violates the storage contract is treated as a store failure (fail closed);
     /// `corrupt_record` then says why.
     fn store_result(&mut self, py: Python<'_>, result: &Bound<'_, PyAny>) -> PyResult<Action> {
-        let event = match self.pending {
-            Pending::Claim => {
+        let op = self.pending;
+        self.store_event(py, op.name(), result)
+    }
+
+    /// Feeds the result of the named store primitive (`"claim"`, `"get"`, `"takeover"`,
+    /// `"mark_unknown"`, `"complete"`, `"release"`, `"renew"`); a result core does not expect
+    /// now is refused with `InvalidArgument` code `"unexpected_event"`.
+    fn store_event(
+        &mut self,
+        py: Python<'_>,
+        op: &str,
+        result: &Bound<'_, PyAny>,
+    ) -> PyResult<Action> {
+        let event = match op {
+            "claim" => {
                 let now_ms: u64 = result.getattr("now_ms")?.extract()?;
                 if result.hasattr("record")? {
                     match record_from_py(&result.getattr("record")?)? {
@@ -506,7 +540,7 @@ impl ServerFlow {
                     Event::Store(StoreResult::Claimed { generation, now_ms })
                 }
             }
-            Pending::Get => {
+            "get" => {
                 let (record, now_ms): (Bound<'_, PyAny>, u64) = result.extract()?;
                 if record.is_none() {
                     Event::Store(StoreResult::Got {
@@ -526,15 +560,15 @@ impl ServerFlow {
                     }
                 }
             }
-            Pending::TakeOver => Event::Store(StoreResult::TookOver(result.extract()?)),
-            Pending::MarkUnknown => Event::Store(StoreResult::MarkedUnknown(result.extract()?)),
-            Pending::Complete => Event::Store(StoreResult::Completed(result.extract()?)),
-            Pending::Release => Event::Store(StoreResult::Released(result.extract()?)),
-            Pending::Renew => Event::Store(StoreResult::Renewed(result.extract()?)),
-            Pending::Nothing => {
+            "takeover" => Event::Store(StoreResult::TookOver(result.extract()?)),
+            "mark_unknown" => Event::Store(StoreResult::MarkedUnknown(result.extract()?)),
+            "complete" => Event::Store(StoreResult::Completed(result.extract()?)),
+            "release" => Event::Store(StoreResult::Released(result.extract()?)),
+            "renew" => Event::Store(StoreResult::Renewed(result.extract()?)),
+            _ => {
                 return Err(invalid_argument(
                     py,
-                    "no store operation is pending".to_owned(),
+                    format!("no store operation {op:?} is pending"),
                     "unexpected_event",
                 ));
             }
@@ -668,4 +702,36 @@ pub(crate) fn unavailable_problem(py: Python<'_>, config: &Config) -> PyResult<A
         Some(config.inner.unavailable_retry_after_ms.get()),
     );
     respond(py, &resp, Some("store_unavailable"), false)
+}
+
+/// The `response` column bytes (versioned core encoding) of a stored response.
+#[pyfunction]
+pub(crate) fn encode_response<'py>(
+    py: Python<'py>,
+    status: u16,
+    headers: &Bound<'py, PyAny>,
+    body: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let stored = StoredResponse {
+        status,
+        headers: header_pairs(Some(headers))?,
+        body: with_bytes(body, <[u8]>::to_vec)?,
+    };
+    match stored.encode() {
+        Ok(bytes) => Ok(PyBytes::new(py, &bytes)),
+        Err(e) => Err(invalid_argument(py, e.to_string(), "unencodable_response")),
+    }
+}
+
+/// A decoded stored response as Python receives it: `(status, headers, body)`.
+type DecodedResponse<'py> = (u16, Vec<(String, String)>, Bound<'py, PyBytes>);
+
+/// `(status, headers, body)` from `response` column bytes; `RecordCorrupt` when they are not
+/// a response this build understands.
+#[pyfunction]
+pub(crate) fn decode_response<'py>(py: Python<'py>, data: &[u8]) -> PyResult<DecodedResponse<'py>> {
+    match StoredResponse::decode(data) {
+        Ok(r) => Ok((r.status, r.headers, PyBytes::new(py, &r.body))),
+        Err(e) => Err(PyErr::new::<crate::errors::RecordCorrupt, _>(e.to_string())),
+    }
 }

@@ -26,6 +26,8 @@ fn _idempo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(api::scope_id, m)?)?;
     m.add_function(wrap_pyfunction!(api::parse_retry_after, m)?)?;
     m.add_function(wrap_pyfunction!(flow::admit_key, m)?)?;
+    m.add_function(wrap_pyfunction!(flow::encode_response, m)?)?;
+    m.add_function(wrap_pyfunction!(flow::decode_response, m)?)?;
     m.add_function(wrap_pyfunction!(flow::body_problem, m)?)?;
     m.add_function(wrap_pyfunction!(flow::unavailable_problem, m)?)?;
     m.add_class::<flow::Config>()?;

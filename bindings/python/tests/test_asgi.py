@@ -214,7 +214,7 @@ def test_transient_status_is_not_stored() -> None:
 
 def test_heartbeat_keeps_long_handler_owned() -> None:
     effects = Effects()
-    app = make_app(MemoryStore(), effects, config=idempo.Config(lease_ms=1000, takeover="rerun"))
+    app = make_app(MemoryStore(), effects, config=idempo.Config(lease_ms=1000, takeover="re_run"))
 
     async def main() -> None:
         async with client(app) as c:

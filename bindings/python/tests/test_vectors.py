@@ -168,3 +168,29 @@ def test_retry_after(case: Dict[str, Any]) -> None:
 def test_vectors_dir_is_the_shared_one() -> None:
     assert (VECTORS / "key" / "parse.json").is_file()
     assert Path(__file__).resolve().parents[2].name == "bindings"
+
+
+def _canonical_cases() -> List[Any]:
+    out = []
+    for path in sorted((VECTORS / "canonical").glob("*.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        for case in data["cases"]:
+            out.append(pytest.param(case, id=f"{path.stem}/{case['name']}"))
+    assert out
+    return out
+
+
+@pytest.mark.parametrize("case", _canonical_cases())
+def test_canonical(case: Dict[str, Any]) -> None:
+    kwargs: Dict[str, Any] = {"numbers": case["mode"], **case.get("limits", {})}
+    if "exclude" in case:
+        kwargs["exclude"] = case["exclude"]
+    data = raw_input(case)
+    if "error" in case:
+        with pytest.raises(idempo.CanonicalizationError) as exc:
+            idempo.canonicalize(data, **kwargs)
+        err = case["error"]
+        assert (exc.value.code, exc.value.offset, exc.value.pointer) == (
+            err["code"], err["offset"], err["pointer"])
+    else:
+        assert idempo.canonicalize(data, **kwargs) == case["output"].encode("utf-8")

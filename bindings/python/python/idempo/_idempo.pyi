@@ -26,6 +26,8 @@ __all__ = [
     "admit_key",
     "body_problem",
     "canonicalize",
+    "decode_response",
+    "encode_response",
     "fingerprint",
     "generate_key",
     "key_header_value",
@@ -38,7 +40,7 @@ __all__ = [
 
 _Bytes = bytes | bytearray | str
 _Headers = Mapping[str, str] | Iterable[tuple[str | bytes, str | bytes]]
-_Numbers = Literal["strict", "rfc"]
+_Numbers = Literal["strict", "reject_precision_loss", "rfc"]
 
 class IdempotencyError(Exception): ...
 
@@ -76,8 +78,10 @@ def canonicalize(
     data: _Bytes,
     *,
     numbers: _Numbers = "rfc",
+    exclude: Iterable[str] | None = None,
     max_input_bytes: int | None = None,
     max_depth: int | None = None,
+    max_members: int | None = None,
 ) -> bytes: ...
 def fingerprint(
     method: str,
@@ -100,6 +104,7 @@ class Fingerprinter:
         numbers: _Numbers = "strict",
         max_input_bytes: int | None = None,
         max_depth: int | None = None,
+        max_members: int | None = None,
     ) -> Fingerprinter: ...
     @property
     def header_names(self) -> list[str]: ...
@@ -165,7 +170,7 @@ class Config:
         lease_ms: int = 30000,
         heartbeat: bool = True,
         heartbeat_ms: int | None = None,
-        takeover: Literal["outcome_unknown", "rerun"] = "outcome_unknown",
+        takeover: Literal["outcome_unknown", "re_run"] = "outcome_unknown",
         ttl_ms: int = 86400000,
         key_required: bool = True,
         transient_statuses: list[int] | None = None,
@@ -228,6 +233,7 @@ class ServerFlow:
         scope: bytes, fingerprint: str, config: Config, entropy: bytes
     ) -> tuple[ServerFlow, Action]: ...
     def store_result(self, result: object) -> Action: ...
+    def store_event(self, op: str, result: object) -> Action: ...
     def store_failed(self) -> Action: ...
     def handler_finished(
         self,
@@ -257,3 +263,5 @@ def admit_key(
 ) -> tuple[str | None, Action | None]: ...
 def body_problem(code: str) -> Action: ...
 def unavailable_problem(config: Config) -> Action: ...
+def encode_response(status: int, headers: _Headers, body: _Bytes) -> bytes: ...
+def decode_response(data: bytes) -> tuple[int, list[tuple[str, str]], bytes]: ...

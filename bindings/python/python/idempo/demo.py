@@ -102,7 +102,7 @@ def build_app(workdir: Path) -> Any:
     app.add_middleware(
         IdempotencyMiddleware,
         store=SQLiteStore(workdir / "idempo.sqlite3"),
-        config=Config(lease_ms=LEASE_MS, takeover="rerun"),
+        config=Config(lease_ms=LEASE_MS, takeover="re_run"),
         scope=lambda scope: "merchant-1",
     )
     return app
