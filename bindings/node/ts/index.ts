@@ -32,3 +32,4 @@ export { nativeVersion } from './native';
 export { Fingerprinter, fingerprint } from './fingerprint';
 export type { FingerprinterOptions, FingerprintRequest, FingerprintInput, HeaderInput } from './fingerprint';
 export * from './stores/index';
+export * from './server/index';

@@ -1,0 +1,179 @@
+// Express middleware and Fastify plugin on real local servers (127.0.0.1), driven by fetch.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { createRequire } from 'node:module';
+import { idempo } from './helpers.mjs';
+
+const require = createRequire(import.meta.url);
+const express = require('express');
+const Fastify = require('fastify');
+
+/** A store whose every call fails (fail-closed test). */
+class DownStore extends idempo.MemoryStore {
+  claim() {
+    return Promise.reject(new Error('connection refused'));
+  }
+}
+
+function makeHandlerState() {
+  return { runs: 0, gate: null };
+}
+
+async function startExpress(opts, state) {
+  const app = express();
+  const mw = idempotency(opts);
+  app.post('/payments/:id', mw, async (req, res, next) => {
+    try {
+      state.runs++;
+      if (state.gate) await state.gate;
+      if (req.body?.fail) throw Object.assign(new Error('boom'), { noSideEffect: req.body.fail === 'clean' });
+      res.status(201).set('location', `/payments/${req.params.id}`).set('set-cookie', 'a=b').json({ id: req.params.id, amount: req.body.amount, run: state.runs, dk: req.idempotency?.downstreamKey });
+    } catch (e) {
+      next(e);
+    }
+  });
+  app.use(idempo.idempotencyErrorHandler());
+  app.use((err, _req, res, _next) => res.status(500).json({ error: err.message }));
+  const server = await new Promise((resolve) => {
+    const s = app.listen(0, '127.0.0.1', () => resolve(s));
+  });
+  return { url: `http://127.0.0.1:${server.address().port}`, events: mw.events, close: () => new Promise((r) => server.close(r)) };
+}
+
+async function startFastify(opts, state) {
+  const app = Fastify();
+  await app.register(idempo.idempotencyPlugin, opts);
+  app.post('/payments/:id', async (req, reply) => {
+    state.runs++;
+    if (state.gate) await state.gate;
+    if (req.body?.fail) throw Object.assign(new Error('boom'), { noSideEffect: req.body.fail === 'clean' });
+    reply.code(201).header('location', `/payments/${req.params.id}`).header('set-cookie', 'a=b');
+    return { id: req.params.id, amount: req.body.amount, run: state.runs, dk: req.idempotency?.downstreamKey };
+  });
+  await app.listen({ port: 0, host: '127.0.0.1' });
+  return { url: `http://127.0.0.1:${app.server.address().port}`, events: app.idempotencyEvents, close: () => app.close() };
+}
+
+const { idempotency } = idempo;
+const servers = { express: startExpress, fastify: startFastify };
+
+function post(url, key, body, headers = {}) {
+  const h = { 'content-type': 'application/json', ...headers };
+  if (key !== undefined) h['idempotency-key'] = key;
+  return fetch(url, { method: 'POST', headers: h, body: typeof body === 'string' ? body : JSON.stringify(body) });
+}
+
+for (const [name, start] of Object.entries(servers)) {
+  test(`${name}: new, replay, mismatch, missing and invalid key`, async () => {
+    const state = makeHandlerState();
+    const srv = await start({ store: new idempo.MemoryStore() }, state);
+    const outcomes = [];
+    srv.events.on('outcome', (e) => outcomes.push(e.outcome));
+    try {
+      const key = idempo.generateKey();
+      const r1 = await post(`${srv.url}/payments/7`, key, { amount: 100, currency: 'EUR' });
+      assert.equal(r1.status, 201);
+      const b1 = await r1.json();
+      assert.equal(b1.run, 1);
+      assert.match(b1.dk, /^[0-9a-f]{64}$/);
+      assert.equal(r1.headers.get('location'), '/payments/7');
+      assert.equal(r1.headers.get('idempotent-replayed'), null);
+
+      // Same request, keys reordered and number respelled: same fingerprint, replayed.
+      const r2 = await post(`${srv.url}/payments/7`, key, '{"currency":"EUR","amount":1e2}');
+      assert.equal(r2.status, 201);
+      assert.equal(r2.headers.get('idempotent-replayed'), 'true');
+      assert.equal(r2.headers.get('location'), '/payments/7');
+      assert.equal(r2.headers.get('set-cookie'), null, 'Set-Cookie is never replayed');
+      assert.deepEqual(await r2.json(), b1);
+      assert.equal(state.runs, 1);
+
+      const r3 = await post(`${srv.url}/payments/7`, key, { amount: 101, currency: 'EUR' });
+      assert.equal(r3.status, 422);
+      assert.match(r3.headers.get('content-type'), /application\/problem\+json/);
+      const p3 = await r3.json();
+      assert.equal(p3.status, 422);
+      assert.equal(typeof p3.title, 'string');
+
+      const r4 = await post(`${srv.url}/payments/7`, undefined, { amount: 1 });
+      assert.equal(r4.status, 400);
+      assert.match(r4.headers.get('content-type'), /problem\+json/);
+
+      const r5 = await post(`${srv.url}/payments/7`, 'short', { amount: 1 });
+      assert.equal(r5.status, 400);
+      assert.equal((await r5.json()).code, 'too_short');
+
+      const r6 = await post(`${srv.url}/payments/7`, idempo.generateKey(), '{"a":1,"a":2}');
+      assert.equal(r6.status, 400);
+      assert.equal((await r6.json()).code, 'duplicate_member');
+      assert.equal(state.runs, 1);
+      assert.deepEqual(outcomes.slice(0, 3), ['stored', 'replayed', 'mismatch']);
+    } finally {
+      await srv.close();
+    }
+  });
+
+  test(`${name}: in-flight 409 with Retry-After, then replay`, async () => {
+    const state = makeHandlerState();
+    let open;
+    state.gate = new Promise((r) => (open = r));
+    const srv = await start({ store: new idempo.MemoryStore() }, state);
+    try {
+      const key = idempo.generateKey();
+      const first = post(`${srv.url}/payments/1`, key, { amount: 5 });
+      while (state.runs === 0) await new Promise((r) => setTimeout(r, 5));
+      const dup = await post(`${srv.url}/payments/1`, key, { amount: 5 });
+      assert.equal(dup.status, 409);
+      assert.ok(Number(dup.headers.get('retry-after')) >= 1);
+      open();
+      assert.equal((await first).status, 201);
+      const again = await post(`${srv.url}/payments/1`, key, { amount: 5 });
+      assert.equal(again.headers.get('idempotent-replayed'), 'true');
+      assert.equal(state.runs, 1);
+    } finally {
+      await srv.close();
+    }
+  });
+
+  test(`${name}: store down fails closed (503, handler not run); body limit 413`, async () => {
+    const state = makeHandlerState();
+    const srv = await start({ store: new DownStore(), bodyLimit: 64 }, state);
+    try {
+      const r = await post(`${srv.url}/payments/1`, idempo.generateKey(), { amount: 5 });
+      assert.equal(r.status, 503);
+      assert.ok(Number(r.headers.get('retry-after')) >= 1);
+      assert.equal(state.runs, 0);
+      const big = await post(`${srv.url}/payments/1`, idempo.generateKey(), { pad: 'x'.repeat(200) });
+      assert.equal(big.status, 413);
+      assert.equal(state.runs, 0);
+    } finally {
+      await srv.close();
+    }
+  });
+
+  test(`${name}: handler errors: clean failure releases the key, unknown outcome is terminal`, async () => {
+    const state = makeHandlerState();
+    const srv = await start({ store: new idempo.MemoryStore(), takeover: 'outcome_unknown' }, state);
+    try {
+      const k1 = idempo.generateKey();
+      const a = await post(`${srv.url}/payments/1`, k1, { amount: 1, fail: 'clean' });
+      assert.equal(a.status, 500);
+      const a2 = await post(`${srv.url}/payments/1`, k1, { amount: 1, fail: 'clean' });
+      assert.equal(a2.status, 500);
+      assert.equal(state.runs, 2, 'a failure without side effect releases the key: the retry runs');
+
+      const k2 = idempo.generateKey();
+      const b = await post(`${srv.url}/payments/1`, k2, { amount: 1, fail: 'maybe' });
+      assert.equal(b.status, 500);
+      const b2 = await post(`${srv.url}/payments/1`, k2, { amount: 1, fail: 'maybe' });
+      assert.equal(b2.status, 500);
+      const p = await b2.json();
+      assert.equal(p.type, 'urn:idempo:problem:outcome-unknown');
+      assert.match(b2.headers.get('content-type'), /problem\+json/);
+      assert.equal(state.runs, 3, 'an outcome-unknown key never runs again');
+    } finally {
+      await srv.close();
+    }
+  });
+}
+

@@ -1,0 +1,251 @@
+/**
+ * Express integration: `app.post('/payments', idempotency({ store }), handler)`.
+ *
+ * The middleware reads the raw body (so the fingerprint covers the exact bytes), parses JSON
+ * bodies into `req.body`, runs core's flow and, when core says "run the handler", calls `next()`
+ * while capturing the response; the captured response goes through the flow (stored per policy)
+ * before it is sent. Mount `idempotencyErrorHandler()` after your routes so a thrown handler
+ * error is reported to the flow (outcome-unknown or release, per core) before Express renders it.
+ */
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { ConfigError } from '../errors';
+import { admitRequest, Prepared } from './options';
+import type { IdempotencyOptions } from './options';
+import type { ExecutionContext, FlowEnd, HttpResponse, Session } from './session';
+import { IdempotencyEvents } from './session';
+
+type Next = (err?: unknown) => void;
+interface Req extends IncomingMessage {
+  body?: unknown;
+  rawBody?: Buffer;
+  route?: { path?: string };
+  baseUrl?: string;
+  path?: string;
+  idempotency?: ExecutionContext;
+  _body?: boolean;
+  [IDEMPO]?: RequestState;
+}
+type Res = ServerResponse;
+
+const IDEMPO = Symbol('idempo.express');
+
+interface RequestState {
+  session: Session;
+  done: boolean;
+  restore: () => void;
+  started: number;
+  method: string;
+  route: string;
+  /** Reports a handler error to the flow and continues as core decides. */
+  onError: (err: unknown, res: Res, next: Next) => void;
+}
+
+/** Reads the whole request body, at most `limit` bytes (`null`: over the limit). */
+export function readBody(req: IncomingMessage, limit: number): Promise<Buffer | null> {
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    let size = 0;
+    let over = false;
+    req.on('data', (c: Buffer) => {
+      size += c.length;
+      if (size > limit) over = true;
+      else chunks.push(c);
+    });
+    req.on('end', () => resolve(over ? null : Buffer.concat(chunks)));
+    req.on('error', reject);
+  });
+}
+
+function isJson(ct: string | undefined): boolean {
+  if (!ct) return false;
+  const essence = (ct.split(';')[0] ?? '').trim().toLowerCase();
+  return essence === 'application/json' || essence.endsWith('+json');
+}
+
+function send(res: Res, r: HttpResponse): void {
+  for (const name of res.getHeaderNames()) res.removeHeader(name);
+  res.statusCode = r.status;
+  for (const [n, v] of r.headers) res.appendHeader(n, v);
+  res.setHeader('content-length', String(r.body.length));
+  res.end(r.body);
+}
+
+/** Captures what the handler writes, without sending it. */
+function capture(res: Res, onEnd: (r: HttpResponse) => void): () => void {
+  const orig = { write: res.write, end: res.end, writeHead: res.writeHead, flushHeaders: res.flushHeaders };
+  const chunks: Buffer[] = [];
+  const toBuf = (c: unknown, enc?: unknown): Buffer =>
+    Buffer.isBuffer(c) ? c : c instanceof Uint8Array ? Buffer.from(c) : Buffer.from(String(c), (typeof enc === 'string' ? enc : 'utf8') as BufferEncoding);
+  let ended = false;
+  const r = res as unknown as Record<string, unknown>;
+  r.writeHead = function (status: number, ...rest: unknown[]) {
+    res.statusCode = status;
+    const headers = rest.find((x) => typeof x === 'object' && x !== null) as Record<string, string> | undefined;
+    if (headers && !Array.isArray(headers)) for (const [n, v] of Object.entries(headers)) res.setHeader(n, v);
+    return res;
+  };
+  r.flushHeaders = () => undefined;
+  r.write = function (chunk: unknown, enc?: unknown, cb?: unknown) {
+    if (chunk !== undefined && chunk !== null) chunks.push(toBuf(chunk, enc));
+    const done = typeof enc === 'function' ? enc : cb;
+    if (typeof done === 'function') process.nextTick(done as () => void);
+    return true;
+  };
+  r.end = function (chunk?: unknown, enc?: unknown, cb?: unknown) {
+    if (ended) return res;
+    ended = true;
+    if (chunk !== undefined && chunk !== null && typeof chunk !== 'function') chunks.push(toBuf(chunk, enc));
+    const headers: Array<[string, string]> = [];
+    for (const [n, v] of Object.entries(res.getHeaders())) {
+      if (v === undefined) continue;
+      for (const one of Array.isArray(v) ? v : [v]) headers.push([n.toLowerCase(), String(one)]);
+    }
+    onEnd({ status: res.statusCode, headers, body: Buffer.concat(chunks) });
+    const done = [chunk, enc, cb].find((x) => typeof x === 'function');
+    if (done) process.nextTick(done as () => void);
+    return res;
+  };
+  return () => {
+    r.write = orig.write;
+    r.end = orig.end;
+    r.writeHead = orig.writeHead;
+    r.flushHeaders = orig.flushHeaders;
+  };
+}
+
+/** An Express middleware with its event emitter attached. */
+export interface IdempotencyMiddleware {
+  (req: IncomingMessage, res: ServerResponse, next: Next): void;
+  /** Outcome, store-error and lease events for metrics. */
+  events: IdempotencyEvents;
+}
+
+/** Express middleware making the route's handler idempotent (see the module docs). */
+export function idempotency(options: IdempotencyOptions<IncomingMessage>): IdempotencyMiddleware {
+  const p = new Prepared<IncomingMessage>(options);
+  const emitOutcome = (method: string, route: string, outcome: string, status: number, started: number) =>
+    p.events.emit('outcome', { outcome, route, method, status, durationMs: Date.now() - started });
+
+  const finishWith = (res: Res, st: RequestState, end: FlowEnd, next: Next, err?: unknown): void => {
+    st.done = true;
+    st.restore();
+    if (end.kind === 'respond') {
+      emitOutcome(st.method, st.route, end.outcome, end.response.status, st.started);
+      send(res, end.response);
+    } else {
+      emitOutcome(st.method, st.route, end.outcome, 500, st.started);
+      next(err);
+    }
+  };
+
+  const mw = (async (req: Req, res: Res, next: Next) => {
+    const started = Date.now();
+    const method = (req.method ?? 'GET').toUpperCase();
+    if (!p.methods.has(method)) return next();
+    let body: Buffer | null;
+    if (req.readableEnded || req._body) {
+      if (!Buffer.isBuffer(req.rawBody)) {
+        return next(
+          new ConfigError('idempotency(): mount it before body parsers (or keep the raw bytes in req.rawBody) so the fingerprint sees the exact body'),
+        );
+      }
+      body = req.rawBody;
+    } else {
+      body = await readBody(req, p.bodyLimit);
+    }
+    const route = options.route ? options.route(req) : (req.baseUrl ?? '') + (req.route?.path ?? req.path ?? req.url ?? '/');
+    if (body === null) {
+      const r = p.problem('body_too_large');
+      emitOutcome(method, route, 'body_too_large', r.status, started);
+      return send(res, r);
+    }
+    req.rawBody = body;
+    const ct = req.headers['content-type'];
+    if (!req._body) {
+      if (isJson(ct) && body.length > 0) {
+        try {
+          req.body = JSON.parse(body.toString('utf8'));
+        } catch {
+          req.body = undefined;
+        }
+      } else if (req.body === undefined) {
+        req.body = body;
+      }
+      req._body = true;
+    }
+    const principal = options.scope ? await options.scope(req) : '';
+    const admitted = admitRequest(p, {
+      method,
+      route,
+      principal,
+      keyHeader: req.headers[p.header],
+      contentType: ct,
+      headers: req.headers,
+      body,
+    });
+    if (admitted.kind === 'unprotected') return next();
+    if (admitted.kind === 'respond') {
+      emitOutcome(method, route, admitted.outcome, admitted.response.status, started);
+      return send(res, admitted.response);
+    }
+    const session = admitted.session;
+    const a = await session.admit();
+    if (a.kind === 'respond') {
+      emitOutcome(method, route, a.outcome, a.response.status, started);
+      return send(res, a.response);
+    }
+    req.idempotency = a.context;
+    const st: RequestState = {
+      session,
+      done: false,
+      restore: () => undefined,
+      started,
+      method,
+      route,
+      onError: (err, r, n) => {
+        st.session
+          .fail(!p.isSideEffectFree(err))
+          .then((end) => finishWith(r, st, end, n, err))
+          .catch((e: unknown) => {
+            st.done = true;
+            st.restore();
+            n(e);
+          });
+      },
+    };
+    req[IDEMPO] = st;
+    st.restore = capture(res, (handled) => {
+      const redacted = options.redact?.(handled);
+      const result = redacted ? { ...handled, bodyToStore: redacted } : handled;
+      session
+        .finish(result)
+        .then((end) => finishWith(res, st, end, next))
+        .catch((e: unknown) => {
+          st.done = true;
+          st.restore();
+          next(e);
+        });
+    });
+    next();
+  }) as unknown as IdempotencyMiddleware;
+  const wrapped = ((req: IncomingMessage, res: ServerResponse, next: Next) => {
+    (mw as unknown as (req: IncomingMessage, res: ServerResponse, next: Next) => Promise<void>)(req, res, next).catch(next);
+  }) as IdempotencyMiddleware;
+  wrapped.events = p.events;
+  return wrapped;
+}
+
+type ErrorHandler = (err: unknown, req: IncomingMessage, res: ServerResponse, next: Next) => void;
+
+/**
+ * Express error middleware reporting handler errors to the flow; mount it after your routes:
+ * `app.use(idempotencyErrorHandler())`. The error then continues to your own error handlers
+ * (or a stored/problem response is sent, as core decides).
+ */
+export function idempotencyErrorHandler(): ErrorHandler {
+  return (err, req, res, next) => {
+    const st = (req as Req)[IDEMPO];
+    if (!st || st.done) return next(err);
+    st.onError(err, res, next);
+  };
+}

@@ -1,0 +1,139 @@
+/**
+ * Fastify integration: `await app.register(idempotencyPlugin, { store })`.
+ *
+ * The plugin keeps the raw body of JSON (and other) requests for the fingerprint, runs core's
+ * flow in a `preHandler` hook (answering replays, 409, 422, 400, 503 itself), records the
+ * handler's response in `onSend` (the stored copy is exactly what is sent), and reports handler
+ * errors in `onError`. Route templates come from Fastify (`/payments/:id`).
+ */
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import { admitRequest, Prepared } from './options';
+import type { IdempotencyOptions } from './options';
+import type { ExecutionContext, FlowEnd, HttpResponse, Session } from './session';
+
+const STATE = Symbol('idempo.fastify');
+
+interface State {
+  session: Session;
+  done: boolean;
+  end?: FlowEnd;
+  started: number;
+  route: string;
+  method: string;
+}
+
+type Req = FastifyRequest & { rawBody?: Buffer; idempotency?: ExecutionContext; [STATE]?: State };
+
+function payloadBytes(payload: unknown): Buffer {
+  if (payload === null || payload === undefined) return Buffer.alloc(0);
+  if (Buffer.isBuffer(payload)) return payload;
+  if (typeof payload === 'string') return Buffer.from(payload, 'utf8');
+  if (payload instanceof Uint8Array) return Buffer.from(payload);
+  throw new TypeError('idempotency: streamed replies cannot be recorded; send a string or Buffer');
+}
+
+function replyHeaders(reply: FastifyReply): Array<[string, string]> {
+  const out: Array<[string, string]> = [];
+  for (const [n, v] of Object.entries(reply.getHeaders())) {
+    if (v === undefined) continue;
+    for (const one of Array.isArray(v) ? v : [v]) out.push([n.toLowerCase(), String(one)]);
+  }
+  return out;
+}
+
+function apply(reply: FastifyReply, r: HttpResponse): Buffer {
+  for (const n of Object.keys(reply.getHeaders())) reply.removeHeader(n);
+  reply.code(r.status);
+  const grouped = new Map<string, string[]>();
+  for (const [n, v] of r.headers) grouped.set(n, [...(grouped.get(n) ?? []), v]);
+  for (const [n, v] of grouped) reply.header(n, v.length === 1 ? v[0] : v);
+  return r.body;
+}
+
+/** Options of the Fastify plugin. */
+export type FastifyIdempotencyOptions = IdempotencyOptions<FastifyRequest>;
+
+async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions): Promise<void> {
+  const p = new Prepared<FastifyRequest>(options);
+  const emit = (st: { method: string; route: string; started: number }, outcome: string, status: number) =>
+    p.events.emit('outcome', { outcome, route: st.route, method: st.method, status, durationMs: Date.now() - st.started });
+
+  app.decorate('idempotencyEvents', p.events);
+  app.removeContentTypeParser(['application/json']);
+  app.addContentTypeParser(/^application\/(json|[^;]+\+json)/, { parseAs: 'buffer', bodyLimit: p.bodyLimit }, (req, body, done) => {
+    const raw = body as unknown as Buffer;
+    (req as Req).rawBody = raw;
+    if (raw.length === 0) return done(null, undefined);
+    try {
+      done(null, JSON.parse(raw.toString('utf8')));
+    } catch {
+      // Left to the fingerprint: core answers 400 invalid_body with the exact reason.
+      done(null, undefined);
+    }
+  });
+  app.addContentTypeParser('*', { parseAs: 'buffer', bodyLimit: p.bodyLimit }, (req, body, done) => {
+    (req as Req).rawBody = body as unknown as Buffer;
+    done(null, body);
+  });
+
+  app.addHook('preHandler', async (request, reply) => {
+    const req = request as Req;
+    const method = req.method.toUpperCase();
+    if (!p.methods.has(method)) return;
+    const started = Date.now();
+    const route = options.route ? options.route(req) : (req.routeOptions.url ?? req.url);
+    const principal = options.scope ? await options.scope(req) : '';
+    const admitted = admitRequest(p, {
+      method,
+      route,
+      principal,
+      keyHeader: req.headers[p.header],
+      contentType: req.headers['content-type'],
+      headers: req.headers,
+      body: req.rawBody ?? Buffer.alloc(0),
+    });
+    if (admitted.kind === 'unprotected') return;
+    if (admitted.kind === 'respond') {
+      emit({ method, route, started }, admitted.outcome, admitted.response.status);
+      return reply.send(apply(reply, admitted.response));
+    }
+    const a = await admitted.session.admit();
+    if (a.kind === 'respond') {
+      emit({ method, route, started }, a.outcome, a.response.status);
+      return reply.send(apply(reply, a.response));
+    }
+    req.idempotency = a.context;
+    req[STATE] = { session: admitted.session, done: false, started, route, method };
+  });
+
+  app.addHook('onError', async (request, _reply, error) => {
+    const st = (request as Req)[STATE];
+    if (!st || st.done || st.end) return;
+    st.end = await st.session.fail(!p.isSideEffectFree(error));
+  });
+
+  app.addHook('onSend', async (request, reply, payload) => {
+    const st = (request as Req)[STATE];
+    if (!st || st.done) return payload;
+    st.done = true;
+    let end = st.end;
+    if (!end) {
+      const live: HttpResponse = { status: reply.statusCode, headers: replyHeaders(reply), body: payloadBytes(payload) };
+      const redacted = options.redact?.(live);
+      end = await st.session.finish(redacted ? { ...live, bodyToStore: redacted } : live);
+    }
+    if (end.kind === 'propagate') {
+      emit(st, end.outcome, reply.statusCode);
+      return payload;
+    }
+    emit(st, end.outcome, end.response.status);
+    return apply(reply, end.response);
+  });
+}
+
+// Like fastify-plugin: the hooks apply to the context that registers the plugin.
+(plugin as unknown as Record<symbol, unknown>)[Symbol.for('skip-override')] = true;
+(plugin as unknown as Record<symbol, unknown>)[Symbol.for('fastify.display-name')] = 'idempo';
+
+/** The Fastify plugin (see the module docs). */
+export const idempotencyPlugin = plugin;

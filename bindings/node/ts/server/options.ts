@@ -1,0 +1,180 @@
+/** Options shared by the Express middleware and the Fastify plugin, and the request admission. */
+import native = require('../native');
+import { CanonicalizationError, fromNative } from '../errors';
+import { Fingerprinter } from '../fingerprint';
+import type { NumberMode } from '../core';
+import type { IdempotencyStore } from '../stores/types';
+import { IdempotencyEvents, Session, toHttp } from './session';
+import type { HttpResponse } from './session';
+
+/** Options of `idempotency()` (Express) and `idempotencyPlugin` (Fastify). */
+export interface IdempotencyOptions<Req = unknown> {
+  /** The record store (e.g. `new SqliteStore()` or a `PostgresStore`). */
+  store: IdempotencyStore;
+  /** Refuse requests without a key with 400 (default true); false runs them unprotected. */
+  required?: boolean;
+  /** Request header carrying the key (default `Idempotency-Key`). */
+  headerName?: string;
+  /** HTTP methods protected (default `['POST', 'PATCH']`); other methods pass through. */
+  methods?: string[];
+  /** Key syntax: lengths and strict sf-string mode. */
+  key?: { minLen?: number; maxLen?: number; strict?: boolean };
+  /** The principal (user, tenant, API client) a key belongs to; default `''` (shared). */
+  scope?: (req: Req) => string | Promise<string>;
+  /** The route template (e.g. `/payments/:id`); default the framework's matched route. */
+  route?: (req: Req) => string;
+  /** Request headers that take part in the fingerprint. */
+  fingerprintHeaders?: string[];
+  /** JSON Pointers left out of the fingerprint (e.g. `/client_timestamp`). */
+  exclude?: string[];
+  /** HMAC key for `h1:` fingerprints. */
+  hmacKey?: Uint8Array | string;
+  /** Number handling for the fingerprint (default `reject_precision_loss`). */
+  numbers?: NumberMode;
+  /** Record retention in ms (default 24 h). */
+  ttlMs?: number;
+  /** Lease in ms (default 30 s). */
+  leaseMs?: number;
+  /** Heartbeat in ms (default a third of the lease); `null` disables. */
+  heartbeatMs?: number | null;
+  /** Expired lease: re-run the handler (`re_run`, default) or answer outcome-unknown. */
+  takeover?: 're_run' | 'outcome_unknown';
+  /** Store 5xx responses (except 503) like Stripe (default false: release the key). */
+  storeServerErrors?: boolean;
+  /** Statuses never stored (default 408, 409, 425, 429). */
+  transientStatuses?: number[];
+  /** Response headers stored and replayed (default core's allowlist). */
+  replayHeaders?: string[];
+  /** Largest response body stored for replays (default 1 MiB). */
+  maxStoredBodyBytes?: number;
+  /** Largest request body accepted, bytes (default 1 MiB; larger: 413 problem). */
+  bodyLimit?: number;
+  /** Redaction hook: the body to store instead of the live one. */
+  redact?: (res: HttpResponse) => Buffer | undefined;
+  /** True when a handler error certainly had no side effect (default: errors with `noSideEffect: true`). */
+  isSideEffectFree?: (err: unknown) => boolean;
+  /** `Retry-After` for 409 in ms (default 1000). */
+  inFlightRetryAfterMs?: number;
+  /** `Retry-After` for 503 in ms (default 1000). */
+  unavailableRetryAfterMs?: number;
+  /** A store call slower than this fails (fail closed, 503). Default 5000 ms. */
+  storeTimeoutMs?: number;
+  /** Event emitter for metrics (one is created when omitted). */
+  events?: IdempotencyEvents;
+}
+
+/** The prepared configuration of one integration. */
+export class Prepared<Req> {
+  readonly o: IdempotencyOptions<Req>;
+  readonly config: native.FlowConfig;
+  readonly fingerprinter: Fingerprinter;
+  readonly events: IdempotencyEvents;
+  readonly header: string;
+  readonly methods: Set<string>;
+  readonly bodyLimit: number;
+  readonly keyOptions: native.ParseKeyOptions;
+
+  constructor(o: IdempotencyOptions<Req>) {
+    if (!o || !o.store) throw new TypeError('idempotency: the `store` option is required');
+    this.o = o;
+    const c: native.FlowConfigOptions = { keyRequired: o.required !== false };
+    if (o.takeover) c.takeover = o.takeover;
+    if (o.leaseMs !== undefined) c.leaseMs = o.leaseMs;
+    if (o.heartbeatMs === null) c.noHeartbeat = true;
+    else if (o.heartbeatMs !== undefined) c.heartbeatMs = o.heartbeatMs;
+    if (o.ttlMs !== undefined) c.ttlMs = o.ttlMs;
+    if (o.transientStatuses) c.transientStatuses = o.transientStatuses;
+    if (o.storeServerErrors !== undefined) c.storeServerErrors = o.storeServerErrors;
+    if (o.maxStoredBodyBytes !== undefined) c.maxBodyBytes = o.maxStoredBodyBytes;
+    if (o.replayHeaders) c.storedHeaders = o.replayHeaders;
+    if (o.redact) c.redactionHook = true;
+    if (o.inFlightRetryAfterMs !== undefined) c.inFlightRetryAfterMs = o.inFlightRetryAfterMs;
+    if (o.unavailableRetryAfterMs !== undefined) c.unavailableRetryAfterMs = o.unavailableRetryAfterMs;
+    try {
+      this.config = new native.FlowConfig(c);
+    } catch (e) {
+      throw fromNative(e);
+    }
+    const fo: ConstructorParameters<typeof Fingerprinter>[0] = {};
+    if (o.fingerprintHeaders) fo.headers = o.fingerprintHeaders;
+    if (o.exclude) fo.exclude = o.exclude;
+    if (o.hmacKey !== undefined) fo.hmacKey = o.hmacKey;
+    if (o.numbers) fo.numbers = o.numbers;
+    this.fingerprinter = new Fingerprinter(fo);
+    this.events = o.events ?? new IdempotencyEvents();
+    this.header = (o.headerName ?? 'idempotency-key').toLowerCase();
+    this.methods = new Set((o.methods ?? ['POST', 'PATCH']).map((m) => m.toUpperCase()));
+    this.bodyLimit = o.bodyLimit ?? 1024 * 1024;
+    this.keyOptions = o.key ?? {};
+  }
+
+  problem(kind: string, detail?: string, reason?: string, retryAfterMs?: number): HttpResponse {
+    return toHttp(native.problemResponse(kind, detail ?? null, reason ?? null, retryAfterMs ?? null));
+  }
+
+  isSideEffectFree(err: unknown): boolean {
+    if (this.o.isSideEffectFree) return this.o.isSideEffectFree(err);
+    return typeof err === 'object' && err !== null && (err as { noSideEffect?: unknown }).noSideEffect === true;
+  }
+}
+
+/** The request parts admission needs. */
+export interface RequestFacts {
+  method: string;
+  route: string;
+  principal: string;
+  /** Raw header values of the key header (Node gives them as latin1 strings). */
+  keyHeader: string | string[] | undefined;
+  contentType: string | undefined;
+  headers: Record<string, string | string[] | undefined>;
+  body: Buffer;
+}
+
+/** Admission result: a session to run, an answer to send now, or "not protected". */
+export type Admitted =
+  | { kind: 'session'; session: Session; key: string }
+  | { kind: 'respond'; response: HttpResponse; outcome: string }
+  | { kind: 'unprotected' };
+
+/** Parses the key, fingerprints the body and builds the session (no store call yet). */
+export function admitRequest<Req>(p: Prepared<Req>, f: RequestFacts): Admitted {
+  const raw = f.keyHeader;
+  if (raw === undefined || (Array.isArray(raw) && raw.length === 0)) {
+    const r = p.config.missingKeyResponse();
+    return r ? { kind: 'respond', response: toHttp(r), outcome: 'missing_key' } : { kind: 'unprotected' };
+  }
+  // Several Idempotency-Key fields are joined with ", ", which core then rejects as invalid.
+  const value = Array.isArray(raw) ? raw.join(', ') : raw;
+  const k = native.admitKey(Buffer.from(value, 'latin1'), p.keyOptions);
+  if (k.key === undefined) return { kind: 'respond', response: toHttp(k.response as native.HttpResponseData), outcome: 'invalid_key' };
+  if (f.body.length > p.bodyLimit) {
+    return { kind: 'respond', response: p.problem('body_too_large'), outcome: 'body_too_large' };
+  }
+  let fingerprint: string;
+  try {
+    fingerprint = p.fingerprinter.fingerprint({
+      method: f.method,
+      route: f.route,
+      body: f.body,
+      headers: f.headers,
+      contentType: f.contentType ?? null,
+    });
+  } catch (e) {
+    if (e instanceof CanonicalizationError) {
+      const kind = e.reason === 'input_too_large' || e.reason === 'depth_limit' || e.reason === 'too_many_members' ? 'body_too_large' : 'invalid_body';
+      return { kind: 'respond', response: p.problem(kind, undefined, e.reason), outcome: kind };
+    }
+    throw e;
+  }
+  const scope = native.scopeId(f.principal, f.method, f.route, k.key);
+  const session = new Session({
+    store: p.o.store,
+    config: p.config,
+    scope,
+    fingerprint,
+    storeTimeoutMs: p.o.storeTimeoutMs ?? 5000,
+    events: p.events,
+    route: f.route,
+  });
+  return { kind: 'session', session, key: k.key };
+}

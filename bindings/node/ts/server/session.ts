@@ -1,0 +1,258 @@
+/**
+ * The host loop around core's sans-IO server flow: executes store operations, runs heartbeats and
+ * reports the handler's end. It makes no protocol decision; every branch follows an action that
+ * core returned.
+ */
+import { randomBytes } from 'node:crypto';
+import { EventEmitter } from 'node:events';
+import native = require('../native');
+import { fromNative } from '../errors';
+import type { IdempotencyStore, StoreRecord } from '../stores/types';
+
+/** A response as the host sends it. */
+export interface HttpResponse {
+  status: number;
+  headers: Array<[string, string]>;
+  body: Buffer;
+}
+
+/** What the handler produced. */
+export interface HandlerResult extends HttpResponse {
+  /** The redaction hook's output: stored and replayed instead of `body`. */
+  bodyToStore?: Buffer;
+}
+
+/** Given to the handler while it runs. */
+export interface ExecutionContext {
+  /** The record's generation. */
+  generation: number;
+  /** Key for downstream side effects (same across a takeover re-run; new per generation). */
+  downstreamKey: string;
+  /** Aborted when another request took the key over (the lease was lost). */
+  signal: AbortSignal;
+}
+
+/** Events emitted for metrics and logs (never request bodies or raw keys). */
+export interface IdempotencyEventMap {
+  /** How a request ended: core's outcome name (`stored`, `replayed`, `in_flight`, ...). */
+  outcome: [{ outcome: string; route: string; method: string; status: number; durationMs: number }];
+  /** A store operation failed (the flow fails closed). */
+  store_error: [{ op: string; error: unknown }];
+  /** A stored row was refused as corrupt (treated as a store failure). */
+  corrupt_record: [{ message: string }];
+  /** The lease was lost to a takeover while the handler ran. */
+  lease_lost: [{ route: string }];
+}
+
+/** The event emitter of an idempotency integration. */
+export class IdempotencyEvents extends EventEmitter<IdempotencyEventMap> {}
+
+/** The end of a flow. */
+export type FlowEnd =
+  | { kind: 'respond'; response: HttpResponse; outcome: string }
+  | { kind: 'propagate'; outcome: string };
+
+/** The admission result: run the handler, or answer now. */
+export type Admission = { kind: 'run'; context: ExecutionContext } | { kind: 'respond'; response: HttpResponse; outcome: string };
+
+function toRow(r: StoreRecord): native.RecordRowData {
+  const row: native.RecordRowData = {
+    fingerprint: r.fingerprint,
+    state: r.state,
+    token: r.token,
+    generation: r.generation,
+    expiresAt: r.expiresAt,
+  };
+  if (r.leaseUntil !== null) row.leaseUntil = r.leaseUntil;
+  if (r.response !== null) row.response = r.response;
+  return row;
+}
+
+/** Converts core's response data. */
+export function toHttp(h: native.HttpResponseData): HttpResponse {
+  return { status: h.status, headers: h.headers as Array<[string, string]>, body: h.body };
+}
+
+function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+  if (!(ms > 0) || !Number.isFinite(ms)) return p;
+  let timer: NodeJS.Timeout | undefined;
+  const t = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`store ${what} timed out after ${ms} ms`)), ms);
+  });
+  return Promise.race([p, t]).finally(() => clearTimeout(timer));
+}
+
+/** Options of one session. */
+export interface SessionOptions {
+  store: IdempotencyStore;
+  config: native.FlowConfig;
+  scope: Buffer;
+  fingerprint: string;
+  storeTimeoutMs: number;
+  events: IdempotencyEvents;
+  route: string;
+}
+
+/**
+ * One request's flow. Events are fed one at a time through a promise chain, so a heartbeat
+ * renew and the handler's end never interleave.
+ */
+export class Session {
+  readonly #flow: native.ServerFlow;
+  readonly #o: SessionOptions;
+  #chain: Promise<unknown> = Promise.resolve();
+  #timer: NodeJS.Timeout | undefined;
+  #heartbeatMs: number | undefined;
+  readonly #abort = new AbortController();
+  #ended = false;
+
+  constructor(o: SessionOptions) {
+    this.#o = o;
+    try {
+      this.#flow = new native.ServerFlow(o.config, o.scope, o.fingerprint, randomBytes(16));
+    } catch (e) {
+      throw fromNative(e);
+    }
+  }
+
+  /** Serializes a step on the flow. */
+  #serial<T>(f: () => Promise<T>): Promise<T> {
+    const next = this.#chain.then(f, f);
+    this.#chain = next.catch(() => undefined);
+    return next;
+  }
+
+  #feed(f: () => native.FlowAction): native.FlowAction {
+    try {
+      const a = f();
+      if (a.corrupt !== undefined) this.#o.events.emit('corrupt_record', { message: a.corrupt });
+      return a;
+    } catch (e) {
+      throw fromNative(e);
+    }
+  }
+
+  async #execStore(a: native.FlowAction): Promise<native.FlowAction> {
+    const s = this.#o.store;
+    const ms = this.#o.storeTimeoutMs;
+    const op = a.op ?? '';
+    const scope = a.scope as Buffer;
+    try {
+      switch (op) {
+        case 'claim': {
+          const r = await withTimeout(s.claim(scope, a.fingerprint as string, a.token as Buffer, a.leaseMs as number, a.ttlMs as number), ms, op);
+          return r.claimed
+            ? this.#feed(() => this.#flow.claimed(r.generation, r.nowMs))
+            : this.#feed(() => this.#flow.existing(toRow(r.record), r.nowMs));
+        }
+        case 'get': {
+          const r = await withTimeout(s.get(scope), ms, op);
+          return this.#feed(() => this.#flow.got(r.record === null ? null : toRow(r.record), r.nowMs));
+        }
+        case 'takeover': {
+          const g = await withTimeout(s.takeover(scope, a.seenToken as Buffer, a.newToken as Buffer, a.leaseMs as number), ms, op);
+          return this.#feed(() => this.#flow.tookOver(g));
+        }
+        case 'mark_unknown': {
+          const ok = await withTimeout(s.markUnknown(scope, a.seenToken as Buffer, a.ttlMs as number), ms, op);
+          return this.#feed(() => this.#flow.markedUnknown(ok));
+        }
+        case 'complete': {
+          const ok = await withTimeout(s.complete(scope, a.token as Buffer, a.response as Buffer, a.ttlMs as number), ms, op);
+          return this.#feed(() => this.#flow.completed(ok));
+        }
+        case 'release': {
+          const ok = await withTimeout(s.release(scope, a.token as Buffer), ms, op);
+          return this.#feed(() => this.#flow.released(ok));
+        }
+        case 'renew': {
+          const ok = await withTimeout(s.renew(scope, a.token as Buffer, a.leaseMs as number), ms, op);
+          return this.#feed(() => this.#flow.renewed(ok));
+        }
+        default:
+          throw new Error(`unknown store op ${op}`);
+      }
+    } catch (error) {
+      if ((error as { code?: string }).code === 'FLOW_ERROR') throw error;
+      this.#o.events.emit('store_error', { op, error });
+      return this.#feed(() => this.#flow.storeFailed());
+    }
+  }
+
+  /** Executes store actions until the flow wants something else. */
+  async #settle(a: native.FlowAction): Promise<native.FlowAction> {
+    let cur = a;
+    while (cur.type === 'store') cur = await this.#execStore(cur);
+    if (cur.type === 'lease_lost') {
+      this.#o.events.emit('lease_lost', { route: this.#o.route });
+      this.#abort.abort(new Error('idempotency lease lost to a takeover'));
+      cur = { type: 'wait' };
+    }
+    return cur;
+  }
+
+  #end(a: native.FlowAction): FlowEnd {
+    this.#stopHeartbeat();
+    this.#ended = true;
+    if (a.type === 'respond') return { kind: 'respond', response: toHttp(a.http as native.HttpResponseData), outcome: a.outcome ?? '' };
+    if (a.type === 'propagate_error') return { kind: 'propagate', outcome: a.outcome ?? '' };
+    throw new Error(`idempo: the flow ended with an unexpected action ${a.type}`);
+  }
+
+  /** Claims the key: run the handler, or answer at once (replay, 409, 422, 503...). */
+  admit(): Promise<Admission> {
+    return this.#serial(async () => {
+      const first = this.#feed(() => this.#flow.start());
+      const a = await this.#settle(first);
+      if (a.type === 'run_handler') {
+        this.#heartbeatMs = a.heartbeatMs;
+        this.#scheduleHeartbeat();
+        return {
+          kind: 'run' as const,
+          context: { generation: a.generation as number, downstreamKey: a.downstreamKey as string, signal: this.#abort.signal },
+        };
+      }
+      const end = this.#end(a);
+      if (end.kind !== 'respond') throw new Error('idempo: admission ended without a response');
+      return end;
+    });
+  }
+
+  #scheduleHeartbeat(): void {
+    if (this.#heartbeatMs === undefined || this.#ended) return;
+    this.#timer = setTimeout(() => {
+      void this.#serial(async () => {
+        if (this.#ended) return;
+        const a = await this.#settle(this.#feed(() => this.#flow.heartbeatDue()));
+        if (a.type !== 'wait') throw new Error(`idempo: heartbeat led to ${a.type}`);
+        this.#scheduleHeartbeat();
+      }).catch((error: unknown) => this.#o.events.emit('store_error', { op: 'renew', error }));
+    }, this.#heartbeatMs);
+    this.#timer.unref?.();
+  }
+
+  #stopHeartbeat(): void {
+    if (this.#timer) clearTimeout(this.#timer);
+    this.#timer = undefined;
+  }
+
+  /** The handler returned: record it (per core's policy) and get the response to send. */
+  finish(result: HandlerResult): Promise<FlowEnd> {
+    this.#stopHeartbeat();
+    return this.#serial(async () => {
+      const a = this.#feed(() =>
+        this.#flow.handlerFinished(result.status, result.headers, result.body, result.bodyToStore ?? null),
+      );
+      return this.#end(await this.#settle(a));
+    });
+  }
+
+  /** The handler threw. `maybeSideEffect`: it may have acted before failing. */
+  fail(maybeSideEffect: boolean): Promise<FlowEnd> {
+    this.#stopHeartbeat();
+    return this.#serial(async () => {
+      const a = this.#feed(() => this.#flow.handlerFailed(maybeSideEffect));
+      return this.#end(await this.#settle(a));
+    });
+  }
+}
