@@ -1,0 +1,131 @@
+// The retrying fetch client against a real local HTTP server (127.0.0.1).
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import http from 'node:http';
+import { idempo } from './helpers.mjs';
+
+/** A server answering from a script of responses; records the key of every attempt. */
+async function scripted(script) {
+  const seen = [];
+  const server = http.createServer((req, res) => {
+    let body = '';
+    req.on('data', (c) => (body += c));
+    req.on('end', () => {
+      seen.push({ key: req.headers['idempotency-key'], body });
+      const step = script[Math.min(seen.length - 1, script.length - 1)];
+      if (step.hang) return; // never answers: the attempt times out
+      if (step.destroy) return req.socket.destroy();
+      res.writeHead(step.status, step.headers ?? {});
+      res.end(step.body ?? '');
+    });
+  });
+  await new Promise((r) => server.listen(0, '127.0.0.1', r));
+  return {
+    url: `http://127.0.0.1:${server.address().port}/op`,
+    seen,
+    close: () => new Promise((r) => {
+      server.closeAllConnections();
+      server.close(r);
+    }),
+  };
+}
+
+const fast = { baseDelayMs: 1, maxDelayMs: 20, maxAttempts: 5 };
+
+test('retries 503 and 409 with the same key, then returns the success', async () => {
+  const srv = await scripted([
+    { status: 503, headers: { 'retry-after': '0' } },
+    { status: 409, headers: { 'retry-after': '0' } },
+    { status: 201, body: '{"ok":true}' },
+  ]);
+  try {
+    const retries = [];
+    const r = await idempo.idempotentFetch(srv.url, { method: 'POST', body: '{"a":1}', retry: fast, onRetry: (i) => retries.push(i.outcome) });
+    assert.equal(r.status, 201);
+    assert.deepEqual(await r.json(), { ok: true });
+    assert.equal(srv.seen.length, 3);
+    assert.equal(new Set(srv.seen.map((s) => s.key)).size, 1, 'one key for the whole operation');
+    assert.match(srv.seen[0].key, /^"[0-9a-f-]{36}"$/, 'sent as an sf-string');
+    assert.ok(srv.seen.every((s) => s.body === '{"a":1}'));
+    assert.deepEqual(retries.map((o) => o.status), [503, 409]);
+  } finally {
+    await srv.close();
+  }
+});
+
+test('stops at once on 422 and on other 4xx; a given key is used as is', async () => {
+  const srv = await scripted([{ status: 422, body: 'reused' }]);
+  try {
+    const r = await idempo.idempotentFetch(srv.url, { method: 'POST', body: 'x', key: 'order-12345', retry: fast });
+    assert.equal(r.status, 422);
+    assert.equal(srv.seen.length, 1);
+    assert.equal(srv.seen[0].key, '"order-12345"');
+  } finally {
+    await srv.close();
+  }
+});
+
+test('timeouts and connection errors are retried; exhaustion rejects with the reason', async () => {
+  const srv = await scripted([{ hang: true }, { destroy: true }, { status: 200, body: 'done' }]);
+  try {
+    const r = await idempo.idempotentFetch(srv.url, { method: 'POST', body: 'x', retry: fast, attemptTimeoutMs: 100 });
+    assert.equal(r.status, 200);
+    assert.equal(srv.seen.length, 3);
+  } finally {
+    await srv.close();
+  }
+  const down = await scripted([{ destroy: true }]);
+  try {
+    await assert.rejects(
+      idempo.idempotentFetch(down.url, { method: 'POST', body: 'x', retry: { ...fast, maxAttempts: 2 } }),
+      (e) => e instanceof idempo.RetriesExhaustedError && e.attempts === 2 && e.reason === 'attempts_exhausted',
+    );
+    assert.equal(down.seen.length, 2);
+  } finally {
+    await down.close();
+  }
+});
+
+test('Retry-After is honoured and an AbortSignal cancels the wait', async () => {
+  const srv = await scripted([{ status: 429, headers: { 'retry-after': '30' } }]);
+  try {
+    const ctrl = new AbortController();
+    const t0 = Date.now();
+    const p = idempo.idempotentFetch(srv.url, { method: 'POST', body: 'x', signal: ctrl.signal, retry: { ...fast, maxElapsedMs: 60_000 } });
+    setTimeout(() => ctrl.abort(new Error('user cancelled')), 150);
+    await assert.rejects(p, /user cancelled/);
+    assert.ok(Date.now() - t0 < 5000, 'the 30 s Retry-After wait was cancelled');
+    assert.equal(srv.seen.length, 1);
+  } finally {
+    await srv.close();
+  }
+});
+
+test('end to end: a retried operation (same key) against the Express middleware runs the handler once', async () => {
+  const { createRequire } = await import('node:module');
+  const require = createRequire(import.meta.url);
+  const express = require('express');
+  let runs = 0;
+  const app = express();
+  app.post('/charge', idempo.idempotency({ store: new idempo.MemoryStore() }), (req, res) => {
+    runs++;
+    res.status(201).json({ charged: req.body.amount });
+  });
+  const server = await new Promise((r) => {
+    const s = app.listen(0, '127.0.0.1', () => r(s));
+  });
+  try {
+    const url = `http://127.0.0.1:${server.address().port}/charge`;
+    const key = idempo.generateKey();
+    const a = await idempo.idempotentFetch(url, { method: 'POST', key, body: '{"amount":5}', headers: { 'content-type': 'application/json' } });
+    const b = await idempo.idempotentFetch(url, { method: 'POST', key, body: '{"amount":5}', headers: { 'content-type': 'application/json' } });
+    assert.equal(a.status, 201);
+    assert.equal(b.status, 201);
+    assert.equal(b.headers.get('idempotent-replayed'), 'true');
+    assert.deepEqual(await b.json(), { charged: 5 });
+    assert.equal(runs, 1);
+  } finally {
+    server.closeAllConnections();
+    await new Promise((r) => server.close(r));
+  }
+});

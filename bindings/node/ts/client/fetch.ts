@@ -1,0 +1,134 @@
+/**
+ * A `fetch` wrapper for one logical operation: one `Idempotency-Key` for every attempt, retries
+ * exactly when core's retry policy says so (409, 429, 5xx except 501, timeouts, connection
+ * errors; never after a 422), honouring `Retry-After`, cancellable with an `AbortSignal`.
+ */
+import { generateKey, keyHeaderValue, parseRetryAfter, RetryPolicy } from '../core';
+import type { AttemptOutcome, RetryDecision, RetryPolicyOptions } from '../core';
+
+/** Options of {@link idempotentFetch}: `fetch`'s options plus the retry settings. */
+export interface IdempotentFetchOptions extends RequestInit {
+  /** The key of this operation (e.g. persisted before a crash); default a fresh one. */
+  key?: string;
+  /** Header carrying the key (default `Idempotency-Key`). */
+  headerName?: string;
+  /** Core's retry policy, or its settings. */
+  retry?: RetryPolicy | RetryPolicyOptions;
+  /** Per-attempt timeout in ms (an attempt over it counts as a timeout and is retried). */
+  attemptTimeoutMs?: number;
+  /** The fetch implementation (default the global `fetch`). */
+  fetch?: typeof fetch;
+  /** Called before each retry (for logs and metrics). */
+  onRetry?: (info: { attempt: number; delayMs: number; key: string; outcome: AttemptOutcome }) => void;
+  /** Uniform [0, 1) samples for the backoff jitter (default `Math.random`). */
+  random?: () => number;
+}
+
+/** Thrown when the policy stops after a timeout or a connection error. */
+export class RetriesExhaustedError extends Error {
+  readonly key: string;
+  readonly attempts: number;
+  readonly reason: string;
+  constructor(key: string, attempts: number, reason: string, cause: unknown) {
+    super(`request failed after ${attempts} attempt(s) (${reason})`, { cause });
+    this.name = 'RetriesExhaustedError';
+    this.key = key;
+    this.attempts = attempts;
+    this.reason = reason;
+  }
+}
+
+function abortError(signal: AbortSignal): unknown {
+  return signal.reason ?? new DOMException('The operation was aborted.', 'AbortError');
+}
+
+function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted) return reject(abortError(signal));
+    const onAbort = () => {
+      clearTimeout(t);
+      reject(abortError(signal as AbortSignal));
+    };
+    const t = setTimeout(() => {
+      signal?.removeEventListener('abort', onAbort);
+      resolve();
+    }, ms);
+    signal?.addEventListener('abort', onAbort, { once: true });
+  });
+}
+
+function replayableBody(body: RequestInit['body']): RequestInit['body'] {
+  if (body === undefined || body === null) return body;
+  if (typeof body === 'string' || body instanceof Uint8Array || body instanceof ArrayBuffer) return body;
+  if (typeof URLSearchParams !== 'undefined' && body instanceof URLSearchParams) return body;
+  if (typeof Blob !== 'undefined' && body instanceof Blob) return body;
+  throw new TypeError('idempotentFetch needs a body it can send again (string, Buffer, ArrayBuffer, Blob, URLSearchParams)');
+}
+
+/**
+ * Sends the request, retrying with the same key as core's policy decides. Resolves with the
+ * final `Response` (success or a non-retryable status such as 422, which means "new operation,
+ * new key"); rejects with `RetriesExhaustedError` when the last attempt had no response, or with
+ * the signal's reason when aborted.
+ */
+export async function idempotentFetch(input: string | URL, init: IdempotentFetchOptions = {}): Promise<Response> {
+  const { key: givenKey, headerName, retry, attemptTimeoutMs, fetch: fetchImpl, onRetry, random, signal, ...req } = init;
+  const doFetch = fetchImpl ?? globalThis.fetch;
+  const policy = retry instanceof RetryPolicy ? retry : new RetryPolicy(retry ?? {});
+  const key = givenKey ?? generateKey();
+  const headers = new Headers(req.headers);
+  headers.set(headerName ?? 'Idempotency-Key', keyHeaderValue(key));
+  const body = replayableBody(req.body);
+  const rand = random ?? Math.random;
+  const started = Date.now();
+  for (let attempt = 1; ; attempt++) {
+    if (signal?.aborted) throw abortError(signal);
+    const ctrl = new AbortController();
+    const onAbort = () => ctrl.abort(abortError(signal as AbortSignal));
+    signal?.addEventListener('abort', onAbort, { once: true });
+    let timedOut = false;
+    const timer =
+      attemptTimeoutMs !== undefined
+        ? setTimeout(() => {
+            timedOut = true;
+            ctrl.abort(new DOMException('attempt timed out', 'TimeoutError'));
+          }, attemptTimeoutMs)
+        : undefined;
+    let response: Response | undefined;
+    let error: unknown;
+    let outcome: AttemptOutcome;
+    try {
+      response = await doFetch(input, { ...req, body, headers, signal: ctrl.signal });
+      const ra = response.headers.get('retry-after');
+      outcome = { kind: 'response', status: response.status, retryAfterMs: ra === null ? null : parseRetryAfter(ra, Date.now()) };
+    } catch (e) {
+      if (signal?.aborted) throw abortError(signal);
+      error = e;
+      outcome = timedOut ? { kind: 'timeout' } : { kind: 'connection_error' };
+    } finally {
+      if (timer) clearTimeout(timer);
+      signal?.removeEventListener('abort', onAbort);
+    }
+    const decision: RetryDecision = policy.decide(attempt, Date.now() - started, outcome, rand());
+    if (!decision.retry) {
+      if (response) return response;
+      throw new RetriesExhaustedError(key, attempt, decision.reason, error);
+    }
+    // Free the connection of a response we will not read.
+    if (response) await response.body?.cancel().catch(() => undefined);
+    onRetry?.({ attempt, delayMs: decision.delayMs, key, outcome });
+    await sleep(decision.delayMs, signal ?? undefined);
+  }
+}
+
+/** A fetch function bound to default options (each call is one logical operation, one key). */
+export function createIdempotentFetch(defaults: IdempotentFetchOptions = {}) {
+  return (input: string | URL, init: IdempotentFetchOptions = {}): Promise<Response> =>
+    idempotentFetch(input, { ...defaults, ...init, headers: { ...headersObject(defaults.headers), ...headersObject(init.headers) } });
+}
+
+function headersObject(h: HeadersInit | undefined): Record<string, string> {
+  const out: Record<string, string> = {};
+  if (h) new Headers(h).forEach((v, k) => (out[k] = v));
+  return out;
+}
