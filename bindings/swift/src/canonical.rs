@@ -51,7 +51,26 @@ pub enum CanonicalError {
         offset: u64,
         /// The configured limit.
         limit: u64,
+        /// RFC 6901 pointer of the value where the limit was hit, when inside a value.
+        pointer: Option<String>,
     },
+    /// An exclusion pointer is malformed (or the root pointer, or too many pointers).
+    #[error("{message}")]
+    InvalidPointer {
+        /// Core's stable snake_case code, e.g. `pointer_missing_slash`.
+        code: String,
+        /// Core's message.
+        message: String,
+    },
+}
+
+impl From<core::PointerError> for CanonicalError {
+    fn from(e: core::PointerError) -> Self {
+        CanonicalError::InvalidPointer {
+            code: e.code().to_owned(),
+            message: e.to_string(),
+        }
+    }
 }
 
 impl From<core::CanonError> for CanonicalError {
@@ -67,6 +86,7 @@ impl From<core::CanonError> for CanonicalError {
                 message,
                 offset,
                 limit: to_u64(limit),
+                pointer: e.pointer,
             },
             _ => CanonicalError::InvalidJson {
                 code,
@@ -148,6 +168,23 @@ pub fn canonicalize_with(
     Ok(core::canonicalize_with(&json, &options.into())?)
 }
 
+/// The canonical form of a JSON text with the values at the RFC 6901 pointers in `exclude` left
+/// out (they are still validated), as the fingerprint does with its `exclude` setting.
+///
+/// # Errors
+/// `InvalidPointer` for a bad pointer, otherwise as [`canonicalize_with`].
+#[uniffi::export]
+pub fn canonicalize_excluding(
+    json: Vec<u8>,
+    options: CanonicalOptions,
+    exclude: Vec<String>,
+) -> Result<Vec<u8>, CanonicalError> {
+    let exclusions = core::Exclusions::new(&exclude)?;
+    let mut out = Vec::with_capacity(json.len());
+    core::canonicalize_excluding_to(&json, &options.into(), &exclusions, &mut out)?;
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -185,6 +222,22 @@ mod tests {
             err,
             CanonicalError::LimitExceeded { ref code, limit: 2, .. } if code == "depth_limit"
         ));
+    }
+
+    #[test]
+    fn exclusions_drop_values_and_check_pointers() {
+        let opts = default_canonical_options();
+        let out = canonicalize_excluding(
+            br#"{"ts":1,"a":{"b":2,"c":3}}"#.to_vec(),
+            opts,
+            vec!["/ts".into(), "/a/c".into()],
+        )
+        .unwrap();
+        assert_eq!(out, br#"{"a":{"b":2}}"#);
+        let err = canonicalize_excluding(b"{}".to_vec(), opts, vec!["ts".into()]).unwrap_err();
+        assert!(
+            matches!(err, CanonicalError::InvalidPointer { ref code, .. } if code == "pointer_missing_slash")
+        );
     }
 
     #[test]

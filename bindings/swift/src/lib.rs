@@ -21,8 +21,8 @@ mod retry;
 mod scope;
 
 pub use canonical::{
-    CanonicalError, CanonicalOptions, NumberMode, canonicalize, canonicalize_with,
-    default_canonical_options,
+    CanonicalError, CanonicalOptions, NumberMode, canonicalize, canonicalize_excluding,
+    canonicalize_with, default_canonical_options,
 };
 pub use fingerprint::{
     FingerprintConfig, FingerprintError, FingerprintRequest, Header, default_fingerprint_config,

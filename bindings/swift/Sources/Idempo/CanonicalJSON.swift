@@ -41,12 +41,19 @@ public enum CanonicalJSON {
         }
     }
 
-    /// The canonical form of a JSON text.
+    /// The canonical form of a JSON text, optionally leaving out the values at the RFC 6901
+    /// pointers in `excluding` (they are still validated), as the fingerprint's `exclude` does.
     ///
-    /// - Throws: ``CanonicalJSONError`` for any text core refuses or a limit exceeded.
-    public static func canonicalize(_ json: Data, options: Options = .standard) throws -> Data {
+    /// - Throws: ``CanonicalJSONError`` for any text core refuses, a limit exceeded or a bad
+    ///   pointer.
+    public static func canonicalize(_ json: Data, options: Options = .standard, excluding: [String] = []) throws
+        -> Data
+    {
         try callFFI(CanonicalError.self, CanonicalJSONError.init) {
-            try canonicalizeWith(json: json, options: options.ffi)
+            if excluding.isEmpty {
+                return try canonicalizeWith(json: json, options: options.ffi)
+            }
+            return try canonicalizeExcluding(json: json, options: options.ffi, exclude: excluding)
         }
     }
 }

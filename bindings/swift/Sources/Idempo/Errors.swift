@@ -59,19 +59,23 @@ public enum CanonicalJSONError: Error, Sendable, Hashable, CustomStringConvertib
     /// Not acceptable JSON: syntax, encoding, duplicate member names, numbers.
     case invalidJSON(code: String, message: String, offset: Int, pointer: String?)
     /// A configured limit (size, depth, members per object) was exceeded.
-    case limitExceeded(code: String, message: String, offset: Int, limit: Int)
+    case limitExceeded(code: String, message: String, offset: Int, limit: Int, pointer: String?)
+    /// An exclusion pointer is malformed, the root pointer, or one too many.
+    case invalidPointer(code: String, message: String)
 
     /// Core's stable snake_case code, e.g. `duplicate_member` or `depth_limit`.
     public var code: String {
         switch self {
-        case .invalidJSON(let code, _, _, _), .limitExceeded(let code, _, _, _): return code
+        case .invalidJSON(let code, _, _, _), .limitExceeded(let code, _, _, _, _), .invalidPointer(let code, _):
+            return code
         }
     }
 
     /// Core's message.
     public var description: String {
         switch self {
-        case .invalidJSON(_, let message, _, _), .limitExceeded(_, let message, _, _): return message
+        case .invalidJSON(_, let message, _, _), .limitExceeded(_, let message, _, _, _), .invalidPointer(_, let message):
+            return message
         }
     }
 
@@ -79,8 +83,11 @@ public enum CanonicalJSONError: Error, Sendable, Hashable, CustomStringConvertib
         switch ffi {
         case .InvalidJson(let code, let message, let offset, let pointer):
             self = .invalidJSON(code: code, message: message, offset: Int(clamping: offset), pointer: pointer)
-        case .LimitExceeded(let code, let message, let offset, let limit):
-            self = .limitExceeded(code: code, message: message, offset: Int(clamping: offset), limit: Int(clamping: limit))
+        case .LimitExceeded(let code, let message, let offset, let limit, let pointer):
+            self = .limitExceeded(
+                code: code, message: message, offset: Int(clamping: offset), limit: Int(clamping: limit), pointer: pointer)
+        case .InvalidPointer(let code, let message):
+            self = .invalidPointer(code: code, message: message)
         }
     }
 }

@@ -1383,7 +1383,21 @@ enum CanonicalError: Swift.Error, Equatable, Hashable, Foundation.LocalizedError
          */offset: UInt64, 
         /**
          * The configured limit.
-         */limit: UInt64
+         */limit: UInt64, 
+        /**
+         * RFC 6901 pointer of the value where the limit was hit, when inside a value.
+         */pointer: String?
+    )
+    /**
+     * An exclusion pointer is malformed (or the root pointer, or too many pointers).
+     */
+    case InvalidPointer(
+        /**
+         * Core's stable snake_case code, e.g. `pointer_missing_slash`.
+         */code: String, 
+        /**
+         * Core's message.
+         */message: String
     )
 
     
@@ -1424,7 +1438,12 @@ public struct FfiConverterTypeCanonicalError: FfiConverterRustBuffer {
             code: try FfiConverterString.read(from: &buf), 
             message: try FfiConverterString.read(from: &buf), 
             offset: try FfiConverterUInt64.read(from: &buf), 
-            limit: try FfiConverterUInt64.read(from: &buf)
+            limit: try FfiConverterUInt64.read(from: &buf), 
+            pointer: try FfiConverterOptionString.read(from: &buf)
+            )
+        case 3: return .InvalidPointer(
+            code: try FfiConverterString.read(from: &buf), 
+            message: try FfiConverterString.read(from: &buf)
             )
 
          default: throw UniffiInternalError.unexpectedEnumCase
@@ -1446,12 +1465,19 @@ public struct FfiConverterTypeCanonicalError: FfiConverterRustBuffer {
             FfiConverterOptionString.write(pointer, into: &buf)
             
         
-        case let .LimitExceeded(code,message,offset,limit):
+        case let .LimitExceeded(code,message,offset,limit,pointer):
             writeInt(&buf, Int32(2))
             FfiConverterString.write(code, into: &buf)
             FfiConverterString.write(message, into: &buf)
             FfiConverterUInt64.write(offset, into: &buf)
             FfiConverterUInt64.write(limit, into: &buf)
+            FfiConverterOptionString.write(pointer, into: &buf)
+            
+        
+        case let .InvalidPointer(code,message):
+            writeInt(&buf, Int32(3))
+            FfiConverterString.write(code, into: &buf)
+            FfiConverterString.write(message, into: &buf)
             
         }
     }
@@ -2523,6 +2549,23 @@ public func canonicalize(json: Data)throws  -> Data  {
 })
 }
 /**
+ * The canonical form of a JSON text with the values at the RFC 6901 pointers in `exclude` left
+ * out (they are still validated), as the fingerprint does with its `exclude` setting.
+ *
+ * # Errors
+ * `InvalidPointer` for a bad pointer, otherwise as [`canonicalize_with`].
+ */
+public func canonicalizeExcluding(json: Data, options: CanonicalOptions, exclude: [String])throws  -> Data  {
+    return try  FfiConverterData.lift(try rustCallWithError(FfiConverterTypeCanonicalError_lift) {
+        uniffiCallStatus in
+    uniffi_idempo_swift_fn_func_canonicalize_excluding(
+        FfiConverterData.lower(json),
+        FfiConverterTypeCanonicalOptions_lower(options),
+        FfiConverterSequenceString.lower(exclude),uniffiCallStatus
+    )
+})
+}
+/**
  * The RFC 8785 canonical form of a JSON text, with explicit options.
  *
  * # Errors
@@ -2798,6 +2841,9 @@ private let initializationResult: InitializationResult = {
         return InitializationResult.contractVersionMismatch
     }
     if (uniffi_idempo_swift_checksum_func_canonicalize() != 38205) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_idempo_swift_checksum_func_canonicalize_excluding() != 15025) {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_idempo_swift_checksum_func_canonicalize_with() != 14758) {

@@ -248,6 +248,11 @@ typedef void (*UniffiForeignFutureCompleteVoid)(uint64_t, UniffiForeignFutureRes
 RustBuffer uniffi_idempo_swift_fn_func_canonicalize(RustBuffer json, RustCallStatus *_Nonnull out_status
 );
 #endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_IDEMPO_SWIFT_FN_FUNC_CANONICALIZE_EXCLUDING
+#define UNIFFI_FFIDEF_UNIFFI_IDEMPO_SWIFT_FN_FUNC_CANONICALIZE_EXCLUDING
+RustBuffer uniffi_idempo_swift_fn_func_canonicalize_excluding(RustBuffer json, RustBuffer options, RustBuffer exclude, RustCallStatus *_Nonnull out_status
+);
+#endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_IDEMPO_SWIFT_FN_FUNC_CANONICALIZE_WITH
 #define UNIFFI_FFIDEF_UNIFFI_IDEMPO_SWIFT_FN_FUNC_CANONICALIZE_WITH
 RustBuffer uniffi_idempo_swift_fn_func_canonicalize_with(RustBuffer json, RustBuffer options, RustCallStatus *_Nonnull out_status
@@ -610,6 +615,12 @@ void ffi_idempo_swift_rust_future_complete_void(uint64_t handle, RustCallStatus 
 #ifndef UNIFFI_FFIDEF_UNIFFI_IDEMPO_SWIFT_CHECKSUM_FUNC_CANONICALIZE
 #define UNIFFI_FFIDEF_UNIFFI_IDEMPO_SWIFT_CHECKSUM_FUNC_CANONICALIZE
 uint16_t uniffi_idempo_swift_checksum_func_canonicalize(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_IDEMPO_SWIFT_CHECKSUM_FUNC_CANONICALIZE_EXCLUDING
+#define UNIFFI_FFIDEF_UNIFFI_IDEMPO_SWIFT_CHECKSUM_FUNC_CANONICALIZE_EXCLUDING
+uint16_t uniffi_idempo_swift_checksum_func_canonicalize_excluding(void
     
 );
 #endif

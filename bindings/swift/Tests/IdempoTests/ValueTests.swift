@@ -77,7 +77,7 @@ final class ValueTests: XCTestCase {
         var options = CanonicalJSON.Options.standard
         options.maxDepth = 1
         XCTAssertThrowsError(try CanonicalJSON.canonicalize(Data("[[1]]".utf8), options: options)) { error in
-            guard case .limitExceeded(let code, _, _, let limit)? = error as? CanonicalJSONError else {
+            guard case .limitExceeded(let code, _, _, let limit, _)? = error as? CanonicalJSONError else {
                 return XCTFail("unexpected \(error)")
             }
             XCTAssertEqual(code, "depth_limit")
