@@ -25,7 +25,7 @@ test-node: node-build
 	svc=$$(mktemp -d); trap 'scripts/test-services.sh stop '"$$svc"' >/dev/null 2>&1 || true; rm -rf '"$$svc" EXIT; \
 	  scripts/test-services.sh start "$$svc" >/dev/null; \
 	  set -a; . "$$svc/env"; set +a; \
-	  cd $(NODE_DIR) && node --test --test-concurrency=1 test/
+	  cd $(NODE_DIR) && node --test --test-concurrency=1 test/*.test.mjs
 
 bench-node: node-build
 	cd $(NODE_DIR) && node bench/fingerprint.mjs

@@ -153,6 +153,8 @@ export interface CanonicalizeOptions {
   maxDepth?: number
   /** Maximum number of members and elements (default 100000). */
   maxMembers?: number
+  /** RFC 6901 pointers of values to leave out of the output. */
+  exclude?: Array<string>
 }
 
 /** Canonicalizes a JSON text given as a string into its RFC 8785 form. */
@@ -279,7 +281,10 @@ export interface KeyAdmission {
   reason?: string
 }
 
-/** The header value to send for a key (its sf-string form). */
+/**
+ * The header value to send for a key (its sf-string form). Any key core can represent (1 to
+ * 255 characters) is accepted; the server's own length bounds apply when it parses it.
+ */
 export declare function keyHeaderValue(key: string): string
 
 /** Claim's answer: `claimed` with the generation, or the live record. */

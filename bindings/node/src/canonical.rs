@@ -1,5 +1,5 @@
 //! RFC 8785 canonical JSON.
-use idempo_core::canonical::{self, CanonError, CanonOptions, Limits, NumberMode};
+use idempo_core::canonical::{self, CanonError, CanonOptions, Exclusions, Limits, NumberMode};
 use napi::Env;
 use napi::bindgen_prelude::Buffer;
 use napi_derive::napi;
@@ -18,6 +18,8 @@ pub struct CanonicalizeOptions {
     pub max_depth: Option<u32>,
     /// Maximum number of members and elements (default 100000).
     pub max_members: Option<u32>,
+    /// RFC 6901 pointers of values to leave out of the output.
+    pub exclude: Option<Vec<String>>,
 }
 
 /// Parses a number mode name.
@@ -70,9 +72,23 @@ pub(crate) fn canon_fail(e: &CanonError) -> Fail {
 
 fn run(env: &Env, input: &[u8], opts: Option<&CanonicalizeOptions>) -> napi::Result<Buffer> {
     let o = options(opts).map_err(|f| f.throw(env))?;
-    canonical::canonicalize_with(input, &o)
-        .map(Buffer::from)
-        .map_err(|e| canon_fail(&e).throw(env))
+    let exclude = opts.and_then(|x| x.exclude.as_ref());
+    match exclude {
+        None => canonical::canonicalize_with(input, &o)
+            .map(Buffer::from)
+            .map_err(|e| canon_fail(&e).throw(env)),
+        Some(ptrs) => {
+            let ex = Exclusions::new(ptrs).map_err(|e| {
+                Fail::new(code::INVALID_ARGUMENT, e.to_string())
+                    .reason(e.code())
+                    .throw(env)
+            })?;
+            let mut out = Vec::with_capacity(input.len());
+            canonical::canonicalize_excluding_to(input, &o, &ex, &mut out)
+                .map(|()| Buffer::from(out))
+                .map_err(|e| canon_fail(&e).throw(env))
+        }
+    }
 }
 
 /// Canonicalizes a JSON text given as bytes (UTF-8) into its RFC 8785 form.

@@ -96,10 +96,16 @@ pub fn generate_key(env: Env, entropy: &[u8]) -> napi::Result<String> {
     Ok(IdempotencyKey::generate(bytes).as_str().to_owned())
 }
 
-/// The header value to send for a key (its sf-string form).
+/// The header value to send for a key (its sf-string form). Any key core can represent (1 to
+/// 255 characters) is accepted; the server's own length bounds apply when it parses it.
 #[napi(catch_unwind)]
 pub fn key_header_value(env: Env, key: String) -> napi::Result<String> {
-    IdempotencyKey::from_text(&key, &KeyOptions::default())
+    let widest = KeyOptions::new(1, key::MAX_LEN_LIMIT).map_err(|e| {
+        Fail::new(code::CONFIG, e.to_string())
+            .reason(e.code())
+            .throw(&env)
+    })?;
+    IdempotencyKey::from_text(&key, &widest)
         .map(|k| k.to_header_value())
         .map_err(|e| key_fail(&e).throw(&env))
 }

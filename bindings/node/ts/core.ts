@@ -19,6 +19,8 @@ export interface CanonicalizeOptions {
   maxDepth?: number;
   /** Maximum number of members and elements (default 100000). */
   maxMembers?: number;
+  /** RFC 6901 pointers of values to leave out (e.g. `/client_timestamp`). */
+  exclude?: string[];
 }
 
 /**
