@@ -1,6 +1,6 @@
 # Python binding (bindings/python): the idempo package in a repo-local virtualenv.
 #
-#   make test-python    stubtest of the extension + the pytest suite (starts throwaway PostgreSQL and
+#   make test-python    stubtest of the extension, mypy of the package, the pytest suite (starts throwaway PostgreSQL and
 #                       Redis via scripts/test-services.sh; IDEMPO_SKIP_SERVICES=1 skips those tests)
 #   make bench-python   fingerprint benchmark against json.dumps+sha256 and rfc8785 (prints ratios)
 #   make demo-python    the payments demo: python -m idempo.demo
@@ -19,6 +19,7 @@ python-setup:
 
 test-python: python-setup
 	cd bindings/python && $(PY) -m mypy.stubtest idempo._idempo
+	cd bindings/python && $(PY) -m mypy python/idempo
 	cd bindings/python && $(PY) -m pytest -q
 
 bench-python: python-setup

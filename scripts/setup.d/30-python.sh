@@ -31,7 +31,8 @@ pkg_stamp=$(
 )
 if [ "$(cat "$venv/.idempo-pkg" 2>/dev/null || true)" != "$pkg_stamp" ]; then
   echo "setup: building and installing idempo (bindings/python) into $venv"
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-build-isolation \
+  # --no-build-isolation uses the venv's maturin (the backend runs it from PATH).
+  PATH="$PWD/$venv/bin:$PATH" "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-build-isolation \
     --force-reinstall --no-deps ./bindings/python
   echo "$pkg_stamp" >"$venv/.idempo-pkg"
 fi

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from typing import Any, Callable, Iterable, Optional, Union
+from typing import Any, Callable, Iterable, Literal, Optional, Union
 
 import httpx
 
@@ -61,7 +61,11 @@ class _Attempts:
         return key
 
     def advise(
-        self, attempt: int, started: float, outcome: Union[int, str], retry_after: Optional[str]
+        self,
+        attempt: int,
+        started: float,
+        outcome: Union[int, Literal["timeout", "connection_error"]],
+        retry_after: Optional[str],
     ) -> Optional[int]:
         """Milliseconds to wait before the next attempt, or None to stop."""
         elapsed_ms = int((time.monotonic() - started) * 1000)

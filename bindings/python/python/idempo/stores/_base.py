@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Protocol, Tuple, TypeVar, Union
+from typing import Any, Callable, Optional, Protocol, Tuple, Type, TypeVar, Union
 
 from idempo._idempo import InvalidArgument, StoreUnavailable
 
@@ -208,7 +208,7 @@ def unavailable(message: str, cause: BaseException, retry_after: float = 1.0) ->
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def fail_closed(errors: Tuple[type, ...], what: str) -> Callable[[F], F]:
+def fail_closed(errors: Tuple[Type[BaseException], ...], what: str) -> Callable[[F], F]:
     """Maps the driver's errors to :class:`StoreUnavailable` (store errors fail closed)."""
 
     def wrap(fn: F) -> F:
@@ -224,7 +224,7 @@ def fail_closed(errors: Tuple[type, ...], what: str) -> Callable[[F], F]:
     return wrap
 
 
-def fail_closed_async(errors: Tuple[type, ...], what: str) -> Callable[[F], F]:
+def fail_closed_async(errors: Tuple[Type[BaseException], ...], what: str) -> Callable[[F], F]:
     """Async form of :func:`fail_closed`."""
 
     def wrap(fn: F) -> F:

@@ -15,7 +15,7 @@ import os
 import threading
 import time
 from dataclasses import replace
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from idempo._idempo import InvalidArgument, StoreUnavailable
 from idempo.stores._base import (
@@ -287,8 +287,8 @@ class MemoryStore:
 class AsyncMemoryStore:
     """The asyncio face of :class:`MemoryStore` (primitives never await inside their step)."""
 
-    def __init__(self, store: Optional[MemoryStore] = None, **kwargs: object) -> None:
-        self.sync = store if store is not None else MemoryStore(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, store: Optional[MemoryStore] = None, **kwargs: Any) -> None:
+        self.sync = store if store is not None else MemoryStore(**kwargs)
 
     async def claim(
         self, scope_key: bytes, fingerprint: str, token: bytes, lease_ms: int, ttl_ms: int

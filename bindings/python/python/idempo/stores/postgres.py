@@ -225,8 +225,10 @@ class PostgresStore:
             with self._single_lock:
                 yield self._single
             return
-        conn: Optional[psycopg.Connection[Any]] = getattr(self._local, "conn", None)
-        if conn is None or conn.closed:
+        local: Optional[psycopg.Connection[Any]] = getattr(self._local, "conn", None)
+        if local is not None and not local.closed:
+            conn = local
+        else:
             assert self._dsn is not None
             conn = psycopg.connect(
                 self._dsn, autocommit=True, connect_timeout=self._connect_timeout

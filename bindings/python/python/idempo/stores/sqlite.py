@@ -16,7 +16,7 @@ import os
 import sqlite3
 import threading
 from contextlib import contextmanager
-from typing import Callable, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Iterator, List, Optional, Tuple, Union
 
 from idempo._idempo import InvalidArgument
 from idempo.stores._base import (
@@ -57,16 +57,16 @@ CREATE INDEX IF NOT EXISTS {TABLE}_expires ON {TABLE} (expires_at);
 _errors = (sqlite3.Error,)
 
 
-def _record(row: Tuple[object, ...]) -> StoredRecord:
+def _record(row: Tuple[Any, ...]) -> StoredRecord:
     return StoredRecord(
-        scope_key=bytes(row[0]),  # type: ignore[arg-type]
+        scope_key=bytes(row[0]),
         fingerprint=str(row[1]),
-        state=int(row[2]),  # type: ignore[call-overload]
-        token=bytes(row[3]),  # type: ignore[arg-type]
-        generation=int(row[4]),  # type: ignore[call-overload]
-        lease_until=None if row[5] is None else int(row[5]),  # type: ignore[call-overload]
-        expires_at=int(row[6]),  # type: ignore[call-overload]
-        response=None if row[7] is None else bytes(row[7]),  # type: ignore[arg-type]
+        state=int(row[2]),
+        token=bytes(row[3]),
+        generation=int(row[4]),
+        lease_until=None if row[5] is None else int(row[5]),
+        expires_at=int(row[6]),
+        response=None if row[7] is None else bytes(row[7]),
     )
 
 
@@ -294,8 +294,8 @@ class SQLiteStore:
 class AsyncSQLiteStore:
     """The asyncio face of :class:`SQLiteStore`: each primitive runs in a worker thread."""
 
-    def __init__(self, path: Union[str, "os.PathLike[str]"], **kwargs: object) -> None:
-        self.sync = SQLiteStore(path, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, path: Union[str, "os.PathLike[str]"], **kwargs: Any) -> None:
+        self.sync = SQLiteStore(path, **kwargs)
 
     async def claim(
         self, scope_key: bytes, fingerprint: str, token: bytes, lease_ms: int, ttl_ms: int
