@@ -2,6 +2,7 @@
 use std::path::PathBuf;
 
 pub mod memstore;
+pub mod model;
 
 /// The repository root (the folder holding the workspace `Cargo.toml`).
 pub fn repo_root() -> PathBuf {

@@ -1,0 +1,1037 @@
+//! A stateright model of idempo's key state machine that runs the shipped core.
+//!
+//! [`IdempoModel`] is a plain [`stateright::Model`]. Its transitions call `idempo_core` itself:
+//! every request is a real [`ServerFlow`] (so `decide`, the flow's phases, the response policy
+//! and the response encoding are the shipped code), and every store operation the flow asks for
+//! is executed with the pure primitives of [`idempo_core::machine::store`] on the model's store.
+//! The model owns only what the host owns: the store (one slot per scope), a logical clock, the
+//! schedule (which worker or client moves next), a token counter fed to the flow as entropy, and
+//! ghost variables that turn history into state for the properties (see [`props`]).
+//!
+//! A [`Variant`] other than [`Variant::Correct`] wraps one core call and mutates its effect, to
+//! show that the properties catch the bug class (see `spec/MODEL.md`).
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use idempo_core::fingerprint::{FingerprintConfig, RequestParts, fingerprint};
+use idempo_core::machine::store::{self, ClaimOutcome};
+use idempo_core::machine::{
+    Action, DownstreamKey, Event, HandlerResponse, HttpResponse, Outcome, ServerFlow, StoreOp,
+    StoreResult,
+};
+use idempo_core::policy::{Config, LeasePolicy, TakeoverPolicy};
+use idempo_core::record::{FencingToken, FingerprintText, Record, RecordState, StoredResponse};
+use idempo_core::retry::{AttemptOutcome, RetryConfig, RetryDecision, RetryPolicy};
+use idempo_core::scope::ScopeId;
+use stateright::{Model, Property};
+
+mod flowkey;
+pub mod props;
+
+pub use flowkey::FlowKey;
+
+/// Milliseconds per model clock tick (the core's shortest accepted lease is 1 s).
+pub const TICK_MS: u64 = 1_000;
+
+/// The raw `Idempotency-Key` every client sends.
+pub const RAW_KEY: &str = "order-key-0001";
+/// Method and route of the modelled endpoint.
+const METHOD: &str = "POST";
+const ROUTE: &str = "/orders";
+
+/// How the handler's business side effect relates to the idempotency store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EffectMode {
+    /// The effect commits in the same database transaction as the claim and the completion
+    /// (`BEGIN; claim; <writes>; complete; COMMIT`): other requests for the scope wait on the row
+    /// lock, a crash rolls everything back. Takeover policy re-run.
+    Transactional,
+    /// The effect is an external call carrying the flow's [`DownstreamKey`]; the downstream
+    /// service deduplicates on it (forever, in the model). Takeover policy re-run.
+    DownstreamKeyed,
+    /// An external effect without deduplication; an expired lease is taken over and re-run.
+    UnkeyedReRun,
+    /// An external effect without deduplication; an expired lease is marked outcome-unknown
+    /// (core's default policy).
+    UnkeyedOutcomeUnknown,
+}
+
+impl EffectMode {
+    /// The takeover policy the route is configured with in this mode.
+    #[must_use]
+    pub fn takeover(self) -> TakeoverPolicy {
+        match self {
+            Self::UnkeyedOutcomeUnknown => TakeoverPolicy::OutcomeUnknown,
+            _ => TakeoverPolicy::ReRun,
+        }
+    }
+}
+
+/// A deliberate bug wrapped around one core call (mutation testing of the properties).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Variant {
+    /// The shipped core, unmodified.
+    Correct,
+    /// Claim as two steps: read the slot, later insert blindly if the read saw it absent
+    /// (a `GET` then `SET`/`INSERT` without a unique constraint).
+    CheckThenInsert,
+    /// Completion without the token comparison (`UPDATE … WHERE scope_key = $1 AND state = 1`).
+    CompleteWithoutToken,
+    /// Release without the token comparison (`DELETE … WHERE scope_key = $1 AND state = 1`).
+    ReleaseWithoutToken,
+    /// The record handed to the flow carries the requester's fingerprint: the fingerprint check
+    /// is skipped, so a different body under a used key is treated as a retry.
+    NoFingerprintCheck,
+}
+
+/// One modelled client: who it is (principal: its scope) and what it sends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ClientSpec {
+    /// The authenticated principal; clients with different principals have different scopes
+    /// although they send the same raw key.
+    pub principal: &'static str,
+    /// The JSON body.
+    pub body: &'static str,
+}
+
+/// Bounds and switches of one model configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Bounds {
+    /// Number of workers (server processes) running flows.
+    pub workers: u8,
+    /// Retries per client after its first attempt.
+    pub retries: u8,
+    /// The clock stops at this tick.
+    pub t_max: u8,
+    /// Lease length in ticks.
+    pub lease: u8,
+    /// Record retention (TTL) in ticks.
+    pub ttl: u8,
+    /// Worker crashes allowed in a run.
+    pub max_crashes: u8,
+    /// Whether the purge (batched delete of expired records) runs.
+    pub purge: bool,
+    /// Whether running handlers send heartbeats (lease renewals).
+    pub heartbeats: bool,
+    /// Whether handlers may fail (with or without a side effect).
+    pub failures: bool,
+}
+
+impl Default for Bounds {
+    /// Two workers, one retry, clock to 3, lease 1, TTL 2, one crash, purge on, no heartbeats,
+    /// no handler failures.
+    fn default() -> Self {
+        Self {
+            workers: 2,
+            retries: 1,
+            t_max: 3,
+            lease: 1,
+            ttl: 2,
+            max_crashes: 1,
+            purge: true,
+            heartbeats: false,
+            failures: false,
+        }
+    }
+}
+
+/// The model: configuration plus everything derived from it once (scopes, fingerprints, the
+/// route's core [`Config`], the client retry policy).
+#[derive(Clone, Debug)]
+pub struct IdempoModel {
+    /// Effect mode (and with it the takeover policy).
+    pub mode: EffectMode,
+    /// Mutation, if any.
+    pub variant: Variant,
+    /// Bounds.
+    pub bounds: Bounds,
+    /// The clients.
+    pub clients: Vec<ClientSpec>,
+    scopes: Vec<ScopeId>,
+    client_scope: Vec<u8>,
+    fingerprints: Vec<FingerprintText>,
+    client_fp: Vec<u8>,
+    config: Arc<Config>,
+    retry: RetryPolicy,
+}
+
+/// A response body produced by a handler run: (token of the run that caused the effect, its
+/// client). Handlers answer 201 with these two bytes as the body.
+pub type Body = (u8, u8);
+
+/// One business side effect that took place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Effect {
+    /// Scope index.
+    pub scope: u8,
+    /// Ghost generation instance of the record the executing flow owned.
+    pub epoch: u8,
+    /// Token of the executing flow.
+    pub token: u8,
+    /// Client whose request ran.
+    pub client: u8,
+    /// Whether the executing flow's token was the record's current token at that moment.
+    pub owner: bool,
+}
+
+/// The handler of a flow that was told to run it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Handler {
+    /// Downstream key from core (scope, generation).
+    pub downstream_key: DownstreamKey,
+    /// The result of the side effect once performed.
+    pub executed: Option<Body>,
+}
+
+/// A worker busy with one request.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Busy {
+    /// The flow's token byte (also the request id).
+    pub token: u8,
+    /// The client that sent the request.
+    pub client: u8,
+    /// The core flow.
+    pub flow: FlowKey,
+    /// The store operation the flow waits on; `None` while the handler runs.
+    pub pending: Option<StoreOp>,
+    /// Set once the flow said "run the handler".
+    pub handler: Option<Handler>,
+    /// Ghost: generation instance of the record this flow claimed or took over (0: none yet).
+    pub epoch: u8,
+    /// Whether the flow took the record over from an expired lease.
+    pub took_over: bool,
+    /// Transactional mode: the open transaction (what a rollback restores).
+    pub tx: Option<Tx>,
+    /// Check-then-insert mutation: the slot as the read step saw it.
+    pub read: Option<Option<Record>>,
+}
+
+/// An open database transaction (transactional mode): the claim is not visible to others and
+/// rolls back on a crash or a release.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Tx {
+    /// The slot before the claim.
+    pub pre: Option<Record>,
+    /// The ghost generation-instance counter before the claim.
+    pub pre_epoch: u8,
+}
+
+/// A server worker.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Worker {
+    /// Free to take a request.
+    Idle,
+    /// Running a flow.
+    Busy(Box<Busy>),
+}
+
+/// Where a client is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ClientPhase {
+    /// May send its next attempt.
+    Ready,
+    /// Waiting for the answer to the attempt with this token.
+    Waiting(u8),
+    /// Stopped (success, final error, or retries exhausted).
+    Done,
+}
+
+/// A client's progress.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Client {
+    /// Attempts sent.
+    pub attempts: u8,
+    /// Phase.
+    pub phase: ClientPhase,
+}
+
+/// History kept as state, for the properties.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Ghost {
+    /// Per scope: how many generation instances began (a record created where the slot was
+    /// absent or expired). Generation numbers restart after a purge; these do not.
+    pub epoch: Vec<u8>,
+    /// Side effects, sorted.
+    pub effects: Vec<Effect>,
+    /// First completed response per (scope, epoch).
+    pub completed: BTreeMap<(u8, u8), Body>,
+    /// First success answered per (scope, epoch).
+    pub answered: BTreeMap<(u8, u8), Body>,
+    /// Downstream deduplication table (downstream-keyed mode).
+    pub downstream: BTreeMap<DownstreamKey, Body>,
+    /// Violations seen at transitions (bits of [`props::Check`]).
+    pub violated: u32,
+    /// Events seen (bits of [`props::Seen`]).
+    pub seen: u32,
+}
+
+/// The model state.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct World {
+    /// Logical clock in ticks.
+    pub now: u8,
+    /// The store: one slot per scope index.
+    pub store: Vec<Option<Record>>,
+    /// Workers, canonical order (idle first, then busy by token): workers are interchangeable.
+    pub workers: Vec<Worker>,
+    /// Clients.
+    pub clients: Vec<Client>,
+    /// Next token byte (tokens are unique across generations).
+    pub next_token: u8,
+    /// Crashes so far.
+    pub crashes: u8,
+    /// Ghost variables.
+    pub ghost: Ghost,
+}
+
+/// A step of the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Act {
+    /// Client sends its next attempt; an idle worker starts a flow for it.
+    Send(u8),
+    /// Client gives up waiting (the server keeps working).
+    Timeout(u8),
+    /// The worker running the flow with this token executes its pending store operation.
+    Store(u8),
+    /// The handler performs its side effect.
+    Execute(u8),
+    /// The handler returns its response.
+    Finish(u8),
+    /// The handler fails.
+    Fail(u8),
+    /// The heartbeat timer fires.
+    Heartbeat(u8),
+    /// The worker crashes (its flow and request are lost).
+    Crash(u8),
+    /// The clock advances one tick.
+    Tick,
+    /// The purge deletes the expired record of this scope.
+    Purge(u8),
+}
+
+fn token_bytes(token: u8) -> [u8; 16] {
+    let mut e = [0u8; 16];
+    e[0] = 0x7e;
+    e[15] = token;
+    e
+}
+
+fn body_of(bytes: &[u8]) -> Option<Body> {
+    match bytes {
+        [t, c] => Some((*t, *c)),
+        _ => None,
+    }
+}
+
+fn op_scope(op: &StoreOp) -> &ScopeId {
+    match op {
+        StoreOp::Claim { scope, .. }
+        | StoreOp::Get { scope }
+        | StoreOp::TakeOver { scope, .. }
+        | StoreOp::MarkUnknown { scope, .. }
+        | StoreOp::Complete { scope, .. }
+        | StoreOp::Release { scope, .. }
+        | StoreOp::Renew { scope, .. } => scope,
+    }
+}
+
+/// Runs `f` on a copy of the slot whose token is replaced by `as_token`, then puts the original
+/// token back: a primitive with its token comparison removed.
+fn without_token_check(
+    slot: &mut Option<Record>,
+    as_token: FencingToken,
+    f: impl FnOnce(&mut Option<Record>) -> bool,
+) -> bool {
+    let original = slot.as_ref().map(|r| r.token);
+    if let Some(r) = slot.as_mut() {
+        r.token = as_token;
+    }
+    let ok = f(slot);
+    if let (Some(r), Some(t)) = (slot.as_mut(), original) {
+        r.token = t;
+    }
+    ok
+}
+
+impl IdempoModel {
+    /// A model of `clients` under one raw key, in `mode`, with `bounds`, running the shipped core.
+    ///
+    /// # Panics
+    /// When the bounds give an invalid core policy (lease shorter than 1 s, TTL 0), or more than
+    /// 250 clients/attempts: a test configuration error.
+    #[must_use]
+    pub fn new(mode: EffectMode, clients: &[ClientSpec], bounds: Bounds) -> Self {
+        let lease_ms = u64::from(bounds.lease) * TICK_MS;
+        let lease = LeasePolicy::new(
+            lease_ms,
+            if bounds.heartbeats {
+                Some(lease_ms / 2)
+            } else {
+                None
+            },
+        )
+        .expect("model lease is a valid core lease");
+        let config = Config {
+            lease,
+            takeover: mode.takeover(),
+            ttl_ms: std::num::NonZeroU64::new(u64::from(bounds.ttl) * TICK_MS)
+                .expect("model TTL is positive"),
+            ..Config::default()
+        };
+        let mut scopes = Vec::new();
+        let mut fingerprints: Vec<FingerprintText> = Vec::new();
+        let mut client_scope = Vec::new();
+        let mut client_fp = Vec::new();
+        for c in clients {
+            let scope = ScopeId::from_parts(c.principal, METHOD, ROUTE, RAW_KEY);
+            let si = scopes.iter().position(|s| *s == scope).unwrap_or_else(|| {
+                scopes.push(scope);
+                scopes.len() - 1
+            });
+            let fp = fingerprint(
+                &RequestParts::json(METHOD, ROUTE, c.body.as_bytes()),
+                &FingerprintConfig::default(),
+            )
+            .expect("model bodies are valid JSON");
+            let fp = FingerprintText::new(fp.to_string()).expect("core fingerprints are valid");
+            let fi = fingerprints
+                .iter()
+                .position(|f| *f == fp)
+                .unwrap_or_else(|| {
+                    fingerprints.push(fp);
+                    fingerprints.len() - 1
+                });
+            client_scope.push(u8::try_from(si).expect("few scopes"));
+            client_fp.push(u8::try_from(fi).expect("few fingerprints"));
+        }
+        let retry = RetryPolicy::new(RetryConfig {
+            max_attempts: 1 + u32::from(bounds.retries),
+            ..RetryConfig::default()
+        })
+        .expect("valid retry policy");
+        Self {
+            mode,
+            variant: Variant::Correct,
+            bounds,
+            clients: clients.to_vec(),
+            scopes,
+            client_scope,
+            fingerprints,
+            client_fp,
+            config: Arc::new(config),
+            retry,
+        }
+    }
+
+    /// The same model with a mutation applied.
+    #[must_use]
+    pub fn with_variant(mut self, variant: Variant) -> Self {
+        self.variant = variant;
+        self
+    }
+
+    /// Number of distinct scopes among the clients.
+    #[must_use]
+    pub fn scope_count(&self) -> usize {
+        self.scopes.len()
+    }
+
+    /// Scope index of client `c`.
+    #[must_use]
+    pub fn scope_of(&self, c: u8) -> u8 {
+        self.client_scope[usize::from(c)]
+    }
+
+    /// Fingerprint index of client `c`.
+    #[must_use]
+    pub fn fp_of(&self, c: u8) -> u8 {
+        self.client_fp[usize::from(c)]
+    }
+
+    /// The fingerprint client `c` sends.
+    #[must_use]
+    pub fn fingerprint_of(&self, c: u8) -> Option<&FingerprintText> {
+        self.client_fp
+            .get(usize::from(c))
+            .and_then(|f| self.fingerprints.get(usize::from(*f)))
+    }
+
+    /// True when clients `a` and `b` send the same request in the same scope.
+    #[must_use]
+    pub fn same_request(&self, a: u8, b: u8) -> bool {
+        self.scope_of(a) == self.scope_of(b) && self.fp_of(a) == self.fp_of(b)
+    }
+
+    fn now_ms(w: &World) -> u64 {
+        u64::from(w.now) * TICK_MS
+    }
+
+    fn busy_index(w: &World, token: u8) -> Option<usize> {
+        w.workers
+            .iter()
+            .position(|x| matches!(x, Worker::Busy(b) if b.token == token))
+    }
+
+    fn locked_by_other(w: &World, scope: u8, me: u8, model: &Self) -> bool {
+        w.workers.iter().any(|x| match x {
+            Worker::Busy(b) => b.token != me && b.tx.is_some() && model.scope_of(b.client) == scope,
+            Worker::Idle => false,
+        })
+    }
+
+    fn canonical(w: &mut World) {
+        w.workers.sort_by_key(|x| match x {
+            Worker::Idle => (0u8, 0u8),
+            Worker::Busy(b) => (1, b.token),
+        });
+    }
+
+    fn client_decides(&self, client: &mut Client, outcome: &AttemptOutcome, seen: &mut u32) {
+        match self
+            .retry
+            .decide(u32::from(client.attempts), 0, outcome, 0.0)
+        {
+            Ok(RetryDecision::Retry { .. }) => client.phase = ClientPhase::Ready,
+            Ok(RetryDecision::Stop { reason }) => {
+                if reason == idempo_core::retry::StopReason::AttemptsExhausted {
+                    *seen |= props::Seen::RetriesExhausted.bit();
+                }
+                client.phase = ClientPhase::Done;
+            }
+            Err(_) => client.phase = ClientPhase::Done,
+        }
+    }
+
+    /// Applies the action a flow returned; `b` is put back unless the flow finished.
+    fn apply(&self, w: &mut World, mut b: Box<Busy>, action: Action, read_epoch: Option<u8>) {
+        match action {
+            Action::Store(op) => {
+                b.pending = Some(op);
+                w.workers.push(Worker::Busy(b));
+            }
+            Action::RunHandler(run) => {
+                if run.token.0 != token_bytes(b.token) {
+                    w.ghost.violated |= props::Check::Flow.bit();
+                }
+                b.pending = None;
+                b.handler = Some(Handler {
+                    downstream_key: run.downstream_key,
+                    executed: None,
+                });
+                w.workers.push(Worker::Busy(b));
+            }
+            Action::Wait | Action::LeaseLost => {
+                b.pending = None;
+                w.workers.push(Worker::Busy(b));
+            }
+            Action::Respond { response, outcome } => {
+                self.deliver(w, &b, &response, outcome, read_epoch);
+                self.close_tx(w, &b);
+                w.workers.push(Worker::Idle);
+            }
+            Action::PropagateError { outcome } => {
+                let response = HttpResponse {
+                    status: 500,
+                    headers: Vec::new(),
+                    body: Vec::new(),
+                };
+                self.deliver(w, &b, &response, outcome, read_epoch);
+                self.close_tx(w, &b);
+                w.workers.push(Worker::Idle);
+            }
+        }
+    }
+
+    /// A flow ended with its transaction still open: roll back.
+    fn close_tx(&self, w: &mut World, b: &Busy) {
+        if let Some(tx) = &b.tx {
+            Self::rollback(w, usize::from(self.scope_of(b.client)), tx);
+        }
+    }
+
+    fn rollback(w: &mut World, s: usize, tx: &Tx) {
+        w.store[s] = tx.pre.clone();
+        w.ghost.epoch[s] = tx.pre_epoch;
+    }
+
+    /// The flow answered its client: record what the properties need, then let the client react.
+    fn deliver(
+        &self,
+        w: &mut World,
+        b: &Busy,
+        response: &HttpResponse,
+        outcome: Outcome,
+        read_epoch: Option<u8>,
+    ) {
+        let s = self.scope_of(b.client);
+        let obs = props::Answer {
+            client: b.client,
+            token: b.token,
+            scope: s,
+            status: response.status,
+            outcome,
+            body: body_of(&response.body),
+            replay_header: response
+                .headers
+                .iter()
+                .any(|(n, v)| n == idempo_core::machine::REPLAYED_HEADER && v == "true"),
+            epoch: if outcome == Outcome::Replayed {
+                read_epoch.unwrap_or(0)
+            } else {
+                b.epoch
+            },
+            ran_handler: b.handler.is_some(),
+            took_over: b.took_over,
+            record: w.store[usize::from(s)].clone(),
+            now_ms: Self::now_ms(w),
+        };
+        props::check_answer(self, w, &obs);
+        let client = &mut w.clients[usize::from(b.client)];
+        if client.phase == ClientPhase::Waiting(b.token) {
+            let attempt = AttemptOutcome::Response {
+                status: response.status,
+                retry_after_ms: None,
+            };
+            let mut seen = w.ghost.seen;
+            self.client_decides(client, &attempt, &mut seen);
+            w.ghost.seen = seen;
+        }
+    }
+
+    fn feed(&self, w: &mut World, mut b: Box<Busy>, event: Event, read_epoch: Option<u8>) {
+        match b.flow.0.handle(event) {
+            Ok(action) => self.apply(w, b, action, read_epoch),
+            Err(_) => {
+                // The host fed an event the flow refused: a flow (or model) bug. Drop the request.
+                w.ghost.violated |= props::Check::Flow.bit();
+                b.pending = None;
+                self.close_tx(w, &b);
+                w.workers.push(Worker::Idle);
+            }
+        }
+    }
+
+    fn with_requester_fp(&self, record: Record, client: u8) -> Record {
+        if self.variant == Variant::NoFingerprintCheck {
+            Record {
+                fingerprint: self.fingerprints[usize::from(self.fp_of(client))].clone(),
+                ..record
+            }
+        } else {
+            record
+        }
+    }
+
+    /// Executes the pending store operation of busy worker `b` atomically.
+    fn store_step(&self, w: &mut World, mut b: Box<Busy>) {
+        let Some(op) = b.pending.take() else {
+            w.workers.push(Worker::Busy(b));
+            return;
+        };
+        let Some(si) = self.scopes.iter().position(|s| s == op_scope(&op)) else {
+            // The flow addressed a scope no client has: isolation is broken.
+            w.ghost.violated |= props::Check::Scopes.bit();
+            w.workers.push(Worker::Idle);
+            return;
+        };
+        let s = u8::try_from(si).unwrap_or(u8::MAX);
+        if s != self.scope_of(b.client) {
+            w.ghost.violated |= props::Check::Scopes.bit();
+        }
+        let now_ms = Self::now_ms(w);
+        let pre = w.store[si].clone();
+        let mut read_epoch = None;
+        let result = match op {
+            StoreOp::Claim {
+                fingerprint,
+                token,
+                lease_ms,
+                ttl_ms,
+                ..
+            } => {
+                let outcome = if self.variant == Variant::CheckThenInsert {
+                    match b.read.take() {
+                        None => {
+                            // Step one: read only; the insert comes later.
+                            b.read = Some(pre);
+                            b.pending = Some(StoreOp::Claim {
+                                scope: self.scopes[si],
+                                fingerprint,
+                                token,
+                                lease_ms,
+                                ttl_ms,
+                            });
+                            w.workers.push(Worker::Busy(b));
+                            return;
+                        }
+                        Some(mut seen) => {
+                            // Step two: decide on the stale read, write blindly.
+                            let out = store::claim(
+                                &mut seen,
+                                &fingerprint,
+                                token,
+                                lease_ms,
+                                ttl_ms,
+                                now_ms,
+                            );
+                            if matches!(out, ClaimOutcome::Claimed { .. }) {
+                                w.store[si] = seen;
+                            }
+                            out
+                        }
+                    }
+                } else {
+                    store::claim(
+                        &mut w.store[si],
+                        &fingerprint,
+                        token,
+                        lease_ms,
+                        ttl_ms,
+                        now_ms,
+                    )
+                };
+                match outcome {
+                    ClaimOutcome::Claimed { generation } => {
+                        let fresh = pre.as_ref().is_none_or(|r| r.is_expired(now_ms));
+                        if self.mode == EffectMode::Transactional {
+                            b.tx = Some(Tx {
+                                pre: pre.clone(),
+                                pre_epoch: w.ghost.epoch[si],
+                            });
+                        }
+                        if fresh {
+                            w.ghost.epoch[si] = w.ghost.epoch[si].saturating_add(1);
+                        }
+                        b.epoch = w.ghost.epoch[si];
+                        StoreResult::Claimed { generation, now_ms }
+                    }
+                    ClaimOutcome::Existing(record) => {
+                        read_epoch = Some(w.ghost.epoch[si]);
+                        StoreResult::Existing {
+                            record: self.with_requester_fp(record, b.client),
+                            now_ms,
+                        }
+                    }
+                }
+            }
+            StoreOp::Get { .. } => {
+                read_epoch = Some(w.ghost.epoch[si]);
+                StoreResult::Got {
+                    record: pre.map(|r| self.with_requester_fp(r, b.client)),
+                    now_ms,
+                }
+            }
+            StoreOp::TakeOver {
+                seen_token,
+                new_token,
+                lease_ms,
+                ..
+            } => {
+                let got =
+                    store::takeover(&mut w.store[si], seen_token, new_token, lease_ms, now_ms);
+                if got.is_some() {
+                    b.epoch = w.ghost.epoch[si];
+                    b.took_over = true;
+                }
+                StoreResult::TookOver(got)
+            }
+            StoreOp::MarkUnknown {
+                seen_token, ttl_ms, ..
+            } => StoreResult::MarkedUnknown(store::mark_unknown(
+                &mut w.store[si],
+                seen_token,
+                ttl_ms,
+                now_ms,
+            )),
+            StoreOp::Complete {
+                token,
+                response,
+                ttl_ms,
+                ..
+            } => {
+                let Ok(stored) = StoredResponse::decode(&response) else {
+                    // The flow's own encoding did not decode: a core bug.
+                    w.ghost.violated |= props::Check::Flow.bit();
+                    self.feed(w, b, Event::StoreFailed, None);
+                    return;
+                };
+                let body = body_of(&stored.body);
+                let ok = if self.variant == Variant::CompleteWithoutToken {
+                    without_token_check(&mut w.store[si], token, |slot| {
+                        store::complete(slot, token, stored, ttl_ms, now_ms)
+                    })
+                } else {
+                    store::complete(&mut w.store[si], token, stored, ttl_ms, now_ms)
+                };
+                if ok {
+                    props::check_owner_write(w, &pre, token);
+                    if let Some(body) = body {
+                        let e = w.ghost.epoch[si];
+                        w.ghost.completed.entry((s, e)).or_insert(body);
+                    }
+                    if b.tx.take().is_some() {
+                        // Commit: the business writes take effect with the completion.
+                        self.record_effect(w, &b, true);
+                    }
+                } else {
+                    w.ghost.seen |= props::Seen::StaleCompletionRejected.bit();
+                }
+                StoreResult::Completed(ok)
+            }
+            StoreOp::Release { token, .. } => {
+                let ok = if self.variant == Variant::ReleaseWithoutToken {
+                    without_token_check(&mut w.store[si], token, |slot| store::release(slot, token))
+                } else {
+                    store::release(&mut w.store[si], token)
+                };
+                if ok {
+                    props::check_owner_write(w, &pre, token);
+                    if let Some(tx) = b.tx.take() {
+                        // Transactional release is the rollback.
+                        Self::rollback(w, si, &tx);
+                    }
+                }
+                StoreResult::Released(ok)
+            }
+            StoreOp::Renew {
+                token, lease_ms, ..
+            } => {
+                let ok = store::renew(&mut w.store[si], token, lease_ms, now_ms);
+                if ok {
+                    props::check_owner_write(w, &pre, token);
+                }
+                StoreResult::Renewed(ok)
+            }
+        };
+        self.feed(w, b, Event::Store(result), read_epoch);
+    }
+
+    fn record_effect(&self, w: &mut World, b: &Busy, owner: bool) {
+        let e = Effect {
+            scope: self.scope_of(b.client),
+            epoch: b.epoch,
+            token: b.token,
+            client: b.client,
+            owner,
+        };
+        if b.epoch >= 2 {
+            w.ghost.seen |= props::Seen::RerunAfterTtl.bit();
+        }
+        let at = w.ghost.effects.partition_point(|x| *x < e);
+        w.ghost.effects.insert(at, e);
+    }
+
+    fn is_owner(&self, w: &World, b: &Busy) -> bool {
+        let mine = FencingToken(token_bytes(b.token));
+        matches!(
+            &w.store[usize::from(self.scope_of(b.client))],
+            Some(r) if r.token == mine && matches!(r.state, RecordState::InProgress { .. })
+        )
+    }
+
+    fn execute(&self, w: &mut World, mut b: Box<Busy>) {
+        let owner = self.is_owner(w, &b);
+        let Some(handler) = b.handler.as_mut() else {
+            w.workers.push(Worker::Busy(b));
+            return;
+        };
+        let own: Body = (b.token, b.client);
+        let result = match self.mode {
+            EffectMode::DownstreamKeyed => match w.ghost.downstream.get(&handler.downstream_key) {
+                Some(earlier) => Some(*earlier),
+                None => {
+                    w.ghost
+                        .downstream
+                        .insert(handler.downstream_key.clone(), own);
+                    None
+                }
+            },
+            _ => None,
+        };
+        handler.executed = Some(result.unwrap_or(own));
+        if result.is_none() {
+            self.record_effect(w, &b, owner);
+        }
+        w.workers.push(Worker::Busy(b));
+    }
+}
+
+impl Model for IdempoModel {
+    type State = World;
+    type Action = Act;
+
+    fn init_states(&self) -> Vec<World> {
+        vec![World {
+            now: 0,
+            store: vec![None; self.scopes.len()],
+            workers: vec![Worker::Idle; usize::from(self.bounds.workers)],
+            clients: vec![
+                Client {
+                    attempts: 0,
+                    phase: ClientPhase::Ready,
+                };
+                self.clients.len()
+            ],
+            next_token: 1,
+            crashes: 0,
+            ghost: Ghost {
+                epoch: vec![0; self.scopes.len()],
+                ..Ghost::default()
+            },
+        }]
+    }
+
+    fn actions(&self, w: &World, actions: &mut Vec<Act>) {
+        let idle = w.workers.iter().any(|x| matches!(x, Worker::Idle));
+        for (c, client) in w.clients.iter().enumerate() {
+            let c = u8::try_from(c).unwrap_or(u8::MAX);
+            match client.phase {
+                ClientPhase::Ready if idle => actions.push(Act::Send(c)),
+                ClientPhase::Waiting(_) => actions.push(Act::Timeout(c)),
+                _ => {}
+            }
+        }
+        for x in &w.workers {
+            let Worker::Busy(b) = x else { continue };
+            match &b.pending {
+                Some(op) => {
+                    let s = self.scope_of(b.client);
+                    let blocked = self.mode == EffectMode::Transactional
+                        && self
+                            .scopes
+                            .get(usize::from(s))
+                            .is_some_and(|sc| sc == op_scope(op))
+                        && Self::locked_by_other(w, s, b.token, self);
+                    if !blocked {
+                        actions.push(Act::Store(b.token));
+                    }
+                }
+                None => {
+                    if let Some(h) = &b.handler {
+                        let transactional = self.mode == EffectMode::Transactional;
+                        if h.executed.is_none() && !transactional {
+                            actions.push(Act::Execute(b.token));
+                        }
+                        if h.executed.is_some() || transactional {
+                            actions.push(Act::Finish(b.token));
+                        }
+                        if self.bounds.failures {
+                            actions.push(Act::Fail(b.token));
+                        }
+                        if self.bounds.heartbeats {
+                            actions.push(Act::Heartbeat(b.token));
+                        }
+                    }
+                }
+            }
+            if w.crashes < self.bounds.max_crashes {
+                actions.push(Act::Crash(b.token));
+            }
+        }
+        if w.now < self.bounds.t_max {
+            actions.push(Act::Tick);
+        }
+        if self.bounds.purge {
+            let now_ms = Self::now_ms(w);
+            for (s, slot) in w.store.iter().enumerate() {
+                let locked = w.workers.iter().any(|x| {
+                    matches!(x, Worker::Busy(b) if b.tx.is_some() && usize::from(self.scope_of(b.client)) == s)
+                });
+                if !locked && slot.as_ref().is_some_and(|r| store::purgeable(r, now_ms)) {
+                    actions.push(Act::Purge(u8::try_from(s).unwrap_or(u8::MAX)));
+                }
+            }
+        }
+    }
+
+    fn next_state(&self, last: &World, action: Act) -> Option<World> {
+        let mut w = last.clone();
+        match action {
+            Act::Send(c) => {
+                let idle = w.workers.iter().position(|x| matches!(x, Worker::Idle))?;
+                w.workers.remove(idle);
+                let token = w.next_token;
+                w.next_token = w.next_token.checked_add(1)?;
+                let client = &mut w.clients[usize::from(c)];
+                client.attempts += 1;
+                client.phase = ClientPhase::Waiting(token);
+                let s = usize::from(self.scope_of(c));
+                let (flow, first) = ServerFlow::start(
+                    self.scopes[s],
+                    self.fingerprints[usize::from(self.fp_of(c))].clone(),
+                    Arc::clone(&self.config),
+                    token_bytes(token),
+                );
+                let b = Box::new(Busy {
+                    token,
+                    client: c,
+                    flow: FlowKey(flow),
+                    pending: None,
+                    handler: None,
+                    epoch: 0,
+                    took_over: false,
+                    tx: None,
+                    read: None,
+                });
+                self.apply(&mut w, b, first, None);
+            }
+            Act::Timeout(c) => {
+                let mut seen = w.ghost.seen;
+                self.client_decides(
+                    &mut w.clients[usize::from(c)],
+                    &AttemptOutcome::Timeout,
+                    &mut seen,
+                );
+                w.ghost.seen = seen;
+            }
+            Act::Store(t)
+            | Act::Execute(t)
+            | Act::Finish(t)
+            | Act::Fail(t)
+            | Act::Heartbeat(t)
+            | Act::Crash(t) => {
+                let i = Self::busy_index(&w, t)?;
+                let Worker::Busy(b) = w.workers.remove(i) else {
+                    return None;
+                };
+                match action {
+                    Act::Store(_) => self.store_step(&mut w, b),
+                    Act::Execute(_) => self.execute(&mut w, b),
+                    Act::Finish(_) => {
+                        let body = b
+                            .handler
+                            .as_ref()
+                            .and_then(|h| h.executed)
+                            .unwrap_or((b.token, b.client));
+                        let response = HandlerResponse {
+                            status: 201,
+                            headers: vec![("content-type".into(), "application/json".into())],
+                            body: vec![body.0, body.1],
+                            body_to_store: None,
+                        };
+                        self.feed(&mut w, b, Event::HandlerFinished(response), None);
+                    }
+                    Act::Fail(_) => {
+                        let maybe_side_effect = self.mode != EffectMode::Transactional
+                            && b.handler.as_ref().is_some_and(|h| h.executed.is_some());
+                        self.feed(&mut w, b, Event::HandlerFailed { maybe_side_effect }, None);
+                    }
+                    Act::Heartbeat(_) => self.feed(&mut w, b, Event::HeartbeatDue, None),
+                    _ => {
+                        self.close_tx(&mut w, &b);
+                        w.crashes += 1;
+                        w.workers.push(Worker::Idle);
+                    }
+                }
+            }
+            Act::Tick => w.now += 1,
+            Act::Purge(s) => w.store[usize::from(s)] = None,
+        }
+        Self::canonical(&mut w);
+        Some(w)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        props::all()
+    }
+}

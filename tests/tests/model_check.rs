@@ -1,0 +1,333 @@
+//! Fast tier of the stateright model (`tests/src/model`): every effect mode's guarantee table,
+//! two scopes under one raw key, handler failures and heartbeats, and the mutation variants.
+//!
+//! Each correct configuration is explored exhaustively (breadth-first, one thread) and the test
+//! asserts exactly which safety properties have counterexamples and which witnesses are reached,
+//! plus the pinned number of unique states. Each mutation must produce a counterexample for the
+//! property it breaks. Measured figures and the deep tier: `spec/MODEL.md`.
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+use idempo_tests::model::props::{self, *};
+use idempo_tests::model::{Bounds, ClientSpec, EffectMode, IdempoModel, Variant};
+use stateright::{Checker, HasDiscoveries, Model};
+
+/// Alice sends body A.
+pub const ALICE_A: ClientSpec = ClientSpec {
+    principal: "alice",
+    body: r#"{"amount":100,"to":"acct-1"}"#,
+};
+/// Alice sends body B under the same key (a different request).
+pub const ALICE_B: ClientSpec = ClientSpec {
+    principal: "alice",
+    body: r#"{"amount":250,"to":"acct-1"}"#,
+};
+/// Bob sends body A under the same raw key: another scope.
+pub const BOB_A: ClientSpec = ClientSpec {
+    principal: "bob",
+    body: r#"{"amount":100,"to":"acct-1"}"#,
+};
+
+/// Explores `model` exhaustively and checks the exact guarantee table: the safety properties in
+/// `failing` have counterexamples and no other does; the witnesses in `reached` are reached and
+/// no other is. Returns the unique state count.
+fn guarantees(label: &str, model: IdempoModel, failing: &[&str], reached: &[&str]) -> usize {
+    let start = Instant::now();
+    let checker = model.checker().spawn_bfs().join();
+    assert!(checker.is_done(), "{label}: exploration incomplete");
+    let unique = checker.unique_state_count();
+    println!(
+        "{label}: {} states, {unique} unique, max depth {}, {:.2?}",
+        checker.state_count(),
+        checker.max_depth(),
+        start.elapsed()
+    );
+    let found: BTreeSet<&str> = checker.discoveries().keys().copied().collect();
+    for p in props::safety() {
+        let expected = failing.contains(&p.name);
+        if let Some(path) = checker.discovery(p.name) {
+            println!(
+                "  counterexample {} ({} steps)",
+                p.name,
+                path.into_actions().len()
+            );
+        }
+        assert_eq!(
+            found.contains(p.name),
+            expected,
+            "{label}: property {:?} {}",
+            p.name,
+            if expected {
+                "should have a counterexample"
+            } else {
+                "has an unexpected counterexample"
+            }
+        );
+    }
+    for p in props::witnesses() {
+        let expected = reached.contains(&p.name);
+        assert_eq!(
+            found.contains(p.name),
+            expected,
+            "{label}: witness {:?} {}",
+            p.name,
+            if expected {
+                "not reached"
+            } else {
+                "unexpectedly reached"
+            }
+        );
+    }
+    unique
+}
+
+/// Runs a mutation until the expected counterexamples appear; returns the trace length.
+fn mutation(label: &str, model: IdempoModel, expected: &[&'static str]) -> usize {
+    let start = Instant::now();
+    let checker = model
+        .checker()
+        .finish_when(HasDiscoveries::AllOf(expected.iter().copied().collect()))
+        .spawn_bfs()
+        .join();
+    let mut depth = 0;
+    for name in expected {
+        let path = checker.assert_any_discovery(name);
+        let steps = path.into_actions().len();
+        println!("{label}: counterexample for {name:?} in {steps} steps");
+        depth = depth.max(steps);
+    }
+    println!(
+        "{label}: {} unique states explored, {:.2?}",
+        checker.unique_state_count(),
+        start.elapsed()
+    );
+    depth
+}
+
+fn ab(mode: EffectMode, bounds: Bounds) -> IdempoModel {
+    IdempoModel::new(mode, &[ALICE_A, ALICE_B], bounds)
+}
+
+fn no_purge() -> Bounds {
+    Bounds {
+        purge: false,
+        ..Bounds::default()
+    }
+}
+
+/// Handlers fail (with or without a side effect) and heartbeat; one attempt per client.
+fn failures() -> Bounds {
+    Bounds {
+        retries: 0,
+        failures: true,
+        heartbeats: true,
+        ..Bounds::default()
+    }
+}
+
+#[test]
+fn transactional_holds_everything() {
+    let unique = guarantees(
+        "transactional A/B",
+        ab(EffectMode::Transactional, Bounds::default()),
+        &[],
+        &[W_REPLAY, W_MISMATCH, W_RERUN_TTL, W_EXHAUSTED],
+    );
+    assert_eq!(unique, 39_816);
+    let unique = guarantees(
+        "transactional A/A",
+        IdempoModel::new(
+            EffectMode::Transactional,
+            &[ALICE_A, ALICE_A],
+            Bounds::default(),
+        ),
+        &[],
+        &[W_REPLAY, W_RERUN_TTL, W_EXHAUSTED],
+    );
+    assert_eq!(unique, 37_184);
+}
+
+#[test]
+fn downstream_keyed_without_purge() {
+    let unique = guarantees(
+        "downstream-keyed A/B, no purge",
+        ab(EffectMode::DownstreamKeyed, no_purge()),
+        &[P8E],
+        &[
+            W_REPLAY,
+            W_IN_FLIGHT,
+            W_MISMATCH,
+            W_TAKEOVER,
+            W_STALE_REJECTED,
+            W_RERUN_TTL,
+            W_EXHAUSTED,
+        ],
+    );
+    assert_eq!(unique, 281_736);
+}
+
+/// Finding: `downstream_key` is derived from (scope, generation), and the generation restarts
+/// at 1 when a purged key is claimed again. Another body under the same key after the TTL then
+/// reuses the old downstream key: the downstream service deduplicates, the new request's
+/// effect never happens, and its client is answered with the old request's result.
+#[test]
+fn downstream_keyed_with_purge_reuses_downstream_keys() {
+    let unique = guarantees(
+        "downstream-keyed A/B, purge",
+        ab(EffectMode::DownstreamKeyed, Bounds::default()),
+        &[P2, P4, P8E],
+        &[
+            W_REPLAY,
+            W_IN_FLIGHT,
+            W_MISMATCH,
+            W_TAKEOVER,
+            W_STALE_REJECTED,
+            W_RERUN_TTL,
+            W_EXHAUSTED,
+        ],
+    );
+    assert_eq!(unique, 552_164);
+}
+
+#[test]
+fn unkeyed_rerun_executes_twice() {
+    let unique = guarantees(
+        "unkeyed re-run A/B",
+        ab(EffectMode::UnkeyedReRun, Bounds::default()),
+        &[P1, P5A, P8E],
+        &[
+            W_REPLAY,
+            W_IN_FLIGHT,
+            W_MISMATCH,
+            W_TAKEOVER,
+            W_STALE_REJECTED,
+            W_RERUN_TTL,
+            W_EXHAUSTED,
+        ],
+    );
+    assert_eq!(unique, 621_448);
+}
+
+#[test]
+fn unkeyed_outcome_unknown_runs_at_most_once() {
+    let unique = guarantees(
+        "unkeyed outcome-unknown A/B",
+        ab(EffectMode::UnkeyedOutcomeUnknown, Bounds::default()),
+        &[P8E],
+        &[
+            W_REPLAY,
+            W_IN_FLIGHT,
+            W_MISMATCH,
+            W_OUTCOME_UNKNOWN,
+            W_STALE_REJECTED,
+            W_RERUN_TTL,
+            W_EXHAUSTED,
+        ],
+    );
+    assert_eq!(unique, 345_675);
+}
+
+#[test]
+fn two_scopes_sharing_a_raw_key_stay_apart() {
+    let unique = guarantees(
+        "downstream-keyed alice-A/bob-A, no crash",
+        IdempoModel::new(
+            EffectMode::DownstreamKeyed,
+            &[ALICE_A, BOB_A],
+            Bounds {
+                max_crashes: 0,
+                ..Bounds::default()
+            },
+        ),
+        &[P8E],
+        &[
+            W_REPLAY,
+            W_IN_FLIGHT,
+            W_TAKEOVER,
+            W_STALE_REJECTED,
+            W_RERUN_TTL,
+            W_EXHAUSTED,
+            W_BOTH_SCOPES,
+        ],
+    );
+    assert_eq!(unique, 723_620);
+}
+
+#[test]
+fn handler_failures_and_heartbeats() {
+    let unique = guarantees(
+        "outcome-unknown A/B, failures + heartbeats",
+        ab(EffectMode::UnkeyedOutcomeUnknown, failures()),
+        &[P8E],
+        &[W_MISMATCH, W_STALE_REJECTED, W_RERUN_TTL, W_EXHAUSTED],
+    );
+    assert_eq!(unique, 45_848);
+    let unique = guarantees(
+        "re-run A/B, failures + heartbeats",
+        ab(EffectMode::UnkeyedReRun, failures()),
+        &[P8E],
+        &[W_MISMATCH, W_STALE_REJECTED, W_RERUN_TTL, W_EXHAUSTED],
+    );
+    assert_eq!(unique, 38_662);
+    let unique = guarantees(
+        "transactional A/B, failures + heartbeats",
+        ab(EffectMode::Transactional, failures()),
+        &[],
+        &[W_MISMATCH, W_RERUN_TTL, W_EXHAUSTED],
+    );
+    assert!(unique > 0);
+}
+
+#[test]
+fn mutation_check_then_insert_double_executes() {
+    let depth = mutation(
+        "check-then-insert",
+        ab(EffectMode::UnkeyedOutcomeUnknown, Bounds::default())
+            .with_variant(Variant::CheckThenInsert),
+        &[P1],
+    );
+    assert!(depth > 0);
+}
+
+#[test]
+fn mutation_complete_without_token_lets_a_stale_owner_write() {
+    let depth = mutation(
+        "complete without token check",
+        ab(EffectMode::UnkeyedOutcomeUnknown, Bounds::default())
+            .with_variant(Variant::CompleteWithoutToken),
+        &[P8],
+    );
+    assert!(depth > 0);
+}
+
+#[test]
+fn mutation_release_without_token_lets_a_stale_owner_delete() {
+    let depth = mutation(
+        "release without token check",
+        ab(EffectMode::UnkeyedOutcomeUnknown, failures())
+            .with_variant(Variant::ReleaseWithoutToken),
+        &[P8],
+    );
+    assert!(depth > 0);
+}
+
+#[test]
+fn mutation_no_fingerprint_check_replays_another_body() {
+    let depth = mutation(
+        "no fingerprint check",
+        ab(EffectMode::UnkeyedOutcomeUnknown, Bounds::default())
+            .with_variant(Variant::NoFingerprintCheck),
+        &[P2, P4],
+    );
+    assert!(depth > 0);
+}
+
+#[test]
+fn mutation_takeover_rerun_with_unkeyed_effect_double_executes() {
+    let depth = mutation(
+        "takeover re-run, unkeyed effect",
+        ab(EffectMode::UnkeyedReRun, Bounds::default()),
+        &[P1],
+    );
+    assert!(depth > 0);
+}
