@@ -1,0 +1,70 @@
+// Fingerprint benchmark: idempo (Rust core through the addon) against JSON.parse + `canonicalize`
+// (npm) + SHA-256 and JSON.parse + `json-canonicalize` + SHA-256, on the same raw bodies, plus a
+// bare `crypto.createHash('sha256')` of the body. Prints ns/op and ratios; asserts nothing.
+import { createHash } from 'node:crypto';
+import { createRequire } from 'node:module';
+
+const require = createRequire(import.meta.url);
+const idempo = require('../dist/index.js');
+const canonicalizeNpm = require('canonicalize');
+const { canonicalize: jsonCanonicalize } = require('json-canonicalize');
+
+function payment(i) {
+  return {
+    amount: 1000 + i,
+    currency: 'EUR',
+    customer: `cus_${(123456789 + i).toString(36)}`,
+    description: `Order #${i} for some goods and services`,
+    metadata: { order_id: String(i), source: 'web', ratio: 0.1 * i, items: [1, 2, 3] },
+    capture: i % 2 === 0,
+  };
+}
+
+function body(targetBytes) {
+  if (targetBytes <= 250) return Buffer.from(JSON.stringify(payment(1)));
+  const items = [];
+  let size = 2;
+  for (let i = 0; size < targetBytes; i++) {
+    const p = payment(i);
+    size += JSON.stringify(p).length + 1;
+    items.push(p);
+  }
+  return Buffer.from(JSON.stringify({ batch: 'b-1', items }));
+}
+
+function bench(fn, budgetMs = 250) {
+  for (let i = 0; i < 200; i++) fn();
+  let best = Infinity;
+  for (let round = 0; round < 5; round++) {
+    let n = 0;
+    const t0 = process.hrtime.bigint();
+    let dt = 0n;
+    do {
+      for (let i = 0; i < 50; i++) fn();
+      n += 50;
+      dt = process.hrtime.bigint() - t0;
+    } while (dt < BigInt(budgetMs / 5) * 1_000_000n);
+    best = Math.min(best, Number(dt) / n);
+  }
+  return best;
+}
+
+const f = new idempo.Fingerprinter();
+const sizes = [200, 2_000, 20_000, 200_000];
+const fmt = (ns) => (ns >= 1e6 ? `${(ns / 1e6).toFixed(2)} ms` : ns >= 1e3 ? `${(ns / 1e3).toFixed(2)} µs` : `${ns.toFixed(0)} ns`);
+console.log(`idempo ${idempo.nativeVersion()} fingerprint benchmark (node ${process.version}); best of 5 rounds`);
+console.log('size      idempo(hot)  idempo(obj)  sha256-only  canonicalize+sha  json-canon+sha  vs canonicalize  vs json-canon  vs sha256-only');
+for (const size of sizes) {
+  const b = body(size);
+  const hot = bench(() => f.fingerprintJson('POST', '/payments', b));
+  const obj = bench(() => idempo.fingerprint({ method: 'POST', route: '/payments', body: b }));
+  const sha = bench(() => createHash('sha256').update(b).digest());
+  const npm = bench(() => createHash('sha256').update(canonicalizeNpm(JSON.parse(b.toString('utf8')))).digest('hex'));
+  const jc = bench(() => createHash('sha256').update(jsonCanonicalize(JSON.parse(b.toString('utf8')))).digest('hex'));
+  console.log(
+    `${String(b.length).padEnd(9)} ${fmt(hot).padEnd(12)} ${fmt(obj).padEnd(12)} ${fmt(sha).padEnd(12)} ${fmt(npm).padEnd(17)} ${fmt(jc).padEnd(15)} ` +
+      `${(npm / hot).toFixed(2)}x`.padEnd(17) +
+      `${(jc / hot).toFixed(2)}x`.padEnd(15) +
+      `${(sha / hot).toFixed(2)}x`,
+  );
+}
