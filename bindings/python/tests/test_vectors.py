@@ -194,3 +194,41 @@ def test_canonical(case: Dict[str, Any]) -> None:
             err["code"], err["offset"], err["pointer"])
     else:
         assert idempo.canonicalize(data, **kwargs) == case["output"].encode("utf-8")
+
+
+FINGERPRINT = cases("fingerprint", "fingerprint.json")
+
+
+@pytest.mark.parametrize("case", FINGERPRINT, ids=ids(FINGERPRINT))
+def test_fingerprint(case: Dict[str, Any]) -> None:
+    cfg = case["config"]
+    req = case["request"]
+    body = bytes.fromhex(req["body_hex"]) if "body_hex" in req else req["body"].encode("utf-8")
+    hmac_key = bytes.fromhex(cfg["hmac_key_hex"]) if "hmac_key_hex" in cfg else None
+    headers = [tuple(h) for h in req["headers"]]
+
+    def compute() -> str:
+        fp = idempo.Fingerprinter(
+            header_names=cfg.get("header_names"),
+            exclude=cfg.get("exclude"),
+            hmac_key=hmac_key,
+            numbers=cfg.get("numbers", "reject_precision_loss"),
+        )
+        return fp.fingerprint(req["method"], req["route"], body, headers,
+                              content_type=req["content_type"])
+
+    if "error" in case:
+        err = case["error"]
+        with pytest.raises((idempo.CanonicalizationError, idempo.FingerprintError,
+                            idempo.InvalidArgument)) as exc:
+            compute()
+        assert getattr(exc.value, "code") == err["code"]
+        if "offset" in err:
+            assert exc.value.offset == err["offset"]  # type: ignore[union-attr]
+            assert exc.value.pointer == err["pointer"]  # type: ignore[union-attr]
+        return
+    assert compute() == case["fingerprint"]
+    if not cfg and not headers:
+        # the one-shot function agrees with the prepared Fingerprinter
+        assert idempo.fingerprint(req["method"], req["route"], body,
+                                  content_type=req["content_type"]) == case["fingerprint"]
