@@ -1,0 +1,20 @@
+# Fuzzing idempo-core (fuzz/, a cargo-fuzz crate outside the workspace). Not part of `make test`.
+#
+#   make fuzz-build   build the fuzz targets with plain cargo (no cargo-fuzz, no sanitizer)
+#   make fuzz-smoke   run each target for FUZZ_SECONDS (default 60) under libFuzzer with RSS and
+#                     malloc limits; needs `cargo install cargo-fuzz`. On a stable toolchain the
+#                     sanitizer flags need RUSTC_BOOTSTRAP=1, which this verb sets.
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?= $(basename $(notdir $(wildcard fuzz/fuzz_targets/*.rs)))
+
+.PHONY: fuzz-build fuzz-smoke
+
+fuzz-build:
+	cd fuzz && $(CARGO) build -q
+
+fuzz-smoke:
+	@command -v cargo-fuzz >/dev/null || { echo "fuzz-smoke: cargo-fuzz is missing (cargo install cargo-fuzz)" >&2; exit 1; }
+	for t in $(FUZZ_TARGETS); do \
+	  (cd fuzz && RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run $$t -- \
+	    -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -malloc_limit_mb=1024 -max_len=65536) || exit 1; \
+	done
