@@ -5,12 +5,15 @@
 //! asserts exactly which safety properties have counterexamples and which witnesses are reached,
 //! plus the pinned number of unique states. Each mutation must produce a counterexample for the
 //! property it breaks. Measured figures and the deep tier: `spec/MODEL.md`.
-use std::collections::BTreeSet;
-use std::time::Instant;
-
-use idempo_tests::model::props::{self, *};
+use idempo_tests::model::harness::{self, Search};
+use idempo_tests::model::props::*;
 use idempo_tests::model::{Bounds, ClientSpec, EffectMode, IdempoModel, Variant};
-use stateright::{Checker, HasDiscoveries, Model};
+
+fn guarantees(label: &str, model: IdempoModel, failing: &[&str], reached: &[&str]) -> usize {
+    harness::guarantees(label, model, Search::Bfs, failing, reached).unique
+}
+
+use harness::mutation;
 
 /// Alice sends body A.
 pub const ALICE_A: ClientSpec = ClientSpec {
@@ -27,82 +30,6 @@ pub const BOB_A: ClientSpec = ClientSpec {
     principal: "bob",
     body: r#"{"amount":100,"to":"acct-1"}"#,
 };
-
-/// Explores `model` exhaustively and checks the exact guarantee table: the safety properties in
-/// `failing` have counterexamples and no other does; the witnesses in `reached` are reached and
-/// no other is. Returns the unique state count.
-fn guarantees(label: &str, model: IdempoModel, failing: &[&str], reached: &[&str]) -> usize {
-    let start = Instant::now();
-    let checker = model.checker().spawn_bfs().join();
-    assert!(checker.is_done(), "{label}: exploration incomplete");
-    let unique = checker.unique_state_count();
-    println!(
-        "{label}: {} states, {unique} unique, max depth {}, {:.2?}",
-        checker.state_count(),
-        checker.max_depth(),
-        start.elapsed()
-    );
-    let found: BTreeSet<&str> = checker.discoveries().keys().copied().collect();
-    for p in props::safety() {
-        let expected = failing.contains(&p.name);
-        if let Some(path) = checker.discovery(p.name) {
-            println!(
-                "  counterexample {} ({} steps)",
-                p.name,
-                path.into_actions().len()
-            );
-        }
-        assert_eq!(
-            found.contains(p.name),
-            expected,
-            "{label}: property {:?} {}",
-            p.name,
-            if expected {
-                "should have a counterexample"
-            } else {
-                "has an unexpected counterexample"
-            }
-        );
-    }
-    for p in props::witnesses() {
-        let expected = reached.contains(&p.name);
-        assert_eq!(
-            found.contains(p.name),
-            expected,
-            "{label}: witness {:?} {}",
-            p.name,
-            if expected {
-                "not reached"
-            } else {
-                "unexpectedly reached"
-            }
-        );
-    }
-    unique
-}
-
-/// Runs a mutation until the expected counterexamples appear; returns the trace length.
-fn mutation(label: &str, model: IdempoModel, expected: &[&'static str]) -> usize {
-    let start = Instant::now();
-    let checker = model
-        .checker()
-        .finish_when(HasDiscoveries::AllOf(expected.iter().copied().collect()))
-        .spawn_bfs()
-        .join();
-    let mut depth = 0;
-    for name in expected {
-        let path = checker.assert_any_discovery(name);
-        let steps = path.into_actions().len();
-        println!("{label}: counterexample for {name:?} in {steps} steps");
-        depth = depth.max(steps);
-    }
-    println!(
-        "{label}: {} unique states explored, {:.2?}",
-        checker.unique_state_count(),
-        start.elapsed()
-    );
-    depth
-}
 
 fn ab(mode: EffectMode, bounds: Bounds) -> IdempoModel {
     IdempoModel::new(mode, &[ALICE_A, ALICE_B], bounds)

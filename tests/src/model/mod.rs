@@ -26,6 +26,7 @@ use idempo_core::scope::ScopeId;
 use stateright::{Model, Property};
 
 mod flowkey;
+pub mod harness;
 pub mod props;
 
 pub use flowkey::FlowKey;

@@ -1,0 +1,129 @@
+//! Running the model in tests: exhaustive exploration with an exact guarantee table, and
+//! mutation runs that stop at the expected counterexample.
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+use stateright::{Checker, HasDiscoveries, Model};
+
+use super::{IdempoModel, props};
+
+/// How to explore.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Search {
+    /// Breadth-first on one thread (shortest traces, the fast tier).
+    Bfs,
+    /// Depth-first on this many threads (less memory, the deep tier).
+    Dfs(usize),
+}
+
+/// What an exhaustive run measured.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Measured {
+    /// States generated (with repeats).
+    pub states: usize,
+    /// Unique states.
+    pub unique: usize,
+    /// Deepest path explored.
+    pub max_depth: usize,
+}
+
+/// Explores `model` exhaustively and asserts the exact guarantee table: the safety properties
+/// in `failing` have counterexamples and no other does; the witnesses in `reached` are reached
+/// and no other is. Prints the figures and the counterexample lengths.
+///
+/// # Panics
+/// When the table differs (this is a test helper).
+pub fn guarantees(
+    label: &str,
+    model: IdempoModel,
+    search: Search,
+    failing: &[&str],
+    reached: &[&str],
+) -> Measured {
+    let start = Instant::now();
+    let builder = model.checker();
+    match search {
+        Search::Bfs => table(label, &builder.spawn_bfs().join(), start, failing, reached),
+        Search::Dfs(threads) => table(
+            label,
+            &builder.threads(threads).spawn_dfs().join(),
+            start,
+            failing,
+            reached,
+        ),
+    }
+}
+
+fn table<C: Checker<IdempoModel>>(
+    label: &str,
+    checker: &C,
+    start: Instant,
+    failing: &[&str],
+    reached: &[&str],
+) -> Measured {
+    assert!(checker.is_done(), "{label}: exploration incomplete");
+    let measured = Measured {
+        states: checker.state_count(),
+        unique: checker.unique_state_count(),
+        max_depth: checker.max_depth(),
+    };
+    println!(
+        "{label}: {} states, {} unique, max depth {}, {:.2?}",
+        measured.states,
+        measured.unique,
+        measured.max_depth,
+        start.elapsed()
+    );
+    let found: BTreeSet<&str> = checker.discoveries().keys().copied().collect();
+    let mut problems = Vec::new();
+    for p in props::safety() {
+        if let Some(path) = checker.discovery(p.name) {
+            println!(
+                "  counterexample {:?} ({} steps)",
+                p.name,
+                path.into_actions().len()
+            );
+        }
+        match (found.contains(p.name), failing.contains(&p.name)) {
+            (true, false) => problems.push(format!("unexpected counterexample for {:?}", p.name)),
+            (false, true) => problems.push(format!("no counterexample for {:?}", p.name)),
+            _ => {}
+        }
+    }
+    for p in props::witnesses() {
+        match (found.contains(p.name), reached.contains(&p.name)) {
+            (true, false) => problems.push(format!("witness {:?} unexpectedly reached", p.name)),
+            (false, true) => problems.push(format!("witness {:?} not reached", p.name)),
+            _ => {}
+        }
+    }
+    assert!(problems.is_empty(), "{label}: {problems:#?}");
+    measured
+}
+
+/// Explores breadth-first until every property in `expected` has a counterexample; returns the
+/// longest of their trace lengths (steps from the initial state).
+///
+/// # Panics
+/// When a counterexample is missing.
+pub fn mutation(label: &str, model: IdempoModel, expected: &[&'static str]) -> usize {
+    let start = Instant::now();
+    let checker = model
+        .checker()
+        .finish_when(HasDiscoveries::AllOf(expected.iter().copied().collect()))
+        .spawn_bfs()
+        .join();
+    let mut depth = 0;
+    for name in expected {
+        let path = checker.assert_any_discovery(name);
+        let steps = path.into_actions().len();
+        println!("{label}: counterexample for {name:?} in {steps} steps");
+        depth = depth.max(steps);
+    }
+    println!(
+        "{label}: {} unique states explored, {:.2?}",
+        checker.unique_state_count(),
+        start.elapsed()
+    );
+    depth
+}
