@@ -40,4 +40,5 @@ swift-build: swift-toolchain swift-lib
 	$(SWIFT_TOOLCHAIN) run $(CURDIR) swift build $(SWIFT_FLAGS) --build-tests
 
 test-swift: swift-toolchain swift-bindings-check swift-lib
+	$(SWIFT_TOOLCHAIN) run $(CURDIR) swift build $(SWIFT_FLAGS)
 	$(SWIFT_TOOLCHAIN) run $(CURDIR) swift test $(SWIFT_FLAGS) --disable-swift-testing
