@@ -1,9 +1,9 @@
 //! Criterion benches: canonicalize and fingerprint on each body, plus raw SHA-256 of the same bytes
 //! (the limit). `cargo bench -p idempo-benches`; for the MB/s table with ratios run the `report`
-//! binary (`make bench` does both).
+//! binary (also printed at the end of this bench).
 use std::hint::black_box;
 
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{Criterion, Throughput, criterion_group};
 use idempo_benches::bodies;
 use idempo_core::canonical::canonicalize;
 use idempo_core::fingerprint::{FingerprintConfig, Fingerprinter, RequestParts};
@@ -30,4 +30,12 @@ fn bench(c: &mut Criterion) {
 }
 
 criterion_group!(benches, bench);
-criterion_main!(benches);
+
+fn main() {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    println!("\nsummary (MB/s; fp/sha256 = fingerprint throughput as a share of raw SHA-256):");
+    if let Err(e) = idempo_benches::print_report(std::time::Duration::from_millis(500)) {
+        eprintln!("report: {e}");
+    }
+}

@@ -192,6 +192,51 @@ pub fn time_per_call(budget: Duration, mut f: impl FnMut()) -> Duration {
     }
 }
 
+/// Print the summary table: for each body, raw SHA-256 of its bytes (the limit), `canonicalize`
+/// and `fingerprint` throughput in MB/s, the fingerprint time, and the fingerprint's share of the
+/// SHA-256 throughput. Figures only; nothing is asserted.
+///
+/// # Errors
+/// A message if a body is refused (it never is: the bodies are generated valid).
+pub fn print_report(budget: Duration) -> Result<(), String> {
+    use idempo_core::canonical::canonicalize;
+    use idempo_core::fingerprint::{FingerprintConfig, Fingerprinter, RequestParts};
+    use sha2::{Digest, Sha256};
+    use std::hint::black_box;
+
+    let fp = Fingerprinter::new(&FingerprintConfig::default()).map_err(|e| e.to_string())?;
+    println!(
+        "{:<8} {:>9} {:>12} {:>12} {:>12} {:>12} {:>10}",
+        "body", "bytes", "sha256 MB/s", "canon MB/s", "fp MB/s", "fp time", "fp/sha256"
+    );
+    for (name, body) in bodies() {
+        let mb = body.len() as f64 / 1e6;
+        let parts = RequestParts::json("POST", "/orders/{id}", &body);
+        fp.fingerprint(&parts).map_err(|e| format!("{name}: {e}"))?;
+        let sha = time_per_call(budget, || {
+            black_box(Sha256::digest(black_box(&body)));
+        });
+        let canon = time_per_call(budget, || {
+            black_box(canonicalize(black_box(&body)).ok());
+        });
+        let fpt = time_per_call(budget, || {
+            black_box(fp.fingerprint(black_box(&parts)).ok());
+        });
+        let rate = |d: Duration| mb / d.as_secs_f64();
+        println!(
+            "{:<8} {:>9} {:>12.0} {:>12.0} {:>12.0} {:>12} {:>9.1}%",
+            name,
+            body.len(),
+            rate(sha),
+            rate(canon),
+            rate(fpt),
+            format!("{fpt:.2?}"),
+            100.0 * sha.as_secs_f64() / fpt.as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
