@@ -410,7 +410,15 @@ impl Fingerprinter {
             d.update(bytes);
         }
         field(&mut d, FRAMING_TAG_V1);
-        field(&mut d, parts.method.to_ascii_uppercase().as_bytes());
+        // Upper-cased method, without allocating.
+        d.update(&(parts.method.len() as u32).to_be_bytes());
+        for chunk in parts.method.as_bytes().chunks(32) {
+            let mut up = [0u8; 32];
+            for (u, b) in up.iter_mut().zip(chunk) {
+                *u = b.to_ascii_uppercase();
+            }
+            d.update(&up[..chunk.len()]);
+        }
         field(&mut d, parts.route.as_bytes());
         d.update(&(self.headers.len() as u32).to_be_bytes());
         for name in &self.headers {

@@ -176,6 +176,26 @@ fn cmp_prefixed(a: u64, b: u64) -> Ordering {
     }
 }
 
+/// After sorting: the offset and name of the first duplicate member name, if any.
+#[cold]
+fn dup_at(t: &Tape<'_>, x: u32, y: u32) -> (usize, Vec<u8>) {
+    let (x, y) = (t.node(x), t.node(y));
+    (
+        t.str_offset(x).max(t.str_offset(y)),
+        t.str_bytes(y).to_vec(),
+    )
+}
+
+#[inline]
+fn first_duplicate(t: &Tape<'_>, keys: &[(u64, u32)]) -> Option<(usize, Vec<u8>)> {
+    for w in keys.windows(2) {
+        if w[0].0 == w[1].0 && t.str_bytes(t.node(w[0].1)) == t.str_bytes(t.node(w[1].1)) {
+            return Some(dup_at(t, w[0].1, w[1].1));
+        }
+    }
+    None
+}
+
 /// Member names of an object (in input order) and the permutation that sorts them.
 #[derive(Default)]
 struct Shape {
@@ -607,7 +627,25 @@ impl<'a> Parser<'a> {
         let mstart = tape.members.len() as u32;
         let keys = &mut self.pending[start..];
         let count = keys.len() as u32;
+        // Objects that are array elements often repeat one shape (arrays of records): those use
+        // the per-depth shape cache. Others are sorted directly.
+        let in_array = self.stack.len() >= 2 && !self.stack[self.stack.len() - 2].is_obj;
         if keys.len() < 2 {
+            tape.members.extend(keys.iter().map(|&(_, k)| k));
+        } else if !in_array {
+            let t: &Tape<'_> = tape;
+            let cmp = |x: &(u64, u32), y: &(u64, u32)| {
+                cmp_prefixed(x.0, y.0)
+                    .then_with(|| cmp_utf16(t.str_bytes(t.node(x.1)), t.str_bytes(t.node(y.1))))
+            };
+            if !keys.windows(2).all(|w| cmp(&w[0], &w[1]) == Ordering::Less) {
+                keys.sort_unstable_by(cmp);
+            }
+            if let Some((off, kb)) = first_duplicate(t, keys) {
+                let mut ptr = self.pointer(self.stack.len() - 1);
+                push_token(&mut ptr, &kb);
+                return Err(CanonError::new(K::DuplicateMember, off, Some(ptr)));
+            }
             tape.members.extend(keys.iter().map(|&(_, k)| k));
         } else {
             if self.shapes.len() <= depth {
@@ -642,20 +680,11 @@ impl<'a> Parser<'a> {
                 if !keys.windows(2).all(|w| cmp(&w[0], &w[1]) == Ordering::Less) {
                     keys.sort_unstable_by(cmp);
                 }
-                for w in keys.windows(2) {
-                    if w[0].0 != w[1].0 {
-                        continue;
-                    }
-                    let (x, y) = (t.node(w[0].1), t.node(w[1].1));
-                    let kb = t.str_bytes(y);
-                    if t.str_bytes(x) == kb {
-                        let off = t.str_offset(x).max(t.str_offset(y));
-                        shape.perm.clear();
-                        let kb = kb.to_vec();
-                        let mut ptr = self.pointer(self.stack.len() - 1);
-                        push_token(&mut ptr, &kb);
-                        return Err(CanonError::new(K::DuplicateMember, off, Some(ptr)));
-                    }
+                if let Some((off, kb)) = first_duplicate(t, keys) {
+                    shape.perm.clear();
+                    let mut ptr = self.pointer(self.stack.len() - 1);
+                    push_token(&mut ptr, &kb);
+                    return Err(CanonError::new(K::DuplicateMember, off, Some(ptr)));
                 }
                 // Node ids grow in input order, so an id's original position is its rank.
                 shape.perm.clear();
