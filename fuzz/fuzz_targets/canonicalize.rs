@@ -17,10 +17,16 @@ fn check_error(e: &CanonError, len: usize) {
 
 fuzz_target!(|data: &[u8]| {
     let rfc = CanonOptions {
-        limits: Limits { max_depth: 4096, ..Limits::default() },
+        limits: Limits {
+            max_depth: 4096,
+            ..Limits::default()
+        },
         numbers: NumberMode::Rfc,
     };
-    let strict = CanonOptions { numbers: NumberMode::RejectPrecisionLoss, ..rfc };
+    let strict = CanonOptions {
+        numbers: NumberMode::RejectPrecisionLoss,
+        ..rfc
+    };
     match canonicalize_with(data, &rfc) {
         Ok(out) => {
             let again = canonicalize_with(&out, &rfc).expect("canonical output re-parses");
