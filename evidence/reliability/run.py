@@ -1,0 +1,851 @@
+"""Reliability suite: idempo's ASGI middleware under uvicorn worker processes, against memory,
+SQLite, PostgreSQL and Redis, with real kill -9, SIGSTOP and store outages.
+
+    python -m evidence.reliability.run --mode short     # CI: about a minute per store, fails on a violation
+    python -m evidence.reliability.run --mode long      # publishing: >= 10^5 trials per store
+
+Executions are counted in the app's own ``effects`` table (evidence/reliability/app.py), never in
+idempo's records. One summary table is printed at the end; the exit status is 1 when any
+scenario saw a violation of the guarantees in spec/PROTOCOL.md section 11.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import sqlite3
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from evidence.lib.http import Client, ConnectionDied, Reply
+from evidence.lib.services import Server, Services, rss_kib
+
+APP = "evidence.reliability.app:app"
+LEASE_MS = 1000
+SHORT_TTL_MS = 1500
+STEPS = ("after_claim", "in_handler", "after_effect", "before_complete", "after_complete")
+MODES = ("ou", "rerun", "keyed")
+
+
+@dataclass
+class Row:
+    """One line of the summary table."""
+
+    store: str
+    scenario: str
+    trials: int = 0
+    executions: int = 0
+    outcomes: Counter = field(default_factory=Counter)
+    violations: List[str] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def bad(self, msg: str) -> None:
+        if len(self.violations) < 20:
+            self.violations.append(msg)
+        else:
+            self.violations[-1] = f"... and more ({msg})"
+
+
+def classify(r: Reply) -> str:
+    """A short outcome label for a reply."""
+    if r.replayed:
+        return f"{r.status} replay"
+    t = r.problem_type.rsplit(":", 1)[-1]
+    return f"{r.status} {t}" if t else f"{r.status}"
+
+
+def body(tag: str, amount: int = 100) -> bytes:
+    return json.dumps({"amount": amount, "currency": "EUR", "tag": tag}).encode()
+
+
+def new_key() -> str:
+    return uuid.uuid4().hex
+
+
+class Effects:
+    """Read access to the app's effects database."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def _q(self, sql: str, args: Tuple[Any, ...] = ()) -> List[Tuple[Any, ...]]:
+        conn = sqlite3.connect(self.path, timeout=30)
+        try:
+            return conn.execute(sql, args).fetchall()
+        finally:
+            conn.close()
+
+    def rows(self, key: str) -> List[Tuple[Any, ...]]:
+        return self._q("SELECT id, route, generation, downstream_key, tag, pid FROM effects WHERE key = ?", (key,))
+
+    def per_key(self, keys: List[str]) -> Dict[str, List[Tuple[Any, ...]]]:
+        out: Dict[str, List[Tuple[Any, ...]]] = {k: [] for k in keys}
+        for i in range(0, len(keys), 500):
+            chunk = keys[i:i + 500]
+            marks = ",".join("?" * len(chunk))
+            for row in self._q(
+                f"SELECT key, id, route, generation, downstream_key, tag FROM effects WHERE key IN ({marks})",
+                tuple(chunk),
+            ):
+                out[row[0]].append(row[1:])
+        return out
+
+    def downstream(self, dkey: str) -> int:
+        return int(self._q("SELECT count(*) FROM downstream WHERE downstream_key = ?", (dkey,))[0][0])
+
+    def started_pid(self, key: str) -> Optional[int]:
+        rows = self._q("SELECT pid FROM started WHERE key = ?", (key,))
+        return int(rows[0][0]) if rows else None
+
+    def total(self) -> int:
+        return int(self._q("SELECT count(*) FROM effects")[0][0])
+
+
+@dataclass
+class Target:
+    """One store under test: its server, client and effects."""
+
+    name: str
+    url: str
+    workers: int
+    server: Server
+    effects: Effects
+    svc: Optional[Services]
+
+    def client(self) -> Client:
+        return Client("127.0.0.1", self.server.port, timeout=30)
+
+
+async def post(c: Client, route: str, key: Optional[str], data: bytes, *, extra: Optional[List[Tuple[str, str]]] = None,
+               fresh: bool = False, timeout: Optional[float] = None) -> Reply:
+    headers: List[Tuple[Any, Any]] = [("content-type", "application/json")]
+    if key is not None:
+        headers.append(("idempotency-key", key))
+    headers.extend(extra or [])
+    return await c.request("POST", route, headers=headers, body=data, fresh=fresh, timeout=timeout)
+
+
+# --- 1 and 2: concurrent duplicates ------------------------------------------------------------
+
+async def s_concurrent(t: Target, rounds: Dict[int, int], mixed: bool) -> Row:
+    row = Row(t.name, "2 K dup, half other body" if mixed else "1 K concurrent same key")
+    c = t.client()
+    t0 = time.monotonic()
+    lat: List[float] = []
+
+    async def one_round(k: int) -> None:
+        key = new_key()
+        tags = ["A" if (not mixed or i % 2 == 0) else "B" for i in range(k)]
+        random.shuffle(tags)
+        sleep = str(random.choice((0, 0, 5, 20)))
+
+        async def one(tag: str) -> Tuple[str, Optional[Reply]]:
+            try:
+                return tag, await post(c, "/pay/ou", key, body(tag), extra=[("x-ev-sleep-ms", sleep)])
+            except ConnectionDied as exc:
+                row.bad(f"K={k} connection died: {exc}")
+                return tag, None
+
+        replies = await asyncio.gather(*(one(tg) for tg in tags))
+        fresh = [(tg, r) for tg, r in replies if r is not None and r.status == 201 and not r.replayed]
+        for tg, r in replies:
+            row.trials += 1
+            if r is None:
+                continue
+            lat.append(r.elapsed)
+            label = classify(r)
+            row.outcomes[label] += 1
+            if r.status >= 500:
+                row.bad(f"K={k} {label}")
+        if len(fresh) != 1:
+            row.bad(f"K={k} {len(fresh)} fresh answers")
+            return
+        winner_tag, winner = fresh[0]
+        for tg, r in replies:
+            if r is None:
+                continue
+            if tg != winner_tag:
+                if r.status != 422:
+                    row.bad(f"K={k} other body got {classify(r)}")
+            elif r is not winner and not (r.status == 409 or (r.replayed and r.body == winner.body)):
+                row.bad(f"K={k} same body got {classify(r)}")
+        effects = t.effects.rows(key)
+        row.executions += len(effects)
+        if len(effects) != 1:
+            row.bad(f"K={k} {len(effects)} executions")
+        final = await post(c, "/pay/ou", key, body(winner_tag))
+        if not (final.replayed and final.body == winner.body):
+            row.bad(f"K={k} follow-up got {classify(final)}")
+
+    for k, n in rounds.items():
+        parallel = max(1, min(n, 128 // k))
+        done = 0
+        while done < n:
+            batch = min(parallel, n - done)
+            await asyncio.gather(*(one_round(k) for _ in range(batch)))
+            done += batch
+    row.seconds = time.monotonic() - t0
+    if lat:
+        lat.sort()
+        row.notes.append(f"p50 {lat[len(lat) // 2] * 1000:.0f} ms, p99 {lat[int(len(lat) * 0.99)] * 1000:.0f} ms")
+    await c.close()
+    return row
+
+
+# --- 3: kill -9 at each step ------------------------------------------------------------------
+
+EXPECT_AFTER = {
+    # mode -> step -> allowed labels after the lease (second request onwards)
+    "ou": {"after_complete": {"201 replay"}, "*": {"500 outcome-unknown"}},
+    "rerun": {"after_complete": {"201 replay"}, "*": {"201"}},
+    "keyed": {"after_complete": {"201 replay"}, "*": {"201"}},
+}
+
+
+async def s_kill(t: Target, trials: int) -> Row:
+    row = Row(t.name, "3 kill -9 at each step")
+    c = t.client()
+    t0 = time.monotonic()
+    plan = [(m, s) for _ in range(trials) for m in MODES for s in STEPS]
+    done: List[Tuple[str, str, str, float, bytes]] = []
+    window = 0
+    for mode, step in plan:
+        key = new_key()
+        data = body(f"{mode}-{step}")
+        try:
+            r = await post(c, f"/pay/{mode}", key, data, extra=[("x-ev-crash", step)], fresh=True)
+            row.bad(f"{mode}/{step}: worker survived ({classify(r)})")
+            continue
+        except ConnectionDied:
+            pass
+        crashed = time.monotonic()
+        row.trials += 1
+        r = await post(c, f"/pay/{mode}", key, data, fresh=True)
+        label = classify(r)
+        row.outcomes[f"before lease: {label}"] += 1
+        allowed_after = EXPECT_AFTER[mode].get(step, EXPECT_AFTER[mode]["*"])
+        if step == "after_complete":
+            ok = label == "201 replay"
+        else:
+            late = time.monotonic() - crashed >= LEASE_MS / 1000
+            ok = label == "409 in-flight" or (late and label in allowed_after)
+        if not ok:
+            row.bad(f"{mode}/{step}: before lease {label}")
+        done.append((mode, step, key, crashed, data, label))
+    if done:
+        wait = max(d[3] for d in done) + LEASE_MS / 1000 + 0.15 - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+    for mode, step, key, _, data, before in done:
+        allowed = EXPECT_AFTER[mode].get(step, EXPECT_AFTER[mode]["*"])
+        if before == "201":  # the early retry came after the lease and re-ran: now a replay
+            allowed = {"201 replay"}
+        first = await post(c, f"/pay/{mode}", key, data, fresh=True)
+        second = await post(c, f"/pay/{mode}", key, data, fresh=True)
+        l1, l2 = classify(first), classify(second)
+        row.outcomes[f"after lease: {l1}"] += 1
+        if l1 not in allowed:
+            row.bad(f"{mode}/{step}: after lease {l1}")
+        if first.status == 201 and not (second.replayed and second.body == first.body):
+            row.bad(f"{mode}/{step}: second retry {l2} is not the replay")
+        if first.status == 500 and l2 != "500 outcome-unknown":
+            row.bad(f"{mode}/{step}: second retry {l2}")
+        effects = t.effects.rows(key)
+        n = len(effects)
+        row.executions += n
+        effect_before = step in ("after_effect", "before_complete", "after_complete")
+        if mode == "ou":
+            if n != (1 if effect_before else 0):
+                row.bad(f"ou/{step}: {n} executions")
+        elif mode == "keyed":
+            dkeys = {e[3] for e in effects}
+            charges = sum(t.effects.downstream(d) for d in dkeys)
+            if len(dkeys) != 1 or charges != 1:
+                row.bad(f"keyed/{step}: {charges} downstream charges over {len(dkeys)} keys")
+            if first.status == 201 and not first.replayed and effect_before:
+                if first.json()["charge"] != min(e[0] for e in effects):
+                    row.bad(f"keyed/{step}: re-run did not return the first charge")
+        else:  # rerun, unkeyed: the documented at-least-once window
+            expected = 2 if step in ("after_effect", "before_complete") else 1
+            if n != expected:
+                row.bad(f"rerun/{step}: {n} executions, expected {expected}")
+            if n == 2:
+                window += 1
+    row.notes.append(f"unkeyed re_run window (spec 11): {window} double runs")
+    row.notes.append("transactional mode: not offered by the Python binding")
+    row.seconds = time.monotonic() - t0
+    await c.close()
+    return row
+
+
+# --- 4: SIGSTOP past the lease, then SIGCONT -------------------------------------------------
+
+async def s_stop(t: Target, trials: int) -> Row:
+    row = Row(t.name, "4 SIGSTOP past lease, SIGCONT")
+    c = t.client()
+    t0 = time.monotonic()
+    for mode in MODES * trials:
+        key = new_key()
+        data = body(f"stop-{mode}")
+        route = f"/pay/{mode}"
+        first = asyncio.ensure_future(post(c, route, key, data, extra=[("x-ev-stop", "1")], fresh=True, timeout=60))
+        pid = None
+        for _ in range(500):
+            pid = t.effects.started_pid(key)
+            if pid:
+                break
+            await asyncio.sleep(0.01)
+        if pid is None:
+            row.bad(f"{mode}: handler never started")
+            first.cancel()
+            continue
+        os.kill(pid, signal.SIGSTOP)
+        row.trials += 1
+        try:
+            await asyncio.sleep(LEASE_MS / 1000 + 0.2)
+            second = await post(c, route, key, data, fresh=True)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        try:
+            stale = await first
+        except ConnectionDied as exc:
+            row.bad(f"{mode}: paused request died: {exc}")
+            continue
+        third = await post(c, route, key, data, fresh=True)
+        await asyncio.sleep(0.1)
+        fourth = await post(c, route, key, data, fresh=True)
+        labels = [classify(x) for x in (second, stale, third, fourth)]
+        row.outcomes[f"{mode}: " + " / ".join(labels)] += 1
+        if mode == "ou":
+            if labels[0] != "500 outcome-unknown" or labels[2] != "500 outcome-unknown" or labels[3] != labels[2]:
+                row.bad(f"ou: {labels}")
+        else:
+            if second.status != 201 or second.replayed:
+                row.bad(f"{mode}: takeover answered {labels[0]}")
+            elif not (third.replayed and third.body == second.body and fourth.body == second.body):
+                row.bad(f"{mode}: stored response changed: {labels}")
+            elif stale.status == 201 and stale.body == third.body:
+                row.bad(f"{mode}: the paused owner's response was stored")
+        effects = t.effects.rows(key)
+        row.executions += len(effects)
+        if mode == "keyed":
+            charges = sum(t.effects.downstream(d) for d in {e[3] for e in effects})
+            if charges != 1:
+                row.bad(f"keyed: {charges} downstream charges")
+    row.notes.append("stale completion rejected (token compare-and-set); replays keep the takeover's body")
+    row.seconds = time.monotonic() - t0
+    await c.close()
+    return row
+
+
+# --- 5: store outage ---------------------------------------------------------------------------
+
+async def s_outage(t: Target, probes: int) -> Row:
+    row = Row(t.name, "5 store outage")
+    c = t.client()
+    t0 = time.monotonic()
+    svc = t.svc
+    lock_conn: Optional[sqlite3.Connection] = None
+    if t.name == "postgres":
+        assert svc is not None
+        svc.pg_stop()
+        how = "server stopped (pg_ctl stop -m immediate)"
+    elif t.name == "redis":
+        assert svc is not None
+        svc.redis_stop()
+        how = "server stopped (SHUTDOWN NOSAVE)"
+    else:
+        lock_conn = sqlite3.connect(t.url, timeout=5, isolation_level=None)
+        lock_conn.execute("BEGIN EXCLUSIVE")
+        how = "database locked by another process (busy_timeout 500 ms)"
+    keys: List[str] = []
+    worst = 0.0
+    try:
+        before = t.effects.total()
+        for i in range(probes):
+            key = new_key()
+            keys.append(key)
+            try:
+                r = await post(c, "/pay/ou", key, body("outage"), timeout=15)
+            except ConnectionDied as exc:
+                row.bad(f"connection died: {exc}")
+                continue
+            row.trials += 1
+            worst = max(worst, r.elapsed)
+            label = classify(r)
+            row.outcomes[label] += 1
+            if label != "503 store-unavailable" or not r.headers.get("retry-after", "").isdigit():
+                row.bad(f"during outage: {label} retry-after={r.headers.get('retry-after')}")
+        if t.effects.total() != before:
+            row.bad("the handler ran while the store was down")
+    finally:
+        down_at = time.monotonic()
+        if t.name == "postgres":
+            assert svc is not None
+            svc.pg_start()
+        elif t.name == "redis":
+            assert svc is not None
+            svc.redis_start()
+        elif lock_conn is not None:
+            lock_conn.execute("ROLLBACK")
+            lock_conn.close()
+    back_at = time.monotonic()
+    recovered = None
+    for _ in range(400):
+        try:
+            r = await post(c, "/pay/ou", new_key(), body("probe"), timeout=15)
+        except ConnectionDied:
+            r = None
+        if r is not None and r.status == 201:
+            recovered = time.monotonic() - back_at
+            break
+        if r is not None:
+            row.outcomes[f"recovering: {classify(r)}"] += 1
+        await asyncio.sleep(0.05)
+    if recovered is None:
+        row.bad("no recovery within 20 s")
+    # Connections opened before the outage are broken: each fails closed once (503) and is
+    # replaced. Drive traffic until a whole concurrent batch succeeds.
+    stale = 0
+    for _ in range(50):
+        replies = await asyncio.gather(*(post(c, "/pay/ou", new_key(), body("warm"), timeout=15) for _ in range(24)))
+        bad = [r for r in replies if r.status != 201]
+        for r in bad:
+            if classify(r) != "503 store-unavailable":
+                row.bad(f"after recovery: {classify(r)}")
+        stale += len(bad)
+        if not bad:
+            break
+    row.notes.append(f"{stale} x 503 from connections broken by the outage, then all 201")
+    # The refused requests' keys hold nothing: their retries run once now.
+    for key in keys:
+        r = await post(c, "/pay/ou", key, body("outage"))
+        if r.status != 201 or r.replayed:
+            row.bad(f"retry after recovery: {classify(r)}")
+        row.executions += len(t.effects.rows(key))
+    row.notes.append(how)
+    row.notes.append(f"slowest 503 {worst * 1000:.0f} ms")
+    if recovered is not None:
+        row.notes.append(f"recovery {recovered * 1000:.0f} ms after restart (restart took {(back_at - down_at) * 1000:.0f} ms)")
+    row.seconds = time.monotonic() - t0
+    await c.close()
+    return row
+
+
+async def s_hung_pg(t: Target, timeout: float) -> Row:
+    """PostgreSQL alive but not answering (SIGSTOP of the server processes)."""
+    row = Row(t.name, "5b store hung (SIGSTOP)")
+    assert t.svc is not None
+    c = t.client()
+    t0 = time.monotonic()
+    pids = t.svc.pg_pids()
+    for p in pids:
+        os.kill(p, signal.SIGSTOP)
+    before = t.effects.total()
+    try:
+        try:
+            r = await post(c, "/pay/ou", new_key(), body("hung"), timeout=timeout)
+            row.outcomes[classify(r)] += 1
+            row.notes.append(f"answered in {r.elapsed * 1000:.0f} ms")
+        except (ConnectionDied, asyncio.TimeoutError):
+            row.outcomes[f"no answer within {timeout:.0f} s"] += 1
+            row.notes.append("PostgresStore has no client-side statement timeout: requests wait for the server")
+        row.trials += 1
+    finally:
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    await asyncio.sleep(0.5)
+    if t.effects.total() != before + (1 if row.outcomes.get("201") else 0):
+        row.bad("the handler ran while the store was hung")
+    row.seconds = time.monotonic() - t0
+    await c.close()
+    return row
+
+
+# --- 6: TTL and purge --------------------------------------------------------------------------
+
+async def s_ttl(t: Target, keys: int) -> Row:
+    row = Row(t.name, "6 TTL: replay, then new run")
+    c = t.client()
+    t0 = time.monotonic()
+
+    async def one() -> None:
+        key = new_key()
+        data = body("ttl")
+        r = await post(c, "/ttl", key, data)
+        start = time.monotonic()
+        if r.status != 201 or r.replayed:
+            row.bad(f"first {classify(r)}")
+            return
+        row.trials += 1
+        while time.monotonic() - start < (SHORT_TTL_MS - 300) / 1000:
+            rr = await post(c, "/ttl", key, data)
+            row.outcomes["before expiry: " + classify(rr)] += 1
+            if not (rr.replayed and rr.body == r.body):
+                row.bad(f"before expiry: {classify(rr)}")
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(max(0.0, start + (SHORT_TTL_MS + 300) / 1000 - time.monotonic()))
+        after = await post(c, "/ttl", key, data)
+        row.outcomes["after expiry: " + classify(after)] += 1
+        if after.status != 201 or after.replayed or after.json()["generation"] != 2:
+            row.bad(f"after expiry: {classify(after)} {after.body[:80]!r}")
+        effects = t.effects.rows(key)
+        row.executions += len(effects)
+        if sorted(e[2] for e in effects) != [1, 2]:
+            row.bad(f"generations {[e[2] for e in effects]}")
+
+    await asyncio.gather(*(one() for _ in range(keys)))
+    row.seconds = time.monotonic() - t0
+    await c.close()
+    return row
+
+
+def _fill_expired(t: Target, n: int) -> None:
+    """Inserts n already-expired completed records straight into the table."""
+    if t.name == "postgres":
+        import psycopg
+
+        with psycopg.connect(t.url, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO idempo_record (scope_key, fingerprint, state, token, generation, lease_until, expires_at, response) "
+                "SELECT sha256(int8send(g)), 'v1:' || repeat('0', 64), 2, substring(sha256(int8send(-g)) from 1 for 16), 1, NULL, "
+                "1000 + g, '\\x696472010000c80000000000'::bytea FROM generate_series(1, %s) AS g",
+                (n,),
+            )
+            conn.execute("ANALYZE idempo_record")
+    else:
+        conn = sqlite3.connect(t.url, timeout=30, isolation_level=None)
+        try:
+            import hashlib
+
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executemany(
+                "INSERT INTO idempo_record (scope_key, fingerprint, state, token, generation, lease_until, expires_at, response) "
+                "VALUES (?, ?, 2, ?, 1, NULL, ?, ?)",
+                (
+                    (hashlib.sha256(b"p%d" % g).digest(), "v1:" + "0" * 64, hashlib.md5(b"%d" % g).digest(),
+                     1000 + g, bytes.fromhex("696472010000c80000000000"))
+                    for g in range(n)
+                ),
+            )
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+
+
+def _table_size(t: Target) -> Tuple[int, int]:
+    """(rows, bytes) of idempo_record."""
+    if t.name == "postgres":
+        import psycopg
+
+        with psycopg.connect(t.url, autocommit=True) as conn:
+            rows = conn.execute("SELECT count(*) FROM idempo_record").fetchone()
+            size = conn.execute("SELECT pg_total_relation_size('idempo_record')").fetchone()
+            assert rows is not None and size is not None
+            return int(rows[0]), int(size[0])
+    conn = sqlite3.connect(t.url, timeout=30)
+    try:
+        rows = int(conn.execute("SELECT count(*) FROM idempo_record").fetchone()[0])
+        pages = int(conn.execute("PRAGMA page_count").fetchone()[0])
+        free = int(conn.execute("PRAGMA freelist_count").fetchone()[0])
+        psize = int(conn.execute("PRAGMA page_size").fetchone()[0])
+        return rows, (pages - free) * psize
+    finally:
+        conn.close()
+
+
+def _vacuum(t: Target) -> int:
+    """VACUUM the table (outside the timed purge) and return its size after."""
+    if t.name == "postgres":
+        import psycopg
+
+        with psycopg.connect(t.url, autocommit=True) as conn:
+            conn.execute("VACUUM FULL idempo_record")
+    else:
+        conn = sqlite3.connect(t.url, timeout=30, isolation_level=None)
+        try:
+            conn.execute("VACUUM")
+        finally:
+            conn.close()
+    return _table_size(t)[1]
+
+
+async def s_purge(t: Target, n: int, batch: int) -> Row:
+    row = Row(t.name, f"6 purge {n:,} expired rows")
+    from idempo import stores
+
+    t0 = time.monotonic()
+    _fill_expired(t, n)
+    rows0, size0 = _table_size(t)
+    store: Any = stores.PostgresStore(t.url) if t.name == "postgres" else stores.SQLiteStore(t.url)
+    batch_ms: List[float] = []
+    total = stores.PurgeCounts()
+    stop = threading.Event()
+
+    def purge() -> None:
+        nonlocal total
+        try:
+            while True:
+                b0 = time.monotonic()
+                counts = store.purge_expired(batch)
+                batch_ms.append((time.monotonic() - b0) * 1000)
+                total = total + counts
+                if counts.total < batch:
+                    break
+        finally:
+            stop.set()
+
+    c = t.client()
+    probe_lat: List[float] = []
+    th = threading.Thread(target=purge)
+    p0 = time.monotonic()
+    th.start()
+    while not stop.is_set():  # live traffic during the purge: new claims must not wait on it
+        r = await post(c, "/pay/ou", new_key(), body("during-purge"))
+        probe_lat.append(r.elapsed * 1000)
+        if r.status != 201:
+            row.bad(f"request during purge: {classify(r)}")
+        await asyncio.sleep(0.005)
+    th.join()
+    purge_s = time.monotonic() - p0
+    rows1, size1 = _table_size(t)
+    vacuumed = _vacuum(t)
+    close = getattr(store, "close", None)
+    if close:
+        close()
+    row.trials = total.total
+    row.outcomes[f"deleted completed={total.completed}"] += 1
+    if total.total < n:
+        row.bad(f"purged {total.total} of {n}")
+    if rows1 > rows0 - n + len(probe_lat):
+        row.bad(f"table went from {rows0} to {rows1} rows")
+    row.notes.append(f"{purge_s:.2f} s, {len(batch_ms)} batches of {batch}, batch max {max(batch_ms):.0f} ms")
+    if probe_lat:
+        probe_lat.sort()
+        row.notes.append(f"{len(probe_lat)} requests during purge: max {probe_lat[-1]:.0f} ms")
+    row.notes.append(f"table {rows0:,} rows {size0 / 1e6:.1f} MB -> {rows1:,} rows {size1 / 1e6:.1f} MB, "
+                     f"{vacuumed / 1e6:.2f} MB after VACUUM (FULL on PostgreSQL)")
+    row.seconds = time.monotonic() - t0
+    await c.close()
+    return row
+
+
+# --- 7: soak -----------------------------------------------------------------------------------
+
+async def s_soak(t: Target, seconds: float, kills: bool) -> Row:
+    row = Row(t.name, f"7 soak {seconds:.0f} s" + (" + kill -9" if kills else ""))
+    c = t.client()
+    t0 = time.monotonic()
+    protected = t.server.worker_pids()[0]
+    samples: List[int] = []
+    keys: Dict[str, str] = {}
+    killed = 0
+
+    async def group() -> None:
+        key = new_key()
+        mode = random.choice(("ou", "keyed"))
+        keys[key] = mode
+        data = body(f"soak-{mode}")
+
+        async def client_loop() -> None:
+            for _ in range(30):  # a retrying client, bounded
+                try:
+                    r = await post(c, f"/pay/{mode}", key, data, fresh=False)
+                except ConnectionDied:
+                    row.outcomes["connection died (killed worker)"] += 1
+                    await asyncio.sleep(0.2)
+                    continue
+                label = classify(r)
+                row.trials += 1
+                row.outcomes[label] += 1
+                if r.status in (409,) or label == "503 store-unavailable":
+                    await asyncio.sleep(0.1)
+                    continue
+                if r.status >= 500 and label != "500 outcome-unknown":
+                    row.bad(f"soak {label}")
+                return
+
+        await asyncio.gather(*(client_loop() for _ in range(random.choice((2, 3, 4)))))
+
+    next_sample = t0
+    next_kill = t0 + 1.0
+    while time.monotonic() - t0 < seconds:
+        await asyncio.gather(*(group() for _ in range(8)))
+        now = time.monotonic()
+        if now >= next_sample:
+            samples.append(rss_kib(protected))
+            next_sample = now + 1.0
+        if kills and now >= next_kill:
+            victims = [p for p in t.server.worker_pids() if p != protected]
+            if victims:
+                os.kill(random.choice(victims), signal.SIGKILL)
+                killed += 1
+            next_kill = now + 2.0
+    # Keys whose owner died need the lease to run out before their final answer; check effects.
+    per = t.effects.per_key(list(keys))
+    for key, mode in keys.items():
+        effects = per[key]
+        row.executions += len(effects)
+        if mode == "ou" and len(effects) > 1:
+            row.bad(f"soak ou: {len(effects)} executions")
+        if mode == "keyed":
+            d = {e[3] for e in effects}
+            if len(d) > 1:
+                row.bad("soak keyed: several downstream keys")
+            if d and t.effects.downstream(d.pop()) != 1:
+                row.bad("soak keyed: downstream charged twice")
+    samples.append(rss_kib(protected))
+    if samples:
+        mid = samples[len(samples) // 2]
+        row.notes.append(
+            f"RSS of a surviving worker: start {samples[0] / 1024:.1f} MiB, mid {mid / 1024:.1f}, "
+            f"end {samples[-1] / 1024:.1f}, max {max(samples) / 1024:.1f} ({len(samples)} samples)"
+        )
+    row.notes.append(f"{len(keys)} keys, {killed} workers killed")
+    row.seconds = time.monotonic() - t0
+    await c.close()
+    return row
+
+
+# --- driver ------------------------------------------------------------------------------------
+
+PROFILES = {
+    "short": dict(rounds={2: 40, 16: 12, 64: 4, 256: 2}, mixed={2: 20, 16: 8, 64: 3, 256: 1},
+                  kill_trials=1, stop_trials=1, probes=5, ttl_keys=8, purge=10_000, soak=6.0),
+    "long": dict(rounds={2: 6000, 16: 1200, 64: 300, 256: 120}, mixed={2: 3000, 16: 600, 64: 150, 256: 60},
+                 kill_trials=20, stop_trials=10, probes=50, ttl_keys=50, purge=1_000_000, soak=120.0),
+}
+
+
+async def run_store(name: str, svc: Optional[Services], prof: Dict[str, Any], work: Path,
+                    only: Optional[set]) -> List[Row]:
+    effects = str(work / f"effects-{name}.sqlite3")
+    url = {"memory": "", "sqlite": str(work / "store.sqlite3"),
+           "postgres": svc.pg_dsn if svc else "", "redis": svc.redis_url if svc else ""}[name]
+    workers = 1 if name == "memory" else 3
+    env = {"EV_STORE": name, "EV_STORE_URL": url, "EV_EFFECTS": effects, "EV_LEASE_MS": str(LEASE_MS),
+           "EV_SHORT_TTL_MS": str(SHORT_TTL_MS), "EV_BUSY_MS": "500"}
+    if name == "postgres":
+        from idempo import stores
+
+        s = stores.PostgresStore(url)
+        s.create_schema()
+        s.close()
+    server = Server(APP, env, workers=workers).start()
+    t = Target(name, url, workers, server, Effects(effects), svc)
+    rows: List[Row] = []
+
+    def want(s: str) -> bool:
+        return only is None or s in only
+
+    try:
+        if want("1"):
+            rows.append(await s_concurrent(t, prof["rounds"], mixed=False))
+        if want("2"):
+            rows.append(await s_concurrent(t, prof["mixed"], mixed=True))
+        if name != "memory":
+            if want("3"):
+                rows.append(await s_kill(t, prof["kill_trials"]))
+            if want("4"):
+                rows.append(await s_stop(t, prof["stop_trials"]))
+            if want("5"):
+                rows.append(await s_outage(t, prof["probes"]))
+                if name == "postgres" and prof is PROFILES["long"]:
+                    rows.append(await s_hung_pg(t, 10.0))
+        if want("6"):
+            rows.append(await s_ttl(t, prof["ttl_keys"]))
+            if name in ("sqlite", "postgres"):
+                rows.append(await s_purge(t, prof["purge"], 1000))
+        if want("7"):
+            rows.append(await s_soak(t, prof["soak"], kills=name != "memory"))
+    except Exception as exc:  # noqa: BLE001 - reported as a failed row, the suite goes on
+        r = Row(name, "suite error")
+        r.bad(f"{type(exc).__name__}: {exc}")
+        r.notes.append(server.log_tail(800).replace("\n", " | "))
+        rows.append(r)
+    finally:
+        server.stop()
+    return rows
+
+
+def print_table(rows: List[Row], header: str) -> None:
+    print()
+    print(header)
+    cols = ("store", "scenario", "trials", "executions", "violations", "time", "outcomes / figures")
+    print(f"{cols[0]:<9} {cols[1]:<31} {cols[2]:>8} {cols[3]:>10} {cols[4]:>10} {cols[5]:>7}  {cols[6]}")
+    print("-" * 140)
+    for r in rows:
+        outs = ", ".join(f"{k}: {v}" for k, v in sorted(r.outcomes.items(), key=lambda kv: -kv[1]))
+        extra = "; ".join([outs, *r.notes]) if outs else "; ".join(r.notes)
+        print(f"{r.store:<9} {r.scenario:<31} {r.trials:>8} {r.executions:>10} {len(r.violations):>10} "
+              f"{r.seconds:>6.1f}s  {extra}")
+    bad = [r for r in rows if r.violations]
+    totals: Dict[str, int] = Counter()
+    for r in rows:
+        totals[r.store] += r.trials
+    print("-" * 140)
+    print("trials per store: " + ", ".join(f"{k} {v:,}" for k, v in totals.items()))
+    if bad:
+        print("\nVIOLATIONS:")
+        for r in bad:
+            for v in r.violations:
+                print(f"  {r.store} / {r.scenario}: {v}")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mode", choices=("short", "long"), default="short")
+    ap.add_argument("--stores", default="memory,sqlite,postgres,redis")
+    ap.add_argument("--scenarios", default="", help="comma list of scenario numbers (default all)")
+    ap.add_argument("--soak", type=float, default=None, help="soak seconds per store (override)")
+    ap.add_argument("--purge", type=int, default=None, help="expired rows to purge (override)")
+    args = ap.parse_args(argv)
+    prof = dict(PROFILES[args.mode])
+    if args.soak is not None:
+        prof["soak"] = args.soak
+    if args.purge is not None:
+        prof["purge"] = args.purge
+    if args.mode == "long":
+        PROFILES["long"] = prof
+    else:
+        PROFILES["short"] = prof
+    only = set(args.scenarios.split(",")) if args.scenarios else None
+    names = [s for s in args.stores.split(",") if s]
+    svc = Services.start() if {"postgres", "redis"} & set(names) else None
+    rows: List[Row] = []
+    t0 = time.monotonic()
+    try:
+        with tempfile.TemporaryDirectory(prefix="idempo-evidence.") as work:
+            for name in names:
+                t1 = time.monotonic()
+                got = asyncio.run(run_store(name, svc, prof, Path(work), only))
+                rows.extend(got)
+                n = sum(len(r.violations) for r in got)
+                print(f"[reliability] {name}: {len(got)} scenarios, {n} violations, {time.monotonic() - t1:.1f} s",
+                      flush=True)
+    finally:
+        if svc is not None:
+            svc.stop()
+    print_table(rows, f"idempo reliability suite ({args.mode} mode, {time.monotonic() - t0:.0f} s, "
+                      f"lease {LEASE_MS} ms, {os.cpu_count()} CPUs)")
+    return 1 if any(r.violations for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
