@@ -317,3 +317,46 @@ def test_memory_store_bounds_and_fork_guard() -> None:
     ok = MemoryStore(allow_multiprocess=True)
     ok._pid = os.getpid() + 1  # noqa: SLF001
     assert ok.get(key(1))[0] is None
+
+
+def test_redis_layout_is_the_spec_layout(services: Any) -> None:
+    """spec/STORAGE.md §5: key `idempo:<64 hex>`, the column names as hash fields, so a Node
+    service reads what Python wrote; the response column is core's encoding."""
+    import redis
+
+    from idempo.stores import RedisStore
+
+    client = redis.Redis.from_url(services.redis_url)
+    client.flushdb()
+    store = RedisStore(client)
+    response = idempo.encode_response(201, [("content-type", "application/json")], b'{"id":1}')
+    store.claim(key(5), FP, tok(5), 10_000, 60_000)
+    assert store.complete(key(5), tok(5), response, 60_000)
+    raw = client.hgetall(b"idempo:" + key(5).hex().encode())
+    assert set(raw) == {b"fingerprint", b"state", b"token", b"generation", b"expires_at", b"response"}
+    assert raw[b"state"] == b"2" and raw[b"token"] == tok(5) and raw[b"generation"] == b"1"
+    assert idempo.decode_response(raw[b"response"]) == (
+        201, [("content-type", "application/json")], b'{"id":1}')
+    ttl = client.pttl(b"idempo:" + key(5).hex().encode())
+    assert 60_000 < ttl <= 120_000  # expires_at plus the one-minute grace, never the lease
+    client.close()
+
+
+def test_postgres_schema_is_the_spec_schema(services: Any) -> None:
+    from idempo.stores import PostgresStore
+
+    store = PostgresStore(services.pg_dsn)
+    store.create_schema()
+    with store._conn() as conn:  # noqa: SLF001 - inspecting the catalog
+        cols = conn.execute(
+            "SELECT column_name, data_type, is_nullable FROM information_schema.columns "
+            "WHERE table_name = 'idempo_record' ORDER BY ordinal_position").fetchall()
+        idx = conn.execute(
+            "SELECT indexname FROM pg_indexes WHERE tablename = 'idempo_record'").fetchall()
+    store.close()
+    assert cols == [
+        ("scope_key", "bytea", "NO"), ("fingerprint", "text", "NO"), ("state", "smallint", "NO"),
+        ("token", "bytea", "NO"), ("generation", "integer", "NO"), ("lease_until", "bigint", "YES"),
+        ("expires_at", "bigint", "NO"), ("response", "bytea", "YES"),
+    ]
+    assert ("idempo_record_expires_at",) in idx

@@ -7,7 +7,8 @@ PostgreSQL, so it never outlives the record (a longer one would replay a dead ge
 new one was claimed). The cache is filled after the completion committed, and on reads that find
 a completed record; a miss or any Redis error falls through to PostgreSQL and never fails the
 request (``on_cache_error`` sees the error). ``clock`` replaces Redis ``TIME`` for cache reads
-(conformance tests only; give the PostgreSQL store the same clock).
+(conformance tests only; give the PostgreSQL store the same clock). Cache entries are hashes
+under ``idempo:cache:<64 hex>`` with the record's field names, as the Node binding writes them.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ try:
 except ImportError as exc:  # pragma: no cover - import guard for the optional dependency
     raise ImportError("idempo.stores.cached needs redis-py: pip install redis") from exc
 
-DEFAULT_CACHE_PREFIX = b"idempo:c:"
+DEFAULT_CACHE_PREFIX = b"idempo:cache:"
 
 # KEYS[1]; ARGV[1] clock override ('' = Redis TIME); returns {now, HGETALL}
 LUA_CACHE_GET = """
@@ -45,11 +46,11 @@ end
 return {now, redis.call('HGETALL', KEYS[1])}
 """
 
-# KEYS[1]; ARGV fp, st, tok, gen, exp, resp, px
+# KEYS[1]; ARGV fingerprint, state, token, generation, expires_at, response, px
 LUA_CACHE_PUT = """
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'st', ARGV[2], 'tok', ARGV[3], 'gen', ARGV[4],
-  'exp', ARGV[5], 'resp', ARGV[6])
+redis.call('HSET', KEYS[1], 'fingerprint', ARGV[1], 'state', ARGV[2], 'token', ARGV[3],
+  'generation', ARGV[4], 'expires_at', ARGV[5], 'response', ARGV[6])
 redis.call('PEXPIRE', KEYS[1], ARGV[7])
 return 1
 """
@@ -81,7 +82,7 @@ class CachedStore:
         redis_url_or_client: Any,
         postgres: PostgresStore,
         *,
-        cache_ttl_ms: int = 3_600_000,
+        cache_ttl_ms: int = 60_000,
         prefix: bytes = DEFAULT_CACHE_PREFIX,
         on_cache_error: ErrorHook = _ignore,
         clock: Optional[Callable[[], int]] = None,
@@ -100,10 +101,13 @@ class CachedStore:
         self.hits = 0
         self.misses = 0
 
+    def _key(self, scope_key: bytes) -> bytes:
+        return self.prefix + scope_key.hex().encode("ascii")
+
     def _cached(self, scope_key: bytes) -> Optional[Tuple[StoredRecord, int]]:
         try:
             override = "" if self._clock is None else str(self._clock())
-            reply = self._get_script(keys=[self.prefix + scope_key], args=[override])
+            reply = self._get_script(keys=[self._key(scope_key)], args=[override])
             record = record_from_hash(scope_key, reply[1])
         except (redis.RedisError, KeyError, ValueError) as exc:
             self.on_cache_error(exc)
@@ -121,7 +125,7 @@ class CachedStore:
         if record.state != COMPLETED or px <= 0:
             return
         try:
-            self._put_script(keys=[self.prefix + record.scope_key], args=_put_args(record, px))
+            self._put_script(keys=[self._key(record.scope_key)], args=_put_args(record, px))
         except redis.RedisError as exc:
             self.on_cache_error(exc)
 
@@ -200,7 +204,7 @@ class AsyncCachedStore:
         redis_url_or_client: Any,
         postgres: AsyncPostgresStore,
         *,
-        cache_ttl_ms: int = 3_600_000,
+        cache_ttl_ms: int = 60_000,
         prefix: bytes = DEFAULT_CACHE_PREFIX,
         on_cache_error: ErrorHook = _ignore,
         clock: Optional[Callable[[], int]] = None,
@@ -219,10 +223,13 @@ class AsyncCachedStore:
         self.hits = 0
         self.misses = 0
 
+    def _key(self, scope_key: bytes) -> bytes:
+        return self.prefix + scope_key.hex().encode("ascii")
+
     async def _cached(self, scope_key: bytes) -> Optional[Tuple[StoredRecord, int]]:
         try:
             override = "" if self._clock is None else str(self._clock())
-            reply = await self._get_script(keys=[self.prefix + scope_key], args=[override])
+            reply = await self._get_script(keys=[self._key(scope_key)], args=[override])
             record = record_from_hash(scope_key, reply[1])
         except (redis.RedisError, KeyError, ValueError) as exc:
             self.on_cache_error(exc)
@@ -241,7 +248,7 @@ class AsyncCachedStore:
             return
         try:
             await self._put_script(
-                keys=[self.prefix + record.scope_key], args=_put_args(record, px)
+                keys=[self._key(record.scope_key)], args=_put_args(record, px)
             )
         except redis.RedisError as exc:
             self.on_cache_error(exc)

@@ -42,7 +42,7 @@ try:
 except ImportError as exc:  # pragma: no cover - import guard for the optional dependency
     raise ImportError("idempo.stores.postgres needs psycopg 3: pip install 'psycopg[binary]'") from exc
 
-NOW = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+NOW = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 COLUMNS = "scope_key, fingerprint, state, token, generation, lease_until, expires_at, response"
 CLAIM_ATTEMPTS = 3
 
@@ -51,13 +51,13 @@ SCHEMA_STATEMENTS = (
   scope_key   bytea PRIMARY KEY CHECK (octet_length(scope_key) = 32),
   fingerprint text NOT NULL,
   state       smallint NOT NULL CHECK (state IN ({IN_PROGRESS}, {COMPLETED}, {OUTCOME_UNKNOWN})),
-  token       bytea NOT NULL,
-  generation  integer NOT NULL,
+  token       bytea NOT NULL CHECK (octet_length(token) = 16),
+  generation  integer NOT NULL CHECK (generation >= 1),
   lease_until bigint,
   expires_at  bigint NOT NULL,
   response    bytea
 )""",
-    f"CREATE INDEX IF NOT EXISTS {TABLE}_expires ON {TABLE} (expires_at)",
+    f"CREATE INDEX IF NOT EXISTS {TABLE}_expires_at ON {TABLE} (expires_at)",
 )
 """The DDL ``create_schema()`` runs; copy it into your migrations instead if you prefer."""
 

@@ -1,7 +1,9 @@
 """Redis store (redis-py): Lua scripts make each primitive one atomic step, timed by Redis ``TIME``.
 
-A record is a hash under ``prefix + scope_key`` with the contract's fields (``fp``, ``st``,
-``tok``, ``gen``, ``lease``, ``exp``, ``resp``). The key's own expiry is the record's retention
+A record is a hash under ``prefix + hex(scope_key)`` (default prefix ``idempo:``) with the
+contract's column names as fields (``fingerprint``, ``state``, ``token``, ``generation``,
+``lease_until``, ``expires_at``, ``response``), exactly as ``spec/STORAGE.md`` §5, so Python and
+Node services share records. The key's own expiry is the record's retention
 ``expires_at`` plus ``grace_ms`` (never the lease: a key that vanished with its lease would let the
 next request run again without any takeover decision); within the grace an expired record still
 counts as absent and is replaced with ``generation + 1``, as in every other store. Scripts touch
@@ -42,120 +44,108 @@ try:
 except ImportError as exc:  # pragma: no cover - import guard for the optional dependency
     raise ImportError("idempo.stores.redis needs redis-py: pip install redis") from exc
 
-DEFAULT_PREFIX = b"idempo:r:"
+DEFAULT_PREFIX = b"idempo:"
 
-# The last ARGV of every script is a clock override for conformance tests ('' = Redis TIME).
-_NOW = """
-local now
-if ARGV[#ARGV] ~= '' then
-  now = tonumber(ARGV[#ARGV])
-else
+# The last ARGV of every script is the clock override ('' = Redis TIME), spec/STORAGE.md §6.
+_PRELUDE = """
+local function clock()
+  local o = ARGV[#ARGV]
+  if o ~= '' then return tonumber(o) end
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
+local function int(n) return string.format('%d', n) end
 """
 
-# KEYS[1] record; ARGV fp, token, lease_ms, ttl_ms, grace_ms
-LUA_CLAIM = (
-    _NOW
-    + f"""
-local lease = tonumber(ARGV[3])
-local ttl = tonumber(ARGV[4])
-local cur = redis.call('HMGET', KEYS[1], 'exp', 'gen')
+# ARGV fingerprint, token, lease_ms, ttl_ms, grace_ms, now_override
+LUA_CLAIM = _PRELUDE + """
+local now = clock()
+local lease, ttl, grace = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local cur = redis.call('HMGET', KEYS[1], 'expires_at', 'generation')
 local gen = 1
 if cur[1] then
   if tonumber(cur[1]) > now then
-    return {{0, now, redis.call('HGETALL', KEYS[1])}}
+    return {0, int(now), redis.call('HGETALL', KEYS[1])}
   end
   gen = math.min(tonumber(cur[2]) + 1, 2147483647)
   redis.call('DEL', KEYS[1])
 end
 local exp = now + math.max(ttl, lease)
-redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'st', {IN_PROGRESS}, 'tok', ARGV[2], 'gen', gen,
-  'lease', now + lease, 'exp', exp)
-redis.call('PEXPIREAT', KEYS[1], exp + tonumber(ARGV[5]))
-return {{1, now, gen}}
+redis.call('HSET', KEYS[1], 'fingerprint', ARGV[1], 'state', '1', 'token', ARGV[2],
+           'generation', int(gen), 'lease_until', int(now + lease), 'expires_at', int(exp))
+redis.call('PEXPIRE', KEYS[1], int(exp - now + grace))
+return {1, int(now), int(gen)}
 """
-)
 
-LUA_GET = _NOW + "return {now, redis.call('HGETALL', KEYS[1])}\n"
+# ARGV now_override
+LUA_GET = _PRELUDE + "return {int(clock()), redis.call('HGETALL', KEYS[1])}\n"
 
-# KEYS[1]; ARGV seen, new, lease_ms, grace_ms
-LUA_TAKEOVER = (
-    _NOW
-    + f"""
-local r = redis.call('HMGET', KEYS[1], 'st', 'tok', 'lease', 'exp', 'gen')
-if r[1] ~= '{IN_PROGRESS}' or r[2] ~= ARGV[1] or tonumber(r[3]) > now then return {{0, now}} end
-local untl = now + tonumber(ARGV[3])
-local exp = math.max(tonumber(r[4]), untl)
-redis.call('HSET', KEYS[1], 'tok', ARGV[2], 'lease', untl, 'exp', exp)
-redis.call('PEXPIREAT', KEYS[1], exp + tonumber(ARGV[4]))
-return {{1, now, tonumber(r[5])}}
+# ARGV seen_token, new_token, lease_ms, grace_ms, now_override
+LUA_TAKEOVER = _PRELUDE + """
+local now = clock()
+local r = redis.call('HMGET', KEYS[1], 'state', 'token', 'lease_until', 'expires_at', 'generation')
+if r[1] ~= '1' or r[2] ~= ARGV[1] or tonumber(r[3]) > now then return false end
+local lease_until = now + tonumber(ARGV[3])
+local exp = math.max(tonumber(r[4]), lease_until)
+redis.call('HSET', KEYS[1], 'token', ARGV[2], 'lease_until', int(lease_until), 'expires_at', int(exp))
+redis.call('PEXPIRE', KEYS[1], int(exp - now + tonumber(ARGV[4])))
+return r[5]
 """
-)
 
-# KEYS[1]; ARGV seen, ttl_ms, grace_ms
-LUA_MARK_UNKNOWN = (
-    _NOW
-    + f"""
-local r = redis.call('HMGET', KEYS[1], 'st', 'tok', 'lease')
-if r[1] ~= '{IN_PROGRESS}' or r[2] ~= ARGV[1] or tonumber(r[3]) > now then return {{0, now}} end
+# ARGV seen_token, ttl_ms, grace_ms, now_override
+LUA_MARK_UNKNOWN = _PRELUDE + """
+local now = clock()
+local r = redis.call('HMGET', KEYS[1], 'state', 'token', 'lease_until')
+if r[1] ~= '1' or r[2] ~= ARGV[1] or tonumber(r[3]) > now then return 0 end
 local exp = now + tonumber(ARGV[2])
-redis.call('HSET', KEYS[1], 'st', {OUTCOME_UNKNOWN}, 'exp', exp)
-redis.call('HDEL', KEYS[1], 'lease')
-redis.call('PEXPIREAT', KEYS[1], exp + tonumber(ARGV[3]))
-return {{1, now}}
+redis.call('HSET', KEYS[1], 'state', '3', 'expires_at', int(exp))
+redis.call('HDEL', KEYS[1], 'lease_until')
+redis.call('PEXPIRE', KEYS[1], int(exp - now + tonumber(ARGV[3])))
+return 1
 """
-)
 
-# KEYS[1]; ARGV token, response, ttl_ms, grace_ms
-LUA_COMPLETE = (
-    _NOW
-    + f"""
-local r = redis.call('HMGET', KEYS[1], 'st', 'tok')
-if r[1] ~= '{IN_PROGRESS}' or r[2] ~= ARGV[1] then return {{0, now}} end
+# ARGV token, response, ttl_ms, grace_ms, now_override
+LUA_COMPLETE = _PRELUDE + """
+local now = clock()
+local r = redis.call('HMGET', KEYS[1], 'state', 'token')
+if r[1] ~= '1' or r[2] ~= ARGV[1] then return 0 end
 local exp = now + tonumber(ARGV[3])
-redis.call('HSET', KEYS[1], 'st', {COMPLETED}, 'resp', ARGV[2], 'exp', exp)
-redis.call('HDEL', KEYS[1], 'lease')
-redis.call('PEXPIREAT', KEYS[1], exp + tonumber(ARGV[4]))
-return {{1, now}}
+redis.call('HSET', KEYS[1], 'state', '2', 'response', ARGV[2], 'expires_at', int(exp))
+redis.call('HDEL', KEYS[1], 'lease_until')
+redis.call('PEXPIRE', KEYS[1], int(exp - now + tonumber(ARGV[4])))
+return 1
 """
-)
 
-# KEYS[1]; ARGV token
-LUA_RELEASE = f"""
-local r = redis.call('HMGET', KEYS[1], 'st', 'tok')
-if r[1] ~= '{IN_PROGRESS}' or r[2] ~= ARGV[1] then return 0 end
+# ARGV token, now_override (unused)
+LUA_RELEASE = """
+local r = redis.call('HMGET', KEYS[1], 'state', 'token')
+if r[1] ~= '1' or r[2] ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
 return 1
 """
 
-# KEYS[1]; ARGV token, lease_ms, grace_ms
-LUA_RENEW = (
-    _NOW
-    + f"""
-local r = redis.call('HMGET', KEYS[1], 'st', 'tok', 'exp')
-if r[1] ~= '{IN_PROGRESS}' or r[2] ~= ARGV[1] then return {{0, now}} end
-local untl = now + tonumber(ARGV[2])
-local exp = math.max(tonumber(r[3]), untl)
-redis.call('HSET', KEYS[1], 'lease', untl, 'exp', exp)
-redis.call('PEXPIREAT', KEYS[1], exp + tonumber(ARGV[3]))
-return {{1, now}}
+# ARGV token, lease_ms, grace_ms, now_override
+LUA_RENEW = _PRELUDE + """
+local now = clock()
+local r = redis.call('HMGET', KEYS[1], 'state', 'token', 'expires_at')
+if r[1] ~= '1' or r[2] ~= ARGV[1] then return 0 end
+local lease_until = now + tonumber(ARGV[2])
+local exp = math.max(tonumber(r[3]), lease_until)
+redis.call('HSET', KEYS[1], 'lease_until', int(lease_until), 'expires_at', int(exp))
+redis.call('PEXPIRE', KEYS[1], int(exp - now + tonumber(ARGV[3])))
+return 1
 """
-)
 
-# KEYS[1]: delete if expired; returns the deleted state or 0
-LUA_PURGE_ONE = (
-    _NOW
-    + """
-local r = redis.call('HMGET', KEYS[1], 'st', 'exp')
-if r[1] and tonumber(r[2]) <= now then
+# ARGV now_override: delete the record if expired; returns its state or 0
+LUA_PURGE_ONE = _PRELUDE + """
+local now = clock()
+local r = redis.call('HMGET', KEYS[1], 'state', 'expires_at')
+if r[1] and r[2] and tonumber(r[2]) <= now then
   redis.call('DEL', KEYS[1])
   return tonumber(r[1])
 end
 return 0
 """
-)
 
 _SCRIPTS = {
     "claim": LUA_CLAIM,
@@ -176,17 +166,23 @@ def record_from_hash(scope_key: bytes, flat: Sequence[bytes]) -> Optional[Stored
     if not flat:
         return None
     h: Dict[bytes, bytes] = {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
-    lease = h.get(b"lease")
+    lease = h.get(b"lease_until")
     return StoredRecord(
         scope_key=scope_key,
-        fingerprint=h[b"fp"].decode("ascii"),
-        state=int(h[b"st"]),
-        token=h[b"tok"],
-        generation=int(h[b"gen"]),
+        fingerprint=h[b"fingerprint"].decode("ascii"),
+        state=int(h[b"state"]),
+        token=h[b"token"],
+        generation=int(h[b"generation"]),
         lease_until=None if lease is None else int(lease),
-        expires_at=int(h[b"exp"]),
-        response=h.get(b"resp"),
+        expires_at=int(h[b"expires_at"]),
+        response=h.get(b"response"),
     )
+
+
+def _is_record_key(key: bytes, prefix: bytes) -> bool:
+    """True for ``prefix + 64 hex`` (not, e.g., a cache entry under ``idempo:cache:``)."""
+    rest = key[len(prefix):]
+    return len(rest) == 64 and all(c in b"0123456789abcdef" for c in rest)
 
 
 def _check_client(client: Any) -> None:
@@ -240,7 +236,7 @@ class RedisStore:
         self._scripts = {name: self.client.register_script(src) for name, src in _SCRIPTS.items()}
 
     def _key(self, scope_key: bytes) -> bytes:
-        return self.prefix + check_key(scope_key)
+        return self.prefix + check_key(scope_key).hex().encode("ascii")
 
     def _run(self, name: str, key: bytes, *args: Any) -> Any:
         if not self._policy.done:
@@ -293,7 +289,7 @@ class RedisStore:
             check_ms("lease_ms", lease_ms),
             self.grace_ms,
         )
-        return int(reply[2]) if int(reply[0]) == 1 else None
+        return None if reply is None else int(reply)
 
     @fail_closed(_errors, "Redis mark_unknown failed")
     def mark_unknown(self, scope_key: bytes, seen_token: bytes, ttl_ms: int) -> bool:
@@ -305,7 +301,7 @@ class RedisStore:
             check_ms("ttl_ms", ttl_ms),
             self.grace_ms,
         )
-        return int(reply[0]) == 1
+        return int(reply) == 1
 
     @fail_closed(_errors, "Redis complete failed")
     def complete(self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int) -> bool:
@@ -318,7 +314,7 @@ class RedisStore:
             check_ms("ttl_ms", ttl_ms),
             self.grace_ms,
         )
-        return int(reply[0]) == 1
+        return int(reply) == 1
 
     @fail_closed(_errors, "Redis release failed")
     def release(self, scope_key: bytes, token: bytes) -> bool:
@@ -335,7 +331,7 @@ class RedisStore:
             check_ms("lease_ms", lease_ms),
             self.grace_ms,
         )
-        return int(reply[0]) == 1
+        return int(reply) == 1
 
     @fail_closed(_errors, "Redis purge_expired failed")
     def purge_expired(self, batch: int = 1000) -> PurgeCounts:
@@ -348,7 +344,9 @@ class RedisStore:
         check_batch(batch)
         candidates: List[Tuple[int, bytes]] = []
         for key in self.client.scan_iter(match=self.prefix + b"*", count=1000):
-            exp = self.client.hget(key, "exp")
+            if not _is_record_key(key, self.prefix):
+                continue
+            exp = self.client.hget(key, "expires_at")
             if exp is not None:
                 candidates.append((int(exp), key))
         candidates.sort()
@@ -389,7 +387,7 @@ class AsyncRedisStore:
         self._scripts = {name: self.client.register_script(src) for name, src in _SCRIPTS.items()}
 
     def _key(self, scope_key: bytes) -> bytes:
-        return self.prefix + check_key(scope_key)
+        return self.prefix + check_key(scope_key).hex().encode("ascii")
 
     async def _run(self, name: str, key: bytes, *args: Any) -> Any:
         if not self._policy.done:
@@ -442,7 +440,7 @@ class AsyncRedisStore:
             check_ms("lease_ms", lease_ms),
             self.grace_ms,
         )
-        return int(reply[2]) if int(reply[0]) == 1 else None
+        return None if reply is None else int(reply)
 
     @fail_closed_async(_errors, "Redis mark_unknown failed")
     async def mark_unknown(self, scope_key: bytes, seen_token: bytes, ttl_ms: int) -> bool:
@@ -454,7 +452,7 @@ class AsyncRedisStore:
             check_ms("ttl_ms", ttl_ms),
             self.grace_ms,
         )
-        return int(reply[0]) == 1
+        return int(reply) == 1
 
     @fail_closed_async(_errors, "Redis complete failed")
     async def complete(
@@ -469,7 +467,7 @@ class AsyncRedisStore:
             check_ms("ttl_ms", ttl_ms),
             self.grace_ms,
         )
-        return int(reply[0]) == 1
+        return int(reply) == 1
 
     @fail_closed_async(_errors, "Redis release failed")
     async def release(self, scope_key: bytes, token: bytes) -> bool:
@@ -486,7 +484,7 @@ class AsyncRedisStore:
             check_ms("lease_ms", lease_ms),
             self.grace_ms,
         )
-        return int(reply[0]) == 1
+        return int(reply) == 1
 
     @fail_closed_async(_errors, "Redis purge_expired failed")
     async def purge_expired(self, batch: int = 1000) -> PurgeCounts:
@@ -494,7 +492,9 @@ class AsyncRedisStore:
         check_batch(batch)
         candidates: List[Tuple[int, bytes]] = []
         async for key in self.client.scan_iter(match=self.prefix + b"*", count=1000):
-            exp = await self.client.hget(key, "exp")
+            if not _is_record_key(key, self.prefix):
+                continue
+            exp = await self.client.hget(key, "expires_at")
             if exp is not None:
                 candidates.append((int(exp), key))
         candidates.sort()

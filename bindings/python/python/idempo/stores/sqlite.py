@@ -42,16 +42,16 @@ MIN_SQLITE = (3, 24, 0)
 
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS {TABLE} (
-  scope_key   BLOB PRIMARY KEY,
+  scope_key   BLOB PRIMARY KEY CHECK (length(scope_key) = 32),
   fingerprint TEXT NOT NULL,
   state       INTEGER NOT NULL CHECK (state IN ({IN_PROGRESS}, {COMPLETED}, {OUTCOME_UNKNOWN})),
-  token       BLOB NOT NULL,
-  generation  INTEGER NOT NULL,
+  token       BLOB NOT NULL CHECK (length(token) = 16),
+  generation  INTEGER NOT NULL CHECK (generation >= 1),
   lease_until INTEGER,
   expires_at  INTEGER NOT NULL,
   response    BLOB
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS {TABLE}_expires ON {TABLE} (expires_at);
+CREATE INDEX IF NOT EXISTS {TABLE}_expires_at ON {TABLE} (expires_at);
 """
 
 _errors = (sqlite3.Error,)
