@@ -198,17 +198,36 @@ async def health(request: Request) -> Response:
 
 class CrashContext:
     """Outermost layer: exposes the crash header to the store wrapper (context variables follow
-    the request into the worker threads that run sync store primitives)."""
+    the request into the worker threads that run sync store primitives), and reports in
+    ``x-ev-body-read`` how many body bytes the app had received when it answered."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            for n, v in scope.get("headers", []):
-                if n == b"x-ev-crash":
-                    CRASH.set(v.decode("latin-1"))
-        await self.app(scope, receive, send)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for n, v in scope.get("headers", []):
+            if n == b"x-ev-crash":
+                CRASH.set(v.decode("latin-1"))
+        read = 0
+
+        async def counting_receive() -> Any:
+            nonlocal read
+            message = await receive()
+            if message.get("type") == "http.request":
+                read += len(message.get("body", b""))
+            return message
+
+        async def reporting_send(message: Any) -> None:
+            if message.get("type") == "http.response.start":
+                headers = list(message.get("headers", []))
+                headers.append((b"x-ev-body-read", str(read).encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, counting_receive, reporting_send)
 
 
 def _tenant(scope: Any) -> Optional[str]:

@@ -1,0 +1,33 @@
+# Evidence (evidence/, docs/EVIDENCE.md): reliability under faults, hostile input, peer benchmarks.
+#
+#   make test-evidence    CI mode: short reliability suite (every store, kill -9, SIGSTOP, outages,
+#                         TTL/purge, soak) + hostile-input suites from Python and Node; fails on any
+#                         violation. A few minutes.
+#   make evidence-short   the same two suites, figures printed (alias of test-evidence)
+#   make evidence-long    publishing mode: >= 10^5 trials per store, purge of 10^6 rows, 2-minute soaks
+#   make bench-peers      one table: idempo vs serde_jcs/rfc8785/json.dumps/canonicalize/json-canonicalize
+#                         (+ SHA-256), same bodies, plus end-to-end requests/s and p50/p99 per store
+EV_PY := $(CURDIR)/.venv/bin/python
+
+TEST_TARGETS += test-evidence
+
+.PHONY: test-evidence evidence-short evidence-long evidence-reliability evidence-hostile bench-peers
+
+test-evidence: evidence-short
+
+evidence-short: python-setup node-build
+	$(EV_PY) -m evidence.reliability.run --mode short
+	$(EV_PY) -m evidence.hostile.run
+
+evidence-long: python-setup node-build
+	$(EV_PY) -m evidence.reliability.run --mode long
+	$(EV_PY) -m evidence.hostile.run
+
+evidence-reliability: python-setup
+	$(EV_PY) -m evidence.reliability.run --mode $${EVIDENCE_MODE:-short}
+
+evidence-hostile: python-setup node-build
+	$(EV_PY) -m evidence.hostile.run
+
+bench-peers: python-setup node-build
+	$(EV_PY) -m evidence.bench.peers
