@@ -21,6 +21,7 @@ killed or until its stdin closes.
 """
 import hashlib
 import json
+import os
 import sys
 import threading
 import time
@@ -56,11 +57,17 @@ def problem(status, title, detail):
     return status, {"type": "about:blank", "title": title, "status": status, "detail": detail}
 
 
+LOG = os.environ.get("IDEMPO_TEST_SERVER_LOG")
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, fmt, *args):  # keep test output quiet
-        pass
+    def log_message(self, fmt, *args):
+        # Quiet unless IDEMPO_TEST_SERVER_LOG names a file (for debugging the tests).
+        if LOG:
+            with open(LOG, "a") as f:
+                f.write("%.3f %s %s\n" % (time.time(), self.client_address[1], fmt % args))
 
     def answer(self, status, payload, headers=None, content_type="application/json"):
         body = json.dumps(payload, sort_keys=True).encode()

@@ -117,11 +117,13 @@ public final class IdempotentClient: Sendable {
     ///   - intent: a stable name for this user intent (e.g. `checkout-<cart id>`). When given,
     ///     the key is kept in the ``PendingKeyStore`` under it until the outcome is known, so
     ///     calling `send` again for the same intent (even after a restart) reuses the key.
-    ///   - key: the key to use; default: the intent's pending key, else a fresh one.
+    ///   - key: the key to use (it replaces the intent's pending key); default: the intent's
+    ///     pending key, else a fresh one.
     /// - Returns: the server's final answer: 2xx (possibly a replay), 3xx, or a 4xx/5xx that
     ///   retrying cannot change (inspect ``IdempotentResponse/status``).
     /// - Throws: ``IdempotentClientError``, `CancellationError` (the key stays pending), errors
-    ///   of the key store, ``RetryPolicyError`` if the policy refuses an input.
+    ///   of the key store, errors other than `URLError` thrown by a custom ``HTTPTransport`` (the
+    ///   key stays pending), ``RetryPolicyError`` if the policy refuses an input.
     public func send(_ request: URLRequest, intent: String? = nil, key: IdempotencyKey? = nil) async throws
         -> IdempotentResponse
     {

@@ -46,16 +46,25 @@ final class ClientTests: XCTestCase {
     }
 
     func testTimeoutThenInFlightConflictThenReplay() async throws {
-        // The handler takes 1.2 s; the client gives up on each attempt after 0.4 s.
+        // The handler takes 1.5 s; the client gives up on each attempt after 1 s. (Whole seconds:
+        // FoundationNetworking on Linux truncates fractional timeouts, 0.4 s times out at once.)
         let configuration = URLSessionConfiguration.ephemeral
-        configuration.timeoutIntervalForRequest = 0.4
+        configuration.timeoutIntervalForRequest = 1
         let session = URLSession(configuration: configuration)
-        let request = server.paymentRequest(amount: 7, controls: ["X-Test-Delay-Ms": "1200"], timeout: 0.4)
-        let answer = try await IdempotentClient(transport: URLSessionTransport(session: session), retryPolicy: fastPolicy)
-            .send(request)
+        let request = server.paymentRequest(amount: 7, controls: ["X-Test-Delay-Ms": "1500"], timeout: 1)
+        let transport = RecordingTransport(URLSessionTransport(session: session))
+        let answer: IdempotentResponse
+        do {
+            answer = try await IdempotentClient(transport: transport, retryPolicy: fastPolicy).send(request)
+        } catch {
+            XCTFail("\(error); attempts: \(transport.log)")
+            return
+        }
         XCTAssertEqual(answer.status, 201)
         XCTAssertTrue(answer.isReplay)
         XCTAssertGreaterThanOrEqual(answer.attempts, 2)
+        XCTAssertEqual(transport.log.filter { $0.hasSuffix("URLError -1001") }.count, 1, "\(transport.log)")
+        XCTAssertTrue(transport.log.contains { $0.hasSuffix("status 409") }, "\(transport.log)")
         let stats = try await server.stats(for: answer.key)
         XCTAssertEqual(stats.executions, 1)
         XCTAssertEqual(Set(stats.header_values), [answer.key.headerValue])
@@ -67,7 +76,7 @@ final class ClientTests: XCTestCase {
         var first = server.paymentRequest(amount: 42, controls: ["X-Test-Delay-Ms": "800"])
         first.setValue(key.headerValue, forHTTPHeaderField: "Idempotency-Key")
         let firstTask = Task { try await URLSessionTransport().send(first) }
-        try await Task.sleep(nanoseconds: 200_000_000)
+        try await server.waitForRequests(key: key, count: 1)
 
         let started = Date()
         let answer = try await client().send(server.paymentRequest(amount: 42), key: key)
@@ -159,6 +168,35 @@ final class ClientTests: XCTestCase {
         XCTAssertEqual(Set(stats.header_values), [firstKey.headerValue])
         let after = try await FilePendingKeyStore(fileURL: file).pendingKey(for: "checkout-restart")
         XCTAssertNil(after, "done: nothing pending any more")
+    }
+
+    func testCancellationKeepsThePendingKey() async throws {
+        let store = InMemoryPendingKeyStore()
+        let c = client(store: store)
+        let request = server.paymentRequest(amount: 3, controls: ["X-Test-Delay-Ms": "1500"])
+        let task = Task { try await c.send(request, intent: "checkout-cancel") }
+        var sent: IdempotencyKey?
+        while sent == nil {
+            try await Task.sleep(nanoseconds: 10_000_000)
+            sent = await store.pendingKey(for: "checkout-cancel")
+        }
+        try await server.waitForRequests(key: sent!, count: 1)
+        task.cancel()
+        do {
+            _ = try await task.value
+            XCTFail("a cancelled send must throw")
+        } catch is CancellationError {
+        }
+        let pending = await store.pendingKey(for: "checkout-cancel")
+        let key = try XCTUnwrap(pending, "the outcome is unknown: the key stays pending")
+
+        // Sending the intent again reuses it and gets the stored answer of the first execution.
+        try await Task.sleep(nanoseconds: 1_500_000_000)
+        let answer = try await c.send(server.paymentRequest(amount: 3), intent: "checkout-cancel")
+        XCTAssertEqual(answer.key, key)
+        XCTAssertTrue(answer.isReplay)
+        let stats = try await server.stats(for: key)
+        XCTAssertEqual(stats.executions, 1)
     }
 
     func testConnectionRefusedGivesUpAndKeepsTheKey() async throws {

@@ -114,6 +114,40 @@ func double(_ value: Any?) -> Double? {
     }
 }
 
+/// Wraps a transport and records what each attempt ended with (for assertions and failure messages).
+final class RecordingTransport: HTTPTransport, @unchecked Sendable {
+    private let inner: any HTTPTransport
+    private let lock = NSLock()
+    private var entries: [String] = []
+    private let start = Date()
+
+    init(_ inner: any HTTPTransport) { self.inner = inner }
+
+    var log: [String] {
+        lock.lock()
+        defer { lock.unlock() }
+        return entries
+    }
+
+    private func record(_ s: String) {
+        lock.lock()
+        entries.append(String(format: "%.3f ", Date().timeIntervalSince(start)) + s)
+        lock.unlock()
+    }
+
+    func send(_ request: URLRequest) async throws -> HTTPResponse {
+        record("send")
+        do {
+            let r = try await inner.send(request)
+            record("status \(r.status)")
+            return r
+        } catch let e as URLError {
+            record("URLError \(e.code.rawValue)")
+            throw e
+        }
+    }
+}
+
 /// The stdlib Python payments server of bindings/swift/Tests/server.py, on a free local port.
 final class TestServer: @unchecked Sendable {
     let process = Process()
@@ -164,6 +198,15 @@ final class TestServer: @unchecked Sendable {
         components.queryItems = [URLQueryItem(name: "key", value: key.text)]
         let response = try await URLSessionTransport().send(URLRequest(url: components.url!))
         return try JSONDecoder().decode(Stats.self, from: response.body)
+    }
+
+    /// Waits until the server has received `count` requests with `key` (at most 10 s).
+    func waitForRequests(key: IdempotencyKey, count: Int) async throws {
+        let deadline = Date().addingTimeInterval(10)
+        while try await stats(for: key).requests < count {
+            if Date() > deadline { throw TestFailure("the server never saw \(count) request(s) with the key") }
+            try await Task.sleep(nanoseconds: 10_000_000)
+        }
     }
 
     func paymentRequest(amount: Int, controls: [String: String] = [:], timeout: TimeInterval = 10) -> URLRequest {
