@@ -25,10 +25,8 @@ fi
 stamp=node_modules/.idempo-lock-sha256
 want=$(sha256sum package-lock.json | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -f node_modules/better-sqlite3/build/Release/better_sqlite3.node ]; then
-  # Dependencies current: rebuild the addon and TS layer only if sources changed (cargo is incremental).
-  node scripts/install.cjs >/dev/null 2>&1 || node scripts/install.cjs
-else
-  echo "setup: npm ci in bindings/node (builds the native addon with cargo)"
-  npm ci --no-audit --no-fund --loglevel=error
-  echo "$want" >"$stamp"
+  exit 0 # dependencies current; `make node-build` rebuilds the addon incrementally
 fi
+echo "setup: npm ci in bindings/node (its install script builds the native addon with cargo)"
+npm ci --no-audit --no-fund --loglevel=error
+echo "$want" >"$stamp"
