@@ -291,3 +291,26 @@ def test_concurrent_duplicates_run_once(kind: str, tmp_path: Path, request: pyte
 
     run(main())
     assert len(effects.runs) == 1
+
+
+def test_mounted_routes_use_the_full_template() -> None:
+    from starlette.routing import Mount
+
+    effects = Effects()
+    seen: List[str] = []
+
+    async def item(request: Request) -> Response:
+        effects.record({})
+        return JSONResponse({"n": len(effects.runs)}, status_code=201)
+
+    app = Starlette(routes=[Mount("/api", routes=[Route("/items/{id}", item, methods=["POST"])])])
+    app.add_middleware(IdempotencyMiddleware, store=MemoryStore(),
+                       hooks=idempo.Hooks(on_outcome=lambda route, o: seen.append(route)))
+
+    async def main() -> None:
+        async with client(app) as c:
+            assert (await c.post("/api/items/1", json={}, headers=key(1))).status_code == 201
+            assert (await c.post("/api/nothing", json={}, headers=key(1))).status_code == 404
+
+    run(main())
+    assert seen == ["/api/items/{id}"]

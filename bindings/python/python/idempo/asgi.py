@@ -36,7 +36,8 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 def _starlette_route(scope: Scope) -> Tuple[Optional[str], Any, bool]:
     """(route template, endpoint, routed): the Starlette route that fully matches, if any;
-    ``routed`` is False when the app exposes no routes to match against."""
+    ``routed`` is False when the app exposes no routes to match against. Mounts are followed
+    (``/api`` + ``/payments/{id}``)."""
     app = scope.get("app")
     routes = getattr(app, "routes", None)
     if not routes:
@@ -45,14 +46,30 @@ def _starlette_route(scope: Scope) -> Tuple[Optional[str], Any, bool]:
         from starlette.routing import Match
     except ImportError:  # pragma: no cover - Starlette is what sets scope["app"].routes
         return None, None, False
+    template, endpoint = _match(routes, dict(scope), "", Match.FULL, 0)
+    return template, endpoint, True
+
+
+def _match(
+    routes: Sequence[Any], scope: Dict[str, Any], prefix: str, full: Any, depth: int
+) -> Tuple[Optional[str], Any]:
     for route in routes:
         try:
-            match, _child = route.matches(scope)
+            match, child = route.matches(scope)
         except Exception:  # noqa: BLE001 - a foreign route type: skip it
             continue
-        if match == Match.FULL:
-            return getattr(route, "path", None), getattr(route, "endpoint", None), True
-    return None, None, True
+        if match != full:
+            continue
+        path = getattr(route, "path", None)
+        sub = getattr(route, "routes", None)
+        if sub and depth < 8:
+            inner = {**scope, **child}
+            template, endpoint = _match(sub, inner, prefix + (path or ""), full, depth + 1)
+            return template, endpoint
+        if path is None:
+            return None, None
+        return prefix + path, getattr(route, "endpoint", None)
+    return None, None
 
 
 def _authenticated(scope: Scope, headers: Dict[str, str]) -> bool:
