@@ -387,6 +387,27 @@ mod tests {
     }
 
     #[test]
+    fn stop_reasons_round_trip_through_core() {
+        let all = [
+            StopReason::Success,
+            StopReason::Redirection,
+            StopReason::Informational,
+            StopReason::KeyReusedWithDifferentRequest,
+            StopReason::ClientError { status: 404 },
+            StopReason::ServerErrorNotRetryable { status: 501 },
+            StopReason::AttemptsExhausted,
+            StopReason::TimeBudgetExhausted,
+            StopReason::RetryAfterBeyondBudget,
+        ];
+        let mut codes = std::collections::HashSet::new();
+        for reason in all {
+            let back: StopReason = core::StopReason::from(reason).into();
+            assert_eq!(back, reason);
+            assert!(codes.insert(stop_reason_code(reason)));
+        }
+    }
+
+    #[test]
     fn config_round_trips_through_core() {
         let back: core::RetryConfig = default_retry_config().into();
         assert_eq!(back, core::RetryConfig::default());
