@@ -2,7 +2,7 @@
 
 use super::NumberMode;
 use super::error::{CanonError, CanonErrorKind as K};
-use super::number::{format_finite, literal_is_exact};
+use super::number::{at_most_15_digits, format_finite, literal_is_exact};
 use super::parse::{Node, Tag, Tape};
 use super::pointer::{Exclusions, push_token};
 use super::sink::CanonSink;
@@ -66,12 +66,12 @@ fn write_escaped<S: CanonSink + ?Sized>(sink: &mut S, s: &[u8]) {
     sink.write_byte(b'"');
 }
 
-#[inline]
+#[inline(always)]
 fn write_string<S: CanonSink + ?Sized>(tape: &Tape<'_>, n: Node, sink: &mut S) {
     if n.tag == Tag::Str {
         // No escapes in the input: the raw bytes hold no `"`, `\` or control character, so the
         // quoted input slice is already canonical.
-        sink.write(tape.quoted(n));
+        sink.write_in(tape.input, n.a as usize - 1, n.b as usize + 2);
     } else {
         write_escaped(sink, tape.str_bytes(n));
     }
@@ -123,7 +123,7 @@ impl<S: CanonSink + ?Sized> Emitter<'_, '_, S> {
     }
 
     /// Write a value; containers push a frame and are finished by the main loop.
-    #[inline]
+    #[inline(always)]
     fn value(&mut self, i: u32, mask: u64) -> Result<(), CanonError> {
         let n = self.tape.node(i);
         match n.tag {
@@ -131,11 +131,11 @@ impl<S: CanonSink + ?Sized> Emitter<'_, '_, S> {
             Tag::True => self.sink.write(b"true"),
             Tag::False => self.sink.write(b"false"),
             Tag::Int => {
-                let lit = self.tape.literal(n);
-                if lit == b"-0" {
+                if self.tape.literal(n) == b"-0" {
                     self.sink.write_byte(b'0');
                 } else {
-                    self.sink.write(lit);
+                    self.sink
+                        .write_in(self.tape.input, n.a as usize, n.b as usize);
                 }
             }
             Tag::Float => {
@@ -143,7 +143,9 @@ impl<S: CanonSink + ?Sized> Emitter<'_, '_, S> {
                 let s = format_finite(v, &mut self.buf);
                 if self.numbers == NumberMode::RejectPrecisionLoss {
                     let lit = self.tape.literal(n);
-                    if !literal_is_exact(lit, s) {
+                    let exact =
+                        (v.is_normal() && at_most_15_digits(lit)) || literal_is_exact(lit, s);
+                    if !exact {
                         return Err(CanonError::new(
                             K::PrecisionLoss,
                             n.a as usize,
@@ -218,11 +220,10 @@ impl<S: CanonSink + ?Sized> Emitter<'_, '_, S> {
                         self.sink.write_byte(b',');
                     }
                     *first = false;
-                    if let Some(k) = (kn.tag == Tag::Str)
-                        .then(|| self.tape.quoted_key(kn))
-                        .flatten()
-                    {
-                        self.sink.write(k);
+                    if kn.tag == Tag::Str && self.tape.colon_follows(kn) {
+                        // `"name":` is one run of the input.
+                        self.sink
+                            .write_in(self.tape.input, kn.a as usize - 1, kn.b as usize + 3);
                     } else {
                         write_string(self.tape, kn, self.sink);
                         self.sink.write_byte(b':');

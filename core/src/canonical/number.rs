@@ -134,6 +134,25 @@ fn decimal(lit: &[u8]) -> Option<Decimal> {
     })
 }
 
+/// True when the literal has at most 15 significant digits (counted from the first non-zero
+/// digit, trailing zeros included, so this may under-report; that only costs the slow path).
+///
+/// Any such decimal whose double is normal is exact (DBL_DIG = 15: distinct 15-digit decimals
+/// map to distinct normal doubles, so the shortest round-trip form has the same value).
+#[inline]
+pub(crate) fn at_most_15_digits(lit: &[u8]) -> bool {
+    let mut count = 0usize;
+    for &b in lit {
+        match b {
+            b'e' | b'E' => break,
+            b'1'..=b'9' => count += 1,
+            b'0' if count > 0 => count += 1,
+            _ => {}
+        }
+    }
+    count <= 15
+}
+
 /// True when the literal's decimal value equals the decimal value of `shortest` (the ES6 form of
 /// the double the literal parses to). Both are compared exactly, without going through floats.
 pub(crate) fn literal_is_exact(lit: &[u8], shortest: &str) -> bool {
@@ -190,6 +209,27 @@ mod tests {
             "123456789012345678e3",
         ] {
             assert!(!exact(bad), "{bad} should lose precision");
+        }
+    }
+
+    #[test]
+    fn fast_rule_agrees_with_exact_rule() {
+        for lit in [
+            "0.1",
+            "123.456",
+            "1e300",
+            "1.5e-300",
+            "999999999999999",
+            "9999999999999999",
+            "0.000123",
+            "1e-310",
+            "2.2250738585072014e-308",
+            "100000000000000000000",
+        ] {
+            let v: f64 = lit.parse().expect("number");
+            if v.is_normal() && at_most_15_digits(lit.as_bytes()) {
+                assert!(exact(lit), "{lit}");
+            }
         }
     }
 

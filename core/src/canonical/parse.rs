@@ -81,23 +81,11 @@ impl Tape<'_> {
         self.nodes[i as usize]
     }
 
-    /// A borrowed member name with its quotes and the `:` that follows it in canonical form; when the
-    /// input has the colon right after the closing quote (one slice of the input).
+    /// True when a borrowed member name is followed directly by `:` in the input, so that
+    /// `"name":` is one run of input bytes.
     #[inline]
-    pub(crate) fn quoted_key(&self, n: Node) -> Option<&[u8]> {
-        let (a, b) = (n.a as usize, n.b as usize);
-        if self.input.get(a + b + 1) == Some(&b':') {
-            self.input.get(a - 1..a + b + 2)
-        } else {
-            None
-        }
-    }
-
-    /// A borrowed string with its quotes, exactly as in the input (and as in the output).
-    #[inline]
-    pub(crate) fn quoted(&self, n: Node) -> &[u8] {
-        let (a, b) = (n.a as usize, n.b as usize);
-        &self.input[a - 1..a + b + 1]
+    pub(crate) fn colon_follows(&self, n: Node) -> bool {
+        self.input.get((n.a + n.b) as usize + 1) == Some(&b':')
     }
 }
 
@@ -234,13 +222,10 @@ fn scan_string(input: &[u8], mut i: usize) -> (usize, bool) {
                 & HI;
         if m != 0 {
             let k = (m.trailing_zeros() / 8) as usize;
-            // Only bytes before the hit count for the non-ASCII flag.
-            let before = if k == 0 {
-                0
-            } else {
-                w & (u64::MAX >> (64 - 8 * k as u32))
-            };
-            return (i + k, (high | before) & HI != 0);
+            // High bits of the bytes before the hit only: every bit below the lowest set bit of
+            // `m` (bit 8k+7) covers bytes 0..k fully and byte k's low 7 bits.
+            let below = (m & m.wrapping_neg()).wrapping_sub(1);
+            return (i + k, (high | (w & below)) & HI != 0);
         }
         high |= w;
         i += 8;

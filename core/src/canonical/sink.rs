@@ -12,6 +12,13 @@ pub trait CanonSink {
     fn write_byte(&mut self, byte: u8) {
         self.write(&[byte]);
     }
+
+    /// Append `src[start..start + len]`. Implementations may read (never write) bytes of `src`
+    /// past that range, which lets a buffered sink copy short runs in fixed-size blocks.
+    #[inline]
+    fn write_in(&mut self, src: &[u8], start: usize, len: usize) {
+        self.write(src.get(start..start + len).unwrap_or(&[]));
+    }
 }
 
 impl CanonSink for Vec<u8> {
@@ -67,7 +74,7 @@ impl<D: Update> DigestSink<D> {
 }
 
 impl<D: Update> CanonSink for DigestSink<D> {
-    #[inline]
+    #[inline(always)]
     fn write(&mut self, bytes: &[u8]) {
         self.total += bytes.len() as u64;
         let room = DIGEST_SINK_BUFFER - self.len;
@@ -86,7 +93,22 @@ impl<D: Update> CanonSink for DigestSink<D> {
         }
     }
 
-    #[inline]
+    #[inline(always)]
+    fn write_in(&mut self, src: &[u8], start: usize, len: usize) {
+        const BLOCK: usize = 16;
+        if len <= BLOCK && self.len + BLOCK <= DIGEST_SINK_BUFFER {
+            if let Some(block) = src.get(start..start + BLOCK) {
+                // Fixed-size copy (no memcpy call); only `len` bytes are kept.
+                self.buf[self.len..self.len + BLOCK].copy_from_slice(block);
+                self.len += len;
+                self.total += len as u64;
+                return;
+            }
+        }
+        self.write(src.get(start..start + len).unwrap_or(&[]));
+    }
+
+    #[inline(always)]
     fn write_byte(&mut self, byte: u8) {
         if self.len == DIGEST_SINK_BUFFER {
             self.digest.update(&self.buf);
@@ -113,6 +135,8 @@ mod tests {
             let end = (i + step).min(data.len());
             if step == 1 {
                 sink.write_byte(data[i]);
+            } else if step % 2 == 0 {
+                sink.write_in(&data, i, end - i);
             } else {
                 sink.write(&data[i..end]);
             }
