@@ -360,3 +360,28 @@ def test_postgres_schema_is_the_spec_schema(services: Any) -> None:
         ("expires_at", "bigint", "NO"), ("response", "bytea", "YES"),
     ]
     assert ("idempo_record_expires_at",) in idx
+
+
+def test_purge_all_and_purger() -> None:
+    import time as _time
+
+    from idempo.stores import MemoryStore, Purger, purge_all
+
+    now = [1_000_000]
+    s = MemoryStore(clock=lambda: now[0])
+    for n in range(1, 8):
+        s.claim(key(n), FP, tok(n), 10, 10)
+    now[0] += 100
+    seen = []
+    total = purge_all(s, batch=3, on_counts=seen.append)
+    assert total.in_progress == 7 and seen == [total] and len(s) == 0
+    for n in range(1, 4):
+        s.claim(key(n), FP, tok(n), 10, 10)
+    now[0] += 100
+    got = []
+    purger = Purger(s, interval_s=0.05, batch=2, on_counts=got.append).start()
+    deadline = _time.monotonic() + 5
+    while len(s) and _time.monotonic() < deadline:
+        _time.sleep(0.01)
+    purger.stop(5)
+    assert len(s) == 0 and sum(c.total for c in got) == 3

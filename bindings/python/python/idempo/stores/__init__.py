@@ -6,9 +6,11 @@ first use. Every store has an asyncio twin (``Async...``).
 
 Cleanup: ``store.purge_expired(batch=1000)`` deletes up to one batch of expired records (earliest
 expiry first) and returns :class:`PurgeCounts` per state; :func:`purge_all` repeats it until a batch
-comes back short. Run it periodically (cron, a scheduler, or a background task)::
+comes back short. Run it periodically: from cron or a scheduler, or with the :class:`Purger`
+thread::
 
     counts = purge_all(store, batch=1000)
+    Purger(store, interval_s=300, on_counts=lambda c: metrics.gauge("idempo.purged", c.total)).start()
     log.info("idempo purge: %d records (%d completed)", counts.total, counts.completed)
 """
 
@@ -28,6 +30,7 @@ from idempo.stores._base import (
     PurgeCounts,
     Store,
     StoredRecord,
+    Purger,
     purge_all,
     purge_all_async,
 )
@@ -73,6 +76,7 @@ __all__ = [
     "MemoryStore",
     "PostgresStore",
     "PurgeCounts",
+    "Purger",
     "RedisStore",
     "SQLiteStore",
     "Store",

@@ -139,10 +139,16 @@ class AsyncStore(Protocol):
     async def purge_expired(self, batch: int = 1000) -> PurgeCounts: ...
 
 
-def purge_all(store: Store, batch: int = 1000, max_batches: Optional[int] = None) -> PurgeCounts:
+def purge_all(
+    store: Store,
+    batch: int = 1000,
+    max_batches: Optional[int] = None,
+    on_counts: Optional[Callable[[PurgeCounts], None]] = None,
+) -> PurgeCounts:
     """Calls ``store.purge_expired(batch)`` until a batch comes back short (or ``max_batches``).
 
-    Each batch is its own short transaction; run this from a periodic job.
+    Each batch is its own short transaction; run this from a periodic job (or
+    :class:`Purger`). ``on_counts`` receives the total (metrics).
     """
     total = PurgeCounts()
     done = 0
@@ -152,11 +158,16 @@ def purge_all(store: Store, batch: int = 1000, max_batches: Optional[int] = None
         done += 1
         if counts.total < batch:
             break
+    if on_counts is not None:
+        on_counts(total)
     return total
 
 
 async def purge_all_async(
-    store: AsyncStore, batch: int = 1000, max_batches: Optional[int] = None
+    store: AsyncStore,
+    batch: int = 1000,
+    max_batches: Optional[int] = None,
+    on_counts: Optional[Callable[[PurgeCounts], None]] = None,
 ) -> PurgeCounts:
     """Async form of :func:`purge_all`."""
     total = PurgeCounts()
@@ -167,7 +178,66 @@ async def purge_all_async(
         done += 1
         if counts.total < batch:
             break
+    if on_counts is not None:
+        on_counts(total)
     return total
+
+
+class Purger:
+    """Runs :func:`purge_all` every ``interval_s`` seconds in a daemon thread.
+
+    ::
+
+        purger = Purger(store, interval_s=300, on_counts=lambda c: log.info("purged %d", c.total))
+        purger.start()
+        ...
+        purger.stop()
+
+    A failing purge (store down) is reported to ``on_error`` and retried at the next interval.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        interval_s: float = 300.0,
+        batch: int = 1000,
+        max_batches: Optional[int] = 100,
+        on_counts: Optional[Callable[[PurgeCounts], None]] = None,
+        on_error: Optional[Callable[[BaseException], None]] = None,
+    ) -> None:
+        import threading
+
+        if interval_s <= 0:
+            raise InvalidArgument("interval_s must be positive")
+        check_batch(batch)
+        self.store = store
+        self.interval_s = interval_s
+        self.batch = batch
+        self.max_batches = max_batches
+        self.on_counts = on_counts
+        self.on_error = on_error
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="idempo-purger", daemon=True)
+
+    def start(self) -> "Purger":
+        """Starts the thread (the first purge runs at once)."""
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: Optional[float] = None) -> None:
+        """Stops the thread after the current purge."""
+        self._stop.set()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                purge_all(self.store, self.batch, self.max_batches, self.on_counts)
+            except Exception as exc:  # noqa: BLE001 - reported, retried next interval
+                if self.on_error is not None:
+                    self.on_error(exc)
+            self._stop.wait(self.interval_s)
 
 
 def check_key(scope_key: bytes) -> bytes:
