@@ -192,6 +192,19 @@ async def pay_ttl(request: Request) -> Response:
     return await _handle(request, "ttl", keyed=False)
 
 
+@idempo.idempotent(enabled=False)
+async def plain(request: Request) -> Response:
+    """The same handler without idempo (the benchmark's baseline)."""
+    raw = await request.body()
+    try:
+        tag = str(json.loads(raw).get("tag", ""))
+    except (ValueError, AttributeError):
+        tag = ""
+    ex = idempo.Execution(key="", generation=0, downstream_key="")
+    effect_id, charge = await asyncio.to_thread(record_effect, "plain", ex, tag, False)
+    return JSONResponse({"effect": effect_id, "charge": charge, "tag": tag, "pid": os.getpid()}, status_code=201)
+
+
 async def health(request: Request) -> Response:
     return JSONResponse({"pid": os.getpid(), "store": STORE})
 
@@ -245,6 +258,7 @@ _inner = Starlette(
         Route("/pay/rerun", pay_rerun, methods=["POST"]),
         Route("/pay/keyed", pay_keyed, methods=["POST"]),
         Route("/ttl", pay_ttl, methods=["POST"]),
+        Route("/plain", plain, methods=["POST"]),
     ]
 )
 store = make_store()
