@@ -98,7 +98,7 @@ fn new_then_replay_then_mismatch() {
     let (mut a, act) = start(&mut store, &c, "v1:aa", 1);
     let r = run(act);
     assert_eq!(r.generation, 1);
-    assert_eq!(r.downstream_key, downstream_key(&scope(), 1));
+    assert_eq!(r.downstream_key, downstream_key(&scope(), &fp("v1:aa"), 1));
     assert_eq!(r.heartbeat_ms, Some(2_000));
     let (status, headers, body, outcome) = respond(finish(
         &mut store,
@@ -172,7 +172,7 @@ fn heartbeat_keeps_the_lease_and_detects_loss() {
     let (mut b, act) = start(&mut store, &c, "v1:aa", 2);
     let rb = run(act);
     assert_eq!(rb.generation, 1, "takeover keeps the generation");
-    assert_eq!(rb.downstream_key, downstream_key(&scope(), 1));
+    assert_eq!(rb.downstream_key, downstream_key(&scope(), &fp("v1:aa"), 1));
     // A wakes up: its heartbeat fails, it is told, and its completion never lands
     assert_eq!(
         flow_step(&mut store, &mut a, Event::HeartbeatDue),
@@ -257,7 +257,7 @@ fn expired_lease_under_outcome_unknown_policy() {
     let (_, act) = start(&mut store, &c, "v1:aa", 4);
     let r = run(act);
     assert_eq!(r.generation, 2);
-    assert_ne!(r.downstream_key, downstream_key(&scope(), 1));
+    assert_ne!(r.downstream_key, downstream_key(&scope(), &fp("v1:aa"), 1));
 }
 
 #[test]
@@ -472,4 +472,15 @@ fn missing_key_per_route() {
         ..Config::default()
     };
     assert_eq!(missing_key(&optional), MissingKey::RunUnprotected);
+}
+
+#[test]
+fn downstream_key_separates_bodies_across_a_purge() {
+    // A purge restarts the generation at 1: two different bodies under one key must still get
+    // different downstream keys, or the second would be answered with the first one's effect.
+    let a = downstream_key(&scope(), &fp("v1:aa"), 1);
+    let b = downstream_key(&scope(), &fp("v1:bb"), 1);
+    assert_ne!(a, b);
+    assert_eq!(a, downstream_key(&scope(), &fp("v1:aa"), 1));
+    assert_ne!(a, downstream_key(&scope(), &fp("v1:aa"), 2));
 }

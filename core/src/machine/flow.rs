@@ -74,9 +74,12 @@ impl HandlerResponse {
 
 /// The idempotency key a handler passes to a downstream service for its side effect.
 ///
-/// Derived from (scope, generation) only, never from the fencing token, so a takeover re-run
-/// sends the same downstream key and the downstream service deduplicates; a new generation (after
-/// the record expired) gets a new one. 64 lowercase hex characters; append a suffix such as
+/// Derived from (scope, fingerprint, generation), never from the fencing token, so a takeover
+/// re-run sends the same downstream key and the downstream service deduplicates; a new generation
+/// (after the record expired) gets a new one. The fingerprint is part of it because a generation
+/// restarts at 1 once a record was purged or released: without it, another body under the same key
+/// would reuse the old downstream key and be answered with the old effect's result (found by the
+/// model checker, `spec/MODEL.md` §4). 64 lowercase hex characters; append a suffix such as
 /// `:charge` when a handler makes several downstream calls.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DownstreamKey(String);
@@ -95,12 +98,22 @@ impl std::fmt::Display for DownstreamKey {
     }
 }
 
-/// `hex(SHA-256("idempo-downstream-v1" ‖ 0x00 ‖ scope (32 bytes) ‖ generation (u32 BE)))`.
+/// `hex(SHA-256("idempo-downstream-v2" ‖ 0x00 ‖ scope (32 bytes) ‖ len(fingerprint) (u32 BE) ‖
+/// fingerprint text ‖ generation (u32 BE)))`.
 #[must_use]
-pub fn downstream_key(scope: &ScopeId, generation: u32) -> DownstreamKey {
+pub fn downstream_key(
+    scope: &ScopeId,
+    fingerprint: &FingerprintText,
+    generation: u32,
+) -> DownstreamKey {
+    let fingerprint = fingerprint.as_str().as_bytes();
+    // FingerprintText is at most 200 bytes, so the length always fits.
+    let fingerprint_len = u32::try_from(fingerprint.len()).unwrap_or(u32::MAX);
     let mut h = Sha256::new();
-    h.update(b"idempo-downstream-v1\0");
+    h.update(b"idempo-downstream-v2\0");
     h.update(scope.as_bytes());
+    h.update(fingerprint_len.to_be_bytes());
+    h.update(fingerprint);
     h.update(generation.to_be_bytes());
     DownstreamKey(hex(&h.finalize()))
 }
@@ -713,7 +726,7 @@ impl ServerFlow {
         Action::RunHandler(RunHandler {
             token: self.token,
             generation,
-            downstream_key: downstream_key(&self.scope, generation),
+            downstream_key: downstream_key(&self.scope, &self.fingerprint, generation),
             heartbeat_ms: self.config.lease.heartbeat_ms(),
         })
     }
