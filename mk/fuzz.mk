@@ -18,3 +18,17 @@ fuzz-smoke:
 	  (cd fuzz && RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run $$t -- \
 	    -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -malloc_limit_mb=1024 -max_len=65536) || exit 1; \
 	done
+
+# CI smoke (part of `make test`): every target for FUZZ_CI_SECONDS (default 10) when cargo-fuzz is
+# installed; skipped with a notice otherwise (a fresh CI machine does not have it).
+FUZZ_CI_SECONDS ?= 10
+TEST_TARGETS += fuzz-ci
+
+.PHONY: fuzz-ci
+
+fuzz-ci:
+	@if command -v cargo-fuzz >/dev/null; then \
+	  $(MAKE) --no-print-directory fuzz-smoke FUZZ_SECONDS=$(FUZZ_CI_SECONDS); \
+	else \
+	  echo "fuzz-ci: skipped (cargo-fuzz is not installed; cargo install cargo-fuzz)"; \
+	fi
