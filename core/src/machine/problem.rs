@@ -5,6 +5,7 @@
 //! at least 1) on 409 and 503. Type URIs are `urn:idempo:problem:<slug>` (non-resolvable by
 //! design; see `spec/PROTOCOL.md` §9).
 use super::flow::HttpResponse;
+use crate::canonical::{CanonError, CanonErrorKind};
 use crate::key::KeyError;
 
 /// Prefix of every problem type URI.
@@ -186,6 +187,37 @@ pub fn invalid_key(err: &KeyError) -> HttpResponse {
     )
 }
 
+/// The problem kind for a request body the canonicalizer refused: `413` for the size limits
+/// (input bytes, nesting depth, members per object), `400` for everything else.
+#[must_use]
+pub fn body_problem_kind(err: &CanonError) -> ProblemKind {
+    match err.kind {
+        CanonErrorKind::InputTooLarge { .. }
+        | CanonErrorKind::DepthLimit { .. }
+        | CanonErrorKind::TooManyMembers { .. } => ProblemKind::BodyTooLarge,
+        _ => ProblemKind::InvalidBody,
+    }
+}
+
+/// 400 or 413 (see [`body_problem_kind`]) for a request body that cannot be fingerprinted, with
+/// the canonicalizer's code, byte offset and JSON Pointer in the detail. Hosts answer with this
+/// instead of building their own mapping, so every binding says the same thing.
+#[must_use]
+pub fn invalid_body(err: &CanonError) -> HttpResponse {
+    let kind = body_problem_kind(err);
+    let detail = match &err.pointer {
+        Some(pointer) => format!(
+            "The request body cannot be fingerprinted: {} (at byte {}, JSON Pointer {pointer:?}).",
+            err.kind, err.offset
+        ),
+        None => format!(
+            "The request body cannot be fingerprinted: {} (at byte {}).",
+            err.kind, err.offset
+        ),
+    };
+    problem_response(kind, Some(&detail), Some(err.code()), None)
+}
+
 /// Appends `s` as a JSON string (RFC 8259 escaping; non-ASCII kept as UTF-8).
 fn push_json_string(out: &mut String, s: &str) {
     out.push('"');
@@ -272,5 +304,30 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&r.body).expect("valid JSON");
         assert_eq!(v["code"], "empty");
         assert_eq!(r.status, 400);
+    }
+
+    #[test]
+    fn body_errors_map_to_400_or_413_with_code() {
+        let too_deep = crate::canonical::canonicalize_with(
+            b"[[[[1]]]]",
+            &crate::canonical::CanonOptions {
+                limits: crate::canonical::Limits {
+                    max_depth: 2,
+                    ..crate::canonical::Limits::default()
+                },
+                ..crate::canonical::CanonOptions::default()
+            },
+        )
+        .expect_err("depth 4 > 2");
+        let r = invalid_body(&too_deep);
+        assert_eq!(r.status, 413);
+        let body = String::from_utf8(r.body).expect("utf-8");
+        assert!(body.contains("\"code\":\"depth_limit\""), "{body}");
+        let dup = crate::canonical::canonicalize(br#"{"a":1,"\u0061":2}"#).expect_err("dup");
+        let r = invalid_body(&dup);
+        assert_eq!(r.status, 400);
+        let body = String::from_utf8(r.body).expect("utf-8");
+        assert!(body.contains("\"code\":\"duplicate_member\""), "{body}");
+        assert!(body.contains("JSON Pointer"), "{body}");
     }
 }
