@@ -228,7 +228,7 @@ export interface FlowAction {
 
 /** Per-route policy; omitted fields take core's defaults. */
 export interface FlowConfigOptions {
-  /** `"re_run"` (default) or `"outcome_unknown"`: what an expired lease leads to. */
+  /** `"outcome_unknown"` (core's default) or `"re_run"`: what an expired lease leads to. */
   takeover?: string
   /** Lease length in ms (default 30000, at least 1000). */
   leaseMs?: number

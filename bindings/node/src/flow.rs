@@ -28,7 +28,7 @@ use crate::record::{RecordRowData, header_pairs, to_record};
 #[napi(object)]
 #[derive(Default)]
 pub struct FlowConfigOptions {
-    /// `"re_run"` (default) or `"outcome_unknown"`: what an expired lease leads to.
+    /// `"outcome_unknown"` (core's default) or `"re_run"`: what an expired lease leads to.
     pub takeover: Option<String>,
     /// Lease length in ms (default 30000, at least 1000).
     pub lease_ms: Option<f64>,

@@ -37,11 +37,19 @@ async function startExpress(opts, state) {
   const server = await new Promise((resolve) => {
     const s = app.listen(0, '127.0.0.1', () => resolve(s));
   });
-  return { url: `http://127.0.0.1:${server.address().port}`, events: mw.events, close: () => new Promise((r) => server.close(r)) };
+  return {
+    url: `http://127.0.0.1:${server.address().port}`,
+    events: mw.events,
+    close: () =>
+      new Promise((r) => {
+        server.closeAllConnections();
+        server.close(r);
+      }),
+  };
 }
 
 async function startFastify(opts, state) {
-  const app = Fastify();
+  const app = Fastify({ forceCloseConnections: true });
   await app.register(idempo.idempotencyPlugin, opts);
   app.post('/payments/:id', async (req, reply) => {
     state.runs++;
@@ -177,3 +185,60 @@ for (const [name, start] of Object.entries(servers)) {
   });
 }
 
+
+test('heartbeats renew the lease of a long handler; a takeover after lease expiry makes the stale owner lose', async () => {
+  class CountingStore extends idempo.MemoryStore {
+    renews = 0;
+    renew(...a) {
+      this.renews++;
+      return super.renew(...a);
+    }
+  }
+  // Long handler with heartbeats: the lease (1 s) is renewed every 200 ms, so no takeover.
+  const store = new CountingStore();
+  const state = makeHandlerState();
+  let open;
+  state.gate = new Promise((r) => (open = r));
+  const srv = await startExpress({ store, leaseMs: 1000, heartbeatMs: 200 }, state);
+  try {
+    const key = idempo.generateKey();
+    const first = post(`${srv.url}/payments/1`, key, { amount: 1 });
+    await new Promise((r) => setTimeout(r, 1500));
+    const dup = await post(`${srv.url}/payments/1`, key, { amount: 1 });
+    assert.equal(dup.status, 409, 'the renewed lease is still live after 1.5 s');
+    open();
+    assert.equal((await first).status, 201);
+    assert.ok(store.renews >= 5, `renewed ${store.renews} times`);
+    assert.equal(state.runs, 1);
+  } finally {
+    open();
+    await srv.close();
+  }
+
+  // No heartbeat, policy re_run: after the lease expires a retry takes over; the stale owner's
+  // completion is rejected and reported as lease_lost.
+  const state2 = makeHandlerState();
+  let open2;
+  state2.gate = new Promise((r) => (open2 = r));
+  const srv2 = await startExpress({ store: new idempo.MemoryStore(), leaseMs: 1000, heartbeatMs: null, takeover: 're_run' }, state2);
+  const outcomes = [];
+  srv2.events.on('outcome', (e) => outcomes.push(e.outcome));
+  try {
+    const key = idempo.generateKey();
+    const first = post(`${srv2.url}/payments/1`, key, { amount: 1 });
+    await new Promise((r) => setTimeout(r, 1200));
+    const second = post(`${srv2.url}/payments/1`, key, { amount: 1 });
+    for (let i = 0; state2.runs < 2 && i < 300; i++) await new Promise((r) => setTimeout(r, 10));
+    assert.equal(state2.runs, 2, 'the retry took the expired lease over and re-ran');
+    open2();
+    const [a, b] = await Promise.all([first, second]);
+    assert.equal(a.status, 201);
+    assert.equal(b.status, 201);
+    assert.deepEqual(outcomes.sort(), ['lease_lost', 'stored']);
+    const replay = await post(`${srv2.url}/payments/1`, key, { amount: 1 });
+    assert.equal(replay.headers.get('idempotent-replayed'), 'true');
+  } finally {
+    open2();
+    await srv2.close();
+  }
+});

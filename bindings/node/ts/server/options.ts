@@ -37,7 +37,7 @@ export interface IdempotencyOptions<Req = unknown> {
   leaseMs?: number;
   /** Heartbeat in ms (default a third of the lease); `null` disables. */
   heartbeatMs?: number | null;
-  /** Expired lease: re-run the handler (`re_run`, default) or answer outcome-unknown. */
+  /** Expired lease: answer outcome-unknown (`outcome_unknown`, core's default: at most one run) or re-run (`re_run`). */
   takeover?: 're_run' | 'outcome_unknown';
   /** Store 5xx responses (except 503) like Stripe (default false: release the key). */
   storeServerErrors?: boolean;
