@@ -276,12 +276,12 @@ async def scenario_cases(t: Target, c: Client) -> List[Result]:
         label(e1) == "201" and label(e2) == "201" and e1.body != e2.body, t0)
     # Tenant A's key used by tenant B: its own scope, never A's answer, never a 422.
     t0 = time.monotonic()
-    k = uuid.uuid4().hex.encode()
+    kb = uuid.uuid4().hex.encode()
     eff0 = t.effects()
-    ra = await post(c, k, payment("tenant-a"), tenant="A")
-    rb = await post(c, k, payment("tenant-b"), tenant="B")
-    rb_same = await post(c, k, payment("tenant-a"), tenant="B2")
-    ra2 = await post(c, k, payment("tenant-a"), tenant="A")
+    ra = await post(c, kb, payment("tenant-a"), tenant="A")
+    rb = await post(c, kb, payment("tenant-b"), tenant="B")
+    rb_same = await post(c, kb, payment("tenant-a"), tenant="B2")
+    ra2 = await post(c, kb, payment("tenant-a"), tenant="A")
     ok = (label(ra) == "201" and label(rb) == "201" and label(rb_same) == "201" and ra2.replayed
           and ra2.body == ra.body and rb.json()["tag"] == "tenant-b" and t.effects() - eff0 == 3)
     add("tenant B using tenant A's key", " / ".join(label(x) for x in (ra, rb, rb_same, ra2)), ok, t0)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Dict, List, Optional, Tuple, Union
+from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Tuple, Union
 
 
 class ConnectionDied(Exception):
@@ -43,7 +43,7 @@ class Reply:
             return ""
 
 
-HeaderList = List[Tuple[Union[str, bytes], Union[str, bytes]]]
+HeaderList = Sequence[Tuple[Union[str, bytes], Union[str, bytes]]]
 
 
 def _b(v: Union[str, bytes]) -> bytes:

@@ -220,7 +220,7 @@ async def s_kill(t: Target, trials: int) -> Row:
     c = t.client()
     t0 = time.monotonic()
     plan = [(m, s) for _ in range(trials) for m in MODES for s in STEPS]
-    done: List[Tuple[str, str, str, float, bytes]] = []
+    done: List[Tuple[str, str, str, float, bytes, str]] = []
     window = 0
     for mode, step in plan:
         key = new_key()
@@ -405,15 +405,16 @@ async def s_outage(t: Target, probes: int) -> Row:
     back_at = time.monotonic()
     recovered = None
     for _ in range(400):
+        probe: Optional[Reply]
         try:
-            r = await post(c, "/pay/ou", new_key(), body("probe"), timeout=15)
+            probe = await post(c, "/pay/ou", new_key(), body("probe"), timeout=15)
         except ConnectionDied:
-            r = None
-        if r is not None and r.status == 201:
+            probe = None
+        if probe is not None and probe.status == 201:
             recovered = time.monotonic() - back_at
             break
-        if r is not None:
-            row.outcomes[f"recovering: {classify(r)}"] += 1
+        if probe is not None:
+            row.outcomes[f"recovering: {classify(probe)}"] += 1
         await asyncio.sleep(0.05)
     if recovered is None:
         row.bad("no recovery within 20 s")
@@ -530,12 +531,12 @@ def _fill_expired(t: Target, n: int) -> None:
             )
             conn.execute("ANALYZE idempo_record")
     else:
-        conn = sqlite3.connect(t.url, timeout=30, isolation_level=None)
+        lite = sqlite3.connect(t.url, timeout=30, isolation_level=None)
         try:
             import hashlib
 
-            conn.execute("BEGIN IMMEDIATE")
-            conn.executemany(
+            lite.execute("BEGIN IMMEDIATE")
+            lite.executemany(
                 "INSERT INTO idempo_record (scope_key, fingerprint, state, token, generation, lease_until, expires_at, response) "
                 "VALUES (?, ?, 2, ?, 1, NULL, ?, ?)",
                 (
@@ -544,9 +545,9 @@ def _fill_expired(t: Target, n: int) -> None:
                     for g in range(n)
                 ),
             )
-            conn.execute("COMMIT")
+            lite.execute("COMMIT")
         finally:
-            conn.close()
+            lite.close()
 
 
 def _table_size(t: Target) -> Tuple[int, int]:
@@ -559,15 +560,15 @@ def _table_size(t: Target) -> Tuple[int, int]:
             size = conn.execute("SELECT pg_total_relation_size('idempo_record')").fetchone()
             assert rows is not None and size is not None
             return int(rows[0]), int(size[0])
-    conn = sqlite3.connect(t.url, timeout=30)
+    lite = sqlite3.connect(t.url, timeout=30)
     try:
-        rows = int(conn.execute("SELECT count(*) FROM idempo_record").fetchone()[0])
-        pages = int(conn.execute("PRAGMA page_count").fetchone()[0])
-        free = int(conn.execute("PRAGMA freelist_count").fetchone()[0])
-        psize = int(conn.execute("PRAGMA page_size").fetchone()[0])
-        return rows, (pages - free) * psize
+        count = int(lite.execute("SELECT count(*) FROM idempo_record").fetchone()[0])
+        pages = int(lite.execute("PRAGMA page_count").fetchone()[0])
+        free = int(lite.execute("PRAGMA freelist_count").fetchone()[0])
+        psize = int(lite.execute("PRAGMA page_size").fetchone()[0])
+        return count, (pages - free) * psize
     finally:
-        conn.close()
+        lite.close()
 
 
 def _vacuum(t: Target) -> int:
@@ -578,11 +579,11 @@ def _vacuum(t: Target) -> int:
         with psycopg.connect(t.url, autocommit=True) as conn:
             conn.execute("VACUUM FULL idempo_record")
     else:
-        conn = sqlite3.connect(t.url, timeout=30, isolation_level=None)
+        lite = sqlite3.connect(t.url, timeout=30, isolation_level=None)
         try:
-            conn.execute("VACUUM")
+            lite.execute("VACUUM")
         finally:
-            conn.close()
+            lite.close()
     return _table_size(t)[1]
 
 
