@@ -16,6 +16,7 @@ TEST_TARGETS += test-evidence
 test-evidence: evidence-short
 
 evidence-short: python-setup node-build
+	$(EV_PY) -m mypy --ignore-missing-imports evidence
 	$(EV_PY) -m evidence.reliability.run --mode short
 	$(EV_PY) -m evidence.hostile.run
 
