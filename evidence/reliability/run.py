@@ -35,6 +35,8 @@ from evidence.lib.services import Server, Services, rss_kib
 APP = "evidence.reliability.app:app"
 LEASE_MS = 1000
 SHORT_TTL_MS = 1500
+SQLITE_BUSY_MS = 5000
+"""SQLite busy_timeout of the app (the store's default): the bound on a 503 when the file is locked."""
 STEPS = ("after_claim", "in_handler", "after_effect", "before_complete", "after_complete")
 MODES = ("ou", "rerun", "keyed")
 
@@ -370,25 +372,29 @@ async def s_outage(t: Target, probes: int) -> Row:
     else:
         lock_conn = sqlite3.connect(t.url, timeout=5, isolation_level=None)
         lock_conn.execute("BEGIN EXCLUSIVE")
-        how = "database locked by another process (busy_timeout 500 ms)"
-    keys: List[str] = []
+        how = f"database locked by another process (busy_timeout {SQLITE_BUSY_MS} ms)"
+    keys: List[str] = []  # refused during the outage
     worst = 0.0
     try:
         before = t.effects.total()
-        for i in range(probes):
-            key = new_key()
-            keys.append(key)
+        keys = [new_key() for _ in range(probes)]
+
+        async def refused(key: str) -> None:
+            nonlocal worst
             try:
                 r = await post(c, "/pay/ou", key, body("outage"), timeout=15)
             except ConnectionDied as exc:
                 row.bad(f"connection died: {exc}")
-                continue
+                return
             row.trials += 1
             worst = max(worst, r.elapsed)
             label = classify(r)
             row.outcomes[label] += 1
             if label != "503 store-unavailable" or not r.headers.get("retry-after", "").isdigit():
                 row.bad(f"during outage: {label} retry-after={r.headers.get('retry-after')}")
+
+        for i in range(0, probes, 10):  # concurrent probes, ten at a time
+            await asyncio.gather(*(refused(k) for k in keys[i:i + 10]))
         if t.effects.total() != before:
             row.bad("the handler ran while the store was down")
     finally:
@@ -741,7 +747,7 @@ async def run_store(name: str, svc: Optional[Services], prof: Dict[str, Any], wo
            "postgres": svc.pg_dsn if svc else "", "redis": svc.redis_url if svc else ""}[name]
     workers = 1 if name == "memory" else 3
     env = {"EV_STORE": name, "EV_STORE_URL": url, "EV_EFFECTS": effects, "EV_LEASE_MS": str(LEASE_MS),
-           "EV_SHORT_TTL_MS": str(SHORT_TTL_MS), "EV_BUSY_MS": "500"}
+           "EV_SHORT_TTL_MS": str(SHORT_TTL_MS), "EV_BUSY_MS": str(SQLITE_BUSY_MS)}
     if name == "postgres":
         from idempo import stores
 
