@@ -182,6 +182,11 @@ impl<S: CanonSink + ?Sized> Emitter<'_, '_, S> {
 
     fn run(&mut self) -> Result<(), CanonError> {
         let root_mask = self.excl.root_mask();
+        if let (0, Some((start, end))) = (root_mask, self.tape.root) {
+            self.sink
+                .write_in(self.tape.input, start as usize, (end - start) as usize);
+            return Ok(());
+        }
         self.value(0, root_mask)?;
         loop {
             let depth = self.stack.len().saturating_sub(1);
@@ -205,6 +210,17 @@ impl<S: CanonSink + ?Sized> Emitter<'_, '_, S> {
                     *next += 1;
                     *cur = key;
                     let kn = self.tape.node(key);
+                    if *mask == 0 && kn.v {
+                        // `"name":value` is canonical as written.
+                        if !*first {
+                            self.sink.write_byte(b',');
+                        }
+                        *first = false;
+                        let start = kn.a as usize - 1;
+                        self.sink
+                            .write_in(self.tape.input, start, kn.c as usize - start);
+                        continue;
+                    }
                     let child_mask = if *mask == 0 {
                         0
                     } else {
@@ -250,6 +266,16 @@ impl<S: CanonSink + ?Sized> Emitter<'_, '_, S> {
                     };
                     let this = *idx;
                     *idx += 1;
+                    if *mask == 0 && cn.v {
+                        // A nested array that is canonical as written.
+                        if !*first {
+                            self.sink.write_byte(b',');
+                        }
+                        *first = false;
+                        self.sink
+                            .write_in(self.tape.input, cn.a as usize, (cn.c - cn.a) as usize);
+                        continue;
+                    }
                     let child_mask = if *mask == 0 {
                         0
                     } else {

@@ -306,6 +306,44 @@ mod tests {
         }
     }
 
+    /// Members, arrays and roots copied as input runs must print exactly like the general path.
+    #[test]
+    fn verbatim_runs() {
+        for (input, want) in [
+            (r#"{"a":1,"b":[1,"x",null]}"#, r#"{"a":1,"b":[1,"x",null]}"#),
+            (r#"{"b":-0,"a":1.50}"#, r#"{"a":1.5,"b":0}"#),
+            (
+                r#"{"b":[1,[2,-0]],"a":[[]]}"#,
+                r#"{"a":[[]],"b":[1,[2,0]]}"#,
+            ),
+            (
+                r#"{"b":{"d":1,"c":2},"a":{"x":"\u0041"}}"#,
+                r#"{"a":{"x":"A"},"b":{"c":2,"d":1}}"#,
+            ),
+            (r#"{"\u0062":1,"a":2}"#, r#"{"a":2,"b":1}"#),
+            (
+                r#"[{"b":1,"a":2},{"a":1,"b":2},[1e2,true]]"#,
+                r#"[{"a":2,"b":1},{"a":1,"b":2},[100,true]]"#,
+            ),
+            (r#"{"a":1,"b":2}  "#, r#"{"a":1,"b":2}"#),
+            (r#" {"a": 1,"b":2}"#, r#"{"a":1,"b":2}"#),
+            (r#"{"a":[1, 2],"b":{"c" :3}}"#, r#"{"a":[1,2],"b":{"c":3}}"#),
+            (
+                r#"{"a":-0.5,"b":0.000001,"c":1E2}"#,
+                r#"{"a":-0.5,"b":0.000001,"c":100}"#,
+            ),
+            (
+                "[\"\u{e9}\",{\"\u{e9}\":\"\u{1F600}\"}]",
+                "[\"\u{e9}\",{\"\u{e9}\":\"\u{1F600}\"}]",
+            ),
+        ] {
+            assert_eq!(canon(input), want, "{input}");
+            let mut again = Vec::new();
+            canonicalize_to(want.as_bytes(), &CanonOptions::default(), &mut again).expect("valid");
+            assert_eq!(again, want.as_bytes(), "{want}");
+        }
+    }
+
     #[test]
     fn exclusions() {
         let ex = Exclusions::new(["/ts", "/items/0", "/items/1/trace"]).expect("valid");

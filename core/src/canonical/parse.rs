@@ -34,6 +34,9 @@ pub(crate) enum Tag {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Node {
     pub(crate) tag: Tag,
+    /// Verbatim: the canonical form is a run of the input. On a member's key node (`Str`):
+    /// `"name":value` is `input[a - 1..c]`. On an `Array`: the array is `input[a..c]`.
+    pub(crate) v: bool,
     pub(crate) a: u32,
     pub(crate) b: u32,
     pub(crate) c: u32,
@@ -47,6 +50,8 @@ pub(crate) struct Tape<'a> {
     pub(crate) members: Vec<u32>,
     pub(crate) strbuf: Vec<u8>,
     pub(crate) nums: Vec<f64>,
+    /// When the root value's canonical form is a run of the input: that run's start and end.
+    pub(crate) root: Option<(u32, u32)>,
 }
 
 impl Tape<'_> {
@@ -189,6 +194,8 @@ fn first_duplicate(t: &Tape<'_>, keys: &[(u64, u32)]) -> Option<(usize, Vec<u8>)
 struct Shape {
     keys: Vec<(u64, u32)>,
     perm: Vec<u32>,
+    /// The names were already in canonical order.
+    sorted: bool,
 }
 
 struct Frame {
@@ -200,6 +207,11 @@ struct Frame {
     count: u32,
     /// Objects: the key node of the member being read, or `NO_KEY`.
     key: u32,
+    /// Whitespace count when the container opened (objects: when the current member began).
+    ws_open: u32,
+    ws_key: u32,
+    /// Every child so far is verbatim.
+    all: bool,
 }
 
 const NO_KEY: u32 = u32::MAX;
@@ -326,6 +338,12 @@ pub(crate) struct Parser<'a> {
     pending: Vec<(u64, u32)>,
     /// Per depth, the member names of the last object closed there and their sort permutation.
     shapes: Vec<Shape>,
+    /// How many runs of whitespace were skipped so far (wrapping): unchanged across a value
+    /// means the value's input text has no whitespace.
+    ws: u32,
+    /// The whole input is valid UTF-8 (checked once up front), so strings need no UTF-8 check.
+    /// When it is not, strings are checked one by one so the first error is reported in order.
+    utf8_ok: bool,
 }
 
 /// Parse and fully validate `input` into a tape.
@@ -358,10 +376,13 @@ pub(crate) fn parse<'a>(
             members: Vec::new(),
             strbuf: Vec::new(),
             nums: Vec::new(),
+            root: None,
         },
         stack: Vec::new(),
         pending: Vec::new(),
         shapes: Vec::new(),
+        ws: 0,
+        utf8_ok: std::str::from_utf8(input).is_ok(),
     };
     p.run()
 }
@@ -374,8 +395,14 @@ impl<'a> Parser<'a> {
 
     #[inline]
     fn skip_ws(&mut self) {
+        let is_ws = |b: u8| b == b' ' || b == b'\n' || b == b'\r' || b == b'\t';
+        if !self.input.get(self.pos).is_some_and(|&b| is_ws(b)) {
+            return;
+        }
+        self.ws = self.ws.wrapping_add(1);
+        self.pos += 1;
         while let Some(&b) = self.input.get(self.pos) {
-            if b == b' ' || b == b'\n' || b == b'\r' || b == b'\t' {
+            if is_ws(b) {
                 self.pos += 1;
             } else {
                 break;
@@ -386,7 +413,13 @@ impl<'a> Parser<'a> {
     #[inline]
     fn push(&mut self, tag: Tag, a: u32, b: u32, c: u32) -> u32 {
         let i = self.tape.nodes.len() as u32;
-        self.tape.nodes.push(Node { tag, a, b, c });
+        self.tape.nodes.push(Node {
+            tag,
+            v: false,
+            a,
+            b,
+            c,
+        });
         i
     }
 
@@ -456,12 +489,15 @@ impl<'a> Parser<'a> {
     }
 
     fn run(mut self) -> Result<Tape<'a>, CanonError> {
+        self.skip_ws();
+        let (root_start, root_ws) = (self.pos, self.ws);
         'value: loop {
             self.skip_ws();
             let Some(b) = self.peek() else {
                 return Err(self.err(K::UnexpectedEnd, self.pos));
             };
-            match b {
+            // Whether the value just read is verbatim (its canonical form is its input text).
+            let mut verbatim = match b {
                 b'{' | b'[' => {
                     if self.stack.len() >= self.limits.max_depth {
                         return Err(self.err(
@@ -483,20 +519,23 @@ impl<'a> Parser<'a> {
                         pending_start: self.pending.len() as u32,
                         count: 0,
                         key: NO_KEY,
+                        ws_open: self.ws,
+                        ws_key: self.ws,
+                        all: true,
                     });
                     self.pos += 1;
                     self.skip_ws();
                     if is_obj {
                         if self.peek() == Some(b'}') {
                             self.pos += 1;
-                            self.close_object()?;
+                            self.close_object()?
                         } else {
                             self.member_key()?;
                             continue 'value;
                         }
                     } else if self.peek() == Some(b']') {
                         self.pos += 1;
-                        self.close_array();
+                        self.close_array()
                     } else {
                         if let Some(f) = self.stack.last_mut() {
                             f.count = 1;
@@ -505,25 +544,51 @@ impl<'a> Parser<'a> {
                     }
                 }
                 b'"' => {
-                    let (tag, a, len, c) = self.string()?;
-                    self.push(tag, a, len, c);
+                    if let Some((a, len)) = self.simple_string() {
+                        self.push(Tag::Str, a, len, 0);
+                        true
+                    } else {
+                        let (tag, a, len, c) = self.string()?;
+                        self.push(tag, a, len, c);
+                        tag == Tag::Str
+                    }
                 }
                 b'-' | b'0'..=b'9' => self.number()?,
                 b't' => self.literal(b"true", Tag::True)?,
                 b'f' => self.literal(b"false", Tag::False)?,
                 b'n' => self.literal(b"null", Tag::Null)?,
                 _ => return Err(self.unexpected(true, false)),
-            }
+            };
             // A value is complete: continue the enclosing containers.
             loop {
-                self.skip_ws();
-                let Some(top) = self.stack.last() else {
+                let pos = self.pos as u32;
+                let ws = self.ws;
+                let Some(top) = self.stack.last_mut() else {
+                    if verbatim && ws == root_ws {
+                        self.tape.root = Some((root_start as u32, pos));
+                    }
+                    self.skip_ws();
                     if self.pos < self.input.len() {
                         return Err(self.unexpected(false, true));
                     }
                     return Ok(self.tape);
                 };
+                if top.is_obj {
+                    // `"name":value` without whitespace, value verbatim: one run.
+                    verbatim &= ws == top.ws_key;
+                    if verbatim {
+                        match self.tape.nodes.get_mut(top.key as usize) {
+                            Some(k) if k.tag == Tag::Str => {
+                                k.v = true;
+                                k.c = pos;
+                            }
+                            _ => verbatim = false,
+                        }
+                    }
+                }
+                top.all &= verbatim;
                 let is_obj = top.is_obj;
+                self.skip_ws();
                 match self.peek() {
                     Some(b',') => {
                         let comma = self.pos;
@@ -549,11 +614,11 @@ impl<'a> Parser<'a> {
                     }
                     Some(b'}') if is_obj => {
                         self.pos += 1;
-                        self.close_object()?;
+                        verbatim = self.close_object()?;
                     }
                     Some(b']') if !is_obj => {
                         self.pos += 1;
-                        self.close_array();
+                        verbatim = self.close_array();
                     }
                     _ => return Err(self.unexpected(false, false)),
                 }
@@ -562,16 +627,24 @@ impl<'a> Parser<'a> {
     }
 
     /// Read `"name"` and `:` of an object member; the value follows.
+    #[inline]
     fn member_key(&mut self) -> Result<(), CanonError> {
         if self.peek() != Some(b'"') {
             return Err(self.unexpected(false, false));
         }
-        let (tag, a, len, c) = self.string()?;
-        let key = self.push(tag, a, len, c);
-        let prefix = if tag == Tag::Str {
-            borrowed_prefix(self.input, a as usize, len as usize)
+        let ws = self.ws;
+        let (key, prefix) = if let Some((a, len)) = self.simple_string() {
+            let key = self.push(Tag::Str, a, len, 0);
+            (key, borrowed_prefix(self.input, a as usize, len as usize))
         } else {
-            key_prefix(self.tape.str_bytes(self.tape.node(key)))
+            let (tag, a, len, c) = self.string()?;
+            let key = self.push(tag, a, len, c);
+            let prefix = if tag == Tag::Str {
+                borrowed_prefix(self.input, a as usize, len as usize)
+            } else {
+                key_prefix(self.tape.str_bytes(self.tape.node(key)))
+            };
+            (key, prefix)
         };
         self.pending.push((prefix, key));
         let limit = self.limits.max_members;
@@ -580,9 +653,14 @@ impl<'a> Parser<'a> {
         };
         f.count += 1;
         f.key = key;
+        f.ws_key = ws;
         if f.count as usize > limit {
             let off = self.tape.str_offset(self.tape.node(key));
             return Err(self.err(K::TooManyMembers { limit }, off));
+        }
+        if self.peek() == Some(b':') {
+            self.pos += 1;
+            return Ok(());
         }
         self.skip_ws();
         if self.peek() != Some(b':') {
@@ -592,19 +670,28 @@ impl<'a> Parser<'a> {
         Ok(())
     }
 
-    fn close_array(&mut self) {
-        if let Some(f) = self.stack.pop() {
-            let end = self.tape.nodes.len() as u32;
-            if let Some(n) = self.tape.nodes.get_mut(f.node as usize) {
-                n.b = end;
-            }
+    /// Close the innermost array (its `]` was read); returns whether it is verbatim.
+    fn close_array(&mut self) -> bool {
+        let Some(f) = self.stack.pop() else {
+            return false;
+        };
+        let end = self.tape.nodes.len() as u32;
+        let verbatim = f.all && f.ws_open == self.ws;
+        if let Some(n) = self.tape.nodes.get_mut(f.node as usize) {
+            n.b = end;
+            n.v = verbatim;
+            n.c = self.pos as u32;
         }
+        verbatim
     }
 
-    fn close_object(&mut self) -> Result<(), CanonError> {
+    /// Close the innermost object (its `}` was read): sort and check its member names; returns
+    /// whether it is verbatim (members verbatim and already in order, no whitespace).
+    fn close_object(&mut self) -> Result<bool, CanonError> {
         let Some(f) = self.stack.last() else {
-            return Ok(());
+            return Ok(false);
         };
+        let tight = f.all && f.ws_open == self.ws;
         let start = f.pending_start as usize;
         let node = f.node;
         let depth = self.stack.len() - 1;
@@ -615,7 +702,9 @@ impl<'a> Parser<'a> {
         // Objects that are array elements often repeat one shape (arrays of records): those use
         // the per-depth shape cache. Others are sorted directly.
         let in_array = self.stack.len() >= 2 && !self.stack[self.stack.len() - 2].is_obj;
+        let sorted;
         if keys.len() < 2 {
+            sorted = true;
             tape.members.extend(keys.iter().map(|&(_, k)| k));
         } else if !in_array {
             let t: &Tape<'_> = tape;
@@ -623,7 +712,8 @@ impl<'a> Parser<'a> {
                 cmp_prefixed(x.0, y.0)
                     .then_with(|| cmp_utf16(t.str_bytes(t.node(x.1)), t.str_bytes(t.node(y.1))))
             };
-            if !keys.windows(2).all(|w| cmp(&w[0], &w[1]) == Ordering::Less) {
+            sorted = keys.windows(2).all(|w| cmp(&w[0], &w[1]) == Ordering::Less);
+            if !sorted {
                 keys.sort_unstable_by(cmp);
             }
             if let Some((off, kb)) = first_duplicate(t, keys) {
@@ -654,6 +744,7 @@ impl<'a> Parser<'a> {
                 for &p in &shape.perm {
                     tape.members.push(keys[p as usize].1);
                 }
+                sorted = shape.sorted;
             } else {
                 shape.keys.clear();
                 shape.keys.extend_from_slice(keys);
@@ -662,7 +753,9 @@ impl<'a> Parser<'a> {
                     cmp_prefixed(x.0, y.0)
                         .then_with(|| cmp_utf16(t.str_bytes(t.node(x.1)), t.str_bytes(t.node(y.1))))
                 };
-                if !keys.windows(2).all(|w| cmp(&w[0], &w[1]) == Ordering::Less) {
+                sorted = keys.windows(2).all(|w| cmp(&w[0], &w[1]) == Ordering::Less);
+                shape.sorted = sorted;
+                if !sorted {
                     keys.sort_unstable_by(cmp);
                 }
                 if let Some((off, kb)) = first_duplicate(t, keys) {
@@ -688,20 +781,22 @@ impl<'a> Parser<'a> {
             n.c = count;
         }
         self.stack.pop();
-        Ok(())
+        Ok(tight && sorted)
     }
 
-    fn literal(&mut self, word: &[u8], tag: Tag) -> Result<(), CanonError> {
+    /// Read `true`, `false` or `null` (always verbatim).
+    fn literal(&mut self, word: &[u8], tag: Tag) -> Result<bool, CanonError> {
         if self.input[self.pos..].starts_with(word) {
             self.pos += word.len();
             self.push(tag, 0, 0, 0);
-            Ok(())
+            Ok(true)
         } else {
             Err(self.err(K::InvalidLiteral, self.pos))
         }
     }
 
-    fn number(&mut self) -> Result<(), CanonError> {
+    /// Read a number literal; returns whether it is verbatim (printed exactly as written).
+    fn number(&mut self) -> Result<bool, CanonError> {
         let input = self.input;
         let start = self.pos;
         let mut i = start;
@@ -760,7 +855,8 @@ impl<'a> Parser<'a> {
         if !has_exp {
             if let Some(verbatim) = exact_fixed(input, start, int_start, int_end, frac_end) {
                 self.push(Tag::Int, start as u32, verbatim as u32, 0);
-                return Ok(());
+                // `-0` prints as `0`; other literals are verbatim unless zeros were trimmed.
+                return Ok(verbatim == i - start && &input[start..i] != b"-0");
             }
         }
         let value = std::str::from_utf8(&input[start..i])
@@ -775,11 +871,25 @@ impl<'a> Parser<'a> {
         let idx = self.tape.nums.len() as u32;
         self.tape.nums.push(value);
         self.push(Tag::Float, start as u32, len, idx);
-        Ok(())
+        Ok(false)
+    }
+
+    /// Fast path for a string at `pos` (which holds `"`) without escapes whose bytes need no
+    /// UTF-8 check: returns its content start and length and moves past it. `None` (nothing
+    /// consumed) sends the caller to [`Parser::string`].
+    #[inline(always)]
+    fn simple_string(&mut self) -> Option<(u32, u32)> {
+        let start = self.pos + 1;
+        let (j, high) = scan_string(self.input, start);
+        if (high && !self.utf8_ok) || self.input.get(j) != Some(&b'"') {
+            return None;
+        }
+        self.pos = j + 1;
+        Some((start as u32, (j - start) as u32))
     }
 
     /// Read a string at `pos` (which holds `"`). Returns the node fields.
-    #[inline]
+    #[inline(never)]
     fn string(&mut self) -> Result<(Tag, u32, u32, u32), CanonError> {
         let input = self.input;
         let quote = self.pos;
@@ -808,7 +918,7 @@ impl<'a> Parser<'a> {
                 Some(&c) => return Err(self.err(K::ControlCharacter { byte: c }, j)),
             }
         };
-        if high {
+        if high && !self.utf8_ok {
             if let Err(e) = std::str::from_utf8(&input[start..end]) {
                 let at = start + e.valid_up_to();
                 return Err(self.err(utf8_error_kind(input, at), at));
