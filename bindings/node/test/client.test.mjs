@@ -129,3 +129,39 @@ test('end to end: a retried operation (same key) against the Express middleware 
     await new Promise((r) => server.close(r));
   }
 });
+
+test('idempo problem responses map to the typed errors', async () => {
+  const { createRequire } = await import('node:module');
+  const require = createRequire(import.meta.url);
+  const express = require('express');
+  const app = express();
+  let release;
+  const gate = new Promise((r) => (release = r));
+  app.post('/x', idempo.idempotency({ store: new idempo.MemoryStore() }), async (_req, res) => {
+    await gate;
+    res.status(200).json({ ok: true });
+  });
+  const server = await new Promise((r) => {
+    const s = app.listen(0, '127.0.0.1', () => r(s));
+  });
+  try {
+    const url = `http://127.0.0.1:${server.address().port}/x`;
+    const key = idempo.keyHeaderValue(idempo.generateKey());
+    const h = { 'content-type': 'application/json', 'idempotency-key': key };
+    const first = fetch(url, { method: 'POST', headers: h, body: '{"a":1}' });
+    await new Promise((r) => setTimeout(r, 100));
+    const busy = await fetch(url, { method: 'POST', headers: h, body: '{"a":1}' });
+    const e1 = await idempo.idempotencyErrorFromResponse(busy);
+    assert.ok(e1 instanceof idempo.IdempotencyKeyInUseError && e1.code === 'IDEMPOTENCY_KEY_IN_USE' && e1.retryAfterMs >= 1000);
+    release();
+    const ok = await first;
+    assert.equal(await idempo.idempotencyErrorFromResponse(ok), null);
+    const reused = await fetch(url, { method: 'POST', headers: h, body: '{"a":2}' });
+    assert.ok((await idempo.idempotencyErrorFromResponse(reused)) instanceof idempo.IdempotencyKeyReusedError);
+    const missing = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}' });
+    assert.equal((await idempo.idempotencyErrorFromResponse(missing))?.code, 'IDEMPOTENCY_KEY_MISSING');
+  } finally {
+    server.closeAllConnections();
+    await new Promise((r) => server.close(r));
+  }
+});

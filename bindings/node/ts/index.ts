@@ -33,5 +33,5 @@ export { Fingerprinter, fingerprint } from './fingerprint';
 export type { FingerprinterOptions, FingerprintRequest, FingerprintInput, HeaderInput } from './fingerprint';
 export * from './stores/index';
 export * from './server/index';
-export { idempotentFetch, createIdempotentFetch, RetriesExhaustedError } from './client/fetch';
+export { idempotentFetch, createIdempotentFetch, RetriesExhaustedError, idempotencyErrorFromResponse } from './client/fetch';
 export type { IdempotentFetchOptions } from './client/fetch';
