@@ -218,6 +218,57 @@ const NO_KEY: u32 = u32::MAX;
 const HI: u64 = 0x8080_8080_8080_8080;
 const LO: u64 = 0x0101_0101_0101_0101;
 
+/// Index of the first byte in `input[i..]` that is `"`, `\` or below 0x20 (or `input.len()`).
+#[inline(always)]
+fn scan_plain(input: &[u8], mut i: usize) -> usize {
+    while let Some(chunk) = input.get(i..i + 8) {
+        let mut w8 = [0u8; 8];
+        w8.copy_from_slice(chunk);
+        let w = u64::from_le_bytes(w8);
+        let q = w ^ (LO * u64::from(b'"'));
+        let s = w ^ (LO * u64::from(b'\\'));
+        let m =
+            (q.wrapping_sub(LO) & !q | s.wrapping_sub(LO) & !s | w.wrapping_sub(LO * 0x20) & !w)
+                & HI;
+        if m != 0 {
+            return i + (m.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    while let Some(&b) = input.get(i) {
+        if b == b'"' || b == b'\\' || b < 0x20 {
+            return i;
+        }
+        i += 1;
+    }
+    i
+}
+
+/// Sort a few member names in place (insertion sort: no setup cost for small objects).
+#[inline]
+fn sort_small<F: Fn(&(u64, u32), &(u64, u32)) -> Ordering>(keys: &mut [(u64, u32)], cmp: F) {
+    for i in 1..keys.len() {
+        let cur = keys[i];
+        let mut j = i;
+        while j > 0 && cmp(&cur, &keys[j - 1]) == Ordering::Less {
+            keys[j] = keys[j - 1];
+            j -= 1;
+        }
+        keys[j] = cur;
+    }
+}
+
+/// Sort member names: insertion sort for small objects, pattern-defeating quicksort otherwise
+/// (O(n log n) for large objects).
+#[inline]
+fn sort_keys<F: Fn(&(u64, u32), &(u64, u32)) -> Ordering>(keys: &mut [(u64, u32)], cmp: F) {
+    if keys.len() <= 12 {
+        sort_small(keys, cmp);
+    } else {
+        keys.sort_unstable_by(cmp);
+    }
+}
+
 /// Index of the first byte in `input[i..]` that is `"`, `\` or below 0x20 (or `input.len()`),
 /// and whether any byte before it is non-ASCII.
 #[inline]
@@ -627,7 +678,7 @@ impl<'a> Parser<'a> {
     }
 
     /// Read `"name"` and `:` of an object member; the value follows.
-    #[inline]
+    #[inline(always)]
     fn member_key(&mut self) -> Result<(), CanonError> {
         if self.peek() != Some(b'"') {
             return Err(self.unexpected(false, false));
@@ -714,7 +765,7 @@ impl<'a> Parser<'a> {
             };
             sorted = keys.windows(2).all(|w| cmp(&w[0], &w[1]) == Ordering::Less);
             if !sorted {
-                keys.sort_unstable_by(cmp);
+                sort_keys(keys, cmp);
             }
             if let Some((off, kb)) = first_duplicate(t, keys) {
                 let mut ptr = self.pointer(self.stack.len() - 1);
@@ -756,7 +807,7 @@ impl<'a> Parser<'a> {
                 sorted = keys.windows(2).all(|w| cmp(&w[0], &w[1]) == Ordering::Less);
                 shape.sorted = sorted;
                 if !sorted {
-                    keys.sort_unstable_by(cmp);
+                    sort_keys(keys, cmp);
                 }
                 if let Some((off, kb)) = first_duplicate(t, keys) {
                     shape.perm.clear();
@@ -880,8 +931,15 @@ impl<'a> Parser<'a> {
     #[inline(always)]
     fn simple_string(&mut self) -> Option<(u32, u32)> {
         let start = self.pos + 1;
-        let (j, high) = scan_string(self.input, start);
-        if (high && !self.utf8_ok) || self.input.get(j) != Some(&b'"') {
+        let j = if self.utf8_ok {
+            scan_plain(self.input, start)
+        } else {
+            match scan_string(self.input, start) {
+                (_, true) => return None,
+                (j, false) => j,
+            }
+        };
+        if self.input.get(j) != Some(&b'"') {
             return None;
         }
         self.pos = j + 1;

@@ -95,7 +95,7 @@ impl<D: Update> CanonSink for DigestSink<D> {
 
     #[inline(always)]
     fn write_in(&mut self, src: &[u8], start: usize, len: usize) {
-        const BLOCK: usize = 16;
+        const BLOCK: usize = 32;
         if len <= BLOCK && self.len + BLOCK <= DIGEST_SINK_BUFFER {
             if let Some(block) = src.get(start..start + BLOCK) {
                 // Fixed-size copy (no memcpy call); only `len` bytes are kept.
