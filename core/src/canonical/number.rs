@@ -36,101 +36,83 @@ pub fn format_number(value: f64) -> Result<String, CanonError> {
     Ok(format_finite(value, &mut buf).to_owned())
 }
 
-/// A decimal value `0.d1d2...dn × 10^exp` reduced to at most 17 significant digits, with no leading
-/// or trailing zeros in `digits`. Zero has `len == 0` (its sign is ignored: `-0` equals `0`).
+/// A decimal value `mantissa × 10^exp`, `mantissa` without trailing zeros and of at most 17
+/// digits. Zero has `mantissa == 0` (its sign and exponent are then ignored: `-0` equals `0`).
 #[derive(Debug, PartialEq, Eq)]
 struct Decimal {
     negative: bool,
-    digits: [u8; 17],
-    len: usize,
+    mantissa: u64,
     exp: i64,
+}
+
+impl Decimal {
+    fn same_value(&self, other: &Self) -> bool {
+        if self.mantissa == 0 || other.mantissa == 0 {
+            self.mantissa == other.mantissa
+        } else {
+            self == other
+        }
+    }
 }
 
 /// Exponents beyond this magnitude are clamped; no double is anywhere near them, so a clamped
 /// literal still compares unequal to every formatter output.
 const EXP_CLAMP: i64 = 1 << 40;
 
-/// Parse a JSON number literal (already validated by the grammar) into its exact decimal value.
+/// Parse a JSON number literal (already validated by the grammar) into its exact decimal value,
+/// in one pass.
 ///
 /// Returns `None` when the value has more than 17 significant digits: no double's shortest
 /// round-trip form has that many, so such a literal can never be exact.
 fn decimal(lit: &[u8]) -> Option<Decimal> {
-    let (negative, body) = match lit.split_first() {
-        Some((b'-', rest)) => (true, rest),
-        _ => (false, lit),
-    };
-    let (mantissa, exp_part) = match body.iter().position(|&b| b == b'e' || b == b'E') {
-        Some(i) => (&body[..i], Some(&body[i + 1..])),
-        None => (body, None),
-    };
+    let negative = lit.first() == Some(&b'-');
+    let mut mantissa: u64 = 0;
+    let mut digits = 0u32;
+    // Zeros read after the last non-zero significant digit, not yet in `mantissa`.
+    let mut zeros = 0u32;
+    let mut exp: i64 = 0;
+    let mut after_dot = false;
+    let mut rest: &[u8] = &[];
+    for (i, &b) in lit.iter().enumerate().skip(usize::from(negative)) {
+        match b {
+            b'0' => {
+                exp -= i64::from(after_dot);
+                zeros += u32::from(mantissa != 0);
+            }
+            b'1'..=b'9' => {
+                exp -= i64::from(after_dot);
+                digits += zeros + 1;
+                if digits > 17 {
+                    return None;
+                }
+                mantissa = mantissa * 10u64.pow(zeros + 1) + u64::from(b - b'0');
+                zeros = 0;
+            }
+            b'.' => after_dot = true,
+            _ => {
+                rest = &lit[i + 1..];
+                break;
+            }
+        }
+    }
     let mut exp10: i64 = 0;
-    if let Some(e) = exp_part {
-        let (neg, digits) = match e.split_first() {
+    if !rest.is_empty() {
+        let (neg, digits) = match rest.split_first() {
             Some((b'-', r)) => (true, r),
             Some((b'+', r)) => (false, r),
-            _ => (false, e),
+            _ => (false, rest),
         };
         for &d in digits {
-            exp10 = (exp10 * 10 + i64::from(d - b'0')).min(EXP_CLAMP);
+            exp10 = (exp10 * 10 + i64::from(d.wrapping_sub(b'0'))).min(EXP_CLAMP);
         }
         if neg {
             exp10 = -exp10;
         }
     }
-    // Digits of the mantissa without the dot; `frac` counts those after the dot.
-    let mut frac: i64 = 0;
-    let mut seen_dot = false;
-    let mut first_nz: Option<usize> = None;
-    let mut last_nz = 0usize;
-    let mut count = 0usize;
-    for &b in mantissa {
-        if b == b'.' {
-            seen_dot = true;
-            continue;
-        }
-        if seen_dot {
-            frac += 1;
-        }
-        if b != b'0' {
-            if first_nz.is_none() {
-                first_nz = Some(count);
-            }
-            last_nz = count;
-        }
-        count += 1;
-    }
-    let Some(first) = first_nz else {
-        return Some(Decimal {
-            negative: false,
-            digits: [0; 17],
-            len: 0,
-            exp: 0,
-        });
-    };
-    let len = last_nz - first + 1;
-    if len > 17 {
-        return None;
-    }
-    let mut digits = [0u8; 17];
-    let mut k = 0usize;
-    let mut idx = 0usize;
-    for &b in mantissa {
-        if b == b'.' {
-            continue;
-        }
-        if idx >= first && idx <= last_nz {
-            digits[k] = b;
-            k += 1;
-        }
-        idx += 1;
-    }
-    // value = D × 10^(exp10 - frac + trailing) where D is the significant digit string.
-    let trailing = (count - 1 - last_nz) as i64;
     Some(Decimal {
         negative,
-        digits,
-        len,
-        exp: exp10.saturating_sub(frac).saturating_add(trailing),
+        mantissa,
+        exp: exp10.saturating_add(exp).saturating_add(i64::from(zeros)),
     })
 }
 
@@ -157,13 +139,7 @@ pub(crate) fn at_most_15_digits(lit: &[u8]) -> bool {
 /// the double the literal parses to). Both are compared exactly, without going through floats.
 pub(crate) fn literal_is_exact(lit: &[u8], shortest: &str) -> bool {
     match (decimal(lit), decimal(shortest.as_bytes())) {
-        (Some(a), Some(b)) => {
-            if a.len == 0 || b.len == 0 {
-                a.len == b.len
-            } else {
-                a == b
-            }
-        }
+        (Some(a), Some(b)) => a.same_value(&b),
         _ => false,
     }
 }
@@ -210,6 +186,25 @@ mod tests {
         ] {
             assert!(!exact(bad), "{bad} should lose precision");
         }
+    }
+
+    #[test]
+    fn decimal_values() {
+        let same = |a: &str, b: &str| {
+            decimal(a.as_bytes())
+                .expect("<= 17 digits")
+                .same_value(&decimal(b.as_bytes()).expect("<= 17 digits"))
+        };
+        assert!(same("1.10", "11e-1"));
+        assert!(same("0.0000011e6", "1.1"));
+        assert!(same("100", "1e2"));
+        assert!(same("-0.0", "0e5"));
+        assert!(same("1000000000000000000000000", "1e24"));
+        assert!(!same("1.1", "-1.1"));
+        assert!(!same("1.01", "1.1"));
+        assert!(!same("10", "1"));
+        assert!(decimal(b"123456789012345678").is_none());
+        assert!(decimal(b"12345678901234567000e-3").is_some());
     }
 
     #[test]
