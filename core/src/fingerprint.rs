@@ -31,7 +31,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::canonical::{
-    CanonError, CanonOptions, DigestSink, Exclusions, Limits, NumberMode, PointerError,
+    BufSink, CanonError, CanonOptions, DigestSink, Exclusions, Limits, NumberMode, PointerError,
     canonicalize_excluding_to,
 };
 
@@ -48,6 +48,8 @@ const BODY_EMPTY: u8 = 0x00;
 const BODY_JSON: u8 = 0x01;
 /// Body kind byte: raw bytes.
 const BODY_RAW: u8 = 0x02;
+/// JSON bodies up to this size are hashed through a sink buffer of this size.
+const SMALL_BODY: usize = 512;
 
 /// The parts of an HTTP request that the fingerprint covers. Borrowed: nothing is copied.
 #[derive(Debug, Clone, Copy)]
@@ -441,9 +443,17 @@ impl Fingerprinter {
             d.update(&0u64.to_be_bytes());
         } else if json {
             d.update(&[BODY_JSON]);
-            let mut sink = DigestSink::new(d);
-            canonicalize_excluding_to(parts.body, &self.opts, &self.exclusions, &mut sink)?;
-            let (inner, len) = sink.finish();
+            // A small body gets a small sink buffer: zeroing 4 KiB would cost as much as
+            // canonicalizing it.
+            let (inner, len) = if parts.body.len() <= SMALL_BODY {
+                let mut sink = BufSink::<D, SMALL_BODY>::new(d);
+                canonicalize_excluding_to(parts.body, &self.opts, &self.exclusions, &mut sink)?;
+                sink.finish()
+            } else {
+                let mut sink = DigestSink::new(d);
+                canonicalize_excluding_to(parts.body, &self.opts, &self.exclusions, &mut sink)?;
+                sink.finish()
+            };
             d = inner;
             d.update(&len.to_be_bytes());
         } else {

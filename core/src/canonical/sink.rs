@@ -40,44 +40,78 @@ pub const DIGEST_SINK_BUFFER: usize = 4096;
 /// 4 KiB buffer, so the canonical text is never materialized and the hasher sees large updates.
 ///
 /// Call [`DigestSink::finish`] to flush the buffer and get the hasher back.
-pub struct DigestSink<D: Update> {
-    digest: D,
-    buf: [u8; DIGEST_SINK_BUFFER],
-    len: usize,
-    total: u64,
-}
+pub struct DigestSink<D: Update>(BufSink<D, DIGEST_SINK_BUFFER>);
 
 impl<D: Update> DigestSink<D> {
     /// Wrap `digest`; bytes written go into it after whatever it already absorbed.
     #[must_use]
     pub fn new(digest: D) -> Self {
-        Self {
-            digest,
-            buf: [0; DIGEST_SINK_BUFFER],
-            len: 0,
-            total: 0,
-        }
+        Self(BufSink::new(digest))
     }
 
     /// Number of bytes written through this sink so far.
     #[must_use]
     pub fn total(&self) -> u64 {
-        self.total
+        self.0.total
     }
 
     /// Flush the buffer and return the hasher and the number of bytes written through the sink.
     #[must_use]
-    pub fn finish(mut self) -> (D, u64) {
-        self.digest.update(&self.buf[..self.len]);
-        (self.digest, self.total)
+    pub fn finish(self) -> (D, u64) {
+        self.0.finish()
     }
 }
 
 impl<D: Update> CanonSink for DigestSink<D> {
     #[inline(always)]
     fn write(&mut self, bytes: &[u8]) {
+        self.0.write(bytes);
+    }
+
+    #[inline(always)]
+    fn write_in(&mut self, src: &[u8], start: usize, len: usize) {
+        self.0.write_in(src, start, len);
+    }
+
+    #[inline(always)]
+    fn write_byte(&mut self, byte: u8) {
+        self.0.write_byte(byte);
+    }
+}
+
+/// The buffered hasher sink behind [`DigestSink`], with an `N`-byte stack buffer. Small bodies
+/// use a small buffer: the buffer is zeroed on creation, which costs as much as hashing a tiny
+/// body.
+pub(crate) struct BufSink<D: Update, const N: usize> {
+    digest: D,
+    buf: [u8; N],
+    len: usize,
+    total: u64,
+}
+
+impl<D: Update, const N: usize> BufSink<D, N> {
+    /// Wrap `digest`.
+    pub(crate) fn new(digest: D) -> Self {
+        Self {
+            digest,
+            buf: [0; N],
+            len: 0,
+            total: 0,
+        }
+    }
+
+    /// Flush the buffer and return the hasher and the number of bytes written.
+    pub(crate) fn finish(mut self) -> (D, u64) {
+        self.digest.update(&self.buf[..self.len]);
+        (self.digest, self.total)
+    }
+}
+
+impl<D: Update, const N: usize> CanonSink for BufSink<D, N> {
+    #[inline(always)]
+    fn write(&mut self, bytes: &[u8]) {
         self.total += bytes.len() as u64;
-        let room = DIGEST_SINK_BUFFER - self.len;
+        let room = N - self.len;
         if bytes.len() <= room {
             self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
             self.len += bytes.len();
@@ -85,7 +119,7 @@ impl<D: Update> CanonSink for DigestSink<D> {
         }
         self.digest.update(&self.buf[..self.len]);
         self.len = 0;
-        if bytes.len() >= DIGEST_SINK_BUFFER {
+        if bytes.len() >= N {
             self.digest.update(bytes);
         } else {
             self.buf[..bytes.len()].copy_from_slice(bytes);
@@ -96,7 +130,7 @@ impl<D: Update> CanonSink for DigestSink<D> {
     #[inline(always)]
     fn write_in(&mut self, src: &[u8], start: usize, len: usize) {
         const BLOCK: usize = 32;
-        if len <= BLOCK && self.len + BLOCK <= DIGEST_SINK_BUFFER {
+        if len <= BLOCK && self.len + BLOCK <= N {
             if let Some(block) = src.get(start..start + BLOCK) {
                 // Fixed-size copy (no memcpy call); only `len` bytes are kept.
                 self.buf[self.len..self.len + BLOCK].copy_from_slice(block);
@@ -110,7 +144,7 @@ impl<D: Update> CanonSink for DigestSink<D> {
 
     #[inline(always)]
     fn write_byte(&mut self, byte: u8) {
-        if self.len == DIGEST_SINK_BUFFER {
+        if self.len == N {
             self.digest.update(&self.buf);
             self.len = 0;
         }
@@ -142,6 +176,27 @@ mod tests {
             }
             i = end;
             step = step * 3 % 5001 + 1;
+        }
+        let (h, n) = sink.finish();
+        assert_eq!(n, data.len() as u64);
+        assert_eq!(h.finalize(), Sha256::digest(&data));
+    }
+
+    #[test]
+    fn small_buffer_equals_direct() {
+        let data: Vec<u8> = (0..3_000u32).map(|i| (i * 13 % 251) as u8).collect();
+        let mut sink = BufSink::<_, 64>::new(Sha256::new());
+        let mut i = 0;
+        let mut step = 1;
+        while i < data.len() {
+            let end = (i + step).min(data.len());
+            match step % 3 {
+                0 => sink.write(&data[i..end]),
+                1 => sink.write_in(&data, i, end - i),
+                _ => data[i..end].iter().for_each(|&b| sink.write_byte(b)),
+            }
+            i = end;
+            step = step * 7 % 101 + 1;
         }
         let (h, n) = sink.finish();
         assert_eq!(n, data.len() as u64);
