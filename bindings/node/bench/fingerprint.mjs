@@ -32,19 +32,25 @@ function body(targetBytes) {
   return Buffer.from(JSON.stringify({ batch: 'b-1', items }));
 }
 
-function bench(fn, budgetMs = 250) {
-  for (let i = 0; i < 200; i++) fn();
-  let best = Infinity;
-  for (let round = 0; round < 5; round++) {
-    let n = 0;
-    const t0 = process.hrtime.bigint();
-    let dt = 0n;
-    do {
-      for (let i = 0; i < 50; i++) fn();
-      n += 50;
-      dt = process.hrtime.bigint() - t0;
-    } while (dt < BigInt(budgetMs / 5) * 1_000_000n);
-    best = Math.min(best, Number(dt) / n);
+/**
+ * Interleaved rounds: every round runs each candidate for a short batch and the best per-op time
+ * per candidate is kept, so a busy machine (other processes) skews all candidates alike.
+ */
+function compare(cands, rounds = 25, batchMs = 20) {
+  const best = new Map();
+  for (const [name, fn] of cands) for (let i = 0; i < 100; i++) fn();
+  for (let r = 0; r < rounds; r++) {
+    for (const [name, fn] of cands) {
+      let n = 0;
+      const t0 = process.hrtime.bigint();
+      let dt = 0n;
+      do {
+        for (let i = 0; i < 10; i++) fn();
+        n += 10;
+        dt = process.hrtime.bigint() - t0;
+      } while (dt < BigInt(batchMs) * 1_000_000n);
+      best.set(name, Math.min(best.get(name) ?? Infinity, Number(dt) / n));
+    }
   }
   return best;
 }
@@ -52,17 +58,21 @@ function bench(fn, budgetMs = 250) {
 const f = new idempo.Fingerprinter();
 const sizes = [200, 2_000, 20_000, 200_000];
 const fmt = (ns) => (ns >= 1e6 ? `${(ns / 1e6).toFixed(2)} ms` : ns >= 1e3 ? `${(ns / 1e3).toFixed(2)} µs` : `${ns.toFixed(0)} ns`);
-console.log(`idempo ${idempo.nativeVersion()} fingerprint benchmark (node ${process.version}); best of 5 rounds`);
-console.log('size      idempo(hot)  idempo(obj)  sha256-only  canonicalize+sha  json-canon+sha  vs canonicalize  vs json-canon  vs sha256-only');
+console.log(`idempo ${idempo.nativeVersion()} fingerprint benchmark (node ${process.version}); best of 25 interleaved rounds`);
+console.log('size      idempo(route) idempo(obj)  sha256-only  canonicalize+sha  json-canon+sha  vs canonicalize  vs json-canon  vs sha256-only');
 for (const size of sizes) {
   const b = body(size);
-  const hot = bench(() => f.fingerprintJson('POST', '/payments', b));
-  const obj = bench(() => idempo.fingerprint({ method: 'POST', route: '/payments', body: b }));
-  const sha = bench(() => createHash('sha256').update(b).digest());
-  const npm = bench(() => createHash('sha256').update(canonicalizeNpm(JSON.parse(b.toString('utf8')))).digest('hex'));
-  const jc = bench(() => createHash('sha256').update(jsonCanonicalize(JSON.parse(b.toString('utf8')))).digest('hex'));
+  const route = f.forRoute('POST', '/payments');
+  const m = compare([
+    ['hot', () => route(b)],
+    ['obj', () => idempo.fingerprint({ method: 'POST', route: '/payments', body: b })],
+    ['sha', () => createHash('sha256').update(b).digest()],
+    ['npm', () => createHash('sha256').update(canonicalizeNpm(JSON.parse(b.toString('utf8')))).digest('hex')],
+    ['jc', () => createHash('sha256').update(jsonCanonicalize(JSON.parse(b.toString('utf8')))).digest('hex')],
+  ]);
+  const [hot, obj, sha, npm, jc] = ['hot', 'obj', 'sha', 'npm', 'jc'].map((k) => m.get(k));
   console.log(
-    `${String(b.length).padEnd(9)} ${fmt(hot).padEnd(12)} ${fmt(obj).padEnd(12)} ${fmt(sha).padEnd(12)} ${fmt(npm).padEnd(17)} ${fmt(jc).padEnd(15)} ` +
+    `${String(b.length).padEnd(9)} ${fmt(hot).padEnd(13)} ${fmt(obj).padEnd(12)} ${fmt(sha).padEnd(12)} ${fmt(npm).padEnd(17)} ${fmt(jc).padEnd(15)} ` +
       `${(npm / hot).toFixed(2)}x`.padEnd(17) +
       `${(jc / hot).toFixed(2)}x`.padEnd(15) +
       `${(sha / hot).toFixed(2)}x`,

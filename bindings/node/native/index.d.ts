@@ -27,6 +27,11 @@ export declare class Fingerprinter {
    * string directly: no heap allocation in the binding).
    */
   fingerprintJson(method: string, route: string, body: Uint8Array): string
+  /**
+   * A fingerprinter bound to one (method, route template): the per-route hot path, where
+   * only the body crosses into native code on each call.
+   */
+  forRoute(method: string, route: string): RouteFingerprinter
 }
 
 /** A validated per-route configuration, shared by every request of the route. */
@@ -88,6 +93,12 @@ export declare class RetryPolicy {
    * first attempt started; `jitter` is a uniform sample in [0, 1) from the host.
    */
   decide(attempt: number, elapsedMs: number, outcome: AttemptOutcomeInput, jitter: number): RetryDecisionOutput
+}
+
+/** A [`Fingerprinter`] bound to one method and route template (JSON bodies, no configured headers). */
+export declare class RouteFingerprinter {
+  /** The fingerprint of a JSON body sent to this route. */
+  fingerprint(body: Uint8Array): string
 }
 
 /** The server flow of one request that carries a valid key. */

@@ -839,6 +839,7 @@ module.exports.Fingerprinter = nativeBinding.Fingerprinter
 module.exports.FlowConfig = nativeBinding.FlowConfig
 module.exports.MemoryStoreCore = nativeBinding.MemoryStoreCore
 module.exports.RetryPolicy = nativeBinding.RetryPolicy
+module.exports.RouteFingerprinter = nativeBinding.RouteFingerprinter
 module.exports.ServerFlow = nativeBinding.ServerFlow
 module.exports.admitKey = nativeBinding.admitKey
 module.exports.canonicalizeBytes = nativeBinding.canonicalizeBytes

@@ -2,6 +2,8 @@
 use idempo_core::fingerprint::Fingerprint;
 use idempo_core::fingerprint::{self as fp, FingerprintConfig, FingerprintError, RequestParts};
 use napi::bindgen_prelude::Buffer;
+use std::sync::Arc;
+
 use napi::{Env, JsString};
 use napi_derive::napi;
 
@@ -84,7 +86,7 @@ fn config(o: FingerprinterOptions) -> Result<FingerprintConfig, Fail> {
 /// A prepared fingerprint configuration (pointers compiled, HMAC key schedule computed once).
 #[napi]
 pub struct Fingerprinter {
-    inner: fp::Fingerprinter,
+    inner: Arc<fp::Fingerprinter>,
     uses_headers: bool,
 }
 
@@ -96,7 +98,7 @@ impl Fingerprinter {
         let cfg = config(options.unwrap_or_default()).map_err(|f| f.throw(&env))?;
         let inner = fp::Fingerprinter::new(&cfg).map_err(|e| fingerprint_fail(&e).throw(&env))?;
         Ok(Self {
-            inner,
+            inner: Arc::new(inner),
             uses_headers: !cfg.header_names.is_empty(),
         })
     }
@@ -157,6 +159,41 @@ impl Fingerprinter {
         match self
             .inner
             .fingerprint(&RequestParts::json(m.as_str(), r.as_str(), body))
+        {
+            Ok(f) => text(env, &f),
+            Err(e) => Err(fingerprint_fail(&e).throw(env)),
+        }
+    }
+
+    /// A fingerprinter bound to one (method, route template): the per-route hot path, where
+    /// only the body crosses into native code on each call.
+    #[napi(catch_unwind)]
+    #[must_use]
+    pub fn for_route(&self, method: String, route: String) -> RouteFingerprinter {
+        RouteFingerprinter {
+            inner: Arc::clone(&self.inner),
+            method,
+            route,
+        }
+    }
+}
+
+/// A [`Fingerprinter`] bound to one method and route template (JSON bodies, no configured headers).
+#[napi]
+pub struct RouteFingerprinter {
+    inner: Arc<fp::Fingerprinter>,
+    method: String,
+    route: String,
+}
+
+#[napi]
+impl RouteFingerprinter {
+    /// The fingerprint of a JSON body sent to this route.
+    #[napi(catch_unwind)]
+    pub fn fingerprint<'e>(&self, env: &'e Env, body: &[u8]) -> napi::Result<JsString<'e>> {
+        match self
+            .inner
+            .fingerprint(&RequestParts::json(&self.method, &self.route, body))
         {
             Ok(f) => text(env, &f),
             Err(e) => Err(fingerprint_fail(&e).throw(env)),

@@ -171,6 +171,7 @@ test('fingerprint/fingerprint.json', () => {
       assert.equal(idempo.fingerprint(one), c.fingerprint, `${c.name} (one-shot)`);
       if (!o.headers && r.content_type && /json/.test(r.content_type) && c.request.body !== undefined && r.content_type === 'application/json') {
         assert.equal(new idempo.Fingerprinter(o).fingerprintJson(r.method, r.route, req.body), c.fingerprint, `${c.name} (hot path)`);
+        assert.equal(new idempo.Fingerprinter(o).forRoute(r.method, r.route)(req.body), c.fingerprint, `${c.name} (route-bound)`);
       }
     }
   }

@@ -101,6 +101,22 @@ export class Fingerprinter {
     }
   }
 
+  /**
+   * Binds (method, route template): the returned function fingerprints JSON bodies for that route
+   * with only the body crossing into native code (requires no configured header names).
+   */
+  forRoute(method: string, route: string): (body: Uint8Array) => string {
+    if (this.#usesHeaders) throw new TypeError('forRoute() needs a Fingerprinter without header names');
+    const bound = this.#inner.forRoute(method, route);
+    return (body: Uint8Array) => {
+      try {
+        return bound.fingerprint(body);
+      } catch (e) {
+        throw fromNative(e);
+      }
+    };
+  }
+
   /** Hot path: a JSON body, no configured headers; positional arguments, no object. */
   fingerprintJson(method: string, route: string, body: Uint8Array): string {
     try {
