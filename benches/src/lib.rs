@@ -171,25 +171,29 @@ pub fn bodies() -> Vec<(&'static str, Vec<u8>)> {
     ]
 }
 
-/// Run `f` repeatedly for at least `budget` (after a short warm-up) and return the mean time
-/// per call.
+/// Run `f` repeatedly for about `budget` (after a short warm-up) and return the time per call of
+/// the fastest of about 20 batches. On a shared machine the fastest batch is the one least
+/// disturbed by other work, so it is the steadiest estimate of the code's own speed.
 pub fn time_per_call(budget: Duration, mut f: impl FnMut()) -> Duration {
     let warm = Instant::now();
-    while warm.elapsed() < budget / 10 {
+    let mut calls: u32 = 0;
+    while warm.elapsed() < budget / 10 || calls == 0 {
         f();
+        calls += 1;
     }
-    let mut iters: u32 = 0;
+    // Calls per batch so that a batch lasts about budget / 20.
+    let per_call = warm.elapsed() / calls;
+    let batch = ((budget / 20).as_nanos() / per_call.as_nanos().max(1)).clamp(1, 1 << 20) as u32;
+    let mut best = Duration::MAX;
     let start = Instant::now();
-    loop {
-        for _ in 0..16 {
+    while start.elapsed() < budget || best == Duration::MAX {
+        let t = Instant::now();
+        for _ in 0..batch {
             f();
         }
-        iters += 16;
-        let el = start.elapsed();
-        if el >= budget {
-            return el / iters;
-        }
+        best = best.min(t.elapsed() / batch);
     }
+    best
 }
 
 /// Print the summary table: for each body, raw SHA-256 of its bytes (the limit), `canonicalize`
