@@ -242,3 +242,57 @@ test('heartbeats renew the lease of a long handler; a takeover after lease expir
     await srv2.close();
   }
 });
+
+test('fastify: invalid JSON on routes the plugin does not protect still gets 400', async () => {
+  const app = Fastify({ forceCloseConnections: true });
+  await app.register(idempo.idempotencyPlugin, { store: new idempo.MemoryStore(), required: false });
+  app.post('/free', async (req) => ({ got: req.body }));
+  app.put('/put', async (req) => ({ got: req.body }));
+  await app.listen({ port: 0, host: '127.0.0.1' });
+  try {
+    const url = `http://127.0.0.1:${app.server.address().port}`;
+    const h = { 'content-type': 'application/json' };
+    assert.equal((await fetch(`${url}/free`, { method: 'POST', headers: h, body: '{"a":' })).status, 400);
+    assert.equal((await fetch(`${url}/put`, { method: 'PUT', headers: h, body: '{"a":' })).status, 400);
+    const ok = await fetch(`${url}/free`, { method: 'POST', headers: h, body: '{"a":1}' });
+    assert.deepEqual(await ok.json(), { got: { a: 1 } });
+  } finally {
+    await app.close();
+  }
+});
+
+test('express: scope separates principals; a missing scope with req.user warns once', async () => {
+  const app = express();
+  const store = new idempo.MemoryStore();
+  const warn = idempotency({ store });
+  const warnings = [];
+  warn.events.on('warning', (w) => warnings.push(w.message));
+  const scoped = idempotency({ store, scope: (req) => req.user.id });
+  let runs = 0;
+  app.use((req, _res, next) => {
+    req.user = { id: req.headers['x-user'] };
+    next();
+  });
+  app.post('/scoped', scoped, (req, res) => res.status(201).json({ user: req.user.id, run: ++runs }));
+  app.post('/unscoped', warn, (req, res) => res.status(201).json({ run: ++runs }));
+  const server = await new Promise((r) => {
+    const s = app.listen(0, '127.0.0.1', () => r(s));
+  });
+  try {
+    const url = `http://127.0.0.1:${server.address().port}`;
+    const key = idempo.generateKey();
+    const send = (path, user) =>
+      fetch(`${url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json', 'idempotency-key': key, 'x-user': user }, body: '{}' });
+    const a = await (await send('/scoped', 'alice')).json();
+    const b = await (await send('/scoped', 'bob')).json();
+    assert.deepEqual([a.user, b.user], ['alice', 'bob'], 'the same key under two principals is two records');
+    assert.equal((await send('/scoped', 'alice')).headers.get('idempotent-replayed'), 'true');
+    await send('/unscoped', 'alice');
+    await send('/unscoped', 'bob');
+    assert.equal(warnings.length, 1);
+    assert.match(warnings[0], /scope/);
+  } finally {
+    server.closeAllConnections();
+    await new Promise((r) => server.close(r));
+  }
+});

@@ -173,7 +173,7 @@ export function idempotency(options: IdempotencyOptions<IncomingMessage>): Idemp
       }
       req._body = true;
     }
-    const principal = options.scope ? await options.scope(req) : '';
+    const principal = await p.principal(req as IncomingMessage & { user?: unknown });
     const admitted = admitRequest(p, {
       method,
       route,

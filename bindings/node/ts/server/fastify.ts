@@ -22,7 +22,9 @@ interface State {
   method: string;
 }
 
-type Req = FastifyRequest & { rawBody?: Buffer; idempotency?: ExecutionContext; [STATE]?: State };
+type Req = FastifyRequest & { rawBody?: Buffer; idempotency?: ExecutionContext; [STATE]?: State; [BAD_JSON]?: Error };
+
+const BAD_JSON = Symbol('idempo.fastify.badJson');
 
 function payloadBytes(payload: unknown): Buffer {
   if (payload === null || payload === undefined) return Buffer.alloc(0);
@@ -66,8 +68,10 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
     if (raw.length === 0) return done(null, undefined);
     try {
       done(null, JSON.parse(raw.toString('utf8')));
-    } catch {
-      // Left to the fingerprint: core answers 400 invalid_body with the exact reason.
+    } catch (e) {
+      // Protected requests: core's fingerprint answers 400 invalid_body with the exact reason.
+      // Others get this error (400) in preHandler, as Fastify's own parser would answer.
+      (req as Req)[BAD_JSON] = Object.assign(new Error(`Body is not valid JSON: ${(e as Error).message}`), { statusCode: 400 });
       done(null, undefined);
     }
   });
@@ -79,10 +83,14 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
   app.addHook('preHandler', async (request, reply) => {
     const req = request as Req;
     const method = req.method.toUpperCase();
-    if (!p.methods.has(method)) return;
+    const badJson = req[BAD_JSON];
+    if (!p.methods.has(method)) {
+      if (badJson) throw badJson;
+      return;
+    }
     const started = Date.now();
     const route = options.route ? options.route(req) : (req.routeOptions.url ?? req.url);
-    const principal = options.scope ? await options.scope(req) : '';
+    const principal = await p.principal(req as FastifyRequest & { user?: unknown });
     const admitted = admitRequest(p, {
       method,
       route,
@@ -92,7 +100,10 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
       headers: req.headers,
       body: req.rawBody ?? Buffer.alloc(0),
     });
-    if (admitted.kind === 'unprotected') return;
+    if (admitted.kind === 'unprotected') {
+      if (badJson) throw badJson;
+      return;
+    }
     if (admitted.kind === 'respond') {
       emit({ method, route, started }, admitted.outcome, admitted.response.status);
       return reply.send(apply(reply, admitted.response));

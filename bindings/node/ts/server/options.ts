@@ -112,6 +112,20 @@ export class Prepared<Req> {
     return toHttp(native.problemResponse(kind, detail ?? null, reason ?? null, retryAfterMs ?? null));
   }
 
+  #warnedScope = false;
+
+  /** The principal of a request; warns once when requests carry a user but no scope is set. */
+  async principal(req: Req & { user?: unknown }): Promise<string> {
+    if (this.o.scope) return this.o.scope(req);
+    if (!this.#warnedScope && req.user !== undefined && req.user !== null) {
+      this.#warnedScope = true;
+      this.events.emit('warning', {
+        message: 'requests carry req.user but no `scope` option is set: keys are shared by every user; pass scope: (req) => req.user.id',
+      });
+    }
+    return '';
+  }
+
   isSideEffectFree(err: unknown): boolean {
     if (this.o.isSideEffectFree) return this.o.isSideEffectFree(err);
     return typeof err === 'object' && err !== null && (err as { noSideEffect?: unknown }).noSideEffect === true;

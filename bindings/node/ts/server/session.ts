@@ -42,6 +42,8 @@ export interface IdempotencyEventMap {
   corrupt_record: [{ message: string }];
   /** The lease was lost to a takeover while the handler ran. */
   lease_lost: [{ route: string }];
+  /** A configuration smell, reported once (e.g. authenticated requests but no `scope`). */
+  warning: [{ message: string }];
 }
 
 /** The event emitter of an idempotency integration. */
