@@ -345,6 +345,29 @@ mod tests {
         }
     }
 
+    /// Objects nested in arrays share the per-depth shape cache: repeats, changes and
+    /// duplicates after a cached shape must all come out right.
+    #[test]
+    fn repeated_shapes() {
+        assert_eq!(
+            canon(
+                r#"[{"m":{"b":1,"a":2}},{"m":{"b":3,"a":4}},{"m":{"a":5,"b":6}},{"m":{"c":7,"b":8}}]"#
+            ),
+            r#"[{"m":{"a":2,"b":1}},{"m":{"a":4,"b":3}},{"m":{"a":5,"b":6}},{"m":{"b":8,"c":7}}]"#
+        );
+        assert_eq!(
+            code(br#"[{"m":{"b":1,"a":2}},{"m":{"b":1,"b":2}}]"#),
+            ("duplicate_member", 33, Some("/1/m/b".into()))
+        );
+        assert_eq!(
+            code(
+                br#"[{"m":{"abcdefghij":1,"abcdefghiJ":2}},{"m":{"abcdefghij":1,"abcdefghij":2}}]"#
+            )
+            .0,
+            "duplicate_member"
+        );
+    }
+
     #[test]
     fn exclusions() {
         let ex = Exclusions::new(["/ts", "/items/0", "/items/1/trace"]).expect("valid");

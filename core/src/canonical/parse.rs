@@ -201,6 +201,8 @@ struct Shape {
 struct Frame {
     node: u32,
     is_obj: bool,
+    /// Some enclosing container is an array: this object's shape probably repeats.
+    in_arr: bool,
     /// Objects: where this object's key indices start in `pending`.
     pending_start: u32,
     /// Objects: members so far. Arrays: elements started so far.
@@ -244,13 +246,20 @@ fn scan_plain(input: &[u8], mut i: usize) -> usize {
     i
 }
 
+/// Order two member names (prefix, key node) by UTF-16 code units.
+#[inline(always)]
+fn cmp_keys(t: &Tape<'_>, x: &(u64, u32), y: &(u64, u32)) -> Ordering {
+    cmp_prefixed(x.0, y.0)
+        .then_with(|| cmp_utf16(t.str_bytes(t.node(x.1)), t.str_bytes(t.node(y.1))))
+}
+
 /// Sort a few member names in place (insertion sort: no setup cost for small objects).
 #[inline]
-fn sort_small<F: Fn(&(u64, u32), &(u64, u32)) -> Ordering>(keys: &mut [(u64, u32)], cmp: F) {
+fn sort_small(t: &Tape<'_>, keys: &mut [(u64, u32)]) {
     for i in 1..keys.len() {
         let cur = keys[i];
         let mut j = i;
-        while j > 0 && cmp(&cur, &keys[j - 1]) == Ordering::Less {
+        while j > 0 && cmp_keys(t, &cur, &keys[j - 1]) == Ordering::Less {
             keys[j] = keys[j - 1];
             j -= 1;
         }
@@ -261,11 +270,11 @@ fn sort_small<F: Fn(&(u64, u32), &(u64, u32)) -> Ordering>(keys: &mut [(u64, u32
 /// Sort member names: insertion sort for small objects, pattern-defeating quicksort otherwise
 /// (O(n log n) for large objects).
 #[inline]
-fn sort_keys<F: Fn(&(u64, u32), &(u64, u32)) -> Ordering>(keys: &mut [(u64, u32)], cmp: F) {
+fn sort_keys(t: &Tape<'_>, keys: &mut [(u64, u32)]) {
     if keys.len() <= 12 {
-        sort_small(keys, cmp);
+        sort_small(t, keys);
     } else {
-        keys.sort_unstable_by(cmp);
+        keys.sort_unstable_by(|x, y| cmp_keys(t, x, y));
     }
 }
 
@@ -564,9 +573,11 @@ impl<'a> Parser<'a> {
                     } else {
                         self.push(Tag::Array, self.pos as u32, 0, 0)
                     };
+                    let in_arr = self.stack.last().is_some_and(|p| !p.is_obj || p.in_arr);
                     self.stack.push(Frame {
                         node,
                         is_obj,
+                        in_arr,
                         pending_start: self.pending.len() as u32,
                         count: 0,
                         key: NO_KEY,
@@ -750,22 +761,20 @@ impl<'a> Parser<'a> {
         let mstart = tape.members.len() as u32;
         let keys = &mut self.pending[start..];
         let count = keys.len() as u32;
-        // Objects that are array elements often repeat one shape (arrays of records): those use
-        // the per-depth shape cache. Others are sorted directly.
-        let in_array = self.stack.len() >= 2 && !self.stack[self.stack.len() - 2].is_obj;
+        // Objects inside arrays often repeat one shape (arrays of records, and the objects
+        // nested in them): those use the per-depth shape cache. Others are sorted directly.
+        let in_array = f.in_arr;
         let sorted;
         if keys.len() < 2 {
             sorted = true;
             tape.members.extend(keys.iter().map(|&(_, k)| k));
         } else if !in_array {
             let t: &Tape<'_> = tape;
-            let cmp = |x: &(u64, u32), y: &(u64, u32)| {
-                cmp_prefixed(x.0, y.0)
-                    .then_with(|| cmp_utf16(t.str_bytes(t.node(x.1)), t.str_bytes(t.node(y.1))))
-            };
-            sorted = keys.windows(2).all(|w| cmp(&w[0], &w[1]) == Ordering::Less);
+            sorted = keys
+                .windows(2)
+                .all(|w| cmp_keys(t, &w[0], &w[1]) == Ordering::Less);
             if !sorted {
-                sort_keys(keys, cmp);
+                sort_keys(t, keys);
             }
             if let Some((off, kb)) = first_duplicate(t, keys) {
                 let mut ptr = self.pointer(self.stack.len() - 1);
@@ -792,22 +801,24 @@ impl<'a> Parser<'a> {
                 // Same member names in the same order as the previous object at this depth
                 // (typical of arrays of records): reuse its sort permutation. Its names were
                 // already checked for duplicates.
-                for &p in &shape.perm {
-                    tape.members.push(keys[p as usize].1);
-                }
+                let keys: &[(u64, u32)] = keys;
+                tape.members.extend(
+                    shape
+                        .perm
+                        .iter()
+                        .map(|&p| keys.get(p as usize).map_or(0, |k| k.1)),
+                );
                 sorted = shape.sorted;
             } else {
                 shape.keys.clear();
                 shape.keys.extend_from_slice(keys);
                 let t: &Tape<'_> = tape;
-                let cmp = |x: &(u64, u32), y: &(u64, u32)| {
-                    cmp_prefixed(x.0, y.0)
-                        .then_with(|| cmp_utf16(t.str_bytes(t.node(x.1)), t.str_bytes(t.node(y.1))))
-                };
-                sorted = keys.windows(2).all(|w| cmp(&w[0], &w[1]) == Ordering::Less);
+                sorted = keys
+                    .windows(2)
+                    .all(|w| cmp_keys(t, &w[0], &w[1]) == Ordering::Less);
                 shape.sorted = sorted;
                 if !sorted {
-                    sort_keys(keys, cmp);
+                    sort_keys(t, keys);
                 }
                 if let Some((off, kb)) = first_duplicate(t, keys) {
                     shape.perm.clear();
@@ -836,6 +847,7 @@ impl<'a> Parser<'a> {
     }
 
     /// Read `true`, `false` or `null` (always verbatim).
+    #[inline]
     fn literal(&mut self, word: &[u8], tag: Tag) -> Result<bool, CanonError> {
         if self.input[self.pos..].starts_with(word) {
             self.pos += word.len();
