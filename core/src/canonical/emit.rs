@@ -98,7 +98,7 @@ pub(crate) fn emit<S: CanonSink + ?Sized>(
         numbers,
         excl,
         sink,
-        stack: Vec::new(),
+        stack: Vec::with_capacity(16),
         buf: ryu_js::Buffer::new(),
     };
     e.run()
