@@ -458,6 +458,8 @@ async def s_hung_pg(t: Target, timeout: float) -> Row:
     assert t.svc is not None
     c = t.client()
     t0 = time.monotonic()
+    # Open connections first (a busy service), then freeze the server.
+    await asyncio.gather(*(post(c, "/pay/ou", new_key(), body("warm")) for _ in range(12)))
     pids = t.svc.pg_pids()
     for p in pids:
         os.kill(p, signal.SIGSTOP)
@@ -594,7 +596,7 @@ def _vacuum(t: Target) -> int:
 
 
 async def s_purge(t: Target, n: int, batch: int) -> Row:
-    row = Row(t.name, f"6 purge {n:,} expired rows")
+    row = Row(t.name, f"6 purge {n:,} expired rows")  # rows, not trials: trials stay 0
     from idempo import stores
 
     t0 = time.monotonic()
@@ -636,8 +638,7 @@ async def s_purge(t: Target, n: int, batch: int) -> Row:
     close = getattr(store, "close", None)
     if close:
         close()
-    row.trials = total.total
-    row.outcomes[f"deleted completed={total.completed}"] += 1
+    row.outcomes[f"rows deleted {total.total:,} (completed {total.completed:,})"] += 1
     if total.total < n:
         row.bad(f"purged {total.total} of {n}")
     if rows1 > rows0 - n + len(probe_lat):
@@ -675,7 +676,7 @@ async def s_soak(t: Target, seconds: float, kills: bool) -> Row:
                 try:
                     r = await post(c, f"/pay/{mode}", key, data, fresh=False)
                 except ConnectionDied:
-                    row.outcomes["connection died (killed worker)"] += 1
+                    row.outcomes["connection died (killed worker, or idle keep-alive closed)"] += 1
                     await asyncio.sleep(0.2)
                     continue
                 label = classify(r)
@@ -773,12 +774,14 @@ async def run_store(name: str, svc: Optional[Services], prof: Dict[str, Any], wo
                 rows.append(await s_stop(t, prof["stop_trials"]))
             if want("5"):
                 rows.append(await s_outage(t, prof["probes"]))
-                if name == "postgres" and prof is PROFILES["long"]:
-                    rows.append(await s_hung_pg(t, 10.0))
                 # Worker threads still hold connections the outage broke; each would fail closed
                 # once (503, counted above). Later scenarios start from fresh workers.
                 server.stop()
                 server.start()
+                if name == "postgres" and prof is PROFILES["long"]:
+                    rows.append(await s_hung_pg(t, 10.0))
+                    server.stop()
+                    server.start()
         if want("6"):
             rows.append(await s_ttl(t, prof["ttl_keys"]))
             if name in ("sqlite", "postgres"):
