@@ -64,7 +64,13 @@ pub struct MemoryStoreCore {
     max_bytes: usize,
     bytes: usize,
     evicted_live: u32,
+    ops: u32,
 }
+
+/// Claims between two lazy sweeps of expired records.
+const SWEEP_EVERY: u32 = 128;
+/// Most expired records one sweep deletes.
+const SWEEP_MAX: usize = 64;
 
 #[napi]
 impl MemoryStoreCore {
@@ -81,6 +87,7 @@ impl MemoryStoreCore {
                 .unwrap_or(usize::MAX),
             bytes: 0,
             evicted_live: 0,
+            ops: 0,
         }
     }
 
@@ -114,6 +121,23 @@ impl MemoryStoreCore {
         let r = self.map.remove(k)?;
         self.bytes -= body_bytes(&r);
         Some(r)
+    }
+
+    /// Deletes up to [`SWEEP_MAX`] expired records (nothing outlives the process, so this only
+    /// bounds memory between purges).
+    fn sweep(&mut self, now: u64) {
+        let mut removed = 0usize;
+        let mut freed = 0usize;
+        self.map.retain(|_, r| {
+            if removed < SWEEP_MAX && r.is_expired(now) {
+                removed += 1;
+                freed += body_bytes(r);
+                false
+            } else {
+                true
+            }
+        });
+        self.bytes -= freed;
     }
 
     /// Makes room for `extra` more entries / `extra_bytes` more bytes: expired records first,
@@ -174,6 +198,10 @@ impl MemoryStoreCore {
                 to_u64(ttl_ms, "ttlMs")?,
                 to_u64(now_ms, "nowMs")?,
             );
+            s.ops = s.ops.wrapping_add(1);
+            if s.ops.is_multiple_of(SWEEP_EVERY) {
+                s.sweep(now);
+            }
             let live = s.map.get(&k).is_some_and(|r| !r.is_expired(now));
             if !live && !s.map.contains_key(&k) && !s.make_room(1, 0, now) {
                 return Err(
