@@ -7,7 +7,7 @@ deduplicates on the downstream key idempo hands the handler.
 
 Configuration (environment): ``EV_STORE`` memory|sqlite|postgres|redis, ``EV_STORE_URL`` (path,
 DSN or URL), ``EV_EFFECTS`` (SQLite path), ``EV_LEASE_MS`` (1000), ``EV_TTL_MS`` (600000),
-``EV_SHORT_TTL_MS`` (1500, route /ttl), ``EV_STOP_SLEEP_MS`` (400).
+``EV_SHORT_TTL_MS`` (3000, route /ttl), ``EV_STOP_SLEEP_MS`` (400).
 
 Fault injection, per request (headers are not part of the fingerprint): ``x-ev-crash`` =
 ``after_claim`` | ``in_handler`` | ``after_effect`` | ``before_complete`` | ``after_complete``
@@ -40,7 +40,7 @@ STORE_URL = os.environ.get("EV_STORE_URL", "")
 EFFECTS = os.environ.get("EV_EFFECTS", "/tmp/idempo-evidence-effects.sqlite3")
 LEASE_MS = int(os.environ.get("EV_LEASE_MS", "1000"))
 TTL_MS = int(os.environ.get("EV_TTL_MS", "600000"))
-SHORT_TTL_MS = int(os.environ.get("EV_SHORT_TTL_MS", "1500"))
+SHORT_TTL_MS = int(os.environ.get("EV_SHORT_TTL_MS", "3000"))
 STOP_SLEEP_MS = int(os.environ.get("EV_STOP_SLEEP_MS", "400"))
 
 CRASH: contextvars.ContextVar[str] = contextvars.ContextVar("ev_crash", default="")
