@@ -248,9 +248,10 @@ class IdempotencyMiddleware:
 
 
 def _target(scope: Scope) -> str:
-    """The concrete request target: path plus query string."""
+    """The concrete request target as received: raw path plus query string (spec/CANONICAL.md §2.1)."""
     query = scope.get("query_string", b"")
-    path = str(scope.get("path", ""))
+    raw_path = scope.get("raw_path")
+    path = bytes(raw_path).decode("latin-1") if raw_path else str(scope.get("path", ""))
     return path + ("?" + bytes(query).decode("latin-1") if query else "")
 
 

@@ -218,6 +218,11 @@ def _headers(environ: Environ) -> List[Tuple[str, str]]:
 
 
 def _target(environ: Environ) -> str:
+    """The request target as received (spec/CANONICAL.md §2.1): the server's raw request URI when
+    it reports one (gunicorn ``RAW_URI``, others ``REQUEST_URI``), else path and query rebuilt."""
+    raw = environ.get("RAW_URI") or environ.get("REQUEST_URI")
+    if isinstance(raw, str) and raw.startswith("/"):
+        return raw
     path = str(environ.get("SCRIPT_NAME", "")) + str(environ.get("PATH_INFO", ""))
     query = environ.get("QUERY_STRING")
     return path + (f"?{query}" if query else "")
