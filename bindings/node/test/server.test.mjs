@@ -121,6 +121,28 @@ for (const [name, start] of Object.entries(servers)) {
     }
   });
 
+  test(`${name}: one key sent to another resource under the same route template is a mismatch`, async () => {
+    const state = makeHandlerState();
+    const srv = await start({ store: new idempo.MemoryStore() }, state);
+    try {
+      const key = idempo.generateKey();
+      const body = { amount: 100, currency: 'EUR' };
+      const r1 = await post(`${srv.url}/payments/7`, key, body);
+      assert.equal(r1.status, 201);
+      // Same scope (template /payments/:id), same body, other target: never 7's replay.
+      const r2 = await post(`${srv.url}/payments/8`, key, body);
+      assert.equal(r2.status, 422);
+      const r3 = await post(`${srv.url}/payments/7?dry_run=1`, key, body);
+      assert.equal(r3.status, 422);
+      const r4 = await post(`${srv.url}/payments/7`, key, body);
+      assert.equal(r4.status, 201);
+      assert.equal(r4.headers.get('idempotent-replayed'), 'true');
+      assert.equal(state.runs, 1);
+    } finally {
+      await srv.close();
+    }
+  });
+
   test(`${name}: in-flight 409 with Retry-After, then replay`, async () => {
     const state = makeHandlerState();
     let open;

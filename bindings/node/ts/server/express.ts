@@ -20,6 +20,7 @@ interface Req extends IncomingMessage {
   rawBody?: Buffer;
   route?: { path?: string };
   baseUrl?: string;
+  originalUrl?: string;
   path?: string;
   idempotency?: ExecutionContext;
   _body?: boolean;
@@ -177,6 +178,7 @@ export function idempotency(options: IdempotencyOptions<IncomingMessage>): Idemp
     const admitted = admitRequest(p, {
       method,
       route,
+      target: req.originalUrl ?? req.url ?? '/',
       principal,
       keyHeader: req.headers[p.header],
       contentType: ct,

@@ -94,6 +94,7 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
     const admitted = admitRequest(p, {
       method,
       route,
+      target: req.url,
       principal,
       keyHeader: req.headers[p.header],
       contentType: req.headers['content-type'],

@@ -135,7 +135,11 @@ export class Prepared<Req> {
 /** The request parts admission needs. */
 export interface RequestFacts {
   method: string;
+  /** The route template: names the scope (spec/KEYS.md §2). */
   route: string;
+  /** The request target as received (raw path and query): fingerprinted (spec/CANONICAL.md §2.1),
+   * so one key sent to two resources under one template is a mismatch, never a replay. */
+  target: string;
   principal: string;
   /** Raw header values of the key header (Node gives them as latin1 strings). */
   keyHeader: string | string[] | undefined;
@@ -168,7 +172,7 @@ export function admitRequest<Req>(p: Prepared<Req>, f: RequestFacts): Admitted {
   try {
     fingerprint = p.fingerprinter.fingerprint({
       method: f.method,
-      route: f.route,
+      route: f.target,
       body: f.body,
       headers: f.headers,
       contentType: f.contentType ?? null,
