@@ -180,9 +180,12 @@ fn dup_at(t: &Tape<'_>, x: u32, y: u32) -> (usize, Vec<u8>) {
 }
 
 #[inline]
-fn first_duplicate(t: &Tape<'_>, keys: &[(u64, u32)]) -> Option<(usize, Vec<u8>)> {
+fn first_duplicate(t: &Tape<'_>, keys: &[(u64, u32, u32)]) -> Option<(usize, Vec<u8>)> {
     for w in keys.windows(2) {
-        if w[0].0 == w[1].0 && t.str_bytes(t.node(w[0].1)) == t.str_bytes(t.node(w[1].1)) {
+        if w[0].0 == w[1].0
+            && w[0].2 == w[1].2
+            && t.str_bytes(t.node(w[0].1)) == t.str_bytes(t.node(w[1].1))
+        {
             return Some(dup_at(t, w[0].1, w[1].1));
         }
     }
@@ -192,7 +195,7 @@ fn first_duplicate(t: &Tape<'_>, keys: &[(u64, u32)]) -> Option<(usize, Vec<u8>)
 /// Member names of an object (in input order) and the permutation that sorts them.
 #[derive(Default)]
 struct Shape {
-    keys: Vec<(u64, u32)>,
+    keys: Vec<(u64, u32, u32)>,
     perm: Vec<u32>,
     /// The names were already in canonical order.
     sorted: bool,
@@ -248,14 +251,14 @@ fn scan_plain(input: &[u8], mut i: usize) -> usize {
 
 /// Order two member names (prefix, key node) by UTF-16 code units.
 #[inline(always)]
-fn cmp_keys(t: &Tape<'_>, x: &(u64, u32), y: &(u64, u32)) -> Ordering {
+fn cmp_keys(t: &Tape<'_>, x: &(u64, u32, u32), y: &(u64, u32, u32)) -> Ordering {
     cmp_prefixed(x.0, y.0)
         .then_with(|| cmp_utf16(t.str_bytes(t.node(x.1)), t.str_bytes(t.node(y.1))))
 }
 
 /// Sort a few member names in place (insertion sort: no setup cost for small objects).
 #[inline]
-fn sort_small(t: &Tape<'_>, keys: &mut [(u64, u32)]) {
+fn sort_small(t: &Tape<'_>, keys: &mut [(u64, u32, u32)]) {
     for i in 1..keys.len() {
         let cur = keys[i];
         let mut j = i;
@@ -270,7 +273,7 @@ fn sort_small(t: &Tape<'_>, keys: &mut [(u64, u32)]) {
 /// Sort member names: insertion sort for small objects, pattern-defeating quicksort otherwise
 /// (O(n log n) for large objects).
 #[inline]
-fn sort_keys(t: &Tape<'_>, keys: &mut [(u64, u32)]) {
+fn sort_keys(t: &Tape<'_>, keys: &mut [(u64, u32, u32)]) {
     if keys.len() <= 12 {
         sort_small(t, keys);
     } else {
@@ -394,8 +397,8 @@ pub(crate) struct Parser<'a> {
     limits: Limits,
     tape: Tape<'a>,
     stack: Vec<Frame>,
-    /// Keys of the open objects: (8-byte big-endian prefix, key node).
-    pending: Vec<(u64, u32)>,
+    /// Keys of the open objects: (8-byte big-endian prefix, key node, name length in bytes).
+    pending: Vec<(u64, u32, u32)>,
     /// Per depth, the member names of the last object closed there and their sort permutation.
     shapes: Vec<Shape>,
     /// How many runs of whitespace were skipped so far (wrapping): unchanged across a value
@@ -695,9 +698,13 @@ impl<'a> Parser<'a> {
             return Err(self.unexpected(false, false));
         }
         let ws = self.ws;
-        let (key, prefix) = if let Some((a, len)) = self.simple_string() {
+        let (key, prefix, len) = if let Some((a, len)) = self.simple_string() {
             let key = self.push(Tag::Str, a, len, 0);
-            (key, borrowed_prefix(self.input, a as usize, len as usize))
+            (
+                key,
+                borrowed_prefix(self.input, a as usize, len as usize),
+                len,
+            )
         } else {
             let (tag, a, len, c) = self.string()?;
             let key = self.push(tag, a, len, c);
@@ -706,9 +713,9 @@ impl<'a> Parser<'a> {
             } else {
                 key_prefix(self.tape.str_bytes(self.tape.node(key)))
             };
-            (key, prefix)
+            (key, prefix, len)
         };
-        self.pending.push((prefix, key));
+        self.pending.push((prefix, key, len));
         let limit = self.limits.max_members;
         let Some(f) = self.stack.last_mut() else {
             return Err(self.err(K::UnexpectedEnd, self.pos));
@@ -767,7 +774,7 @@ impl<'a> Parser<'a> {
         let sorted;
         if keys.len() < 2 {
             sorted = true;
-            tape.members.extend(keys.iter().map(|&(_, k)| k));
+            tape.members.extend(keys.iter().map(|&(_, k, _)| k));
         } else if !in_array {
             let t: &Tape<'_> = tape;
             sorted = keys
@@ -781,7 +788,7 @@ impl<'a> Parser<'a> {
                 push_token(&mut ptr, &kb);
                 return Err(CanonError::new(K::DuplicateMember, off, Some(ptr)));
             }
-            tape.members.extend(keys.iter().map(|&(_, k)| k));
+            tape.members.extend(keys.iter().map(|&(_, k, _)| k));
         } else {
             if self.shapes.len() <= depth {
                 self.shapes.resize_with(depth + 1, Shape::default);
@@ -792,16 +799,15 @@ impl<'a> Parser<'a> {
                     if a.0 != b.0 {
                         return false;
                     }
-                    let (x, y) = (tape.node(a.1), tape.node(b.1));
                     // Equal prefixes and equal lengths up to 8 bytes: equal names.
-                    (x.tag == Tag::Str && y.tag == Tag::Str && x.b == y.b && x.b <= 8)
-                        || tape.str_bytes(x) == tape.str_bytes(y)
+                    (a.2 == b.2 && a.2 <= 8)
+                        || tape.str_bytes(tape.node(a.1)) == tape.str_bytes(tape.node(b.1))
                 });
             if same {
                 // Same member names in the same order as the previous object at this depth
                 // (typical of arrays of records): reuse its sort permutation. Its names were
                 // already checked for duplicates.
-                let keys: &[(u64, u32)] = keys;
+                let keys: &[(u64, u32, u32)] = keys;
                 tape.members.extend(
                     shape
                         .perm
@@ -828,11 +834,11 @@ impl<'a> Parser<'a> {
                 }
                 // Node ids grow in input order, so an id's original position is its rank.
                 shape.perm.clear();
-                for &(_, id) in keys.iter() {
-                    let pos = shape.keys.partition_point(|&(_, k)| k < id);
+                for &(_, id, _) in keys.iter() {
+                    let pos = shape.keys.partition_point(|&(_, k, _)| k < id);
                     shape.perm.push(pos as u32);
                 }
-                tape.members.extend(keys.iter().map(|&(_, k)| k));
+                tape.members.extend(keys.iter().map(|&(_, k, _)| k));
             }
         }
         self.pending.truncate(start);
