@@ -35,12 +35,7 @@ CHUNK_SLACK = 256 * 1024
 socket buffer between the HTTP parser and the middleware)."""
 
 
-KNOWN_ISSUES: Dict[Tuple[str, str], str] = {
-    ("node", "body: 100 MB, 1 MiB limit"): (
-        "bindings/node readBody() keeps reading (and discarding) the whole body past bodyLimit "
-        "before answering 413; reported to the Node binding"
-    ),
-}
+KNOWN_ISSUES: Dict[Tuple[str, str], str] = {}
 """Cases that fail today because of a reported defect: printed as KNOWN (not hidden), they do not
 fail the run; when one starts passing it prints FIXED so the entry can be removed."""
 

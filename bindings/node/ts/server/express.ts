@@ -42,18 +42,43 @@ interface RequestState {
 }
 
 /** Reads the whole request body, at most `limit` bytes (`null`: over the limit). */
+/**
+ * Reads the request body, at most `limit` bytes. Resolves `null` as soon as the body is known to be
+ * larger (a `Content-Length` over the limit, or the first chunk past it) and stops reading, so a
+ * hostile upload costs at most the limit plus one chunk.
+ */
 export function readBody(req: IncomingMessage, limit: number): Promise<Buffer | null> {
+  const declared = Number(req.headers['content-length']);
+  if (Number.isFinite(declared) && declared > limit) return Promise.resolve(null);
   return new Promise((resolve, reject) => {
     const chunks: Buffer[] = [];
     let size = 0;
-    let over = false;
-    req.on('data', (c: Buffer) => {
+    const onData = (c: Buffer) => {
       size += c.length;
-      if (size > limit) over = true;
-      else chunks.push(c);
-    });
-    req.on('end', () => resolve(over ? null : Buffer.concat(chunks)));
-    req.on('error', reject);
+      if (size <= limit) {
+        chunks.push(c);
+        return;
+      }
+      cleanup();
+      req.pause();
+      resolve(null);
+    };
+    const onEnd = () => {
+      cleanup();
+      resolve(Buffer.concat(chunks));
+    };
+    const onError = (e: Error) => {
+      cleanup();
+      reject(e);
+    };
+    const cleanup = () => {
+      req.off('data', onData);
+      req.off('end', onEnd);
+      req.off('error', onError);
+    };
+    req.on('data', onData);
+    req.on('end', onEnd);
+    req.on('error', onError);
   });
 }
 
@@ -158,7 +183,9 @@ export function idempotency(options: IdempotencyOptions<IncomingMessage>): Idemp
     if (body === null) {
       const r = p.problem('body_too_large');
       emitOutcome(method, route, 'body_too_large', r.status, started);
-      return send(res, r);
+      // The rest of the upload is never read: close the connection once the 413 is out.
+      res.on('finish', () => req.destroy());
+      return send(res, { ...r, headers: [...r.headers, ['connection', 'close']] });
     }
     req.rawBody = body;
     const ct = req.headers['content-type'];
