@@ -211,14 +211,33 @@ impl<S: CanonSink + ?Sized> Emitter<'_, '_, S> {
                     *cur = key;
                     let kn = self.tape.node(key);
                     if *mask == 0 && kn.v {
-                        // `"name":value` is canonical as written.
-                        if !*first {
-                            self.sink.write_byte(b',');
+                        // `"name":value` is canonical as written: copy it, with the separator
+                        // when the input has a comma right before it (one copy instead of two
+                        // writes), and go on through the following verbatim members here.
+                        let tape = self.tape;
+                        let mut kn = kn;
+                        loop {
+                            let mut start = kn.a as usize - 1;
+                            if !*first {
+                                if tape.input.get(start.wrapping_sub(1)) == Some(&b',') {
+                                    start -= 1;
+                                } else {
+                                    self.sink.write_byte(b',');
+                                }
+                            }
+                            *first = false;
+                            self.sink.write_in(tape.input, start, kn.c as usize - start);
+                            let Some(&key) = tape.members.get(*next as usize) else {
+                                break;
+                            };
+                            let n = tape.node(key);
+                            if *next >= *end || !n.v {
+                                break;
+                            }
+                            *next += 1;
+                            *cur = key;
+                            kn = n;
                         }
-                        *first = false;
-                        let start = kn.a as usize - 1;
-                        self.sink
-                            .write_in(self.tape.input, start, kn.c as usize - start);
                         continue;
                     }
                     let child_mask = if *mask == 0 {
@@ -267,13 +286,19 @@ impl<S: CanonSink + ?Sized> Emitter<'_, '_, S> {
                     let this = *idx;
                     *idx += 1;
                     if *mask == 0 && cn.v {
-                        // A nested array that is canonical as written.
+                        // A nested array that is canonical as written (with the separator when
+                        // the input has a comma right before it).
+                        let mut start = cn.a as usize;
                         if !*first {
-                            self.sink.write_byte(b',');
+                            if self.tape.input.get(start.wrapping_sub(1)) == Some(&b',') {
+                                start -= 1;
+                            } else {
+                                self.sink.write_byte(b',');
+                            }
                         }
                         *first = false;
                         self.sink
-                            .write_in(self.tape.input, cn.a as usize, (cn.c - cn.a) as usize);
+                            .write_in(self.tape.input, start, cn.c as usize - start);
                         continue;
                     }
                     let child_mask = if *mask == 0 {
