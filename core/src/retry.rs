@@ -8,8 +8,10 @@
 //! - **Retried**: timeouts, connection errors, 408, 409 (the first request is still in flight),
 //!   425, 429 and every 5xx except those that say a repeat cannot succeed (501, 505, 506, 508,
 //!   510, 511).
-//! - **Stopped**: 1xx, 2xx, 3xx, 422 ([`StopReason::KeyReusedWithDifferentRequest`]) and every
-//!   other 4xx.
+//! - **Stopped**: 1xx, 2xx, 3xx, 422 ([`StopReason::KeyReusedWithDifferentRequest`]), every
+//!   other 4xx, and idempo's `outcome-unknown` 500 ([`AttemptOutcome::OutcomeUnknown`], told
+//!   apart from other 500s by [`AttemptOutcome::from_response`]): retrying that key cannot change
+//!   the answer.
 //! - **Backoff**: exponential with *equal jitter* by default: `cap = min(max_delay, base·2^(n-1))`
 //!   after attempt `n`, then `delay = ⌊cap/2⌋ + ⌊jitter·(cap - ⌊cap/2⌋)⌋` (never more than `cap`).
 //!   Equal jitter keeps at least half the backoff, so a 409 storm is never retried at once;
@@ -27,6 +29,15 @@
 //! Core reads no clock and draws no randomness: the host passes the elapsed time and a uniform
 //! jitter sample (e.g. `Math.random()`, `random.random()`).
 use thiserror::Error;
+
+use crate::canonical::{CanonOptions, Limits, canonicalize_with};
+use crate::machine::problem::{OUTCOME_UNKNOWN_TYPE, PROBLEM_CONTENT_TYPE};
+
+/// The most bytes of a response body [`AttemptOutcome::from_response`] looks at; a longer body
+/// is never read as the outcome-unknown problem (idempo's own is a few hundred bytes).
+pub const OUTCOME_UNKNOWN_BODY_LIMIT: usize = 4096;
+/// The status idempo answers the outcome-unknown problem with.
+pub const OUTCOME_UNKNOWN_STATUS: u16 = 500;
 
 /// The largest allowed `max_delay_ms`: one day.
 pub const MAX_DELAY_LIMIT_MS: u64 = 86_400_000;
@@ -145,6 +156,114 @@ pub enum AttemptOutcome {
     Timeout,
     /// The connection failed or broke (the request may or may not have run).
     ConnectionError,
+    /// The server answered with idempo's outcome-unknown problem (`500`, type
+    /// `urn:idempo:problem:outcome-unknown`): an earlier attempt with this key may have taken
+    /// effect and its outcome was not recorded. Retrying this key cannot change the answer; the
+    /// caller must reconcile (check the resource's state), NOT mint a new key blindly.
+    OutcomeUnknown,
+}
+
+impl AttemptOutcome {
+    /// Classifies a response that arrived: [`AttemptOutcome::OutcomeUnknown`] when `status` is
+    /// 500, `content_type` is `application/problem+json` (parameters and case ignored) and
+    /// `body` is a JSON object, at most [`OUTCOME_UNKNOWN_BODY_LIMIT`] bytes, whose top-level
+    /// `type` member is [`OUTCOME_UNKNOWN_TYPE`]; otherwise [`AttemptOutcome::Response`].
+    ///
+    /// The body is parsed with core's canonical JSON parser, so whitespace, member order and
+    /// escapes do not matter, and a body that is not valid JSON (or has duplicate members) is an
+    /// ordinary response. The status is not validated here; [`RetryPolicy::decide`] does that.
+    #[must_use]
+    pub fn from_response(
+        status: u16,
+        retry_after_ms: Option<u64>,
+        content_type: Option<&str>,
+        body: &[u8],
+    ) -> AttemptOutcome {
+        if Self::body_needed(status, content_type) && is_outcome_unknown_problem(body) {
+            AttemptOutcome::OutcomeUnknown
+        } else {
+            AttemptOutcome::Response {
+                status,
+                retry_after_ms,
+            }
+        }
+    }
+
+    /// Whether [`AttemptOutcome::from_response`] would look at the body of a response with this
+    /// status and content type (a 500 `application/problem+json`). A client whose bodies are
+    /// streams reads the body only when this is true, and passes an empty body otherwise.
+    #[must_use]
+    pub fn body_needed(status: u16, content_type: Option<&str>) -> bool {
+        status == OUTCOME_UNKNOWN_STATUS && content_type.is_some_and(is_problem_json)
+    }
+}
+
+/// `application/problem+json`, ignoring parameters, surrounding whitespace and ASCII case.
+fn is_problem_json(content_type: &str) -> bool {
+    let essence = content_type.split(';').next().unwrap_or("").trim();
+    essence.eq_ignore_ascii_case(PROBLEM_CONTENT_TYPE)
+}
+
+/// True when `body` is a JSON object whose top-level `type` member is [`OUTCOME_UNKNOWN_TYPE`].
+///
+/// The body is canonicalized first (RFC 8785: no whitespace, minimal string escapes, sorted
+/// members, duplicates refused), then the top-level members are walked byte by byte. The type
+/// URI has only characters canonical JSON writes unescaped, so a byte comparison is exact.
+fn is_outcome_unknown_problem(body: &[u8]) -> bool {
+    if body.len() > OUTCOME_UNKNOWN_BODY_LIMIT {
+        return false;
+    }
+    let options = CanonOptions {
+        limits: Limits {
+            max_input_bytes: OUTCOME_UNKNOWN_BODY_LIMIT,
+            ..Limits::default()
+        },
+        ..CanonOptions::default()
+    };
+    let Ok(canon) = canonicalize_with(body, &options) else {
+        return false;
+    };
+    if canon.first() != Some(&b'{') {
+        return false;
+    }
+    let mut wanted = Vec::with_capacity(OUTCOME_UNKNOWN_TYPE.len() + 10);
+    wanted.extend_from_slice(b"\"type\":\"");
+    wanted.extend_from_slice(OUTCOME_UNKNOWN_TYPE.as_bytes());
+    wanted.push(b'"');
+    let member_is_wanted = |start: usize| {
+        canon
+            .get(start..)
+            .and_then(|rest| rest.strip_prefix(wanted.as_slice()))
+            .is_some_and(|after| matches!(after.first(), Some(b',' | b'}')))
+    };
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for (i, &b) in canon.iter().enumerate() {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => {
+                depth += 1;
+                if depth == 1 && member_is_wanted(i + 1) {
+                    return true;
+                }
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            b',' if depth == 1 && member_is_wanted(i + 1) => return true,
+            _ => {}
+        }
+    }
+    false
 }
 
 /// Why the client should stop retrying.
@@ -176,6 +295,9 @@ pub enum StopReason {
     TimeBudgetExhausted,
     /// The server's `Retry-After` asks for a wait longer than the remaining time budget.
     RetryAfterBeyondBudget,
+    /// The server answered idempo's outcome-unknown problem: an earlier attempt may have taken
+    /// effect. Retrying this key cannot change the answer; reconcile before any new key.
+    OutcomeUnknown,
 }
 
 impl StopReason {
@@ -192,6 +314,7 @@ impl StopReason {
             StopReason::AttemptsExhausted => "attempts_exhausted",
             StopReason::TimeBudgetExhausted => "time_budget_exhausted",
             StopReason::RetryAfterBeyondBudget => "retry_after_beyond_budget",
+            StopReason::OutcomeUnknown => "outcome_unknown",
         }
     }
 }
@@ -335,6 +458,11 @@ impl RetryPolicy {
                     return Ok(RetryDecision::Stop { reason });
                 }
                 retry_after_ms
+            }
+            AttemptOutcome::OutcomeUnknown => {
+                return Ok(RetryDecision::Stop {
+                    reason: StopReason::OutcomeUnknown,
+                });
             }
             AttemptOutcome::Timeout | AttemptOutcome::ConnectionError => None,
         };
@@ -645,6 +773,121 @@ mod tests {
             d(AttemptOutcome::ConnectionError),
             RetryDecision::Retry { .. }
         ));
+    }
+
+    const OU_BODY: &str =
+        r#"{"type":"urn:idempo:problem:outcome-unknown","title":"Outcome unknown","status":500}"#;
+    const PJ: Option<&str> = Some("application/problem+json");
+
+    #[test]
+    fn from_response_recognises_the_outcome_unknown_problem() {
+        let ou = AttemptOutcome::OutcomeUnknown;
+        let plain = resp(500, Some(1000));
+        let f = |ct: Option<&str>, body: &str| {
+            AttemptOutcome::from_response(500, Some(1000), ct, body.as_bytes())
+        };
+        assert_eq!(f(PJ, OU_BODY), ou);
+        // The server's own answer is recognised.
+        let r = crate::machine::problem::problem_response(
+            crate::machine::problem::ProblemKind::OutcomeUnknown,
+            None,
+            None,
+            None,
+        );
+        let ct = r
+            .headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case("content-type"))
+            .map(|(_, v)| v.as_str());
+        assert_eq!(
+            AttemptOutcome::from_response(r.status, None, ct, &r.body),
+            ou
+        );
+        // Media type parameters, case, whitespace, member order and escapes do not matter.
+        assert_eq!(
+            f(Some(" Application/Problem+JSON ; charset=utf-8"), OU_BODY),
+            ou
+        );
+        assert_eq!(
+            f(
+                PJ,
+                "\n{ \"status\" : 500,\n  \"t\\u0079pe\" :\t\"urn:idempo:problem:outcome\\u002dunknown\" }"
+            ),
+            ou
+        );
+        assert_eq!(
+            f(
+                PJ,
+                r#"{"a":[1,{"type":"x"}],"detail":"a \"type\":","type":"urn:idempo:problem:outcome-unknown"}"#
+            ),
+            ou
+        );
+        // Anything else is an ordinary response.
+        for (ct, body) in [
+            (None, OU_BODY),
+            (Some("application/json"), OU_BODY),
+            (Some("application/problem+json2"), OU_BODY),
+            (PJ, r#"{"type":"urn:idempo:problem:store-unavailable"}"#),
+            (PJ, r#"{"type":"urn:idempo:problem:outcome-unknownx"}"#),
+            (PJ, r#"{"type":"URN:idempo:problem:outcome-unknown"}"#),
+            (
+                PJ,
+                r#"{"inner":{"type":"urn:idempo:problem:outcome-unknown"}}"#,
+            ),
+            (PJ, r#"[{"type":"urn:idempo:problem:outcome-unknown"}]"#),
+            (
+                PJ,
+                r#"{"detail":"\"type\":\"urn:idempo:problem:outcome-unknown\""}"#,
+            ),
+            (PJ, r#"{"type":["urn:idempo:problem:outcome-unknown"]}"#),
+            (PJ, r#""urn:idempo:problem:outcome-unknown""#),
+            (
+                PJ,
+                r#"{"type":"urn:idempo:problem:outcome-unknown","type":"x"}"#,
+            ),
+            (PJ, r#"{"type":"urn:idempo:problem:outcome-unknown""#),
+            (PJ, ""),
+        ] {
+            assert_eq!(f(ct, body), plain, "{ct:?} {body}");
+        }
+        // Only a 500 carries it.
+        assert_eq!(
+            AttemptOutcome::from_response(503, None, PJ, OU_BODY.as_bytes()),
+            resp(503, None)
+        );
+        assert!(!AttemptOutcome::body_needed(503, PJ));
+        assert!(!AttemptOutcome::body_needed(500, None));
+        assert!(AttemptOutcome::body_needed(500, PJ));
+        // The body is bounded.
+        let padded = format!(
+            r#"{{"type":"urn:idempo:problem:outcome-unknown","pad":"{}"}}"#,
+            "x".repeat(OUTCOME_UNKNOWN_BODY_LIMIT)
+        );
+        assert_eq!(f(PJ, &padded), plain);
+        let fits = format!(
+            r#"{{"type":"urn:idempo:problem:outcome-unknown","pad":"{}"}}"#,
+            "x".repeat(OUTCOME_UNKNOWN_BODY_LIMIT - 60)
+        );
+        assert_eq!(f(PJ, &fits), ou);
+    }
+
+    #[test]
+    fn outcome_unknown_stops_at_once() {
+        let p = RetryPolicy::default();
+        let stop = Ok(RetryDecision::Stop {
+            reason: StopReason::OutcomeUnknown,
+        });
+        assert_eq!(p.decide(1, 0, &AttemptOutcome::OutcomeUnknown, 0.5), stop);
+        // Final even when the budget is gone, and inputs are still validated.
+        assert_eq!(
+            p.decide(9, 999_999, &AttemptOutcome::OutcomeUnknown, 0.0),
+            stop
+        );
+        assert_eq!(
+            p.decide(0, 0, &AttemptOutcome::OutcomeUnknown, 0.5),
+            Err(RetryInputError::ZeroAttempt)
+        );
+        assert_eq!(StopReason::OutcomeUnknown.code(), "outcome_unknown");
     }
 
     #[test]

@@ -25,6 +25,7 @@ fn outcome() -> impl Strategy<Value = AttemptOutcome> {
     prop_oneof![
         Just(AttemptOutcome::Timeout),
         Just(AttemptOutcome::ConnectionError),
+        Just(AttemptOutcome::OutcomeUnknown),
         (100u16..600, proptest::option::of(0u64..120_000)).prop_map(|(status, retry_after_ms)| {
             AttemptOutcome::Response {
                 status,

@@ -36,6 +36,7 @@ fn outcome(v: &Value) -> AttemptOutcome {
         },
         "timeout" => AttemptOutcome::Timeout,
         "connection_error" => AttemptOutcome::ConnectionError,
+        "outcome_unknown" => AttemptOutcome::OutcomeUnknown,
         other => panic!("unknown outcome kind {other}"),
     }
 }
@@ -134,4 +135,39 @@ fn retry_after_vectors() {
         );
         assert_eq!(got, case["expect_ms"].as_u64(), "{name}");
     }
+}
+
+#[test]
+fn outcome_vectors() {
+    let doc = load("outcome.json");
+    let limit = usize::try_from(doc["body_limit"].as_u64().expect("body_limit")).expect("usize");
+    assert_eq!(limit, idempo_core::retry::OUTCOME_UNKNOWN_BODY_LIMIT);
+    let cases = doc["cases"].as_array().expect("cases");
+    assert!(cases.len() >= 20);
+    let mut unknown = 0;
+    for case in cases {
+        let name = case["name"].as_str().expect("name");
+        let status = u16::try_from(case["status"].as_u64().expect("status")).expect("u16");
+        let retry_after_ms = case.get("retry_after_ms").and_then(Value::as_u64);
+        let content_type = case["content_type"].as_str();
+        let body = case["body"].as_str().expect("body").as_bytes();
+        let got = AttemptOutcome::from_response(status, retry_after_ms, content_type, body);
+        let want = match case["expect"].as_str().expect("expect") {
+            "outcome_unknown" => {
+                unknown += 1;
+                AttemptOutcome::OutcomeUnknown
+            }
+            "response" => AttemptOutcome::Response {
+                status,
+                retry_after_ms,
+            },
+            other => panic!("{name}: unknown expectation {other}"),
+        };
+        assert_eq!(got, want, "{name}");
+        if got == AttemptOutcome::OutcomeUnknown {
+            assert!(AttemptOutcome::body_needed(status, content_type), "{name}");
+        }
+    }
+    assert!(unknown >= 5);
+    println!("retry outcome vectors: {}", cases.len());
 }

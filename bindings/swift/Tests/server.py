@@ -13,6 +13,9 @@ Test controls (request headers, not part of the fingerprint):
   X-Test-Lose-Response: N   for the first N requests with this key, process normally (run or
                             replay) and then close the connection without answering (a lost
                             response)
+  X-Test-Outcome-Unknown: 1 the record is in idempo's "outcome unknown" state: every request
+                            with this key gets idempo's 500 outcome-unknown problem and does not
+                            run the handler
 
 GET /stats?key=K  -> {"executions": n, "requests": m, "header_values": [...]} for key K.
 
@@ -123,7 +126,9 @@ class Handler(BaseHTTPRequestHandler):
             if lose:
                 s["lost"] += 1
             record = RECORDS.get(key)
-            if fail:
+            if self.headers.get("X-Test-Outcome-Unknown") == "1":
+                outcome = "outcome_unknown"
+            elif fail:
                 outcome = "fail"
             elif record is None:
                 RECORDS[key] = {"state": "in_progress", "fingerprint": fingerprint}
@@ -147,7 +152,12 @@ class Handler(BaseHTTPRequestHandler):
             # The work is done (or replayed) but the answer never reaches the client.
             self.close_connection = True
             return
-        if outcome == "fail":
+        if outcome == "outcome_unknown":
+            self.answer(500, {"type": "urn:idempo:problem:outcome-unknown", "title": "Outcome unknown",
+                              "status": 500,
+                              "detail": "An earlier attempt may have taken effect; check before a new key."},
+                        content_type="application/problem+json")
+        elif outcome == "fail":
             self.answer(*problem(503, "Service Unavailable", "try again"),
                         headers={"Retry-After": "0"}, content_type="application/problem+json")
         elif outcome == "mismatch":

@@ -34,7 +34,8 @@ pub use key::{
 };
 pub use retry::{
     AttemptOutcome, JitterMode, RetryConfig, RetryDecision, RetryError, StopReason,
-    default_retry_config, parse_retry_after, retry_decide, stop_reason_code, validate_retry_config,
+    attempt_outcome_from_response, default_retry_config, parse_retry_after, retry_decide,
+    stop_reason_code, validate_retry_config,
 };
 pub use scope::scope_id_hex;
 

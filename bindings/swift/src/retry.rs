@@ -39,6 +39,10 @@ pub enum AttemptOutcome {
     Timeout,
     /// The connection failed or broke.
     ConnectionError,
+    /// The server answered idempo's outcome-unknown problem (see
+    /// [`attempt_outcome_from_response`]): retrying this key cannot change the answer; the
+    /// caller must reconcile, not mint a new key blindly.
+    OutcomeUnknown,
 }
 
 /// Why the client should stop retrying (core `StopReason`).
@@ -68,6 +72,9 @@ pub enum StopReason {
     TimeBudgetExhausted,
     /// The server's `Retry-After` exceeds the remaining time budget.
     RetryAfterBeyondBudget,
+    /// The server answered idempo's outcome-unknown problem: an earlier attempt may have taken
+    /// effect. Retrying cannot help; reconcile before any new key.
+    OutcomeUnknown,
 }
 
 /// What the client should do after an attempt (core `RetryDecision`).
@@ -187,6 +194,24 @@ impl From<AttemptOutcome> for core::AttemptOutcome {
             },
             AttemptOutcome::Timeout => core::AttemptOutcome::Timeout,
             AttemptOutcome::ConnectionError => core::AttemptOutcome::ConnectionError,
+            AttemptOutcome::OutcomeUnknown => core::AttemptOutcome::OutcomeUnknown,
+        }
+    }
+}
+
+impl From<core::AttemptOutcome> for AttemptOutcome {
+    fn from(o: core::AttemptOutcome) -> Self {
+        match o {
+            core::AttemptOutcome::Response {
+                status,
+                retry_after_ms,
+            } => AttemptOutcome::Response {
+                status,
+                retry_after_ms,
+            },
+            core::AttemptOutcome::Timeout => AttemptOutcome::Timeout,
+            core::AttemptOutcome::ConnectionError => AttemptOutcome::ConnectionError,
+            core::AttemptOutcome::OutcomeUnknown => AttemptOutcome::OutcomeUnknown,
         }
     }
 }
@@ -207,6 +232,7 @@ impl From<core::StopReason> for StopReason {
             core::StopReason::AttemptsExhausted => StopReason::AttemptsExhausted,
             core::StopReason::TimeBudgetExhausted => StopReason::TimeBudgetExhausted,
             core::StopReason::RetryAfterBeyondBudget => StopReason::RetryAfterBeyondBudget,
+            core::StopReason::OutcomeUnknown => StopReason::OutcomeUnknown,
         }
     }
 }
@@ -227,6 +253,7 @@ impl From<StopReason> for core::StopReason {
             StopReason::AttemptsExhausted => core::StopReason::AttemptsExhausted,
             StopReason::TimeBudgetExhausted => core::StopReason::TimeBudgetExhausted,
             StopReason::RetryAfterBeyondBudget => core::StopReason::RetryAfterBeyondBudget,
+            StopReason::OutcomeUnknown => core::StopReason::OutcomeUnknown,
         }
     }
 }
@@ -276,6 +303,22 @@ pub fn retry_decide(
     Ok(policy
         .decide(attempt, elapsed_ms, &outcome.into(), jitter)?
         .into())
+}
+
+/// Classifies a response that arrived (core `AttemptOutcome::from_response`):
+/// `OutcomeUnknown` for idempo's outcome-unknown problem (a 500 `application/problem+json` whose
+/// `type` is `urn:idempo:problem:outcome-unknown`), otherwise `Response { status,
+/// retry_after_ms }`.
+#[must_use]
+#[uniffi::export]
+pub fn attempt_outcome_from_response(
+    status: u16,
+    retry_after_ms: Option<u64>,
+    content_type: Option<String>,
+    body: Vec<u8>,
+) -> AttemptOutcome {
+    core::AttemptOutcome::from_response(status, retry_after_ms, content_type.as_deref(), &body)
+        .into()
 }
 
 /// Reads a `Retry-After` value (delay-seconds or an HTTP-date relative to `now_unix_ms`) as a
@@ -398,6 +441,7 @@ mod tests {
             StopReason::AttemptsExhausted,
             StopReason::TimeBudgetExhausted,
             StopReason::RetryAfterBeyondBudget,
+            StopReason::OutcomeUnknown,
         ];
         let mut codes = std::collections::HashSet::new();
         for reason in all {
@@ -405,6 +449,33 @@ mod tests {
             assert_eq!(back, reason);
             assert!(codes.insert(stop_reason_code(reason)));
         }
+    }
+
+    #[test]
+    fn outcome_unknown_is_classified_and_stops() {
+        let body = br#"{"type":"urn:idempo:problem:outcome-unknown","status":500}"#.to_vec();
+        let o = attempt_outcome_from_response(
+            500,
+            None,
+            Some("application/problem+json".into()),
+            body.clone(),
+        );
+        assert_eq!(o, AttemptOutcome::OutcomeUnknown);
+        assert_eq!(
+            attempt_outcome_from_response(500, Some(7), None, body),
+            response(500, Some(7))
+        );
+        let d = retry_decide(default_retry_config(), 1, 0, o, 0.5).unwrap();
+        assert_eq!(
+            d,
+            RetryDecision::Stop {
+                reason: StopReason::OutcomeUnknown
+            }
+        );
+        assert_eq!(
+            stop_reason_code(StopReason::OutcomeUnknown),
+            "outcome_unknown"
+        );
     }
 
     #[test]

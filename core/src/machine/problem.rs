@@ -12,6 +12,10 @@ use crate::key::KeyError;
 pub const PROBLEM_TYPE_PREFIX: &str = "urn:idempo:problem:";
 /// Media type of problem bodies.
 pub const PROBLEM_CONTENT_TYPE: &str = "application/problem+json";
+/// Type URI of the outcome-unknown problem (`500`, `spec/PROTOCOL.md` §4.6): equal to
+/// `ProblemKind::OutcomeUnknown.type_uri()`. Clients match it to stop retrying (see
+/// [`crate::retry::AttemptOutcome::from_response`]).
+pub const OUTCOME_UNKNOWN_TYPE: &str = "urn:idempo:problem:outcome-unknown";
 
 /// The problems idempo answers with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -240,6 +244,11 @@ fn push_json_string(out: &mut String, s: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn outcome_unknown_type_constant_matches_the_kind() {
+        assert_eq!(ProblemKind::OutcomeUnknown.type_uri(), OUTCOME_UNKNOWN_TYPE);
+    }
 
     #[test]
     fn body_is_valid_problem_json() {

@@ -39,6 +39,11 @@ public enum IdempotentClientError: Error, Sendable, CustomStringConvertible {
     /// A transport error that is not a timeout or connectivity loss (bad URL, TLS failure, ...).
     /// The key stays pending.
     case transport(key: IdempotencyKey, error: URLError)
+    /// The server answered idempo's outcome-unknown problem (500): an earlier attempt with this
+    /// key may have taken effect and its outcome was not recorded. No further attempt was made
+    /// (retrying this key cannot change the answer). The key stays pending: reconcile (check the
+    /// resource's state) before deciding on a new key; do not mint one blindly.
+    case outcomeUnknown(key: IdempotencyKey, attempts: Int, response: HTTPResponse)
 
     /// What the last attempt of a ``gaveUp(key:reason:attempts:lastAttempt:)`` ended with.
     public enum LastAttempt: Sendable {
@@ -53,7 +58,9 @@ public enum IdempotentClientError: Error, Sendable, CustomStringConvertible {
     /// The key the failed request carried.
     public var key: IdempotencyKey {
         switch self {
-        case .keyReusedWithDifferentRequest(let key, _), .gaveUp(let key, _, _, _), .transport(let key, _): return key
+        case .keyReusedWithDifferentRequest(let key, _), .gaveUp(let key, _, _, _), .transport(let key, _),
+            .outcomeUnknown(let key, _, _):
+            return key
         }
     }
 
@@ -65,6 +72,9 @@ public enum IdempotentClientError: Error, Sendable, CustomStringConvertible {
             return "gave up after \(attempts) attempt(s): \(reason.code); the key stays pending"
         case .transport(_, let error):
             return "transport error \(error.code.rawValue): \(error.localizedDescription)"
+        case .outcomeUnknown(_, let attempts, _):
+            return "outcome unknown after \(attempts) attempt(s): an earlier attempt may have taken effect; "
+                + "reconcile before using a new key (the key stays pending)"
         }
     }
 }
@@ -75,7 +85,7 @@ public enum IdempotentClientError: Error, Sendable, CustomStringConvertible {
 /// ``PendingKeyStore``, else a fresh one; it is saved before the first attempt, sent with every
 /// attempt (core's sf-string form), and removed once the server gives a definitive answer.
 /// Between attempts it follows core's ``RetryPolicy`` (409 + `Retry-After`, 5xx, timeouts and
-/// connectivity loss are retried; 422 and other 4xx stop).
+/// connectivity loss are retried; 422, other 4xx and idempo's outcome-unknown 500 stop).
 ///
 /// ```swift
 /// let client = IdempotentClient(keyStore: FilePendingKeyStore(fileURL: url))
@@ -120,7 +130,8 @@ public final class IdempotentClient: Sendable {
     ///   - key: the key to use (it replaces the intent's pending key); default: the intent's
     ///     pending key, else a fresh one.
     /// - Returns: the server's final answer: 2xx (possibly a replay), 3xx, or a 4xx/5xx that
-    ///   retrying cannot change (inspect ``IdempotentResponse/status``).
+    ///   retrying cannot change (inspect ``IdempotentResponse/status``); never idempo's
+    ///   outcome-unknown 500, which throws ``IdempotentClientError/outcomeUnknown(key:attempts:response:)``.
     /// - Throws: ``IdempotentClientError``, `CancellationError` (the key stays pending), errors
     ///   of the key store, errors other than `URLError` thrown by a custom ``HTTPTransport`` (the
     ///   key stays pending), ``RetryPolicyError`` if the policy refuses an input.
@@ -140,8 +151,7 @@ public final class IdempotentClient: Sendable {
             let last: IdempotentClientError.LastAttempt
             do {
                 let response = try await transport.send(attemptRequest)
-                let retryAfter = response.header("Retry-After").flatMap { RetryPolicy.retryAfterMilliseconds($0) }
-                outcome = .response(status: UInt16(clamping: response.status), retryAfterMs: retryAfter)
+                outcome = RetryPolicy.outcome(of: response)
                 last = .response(response)
             } catch let error as URLError {
                 if error.code == .cancelled, Task.isCancelled { throw CancellationError() }
@@ -189,6 +199,9 @@ public final class IdempotentClient: Sendable {
         switch (reason, last) {
         case (.attemptsExhausted, _), (.timeBudgetExhausted, _), (.retryAfterBeyondBudget, _):
             throw IdempotentClientError.gaveUp(key: key, reason: reason, attempts: attempts, lastAttempt: last)
+        case (.outcomeUnknown, .response(let response)):
+            // Not definitive for the intent: the key stays pending until the caller reconciles.
+            throw IdempotentClientError.outcomeUnknown(key: key, attempts: attempts, response: response)
         case (.keyReusedWithDifferentRequest, .response(let response)):
             if let intent { try await keyStore.removePendingKey(for: intent) }
             throw IdempotentClientError.keyReusedWithDifferentRequest(key: key, response: response)

@@ -1,8 +1,8 @@
 import Foundation
 import IdempoBindings
 
-/// What happened to one attempt: a response (status and `Retry-After` in ms), a timeout, or a
-/// connection error.
+/// What happened to one attempt: a response (status and `Retry-After` in ms), a timeout, a
+/// connection error, or idempo's outcome-unknown answer (see ``RetryPolicy/outcome(of:now:)``).
 public typealias AttemptOutcome = IdempoBindings.AttemptOutcome
 /// What to do after an attempt: retry after a delay (same key), or stop with a reason.
 public typealias RetryDecision = IdempoBindings.RetryDecision
@@ -20,7 +20,8 @@ extension IdempoBindings.StopReason {
 ///
 /// Retried: timeouts, connection errors, 408, 409 (the first request is still running), 425,
 /// 429 and 5xx except 501/505/506/508/510/511. Stopped: 1xx-3xx, 422 (key used with another
-/// request) and other 4xx. Backoff is exponential with jitter; a server's `Retry-After` is a floor;
+/// request), other 4xx, and idempo's outcome-unknown 500 (retrying that key cannot change the
+/// answer). Backoff is exponential with jitter; a server's `Retry-After` is a floor;
 /// attempts and total time are bounded.
 public struct RetryPolicy: Sendable, Hashable {
     /// Attempts in all, the first included.
@@ -78,6 +79,16 @@ public struct RetryPolicy: Sendable, Hashable {
             try retryDecide(
                 config: ffi, attempt: attempt, elapsedMs: elapsedMilliseconds, outcome: outcome, jitter: jitter)
         }
+    }
+
+    /// How core classifies a response that arrived: `.outcomeUnknown` for idempo's outcome-unknown
+    /// problem (500, `application/problem+json`, type `urn:idempo:problem:outcome-unknown`),
+    /// otherwise `.response` with the status and the `Retry-After` delay relative to `now`.
+    public static func outcome(of response: HTTPResponse, now: Date = Date()) -> AttemptOutcome {
+        let retryAfter = response.header("Retry-After").flatMap { retryAfterMilliseconds($0, now: now) }
+        return attemptOutcomeFromResponse(
+            status: UInt16(clamping: response.status), retryAfterMs: retryAfter,
+            contentType: response.header("Content-Type"), body: response.body)
     }
 
     /// Reads a `Retry-After` value (delay-seconds or an HTTP-date) as milliseconds from `now`;

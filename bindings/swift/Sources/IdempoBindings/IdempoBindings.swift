@@ -1273,6 +1273,12 @@ public enum AttemptOutcome: Equatable, Hashable {
      * The connection failed or broke.
      */
     case connectionError
+    /**
+     * The server answered idempo's outcome-unknown problem (see
+     * [`attempt_outcome_from_response`]): retrying this key cannot change the answer; the
+     * caller must reconcile, not mint a new key blindly.
+     */
+    case outcomeUnknown
 
 
 
@@ -1301,6 +1307,8 @@ public struct FfiConverterTypeAttemptOutcome: FfiConverterRustBuffer {
         
         case 3: return .connectionError
         
+        case 4: return .outcomeUnknown
+        
         default: throw UniffiInternalError.unexpectedEnumCase
         }
     }
@@ -1321,6 +1329,10 @@ public struct FfiConverterTypeAttemptOutcome: FfiConverterRustBuffer {
         
         case .connectionError:
             writeInt(&buf, Int32(3))
+        
+        
+        case .outcomeUnknown:
+            writeInt(&buf, Int32(4))
         
         }
     }
@@ -2307,6 +2319,11 @@ public enum StopReason: Equatable, Hashable {
      * The server's `Retry-After` exceeds the remaining time budget.
      */
     case retryAfterBeyondBudget
+    /**
+     * The server answered idempo's outcome-unknown problem: an earlier attempt may have taken
+     * effect. Retrying cannot help; reconcile before any new key.
+     */
+    case outcomeUnknown
 
 
 
@@ -2347,6 +2364,8 @@ public struct FfiConverterTypeStopReason: FfiConverterRustBuffer {
         case 8: return .timeBudgetExhausted
         
         case 9: return .retryAfterBeyondBudget
+        
+        case 10: return .outcomeUnknown
         
         default: throw UniffiInternalError.unexpectedEnumCase
         }
@@ -2392,6 +2411,10 @@ public struct FfiConverterTypeStopReason: FfiConverterRustBuffer {
         
         case .retryAfterBeyondBudget:
             writeInt(&buf, Int32(9))
+        
+        
+        case .outcomeUnknown:
+            writeInt(&buf, Int32(10))
         
         }
     }
@@ -2742,6 +2765,23 @@ public func validateKeyText(text: String, options: KeyOptions)throws  -> String 
 })
 }
 /**
+ * Classifies a response that arrived (core `AttemptOutcome::from_response`):
+ * `OutcomeUnknown` for idempo's outcome-unknown problem (a 500 `application/problem+json` whose
+ * `type` is `urn:idempo:problem:outcome-unknown`), otherwise `Response { status,
+ * retry_after_ms }`.
+ */
+public func attemptOutcomeFromResponse(status: UInt16, retryAfterMs: UInt64?, contentType: String?, body: Data) -> AttemptOutcome  {
+    return try!  FfiConverterTypeAttemptOutcome_lift(try! rustCall() {
+        uniffiCallStatus in
+    uniffi_idempo_swift_fn_func_attempt_outcome_from_response(
+        FfiConverterUInt16.lower(status),
+        FfiConverterOptionUInt64.lower(retryAfterMs),
+        FfiConverterOptionString.lower(contentType),
+        FfiConverterData.lower(body),uniffiCallStatus
+    )
+})
+}
+/**
  * Core's default retry configuration (5 attempts, 500 ms base, 10 s cap, 60 s budget, equal
  * jitter).
  */
@@ -2883,6 +2923,9 @@ private let initializationResult: InitializationResult = {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_idempo_swift_checksum_func_validate_key_text() != 21344) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_idempo_swift_checksum_func_attempt_outcome_from_response() != 13142) {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_idempo_swift_checksum_func_default_retry_config() != 29612) {

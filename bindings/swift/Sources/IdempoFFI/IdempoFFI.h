@@ -321,6 +321,11 @@ RustBuffer uniffi_idempo_swift_fn_func_parse_key_bytes(RustBuffer header_value, 
 RustBuffer uniffi_idempo_swift_fn_func_validate_key_text(RustBuffer text, RustBuffer options, RustCallStatus *_Nonnull out_status
 );
 #endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_IDEMPO_SWIFT_FN_FUNC_ATTEMPT_OUTCOME_FROM_RESPONSE
+#define UNIFFI_FFIDEF_UNIFFI_IDEMPO_SWIFT_FN_FUNC_ATTEMPT_OUTCOME_FROM_RESPONSE
+RustBuffer uniffi_idempo_swift_fn_func_attempt_outcome_from_response(uint16_t status, RustBuffer retry_after_ms, RustBuffer content_type, RustBuffer body, RustCallStatus *_Nonnull out_status
+);
+#endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_IDEMPO_SWIFT_FN_FUNC_DEFAULT_RETRY_CONFIG
 #define UNIFFI_FFIDEF_UNIFFI_IDEMPO_SWIFT_FN_FUNC_DEFAULT_RETRY_CONFIG
 RustBuffer uniffi_idempo_swift_fn_func_default_retry_config(RustCallStatus *_Nonnull out_status
@@ -699,6 +704,12 @@ uint16_t uniffi_idempo_swift_checksum_func_parse_key_bytes(void
 #ifndef UNIFFI_FFIDEF_UNIFFI_IDEMPO_SWIFT_CHECKSUM_FUNC_VALIDATE_KEY_TEXT
 #define UNIFFI_FFIDEF_UNIFFI_IDEMPO_SWIFT_CHECKSUM_FUNC_VALIDATE_KEY_TEXT
 uint16_t uniffi_idempo_swift_checksum_func_validate_key_text(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_IDEMPO_SWIFT_CHECKSUM_FUNC_ATTEMPT_OUTCOME_FROM_RESPONSE
+#define UNIFFI_FFIDEF_UNIFFI_IDEMPO_SWIFT_CHECKSUM_FUNC_ATTEMPT_OUTCOME_FROM_RESPONSE
+uint16_t uniffi_idempo_swift_checksum_func_attempt_outcome_from_response(void
     
 );
 #endif

@@ -121,6 +121,26 @@ final class ClientTests: XCTestCase {
         XCTAssertEqual(answer.stopReason, .clientError(status: 400))
     }
 
+    func testOutcomeUnknownStopsAtOnceWithATypedErrorAndKeepsThePendingKey() async throws {
+        let store = InMemoryPendingKeyStore()
+        let c = client(store: store)
+        let request = server.paymentRequest(amount: 9, controls: ["X-Test-Outcome-Unknown": "1"])
+        do {
+            _ = try await c.send(request, intent: "checkout-unknown")
+            XCTFail("expected outcomeUnknown")
+        } catch IdempotentClientError.outcomeUnknown(let key, let attempts, let response) {
+            XCTAssertEqual(attempts, 1)
+            XCTAssertEqual(response.status, 500)
+            // No further attempt: the server saw exactly one request, and ran nothing.
+            let stats = try await server.stats(for: key)
+            XCTAssertEqual(stats.requests, 1)
+            XCTAssertEqual(stats.executions, 0)
+            // The intent is not settled: its key stays pending for reconciliation.
+            let pending = try await store.pendingKey(for: "checkout-unknown")
+            XCTAssertEqual(pending, key)
+        }
+    }
+
     func testServerErrorsAreRetriedWithTheSameKey() async throws {
         let request = server.paymentRequest(amount: 5, controls: ["X-Test-Fail-Times": "2"])
         let answer = try await client().send(request)

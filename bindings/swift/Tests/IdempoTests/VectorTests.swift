@@ -123,6 +123,7 @@ final class VectorTests: XCTestCase {
             return .response(status: UInt16(clamping: status), retryAfterMs: uint64(o["retry_after_ms"]))
         case "timeout": return .timeout
         case "connection_error": return .connectionError
+        case "outcome_unknown": return .outcomeUnknown
         default: throw TestFailure("bad outcome \(o)")
         }
     }
@@ -186,6 +187,33 @@ final class VectorTests: XCTestCase {
                 XCTAssertEqual(error.code, expect, name)
             }
         }
+    }
+
+    func testRetryOutcomeVectors() throws {
+        let cases = try Repo.cases("retry", "outcome.json")
+        XCTAssertGreaterThan(cases.count, 0)
+        for c in cases {
+            let name = c["name"] as? String ?? "?"
+            guard let status = int(c["status"]), let body = c["body"] as? String, let expect = c["expect"] as? String
+            else { throw TestFailure("\(name): bad case") }
+            var headers: [String: String] = [:]
+            if let ct = c["content_type"] as? String { headers["Content-Type"] = ct }
+            let retryAfter = uint64(c["retry_after_ms"])
+            if let ms = retryAfter {
+                guard ms % 1000 == 0 else { throw TestFailure("\(name): retry_after_ms must be whole seconds here") }
+                headers["Retry-After"] = String(ms / 1000)
+            }
+            let got = RetryPolicy.outcome(of: HTTPResponse(status: status, headers: headers, body: Data(body.utf8)))
+            switch expect {
+            case "outcome_unknown":
+                XCTAssertEqual(got, .outcomeUnknown, name)
+            case "response":
+                XCTAssertEqual(got, .response(status: UInt16(clamping: status), retryAfterMs: retryAfter), name)
+            default:
+                throw TestFailure("\(name): bad expectation \(expect)")
+            }
+        }
+        print("retry/outcome.json: \(cases.count) cases")
     }
 
     func testRetryAfterVectors() throws {
