@@ -399,10 +399,13 @@ impl RetryPolicy {
 
     /// Decides after attempt `attempt` (1-based), `elapsed_ms` after the first attempt started.
     ///
-    /// `outcome` is an HTTP status (int), `"timeout"` or `"connection_error"`; `retry_after_ms`
-    /// is the response's `Retry-After` already converted (see `parse_retry_after`); `jitter` is
-    /// a uniform sample in [0, 1) from the host.
-    #[pyo3(signature = (attempt, elapsed_ms, outcome, jitter, retry_after_ms = None))]
+    /// `outcome` is an HTTP status (int), `"timeout"`, `"connection_error"` or
+    /// `"outcome_unknown"`; `retry_after_ms` is the response's `Retry-After` already converted
+    /// (see `parse_retry_after`); `jitter` is a uniform sample in [0, 1) from the host. For a
+    /// status, `content_type` and `body` let core recognise idempo's outcome-unknown problem
+    /// (stop `"outcome_unknown"`); the body matters only when `response_body_needed` is true.
+    #[pyo3(signature = (attempt, elapsed_ms, outcome, jitter, retry_after_ms = None, *, content_type = None, body = None))]
+    #[allow(clippy::too_many_arguments)]
     fn decide(
         &self,
         py: Python<'_>,
@@ -411,16 +414,19 @@ impl RetryPolicy {
         outcome: &Bound<'_, PyAny>,
         jitter: f64,
         retry_after_ms: Option<u64>,
+        content_type: Option<&str>,
+        body: Option<&[u8]>,
     ) -> PyResult<RetryAdvice> {
         let outcome = if let Ok(s) = outcome.cast::<PyString>() {
             match &*s.to_cow()? {
                 "timeout" => AttemptOutcome::Timeout,
                 "connection_error" => AttemptOutcome::ConnectionError,
+                "outcome_unknown" => AttemptOutcome::OutcomeUnknown,
                 other => {
                     return Err(invalid_argument(
                         py,
                         format!(
-                            "outcome must be a status, 'timeout' or 'connection_error', got {other:?}"
+                            "outcome must be a status, 'timeout', 'connection_error' or 'outcome_unknown', got {other:?}"
                         ),
                         "invalid_outcome",
                     ));
@@ -428,10 +434,7 @@ impl RetryPolicy {
             }
         } else {
             let status: u16 = outcome.extract()?;
-            AttemptOutcome::Response {
-                status,
-                retry_after_ms,
-            }
+            AttemptOutcome::from_response(status, retry_after_ms, content_type, body.unwrap_or(&[]))
         };
         let decision = self
             .inner
@@ -456,6 +459,15 @@ impl RetryPolicy {
             },
         })
     }
+}
+
+/// Whether core looks at the body of a response with this status and `Content-Type` to
+/// recognise idempo's outcome-unknown problem (a 500 `application/problem+json`): a client reads
+/// a streamed body only then and passes it to `RetryPolicy.decide(..., body=...)`.
+#[pyfunction]
+#[pyo3(signature = (status, content_type = None))]
+pub(crate) fn response_body_needed(status: u16, content_type: Option<&str>) -> bool {
+    AttemptOutcome::body_needed(status, content_type)
 }
 
 /// A `Retry-After` value (delta-seconds or HTTP-date) as milliseconds from `now_ms`.

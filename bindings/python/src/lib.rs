@@ -25,6 +25,7 @@ fn _idempo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(api::key_header_value, m)?)?;
     m.add_function(wrap_pyfunction!(api::scope_id, m)?)?;
     m.add_function(wrap_pyfunction!(api::parse_retry_after, m)?)?;
+    m.add_function(wrap_pyfunction!(api::response_body_needed, m)?)?;
     m.add_function(wrap_pyfunction!(flow::admit_key, m)?)?;
     m.add_function(wrap_pyfunction!(flow::encode_response, m)?)?;
     m.add_function(wrap_pyfunction!(flow::decode_response, m)?)?;

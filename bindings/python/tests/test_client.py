@@ -20,7 +20,7 @@ from starlette.routing import Route
 
 import idempo
 from idempo.asgi import IdempotencyMiddleware
-from idempo.client import AsyncIdempotentTransport, IdempotentTransport
+from idempo.client import AsyncIdempotentTransport, IdempotentTransport, OutcomeUnknownError
 from idempo.stores import MemoryStore
 
 
@@ -51,11 +51,20 @@ def build(seen: Seen) -> Starlette:
     async def bad(request: Request) -> Response:
         return JSONResponse({"error": "bad"}, status_code=400)
 
+    async def boom(request: Request) -> Response:
+        # A handler that may have had its effect and then failed: idempo marks the key
+        # outcome-unknown (takeover policy "outcome_unknown", the default).
+        key = request.headers["idempotency-key"]
+        with seen.lock:
+            seen.runs[key] += 1
+        raise RuntimeError("crashed after a possible side effect")
+
     app = Starlette(routes=[
         Route("/flaky", flaky, methods=["POST"]),
         Route("/slow", slow, methods=["POST"]),
         Route("/pay", pay, methods=["POST"]),
         Route("/bad", bad, methods=["POST"]),
+        Route("/boom", boom, methods=["POST"]),
     ])
     app.add_middleware(IdempotencyMiddleware, store=MemoryStore(),
                        config=idempo.Config(lease_ms=5000))
@@ -142,6 +151,69 @@ def test_stops_on_422_and_4xx(server: tuple[str, Seen]) -> None:
     assert first.status_code == 201
     assert other.status_code == 422 and other.extensions["idempo_attempts"] == 1
     assert bad.status_code == 400 and bad.extensions["idempo_attempts"] == 1
+
+
+def _assert_outcome_unknown(err: OutcomeUnknownError, seen: Seen) -> None:
+    # Attempt 1 crashed (a plain 500, retried); attempt 2 got idempo's outcome-unknown problem
+    # and the client stopped there although the policy allows 6 attempts.
+    assert isinstance(err, idempo.OutcomeUnknown)
+    assert err.attempts == 2
+    assert err.response.status_code == 500
+    assert err.response.headers["content-type"].startswith("application/problem+json")
+    assert err.response.json()["type"] == "urn:idempo:problem:outcome-unknown"
+    assert err.response.extensions["idempo_key"] == err.key
+    header = idempo.key_header_value(err.key)
+    assert seen.keys["/boom"].count(header) == 2
+    assert seen.runs[header] == 1
+
+
+def test_outcome_unknown_stops_with_a_typed_error(server: tuple[str, Seen]) -> None:
+    url, seen = server
+    waits: List[float] = []
+    transport = IdempotentTransport(policy=policy(), sleep=waits.append)
+    with httpx.Client(transport=transport, base_url=url) as c:
+        with pytest.raises(OutcomeUnknownError) as info:
+            c.post("/boom", json={"n": 1})
+    _assert_outcome_unknown(info.value, seen)
+    assert len(waits) == 1
+    # The same key again: answered outcome-unknown at once, one attempt, the handler not run.
+    with httpx.Client(transport=IdempotentTransport(policy=policy(), sleep=waits.append),
+                      base_url=url) as c:
+        with pytest.raises(OutcomeUnknownError) as again:
+            c.post("/boom", json={"n": 1},
+                   headers={"Idempotency-Key": idempo.key_header_value(info.value.key)})
+    # A key the request already carries is kept as sent (here its sf-string header form).
+    assert again.value.attempts == 1
+    assert again.value.key == idempo.key_header_value(info.value.key)
+    assert seen.runs[idempo.key_header_value(info.value.key)] == 1
+    assert len(waits) == 1
+
+
+def test_async_outcome_unknown_stops_with_a_typed_error(server: tuple[str, Seen]) -> None:
+    url, seen = server
+
+    async def main() -> None:
+        transport = AsyncIdempotentTransport(policy=policy())
+        async with httpx.AsyncClient(transport=transport, base_url=url) as c:
+            await c.post("/boom", json={"n": 2})
+
+    with pytest.raises(OutcomeUnknownError) as info:
+        asyncio.run(main())
+    _assert_outcome_unknown(info.value, seen)
+
+
+def test_policy_classifies_outcome_unknown_through_core() -> None:
+    p = policy()
+    body = b'{"status": 500, "type": "urn:idempo:problem:outcome-unknown"}'
+    ct = "application/problem+json; charset=utf-8"
+    assert idempo.response_body_needed(500, ct)
+    assert not idempo.response_body_needed(503, ct)
+    assert not idempo.response_body_needed(500, None)
+    advice = p.decide(1, 0, 500, 0.5, content_type=ct, body=body)
+    assert not advice.retry and advice.reason == "outcome_unknown"
+    assert p.decide(1, 0, 500, 0.5, content_type="text/plain", body=body).retry
+    assert p.decide(1, 0, 500, 0.5).retry
+    assert p.decide(3, 0, "outcome_unknown", 0.5).reason == "outcome_unknown"
 
 
 def test_connection_errors_give_up_with_the_error() -> None:

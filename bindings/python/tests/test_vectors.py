@@ -157,6 +157,26 @@ def test_retry_decide(spec: Dict[str, Any], case: Dict[str, Any]) -> None:
         assert advice.status == expect.get("status")
 
 
+RETRY_OUTCOME = cases("retry", "outcome.json")
+
+
+@pytest.mark.parametrize("case", RETRY_OUTCOME, ids=ids(RETRY_OUTCOME))
+def test_retry_outcome(case: Dict[str, Any]) -> None:
+    # from_response through decide: outcome_unknown stops with that reason; any other response
+    # decides exactly as its bare status (and Retry-After) does.
+    p = idempo.RetryPolicy()
+    status, ct, body = case["status"], case["content_type"], case["body"].encode()
+    ra = case.get("retry_after_ms")
+    advice = p.decide(1, 0, status, 0.5, retry_after_ms=ra, content_type=ct, body=body)
+    if case["expect"] == "outcome_unknown":
+        assert idempo.response_body_needed(status, ct)
+        assert not advice.retry and advice.reason == "outcome_unknown"
+    else:
+        bare = p.decide(1, 0, status, 0.5, retry_after_ms=ra)
+        assert (advice.retry, advice.delay_ms, advice.reason, advice.status) == (
+            bare.retry, bare.delay_ms, bare.reason, bare.status)
+
+
 RETRY_AFTER = cases("retry", "retry_after.json")
 
 

@@ -37,6 +37,7 @@ from idempo._idempo import (
     parse_key,
     parse_key_details,
     parse_retry_after,
+    response_body_needed,
     scope_id,
 )
 
@@ -74,5 +75,6 @@ __all__ = [
     "parse_key",
     "parse_key_details",
     "parse_retry_after",
+    "response_body_needed",
     "scope_id",
 ]

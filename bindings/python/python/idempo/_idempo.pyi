@@ -34,6 +34,7 @@ __all__ = [
     "parse_key",
     "parse_key_details",
     "parse_retry_after",
+    "response_body_needed",
     "scope_id",
     "unavailable_problem",
 ]
@@ -127,6 +128,7 @@ def key_header_value(key: str) -> str: ...
 def generate_key(entropy: bytes | None = None) -> str: ...
 def scope_id(principal: str, method: str, route: str, key: str | bytes) -> bytes: ...
 def parse_retry_after(value: str | bytes, now_ms: int) -> int | None: ...
+def response_body_needed(status: int, content_type: str | None = None) -> bool: ...
 @final
 class RetryAdvice:
     @property
@@ -157,9 +159,12 @@ class RetryPolicy:
         self,
         attempt: int,
         elapsed_ms: int,
-        outcome: int | Literal["timeout", "connection_error"],
+        outcome: int | Literal["timeout", "connection_error", "outcome_unknown"],
         jitter: float,
         retry_after_ms: int | None = None,
+        *,
+        content_type: str | None = None,
+        body: bytes | None = None,
     ) -> RetryAdvice: ...
 
 @final

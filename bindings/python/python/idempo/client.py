@@ -16,6 +16,12 @@ persist). Core's retry policy decides after every attempt: 409/425/429/408/5xx, 
 connection errors are retried with exponential backoff and jitter (``random``), honouring
 ``Retry-After``; 2xx, 422 (key reused for another request: a new intent needs a new key) and other
 4xx stop. When the policy gives up after an exception, that exception is raised.
+
+idempo's outcome-unknown answer (a 500 ``application/problem+json`` of type
+``urn:idempo:problem:outcome-unknown``, recognised by core) is never retried: retrying that key
+cannot change the answer. The transport raises :class:`OutcomeUnknownError` (an
+``idempo.OutcomeUnknown``) carrying the key, the attempt count and the response: reconcile (check
+the resource's state) before deciding on a new key; do not mint one blindly.
 """
 
 from __future__ import annotations
@@ -23,13 +29,41 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from typing import Any, Callable, Iterable, Literal, Optional, Union
+from typing import Any, Callable, Iterable, Literal, Optional, Tuple, Union
 
 import httpx
 
-from idempo._idempo import RetryPolicy, generate_key, key_header_value, parse_retry_after
+from idempo._idempo import (
+    OutcomeUnknown,
+    RetryPolicy,
+    generate_key,
+    key_header_value,
+    parse_retry_after,
+    response_body_needed,
+)
 
 DEFAULT_METHODS = ("POST", "PATCH")
+
+#: The stop reason core gives for idempo's outcome-unknown answer.
+OUTCOME_UNKNOWN_REASON = "outcome_unknown"
+
+
+class OutcomeUnknownError(OutcomeUnknown):
+    """The server answered idempo's outcome-unknown problem: an earlier attempt with ``key`` may
+    have taken effect and its outcome was not recorded. No further attempt was made (retrying
+    this key cannot change the answer). Reconcile before using a new key.
+
+    ``response`` is the 500 answer (its body already read), ``attempts`` the attempts made.
+    """
+
+    def __init__(self, key: str, attempts: int, response: httpx.Response) -> None:
+        super().__init__(
+            f"outcome unknown after {attempts} attempt(s) with Idempotency-Key {key!r}: an "
+            "earlier attempt may have taken effect; reconcile before using a new key"
+        )
+        self.key = key
+        self.attempts = attempts
+        self.response = response
 
 
 class _Attempts:
@@ -66,21 +100,38 @@ class _Attempts:
         started: float,
         outcome: Union[int, Literal["timeout", "connection_error"]],
         retry_after: Optional[str],
-    ) -> Optional[int]:
-        """Milliseconds to wait before the next attempt, or None to stop."""
+        content_type: Optional[str] = None,
+        body: Optional[bytes] = None,
+    ) -> Tuple[Optional[int], Optional[str]]:
+        """``(delay_ms, None)`` to wait before the next attempt, or ``(None, reason)`` to stop."""
         elapsed_ms = int((time.monotonic() - started) * 1000)
         ra_ms = None
         if retry_after is not None:
             ra_ms = parse_retry_after(retry_after, int(time.time() * 1000))
         advice = self.policy.decide(
-            attempt, elapsed_ms, outcome, self.rng.random(), retry_after_ms=ra_ms
+            attempt,
+            elapsed_ms,
+            outcome,
+            self.rng.random(),
+            retry_after_ms=ra_ms,
+            content_type=content_type,
+            body=body,
         )
         if not advice.retry:
-            return None
+            return None, advice.reason
         delay = int(advice.delay_ms or 0)
         if self.on_retry is not None:
             self.on_retry(attempt, str(outcome), delay)
-        return delay
+        return delay, None
+
+    @staticmethod
+    def finish(response: httpx.Response, key: str, attempt: int, reason: Optional[str]) -> httpx.Response:
+        """The final response, or :class:`OutcomeUnknownError` for the outcome-unknown answer."""
+        response.extensions["idempo_key"] = key
+        response.extensions["idempo_attempts"] = attempt
+        if reason == OUTCOME_UNKNOWN_REASON:
+            raise OutcomeUnknownError(key, attempt, response)
+        return response
 
 
 class IdempotentTransport(httpx.BaseTransport):
@@ -116,21 +167,28 @@ class IdempotentTransport(httpx.BaseTransport):
             try:
                 response = self.inner.handle_request(request)
             except httpx.TimeoutException:
-                delay = self._a.advise(attempt, started, "timeout", None)
+                delay, _ = self._a.advise(attempt, started, "timeout", None)
                 if delay is None:
                     raise
             except httpx.TransportError:
-                delay = self._a.advise(attempt, started, "connection_error", None)
+                delay, _ = self._a.advise(attempt, started, "connection_error", None)
                 if delay is None:
                     raise
             else:
-                delay = self._a.advise(
-                    attempt, started, response.status_code, response.headers.get("retry-after")
+                content_type = response.headers.get("content-type")
+                body = None
+                if response_body_needed(response.status_code, content_type):
+                    body = response.read()
+                delay, reason = self._a.advise(
+                    attempt,
+                    started,
+                    response.status_code,
+                    response.headers.get("retry-after"),
+                    content_type,
+                    body,
                 )
                 if delay is None:
-                    response.extensions["idempo_key"] = key
-                    response.extensions["idempo_attempts"] = attempt
-                    return response
+                    return self._a.finish(response, key, attempt, reason)
                 response.close()
             self._sleep(delay / 1000)
 
@@ -166,21 +224,28 @@ class AsyncIdempotentTransport(httpx.AsyncBaseTransport):
             try:
                 response = await self.inner.handle_async_request(request)
             except httpx.TimeoutException:
-                delay = self._a.advise(attempt, started, "timeout", None)
+                delay, _ = self._a.advise(attempt, started, "timeout", None)
                 if delay is None:
                     raise
             except httpx.TransportError:
-                delay = self._a.advise(attempt, started, "connection_error", None)
+                delay, _ = self._a.advise(attempt, started, "connection_error", None)
                 if delay is None:
                     raise
             else:
-                delay = self._a.advise(
-                    attempt, started, response.status_code, response.headers.get("retry-after")
+                content_type = response.headers.get("content-type")
+                body = None
+                if response_body_needed(response.status_code, content_type):
+                    body = await response.aread()
+                delay, reason = self._a.advise(
+                    attempt,
+                    started,
+                    response.status_code,
+                    response.headers.get("retry-after"),
+                    content_type,
+                    body,
                 )
                 if delay is None:
-                    response.extensions["idempo_key"] = key
-                    response.extensions["idempo_attempts"] = attempt
-                    return response
+                    return self._a.finish(response, key, attempt, reason)
                 await response.aclose()
             await asyncio.sleep(delay / 1000)
 
