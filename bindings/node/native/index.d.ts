@@ -143,12 +143,19 @@ export declare function admitKey(value: Uint8Array, options?: ParseKeyOptions | 
 
 /** How an attempt ended. */
 export interface AttemptOutcomeInput {
-  /** `"response"`, `"timeout"` or `"connection_error"`. */
+  /** `"response"`, `"timeout"`, `"connection_error"` or `"outcome_unknown"`. */
   kind: string
   /** HTTP status (for `"response"`). */
   status?: number
   /** The parsed `Retry-After` in ms (for `"response"`), if the response had a valid one. */
   retryAfterMs?: number
+  /**
+   * The response's `Content-Type` (for `"response"`): with `body`, lets core recognise
+   * idempo's outcome-unknown problem.
+   */
+  contentType?: string
+  /** The response body (for `"response"`), read only when `responseBodyNeeded` says so. */
+  body?: Buffer
 }
 
 /** Canonicalizes a JSON text given as bytes (UTF-8) into its RFC 8785 form. */
@@ -383,6 +390,12 @@ export interface RecordRowData {
   /** The encoded response when completed, else null. */
   response?: Buffer
 }
+
+/**
+ * Whether core looks at the body of a response with this status and `Content-Type` to
+ * recognise idempo's outcome-unknown problem (a 500 `application/problem+json`).
+ */
+export declare function responseBodyNeeded(status: number, contentType?: string | undefined | null): boolean
 
 /** A response as stored for replays: status, allow-listed headers (name/value pairs) and body. */
 export interface ResponseData {

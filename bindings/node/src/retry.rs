@@ -1,6 +1,7 @@
 //! The client retry policy (core decides; the JS client only sleeps and re-sends).
 use idempo_core::retry::{self, AttemptOutcome, Jitter, RetryConfig, RetryDecision, StopReason};
 use napi::Env;
+use napi::bindgen_prelude::Buffer;
 use napi_derive::napi;
 
 use crate::error::{Fail, code};
@@ -25,12 +26,17 @@ pub struct RetryPolicyOptions {
 /// How an attempt ended.
 #[napi(object)]
 pub struct AttemptOutcomeInput {
-    /// `"response"`, `"timeout"` or `"connection_error"`.
+    /// `"response"`, `"timeout"`, `"connection_error"` or `"outcome_unknown"`.
     pub kind: String,
     /// HTTP status (for `"response"`).
     pub status: Option<u32>,
     /// The parsed `Retry-After` in ms (for `"response"`), if the response had a valid one.
     pub retry_after_ms: Option<f64>,
+    /// The response's `Content-Type` (for `"response"`): with `body`, lets core recognise
+    /// idempo's outcome-unknown problem.
+    pub content_type: Option<String>,
+    /// The response body (for `"response"`), read only when `responseBodyNeeded` says so.
+    pub body: Option<Buffer>,
 }
 
 /// Core's decision.
@@ -75,19 +81,25 @@ fn outcome(o: &AttemptOutcomeInput) -> Result<AttemptOutcome, Fail> {
             let status = o.status.ok_or_else(|| {
                 Fail::new(code::INVALID_ARGUMENT, "a response outcome needs a status")
             })?;
-            Ok(AttemptOutcome::Response {
-                status: to_status(status)?,
-                retry_after_ms: o
-                    .retry_after_ms
-                    .map(|v| to_u64(v, "retryAfterMs"))
-                    .transpose()?,
-            })
+            let retry_after_ms = o
+                .retry_after_ms
+                .map(|v| to_u64(v, "retryAfterMs"))
+                .transpose()?;
+            Ok(AttemptOutcome::from_response(
+                to_status(status)?,
+                retry_after_ms,
+                o.content_type.as_deref(),
+                o.body.as_deref().unwrap_or(&[]),
+            ))
         }
         "timeout" => Ok(AttemptOutcome::Timeout),
         "connection_error" => Ok(AttemptOutcome::ConnectionError),
+        "outcome_unknown" => Ok(AttemptOutcome::OutcomeUnknown),
         other => Err(Fail::new(
             code::INVALID_ARGUMENT,
-            format!("outcome kind must be response, timeout or connection_error, got {other:?}"),
+            format!(
+                "outcome kind must be response, timeout, connection_error or outcome_unknown, got {other:?}"
+            ),
         )),
     }
 }
@@ -152,6 +164,13 @@ impl RetryPolicy {
             },
         })
     }
+}
+
+/// Whether core looks at the body of a response with this status and `Content-Type` to
+/// recognise idempo's outcome-unknown problem (a 500 `application/problem+json`).
+#[napi(catch_unwind)]
+pub fn response_body_needed(status: u32, content_type: Option<String>) -> bool {
+    u16::try_from(status).is_ok_and(|s| AttemptOutcome::body_needed(s, content_type.as_deref()))
 }
 
 /// Parses a `Retry-After` value (delay-seconds or HTTP-date) into ms from `nowMs`; `null` when

@@ -4,6 +4,8 @@ import assert from 'node:assert/strict';
 import http from 'node:http';
 import { idempo } from './helpers.mjs';
 
+const keyHeaderValueOf = (key) => idempo.keyHeaderValue(key);
+
 /** A server answering from a script of responses; records the key of every attempt. */
 async function scripted(script) {
   const seen = [];
@@ -99,6 +101,53 @@ test('Retry-After is honoured and an AbortSignal cancels the wait', async () => 
   } finally {
     await srv.close();
   }
+});
+
+test("idempo's outcome-unknown 500 stops at once with a typed error; a plain 500 is retried", async () => {
+  const problem = JSON.stringify({
+    detail: 'An earlier attempt with this Idempotency-Key may have taken effect and its outcome was not recorded.',
+    status: 500,
+    title: 'Outcome unknown',
+    type: 'urn:idempo:problem:outcome-unknown',
+  });
+  const srv = await scripted([
+    { status: 500, headers: { 'content-type': 'text/plain' }, body: 'Internal Server Error' },
+    { status: 500, headers: { 'content-type': 'application/problem+json' }, body: problem },
+    { status: 201, body: '{"ok":true}' },
+  ]);
+  try {
+    const retries = [];
+    await assert.rejects(
+      idempo.idempotentFetch(srv.url, { method: 'POST', body: '{"a":1}', retry: fast, onRetry: (i) => retries.push(i.outcome.status) }),
+      (e) => {
+        assert.ok(e instanceof idempo.FetchOutcomeUnknownError);
+        assert.ok(e instanceof idempo.OutcomeUnknownError);
+        assert.equal(e.code, 'OUTCOME_UNKNOWN');
+        assert.equal(e.attempts, 2);
+        assert.equal(e.response.status, 500);
+        assert.equal(keyHeaderValueOf(e.key), srv.seen[0].key);
+        return true;
+      },
+    );
+    // Exactly two attempts: the third (which would have "succeeded") was never sent.
+    assert.equal(srv.seen.length, 2);
+    assert.equal(new Set(srv.seen.map((s) => s.key)).size, 1);
+    assert.deepEqual(retries, [500]);
+  } finally {
+    await srv.close();
+  }
+});
+
+test('core classifies the outcome-unknown answer for the policy', () => {
+  const p = new idempo.RetryPolicy();
+  const body = new TextEncoder().encode('{"type":"urn:idempo:problem:outcome-unknown"}');
+  const ct = 'application/problem+json; charset=utf-8';
+  assert.equal(idempo.responseBodyNeeded(500, ct), true);
+  assert.equal(idempo.responseBodyNeeded(503, ct), false);
+  assert.equal(idempo.responseBodyNeeded(500, null), false);
+  assert.deepEqual(p.decide(1, 0, { kind: 'response', status: 500, contentType: ct, body }, 0.5), { retry: false, reason: 'outcome_unknown' });
+  assert.equal(p.decide(1, 0, { kind: 'response', status: 500, contentType: 'text/plain', body }, 0.5).retry, true);
+  assert.deepEqual(p.decide(2, 0, { kind: 'outcome_unknown' }, 0.5), { retry: false, reason: 'outcome_unknown' });
 });
 
 test('end to end: a retried operation (same key) against the Express middleware runs the handler once', async () => {

@@ -104,6 +104,23 @@ test('retry/decide.json', () => {
   assert.ok(n > 20);
 });
 
+test('retry/outcome.json', () => {
+  const policy = new idempo.RetryPolicy();
+  const cases = loadVector('retry', 'outcome.json').cases;
+  assert.ok(cases.length > 10);
+  for (const c of cases) {
+    const body = new TextEncoder().encode(c.body);
+    const d = policy.decide(1, 0, { kind: 'response', status: c.status, retryAfterMs: c.retry_after_ms, contentType: c.content_type, body }, 0.5);
+    if (c.expect === 'outcome_unknown') {
+      assert.equal(idempo.responseBodyNeeded(c.status, c.content_type), true, c.name);
+      assert.deepEqual(d, { retry: false, reason: 'outcome_unknown' }, c.name);
+    } else {
+      const bare = policy.decide(1, 0, { kind: 'response', status: c.status, retryAfterMs: c.retry_after_ms }, 0.5);
+      assert.deepEqual(d, bare, c.name);
+    }
+  }
+});
+
 test('retry/config.json', () => {
   for (const c of loadVector('retry', 'config.json').cases) {
     if (c.expect === 'ok') new idempo.RetryPolicy(policyOpts(c.policy));

@@ -118,9 +118,19 @@ export interface RetryPolicyOptions {
 
 /** How one attempt ended. */
 export type AttemptOutcome =
-  | { kind: 'response'; status: number; retryAfterMs?: number | null }
+  | {
+      kind: 'response';
+      status: number;
+      retryAfterMs?: number | null;
+      /** The response's `Content-Type`; with `body`, core recognises idempo's outcome-unknown problem. */
+      contentType?: string | null;
+      /** The response body; needed only when {@link responseBodyNeeded} is true. */
+      body?: Uint8Array | null;
+    }
   | { kind: 'timeout' }
-  | { kind: 'connection_error' };
+  | { kind: 'connection_error' }
+  /** idempo's outcome-unknown answer: core stops with reason `outcome_unknown`. */
+  | { kind: 'outcome_unknown' };
 
 /** Core's answer after an attempt. */
 export type RetryDecision =
@@ -144,12 +154,13 @@ export class RetryPolicy {
    * `jitter` is a uniform sample in [0, 1) (default `Math.random()`).
    */
   decide(attempt: number, elapsedMs: number, outcome: AttemptOutcome, jitter: number = Math.random()): RetryDecision {
-    const input: native.AttemptOutcomeInput =
-      outcome.kind === 'response'
-        ? outcome.retryAfterMs == null
-          ? { kind: 'response', status: outcome.status }
-          : { kind: 'response', status: outcome.status, retryAfterMs: outcome.retryAfterMs }
-        : { kind: outcome.kind };
+    let input: native.AttemptOutcomeInput = { kind: outcome.kind };
+    if (outcome.kind === 'response') {
+      input = { kind: 'response', status: outcome.status };
+      if (outcome.retryAfterMs != null) input.retryAfterMs = outcome.retryAfterMs;
+      if (outcome.contentType != null) input.contentType = outcome.contentType;
+      if (outcome.body != null) input.body = Buffer.from(outcome.body.buffer, outcome.body.byteOffset, outcome.body.byteLength);
+    }
     let d: native.RetryDecisionOutput;
     try {
       d = this.#inner.decide(attempt, elapsedMs, input, jitter);
@@ -160,6 +171,18 @@ export class RetryPolicy {
     return d.status === undefined
       ? { retry: false, reason: d.reason ?? 'unknown' }
       : { retry: false, reason: d.reason ?? 'unknown', status: d.status };
+  }
+}
+
+/**
+ * Whether core looks at the body of a response with this status and `Content-Type` (a 500
+ * `application/problem+json`) to recognise idempo's outcome-unknown problem: read a body only then.
+ */
+export function responseBodyNeeded(status: number, contentType: string | null | undefined): boolean {
+  try {
+    return native.responseBodyNeeded(status, contentType ?? undefined);
+  } catch (e) {
+    throw fromNative(e);
   }
 }
 

@@ -102,7 +102,11 @@ export class FingerprintError extends IdempoError {
   }
 }
 
-/** An earlier execution with this key may have acted and did not finish: use a new key. */
+/**
+ * An earlier execution with this key may have acted and its outcome was not recorded (idempo's
+ * 500 `outcome-unknown`). Retrying the key cannot change the answer: reconcile (check the
+ * resource's state) before using a new key; do not mint one blindly.
+ */
 export class OutcomeUnknownError extends IdempoError {
   constructor(message = 'the outcome of the earlier request with this key is unknown', details: IdempoErrorDetails = {}) {
     super('OUTCOME_UNKNOWN', message, details);

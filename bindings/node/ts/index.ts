@@ -15,6 +15,7 @@ export {
   scopeIdHex,
   RetryPolicy,
   parseRetryAfter,
+  responseBodyNeeded,
   encodeResponse,
   decodeResponse,
 } from './core';
@@ -33,5 +34,11 @@ export { Fingerprinter, fingerprint } from './fingerprint';
 export type { FingerprinterOptions, FingerprintRequest, FingerprintInput, HeaderInput } from './fingerprint';
 export * from './stores/index';
 export * from './server/index';
-export { idempotentFetch, createIdempotentFetch, RetriesExhaustedError, idempotencyErrorFromResponse } from './client/fetch';
+export {
+  idempotentFetch,
+  createIdempotentFetch,
+  RetriesExhaustedError,
+  FetchOutcomeUnknownError,
+  idempotencyErrorFromResponse,
+} from './client/fetch';
 export type { IdempotentFetchOptions } from './client/fetch';

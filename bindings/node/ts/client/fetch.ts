@@ -1,9 +1,10 @@
 /**
  * A `fetch` wrapper for one logical operation: one `Idempotency-Key` for every attempt, retries
  * exactly when core's retry policy says so (409, 429, 5xx except 501, timeouts, connection
- * errors; never after a 422), honouring `Retry-After`, cancellable with an `AbortSignal`.
+ * errors; never after a 422 or idempo's outcome-unknown 500), honouring `Retry-After`,
+ * cancellable with an `AbortSignal`.
  */
-import { generateKey, keyHeaderValue, parseRetryAfter, RetryPolicy } from '../core';
+import { generateKey, keyHeaderValue, parseRetryAfter, responseBodyNeeded, RetryPolicy } from '../core';
 import type { AttemptOutcome, RetryDecision, RetryPolicyOptions } from '../core';
 import {
   IdempoError,
@@ -47,6 +48,30 @@ export class RetriesExhaustedError extends Error {
   }
 }
 
+/**
+ * Thrown when the server answers idempo's outcome-unknown problem (500, type
+ * `urn:idempo:problem:outcome-unknown`, recognised by core): an earlier attempt with `key` may
+ * have taken effect and its outcome was not recorded. No further attempt is made (retrying this
+ * key cannot change the answer); reconcile before using a new key. `code` is `OUTCOME_UNKNOWN`.
+ */
+export class FetchOutcomeUnknownError extends OutcomeUnknownError {
+  /** The key every attempt carried. */
+  readonly key: string;
+  /** Attempts made, the last one included. */
+  readonly attempts: number;
+  /** The 500 answer (its body is still readable). */
+  readonly response: Response;
+  constructor(key: string, attempts: number, response: Response) {
+    super(
+      `outcome unknown after ${attempts} attempt(s): an earlier attempt with this key may have taken effect; reconcile before using a new key`,
+      { reason: 'outcome_unknown' },
+    );
+    this.key = key;
+    this.attempts = attempts;
+    this.response = response;
+  }
+}
+
 function abortError(signal: AbortSignal): unknown {
   return signal.reason ?? new DOMException('The operation was aborted.', 'AbortError');
 }
@@ -77,8 +102,9 @@ function replayableBody(body: RequestInit['body']): RequestInit['body'] {
 /**
  * Sends the request, retrying with the same key as core's policy decides. Resolves with the
  * final `Response` (success or a non-retryable status such as 422, which means "new operation,
- * new key"); rejects with `RetriesExhaustedError` when the last attempt had no response, or with
- * the signal's reason when aborted.
+ * new key"); rejects with `RetriesExhaustedError` when the last attempt had no response, with
+ * `FetchOutcomeUnknownError` on idempo's outcome-unknown answer, or with the signal's reason when
+ * aborted.
  */
 export async function idempotentFetch(input: string | URL, init: IdempotentFetchOptions = {}): Promise<Response> {
   const { key: givenKey, headerName, retry, attemptTimeoutMs, fetch: fetchImpl, onRetry, random, signal, ...req } = init;
@@ -109,7 +135,18 @@ export async function idempotentFetch(input: string | URL, init: IdempotentFetch
     try {
       response = await doFetch(input, { ...req, body, headers, signal: ctrl.signal });
       const ra = response.headers.get('retry-after');
-      outcome = { kind: 'response', status: response.status, retryAfterMs: ra === null ? null : parseRetryAfter(ra, Date.now()) };
+      const contentType = response.headers.get('content-type');
+      // Core needs the body only to recognise the outcome-unknown problem; read a clone then.
+      const responseBody = responseBodyNeeded(response.status, contentType)
+        ? new Uint8Array(await response.clone().arrayBuffer())
+        : null;
+      outcome = {
+        kind: 'response',
+        status: response.status,
+        retryAfterMs: ra === null ? null : parseRetryAfter(ra, Date.now()),
+        contentType,
+        body: responseBody,
+      };
     } catch (e) {
       if (signal?.aborted) throw abortError(signal);
       error = e;
@@ -120,6 +157,7 @@ export async function idempotentFetch(input: string | URL, init: IdempotentFetch
     }
     const decision: RetryDecision = policy.decide(attempt, Date.now() - started, outcome, rand());
     if (!decision.retry) {
+      if (response && decision.reason === 'outcome_unknown') throw new FetchOutcomeUnknownError(key, attempt, response);
       if (response) return response;
       throw new RetriesExhaustedError(key, attempt, decision.reason, error);
     }
