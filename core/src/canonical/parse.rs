@@ -456,21 +456,29 @@ impl<'a> Parser<'a> {
         self.input.get(self.pos).copied()
     }
 
-    #[inline]
-    fn skip_ws(&mut self) {
-        let is_ws = |b: u8| b == b' ' || b == b'\n' || b == b'\r' || b == b'\t';
-        if !self.input.get(self.pos).is_some_and(|&b| is_ws(b)) {
-            return;
+    /// Skip whitespace at `pos`; returns the byte found there (the next token's first byte).
+    #[inline(always)]
+    fn peek_ws(&mut self) -> Option<u8> {
+        let b = self.input.get(self.pos).copied();
+        match b {
+            Some(b' ' | b'\n' | b'\r' | b'\t') => self.skip_ws_run(),
+            _ => b,
         }
+    }
+
+    /// Skip a run of whitespace starting at `pos` (which holds whitespace); returns the byte
+    /// after it.
+    fn skip_ws_run(&mut self) -> Option<u8> {
         self.ws = self.ws.wrapping_add(1);
         self.pos += 1;
         while let Some(&b) = self.input.get(self.pos) {
-            if is_ws(b) {
+            if b == b' ' || b == b'\n' || b == b'\r' || b == b'\t' {
                 self.pos += 1;
             } else {
-                break;
+                return Some(b);
             }
         }
+        None
     }
 
     #[inline]
@@ -552,11 +560,10 @@ impl<'a> Parser<'a> {
     }
 
     fn run(mut self) -> Result<Tape<'a>, CanonError> {
-        self.skip_ws();
+        let _ = self.peek_ws();
         let (root_start, root_ws) = (self.pos, self.ws);
         'value: loop {
-            self.skip_ws();
-            let Some(b) = self.peek() else {
+            let Some(b) = self.peek_ws() else {
                 return Err(self.err(K::UnexpectedEnd, self.pos));
             };
             // Whether the value just read is verbatim (its canonical form is its input text).
@@ -589,16 +596,16 @@ impl<'a> Parser<'a> {
                         all: true,
                     });
                     self.pos += 1;
-                    self.skip_ws();
+                    let next = self.peek_ws();
                     if is_obj {
-                        if self.peek() == Some(b'}') {
+                        if next == Some(b'}') {
                             self.pos += 1;
                             self.close_object()?
                         } else {
-                            self.member_key()?;
+                            self.member_key(next)?;
                             continue 'value;
                         }
-                    } else if self.peek() == Some(b']') {
+                    } else if next == Some(b']') {
                         self.pos += 1;
                         self.close_array()
                     } else {
@@ -632,8 +639,7 @@ impl<'a> Parser<'a> {
                     if verbatim && ws == root_ws {
                         self.tape.root = Some((root_start as u32, pos));
                     }
-                    self.skip_ws();
-                    if self.pos < self.input.len() {
+                    if self.peek_ws().is_some() {
                         return Err(self.unexpected(false, true));
                     }
                     return Ok(self.tape);
@@ -653,22 +659,21 @@ impl<'a> Parser<'a> {
                 }
                 top.all &= verbatim;
                 let is_obj = top.is_obj;
-                self.skip_ws();
-                match self.peek() {
+                match self.peek_ws() {
                     Some(b',') => {
                         let comma = self.pos;
                         self.pos += 1;
-                        self.skip_ws();
+                        let next = self.peek_ws();
                         if is_obj {
                             if let Some(f) = self.stack.last_mut() {
                                 f.key = NO_KEY;
                             }
-                            if self.peek() == Some(b'}') {
+                            if next == Some(b'}') {
                                 return Err(self.err_container(K::TrailingComma, comma));
                             }
-                            self.member_key()?;
+                            self.member_key(next)?;
                         } else {
-                            if self.peek() == Some(b']') {
+                            if next == Some(b']') {
                                 return Err(self.err_container(K::TrailingComma, comma));
                             }
                             if let Some(f) = self.stack.last_mut() {
@@ -691,10 +696,11 @@ impl<'a> Parser<'a> {
         }
     }
 
-    /// Read `"name"` and `:` of an object member; the value follows.
+    /// Read `"name"` and `:` of an object member (`first` is the byte at `pos`); the value
+    /// follows.
     #[inline(always)]
-    fn member_key(&mut self) -> Result<(), CanonError> {
-        if self.peek() != Some(b'"') {
+    fn member_key(&mut self, first: Option<u8>) -> Result<(), CanonError> {
+        if first != Some(b'"') {
             return Err(self.unexpected(false, false));
         }
         let ws = self.ws;
@@ -731,8 +737,7 @@ impl<'a> Parser<'a> {
             self.pos += 1;
             return Ok(());
         }
-        self.skip_ws();
-        if self.peek() != Some(b':') {
+        if self.peek_ws() != Some(b':') {
             return Err(self.unexpected(false, false));
         }
         self.pos += 1;
