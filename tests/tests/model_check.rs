@@ -151,7 +151,7 @@ fn unkeyed_outcome_unknown_runs_at_most_once() {
             W_EXHAUSTED,
         ],
     );
-    assert_eq!(unique, 345_675);
+    assert_eq!(unique, 354_218);
 }
 
 #[test]

@@ -589,10 +589,15 @@ impl IdempoModel {
         props::check_answer(self, w, &obs);
         let client = &mut w.clients[usize::from(b.client)];
         if client.phase == ClientPhase::Waiting(b.token) {
-            let attempt = AttemptOutcome::Response {
-                status: response.status,
-                retry_after_ms: None,
-            };
+            // The client classifies the answer with core, as every binding's client does: an
+            // outcome-unknown problem stops it at once.
+            let content_type = response
+                .headers
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case("content-type"))
+                .map(|(_, v)| v.as_str());
+            let attempt =
+                AttemptOutcome::from_response(response.status, None, content_type, &response.body);
             let mut seen = w.ghost.seen;
             self.client_decides(client, &attempt, &mut seen);
             w.ghost.seen = seen;
