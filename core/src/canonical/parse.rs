@@ -223,18 +223,22 @@ const NO_KEY: u32 = u32::MAX;
 const HI: u64 = 0x8080_8080_8080_8080;
 const LO: u64 = 0x0101_0101_0101_0101;
 
+/// High bit set in each byte of `w` (little-endian) that is `"`, `\` or below 0x20. Bytes above
+/// the lowest such byte may be flagged spuriously (borrows): only the lowest set bit is exact.
+#[inline(always)]
+fn special_bytes(w: u64) -> u64 {
+    let q = w ^ (LO * u64::from(b'"'));
+    let s = w ^ (LO * u64::from(b'\\'));
+    (q.wrapping_sub(LO) & !q | s.wrapping_sub(LO) & !s | w.wrapping_sub(LO * 0x20) & !w) & HI
+}
+
 /// Index of the first byte in `input[i..]` that is `"`, `\` or below 0x20 (or `input.len()`).
 #[inline(always)]
 fn scan_plain(input: &[u8], mut i: usize) -> usize {
     while let Some(chunk) = input.get(i..i + 8) {
         let mut w8 = [0u8; 8];
         w8.copy_from_slice(chunk);
-        let w = u64::from_le_bytes(w8);
-        let q = w ^ (LO * u64::from(b'"'));
-        let s = w ^ (LO * u64::from(b'\\'));
-        let m =
-            (q.wrapping_sub(LO) & !q | s.wrapping_sub(LO) & !s | w.wrapping_sub(LO * 0x20) & !w)
-                & HI;
+        let m = special_bytes(u64::from_le_bytes(w8));
         if m != 0 {
             return i + (m.trailing_zeros() / 8) as usize;
         }
@@ -704,7 +708,10 @@ impl<'a> Parser<'a> {
             return Err(self.unexpected(false, false));
         }
         let ws = self.ws;
-        let (key, prefix, len) = if let Some((a, len)) = self.simple_string() {
+        let (key, prefix, len) = if let Some((a, len, prefix)) = self.short_key() {
+            let key = self.push(Tag::Str, a, len, 0);
+            (key, prefix, len)
+        } else if let Some((a, len)) = self.simple_string() {
             let key = self.push(Tag::Str, a, len, 0);
             (
                 key,
@@ -946,6 +953,35 @@ impl<'a> Parser<'a> {
         self.tape.nums.push(value);
         self.push(Tag::Float, start as u32, len, idx);
         Ok(false)
+    }
+
+    /// Fast path for a member name of at most 7 bytes without escapes at `pos` (which holds
+    /// `"`), when the input is valid UTF-8: one 8-byte load gives both its end and its sort
+    /// prefix. Returns its content start, length and prefix (as [`borrowed_prefix`] computes it)
+    /// and moves past it, exactly as [`Parser::simple_string`] would; `None` (nothing consumed)
+    /// otherwise.
+    #[inline(always)]
+    fn short_key(&mut self) -> Option<(u32, u32, u64)> {
+        if !self.utf8_ok {
+            return None;
+        }
+        let start = self.pos + 1;
+        let chunk = self.input.get(start..start + 8)?;
+        let mut w8 = [0u8; 8];
+        w8.copy_from_slice(chunk);
+        let w = u64::from_le_bytes(w8);
+        let m = special_bytes(w);
+        if m == 0 {
+            return None;
+        }
+        // The lowest flagged byte is exact; it ends the name only if it is a quote.
+        let k = (m.trailing_zeros() / 8) as usize;
+        if w8[k] != b'"' {
+            return None;
+        }
+        self.pos = start + k + 1;
+        let prefix = w.swap_bytes() & !u64::MAX.checked_shr(8 * k as u32).unwrap_or(0);
+        Some((start as u32, k as u32, prefix))
     }
 
     /// Fast path for a string at `pos` (which holds `"`) without escapes whose bytes need no
