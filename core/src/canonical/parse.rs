@@ -320,6 +320,36 @@ fn scan_string(input: &[u8], mut i: usize) -> (usize, bool) {
     (i, hb)
 }
 
+/// Number of consecutive ASCII digits in `input` from `i`, eight bytes per step: the loop exit
+/// does not depend on each digit, so digit counts that vary from number to number cost no
+/// branch misprediction per digit.
+#[inline(always)]
+fn digit_run(input: &[u8], start: usize) -> usize {
+    const F0: u64 = 0xF0F0_F0F0_F0F0_F0F0;
+    const D0: u64 = 0x3030_3030_3030_3030;
+    if !input.get(start).is_some_and(u8::is_ascii_digit) {
+        return 0;
+    }
+    let mut i = start;
+    while let Some(chunk) = input.get(i..i + 8) {
+        let mut w8 = [0u8; 8];
+        w8.copy_from_slice(chunk);
+        let w = u64::from_le_bytes(w8);
+        // A byte is a digit when its high nibble is 3, also after adding 6 (low nibble <= 9).
+        // A carry out of a byte only comes from a non-digit (>= 0xFA) and only affects the
+        // bytes above it, so the lowest flagged byte is exact.
+        let t = ((w & F0) ^ D0) | ((w.wrapping_add(LO * 6) & F0) ^ D0);
+        if t != 0 {
+            return i + (t.trailing_zeros() / 8) as usize - start;
+        }
+        i += 8;
+    }
+    while input.get(i).is_some_and(u8::is_ascii_digit) {
+        i += 1;
+    }
+    i - start
+}
+
 /// The canonical length of a number literal without exponent that is certainly exact and prints
 /// in ES6 fixed notation as itself (trailing fractional zeros and a bare dot removed), or `None`.
 ///
@@ -896,10 +926,7 @@ impl<'a> Parser<'a> {
                 }
             }
             Some(b'1'..=b'9') => {
-                i += 1;
-                while digit(i) {
-                    i += 1;
-                }
+                i += 1 + digit_run(input, i + 1);
             }
             None => return Err(self.err(K::UnexpectedEnd, i)),
             _ => return Err(self.err(K::InvalidNumber, start)),
@@ -908,12 +935,11 @@ impl<'a> Parser<'a> {
         let mut frac_end = None;
         if input.get(i) == Some(&b'.') {
             i += 1;
-            if !digit(i) {
+            let n = digit_run(input, i);
+            if n == 0 {
                 return Err(self.err(K::InvalidNumber, start));
             }
-            while digit(i) {
-                i += 1;
-            }
+            i += n;
             frac_end = Some(i);
         }
         let mut has_exp = false;
@@ -922,12 +948,11 @@ impl<'a> Parser<'a> {
             if matches!(input.get(i), Some(b'+' | b'-')) {
                 i += 1;
             }
-            if !digit(i) {
+            let n = digit_run(input, i);
+            if n == 0 {
                 return Err(self.err(K::InvalidNumber, start));
             }
-            while digit(i) {
-                i += 1;
-            }
+            i += n;
             has_exp = true;
         }
         self.pos = i;
@@ -1129,6 +1154,35 @@ mod tests {
             "U+D7FF < surrogates"
         );
         assert_eq!(cmp_utf16("\u{E000}".as_bytes(), emoji), Ordering::Greater);
+    }
+
+    #[test]
+    fn digit_runs() {
+        let cases: [&[u8]; 9] = [
+            b"",
+            b"x",
+            b"7",
+            b"123,",
+            b"1234567890123456789]",
+            b"12345678",
+            b"0123456789:/",
+            b"12\xff9",
+            b"99999999\xfa1",
+        ];
+        for case in cases {
+            for start in 0..=case.len() {
+                let want = case[start..]
+                    .iter()
+                    .take_while(|b| b.is_ascii_digit())
+                    .count();
+                assert_eq!(digit_run(case, start), want, "{case:?} at {start}");
+            }
+        }
+        for b in 0..=255u8 {
+            let s = [b'1', b'2', b, b'3', b'4', b'5', b'6', b'7', b'8', b'9'];
+            let want = if b.is_ascii_digit() { 10 } else { 2 };
+            assert_eq!(digit_run(&s, 0), want, "byte {b:#x}");
+        }
     }
 
     #[test]
