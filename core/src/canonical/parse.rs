@@ -699,9 +699,8 @@ impl<'a> Parser<'a> {
                         self.pos += 1;
                         let next = self.peek_ws();
                         if is_obj {
-                            if let Some(f) = self.stack.last_mut() {
-                                f.key = NO_KEY;
-                            }
+                            // The frame still names the previous member: `member_key` resets it
+                            // on every path that can fail before naming the new one.
                             if next == Some(b'}') {
                                 return Err(self.err_container(K::TrailingComma, comma));
                             }
@@ -735,6 +734,7 @@ impl<'a> Parser<'a> {
     #[inline(always)]
     fn member_key(&mut self, first: Option<u8>) -> Result<(), CanonError> {
         if first != Some(b'"') {
+            self.forget_key();
             return Err(self.unexpected(false, false));
         }
         let ws = self.ws;
@@ -749,6 +749,7 @@ impl<'a> Parser<'a> {
                 len,
             )
         } else {
+            self.forget_key();
             let (tag, a, len, c) = self.string()?;
             let key = self.push(tag, a, len, c);
             let prefix = if tag == Tag::Str {
@@ -779,6 +780,15 @@ impl<'a> Parser<'a> {
         }
         self.pos += 1;
         Ok(())
+    }
+
+    /// The innermost object has no current member name (for error pointers while a name is
+    /// read).
+    #[cold]
+    fn forget_key(&mut self) {
+        if let Some(f) = self.stack.last_mut() {
+            f.key = NO_KEY;
+        }
     }
 
     /// Close the innermost array (its `]` was read); returns whether it is verbatim.
