@@ -348,6 +348,38 @@ mod tests {
     /// Objects nested in arrays share the per-depth shape cache: repeats, changes and
     /// duplicates after a cached shape must all come out right.
     #[test]
+    fn string_arrays() {
+        assert_eq!(
+            canon(r#"{"u":[["x"],"y"],"t":["b","a"]}"#),
+            r#"{"t":["b","a"],"u":[["x"],"y"]}"#
+        );
+        assert_eq!(
+            canon("[\"a\",\"b\\n\", \"c\",1,{\"k\":\"v\"},\"\u{e9}\"]"),
+            "[\"a\",\"b\\n\",\"c\",1,{\"k\":\"v\"},\"\u{e9}\"]"
+        );
+        assert_eq!(
+            code(br#"["a","b\q"]"#),
+            ("invalid_escape", 7, Some("/1".into()))
+        );
+        assert_eq!(
+            code(br#"["a","b",]"#),
+            ("trailing_comma", 8, Some("".into()))
+        );
+        assert_eq!(
+            code(br#"{"k":["a","b""#),
+            ("unexpected_end", 13, Some("/k/1".into()))
+        );
+        assert_eq!(
+            code(br#"["a","b"x]"#),
+            ("unexpected_character", 8, Some("/1".into()))
+        );
+        assert_eq!(
+            code(b"[\"a\",\"\x01\"]"),
+            ("control_character", 6, Some("/1".into()))
+        );
+    }
+
+    #[test]
     fn repeated_shapes() {
         assert_eq!(
             canon(

@@ -611,42 +611,49 @@ impl<'a> Parser<'a> {
                             self.pos,
                         ));
                     }
-                    let is_obj = b == b'{';
-                    let node = if is_obj {
-                        self.push(Tag::Object, 0, 0, 0)
+                    if b == b'[' && self.input.get(self.pos + 1) == Some(&b'"') {
+                        match self.string_array() {
+                            Some(v) => v,
+                            None => continue 'value,
+                        }
                     } else {
-                        self.push(Tag::Array, self.pos as u32, 0, 0)
-                    };
-                    let in_arr = self.stack.last().is_some_and(|p| !p.is_obj || p.in_arr);
-                    self.stack.push(Frame {
-                        node,
-                        is_obj,
-                        in_arr,
-                        pending_start: self.pending.len() as u32,
-                        count: 0,
-                        key: NO_KEY,
-                        ws_open: self.ws,
-                        ws_key: self.ws,
-                        all: true,
-                    });
-                    self.pos += 1;
-                    let next = self.peek_ws();
-                    if is_obj {
-                        if next == Some(b'}') {
-                            self.pos += 1;
-                            self.close_object()?
+                        let is_obj = b == b'{';
+                        let node = if is_obj {
+                            self.push(Tag::Object, 0, 0, 0)
                         } else {
-                            self.member_key(next)?;
+                            self.push(Tag::Array, self.pos as u32, 0, 0)
+                        };
+                        let in_arr = self.stack.last().is_some_and(|p| !p.is_obj || p.in_arr);
+                        self.stack.push(Frame {
+                            node,
+                            is_obj,
+                            in_arr,
+                            pending_start: self.pending.len() as u32,
+                            count: 0,
+                            key: NO_KEY,
+                            ws_open: self.ws,
+                            ws_key: self.ws,
+                            all: true,
+                        });
+                        self.pos += 1;
+                        let next = self.peek_ws();
+                        if is_obj {
+                            if next == Some(b'}') {
+                                self.pos += 1;
+                                self.close_object()?
+                            } else {
+                                self.member_key(next)?;
+                                continue 'value;
+                            }
+                        } else if next == Some(b']') {
+                            self.pos += 1;
+                            self.close_array()
+                        } else {
+                            if let Some(f) = self.stack.last_mut() {
+                                f.count = 1;
+                            }
                             continue 'value;
                         }
-                    } else if next == Some(b']') {
-                        self.pos += 1;
-                        self.close_array()
-                    } else {
-                        if let Some(f) = self.stack.last_mut() {
-                            f.count = 1;
-                        }
-                        continue 'value;
                     }
                 }
                 b'"' => {
@@ -727,6 +734,56 @@ impl<'a> Parser<'a> {
                 }
             }
         }
+    }
+
+    /// Fast path for an array whose `[` at `pos` is directly followed by `"`: reads elements
+    /// that are strings without escapes (needing no UTF-8 check), separated by bare commas,
+    /// without the generic per-element continuation. When the array closes this way it is
+    /// verbatim and no frame is pushed: returns `Some(true)`. Otherwise the array's frame is
+    /// pushed in exactly the state the generic loop would have reached: `Some(true)` when an
+    /// element was just completed (the caller continues the container), `None` when `pos` is at
+    /// the start of an element not read yet (the caller reads it as a value).
+    #[inline]
+    fn string_array(&mut self) -> Option<bool> {
+        let open = self.pos;
+        let node = self.push(Tag::Array, open as u32, 0, 0);
+        self.pos += 1;
+        let mut count = 0u32;
+        let completed = loop {
+            let Some((a, len)) = self.simple_string() else {
+                break false;
+            };
+            self.push(Tag::Str, a, len, 0);
+            count += 1;
+            match self.input.get(self.pos) {
+                Some(b',') if self.input.get(self.pos + 1) == Some(&b'"') => self.pos += 1,
+                Some(b']') => {
+                    self.pos += 1;
+                    let end = self.tape.nodes.len() as u32;
+                    let pos = self.pos as u32;
+                    if let Some(n) = self.tape.nodes.get_mut(node as usize) {
+                        n.b = end;
+                        n.v = true;
+                        n.c = pos;
+                    }
+                    return Some(true);
+                }
+                _ => break true,
+            }
+        };
+        let in_arr = self.stack.last().is_some_and(|p| !p.is_obj || p.in_arr);
+        self.stack.push(Frame {
+            node,
+            is_obj: false,
+            in_arr,
+            pending_start: self.pending.len() as u32,
+            count: count + u32::from(!completed),
+            key: NO_KEY,
+            ws_open: self.ws,
+            ws_key: self.ws,
+            all: true,
+        });
+        completed.then_some(true)
     }
 
     /// Read `"name"` and `:` of an object member (`first` is the byte at `pos`); the value
