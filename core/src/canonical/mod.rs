@@ -398,6 +398,16 @@ mod tests {
             .0,
             "duplicate_member"
         );
+        assert_eq!(
+            canon(
+                r#"[{"abcdefghiz":1,"abcdefghia":2},{"abcdefghiy":3,"abcdefghia":4},{"abcdefghiy":5,"abcdefghia":6}]"#
+            ),
+            r#"[{"abcdefghia":2,"abcdefghiz":1},{"abcdefghia":4,"abcdefghiy":3},{"abcdefghia":6,"abcdefghiy":5}]"#
+        );
+        assert_eq!(
+            canon(r#"[{"b":1,"a":2},{"b":3,"\u0061":4},{"b":5,"ab":6},{"b":7,"a":8,"c":9}]"#),
+            r#"[{"a":2,"b":1},{"a":4,"b":3},{"ab":6,"b":5},{"a":8,"b":7,"c":9}]"#
+        );
     }
 
     #[test]

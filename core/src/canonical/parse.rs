@@ -724,7 +724,10 @@ impl<'a> Parser<'a> {
                     }
                     Some(b'}') if is_obj => {
                         self.pos += 1;
-                        verbatim = self.close_object()?;
+                        verbatim = match self.close_repeated() {
+                            Some(v) => v,
+                            None => self.close_object()?,
+                        };
                     }
                     Some(b']') if !is_obj => {
                         self.pos += 1;
@@ -861,6 +864,55 @@ impl<'a> Parser<'a> {
             n.c = self.pos as u32;
         }
         verbatim
+    }
+
+    /// Common case of [`Parser::close_object`], kept small so it can sit in the main loop: an
+    /// object inside an array with the same member names, in the same order, as the previous
+    /// object closed at its depth reuses that object's sort permutation (its names were already
+    /// checked for duplicates). Returns what `close_object` would, or `None` (nothing changed)
+    /// when the case does not apply.
+    #[inline(always)]
+    fn close_repeated(&mut self) -> Option<bool> {
+        let f = self.stack.last()?;
+        if !f.in_arr {
+            return None;
+        }
+        let start = f.pending_start as usize;
+        let shape = self.shapes.get(self.stack.len() - 1)?;
+        let keys = self.pending.get(start..)?;
+        if keys.len() < 2 || shape.perm.len() != keys.len() || shape.keys.len() != keys.len() {
+            return None;
+        }
+        let tape = &self.tape;
+        for (a, b) in shape.keys.iter().zip(keys) {
+            // Equal prefixes and equal lengths up to 8 bytes: equal names.
+            if a.0 != b.0
+                || a.2 != b.2
+                || (a.2 > 8 && tape.str_bytes(tape.node(a.1)) != tape.str_bytes(tape.node(b.1)))
+            {
+                return None;
+            }
+        }
+        let tight = f.all && f.ws_open == self.ws;
+        let node = f.node;
+        let count = keys.len() as u32;
+        let mstart = self.tape.members.len() as u32;
+        self.tape.members.extend(
+            shape
+                .perm
+                .iter()
+                .map(|&p| keys.get(p as usize).map_or(0, |k| k.1)),
+        );
+        let sorted = shape.sorted;
+        self.pending.truncate(start);
+        let end = self.tape.nodes.len() as u32;
+        if let Some(n) = self.tape.nodes.get_mut(node as usize) {
+            n.a = mstart;
+            n.b = end;
+            n.c = count;
+        }
+        self.stack.pop();
+        Some(tight && sorted)
     }
 
     /// Close the innermost object (its `}` was read): sort and check its member names; returns
