@@ -175,6 +175,28 @@ impl FingerprintKind {
     }
 }
 
+/// Length of a fingerprint's text form: a two-letter version, a colon and 64 hex digits.
+pub const FINGERPRINT_TEXT_LEN: usize = 67;
+
+/// A fingerprint's text form (`v1:<64 hex>`) held on the stack; see [`Fingerprint::text`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct FingerprintText([u8; FINGERPRINT_TEXT_LEN]);
+
+impl FingerprintText {
+    /// The text (always ASCII).
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        // Only ASCII is ever written (prefix, ':' and hex digits), so this cannot fail.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
+impl fmt::Debug for FingerprintText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
 /// A request fingerprint. Displays as `v1:<64 hex>` or `h1:<64 hex>`; parses back with
 /// [`FromStr`]. Equality is constant-time over the digest.
 #[derive(Clone, Copy)]
@@ -202,6 +224,21 @@ impl Fingerprint {
         &self.digest
     }
 
+    /// The text form (`v1:<64 hex>`) on the stack: what [`Display`](fmt::Display) writes, without
+    /// a `String` allocation (bindings turn it into a host string directly).
+    #[must_use]
+    pub fn text(&self) -> FingerprintText {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut text = [0u8; FINGERPRINT_TEXT_LEN];
+        text[..2].copy_from_slice(self.kind.prefix().as_bytes());
+        text[2] = b':';
+        for (pair, b) in text[3..].chunks_exact_mut(2).zip(self.digest) {
+            pair[0] = HEX[usize::from(b >> 4)];
+            pair[1] = HEX[usize::from(b & 0xF)];
+        }
+        FingerprintText(text)
+    }
+
     /// Constant-time comparison (kinds compared first; they are not secret).
     #[must_use]
     pub fn ct_eq(&self, other: &Self) -> bool {
@@ -219,15 +256,7 @@ impl Eq for Fingerprint {}
 
 impl fmt::Display for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
-        let mut text = [0u8; 64];
-        for (i, b) in self.digest.iter().enumerate() {
-            text[2 * i] = HEX[usize::from(b >> 4)];
-            text[2 * i + 1] = HEX[usize::from(b & 0xF)];
-        }
-        f.write_str(self.kind.prefix())?;
-        f.write_str(":")?;
-        f.write_str(std::str::from_utf8(&text).map_err(|_| fmt::Error)?)
+        f.write_str(self.text().as_str())
     }
 }
 
@@ -292,6 +321,10 @@ impl FromStr for Fingerprint {
 /// parameters such as `charset` are ignored).
 #[must_use]
 pub fn is_json_media_type(content_type: &str) -> bool {
+    // The common exact spelling first: this runs on every fingerprint.
+    if content_type == "application/json" {
+        return true;
+    }
     let essence = content_type
         .split(';')
         .next()
@@ -303,8 +336,10 @@ pub fn is_json_media_type(content_type: &str) -> bool {
     if ty.is_empty() || sub.is_empty() {
         return false;
     }
-    let sub = sub.to_ascii_lowercase();
-    (ty.eq_ignore_ascii_case("application") && sub == "json") || sub.ends_with("+json")
+    let ends_with_json = sub.len() >= 5
+        && sub.is_char_boundary(sub.len() - 5)
+        && sub[sub.len() - 5..].eq_ignore_ascii_case("+json");
+    (ty.eq_ignore_ascii_case("application") && sub.eq_ignore_ascii_case("json")) || ends_with_json
 }
 
 fn is_token_char(c: u8) -> bool {
@@ -581,7 +616,9 @@ mod tests {
         assert_ne!(h.digest(), v.digest());
         for f in [h, v] {
             let text = f.to_string();
-            assert_eq!(text.len(), 67);
+            assert_eq!(text.len(), FINGERPRINT_TEXT_LEN);
+            assert_eq!(f.text().as_str(), text);
+            assert_eq!(format!("{:?}", f.text()), format!("{text:?}"));
             assert_eq!(text.parse::<Fingerprint>().expect("parse"), f);
         }
         assert_eq!(
@@ -628,5 +665,10 @@ mod tests {
         assert!(!is_json_media_type("text/plain"));
         assert!(!is_json_media_type("application/jsonx"));
         assert!(!is_json_media_type("json"));
+        assert!(is_json_media_type("application/problem+JSON;q=1"));
+        assert!(is_json_media_type(" text/+json\t"));
+        assert!(!is_json_media_type("application/é+jso"));
+        assert!(!is_json_media_type("application/éjson"));
+        assert!(!is_json_media_type("/json"));
     }
 }
