@@ -4,8 +4,15 @@
  * The middleware reads the raw body (so the fingerprint covers the exact bytes), parses JSON
  * bodies into `req.body`, runs core's flow and, when core says "run the handler", calls `next()`
  * while capturing the response; the captured response goes through the flow (stored per policy)
- * before it is sent. Mount `idempotencyErrorHandler()` after your routes so a thrown handler
- * error is reported to the flow (outcome-unknown or release, per core) before Express renders it.
+ * before it is sent.
+ *
+ * Handler errors need no extra middleware. A thrown error (Express 4 `next(err)`, a synchronous
+ * throw, or an Express 5 rejected promise) is reported to the flow by an error tap the middleware
+ * adds after the route's handlers the first time it runs: core releases the key when the error is
+ * side-effect free, otherwise records outcome-unknown; the error then continues to your error
+ * handlers. A 5xx that an error handler (or Express's default one) writes while the handler's
+ * response is being captured follows the response caching policy (released, or stored with
+ * `storeServerErrors`). `idempotencyErrorHandler()` is kept for compatibility and is optional.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { ConfigError } from '../errors';
@@ -29,6 +36,50 @@ interface Req extends IncomingMessage {
 type Res = ServerResponse;
 
 const IDEMPO = Symbol('idempo.express');
+
+/** Routes and apps that already carry the error tap. */
+const tapped = new WeakSet<object>();
+
+/** The Express layer stack of a route (Express 4 and 5 share this shape). */
+interface RouteLike {
+  stack?: Array<{ constructor: new (path: string, options: object, fn: ErrorHandler) => { method?: string } }>;
+}
+interface AppLike {
+  use?: (fn: ErrorHandler) => unknown;
+}
+
+/** Reports a handler error to the flow, then lets it continue. */
+function errorTap(err: unknown, req: IncomingMessage, res: ServerResponse, next: Next): void {
+  const st = (req as Req)[IDEMPO];
+  if (!st || st.done) return next(err);
+  st.onError(err, res, next);
+}
+
+/**
+ * Adds the error tap after the handlers of the route this request matched (route-level mounting:
+ * `app.post(path, idempotency(...), handler)`), or at the end of the app's stack when the
+ * middleware is mounted with `app.use` (there, an error handler of yours that renders the error
+ * first makes its 5xx follow the caching policy instead). Once per route or app.
+ */
+function installErrorTap(req: Req): void {
+  const route = req.route as (RouteLike & object) | undefined;
+  if (route && Array.isArray(route.stack) && route.stack.length > 0) {
+    if (tapped.has(route)) return;
+    tapped.add(route);
+    // A layer without a method is visited for every method the route dispatches; it is not
+    // registered through `route.all()`, which would make the route claim every method.
+    const Layer = route.stack[0]!.constructor;
+    const layer = new Layer('/', {}, errorTap);
+    layer.method = undefined;
+    route.stack.push(layer as never);
+    return;
+  }
+  const app = (req as Req & { app?: AppLike & object }).app;
+  if (app && typeof app.use === 'function' && !tapped.has(app)) {
+    tapped.add(app);
+    app.use(errorTap);
+  }
+}
 
 interface RequestState {
   session: Session;
@@ -243,6 +294,7 @@ export function idempotency(options: IdempotencyOptions<IncomingMessage>): Idemp
       },
     };
     req[IDEMPO] = st;
+    installErrorTap(req);
     st.restore = capture(res, (handled) => {
       const redacted = options.redact?.(handled);
       const result = redacted ? { ...handled, bodyToStore: redacted } : handled;
@@ -267,14 +319,12 @@ export function idempotency(options: IdempotencyOptions<IncomingMessage>): Idemp
 type ErrorHandler = (err: unknown, req: IncomingMessage, res: ServerResponse, next: Next) => void;
 
 /**
- * Express error middleware reporting handler errors to the flow; mount it after your routes:
- * `app.use(idempotencyErrorHandler())`. The error then continues to your own error handlers
- * (or a stored/problem response is sent, as core decides).
+ * Express error middleware reporting handler errors to the flow.
+ *
+ * @deprecated Optional since the middleware reports handler errors itself; kept so existing apps
+ * that mount it after their routes (`app.use(idempotencyErrorHandler())`) keep working. An error
+ * already reported passes through untouched.
  */
 export function idempotencyErrorHandler(): ErrorHandler {
-  return (err, req, res, next) => {
-    const st = (req as Req)[IDEMPO];
-    if (!st || st.done) return next(err);
-    st.onError(err, res, next);
-  };
+  return errorTap;
 }
