@@ -2,7 +2,7 @@
 //!
 //! The classes are created here (so the extension can raise them without importing Python code)
 //! and re-exported by `idempo`. Extra context travels as instance attributes (`code`, `offset`,
-//! `pointer`, `retry_after`) set when the exception is built.
+//! `pointer`, `problem`, `retry_after`) set when the exception is built.
 
 use pyo3::BoundObject;
 use pyo3::create_exception;
@@ -129,7 +129,8 @@ pub(crate) fn with_attrs<T: pyo3::PyTypeInfo>(
     err
 }
 
-/// `CanonicalizationError` for a core canonicalization error (`code`, `offset`, `pointer`).
+/// `CanonicalizationError` for a core canonicalization error (`code`, `offset`, `pointer`, and
+/// `problem`: the 400/413 answer core gives for such a body, see `body_problem`).
 pub(crate) fn canon_error(py: Python<'_>, e: &idempo_core::canonical::CanonError) -> PyErr {
     let pointer: Py<PyAny> = match &e.pointer {
         Some(p) => p
@@ -137,10 +138,18 @@ pub(crate) fn canon_error(py: Python<'_>, e: &idempo_core::canonical::CanonError
             .map_or_else(|_| py.None(), |s| s.into_any().unbind()),
         None => py.None(),
     };
+    let answer = idempo_core::machine::problem::invalid_body(e);
+    let problem = match crate::flow::respond(py, &answer, Some("invalid_body"), false)
+        .and_then(|action| Py::new(py, action))
+    {
+        Ok(action) => action.into_any(),
+        Err(err) => return err,
+    };
     let attrs = [
         ("code", to_py(py, e.code())),
         ("offset", to_py(py, e.offset)),
         ("pointer", pointer),
+        ("problem", problem),
     ];
     with_attrs::<CanonicalizationError>(py, e.to_string(), &attrs)
 }

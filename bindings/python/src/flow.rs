@@ -8,8 +8,9 @@
 use std::num::{NonZeroU8, NonZeroU64};
 use std::sync::Arc;
 
+use idempo_core::canonical::{CanonError, CanonErrorKind};
 use idempo_core::key::{self, KeyOptions};
-use idempo_core::machine::problem::{ProblemKind, invalid_key, problem_response};
+use idempo_core::machine::problem::{ProblemKind, invalid_body, invalid_key, problem_response};
 use idempo_core::machine::{
     Action as CoreAction, Event, FlowError, HandlerResponse, HttpResponse, MissingKey,
     ServerFlow as CoreFlow, StoreOp, StoreResult, missing_key,
@@ -24,7 +25,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 
 use crate::convert::{header_pairs, strings, with_bytes};
-use crate::errors::invalid_argument;
+use crate::errors::{CanonicalizationError, invalid_argument};
 
 /// Per-route idempotency policy (core's `Config`), validated on construction.
 #[pyclass(frozen, module = "idempo._idempo")]
@@ -253,7 +254,7 @@ fn blank(py: Python<'_>, kind: &'static str) -> Action {
     }
 }
 
-fn respond(
+pub(crate) fn respond(
     py: Python<'_>,
     r: &HttpResponse,
     outcome: Option<&'static str>,
@@ -679,16 +680,39 @@ pub(crate) fn admit_key(
     }
 }
 
-/// The problem answer (400 or 413) for a body that could not be fingerprinted, from the error's
-/// code (`CanonicalizationError.code`); 413 for the size, depth and member limits.
+/// The problem answer (400 or 413, chosen by core) for a body that could not be fingerprinted:
+/// the `problem` a `CanonicalizationError` raised by idempo carries.
 #[pyfunction]
-pub(crate) fn body_problem(py: Python<'_>, code: &str) -> PyResult<Action> {
-    let kind = match code {
-        "input_too_large" | "depth_limit" | "too_many_members" => ProblemKind::BodyTooLarge,
-        _ => ProblemKind::InvalidBody,
+pub(crate) fn body_problem(py: Python<'_>, error: &Bound<'_, PyAny>) -> PyResult<Py<Action>> {
+    if !error.is_instance_of::<CanonicalizationError>() {
+        return Err(invalid_argument(
+            py,
+            "body_problem expects a CanonicalizationError".to_owned(),
+            "invalid_argument",
+        ));
+    }
+    let problem = error.getattr("problem").ok();
+    match problem.as_ref().map(|p| p.cast::<Action>()) {
+        Some(Ok(action)) => Ok(action.clone().unbind()),
+        _ => Err(invalid_argument(
+            py,
+            "this CanonicalizationError was not raised by idempo (it carries no problem)"
+                .to_owned(),
+            "invalid_argument",
+        )),
+    }
+}
+
+/// The 413 problem answer for a body longer than the host's limit of `limit` bytes (core's
+/// answer for an `input_too_large` body, the same one the canonicalizer's own limit gets).
+#[pyfunction]
+pub(crate) fn body_too_large(py: Python<'_>, limit: usize) -> PyResult<Action> {
+    let err = CanonError {
+        kind: CanonErrorKind::InputTooLarge { limit },
+        offset: limit,
+        pointer: None,
     };
-    let resp = problem_response(kind, None, Some(code), None);
-    respond(py, &resp, Some("invalid_body"), false)
+    respond(py, &invalid_body(&err), Some("invalid_body"), false)
 }
 
 /// The 503 problem answer for a failure before the flow could start (e.g. the store could not

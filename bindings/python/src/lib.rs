@@ -30,6 +30,7 @@ fn _idempo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(flow::encode_response, m)?)?;
     m.add_function(wrap_pyfunction!(flow::decode_response, m)?)?;
     m.add_function(wrap_pyfunction!(flow::body_problem, m)?)?;
+    m.add_function(wrap_pyfunction!(flow::body_too_large, m)?)?;
     m.add_function(wrap_pyfunction!(flow::unavailable_problem, m)?)?;
     m.add_class::<flow::Config>()?;
     m.add_class::<flow::ServerFlow>()?;

@@ -16,6 +16,7 @@ from idempo._idempo import (
     InvalidArgument,
     admit_key,
     body_problem,
+    body_too_large,
     scope_id,
 )
 
@@ -181,7 +182,7 @@ class HostCore:
             return fp
 
     def too_large(self) -> Response:
-        return response_of(body_problem("input_too_large"))
+        return response_of(body_too_large(self.max_body_bytes))
 
     def prepare(
         self,
@@ -226,7 +227,7 @@ class HostCore:
                 method, target, body, headers, content_type=content_type
             )
         except CanonicalizationError as exc:
-            answer = response_of(body_problem(exc.code))
+            answer = response_of(body_problem(exc))
             self.hooks.outcome(route, answer.outcome)
             return Prepared(answer=answer)
         return Prepared(key=key, scope=scope_id(principal, method, route, key), fingerprint=fp)

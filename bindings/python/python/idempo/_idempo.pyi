@@ -25,6 +25,7 @@ __all__ = [
     "StoreUnavailable",
     "admit_key",
     "body_problem",
+    "body_too_large",
     "canonicalize",
     "decode_response",
     "encode_response",
@@ -55,6 +56,7 @@ class CanonicalizationError(IdempotencyError):
     code: str
     offset: int
     pointer: str | None
+    problem: Action
 
 class FingerprintError(IdempotencyError):
     code: str
@@ -266,7 +268,8 @@ def admit_key(
     min_len: int = 8,
     max_len: int = 128,
 ) -> tuple[str | None, Action | None]: ...
-def body_problem(code: str) -> Action: ...
+def body_problem(error: CanonicalizationError) -> Action: ...
+def body_too_large(limit: int) -> Action: ...
 def unavailable_problem(config: Config) -> Action: ...
 def encode_response(status: int, headers: _Headers, body: _Bytes) -> bytes: ...
 def decode_response(data: bytes) -> tuple[int, list[tuple[str, str]], bytes]: ...
