@@ -8,6 +8,7 @@ If ``IDEMPO_TEST_PG_DSN`` and ``IDEMPO_TEST_REDIS_URL`` are already set, those s
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,4 +49,74 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
     try:
         yield Services(env["IDEMPO_TEST_PG_DSN"], env["IDEMPO_TEST_REDIS_URL"])
     finally:
+        subprocess.run(["bash", str(script), "stop", str(work)], capture_output=True, timeout=60)
+
+
+@dataclass(frozen=True)
+class PgServer:
+    """A PostgreSQL server of the test's own (fault tests stop and restart it)."""
+
+    dsn: str
+    data: Path
+
+    def _pg(self, *args: str) -> None:
+        bindir = Path(
+            sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name))[-1]
+        )
+        cmd = [str(bindir / args[0]), *args[1:]]
+        if os.geteuid() == 0:
+            cmd = ["runuser", "-u", "postgres", "--", *cmd]
+        subprocess.run(cmd, check=True, capture_output=True, timeout=60)
+
+    def pids(self) -> list[int]:
+        """The postmaster and all its children."""
+        postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        out = subprocess.run(
+            ["pgrep", "-P", str(postmaster)], capture_output=True, text=True, check=False
+        ).stdout
+        return [postmaster, *(int(p) for p in out.split())]
+
+    def freeze(self) -> list[int]:
+        """SIGSTOPs every server process: the kernel still ACKs TCP, nothing answers."""
+        pids = self.pids()
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        return pids
+
+    def thaw(self, pids: list[int]) -> None:
+        for pid in reversed(pids):
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+    def restart(self) -> None:
+        """``pg_ctl restart`` (fast mode): every existing connection is terminated."""
+        self._pg("pg_ctl", "-D", str(self.data), "-w", "-t", "60", "-m", "fast", "restart",
+                 "-l", str(self.data / "server.log"))
+
+
+@pytest.fixture(scope="module")
+def own_pg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgServer]:
+    """A throwaway PostgreSQL server for this module alone (never the shared one)."""
+    if os.environ.get("IDEMPO_SKIP_SERVICES") == "1":
+        pytest.skip("IDEMPO_SKIP_SERVICES=1: PostgreSQL tests skipped")
+    work = tmp_path_factory.mktemp("own-pg")
+    script = REPO / "scripts" / "test-services.sh"
+    proc = subprocess.run(
+        ["bash", str(script), "start", str(work)], capture_output=True, text=True, timeout=120
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"could not start PostgreSQL:\n{proc.stdout}{proc.stderr}")
+    env = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
+    pgdata = work / "pgdata"
+    data = Path(pgdata.read_text().strip()) if pgdata.exists() else work / "pg"
+    server = PgServer(env["IDEMPO_TEST_PG_DSN"], data)
+    try:
+        yield server
+    finally:
+        try:
+            server.thaw(server.pids())
+        except (OSError, ValueError):
+            pass
         subprocess.run(["bash", str(script), "stop", str(work)], capture_output=True, timeout=60)

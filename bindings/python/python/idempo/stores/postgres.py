@@ -14,11 +14,14 @@ Do not run the claim inside your own Repeatable Read or Serializable transaction
 
 from __future__ import annotations
 
+import asyncio
+import math
 import threading
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, AsyncIterator, Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, List, Optional, Sequence, Tuple, TypeVar
 
-from idempo._idempo import StoreUnavailable
+from idempo._idempo import InvalidArgument, StoreUnavailable
+from idempo.stores._deadline import WATCHDOG, idle_socket_is_dead
 from idempo.stores._base import (
     COMPLETED,
     IN_PROGRESS,
@@ -35,12 +38,20 @@ from idempo.stores._base import (
     check_token,
     fail_closed,
     fail_closed_async,
+    unavailable,
 )
 
 try:
     import psycopg
 except ImportError as exc:  # pragma: no cover - import guard for the optional dependency
     raise ImportError("idempo.stores.postgres needs psycopg 3: pip install 'psycopg[binary]'") from exc
+from psycopg.pq import TransactionStatus
+
+T = TypeVar("T")
+
+DEFAULT_TIMEOUT = 2.0
+"""Seconds a store operation may take before the store gives up on the server (client side)."""
+POOL_ATTEMPTS = 4
 
 NOW = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 COLUMNS = "scope_key, fingerprint, state, token, generation, lease_until, expires_at, response"
@@ -186,14 +197,80 @@ class CompletedRow:
         self.now_ms = now_ms
 
 
+class _Lease:
+    """A checked-out connection and how to give it back."""
+
+    __slots__ = ("conn", "kind", "cm")
+
+    def __init__(self, conn: Any, kind: str, cm: Any = None) -> None:
+        self.conn = conn
+        self.kind = kind
+        self.cm = cm
+
+
+def _dead(conn: Any) -> bool:
+    """A connection that must not be used: closed, broken, or an idle socket with data pending."""
+    if conn.closed or conn.broken:
+        return True
+    try:
+        fd = conn.fileno()
+    except psycopg.Error:
+        return True
+    return idle_socket_is_dead(fd)
+
+
+def _timed_out(timeout: float) -> StoreUnavailable:
+    err = StoreUnavailable(
+        f"PostgreSQL did not answer within {timeout:g} s (connection discarded)"
+    )
+    err.retry_after = 1.0
+    return err
+
+
+def _check_timeout(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise InvalidArgument(f"{name} must be a positive number of seconds")
+    return float(value)
+
+
+def _connect_timeout(timeout: float, given: Optional[int]) -> int:
+    # libpq counts whole seconds and treats anything below 2 as 2.
+    if given is None:
+        return max(2, math.ceil(timeout))
+    if isinstance(given, bool) or not isinstance(given, int) or given <= 0:
+        raise InvalidArgument("connect_timeout must be a positive whole number of seconds")
+    return given
+
+
+MAX_IDLE_DEDICATED = 32
+"""Idle connections a DSN-configured store keeps for transactional requests."""
+
+
 class PostgresStore:
-    """The storage contract on PostgreSQL (psycopg 3, sync)."""
+    """The storage contract on PostgreSQL (psycopg 3, sync).
+
+    Every operation has a client-side deadline of ``timeout`` seconds (default 2.0): past it the
+    socket is shut down, the connection discarded, and :class:`~idempo.StoreUnavailable` raised
+    (the middleware answers 503 with ``Retry-After``; the handler never runs). Opening a
+    connection is bounded by ``connect_timeout`` (whole seconds, default ``ceil(timeout)``, at
+    least 2). Before each use an idle connection is checked without a round trip (its socket
+    must have nothing to read): one the server closed (restart, terminated backend) is replaced
+    before any statement is sent, so no request fails after the server is back. A statement that
+    failed mid-request is never re-sent.
+
+    ``lock_timeout`` and ``idle_in_transaction_timeout`` apply to transactional mode
+    (:meth:`transaction`): how long a duplicate waits for the first request's row lock before it
+    is answered 409, and how long an open transaction may sit idle before the server ends it.
+    """
 
     def __init__(
         self,
         conninfo_or_pool: Any,
         *,
-        connect_timeout: int = 5,
+        timeout: float = DEFAULT_TIMEOUT,
+        connect_timeout: Optional[int] = None,
+        lock_timeout: float = 2.0,
+        idle_in_transaction_timeout: float = 60.0,
         clock: Optional[Callable[[], int]] = None,
     ) -> None:
         """``clock`` replaces the database clock (conformance tests only)."""
@@ -210,57 +287,161 @@ class PostgresStore:
             self._pool = conninfo_or_pool
         else:
             raise TypeError("PostgresStore needs a DSN, a psycopg Connection or a connection pool")
-        self._connect_timeout = connect_timeout
+        self.timeout = _check_timeout("timeout", timeout)
+        self.lock_timeout = _check_timeout("lock_timeout", lock_timeout)
+        self.idle_in_transaction_timeout = _check_timeout(
+            "idle_in_transaction_timeout", idle_in_transaction_timeout
+        )
+        self._connect_timeout = _connect_timeout(self.timeout, connect_timeout)
         self._local = threading.local()
         self._all: List[psycopg.Connection[Any]] = []
         self._all_lock = threading.Lock()
+        self._idle: List[psycopg.Connection[Any]] = []
 
-    @contextmanager
-    def _conn(self) -> Iterator[psycopg.Connection[Any]]:
+    def _connect(self) -> psycopg.Connection[Any]:
+        assert self._dsn is not None
+        conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=self._connect_timeout)
+        with self._all_lock:
+            self._all.append(conn)
+        return conn
+
+    def _forget(self, conn: psycopg.Connection[Any]) -> None:
+        with self._all_lock:
+            if conn in self._all:
+                self._all.remove(conn)
+        conn.close()
+
+    def _acquire(self, dedicated: bool = False) -> _Lease:
+        """A live connection: thread-local (or, ``dedicated``, from the idle list) for a DSN,
+        checked out of a pool, or the single connection under its lock."""
         if self._pool is not None:
-            with self._pool.connection() as conn:
-                yield conn
-            return
-        if self._single is not None:
-            with self._single_lock:
-                yield self._single
-            return
-        local: Optional[psycopg.Connection[Any]] = getattr(self._local, "conn", None)
-        if local is not None and not local.closed:
-            conn = local
-        else:
-            assert self._dsn is not None
-            conn = psycopg.connect(
-                self._dsn, autocommit=True, connect_timeout=self._connect_timeout
+            for _ in range(POOL_ATTEMPTS):
+                cm = self._pool.connection()
+                conn = cm.__enter__()
+                if not _dead(conn):
+                    return _Lease(conn, "pool", cm)
+                conn.close()  # the pool discards a closed connection
+                cm.__exit__(None, None, None)
+            raise unavailable(
+                "PostgreSQL pool", RuntimeError(f"{POOL_ATTEMPTS} dead connections in a row")
             )
-            self._local.conn = conn
-            with self._all_lock:
-                self._all.append(conn)
-        try:
-            yield conn
-        except psycopg.OperationalError:
-            # The connection may be broken: drop it so the next call reconnects.
+        if self._single is not None:
+            if not self._single_lock.acquire(timeout=self.timeout):
+                raise _timed_out(self.timeout)
+            if _dead(self._single):
+                self._single_lock.release()
+                raise unavailable(
+                    "PostgreSQL connection", RuntimeError("the connection given is closed")
+                )
+            return _Lease(self._single, "single")
+        if dedicated:
+            while True:
+                with self._all_lock:
+                    conn = self._idle.pop() if self._idle else None
+                if conn is None:
+                    return _Lease(self._connect(), "dedicated")
+                if not _dead(conn):
+                    return _Lease(conn, "dedicated")
+                self._forget(conn)
+        local: Optional[psycopg.Connection[Any]] = getattr(self._local, "conn", None)
+        if local is not None and not _dead(local):
+            return _Lease(local, "local")
+        if local is not None:
             self._local.conn = None
-            conn.close()
+            self._forget(local)
+        conn = self._connect()
+        self._local.conn = conn
+        return _Lease(conn, "local")
+
+    def _release(self, lease: _Lease, exc: Optional[BaseException], discard: bool) -> None:
+        conn = lease.conn
+        if lease.kind == "pool":
+            if discard:
+                conn.close()
+            lease.cm.__exit__(
+                None if exc is None else type(exc), exc, None if exc is None else exc.__traceback__
+            )
+        elif lease.kind == "single":
+            self._single_lock.release()
+        elif lease.kind == "dedicated":
+            keep = not discard and conn.info.transaction_status == TransactionStatus.IDLE
+            with self._all_lock:
+                if keep and len(self._idle) < MAX_IDLE_DEDICATED:
+                    self._idle.append(conn)
+                    return
+            self._forget(conn)
+        elif discard:
+            if getattr(self._local, "conn", None) is conn:
+                self._local.conn = None
+            self._forget(conn)
+
+    def _guarded(self, lease: _Lease, fn: Callable[[Any], T], timeout: float) -> T:
+        """Runs ``fn(conn)`` under the watchdog; a timeout raises :class:`StoreUnavailable`."""
+        conn = lease.conn
+        ticket = WATCHDOG.arm(conn.fileno(), timeout)
+        try:
+            result = fn(conn)
+        except psycopg.Error as exc:
+            if WATCHDOG.disarm(ticket):
+                raise _timed_out(timeout) from exc
             raise
+        except BaseException:
+            WATCHDOG.disarm(ticket)
+            raise
+        if WATCHDOG.disarm(ticket):
+            # Finished just as the deadline hit: the answer is whole, the socket is not.
+            conn.close()
+        return result
+
+    def _run(self, fn: Callable[[Any], T]) -> T:
+        lease = self._acquire()
+        try:
+            result = self._guarded(lease, fn, self.timeout)
+        except BaseException as exc:
+            conn = lease.conn
+            discard = (
+                not isinstance(exc, psycopg.Error)
+                or isinstance(exc, psycopg.OperationalError)
+                or conn.closed
+                or conn.broken
+            )
+            self._release(lease, exc, discard)
+            raise
+        self._release(lease, None, lease.conn.closed)
+        return result
 
     def _one(self, sql: str, params: dict[str, Any]) -> Optional[Tuple[Any, ...]]:
         sql, params = self._sql.bind(sql, params)
-        with self._conn() as conn:
-            cur = conn.execute(sql, params, prepare=True)
-            row = cur.fetchone()
+
+        def go(conn: Any) -> Optional[Tuple[Any, ...]]:
+            row: Optional[Tuple[Any, ...]] = conn.execute(sql, params, prepare=True).fetchone()
             if not conn.autocommit:
                 conn.commit()
             return row
 
+        return self._run(go)
+
     def _all_rows(self, sql: str, params: dict[str, Any]) -> List[Tuple[Any, ...]]:
         sql, params = self._sql.bind(sql, params)
-        with self._conn() as conn:
-            cur = conn.execute(sql, params, prepare=True)
-            rows = cur.fetchall()
+
+        def go(conn: Any) -> List[Tuple[Any, ...]]:
+            rows: List[Tuple[Any, ...]] = conn.execute(sql, params, prepare=True).fetchall()
             if not conn.autocommit:
                 conn.commit()
             return rows
+
+        return self._run(go)
+
+    @contextmanager
+    def _conn(self) -> Iterator[psycopg.Connection[Any]]:
+        """A connection for a few statements (schema setup, tests), no deadline."""
+        lease = self._acquire()
+        try:
+            yield lease.conn
+        except BaseException as exc:
+            self._release(lease, exc, isinstance(exc, psycopg.OperationalError))
+            raise
+        self._release(lease, None, False)
 
     @fail_closed(_errors, "PostgreSQL create_schema failed")
     def create_schema(self) -> None:
@@ -275,6 +456,7 @@ class PostgresStore:
         """Closes the connections this store opened (not a pool or connection passed in)."""
         with self._all_lock:
             conns, self._all = self._all, []
+            self._idle = []
         for conn in conns:
             conn.close()
         self._local = threading.local()
@@ -345,8 +527,6 @@ class PostgresStore:
                 },
             )
         except psycopg.Error as exc:
-            from idempo.stores._base import unavailable
-
             raise unavailable("PostgreSQL complete failed", exc) from exc
         if row is None:
             return None
@@ -385,15 +565,21 @@ class PostgresStore:
 class AsyncPostgresStore:
     """The storage contract on PostgreSQL with psycopg's asyncio API.
 
-    Pass a DSN (one connection, opened on first use, serialized by an asyncio lock), an
-    ``AsyncConnection``, or a ``psycopg_pool.AsyncConnectionPool``.
+    Pass a DSN (one connection, opened on first use, serialized by an asyncio lock; transactional
+    requests get connections of their own), an ``AsyncConnection``, or a
+    ``psycopg_pool.AsyncConnectionPool``. Deadlines, the idle-connection check and the
+    transactional options are those of :class:`PostgresStore`; waiting for the shared
+    connection counts against ``timeout`` too.
     """
 
     def __init__(
         self,
         conninfo_or_pool: Any,
         *,
-        connect_timeout: int = 5,
+        timeout: float = DEFAULT_TIMEOUT,
+        connect_timeout: Optional[int] = None,
+        lock_timeout: float = 2.0,
+        idle_in_transaction_timeout: float = 60.0,
         clock: Optional[Callable[[], int]] = None,
     ) -> None:
         """``clock`` replaces the database clock (conformance tests only)."""
@@ -411,52 +597,155 @@ class AsyncPostgresStore:
             raise TypeError(
                 "AsyncPostgresStore needs a DSN, a psycopg AsyncConnection or an async pool"
             )
-        self._connect_timeout = connect_timeout
-        self._lock: Optional[Any] = None
+        self.timeout = _check_timeout("timeout", timeout)
+        self.lock_timeout = _check_timeout("lock_timeout", lock_timeout)
+        self.idle_in_transaction_timeout = _check_timeout(
+            "idle_in_transaction_timeout", idle_in_transaction_timeout
+        )
+        self._connect_timeout = _connect_timeout(self.timeout, connect_timeout)
+        self._lock: Optional[asyncio.Lock] = None
         self._owned = False
+        self._idle: List[psycopg.AsyncConnection[Any]] = []
 
-    @asynccontextmanager
-    async def _conn(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        import asyncio
+    async def _connect(self) -> psycopg.AsyncConnection[Any]:
+        assert self._dsn is not None
+        return await psycopg.AsyncConnection.connect(
+            self._dsn, autocommit=True, connect_timeout=self._connect_timeout
+        )
 
+    async def _acquire(self, dedicated: bool = False) -> _Lease:
         if self._pool is not None:
-            async with self._pool.connection() as conn:
-                yield conn
-            return
+            for _ in range(POOL_ATTEMPTS):
+                cm = self._pool.connection()
+                conn = await cm.__aenter__()
+                if not _dead(conn):
+                    return _Lease(conn, "pool", cm)
+                await conn.close()
+                await cm.__aexit__(None, None, None)
+            raise unavailable(
+                "PostgreSQL pool", RuntimeError(f"{POOL_ATTEMPTS} dead connections in a row")
+            )
+        if dedicated and self._dsn is not None:
+            while self._idle:
+                conn = self._idle.pop()
+                if not _dead(conn):
+                    return _Lease(conn, "dedicated")
+                await conn.close()
+            return _Lease(await self._connect(), "dedicated")
         if self._lock is None:
             self._lock = asyncio.Lock()
-        async with self._lock:
-            if self._single is None or self._single.closed:
-                assert self._dsn is not None
-                self._single = await psycopg.AsyncConnection.connect(
-                    self._dsn, autocommit=True, connect_timeout=self._connect_timeout
-                )
+        try:
+            await asyncio.wait_for(self._lock.acquire(), self.timeout)
+        except asyncio.TimeoutError:
+            raise _timed_out(self.timeout) from None
+        try:
+            if self._single is not None and _dead(self._single):
+                if not self._owned:
+                    raise unavailable(
+                        "PostgreSQL connection", RuntimeError("the connection given is closed")
+                    )
+                await self._single.close()
+                self._single = None
+            if self._single is None:
+                self._single = await self._connect()
                 self._owned = True
+        except BaseException:
+            self._lock.release()
+            raise
+        return _Lease(self._single, "single")
+
+    async def _release(self, lease: _Lease, exc: Optional[BaseException], discard: bool) -> None:
+        conn = lease.conn
+        if lease.kind == "pool":
+            if discard:
+                await conn.close()
+            await lease.cm.__aexit__(
+                None if exc is None else type(exc), exc, None if exc is None else exc.__traceback__
+            )
+        elif lease.kind == "dedicated":
+            keep = not discard and conn.info.transaction_status == TransactionStatus.IDLE
+            if keep and len(self._idle) < MAX_IDLE_DEDICATED:
+                self._idle.append(conn)
+            else:
+                await conn.close()
+        else:
+            assert self._lock is not None
             try:
-                yield self._single
-            except psycopg.OperationalError:
-                if self._owned:
-                    await self._single.close()
+                if discard and self._owned:
+                    await conn.close()
                     self._single = None
-                raise
+            finally:
+                self._lock.release()
+
+    async def _guarded(
+        self, lease: _Lease, fn: Callable[[Any], Awaitable[T]], timeout: float
+    ) -> T:
+        conn = lease.conn
+        ticket = WATCHDOG.arm(conn.fileno(), timeout)
+        try:
+            result = await fn(conn)
+        except psycopg.Error as exc:
+            if WATCHDOG.disarm(ticket):
+                raise _timed_out(timeout) from exc
+            raise
+        except BaseException:
+            WATCHDOG.disarm(ticket)
+            raise
+        if WATCHDOG.disarm(ticket):
+            await conn.close()
+        return result
+
+    async def _run(self, fn: Callable[[Any], Awaitable[T]]) -> T:
+        lease = await self._acquire()
+        try:
+            result = await self._guarded(lease, fn, self.timeout)
+        except BaseException as exc:
+            conn = lease.conn
+            discard = (
+                not isinstance(exc, psycopg.Error)
+                or isinstance(exc, psycopg.OperationalError)
+                or conn.closed
+                or conn.broken
+            )
+            await self._release(lease, exc, discard)
+            raise
+        await self._release(lease, None, lease.conn.closed)
+        return result
 
     async def _one(self, sql: str, params: dict[str, Any]) -> Optional[Tuple[Any, ...]]:
         sql, params = self._sql.bind(sql, params)
-        async with self._conn() as conn:
+
+        async def go(conn: Any) -> Optional[Tuple[Any, ...]]:
             cur = await conn.execute(sql, params, prepare=True)
-            row = await cur.fetchone()
+            row: Optional[Tuple[Any, ...]] = await cur.fetchone()
             if not conn.autocommit:
                 await conn.commit()
             return row
 
+        return await self._run(go)
+
     async def _all_rows(self, sql: str, params: dict[str, Any]) -> List[Tuple[Any, ...]]:
         sql, params = self._sql.bind(sql, params)
-        async with self._conn() as conn:
+
+        async def go(conn: Any) -> List[Tuple[Any, ...]]:
             cur = await conn.execute(sql, params, prepare=True)
-            rows = await cur.fetchall()
+            rows: List[Tuple[Any, ...]] = await cur.fetchall()
             if not conn.autocommit:
                 await conn.commit()
             return rows
+
+        return await self._run(go)
+
+    @asynccontextmanager
+    async def _conn(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A connection for a few statements (schema setup, tests), no deadline."""
+        lease = await self._acquire()
+        try:
+            yield lease.conn
+        except BaseException as exc:
+            await self._release(lease, exc, isinstance(exc, psycopg.OperationalError))
+            raise
+        await self._release(lease, None, False)
 
     @fail_closed_async(_errors, "PostgreSQL create_schema failed")
     async def create_schema(self) -> None:
@@ -472,6 +761,9 @@ class AsyncPostgresStore:
         if self._owned and self._single is not None:
             await self._single.close()
             self._single = None
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await conn.close()
 
     @fail_closed_async(_errors, "PostgreSQL claim failed")
     async def claim(

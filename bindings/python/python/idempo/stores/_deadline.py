@@ -1,0 +1,109 @@
+"""Client-side deadlines for database sockets.
+
+A frozen database server (its processes stopped, say) still has a kernel that acknowledges TCP,
+so a blocked read never ends and server-side timeouts enforce nothing. The :class:`Watchdog` is one
+daemon thread per process that shuts down the socket of any operation that overran its deadline:
+the blocked driver read then sees end-of-file at once, the operation fails, and the store discards
+the connection (it is never reused). Arming and disarming take one lock and no system call.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import threading
+import time
+from typing import Dict, Optional
+
+
+class Ticket:
+    """One armed deadline; ``fired`` is true once the watchdog broke the socket."""
+
+    __slots__ = ("fd", "deadline", "fired")
+
+    def __init__(self, fd: int, deadline: float) -> None:
+        self.fd = fd
+        self.deadline = deadline
+        self.fired = False
+
+
+def break_socket(fd: int) -> None:
+    """Shuts a socket down in both directions (through a duplicate, so the owner's descriptor
+    stays valid until the owner closes it)."""
+    try:
+        dup = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return
+    try:
+        dup.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        dup.close()
+
+
+def idle_socket_is_dead(fd: int) -> bool:
+    """True when an idle connection's socket has something to read.
+
+    An idle database connection (no query outstanding) must have nothing to read: readable means
+    end-of-file or a FATAL message from a server that restarted or terminated the backend. One
+    ``poll`` with a zero timeout, no round trip.
+    """
+    try:
+        readable, _, errored = select.select([fd], [], [fd], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable or errored)
+
+
+class Watchdog:
+    """Breaks the sockets of operations that overran their deadline (see the module docs)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._armed: Dict[int, Ticket] = {}
+        self._wake_at = float("inf")
+        self._thread: Optional[threading.Thread] = None
+        self._pid = 0
+
+    def arm(self, fd: int, timeout: float) -> Ticket:
+        """Starts a deadline ``timeout`` seconds from now on socket ``fd``."""
+        ticket = Ticket(fd, time.monotonic() + timeout)
+        with self._cond:
+            if self._thread is None or self._pid != os.getpid():
+                # First use, or a forked child (threads do not survive fork).
+                self._armed.clear()
+                self._wake_at = float("inf")
+                self._pid = os.getpid()
+                self._thread = threading.Thread(
+                    target=self._run, name="idempo-watchdog", daemon=True
+                )
+                self._thread.start()
+            self._armed[id(ticket)] = ticket
+            if ticket.deadline < self._wake_at:
+                self._cond.notify()
+        return ticket
+
+    def disarm(self, ticket: Ticket) -> bool:
+        """Stops a deadline; returns True when it had already fired (the socket is broken)."""
+        with self._cond:
+            self._armed.pop(id(ticket), None)
+            return ticket.fired
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                due = [t for t in self._armed.values() if t.deadline <= now]
+                for ticket in due:
+                    ticket.fired = True
+                    del self._armed[id(ticket)]
+                    break_socket(ticket.fd)
+                self._wake_at = min((t.deadline for t in self._armed.values()), default=float("inf"))
+                wait = None if self._wake_at == float("inf") else max(0.0, self._wake_at - now)
+                self._cond.wait(wait)
+
+
+WATCHDOG = Watchdog()
+"""The process-wide watchdog every PostgreSQL store uses."""

@@ -1,0 +1,209 @@
+"""PostgreSQL faults against a real server of the module's own: a frozen server (SIGSTOP: TCP is
+still acknowledged, nothing answers) and a restart. Every store call must end within its deadline
+with StoreUnavailable (the handler never runs), and no request may fail once the server is back."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, List
+
+import httpx
+import pytest
+from conftest import PgServer
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from idempo import StoreUnavailable
+from idempo.asgi import IdempotencyMiddleware
+from idempo.stores import AsyncPostgresStore, PostgresStore
+
+pytestmark = pytest.mark.services
+
+TIMEOUT = 1.0
+
+
+def scope_key() -> bytes:
+    return os.urandom(32)
+
+
+def token() -> bytes:
+    return os.urandom(16)
+
+
+@pytest.fixture()
+def server(own_pg: PgServer) -> PgServer:
+    store = PostgresStore(own_pg.dsn)
+    store.create_schema()
+    with store._conn() as conn:  # noqa: SLF001 - test setup
+        conn.execute("TRUNCATE idempo_record")
+    store.close()
+    return own_pg
+
+
+def test_frozen_server_sync_store_fails_within_deadline_then_recovers(server: PgServer) -> None:
+    store = PostgresStore(server.dsn, timeout=TIMEOUT)
+    try:
+        key = scope_key()
+        store.claim(key, "v1:" + "0" * 64, token(), 30_000, 60_000)  # a warm connection
+        pids = server.freeze()
+        try:
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable, match="did not answer within"):
+                store.get(key)
+            assert time.monotonic() - started < TIMEOUT + 1
+            # The broken connection was discarded: the next call opens a new one, bounded by
+            # connect_timeout (2 s at least, libpq's floor).
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable):
+                store.get(key)
+            assert time.monotonic() - started < 2 + 1
+        finally:
+            server.thaw(pids)
+        record, now = store.get(key)
+        assert record is not None and record.state == 1 and now > 0
+    finally:
+        store.close()
+
+
+def test_frozen_server_async_store_fails_within_deadline_then_recovers(server: PgServer) -> None:
+    async def scenario() -> None:
+        store = AsyncPostgresStore(server.dsn, timeout=TIMEOUT)
+        try:
+            key = scope_key()
+            await store.claim(key, "v1:" + "0" * 64, token(), 30_000, 60_000)
+            pids = server.freeze()
+            try:
+                started = time.monotonic()
+                # Several callers queue on the one shared connection: each ends in time.
+                results = await asyncio.gather(
+                    *(store.get(key) for _ in range(3)), return_exceptions=True
+                )
+                elapsed = time.monotonic() - started
+                assert all(isinstance(r, StoreUnavailable) for r in results), results
+                assert elapsed < TIMEOUT + 1 + 2, elapsed
+            finally:
+                server.thaw(pids)
+            record, _ = await store.get(key)
+            assert record is not None and record.state == 1
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())
+
+
+def make_app(store: Any, runs: List[int]) -> Starlette:
+    async def pay(request: Request) -> Response:
+        runs.append(1)
+        return JSONResponse({"n": len(runs)}, status_code=201)
+
+    app = Starlette(routes=[Route("/pay", pay, methods=["POST"])])
+    app.add_middleware(IdempotencyMiddleware, store=store)
+    return app
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_frozen_server_through_asgi_is_503_and_the_handler_never_runs(
+    server: PgServer, flavour: str
+) -> None:
+    async def scenario() -> None:
+        store: Any = (
+            PostgresStore(server.dsn, timeout=TIMEOUT)
+            if flavour == "sync"
+            else AsyncPostgresStore(server.dsn, timeout=TIMEOUT)
+        )
+        runs: List[int] = []
+        app = make_app(store, runs)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            warm = await client.post("/pay", json={"a": 0}, headers={"Idempotency-Key": "warm-key-1"})
+            assert warm.status_code == 201 and runs == [1]
+            pids = server.freeze()
+            try:
+                started = time.monotonic()
+                r = await client.post("/pay", json={"a": 1}, headers={"Idempotency-Key": "frozen-k1"})
+                elapsed = time.monotonic() - started
+            finally:
+                server.thaw(pids)
+            assert r.status_code == 503
+            assert r.headers["content-type"] == "application/problem+json"
+            assert int(r.headers["retry-after"]) >= 1
+            assert elapsed < TIMEOUT + 1
+            assert runs == [1], "the handler ran while the store was down"
+            # The claim sent to the frozen server may still have committed when it woke up (it is
+            # never re-sent blindly): the same key is then held by its lease (409), else it runs.
+            again = await client.post("/pay", json={"a": 1}, headers={"Idempotency-Key": "frozen-k1"})
+            assert (again.status_code, len(runs)) in {(201, 2), (409, 1)}
+            fresh = await client.post("/pay", json={"a": 2}, headers={"Idempotency-Key": "after-thaw"})
+            assert fresh.status_code == 201 and runs[-1] == 1
+        if flavour == "sync":
+            store.close()
+        else:
+            await store.close()
+
+    asyncio.run(scenario())
+
+
+def test_restart_sync_store_no_request_fails(server: PgServer) -> None:
+    store = PostgresStore(server.dsn, timeout=5.0)
+    workers = 4
+    barrier = threading.Barrier(workers)
+
+    def warm(_: int) -> None:
+        barrier.wait()  # every worker thread opens its own connection
+        store.get(scope_key())
+
+    try:
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(warm, range(workers)))
+            server.restart()
+            keys = [scope_key() for _ in range(40)]
+            results = list(
+                pool.map(lambda k: store.claim(k, "v1:" + "1" * 64, token(), 5000, 60_000), keys)
+            )
+        assert all(type(r).__name__ == "Claimed" for r in results), results
+    finally:
+        store.close()
+
+
+def test_restart_async_store_no_request_fails(server: PgServer) -> None:
+    async def scenario() -> None:
+        store = AsyncPostgresStore(server.dsn, timeout=5.0)
+        try:
+            await store.get(scope_key())
+            await asyncio.to_thread(server.restart)
+            for _ in range(20):
+                record, now = await store.get(scope_key())
+                assert record is None and now > 0
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())
+
+
+def test_restart_through_asgi_every_request_succeeds(server: PgServer) -> None:
+    async def scenario() -> None:
+        store = AsyncPostgresStore(server.dsn)
+        runs: List[int] = []
+        app = make_app(store, runs)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            first = await client.post("/pay", json={}, headers={"Idempotency-Key": "before-restart"})
+            assert first.status_code == 201
+            await asyncio.to_thread(server.restart)
+            codes = [
+                (await client.post("/pay", json={"i": i}, headers={"Idempotency-Key": f"after-{i:04d}"})).status_code
+                for i in range(20)
+            ]
+            assert codes == [201] * 20
+            replay = await client.post("/pay", json={}, headers={"Idempotency-Key": "before-restart"})
+            assert replay.status_code == 201 and replay.headers["idempotent-replayed"] == "true"
+            assert len(runs) == 21
+        await store.close()
+
+    asyncio.run(scenario())
