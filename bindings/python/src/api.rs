@@ -9,7 +9,9 @@ use idempo_core::retry::{self, AttemptOutcome, Jitter, RetryConfig, RetryDecisio
 use idempo_core::scope::ScopeId;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedStr;
 use pyo3::types::{PyBytes, PyString};
+use std::sync::OnceLock;
 
 use crate::convert::{DETACH_THRESHOLD, header_pairs, strings, text, with_bytes};
 use crate::errors::{canon_error, fingerprint_error, invalid_argument, key_error};
@@ -127,16 +129,16 @@ impl Fingerprinter {
     }
 
     /// Fingerprint of one request (`v1:<hex>` or, with an HMAC key, `h1:<hex>`).
-    #[pyo3(signature = (method, route, body, headers = None, content_type = Some("application/json".to_owned())))]
-    fn fingerprint(
+    #[pyo3(signature = (method, route, body, headers = None, content_type = ContentTypeArg::Json))]
+    fn fingerprint<'py>(
         &self,
-        py: Python<'_>,
-        method: &Bound<'_, PyString>,
-        route: &Bound<'_, PyString>,
-        body: &Bound<'_, PyAny>,
-        headers: Option<&Bound<'_, PyAny>>,
-        content_type: Option<String>,
-    ) -> PyResult<String> {
+        py: Python<'py>,
+        method: &Bound<'py, PyString>,
+        route: &Bound<'py, PyString>,
+        body: &Bound<'py, PyAny>,
+        headers: Option<&Bound<'py, PyAny>>,
+        content_type: ContentTypeArg,
+    ) -> PyResult<Bound<'py, PyString>> {
         let pairs = header_pairs(headers)?;
         compute(
             py,
@@ -150,25 +152,67 @@ impl Fingerprinter {
     }
 }
 
-fn compute(
-    py: Python<'_>,
+/// The `content_type` argument: left out means `application/json` (no allocation on the hot
+/// path); `None` means the request has no content type.
+pub(crate) enum ContentTypeArg {
+    Json,
+    Absent,
+    Given(PyBackedStr),
+}
+
+impl ContentTypeArg {
+    fn as_deref(&self) -> Option<&str> {
+        match self {
+            Self::Json => Some("application/json"),
+            Self::Absent => None,
+            Self::Given(text) => Some(text),
+        }
+    }
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for ContentTypeArg {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        if obj.is_none() {
+            return Ok(Self::Absent);
+        }
+        match obj.extract() {
+            Ok(text) => Ok(Self::Given(text)),
+            Err(_) => Err(PyTypeError::new_err(format!(
+                "content_type must be str or None, got {}",
+                obj.get_type().name()?
+            ))),
+        }
+    }
+}
+
+fn compute<'py>(
+    py: Python<'py>,
     fp: &CoreFingerprinter,
-    method: &Bound<'_, PyString>,
-    route: &Bound<'_, PyString>,
-    body: &Bound<'_, PyAny>,
+    method: &Bound<'py, PyString>,
+    route: &Bound<'py, PyString>,
+    body: &Bound<'py, PyAny>,
     pairs: &[(String, String)],
     content_type: Option<&str>,
-) -> PyResult<String> {
-    let method = method.to_cow()?;
-    let route = route.to_cow()?;
+) -> PyResult<Bound<'py, PyString>> {
+    // UTF-8 bytes owned by Python (no Rust copy); `to_cow` would copy under the 3.9 stable ABI.
+    let method = method.encode_utf8()?;
+    let route = route.encode_utf8()?;
+    let (Ok(method), Ok(route)) = (
+        std::str::from_utf8(method.as_bytes()),
+        std::str::from_utf8(route.as_bytes()),
+    ) else {
+        return Err(PyTypeError::new_err("method and route must be valid text"));
+    };
     let borrowed: Vec<(&str, &str)> = pairs
         .iter()
         .map(|(n, v)| (n.as_str(), v.as_str()))
         .collect();
     let result = with_bytes(body, |body| {
         let parts = RequestParts {
-            method: &method,
-            route: &route,
+            method,
+            route,
             headers: &borrowed,
             content_type,
             body,
@@ -180,31 +224,50 @@ fn compute(
         }
     })?;
     match result {
-        Ok(f) => Ok(f.to_string()),
+        Ok(f) => Ok(PyString::new(py, f.text().as_str())),
         Err(e) => Err(fingerprint_error(py, &e)),
     }
 }
 
 /// Fingerprint of one request. `headers` (a mapping or `(name, value)` pairs) all take part.
 #[pyfunction]
-#[pyo3(signature = (method, route, body, headers = None, exclude = None, content_type = Some("application/json".to_owned()), hmac_key = None, numbers = "strict"))]
+#[pyo3(signature = (method, route, body, headers = None, exclude = None, content_type = ContentTypeArg::Json, hmac_key = None, numbers = "strict"))]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn fingerprint(
-    py: Python<'_>,
-    method: &Bound<'_, PyString>,
-    route: &Bound<'_, PyString>,
-    body: &Bound<'_, PyAny>,
-    headers: Option<&Bound<'_, PyAny>>,
-    exclude: Option<&Bound<'_, PyAny>>,
-    content_type: Option<String>,
+pub(crate) fn fingerprint<'py>(
+    py: Python<'py>,
+    method: &Bound<'py, PyString>,
+    route: &Bound<'py, PyString>,
+    body: &Bound<'py, PyAny>,
+    headers: Option<&Bound<'py, PyAny>>,
+    exclude: Option<&Bound<'py, PyAny>>,
+    content_type: ContentTypeArg,
     hmac_key: Option<Vec<u8>>,
     numbers: &str,
-) -> PyResult<String> {
+) -> PyResult<Bound<'py, PyString>> {
     let pairs = header_pairs(headers)?;
+    let exclude = strings(exclude)?;
+    let numbers = number_mode(py, numbers)?;
+    // The all-defaults call (the common one) reuses one prepared configuration.
+    if pairs.is_empty()
+        && exclude.is_empty()
+        && hmac_key.is_none()
+        && numbers == FingerprintConfig::default().numbers
+    {
+        static DEFAULT: OnceLock<CoreFingerprinter> = OnceLock::new();
+        let fp = match DEFAULT.get() {
+            Some(fp) => fp,
+            None => {
+                let fp = CoreFingerprinter::new(&FingerprintConfig::default())
+                    .map_err(|e| fingerprint_error(py, &e))?;
+                DEFAULT.get_or_init(|| fp)
+            }
+        };
+        return compute(py, fp, method, route, body, &pairs, content_type.as_deref());
+    }
     let config = FingerprintConfig {
         header_names: pairs.iter().map(|(n, _)| n.clone()).collect(),
-        exclude: strings(exclude)?,
-        numbers: number_mode(py, numbers)?,
+        exclude,
+        numbers,
         limits: Limits::default(),
         hmac_key,
     };
