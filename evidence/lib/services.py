@@ -179,7 +179,9 @@ def hwm_kib(pid: int) -> int:
 
 @dataclass
 class Server:
-    """A uvicorn server running an ASGI app in worker processes (loopback only)."""
+    """A uvicorn server running an ASGI app in worker processes (loopback only), or with ``node``
+    set, a Node script started as ``node <app> <port>`` (a ``cluster`` primary whose children are
+    the workers when ``workers`` > 1; it gets ``EV_WORKERS``)."""
 
     app: str
     env: Dict[str, str]
@@ -188,17 +190,35 @@ class Server:
     proc: Optional[subprocess.Popen[bytes]] = None
     log_path: str = ""
     extra: List[str] = field(default_factory=list)
+    node: bool = False
 
     def start(self, timeout: float = 60.0) -> "Server":
         self.port = free_port()
         fd, self.log_path = tempfile.mkstemp(prefix="idempo-evidence-server.", suffix=".log")
         env = {**os.environ, **self.env, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
-        cmd = [sys.executable, "-m", "uvicorn", self.app, "--host", "127.0.0.1", "--port",
-               str(self.port), "--workers", str(self.workers), "--no-access-log",
-               "--log-level", "warning", "--timeout-graceful-shutdown", "2", *self.extra]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fd, stderr=fd,
-                                     start_new_session=True)
-        os.close(fd)
+        listener: Optional[socket.socket] = None
+        if self.node:
+            # Like uvicorn's supervisor: the socket is bound and listening before any worker
+            # exists, and the workers inherit it (connections wait while every worker is down).
+            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(1024)
+            self.port = int(listener.getsockname()[1])
+            env["EV_WORKERS"] = str(self.workers)
+            env["EV_LISTEN_FD"] = str(listener.fileno())
+            cmd = ["node", self.app, str(self.port), *self.extra]
+        else:
+            cmd = [sys.executable, "-m", "uvicorn", self.app, "--host", "127.0.0.1", "--port",
+                   str(self.port), "--workers", str(self.workers), "--no-access-log",
+                   "--log-level", "warning", "--timeout-graceful-shutdown", "2", *self.extra]
+        try:
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fd, stderr=fd, start_new_session=True,
+                                         pass_fds=(listener.fileno(),) if listener is not None else ())
+        finally:
+            os.close(fd)
+            if listener is not None:
+                listener.close()  # the server process holds its own copy
         self.wait_ready(timeout)
         return self
 
@@ -230,9 +250,12 @@ class Server:
         for pid in children(self.proc.pid):
             try:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
                 continue
-            if b"multiprocessing" in cmd and b"resource_tracker" not in cmd:
+            if state == "Z":  # a killed worker not yet reaped
+                continue
+            if self.node or (b"multiprocessing" in cmd and b"resource_tracker" not in cmd):
                 pids.append(pid)
         return pids
 

@@ -1,11 +1,13 @@
-"""Reliability suite: idempo's ASGI middleware under uvicorn worker processes, against memory,
-SQLite, PostgreSQL and Redis, with real kill -9, SIGSTOP and store outages.
+"""Reliability suite: idempo's ASGI middleware under uvicorn worker processes (Python) and its
+Express middleware under ``cluster`` worker processes (Node), against memory, SQLite, PostgreSQL
+and Redis, with real kill -9, SIGSTOP, store outages and a hung PostgreSQL server.
 
     python -m evidence.reliability.run --mode short     # CI: about a minute per store, fails on a violation
     python -m evidence.reliability.run --mode long      # publishing: >= 10^5 trials per store
+    python -m evidence.reliability.run --apps node --stores postgres --scenarios 5
 
-Executions are counted in the app's own ``effects`` table (evidence/reliability/app.py), never in
-idempo's records. One summary table is printed at the end; the exit status is 1 when any
+Executions are counted in the app's own ``effects`` table (evidence/reliability/app.py,
+evidence/reliability/node_app.cjs), never in idempo's records. One summary table is printed at the end; the exit status is 1 when any
 scenario saw a violation of the guarantees in spec/PROTOCOL.md section 11.
 """
 
@@ -23,6 +25,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -32,7 +35,14 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from evidence.lib.http import Client, ConnectionDied, Reply
 from evidence.lib.services import Server, Services, rss_kib
 
-APP = "evidence.reliability.app:app"
+APPS = {
+    "python": "evidence.reliability.app:app",
+    "node": str(Path(__file__).resolve().parent / "node_app.cjs"),
+}
+STORE_TIMEOUT_MS = 2000
+"""Client-side store deadline given to the apps (``EV_STORE_TIMEOUT_MS``): a hung store must be
+answered with 503 within it (plus HUNG_SLACK_MS for a loaded machine)."""
+HUNG_SLACK_MS = 1000
 LEASE_MS = 1000
 SHORT_TTL_MS = 3000
 TTL_MARGIN_MS = 1000
@@ -50,6 +60,7 @@ class Row:
 
     store: str
     scenario: str
+    app: str = "python"
     trials: int = 0
     executions: int = 0
     outcomes: Counter = field(default_factory=Counter)
@@ -129,6 +140,10 @@ class Target:
     server: Server
     effects: Effects
     svc: Optional[Services]
+    app: str = "python"
+
+    def row(self, scenario: str) -> Row:
+        return Row(self.name, scenario, self.app)
 
     def client(self) -> Client:
         return Client("127.0.0.1", self.server.port, timeout=30)
@@ -146,7 +161,7 @@ async def post(c: Client, route: str, key: Optional[str], data: bytes, *, extra:
 # --- 1 and 2: concurrent duplicates ------------------------------------------------------------
 
 async def s_concurrent(t: Target, rounds: Dict[int, int], mixed: bool) -> Row:
-    row = Row(t.name, "2 K dup, half other body" if mixed else "1 K concurrent same key")
+    row = t.row("2 K dup, half other body" if mixed else "1 K concurrent same key")
     c = t.client()
     t0 = time.monotonic()
     lat: List[float] = []
@@ -221,7 +236,7 @@ EXPECT_AFTER = {
 
 
 async def s_kill(t: Target, trials: int) -> Row:
-    row = Row(t.name, "3 kill -9 at each step")
+    row = t.row("3 kill -9 at each step")
     c = t.client()
     t0 = time.monotonic()
     plan = [(m, s) for _ in range(trials) for m in MODES for s in STEPS]
@@ -290,7 +305,7 @@ async def s_kill(t: Target, trials: int) -> Row:
             if n == 2:
                 window += 1
     row.notes.append(f"unkeyed re_run window (spec 11): {window} double runs")
-    row.notes.append("transactional mode: not offered by the Python binding")
+    row.notes.append(f"transactional mode: not offered by the {t.app.capitalize()} binding")
     row.seconds = time.monotonic() - t0
     await c.close()
     return row
@@ -299,7 +314,7 @@ async def s_kill(t: Target, trials: int) -> Row:
 # --- 4: SIGSTOP past the lease, then SIGCONT -------------------------------------------------
 
 async def s_stop(t: Target, trials: int) -> Row:
-    row = Row(t.name, "4 SIGSTOP past lease, SIGCONT")
+    row = t.row("4 SIGSTOP past lease, SIGCONT")
     c = t.client()
     t0 = time.monotonic()
     for mode in MODES * trials:
@@ -359,7 +374,7 @@ async def s_stop(t: Target, trials: int) -> Row:
 # --- 5: store outage ---------------------------------------------------------------------------
 
 async def s_outage(t: Target, probes: int) -> Row:
-    row = Row(t.name, "5 store outage")
+    row = t.row("5 store outage")
     c = t.client()
     t0 = time.monotonic()
     svc = t.svc
@@ -386,8 +401,8 @@ async def s_outage(t: Target, probes: int) -> Row:
             nonlocal worst
             try:
                 r = await post(c, "/pay/ou", key, body("outage"), timeout=15)
-            except ConnectionDied as exc:
-                row.bad(f"connection died: {exc}")
+            except (ConnectionDied, asyncio.TimeoutError) as exc:
+                row.bad(f"no answer: {type(exc).__name__} {exc}")
                 return
             row.trials += 1
             worst = max(worst, r.elapsed)
@@ -396,8 +411,12 @@ async def s_outage(t: Target, probes: int) -> Row:
             if label != "503 store-unavailable" or not r.headers.get("retry-after", "").isdigit():
                 row.bad(f"during outage: {label} retry-after={r.headers.get('retry-after')}")
 
-        for i in range(0, probes, 10):  # concurrent probes, ten at a time
-            await asyncio.gather(*(refused(k) for k in keys[i:i + 10]))
+        # Concurrent probes, ten at a time. Node's SQLite store is synchronous (better-sqlite3): a
+        # locked file blocks a worker's event loop for the busy_timeout, so requests queue behind
+        # each other there; three at a time (one per worker, roughly) keeps each under the bound.
+        step = 3 if (t.app, t.name) == ("node", "sqlite") else 10
+        for i in range(0, probes, step):
+            await asyncio.gather(*(refused(k) for k in keys[i:i + step]))
         if t.effects.total() != before:
             row.bad("the handler ran while the store was down")
     finally:
@@ -455,29 +474,50 @@ async def s_outage(t: Target, probes: int) -> Row:
     return row
 
 
-async def s_hung_pg(t: Target, timeout: float) -> Row:
-    """PostgreSQL alive but not answering (SIGSTOP of the server processes)."""
-    row = Row(t.name, "5b store hung (SIGSTOP)")
+async def s_hung_pg(t: Target, probes: int) -> Row:
+    """PostgreSQL alive but not answering (SIGSTOP of every server process, connections open).
+
+    Checks: each request gets ``503 store-unavailable`` with ``Retry-After`` within the app's
+    store timeout (STORE_TIMEOUT_MS + HUNG_SLACK_MS), the handler never runs while the server is
+    frozen, service recovers after SIGCONT, and each refused key then runs at most once."""
+    row = t.row("5b store hung (SIGSTOP)")
     assert t.svc is not None
     c = t.client()
     t0 = time.monotonic()
+    bound = (STORE_TIMEOUT_MS + HUNG_SLACK_MS) / 1000
     # Open connections first (a busy service), then freeze the server.
     await asyncio.gather(*(post(c, "/pay/ou", new_key(), body("warm")) for _ in range(12)))
     pids = t.svc.pg_pids()
     for p in pids:
         os.kill(p, signal.SIGSTOP)
+    keys = [new_key() for _ in range(probes)]
+    worst = 0.0
+    unanswered = 0
     before = t.effects.total()
     try:
-        try:
-            r = await post(c, "/pay/ou", new_key(), body("hung"), timeout=timeout)
-            row.outcomes[classify(r)] += 1
-            row.notes.append(f"answered in {r.elapsed * 1000:.0f} ms")
-        except (ConnectionDied, asyncio.TimeoutError):
-            row.outcomes[f"no answer within {timeout:.0f} s"] += 1
-            row.notes.append("finding, not a violation: PostgresStore has no client-side statement timeout, "
-                             "so requests wait for a hung server instead of failing closed in bounded time")
-        row.trials += 1
-        if t.effects.total() != before + (1 if row.outcomes.get("201") else 0):
+        async def refused(key: str) -> None:
+            nonlocal worst, unanswered
+            try:
+                r = await post(c, "/pay/ou", key, body("hung"), fresh=True, timeout=bound + 5)
+            except (ConnectionDied, asyncio.TimeoutError) as exc:
+                unanswered += 1
+                row.trials += 1
+                row.outcomes[f"no answer within {bound + 5:.0f} s"] += 1
+                row.bad(f"no answer within {bound + 5:.0f} s ({type(exc).__name__})")
+                return
+            row.trials += 1
+            worst = max(worst, r.elapsed)
+            label = classify(r)
+            row.outcomes[label] += 1
+            if label != "503 store-unavailable" or not r.headers.get("retry-after", "").isdigit():
+                row.bad(f"hung store answered {label} retry-after={r.headers.get('retry-after')}")
+            elif r.elapsed > bound:
+                row.bad(f"503 after {r.elapsed * 1000:.0f} ms, over the {STORE_TIMEOUT_MS} ms store timeout "
+                        f"(+{HUNG_SLACK_MS} ms slack)")
+
+        for i in range(0, probes, 10):
+            await asyncio.gather(*(refused(k) for k in keys[i:i + 10]))
+        if t.effects.total() != before:
             row.bad("the handler ran while the store was hung")
     finally:
         for p in pids:
@@ -485,8 +525,41 @@ async def s_hung_pg(t: Target, timeout: float) -> Row:
                 os.kill(p, signal.SIGCONT)
             except ProcessLookupError:
                 pass
-    # The waiting request goes on once the server resumes (its client has given up by then).
-    await asyncio.sleep(0.5)
+    resumed = time.monotonic()
+    recovered = None
+    for _ in range(400):
+        try:
+            probe: Optional[Reply] = await post(c, "/pay/ou", new_key(), body("probe"), timeout=15)
+        except (ConnectionDied, asyncio.TimeoutError):
+            probe = None
+        if probe is not None and probe.status == 201:
+            recovered = time.monotonic() - resumed
+            break
+        if probe is not None:
+            row.outcomes[f"recovering: {classify(probe)}"] += 1
+            if probe.status != 503:
+                row.bad(f"after SIGCONT: {classify(probe)}")
+        await asyncio.sleep(0.05)
+    if recovered is None:
+        row.bad("no recovery within 20 s of SIGCONT")
+    # The refused keys after the lease: a claim the server applied only on resuming (its client
+    # had given up) holds the key until the lease ends; then outcome_unknown answers 500 (the
+    # handler never ran) and a key whose claim never landed runs once.
+    await asyncio.sleep(LEASE_MS / 1000 + 0.3)
+    for key in keys:
+        r = await post(c, "/pay/ou", key, body("hung"), timeout=15)
+        row.outcomes[f"retry after lease: {classify(r)}"] += 1
+        if classify(r) not in ("201", "201 replay", "500 outcome-unknown"):  # replay: an unanswered one ran
+            row.bad(f"retry of a refused key: {classify(r)}")
+        n = len(t.effects.rows(key))
+        row.executions += n
+        if n != (1 if r.status == 201 else 0):
+            row.bad(f"refused key: {n} executions after a {classify(r)}")
+    row.notes.append(f"all server processes SIGSTOPped; store timeout {STORE_TIMEOUT_MS} ms")
+    if worst:
+        row.notes.append(f"slowest 503 {worst * 1000:.0f} ms")
+    if recovered is not None:
+        row.notes.append(f"recovery {recovered * 1000:.0f} ms after SIGCONT")
     row.seconds = time.monotonic() - t0
     await c.close()
     return row
@@ -495,7 +568,7 @@ async def s_hung_pg(t: Target, timeout: float) -> Row:
 # --- 6: TTL and purge --------------------------------------------------------------------------
 
 async def s_ttl(t: Target, keys: int) -> Row:
-    row = Row(t.name, "6 TTL: replay, then new run")
+    row = t.row("6 TTL: replay, then new run")
     c = t.client()
     t0 = time.monotonic()
 
@@ -601,7 +674,7 @@ def _vacuum(t: Target) -> int:
 
 
 async def s_purge(t: Target, n: int, batch: int) -> Row:
-    row = Row(t.name, f"6 purge {n:,} expired rows")  # rows, not trials: trials stay 0
+    row = t.row(f"6 purge {n:,} expired rows")  # rows, not trials: trials stay 0
     from idempo import stores
 
     t0 = time.monotonic()
@@ -662,7 +735,7 @@ async def s_purge(t: Target, n: int, batch: int) -> Row:
 # --- 7: soak -----------------------------------------------------------------------------------
 
 async def s_soak(t: Target, seconds: float, kills: bool) -> Row:
-    row = Row(t.name, f"7 soak {seconds:.0f} s" + (" + kill -9" if kills else ""))
+    row = t.row(f"7 soak {seconds:.0f} s" + (" + kill -9" if kills else ""))
     c = t.client()
     t0 = time.monotonic()
     protected = t.server.worker_pids()[0]
@@ -740,28 +813,29 @@ async def s_soak(t: Target, seconds: float, kills: bool) -> Row:
 
 PROFILES = {
     "short": dict(rounds={2: 40, 16: 12, 64: 4, 256: 2}, mixed={2: 20, 16: 8, 64: 3, 256: 1},
-                  kill_trials=1, stop_trials=1, probes=5, ttl_keys=8, purge=10_000, soak=6.0),
+                  kill_trials=1, stop_trials=1, probes=5, hung_probes=5, ttl_keys=8, purge=10_000, soak=6.0),
     "long": dict(rounds={2: 6000, 16: 1200, 64: 300, 256: 120}, mixed={2: 3000, 16: 600, 64: 150, 256: 60},
-                 kill_trials=5, stop_trials=5, probes=50, ttl_keys=50, purge=1_000_000, soak=60.0),
+                 kill_trials=5, stop_trials=5, probes=50, hung_probes=30, ttl_keys=50, purge=1_000_000, soak=60.0),
 }
 
 
-async def run_store(name: str, svc: Optional[Services], prof: Dict[str, Any], work: Path,
+async def run_store(app: str, name: str, svc: Optional[Services], prof: Dict[str, Any], work: Path,
                     only: Optional[set]) -> List[Row]:
-    effects = str(work / f"effects-{name}.sqlite3")
-    url = {"memory": "", "sqlite": str(work / "store.sqlite3"),
+    effects = str(work / f"effects-{app}-{name}.sqlite3")
+    url = {"memory": "", "sqlite": str(work / f"store-{app}.sqlite3"),
            "postgres": svc.pg_dsn if svc else "", "redis": svc.redis_url if svc else ""}[name]
     workers = 1 if name == "memory" else 3
     env = {"EV_STORE": name, "EV_STORE_URL": url, "EV_EFFECTS": effects, "EV_LEASE_MS": str(LEASE_MS),
-           "EV_SHORT_TTL_MS": str(SHORT_TTL_MS), "EV_BUSY_MS": str(SQLITE_BUSY_MS)}
+           "EV_SHORT_TTL_MS": str(SHORT_TTL_MS), "EV_BUSY_MS": str(SQLITE_BUSY_MS),
+           "EV_STORE_TIMEOUT_MS": str(STORE_TIMEOUT_MS)}
     if name == "postgres":
         from idempo import stores
 
         s = stores.PostgresStore(url)
         s.create_schema()
         s.close()
-    server = Server(APP, env, workers=workers).start()
-    t = Target(name, url, workers, server, Effects(effects), svc)
+    server = Server(APPS[app], env, workers=workers, node=app == "node").start()
+    t = Target(name, url, workers, server, Effects(effects), svc, app)
     rows: List[Row] = []
 
     def want(s: str) -> bool:
@@ -783,19 +857,20 @@ async def run_store(name: str, svc: Optional[Services], prof: Dict[str, Any], wo
                 # once (503, counted above). Later scenarios start from fresh workers.
                 server.stop()
                 server.start()
-                if name == "postgres" and prof is PROFILES["long"]:
-                    rows.append(await s_hung_pg(t, 10.0))
+                if name == "postgres":
+                    rows.append(await s_hung_pg(t, prof["hung_probes"]))
                     server.stop()
                     server.start()
         if want("6"):
             rows.append(await s_ttl(t, prof["ttl_keys"]))
-            if name in ("sqlite", "postgres"):
+            if name in ("sqlite", "postgres") and app == "python":
                 rows.append(await s_purge(t, prof["purge"], 1000))
         if want("7"):
             rows.append(await s_soak(t, prof["soak"], kills=name != "memory"))
     except Exception as exc:  # noqa: BLE001 - reported as a failed row, the suite goes on
-        r = Row(name, "suite error")
-        r.bad(f"{type(exc).__name__}: {exc}")
+        r = t.row("suite error")
+        where = [ln.strip() for ln in traceback.format_exc().splitlines() if "run.py" in ln]
+        r.bad(f"{type(exc).__name__}: {exc} at {where}")
         r.notes.append(server.log_tail(800).replace("\n", " | "))
         rows.append(r)
     finally:
@@ -806,31 +881,32 @@ async def run_store(name: str, svc: Optional[Services], prof: Dict[str, Any], wo
 def print_table(rows: List[Row], header: str) -> None:
     print()
     print(header)
-    cols = ("store", "scenario", "trials", "executions", "violations", "time", "outcomes / figures")
-    print(f"{cols[0]:<9} {cols[1]:<31} {cols[2]:>8} {cols[3]:>10} {cols[4]:>10} {cols[5]:>7}  {cols[6]}")
+    cols = ("app", "store", "scenario", "trials", "executions", "violations", "time", "outcomes / figures")
+    print(f"{cols[0]:<7} {cols[1]:<9} {cols[2]:<31} {cols[3]:>8} {cols[4]:>10} {cols[5]:>10} {cols[6]:>7}  {cols[7]}")
     print("-" * 140)
     for r in rows:
         outs = ", ".join(f"{k}: {v}" for k, v in sorted(r.outcomes.items(), key=lambda kv: -kv[1]))
         extra = "; ".join([outs, *r.notes]) if outs else "; ".join(r.notes)
-        print(f"{r.store:<9} {r.scenario:<31} {r.trials:>8} {r.executions:>10} {len(r.violations):>10} "
+        print(f"{r.app:<7} {r.store:<9} {r.scenario:<31} {r.trials:>8} {r.executions:>10} {len(r.violations):>10} "
               f"{r.seconds:>6.1f}s  {extra}")
     bad = [r for r in rows if r.violations]
     totals: Dict[str, int] = Counter()
     for r in rows:
-        totals[r.store] += r.trials
+        totals[f"{r.app} {r.store}"] += r.trials
     print("-" * 140)
-    print("trials per store: " + ", ".join(f"{k} {v:,}" for k, v in totals.items()))
+    print("trials per app and store: " + ", ".join(f"{k} {v:,}" for k, v in totals.items()))
     if bad:
         print("\nVIOLATIONS:")
         for r in bad:
             for v in r.violations:
-                print(f"  {r.store} / {r.scenario}: {v}")
+                print(f"  {r.app} / {r.store} / {r.scenario}: {v}")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", choices=("short", "long"), default="short")
     ap.add_argument("--stores", default="memory,sqlite,postgres,redis")
+    ap.add_argument("--apps", default="python,node", help="comma list: python (ASGI, uvicorn), node (Express, cluster)")
     ap.add_argument("--scenarios", default="", help="comma list of scenario numbers (default all)")
     ap.add_argument("--soak", type=float, default=None, help="soak seconds per store (override)")
     ap.add_argument("--purge", type=int, default=None, help="expired rows to purge (override)")
@@ -846,18 +922,23 @@ def main(argv: Optional[List[str]] = None) -> int:
         PROFILES["short"] = prof
     only = set(args.scenarios.split(",")) if args.scenarios else None
     names = [s for s in args.stores.split(",") if s]
+    apps = [a for a in args.apps.split(",") if a]
+    for a in apps:
+        if a not in APPS:
+            ap.error(f"unknown app {a!r} (python, node)")
     svc = Services.start() if {"postgres", "redis"} & set(names) else None
     rows: List[Row] = []
     t0 = time.monotonic()
     try:
         with tempfile.TemporaryDirectory(prefix="idempo-evidence.") as work:
-            for name in names:
-                t1 = time.monotonic()
-                got = asyncio.run(run_store(name, svc, prof, Path(work), only))
-                rows.extend(got)
-                n = sum(len(r.violations) for r in got)
-                print(f"[reliability] {name}: {len(got)} scenarios, {n} violations, {time.monotonic() - t1:.1f} s",
-                      flush=True)
+            for app in apps:
+                for name in names:
+                    t1 = time.monotonic()
+                    got = asyncio.run(run_store(app, name, svc, prof, Path(work), only))
+                    rows.extend(got)
+                    n = sum(len(r.violations) for r in got)
+                    print(f"[reliability] {app} {name}: {len(got)} scenarios, {n} violations, "
+                          f"{time.monotonic() - t1:.1f} s", flush=True)
     finally:
         if svc is not None:
             svc.stop()

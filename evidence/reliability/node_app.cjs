@@ -1,0 +1,206 @@
+// The Node service under test: Express + idempo's `idempotency()` middleware, mirroring
+// evidence/reliability/app.py route for route, so run.py drives both with the same scenarios.
+//
+//   node evidence/reliability/node_app.cjs <port>
+//
+// With EV_WORKERS > 1 the process is a supervisor that starts that many worker processes sharing
+// one listening socket and starts a replacement whenever one dies (kill -9 and SIGSTOP hit real
+// worker processes, as with uvicorn's workers). EV_WORKERS = 1 (the memory store: one process by
+// design) serves in the process itself. With EV_LISTEN_FD (set by the harness) the socket is an
+// inherited, already listening file descriptor; otherwise the app listens on 127.0.0.1:<port>.
+//
+// Every handler execution appends a row to an `effects` table in its own SQLite file (never
+// idempo's records): that table is what the suite counts. `downstream` plays a payment API that
+// deduplicates on the downstream key idempo hands the handler.
+//
+// Configuration (environment, as app.py): EV_STORE memory|sqlite|postgres|redis, EV_STORE_URL,
+// EV_EFFECTS, EV_LEASE_MS (1000), EV_TTL_MS (600000), EV_SHORT_TTL_MS (3000), EV_STOP_SLEEP_MS
+// (400), EV_BUSY_MS (SQLite busy_timeout, 5000), EV_STORE_TIMEOUT_MS (the middleware's
+// storeTimeoutMs, 2000), EV_WORKERS (1).
+//
+// Fault injection, per request (headers are not part of the fingerprint): `x-ev-crash` =
+// after_claim | in_handler | after_effect | before_complete | after_complete makes the worker
+// SIGKILL itself at that step; `x-ev-stop: 1` writes a `started` row and sleeps, so the harness
+// can SIGSTOP the worker mid-handler; `x-ev-sleep-ms` lengthens the handler.
+'use strict';
+const path = require('node:path');
+const { spawn } = require('node:child_process');
+const { AsyncLocalStorage } = require('node:async_hooks');
+const { createRequire } = require('node:module');
+
+const nodeDir = path.resolve(__dirname, '..', '..', 'bindings', 'node');
+const req = createRequire(path.join(nodeDir, 'package.json'));
+
+const env = process.env;
+const int = (name, dflt) => {
+  const v = Number.parseInt(env[name] ?? '', 10);
+  return Number.isFinite(v) ? v : dflt;
+};
+const STORE = env.EV_STORE || 'memory';
+const STORE_URL = env.EV_STORE_URL || '';
+const EFFECTS = env.EV_EFFECTS || '/tmp/idempo-evidence-effects.sqlite3';
+const LEASE_MS = int('EV_LEASE_MS', 1000);
+const TTL_MS = int('EV_TTL_MS', 600000);
+const SHORT_TTL_MS = int('EV_SHORT_TTL_MS', 3000);
+const STOP_SLEEP_MS = int('EV_STOP_SLEEP_MS', 400);
+const BUSY_MS = int('EV_BUSY_MS', 5000);
+const STORE_TIMEOUT_MS = int('EV_STORE_TIMEOUT_MS', 2000);
+const WORKERS = Math.max(1, int('EV_WORKERS', 1));
+const port = Number(process.argv[2] || env.EV_PORT || 0);
+/** An inherited, already listening socket (from the harness): workers share it. */
+const LISTEN_FD = env.EV_LISTEN_FD ? Number(env.EV_LISTEN_FD) : undefined;
+
+if (WORKERS > 1 && env.EV_ROLE !== 'worker') {
+  supervise();
+} else {
+  serve();
+}
+
+/**
+ * The supervisor: starts the workers, each listening on the same socket, and starts a new one
+ * whenever one dies (as uvicorn's supervisor does). It never accepts a connection itself, so
+ * while every worker is down, new connections wait in the socket's backlog instead of being
+ * refused (node:cluster closes its listening handle when its last worker exits).
+ */
+function supervise() {
+  if (LISTEN_FD === undefined) throw new Error('EV_WORKERS > 1 needs EV_LISTEN_FD (a listening socket to share)');
+  let stopping = false;
+  const children = new Set();
+  const start = () => {
+    // The shared socket becomes the worker's fd 3.
+    const stdio = ['ignore', 'inherit', 'inherit', LISTEN_FD];
+    const childEnv = { ...env, EV_ROLE: 'worker', EV_LISTEN_FD: '3' };
+    const child = spawn(process.execPath, [__filename, String(port)], { stdio, env: childEnv });
+    children.add(child);
+    child.on('exit', () => {
+      children.delete(child);
+      if (!stopping) start();
+    });
+  };
+  for (let i = 0; i < WORKERS; i += 1) start();
+  const stop = () => {
+    stopping = true;
+    for (const c of children) c.kill('SIGKILL');
+    process.exit(0);
+  };
+  process.on('SIGTERM', stop);
+  process.on('SIGINT', stop);
+}
+
+function serve() {
+  const express = req('express');
+  const Database = req('better-sqlite3');
+  const idempo = req('./dist/index.js');
+
+  const effects = new Database(EFFECTS);
+  effects.pragma('journal_mode = WAL');
+  effects.pragma('busy_timeout = 30000');
+  effects.exec(
+    'CREATE TABLE IF NOT EXISTS effects (id INTEGER PRIMARY KEY AUTOINCREMENT, route TEXT, key TEXT, ' +
+      'generation INTEGER, downstream_key TEXT, tag TEXT, pid INTEGER, at_ms INTEGER);' +
+      'CREATE TABLE IF NOT EXISTS downstream (downstream_key TEXT PRIMARY KEY, effect_id INTEGER);' +
+      'CREATE TABLE IF NOT EXISTS started (id INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT, pid INTEGER);',
+  );
+  const insEffect = effects.prepare(
+    'INSERT INTO effects (route, key, generation, downstream_key, tag, pid, at_ms) VALUES (?, ?, ?, ?, ?, ?, ?)',
+  );
+  const insDown = effects.prepare('INSERT OR IGNORE INTO downstream (downstream_key, effect_id) VALUES (?, ?)');
+  const getDown = effects.prepare('SELECT effect_id FROM downstream WHERE downstream_key = ?');
+  const insStarted = effects.prepare('INSERT INTO started (key, pid) VALUES (?, ?)');
+
+  /** One execution: [effect id, charge id]. Keyed: the downstream keeps the first charge. */
+  const recordEffect = effects.transaction((route, key, ex, tag, keyed) => {
+    const id = Number(
+      insEffect.run(route, key, ex.generation, ex.downstreamKey, tag, process.pid, Date.now()).lastInsertRowid,
+    );
+    let charge = id;
+    if (keyed) {
+      insDown.run(ex.downstreamKey, id);
+      charge = Number(getDown.get(ex.downstreamKey).effect_id);
+    }
+    return [id, charge];
+  });
+
+  const die = () => process.kill(process.pid, 'SIGKILL');
+  /** The request's `x-ev-crash` step, visible to the store wrapper (it follows the async calls). */
+  const crashCtx = new AsyncLocalStorage();
+
+  function makeStore() {
+    if (STORE === 'memory') return new idempo.MemoryStore();
+    if (STORE === 'sqlite') return new idempo.SqliteStore({ filename: STORE_URL, busyTimeoutMs: BUSY_MS });
+    if (STORE === 'postgres') return new idempo.PostgresStore({ connectionString: STORE_URL });
+    if (STORE === 'redis') return new idempo.RedisStore({ url: STORE_URL });
+    throw new Error(`unknown EV_STORE ${STORE}`);
+  }
+  const inner = makeStore();
+
+  /** Delegates to the real store; kills the worker around `complete` when asked to. */
+  const store = {
+    kind: inner.kind,
+    claim: (...a) => inner.claim(...a),
+    get: (...a) => inner.get(...a),
+    takeover: (...a) => inner.takeover(...a),
+    markUnknown: (...a) => inner.markUnknown(...a),
+    async complete(...a) {
+      const crash = crashCtx.getStore() ?? '';
+      if (crash === 'before_complete') die();
+      const applied = await inner.complete(...a);
+      if (crash === 'after_complete') die();
+      return applied;
+    },
+    release: (...a) => inner.release(...a),
+    renew: (...a) => inner.renew(...a),
+    purgeExpired: (...a) => inner.purgeExpired(...a),
+    close: () => inner.close(),
+  };
+
+  const guard = (takeover, ttlMs = TTL_MS) =>
+    idempo.idempotency({
+      store,
+      takeover,
+      leaseMs: LEASE_MS,
+      ttlMs,
+      storeTimeoutMs: STORE_TIMEOUT_MS,
+      bodyLimit: int('EV_MAX_BODY', 1024 * 1024),
+      scope: (r) => String(r.headers['x-tenant'] || ''),
+    });
+
+  const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+  const tagOf = (b) => (b && typeof b === 'object' && !Array.isArray(b) ? String(b.tag ?? '') : '');
+
+  const handle = (route, keyed) => async (request, response) => {
+    const ex = request.idempotency;
+    const key = String(request.headers['idempotency-key'] || '');
+    const tag = tagOf(request.body);
+    const crash = String(request.headers['x-ev-crash'] || '');
+    if (crash === 'after_claim') die();
+    if (request.headers['x-ev-stop']) {
+      insStarted.run(key, process.pid);
+      await sleep(STOP_SLEEP_MS);
+    }
+    const sleepMs = Number(request.headers['x-ev-sleep-ms'] || 0) || 0;
+    if (sleepMs > 0) await sleep(sleepMs);
+    if (crash === 'in_handler') die();
+    const [effect, charge] = recordEffect(route, key, ex, tag, keyed);
+    if (crash === 'after_effect') die();
+    response.status(201).json({ effect, charge, tag, generation: ex.generation, pid: process.pid });
+  };
+
+  const app = express();
+  app.disable('x-powered-by');
+  app.use((request, _response, next) => crashCtx.run(String(request.headers['x-ev-crash'] || ''), next));
+  app.get('/health', (_q, s) => s.json({ pid: process.pid, store: STORE }));
+  app.post('/pay/ou', guard('outcome_unknown'), handle('ou', false));
+  app.post('/pay/rerun', guard('re_run'), handle('rerun', false));
+  app.post('/pay/keyed', guard('re_run'), handle('keyed', true));
+  app.post('/ttl', guard('outcome_unknown', SHORT_TTL_MS), handle('ttl', false));
+  app.use(idempo.idempotencyErrorHandler());
+
+  const server = LISTEN_FD !== undefined ? app.listen({ fd: LISTEN_FD }) : app.listen(port, '127.0.0.1');
+  server.keepAliveTimeout = 65000;
+  server.requestTimeout = 120000;
+  process.on('SIGTERM', () => {
+    server.close(() => process.exit(0));
+    setTimeout(() => process.exit(0), 2000).unref();
+  });
+}
