@@ -11,38 +11,10 @@ use crate::canonical::{canon_fail, limits, number_mode};
 use crate::error::{Fail, code};
 use crate::strarg::{STACK_STR, StrArg};
 
-/// Room for `v1:`/`h1:` plus 64 hex digits.
-const TEXT_CAP: usize = 80;
-
-/// Writes core's `Display` of a fingerprint into a stack buffer.
-struct TextBuf {
-    buf: [u8; TEXT_CAP],
-    len: usize,
-}
-
-impl std::fmt::Write for TextBuf {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        let end = self.len + s.len();
-        let dst = self.buf.get_mut(self.len..end).ok_or(std::fmt::Error)?;
-        dst.copy_from_slice(s.as_bytes());
-        self.len = end;
-        Ok(())
-    }
-}
-
-/// The fingerprint text as a JS string, formatted by core without a heap allocation.
+/// The fingerprint text as a JS string, formatted by core on the stack (no heap allocation).
 fn text<'e>(env: &'e Env, f: &Fingerprint) -> napi::Result<JsString<'e>> {
-    use std::fmt::Write as _;
-    let mut t = TextBuf {
-        buf: [0; TEXT_CAP],
-        len: 0,
-    };
-    if write!(t, "{f}").is_ok() {
-        // Fingerprint text is ASCII, so latin1 and UTF-8 agree.
-        env.create_string_latin1(&t.buf[..t.len])
-    } else {
-        env.create_string(f.to_string())
-    }
+    // Fingerprint text is ASCII, so latin1 and UTF-8 agree (latin1 is the cheaper copy).
+    env.create_string_latin1(f.text().as_str().as_bytes())
 }
 
 /// Fingerprint settings. Every service sharing a store must use the same ones.
