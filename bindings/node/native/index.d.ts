@@ -158,6 +158,37 @@ export interface AttemptOutcomeInput {
   body?: Buffer
 }
 
+/** The canonicalization settings of a route's fingerprint, for [`body_problem`]. */
+export interface BodyCheckOptions {
+  /** `"reject_precision_loss"` (the fingerprint's default) or `"rfc"`. */
+  numbers?: string
+  /** RFC 6901 pointers left out of the fingerprint. */
+  exclude?: Array<string>
+  /** Maximum JSON body size in bytes (default 8 MiB). */
+  maxInputBytes?: number
+  /** Maximum JSON nesting depth (default 128). */
+  maxDepth?: number
+  /** Maximum JSON members and elements (default 100000). */
+  maxMembers?: number
+}
+
+/**
+ * Checks a JSON request body the way the route's fingerprint reads it and returns core's
+ * problem response (`invalid_body`: 400, or 413 for the size limits) when it is refused, or null
+ * when the body is acceptable. Hosts call it after a `CANONICALIZATION_ERROR` so every binding
+ * answers a bad body with core's mapping, never its own. Throws `FINGERPRINT_ERROR` for a bad
+ * exclusion pointer and `INVALID_ARGUMENT` for an unknown number mode.
+ */
+export declare function bodyProblem(body: Uint8Array, options?: BodyCheckOptions | undefined | null): BodyProblem | null
+
+/** Core's answer for a request body that cannot be fingerprinted. */
+export interface BodyProblem {
+  /** `invalid_body` (400) or `body_too_large` (413), per core's `body_problem_kind`. */
+  outcome: string
+  /** Core's `invalid_body` problem response (code, byte offset and JSON Pointer in the detail). */
+  response: HttpResponseData
+}
+
 /** Canonicalizes a JSON text given as bytes (UTF-8) into its RFC 8785 form. */
 export declare function canonicalizeBytes(data: Uint8Array, options?: CanonicalizeOptions | undefined | null): Buffer
 

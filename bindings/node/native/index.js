@@ -842,6 +842,7 @@ module.exports.RetryPolicy = nativeBinding.RetryPolicy
 module.exports.RouteFingerprinter = nativeBinding.RouteFingerprinter
 module.exports.ServerFlow = nativeBinding.ServerFlow
 module.exports.admitKey = nativeBinding.admitKey
+module.exports.bodyProblem = nativeBinding.bodyProblem
 module.exports.canonicalizeBytes = nativeBinding.canonicalizeBytes
 module.exports.canonicalizeString = nativeBinding.canonicalizeString
 module.exports.checkRecordRow = nativeBinding.checkRecordRow

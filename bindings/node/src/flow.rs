@@ -5,6 +5,7 @@
 use std::num::{NonZeroU8, NonZeroU64};
 use std::sync::Arc;
 
+use idempo_core::fingerprint::{FingerprintConfig, FingerprintError, RequestParts};
 use idempo_core::machine::problem::{self, ProblemKind};
 use idempo_core::machine::{
     self, Action, Event, HandlerResponse, HttpResponse, MissingKey, ServerFlow as CoreFlow,
@@ -19,6 +20,7 @@ use napi::Env;
 use napi::bindgen_prelude::Buffer;
 use napi_derive::napi;
 
+use crate::canonical::{limits, number_mode};
 use crate::error::{Fail, code};
 use crate::key::{ParseKeyOptions, key_options};
 use crate::num::{from_u64, to_status, to_u64};
@@ -306,6 +308,69 @@ pub fn problem_response(
         reason.as_deref(),
         ra,
     )))
+}
+
+/// The canonicalization settings of a route's fingerprint, for [`body_problem`].
+#[napi(object)]
+#[derive(Default)]
+pub struct BodyCheckOptions {
+    /// `"reject_precision_loss"` (the fingerprint's default) or `"rfc"`.
+    pub numbers: Option<String>,
+    /// RFC 6901 pointers left out of the fingerprint.
+    pub exclude: Option<Vec<String>>,
+    /// Maximum JSON body size in bytes (default 8 MiB).
+    pub max_input_bytes: Option<u32>,
+    /// Maximum JSON nesting depth (default 128).
+    pub max_depth: Option<u32>,
+    /// Maximum JSON members and elements (default 100000).
+    pub max_members: Option<u32>,
+}
+
+/// Core's answer for a request body that cannot be fingerprinted.
+#[napi(object)]
+pub struct BodyProblem {
+    /// `invalid_body` (400) or `body_too_large` (413), per core's `body_problem_kind`.
+    pub outcome: String,
+    /// Core's `invalid_body` problem response (code, byte offset and JSON Pointer in the detail).
+    pub response: HttpResponseData,
+}
+
+/// Checks a JSON request body the way the route's fingerprint reads it and returns core's
+/// problem response (`invalid_body`: 400, or 413 for the size limits) when it is refused, or null
+/// when the body is acceptable. Hosts call it after a `CANONICALIZATION_ERROR` so every binding
+/// answers a bad body with core's mapping, never its own. Throws `FINGERPRINT_ERROR` for a bad
+/// exclusion pointer and `INVALID_ARGUMENT` for an unknown number mode.
+#[napi(catch_unwind)]
+pub fn body_problem(
+    env: Env,
+    body: &[u8],
+    options: Option<BodyCheckOptions>,
+) -> napi::Result<Option<BodyProblem>> {
+    let o = options.unwrap_or_default();
+    let check = || -> Result<Option<BodyProblem>, Fail> {
+        let d = FingerprintConfig::default();
+        let cfg = FingerprintConfig {
+            exclude: o.exclude.unwrap_or_default(),
+            numbers: number_mode(o.numbers.as_deref())?.unwrap_or(d.numbers),
+            limits: limits(o.max_input_bytes, o.max_depth, o.max_members),
+            ..d
+        };
+        match idempo_core::fingerprint::fingerprint(&RequestParts::json("POST", "/", body), &cfg) {
+            Ok(_) => Ok(None),
+            Err(FingerprintError::Body(e)) => {
+                let outcome = match problem::body_problem_kind(&e) {
+                    ProblemKind::BodyTooLarge => "body_too_large",
+                    _ => "invalid_body",
+                };
+                Ok(Some(BodyProblem {
+                    outcome: outcome.to_owned(),
+                    response: http(problem::invalid_body(&e)),
+                }))
+            }
+            Err(other) => Err(Fail::new(code::FINGERPRINT, other.to_string()).reason(other.code())),
+        }
+    };
+    check().map_err(|f| f.throw(&env))
 }
 
 /// One action for the host, as a flat object; `type` says which fields are set.

@@ -126,6 +126,18 @@ export class Prepared<Req> {
     return '';
   }
 
+  /** Core's problem for a JSON body the fingerprint refuses (null: the body is acceptable). */
+  bodyProblem(body: Buffer): native.BodyProblem | null {
+    const o: native.BodyCheckOptions = {};
+    if (this.o.numbers) o.numbers = this.o.numbers;
+    if (this.o.exclude) o.exclude = this.o.exclude;
+    try {
+      return native.bodyProblem(body, o);
+    } catch (e) {
+      throw fromNative(e);
+    }
+  }
+
   isSideEffectFree(err: unknown): boolean {
     if (this.o.isSideEffectFree) return this.o.isSideEffectFree(err);
     return typeof err === 'object' && err !== null && (err as { noSideEffect?: unknown }).noSideEffect === true;
@@ -179,8 +191,9 @@ export function admitRequest<Req>(p: Prepared<Req>, f: RequestFacts): Admitted {
     });
   } catch (e) {
     if (e instanceof CanonicalizationError) {
-      const kind = e.reason === 'input_too_large' || e.reason === 'depth_limit' || e.reason === 'too_many_members' ? 'body_too_large' : 'invalid_body';
-      return { kind: 'respond', response: p.problem(kind, undefined, e.reason), outcome: kind };
+      // Core maps the refused body to its problem (400 invalid_body or 413), never this binding.
+      const bp = p.bodyProblem(f.body);
+      if (bp) return { kind: 'respond', response: toHttp(bp.response), outcome: bp.outcome };
     }
     throw e;
   }
