@@ -1,0 +1,379 @@
+"""Django middleware with the same options as :mod:`idempo.asgi` and :mod:`idempo.wsgi`.
+
+::
+
+    # settings.py
+    MIDDLEWARE = [
+        ...,
+        "django.contrib.auth.middleware.AuthenticationMiddleware",
+        "idempo.django.IdempotencyMiddleware",   # after authentication: scopes use request.user
+        ...,
+    ]
+    IDEMPO = {
+        "STORE": "myproject.idempotency.make_store",   # a store, or a dotted path to it/its factory
+        "SCOPE": "idempo.django.user_scope",           # principal: the authenticated user's pk
+        "CONFIG": {"ttl_ms": 86_400_000, "lease_ms": 30_000},   # or an idempo.Config
+    }
+
+Option names are the keyword arguments of :class:`idempo.wsgi.IdempotencyMiddleware` in upper case:
+``STORE``, ``CONFIG`` (an :class:`idempo.Config` or a dict of its keyword arguments: TTL, lease and
+heartbeat, required key, caching policy, replay header allowlist, ...), ``METHODS``,
+``HEADER_NAME``, ``SCOPE``, ``FINGERPRINT_HEADERS``, ``EXCLUDE`` (JSON pointers), ``HMAC_KEY``,
+``NUMBERS``, ``MAX_BODY_BYTES`` (413 above it), ``STRICT_KEY``, ``KEY_MIN_LEN``, ``KEY_MAX_LEN``,
+``REDACT``, ``HOOKS``, ``ONLY_MARKED`` and ``WARN_UNSCOPED``. Callables (``SCOPE``, ``REDACT``,
+``HOOKS``) may be given as dotted paths. An unknown name is an ``ImproperlyConfigured`` error.
+
+The route template is the URL pattern Django resolved (``/orders/<int:order>/pay``); a view
+marked with :func:`idempo.idempotent` (function view, ``as_view()`` result or the view class)
+gets its own options, ``enabled=False`` exempts it. The running view finds its execution (key,
+generation, downstream key) in ``request.idempotency``. Both sync and async middleware chains are
+supported (Django picks the mode; async views keep running on the event loop).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple, Union
+
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
+from django.conf import settings  # type: ignore[import-untyped]
+from django.core.exceptions import (  # type: ignore[import-untyped]
+    ImproperlyConfigured,
+    RequestDataTooBig,
+)
+from django.http import HttpRequest, HttpResponse  # type: ignore[import-untyped]
+from django.urls import Resolver404, resolve  # type: ignore[import-untyped]
+from django.utils.module_loading import import_string  # type: ignore[import-untyped]
+
+from idempo._flow import Execution, HandlerResult, Hooks, Response, run_async, run_sync
+from idempo._host import (
+    DEFAULT_MAX_BODY_BYTES,
+    HostCore,
+    Prepared,
+    RouteOptions,
+    idempotent,
+    route_overrides,
+)
+from idempo._idempo import Config, InvalidArgument
+
+__all__ = ["IdempotencyMiddleware", "idempotent", "user_scope"]
+
+#: Setting names (``settings.IDEMPO`` keys) and the option each sets.
+OPTIONS = {
+    "STORE": "store",
+    "CONFIG": "config",
+    "METHODS": "methods",
+    "HEADER_NAME": "header_name",
+    "SCOPE": "scope",
+    "FINGERPRINT_HEADERS": "fingerprint_headers",
+    "EXCLUDE": "exclude",
+    "HMAC_KEY": "hmac_key",
+    "NUMBERS": "numbers",
+    "MAX_BODY_BYTES": "max_body_bytes",
+    "STRICT_KEY": "strict_key",
+    "KEY_MIN_LEN": "key_min_len",
+    "KEY_MAX_LEN": "key_max_len",
+    "REDACT": "redact",
+    "HOOKS": "hooks",
+    "ONLY_MARKED": "only_marked",
+    "WARN_UNSCOPED": "warn_unscoped",
+}
+
+_DEFAULTS: Dict[str, Any] = {
+    "config": None,
+    "methods": ("POST", "PATCH"),
+    "header_name": "Idempotency-Key",
+    "scope": None,
+    "fingerprint_headers": (),
+    "exclude": (),
+    "hmac_key": None,
+    "numbers": "strict",
+    "max_body_bytes": DEFAULT_MAX_BODY_BYTES,
+    "strict_key": False,
+    "key_min_len": 8,
+    "key_max_len": 128,
+    "redact": None,
+    "hooks": None,
+    "only_marked": False,
+    "warn_unscoped": True,
+}
+
+
+def user_scope(request: Any) -> Optional[str]:
+    """The principal of a request: the primary key of ``request.user`` when authenticated
+    (``None`` for anonymous requests, which then share the anonymous namespace)."""
+    user = getattr(request, "user", None)
+    if user is None or not user.is_authenticated:
+        return None
+    return str(user.pk)
+
+
+def _imported(name: str, value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    try:
+        return import_string(value)
+    except ImportError as exc:
+        raise ImproperlyConfigured(f"IDEMPO[{name!r}]: cannot import {value!r}: {exc}") from exc
+
+
+def options_from_settings(raw: Any) -> Dict[str, Any]:
+    """The middleware options from a ``settings.IDEMPO`` mapping (see the module docs)."""
+    if not isinstance(raw, dict):
+        raise ImproperlyConfigured("settings.IDEMPO must be a dict (at least {'STORE': ...})")
+    unknown = sorted(str(k) for k in raw if k not in OPTIONS)
+    if unknown:
+        raise ImproperlyConfigured(
+            f"settings.IDEMPO: unknown option(s) {', '.join(unknown)}; known: {', '.join(OPTIONS)}"
+        )
+    if raw.get("STORE") is None:
+        raise ImproperlyConfigured("settings.IDEMPO['STORE'] is required (an idempotency store)")
+    opts = dict(_DEFAULTS)
+    for name, value in raw.items():
+        opts[OPTIONS[name]] = value
+    store = _imported("STORE", opts["store"])
+    opts["store"] = store() if isinstance(opts["store"], str) and callable(store) else store
+    for name in ("SCOPE", "REDACT", "HOOKS"):
+        opts[OPTIONS[name]] = _imported(name, opts[OPTIONS[name]])
+    hooks = opts["hooks"]
+    if hooks is not None and not isinstance(hooks, Hooks):
+        opts["hooks"] = hooks() if callable(hooks) else hooks
+        if not isinstance(opts["hooks"], Hooks):
+            raise ImproperlyConfigured("settings.IDEMPO['HOOKS'] must be an idempo.Hooks")
+    config = opts["config"]
+    if isinstance(config, dict):
+        try:
+            opts["config"] = Config(**{str(k).lower(): v for k, v in config.items()})
+        except TypeError as exc:
+            raise ImproperlyConfigured(f"settings.IDEMPO['CONFIG']: {exc}") from exc
+    elif config is not None and not isinstance(config, Config):
+        raise ImproperlyConfigured("settings.IDEMPO['CONFIG'] must be an idempo.Config or a dict")
+    return opts
+
+
+@dataclass(frozen=True)
+class _Ready:
+    """A request that runs under the flow."""
+
+    opts: RouteOptions
+    route: str
+    prepared: Prepared
+
+
+class IdempotencyMiddleware:
+    """Idempotency-Key handling for Django views, configured by ``settings.IDEMPO``."""
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Callable[[Any], Any]) -> None:
+        self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
+        opts = options_from_settings(getattr(settings, "IDEMPO", None))
+        try:
+            self.core = HostCore(**opts)
+        except InvalidArgument as exc:
+            raise ImproperlyConfigured(f"settings.IDEMPO: {exc}") from exc
+        self._meta_key = "HTTP_" + str(opts["header_name"]).upper().replace("-", "_")
+
+    def __call__(self, request: Any) -> Any:
+        if self.is_async:
+            return self._acall(request)
+        step = self._prepare(request)
+        if step is None:
+            return self.get_response(request)
+        if isinstance(step, HttpResponse):
+            return step
+        live: List[Any] = []
+
+        def handler(execution: Execution) -> HandlerResult:
+            request.idempotency = execution
+            response = self.get_response(request)
+            live.append(response)
+            return self._result(step.opts, response, _consume(response))
+
+        answer = run_sync(
+            store=self.core.store,
+            config=step.opts.config,
+            scope=step.prepared.scope,
+            fingerprint=step.prepared.fingerprint,
+            key=step.prepared.key or "",
+            route=step.route,
+            handler=handler,
+            hooks=self.core.hooks,
+        )
+        return _answer(answer, live)
+
+    async def _acall(self, request: Any) -> Any:
+        step = await sync_to_async(self._prepare)(request)
+        if step is None:
+            return await self.get_response(request)
+        if isinstance(step, HttpResponse):
+            return step
+        live: List[Any] = []
+
+        async def handler(execution: Execution) -> HandlerResult:
+            request.idempotency = execution
+            response = await self.get_response(request)
+            live.append(response)
+            return self._result(step.opts, response, await _aconsume(response))
+
+        answer = await run_async(
+            store=self.core.store,
+            config=step.opts.config,
+            scope=step.prepared.scope,
+            fingerprint=step.prepared.fingerprint,
+            key=step.prepared.key or "",
+            route=step.route,
+            handler=handler,
+            hooks=self.core.hooks,
+        )
+        return _answer(answer, live)
+
+    def _prepare(self, request: Any) -> Union[None, HttpResponse, _Ready]:
+        """None: pass the request through unprotected; a response: answered here; else ready."""
+        core = self.core
+        method = str(request.method or "GET").upper()
+        if method not in core.methods:
+            return None
+        try:
+            match = resolve(request.path_info, getattr(request, "urlconf", None))
+        except Resolver404:
+            return None  # no such route: Django answers 404
+        opts = core.options_for(_endpoint(match.func))
+        if opts is None:
+            return None
+        route = _template(match.route, request.path_info)
+        body, too_large = self._read_body(request)
+        if too_large:
+            answer = core.too_large()
+            core.hooks.outcome(route, answer.outcome)
+            return _to_django(answer)
+        meta = request.META
+        headers = [(str(n).lower(), str(v)) for n, v in request.headers.items()]
+        raw_key = meta.get(self._meta_key)
+        authenticated = False
+        if opts.scope is None and core.warn_unscoped:
+            user = getattr(request, "user", None)
+            authenticated = "HTTP_AUTHORIZATION" in meta or bool(
+                user is not None and user.is_authenticated
+            )
+        prepared = core.prepare(
+            opts=opts,
+            request=request,
+            method=method,
+            route=route,
+            target=_target(request),
+            key_value=None if raw_key is None else _header_bytes(str(raw_key)),
+            headers=headers,
+            content_type=meta.get("CONTENT_TYPE") or None,
+            body=body,
+            authenticated=authenticated,
+        )
+        if prepared.answer is not None:
+            return _to_django(prepared.answer)
+        if prepared.unprotected:
+            return None
+        return _Ready(opts, route, prepared)
+
+    def _read_body(self, request: Any) -> Tuple[bytes, bool]:
+        """(body, too_large): refuses a declared or actual length above the limit unread."""
+        limit = self.core.max_body_bytes
+        try:
+            declared = int(request.META.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            declared = 0
+        if declared > limit:
+            return b"", True
+        try:
+            body: bytes = request.body
+        except RequestDataTooBig:  # above Django's DATA_UPLOAD_MAX_MEMORY_SIZE
+            return b"", True
+        if len(body) > limit:
+            return b"", True
+        return body, False
+
+    @staticmethod
+    def _result(opts: RouteOptions, response: Any, body: bytes) -> HandlerResult:
+        status = int(response.status_code)
+        headers = [(str(n), str(v)) for n, v in response.items()]
+        stored = opts.redact(status, headers, body) if opts.redact is not None else None
+        return HandlerResult(status, headers, body, stored)
+
+
+def _endpoint(func: Any) -> Any:
+    """The view that carries the :func:`idempotent` mark: the function, else its view class."""
+    if route_overrides(func) is not None:
+        return func
+    view_class = getattr(func, "view_class", None)
+    if view_class is not None and route_overrides(view_class) is not None:
+        return view_class
+    return func
+
+
+def _template(route: Optional[str], path: str) -> str:
+    """The resolved URL pattern as a path template (``/orders/<int:order>/pay``)."""
+    template = route if route is not None else path
+    return template if template.startswith("/") else "/" + template
+
+
+def _target(request: Any) -> str:
+    """The request target as received (spec/CANONICAL.md §2.1): the server's raw request URI when
+    it reports one (gunicorn ``RAW_URI``, others ``REQUEST_URI``), else Django's full path."""
+    raw = request.META.get("RAW_URI") or request.META.get("REQUEST_URI")
+    if isinstance(raw, str) and raw.startswith("/"):
+        return raw
+    return str(request.get_full_path())
+
+
+def _header_bytes(value: str) -> bytes:
+    """A header value as its wire bytes (WSGI and Django's ASGI handler decode them as
+    Latin-1); a value no server could have produced goes as UTF-8, which core refuses."""
+    try:
+        return value.encode("latin-1")
+    except UnicodeEncodeError:
+        return value.encode("utf-8")
+
+
+def _consume(response: Any) -> bytes:
+    """The whole body of a Django response; a streamed body is buffered and put back."""
+    if not getattr(response, "streaming", False):
+        return bytes(response.content)
+    body = b"".join(bytes(chunk) for chunk in response.streaming_content)
+    response.streaming_content = [body]
+    return body
+
+
+async def _aconsume(response: Any) -> bytes:
+    """:func:`_consume` for the async chain (an async body stays async for the ASGI handler)."""
+    if not getattr(response, "streaming", False):
+        return bytes(response.content)
+    if not getattr(response, "is_async", False):
+        return _consume(response)
+    chunks = [bytes(chunk) async for chunk in response.streaming_content]
+    body = b"".join(chunks)
+
+    async def again() -> AsyncIterator[bytes]:
+        yield body
+
+    response.streaming_content = again()
+    return body
+
+
+def _to_django(answer: Response) -> Any:
+    """A Django response carrying exactly core's status, headers and body."""
+    out = HttpResponse(content=answer.body, status=answer.status)
+    del out["Content-Type"]  # only the headers core chose (a replay's, or problem+json)
+    for name, value in answer.headers:
+        out[name] = value
+    return out
+
+
+def _answer(answer: Response, live: List[Any]) -> Any:
+    """Core's answer; when the handler ran, core answers with the handler's own response, so the
+    live Django response object is returned (cookies and other response state intact)."""
+    if answer.handler_ran and live and int(live[0].status_code) == answer.status:
+        return live[0]
+    return _to_django(answer)

@@ -1,0 +1,474 @@
+"""The Django middleware: Django's test clients (sync and async chains) and a real WSGI server.
+
+Django is configured here, once, with this module as the URLconf; each test sets its own
+``settings.IDEMPO`` (and so its own store) with ``override_settings`` and a fresh client, which
+builds a fresh middleware chain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import socketserver
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Dict, Iterator, List, Optional
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+import django
+import httpx
+import pytest
+from asgiref.sync import iscoroutinefunction
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
+from django.urls import path
+from django.utils.decorators import sync_and_async_middleware
+from django.views import View
+
+if not settings.configured:
+    settings.configure(
+        DEBUG=False,
+        SECRET_KEY="idempo-django-tests",
+        ALLOWED_HOSTS=["*"],
+        ROOT_URLCONF=__name__,
+        USE_TZ=True,
+        INSTALLED_APPS=[],
+        DATABASES={},
+        MIDDLEWARE=[f"{__name__}.fake_auth", "idempo.django.IdempotencyMiddleware"],
+    )
+    django.setup()
+
+from django.core.handlers.wsgi import WSGIHandler  # noqa: E402 - needs configured settings
+from django.test import AsyncClient, Client, override_settings  # noqa: E402
+
+import idempo  # noqa: E402
+from idempo.django import IdempotencyMiddleware, user_scope  # noqa: E402
+from idempo.stores import MemoryStore  # noqa: E402
+
+RUNS: List[Any] = []
+ENTERED = threading.Event()
+RELEASE = threading.Event()
+
+
+class FakeUser:
+    """Stands in for django.contrib.auth's user (no database here): ``X-User`` authenticates."""
+
+    def __init__(self, pk: Optional[str]) -> None:
+        self.pk = pk
+        self.is_authenticated = pk is not None
+
+
+def _set_user(request: Any) -> None:
+    request.user = FakeUser(request.META.get("HTTP_X_USER"))
+
+
+@sync_and_async_middleware
+def fake_auth(get_response: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    if iscoroutinefunction(get_response):
+
+        async def amiddleware(request: Any) -> Any:
+            _set_user(request)
+            return await get_response(request)
+
+        return amiddleware
+
+    def middleware(request: Any) -> Any:
+        _set_user(request)
+        return get_response(request)
+
+    return middleware
+
+
+# --- views ---------------------------------------------------------------------------------
+
+
+def pay(request: Any, order: int) -> Any:
+    body = json.loads(request.body)
+    RUNS.append(body)
+    response = JsonResponse(
+        {"order": order, "n": len(RUNS), "dk": request.idempotency.downstream_key}, status=201
+    )
+    response["Location"] = f"/orders/{order}"
+    response.set_cookie("session", "s1")
+    return response
+
+
+@idempo.idempotent(enabled=False)
+def free(request: Any) -> Any:
+    RUNS.append("free")
+    return JsonResponse({"n": len(RUNS)})
+
+
+@idempo.idempotent(config=idempo.Config(key_required=False))
+def optional(request: Any) -> Any:
+    RUNS.append("optional")
+    return JsonResponse({"n": len(RUNS)}, status=201)
+
+
+def slow(request: Any) -> Any:
+    ENTERED.set()
+    RELEASE.wait(10)
+    RUNS.append("slow")
+    return JsonResponse({"n": len(RUNS)}, status=201)
+
+
+def stream(request: Any) -> Any:
+    RUNS.append("stream")
+    return StreamingHttpResponse(iter([b'{"part":', b"1", b"}"]), status=201,
+                                 content_type="application/json")
+
+
+class Refund(View):
+    def post(self, request: Any, pk: int) -> Any:
+        RUNS.append(("refund", pk))
+        return JsonResponse({"refund": pk, "n": len(RUNS)}, status=201)
+
+
+@idempo.idempotent(enabled=False)
+class Exempt(View):
+    def post(self, request: Any) -> Any:
+        RUNS.append("exempt")
+        return JsonResponse({"n": len(RUNS)})
+
+
+async def apay(request: Any) -> Any:
+    RUNS.append(json.loads(request.body))
+    await asyncio.sleep(0)
+    return JsonResponse({"n": len(RUNS), "dk": request.idempotency.downstream_key}, status=201)
+
+
+urlpatterns = [
+    path("orders/<int:order>/pay", pay),
+    path("free", free),
+    path("optional", optional),
+    path("slow", slow),
+    path("stream", stream),
+    path("refunds/<int:pk>", Refund.as_view()),
+    path("exempt", Exempt.as_view()),
+    path("async/pay", apay),
+]
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> Iterator[None]:
+    RUNS.clear()
+    ENTERED.clear()
+    RELEASE.clear()
+    yield
+    RELEASE.set()
+
+
+def _post(client: Any, url: str, body: Any, key: Optional[str] = None, **headers: str) -> Any:
+    if key is not None:
+        headers["Idempotency-Key"] = key
+    data = body if isinstance(body, (str, bytes)) else json.dumps(body)
+    return client.post(url, data=data, content_type="application/json", headers=headers)
+
+
+def _problem(response: Any) -> Dict[str, Any]:
+    assert response["Content-Type"] == "application/problem+json"
+    found: Dict[str, Any] = json.loads(response.content)
+    assert found["status"] == response.status_code
+    return found
+
+
+class DownStore:
+    """A store whose every primitive fails, as an unreachable database would."""
+
+    def __getattr__(self, name: str) -> Any:
+        def fail(*args: Any) -> Any:
+            raise ConnectionError(f"store down ({name})")
+
+        return fail
+
+
+# --- sync chain (Django's test client) ----------------------------------------------------
+
+
+def test_new_replay_mismatch_and_key_problems() -> None:
+    outcomes: List[str] = []
+    hooks = idempo.Hooks(on_outcome=lambda route, outcome: outcomes.append(f"{route} {outcome}"))
+    with override_settings(IDEMPO={"STORE": MemoryStore(), "HOOKS": hooks}):
+        c = Client()
+        first = _post(c, "/orders/7/pay", {"amount": 3}, "order-key-0001")
+        again = _post(c, "/orders/7/pay", {"amount": 3}, "order-key-0001")
+        assert first.status_code == again.status_code == 201
+        assert first.content == again.content and json.loads(first.content)["n"] == 1
+        assert "Idempotent-Replayed" not in first and first.cookies["session"].value == "s1"
+        assert again["Idempotent-Replayed"] == "true" and "session" not in again.cookies
+        assert again["Location"] == "/orders/7" and again["Content-Type"] == "application/json"
+
+        changed = _post(c, "/orders/7/pay", {"amount": 4}, "order-key-0001")
+        assert changed.status_code == 422 and _problem(changed)["type"].endswith("key-reused")
+        other_path = _post(c, "/orders/8/pay", {"amount": 3}, "order-key-0001")
+        assert other_path.status_code == 422
+        missing = _post(c, "/orders/7/pay", {"amount": 3})
+        assert missing.status_code == 400 and _problem(missing)["type"].endswith("missing-key")
+        bad = _post(c, "/orders/7/pay", {"amount": 3}, "short")
+        assert bad.status_code == 400 and _problem(bad)["code"] == "too_short"
+        assert len(RUNS) == 1
+    assert outcomes[:2] == ["/orders/<int:order>/pay stored", "/orders/<int:order>/pay replayed"]
+    assert outcomes[2:] == [f"/orders/<int:order>/pay {o}" for o in
+                            ("mismatch", "mismatch", "missing_key", "invalid_key")]
+
+
+def test_body_problems_come_from_core() -> None:
+    with override_settings(IDEMPO={"STORE": MemoryStore(), "MAX_BODY_BYTES": 32}):
+        c = Client()
+        dup = _post(c, "/orders/1/pay", '{"amount":1,"amount":2}', "dup-key-0001")
+        problem = _problem(dup)
+        assert dup.status_code == 400 and problem["code"] == "duplicate_member"
+        assert problem["type"].endswith("invalid-body") and '"/amount"' in problem["detail"]
+        big = _post(c, "/orders/1/pay", {"pad": "x" * 64}, "big-key-0001")
+        problem = _problem(big)
+        assert big.status_code == 413 and problem["code"] == "input_too_large"
+        assert problem["type"].endswith("body-too-large") and "32 bytes" in problem["detail"]
+        assert RUNS == []
+
+
+def test_in_flight_409_then_replay() -> None:
+    with override_settings(IDEMPO={"STORE": MemoryStore()}):
+        results: List[Any] = []
+        first = threading.Thread(
+            target=lambda: results.append(_post(Client(), "/slow", {}, "inflight-key-01"))
+        )
+        first.start()
+        assert ENTERED.wait(10)
+        busy = _post(Client(), "/slow", {}, "inflight-key-01")
+        assert busy.status_code == 409 and _problem(busy)["type"].endswith("in-flight")
+        assert int(busy["Retry-After"]) >= 1
+        RELEASE.set()
+        first.join(10)
+        assert results[0].status_code == 201
+        replay = _post(Client(), "/slow", {}, "inflight-key-01")
+        assert replay.status_code == 201 and replay["Idempotent-Replayed"] == "true"
+        assert replay.content == results[0].content and RUNS == ["slow"]
+
+
+def test_store_down_fails_closed_503() -> None:
+    errors: List[str] = []
+    hooks = idempo.Hooks(on_store_error=lambda route, exc: errors.append(str(exc)))
+    with override_settings(IDEMPO={"STORE": DownStore(), "HOOKS": hooks}):
+        r = _post(Client(), "/orders/1/pay", {"amount": 1}, "down-key-0001")
+        assert r.status_code == 503 and r["Retry-After"] == "1"
+        assert _problem(r)["type"].endswith("store-unavailable")
+        assert RUNS == [] and errors and "store down" in errors[0]
+
+
+def test_threads_on_one_key_run_once() -> None:
+    with override_settings(IDEMPO={"STORE": MemoryStore()}):
+        statuses: List[int] = []
+        gate = threading.Barrier(8)
+
+        def hit() -> None:
+            gate.wait()
+            statuses.append(_post(Client(), "/slow", {"same": True}, "same-key-123").status_code)
+
+        threads = [threading.Thread(target=hit) for _ in range(8)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 10
+        while len(statuses) < 7 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        RELEASE.set()
+        for t in threads:
+            t.join(10)
+        assert sorted(statuses) == [201] + [409] * 7
+        assert RUNS == ["slow"]
+
+
+def test_view_marks_class_views_and_routes() -> None:
+    with override_settings(IDEMPO={"STORE": MemoryStore()}):
+        c = Client()
+        assert _post(c, "/free", {}).status_code == 200
+        assert _post(c, "/free", {}).status_code == 200
+        assert _post(c, "/exempt", {}).status_code == 200
+        assert _post(c, "/optional", {}).status_code == 201  # no key: runs unprotected
+        a = _post(c, "/optional", {}, "optional-key-1")
+        b = _post(c, "/optional", {}, "optional-key-1")
+        assert b["Idempotent-Replayed"] == "true" and a.content == b.content
+        r1 = _post(c, "/refunds/5", {}, "refund-key-001")
+        r2 = _post(c, "/refunds/5", {}, "refund-key-001")
+        assert r1.content == r2.content and r2["Idempotent-Replayed"] == "true"
+        assert _post(c, "/nowhere", {}, "nowhere-key-01").status_code == 404
+        assert c.get("/refunds/5").status_code == 405  # GET passes through to the view
+        assert RUNS == ["free", "free", "exempt", "optional", "optional", ("refund", 5)]
+
+
+def test_streamed_response_is_stored_and_replayed() -> None:
+    with override_settings(IDEMPO={"STORE": MemoryStore()}):
+        c = Client()
+        live = _post(c, "/stream", {}, "stream-key-001")
+        assert b"".join(live.streaming_content) == b'{"part":1}'
+        replay = _post(c, "/stream", {}, "stream-key-001")
+        assert replay.content == b'{"part":1}' and replay["Idempotent-Replayed"] == "true"
+        assert RUNS == ["stream"]
+
+
+def test_scope_from_user_and_unscoped_warning() -> None:
+    with override_settings(IDEMPO={"STORE": MemoryStore(), "SCOPE": "idempo.django.user_scope"}):
+        c = Client()
+        a = _post(c, "/orders/1/pay", {"amount": 1}, "user-key-0001", X_User="1")
+        b = _post(c, "/orders/1/pay", {"amount": 1}, "user-key-0001", X_User="2")
+        again = _post(c, "/orders/1/pay", {"amount": 1}, "user-key-0001", X_User="1")
+        assert json.loads(a.content)["n"] == 1 and json.loads(b.content)["n"] == 2
+        assert again.content == a.content and again["Idempotent-Replayed"] == "true"
+    with override_settings(IDEMPO={"STORE": MemoryStore()}):
+        with pytest.warns(idempo.UnscopedKeyWarning, match="no scope function"):
+            _post(Client(), "/orders/1/pay", {"amount": 1}, "user-key-0002", X_User="1")
+    assert user_scope(type("R", (), {"user": FakeUser("9")})()) == "9"
+    assert user_scope(type("R", (), {"user": FakeUser(None)})()) is None
+
+
+def test_settings_fingerprint_options() -> None:
+    with override_settings(IDEMPO={
+        "STORE": "idempo.stores.MemoryStore",  # a dotted path to a class: instantiated
+        "EXCLUDE": ["/nonce"],
+        "FINGERPRINT_HEADERS": ["X-Tenant"],
+        "CONFIG": {"ttl_ms": 60_000, "lease_ms": 5_000, "heartbeat": False},
+    }):
+        c = Client()
+        a = _post(c, "/orders/1/pay", {"amount": 1, "nonce": 1}, "fp-key-00001", X_Tenant="t1")
+        b = _post(c, "/orders/1/pay", {"amount": 1, "nonce": 2}, "fp-key-00001", X_Tenant="t1")
+        assert b["Idempotent-Replayed"] == "true" and a.content == b.content
+        other = _post(c, "/orders/1/pay", {"amount": 1, "nonce": 1}, "fp-key-00001", X_Tenant="t2")
+        assert other.status_code == 422 and len(RUNS) == 1
+
+
+@pytest.mark.parametrize(
+    ("idempo_settings", "message"),
+    [
+        (None, "must be a dict"),
+        ({}, "'STORE'] is required"),
+        ({"STORE": MemoryStore(), "TTL": 5}, "unknown option(s) TTL"),
+        ({"STORE": MemoryStore(), "CONFIG": {"bogus": 1}}, "CONFIG"),
+        ({"STORE": MemoryStore(), "CONFIG": 5}, "must be an idempo.Config"),
+        ({"STORE": MemoryStore(), "SCOPE": "no.such.module.fn"}, "cannot import"),
+        ({"STORE": MemoryStore(), "MAX_BODY_BYTES": 0}, "max_body_bytes must be positive"),
+        ({"STORE": MemoryStore(), "HOOKS": 3}, "must be an idempo.Hooks"),
+    ],
+)
+def test_settings_errors(idempo_settings: Any, message: str) -> None:
+    with override_settings(IDEMPO=idempo_settings):
+        with pytest.raises(ImproperlyConfigured, match=re.escape(message)):
+            IdempotencyMiddleware(lambda request: HttpResponse())
+
+
+def test_invalid_config_values_are_typed_errors() -> None:
+    with override_settings(IDEMPO={"STORE": MemoryStore(), "CONFIG": {"takeover": "never"}}):
+        with pytest.raises(idempo.InvalidArgument, match="takeover"):
+            IdempotencyMiddleware(lambda request: HttpResponse())
+
+
+# --- async chain (AsyncClient: the middleware runs as a coroutine) -------------------------
+
+
+def test_async_chain_new_replay_mismatch() -> None:
+    async def scenario() -> List[Any]:
+        c = AsyncClient()
+        h = {"Idempotency-Key": "async-key-0001"}
+        out = []
+        for amount in (1, 1, 2):
+            out.append(await c.post("/async/pay", data=json.dumps({"amount": amount}),
+                                    content_type="application/json", headers=h))
+        out.append(await c.post("/async/pay", data="{}", content_type="application/json"))
+        return out
+
+    with override_settings(IDEMPO={"STORE": MemoryStore()}):
+        first, again, changed, missing = asyncio.run(scenario())
+    assert first.status_code == again.status_code == 201 and first.content == again.content
+    assert again["Idempotent-Replayed"] == "true" and "Idempotent-Replayed" not in first
+    assert changed.status_code == 422 and missing.status_code == 400
+    assert RUNS == [{"amount": 1}]
+
+
+def test_async_middleware_is_a_coroutine_function() -> None:
+    async def view(request: Any) -> Any:
+        return HttpResponse()
+
+    with override_settings(IDEMPO={"STORE": MemoryStore()}):
+        assert iscoroutinefunction(IdempotencyMiddleware(view))
+        assert not iscoroutinefunction(IdempotencyMiddleware(lambda request: HttpResponse()))
+
+
+# --- a real server: Django's WSGI handler under wsgiref, driven over HTTP by httpx ---------
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - base signature
+        return
+
+
+class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+@contextmanager
+def _serve(app: Any) -> Iterator[str]:
+    server = make_server("127.0.0.1", 0, app, server_class=_ThreadingServer,
+                         handler_class=_QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        thread.join(10)
+        server.server_close()
+
+
+def test_real_server_over_http() -> None:
+    with override_settings(IDEMPO={"STORE": MemoryStore(), "MAX_BODY_BYTES": 256}):
+        app = WSGIHandler()
+    with _serve(app) as base, httpx.Client(base_url=base, timeout=10) as http:
+        h = {"Idempotency-Key": "http-key-00001"}
+        first = http.post("/orders/3/pay", json={"amount": 9}, headers=h)
+        again = http.post("/orders/3/pay", json={"amount": 9}, headers=h)
+        assert first.status_code == again.status_code == 201 and first.content == again.content
+        assert again.headers["idempotent-replayed"] == "true" and "set-cookie" in first.headers
+        assert "set-cookie" not in again.headers
+        changed = http.post("/orders/3/pay", json={"amount": 10}, headers=h)
+        assert changed.status_code == 422
+        assert changed.headers["content-type"] == "application/problem+json"
+        assert http.post("/orders/3/pay", json={"amount": 9}).status_code == 400
+        big = http.post("/orders/3/pay", json={"pad": "x" * 512},
+                        headers={"Idempotency-Key": "http-big-0001"})
+        assert big.status_code == 413
+        assert len(RUNS) == 1
+
+        statuses: List[int] = []
+        gate = threading.Barrier(6)
+
+        def hit() -> None:
+            gate.wait()
+            r = http.post("/slow", json={}, headers={"Idempotency-Key": "http-slow-0001"})
+            statuses.append(r.status_code)
+
+        threads = [threading.Thread(target=hit) for _ in range(6)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 10
+        while len(statuses) < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        RELEASE.set()
+        for t in threads:
+            t.join(10)
+        assert sorted(statuses) == [201] + [409] * 5
+        replay = http.post("/slow", json={}, headers={"Idempotency-Key": "http-slow-0001"})
+        assert replay.headers["idempotent-replayed"] == "true"
+        assert RUNS.count("slow") == 1
+
+
+def test_real_server_store_down() -> None:
+    with override_settings(IDEMPO={"STORE": DownStore()}):
+        app = WSGIHandler()
+    with _serve(app) as base, httpx.Client(base_url=base, timeout=10) as http:
+        r = http.post("/orders/1/pay", json={"amount": 1},
+                      headers={"Idempotency-Key": "down-key-0002"})
+        assert r.status_code == 503 and r.headers["retry-after"] == "1" and RUNS == []
