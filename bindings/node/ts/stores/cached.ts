@@ -23,9 +23,9 @@ export interface CachedStoreOptions {
  * Redis in front of an authority (`spec/STORAGE.md` §9): only completed records are cached, with
  * their fingerprint and generation (so another body still gets 422), for at most
  * `min(cacheTtlMs, expires_at - now)` as computed from the authority's own clock, so the cache
- * never outlives the record. A miss or any Redis error falls through to the authority. Every
- * write primitive goes to the authority (they only touch in-progress records, which are never
- * cached).
+ * never outlives the record. The cache is filled when a completion succeeds (write-through)
+ * and on reads that miss. A miss or any Redis error falls through to the authority. Every write
+ * primitive goes to the authority (they only touch in-progress records, which are never cached).
  */
 export class CachedStore implements IdempotencyStore {
   readonly kind = 'cached';
@@ -135,8 +135,29 @@ export class CachedStore implements IdempotencyStore {
     return this.authority.markUnknown(scopeKey, seenToken, ttlMs);
   }
 
-  complete(scopeKey: Uint8Array, token: Uint8Array, response: Uint8Array, ttlMs: number): Promise<boolean> {
-    return this.authority.complete(scopeKey, token, response, ttlMs);
+  /**
+   * Completes on the authority, then writes the completed record through to the cache (so the
+   * first replay is already a hit), with the TTL computed from the authority's clock at
+   * completion. The fill never fails the completion: a cache error is reported and ignored.
+   */
+  async complete(scopeKey: Uint8Array, token: Uint8Array, response: Uint8Array, ttlMs: number): Promise<boolean> {
+    if (this.authority.completeRecord) {
+      const done = await this.authority.completeRecord(scopeKey, token, response, ttlMs);
+      if (done === null) return false;
+      if (done.record) await this.#fill(scopeKey, done.record, done.nowMs);
+      return true;
+    }
+    const ok = await this.authority.complete(scopeKey, token, response, ttlMs);
+    if (!ok) return false;
+    // Without a returning completion, read the committed row back; a failed read only skips the fill.
+    try {
+      const r = await this.authority.get(scopeKey);
+      if (r.record && asBuffer(token).equals(r.record.token)) await this.#fill(scopeKey, r.record, r.nowMs);
+    } catch (e) {
+      this.stats.errors++;
+      this.#onError(e);
+    }
+    return true;
   }
 
   release(scopeKey: Uint8Array, token: Uint8Array): Promise<boolean> {

@@ -60,6 +60,12 @@ WITH c AS (SELECT coalesce($5::bigint, ${CLOCK}) AS now)
 UPDATE ${t} SET state = 2, response = $3::bytea, lease_until = NULL, expires_at = c.now + $4::bigint
   FROM c
  WHERE scope_key = $1::bytea AND state = 1 AND token = $2::bytea`,
+    completeRecord: `
+WITH c AS (SELECT coalesce($5::bigint, ${CLOCK}) AS now)
+UPDATE ${t} SET state = 2, response = $3::bytea, lease_until = NULL, expires_at = c.now + $4::bigint
+  FROM c
+ WHERE scope_key = $1::bytea AND state = 1 AND token = $2::bytea
+RETURNING fingerprint, state, token, generation, lease_until, expires_at, response, c.now AS now_ms`,
     release: `DELETE FROM ${t} WHERE scope_key = $1::bytea AND state = 1 AND token = $2::bytea`,
     renew: `
 WITH c AS (SELECT coalesce($4::bigint, ${CLOCK}) AS now)
@@ -245,6 +251,22 @@ export class PostgresStore implements IdempotencyStore {
         this.#now(),
       ]);
       return r.rowCount === 1;
+    });
+  }
+
+  /** Primitive 5 returning the completed row and the store's `now` (null when not applied). */
+  completeRecord(scopeKey: Uint8Array, token: Uint8Array, response: Uint8Array, ttlMs: number): Promise<GetResult | null> {
+    checkKeyAndToken(scopeKey, token);
+    return this.#q(async () => {
+      const r = await this.#rows<PgRow>(this.#sql.completeRecord, [
+        asBuffer(scopeKey),
+        asBuffer(token),
+        asBuffer(response),
+        ttlMs,
+        this.#now(),
+      ]);
+      const row = r.rows[0];
+      return row ? { record: toRecord(row), nowMs: Number(row.now_ms) } : null;
     });
   }
 

@@ -64,6 +64,12 @@ export interface IdempotencyStore {
   markUnknown(scopeKey: Uint8Array, seenToken: Uint8Array, ttlMs: number): Promise<boolean>;
   /** Primitive 5. */
   complete(scopeKey: Uint8Array, token: Uint8Array, response: Uint8Array, ttlMs: number): Promise<boolean>;
+  /**
+   * Optional: primitive 5 answering the completed record and the store's `now` (null when it did
+   * not apply) in the same atomic step, so a cache in front can be filled at completion without
+   * another read.
+   */
+  completeRecord?(scopeKey: Uint8Array, token: Uint8Array, response: Uint8Array, ttlMs: number): Promise<GetResult | null>;
   /** Primitive 6. */
   release(scopeKey: Uint8Array, token: Uint8Array): Promise<boolean>;
   /** Primitive 7 (`leaseMs` may be 0). */
