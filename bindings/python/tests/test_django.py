@@ -24,7 +24,7 @@ from asgiref.sync import iscoroutinefunction
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
-from django.urls import path
+from django.urls import path, re_path
 from django.utils.decorators import sync_and_async_middleware
 from django.views import View
 
@@ -88,9 +88,9 @@ def fake_auth(get_response: Callable[[Any], Any]) -> Callable[[Any], Any]:
 def pay(request: Any, order: int) -> Any:
     body = json.loads(request.body)
     RUNS.append(body)
-    response = JsonResponse(
-        {"order": order, "n": len(RUNS), "dk": request.idempotency.downstream_key}, status=201
-    )
+    execution = request.idempotency
+    dk = None if execution is None else execution.downstream_key
+    response = JsonResponse({"order": order, "n": len(RUNS), "dk": dk}, status=201)
     response["Location"] = f"/orders/{order}"
     response.set_cookie("session", "s1")
     return response
@@ -134,6 +134,17 @@ class Exempt(View):
         return JsonResponse({"n": len(RUNS)})
 
 
+@idempo.idempotent()
+def marked(request: Any) -> Any:
+    RUNS.append("marked")
+    return JsonResponse({"n": len(RUNS), "card": "4242"}, status=201)
+
+
+def legacy(request: Any, id: str) -> Any:  # noqa: A002 - the URL pattern's group name
+    RUNS.append(("legacy", id))
+    return JsonResponse({"legacy": id}, status=201)
+
+
 async def apay(request: Any) -> Any:
     RUNS.append(json.loads(request.body))
     await asyncio.sleep(0)
@@ -149,6 +160,8 @@ urlpatterns = [
     path("refunds/<int:pk>", Refund.as_view()),
     path("exempt", Exempt.as_view()),
     path("async/pay", apay),
+    path("marked", marked),
+    re_path(r"^legacy/(?P<id>[0-9]+)/$", legacy),
 ]
 
 
@@ -200,6 +213,7 @@ def test_new_replay_mismatch_and_key_problems() -> None:
         again = _post(c, "/orders/7/pay", {"amount": 3}, "order-key-0001")
         assert first.status_code == again.status_code == 201
         assert first.content == again.content and json.loads(first.content)["n"] == 1
+        assert len(json.loads(first.content)["dk"]) > 0
         assert "Idempotent-Replayed" not in first and first.cookies["session"].value == "s1"
         assert again["Idempotent-Replayed"] == "true" and "session" not in again.cookies
         assert again["Location"] == "/orders/7" and again["Content-Type"] == "application/json"
@@ -229,6 +243,13 @@ def test_body_problems_come_from_core() -> None:
         problem = _problem(big)
         assert big.status_code == 413 and problem["code"] == "input_too_large"
         assert problem["type"].endswith("body-too-large") and "32 bytes" in problem["detail"]
+        assert RUNS == []
+
+
+def test_django_upload_limit_is_a_413_too() -> None:
+    with override_settings(IDEMPO={"STORE": MemoryStore()}, DATA_UPLOAD_MAX_MEMORY_SIZE=16):
+        big = _post(Client(), "/orders/1/pay", {"pad": "x" * 64}, "upload-key-01")
+        assert big.status_code == 413 and "16 bytes" in _problem(big)["detail"]
         assert RUNS == []
 
 
@@ -299,6 +320,38 @@ def test_view_marks_class_views_and_routes() -> None:
         assert _post(c, "/nowhere", {}, "nowhere-key-01").status_code == 404
         assert c.get("/refunds/5").status_code == 405  # GET passes through to the view
         assert RUNS == ["free", "free", "exempt", "optional", "optional", ("refund", 5)]
+
+
+def test_only_marked_redact_and_regex_routes() -> None:
+    routes: List[str] = []
+    hooks = idempo.Hooks(on_outcome=lambda route, outcome: routes.append(route))
+    with override_settings(IDEMPO={
+        "STORE": MemoryStore(),
+        "ONLY_MARKED": True,
+        "CONFIG": idempo.Config(redact=True),
+        "REDACT": f"{__name__}.redact_card",
+        "HOOKS": hooks,
+    }):
+        c = Client()
+        plain = _post(c, "/orders/1/pay", {"amount": 1})  # not marked: not protected
+        assert plain.status_code == 201 and json.loads(plain.content)["dk"] is None
+        live = _post(c, "/marked", {}, "marked-key-001")
+        replay = _post(c, "/marked", {}, "marked-key-001")
+        assert json.loads(live.content)["card"] == "4242"
+        assert json.loads(replay.content) == {"card": "****"}
+        assert replay["Idempotent-Replayed"] == "true"
+    with override_settings(IDEMPO={"STORE": MemoryStore(), "HOOKS": hooks}):
+        c = Client()
+        a = _post(c, "/legacy/12/", {}, "legacy-key-01")
+        b = _post(c, "/legacy/12/", {}, "legacy-key-01")
+        assert a.content == b.content and b["Idempotent-Replayed"] == "true"
+    assert routes == ["/marked", "/marked", "/legacy/(?P<id>[0-9]+)/$", "/legacy/(?P<id>[0-9]+)/$"]
+    assert RUNS == [{"amount": 1}, "marked", ("legacy", "12")]
+
+
+def redact_card(status: int, headers: Any, body: bytes) -> bytes:
+    """The body kept for replays: the card number masked."""
+    return json.dumps({"card": "****"}).encode()
 
 
 def test_streamed_response_is_stored_and_replayed() -> None:

@@ -26,7 +26,8 @@ heartbeat, required key, caching policy, replay header allowlist, ...), ``METHOD
 The route template is the URL pattern Django resolved (``/orders/<int:order>/pay``); a view
 marked with :func:`idempo.idempotent` (function view, ``as_view()`` result or the view class)
 gets its own options, ``enabled=False`` exempts it. The running view finds its execution (key,
-generation, downstream key) in ``request.idempotency``. Both sync and async middleware chains are
+generation, downstream key) in ``request.idempotency`` (``None`` when the request is not
+protected: another method, an exempt view, an optional key that was not sent). Both sync and async middleware chains are
 supported (Django picks the mode; async views keep running on the event loop).
 """
 
@@ -45,7 +46,15 @@ from django.http import HttpRequest, HttpResponse  # type: ignore[import-untyped
 from django.urls import Resolver404, resolve  # type: ignore[import-untyped]
 from django.utils.module_loading import import_string  # type: ignore[import-untyped]
 
-from idempo._flow import Execution, HandlerResult, Hooks, Response, run_async, run_sync
+from idempo._flow import (
+    Execution,
+    HandlerResult,
+    Hooks,
+    Response,
+    response_of,
+    run_async,
+    run_sync,
+)
 from idempo._host import (
     DEFAULT_MAX_BODY_BYTES,
     HostCore,
@@ -54,7 +63,7 @@ from idempo._host import (
     idempotent,
     route_overrides,
 )
-from idempo._idempo import Config, InvalidArgument
+from idempo._idempo import Config, InvalidArgument, body_too_large
 
 __all__ = ["IdempotencyMiddleware", "idempotent", "user_scope"]
 
@@ -181,6 +190,7 @@ class IdempotencyMiddleware:
     def __call__(self, request: Any) -> Any:
         if self.is_async:
             return self._acall(request)
+        request.idempotency = None
         step = self._prepare(request)
         if step is None:
             return self.get_response(request)
@@ -207,6 +217,7 @@ class IdempotencyMiddleware:
         return _answer(answer, live)
 
     async def _acall(self, request: Any) -> Any:
+        request.idempotency = None
         step = await sync_to_async(self._prepare)(request)
         if step is None:
             return await self.get_response(request)
@@ -247,8 +258,8 @@ class IdempotencyMiddleware:
             return None
         route = _template(match.route, request.path_info)
         body, too_large = self._read_body(request)
-        if too_large:
-            answer = core.too_large()
+        if too_large is not None:
+            answer = response_of(body_too_large(too_large))
             core.hooks.outcome(route, answer.outcome)
             return _to_django(answer)
         meta = request.META
@@ -278,22 +289,23 @@ class IdempotencyMiddleware:
             return None
         return _Ready(opts, route, prepared)
 
-    def _read_body(self, request: Any) -> Tuple[bytes, bool]:
-        """(body, too_large): refuses a declared or actual length above the limit unread."""
+    def _read_body(self, request: Any) -> Tuple[bytes, Optional[int]]:
+        """(body, None), or (b"", limit) when the declared or actual length is above a limit
+        (this middleware's, or Django's ``DATA_UPLOAD_MAX_MEMORY_SIZE``); such a body is not read."""
         limit = self.core.max_body_bytes
         try:
             declared = int(request.META.get("CONTENT_LENGTH") or 0)
         except ValueError:
             declared = 0
         if declared > limit:
-            return b"", True
+            return b"", limit
         try:
             body: bytes = request.body
-        except RequestDataTooBig:  # above Django's DATA_UPLOAD_MAX_MEMORY_SIZE
-            return b"", True
+        except RequestDataTooBig:
+            return b"", int(settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
         if len(body) > limit:
-            return b"", True
-        return body, False
+            return b"", limit
+        return body, None
 
     @staticmethod
     def _result(opts: RouteOptions, response: Any, body: bytes) -> HandlerResult:
@@ -314,8 +326,10 @@ def _endpoint(func: Any) -> Any:
 
 
 def _template(route: Optional[str], path: str) -> str:
-    """The resolved URL pattern as a path template (``/orders/<int:order>/pay``)."""
+    """The resolved URL pattern as a path template: ``/orders/<int:order>/pay`` for ``path()``,
+    ``/legacy/(?P<id>[0-9]+)/$`` for ``re_path()`` (its leading ``^`` dropped)."""
     template = route if route is not None else path
+    template = template[1:] if template.startswith("^") else template
     return template if template.startswith("/") else "/" + template
 
 
