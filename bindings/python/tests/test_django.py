@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import socket
 import socketserver
 import threading
 import time
@@ -20,6 +21,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 import django
 import httpx
 import pytest
+import uvicorn
 from asgiref.sync import iscoroutinefunction
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -41,7 +43,8 @@ if not settings.configured:
     )
     django.setup()
 
-from django.core.handlers.wsgi import WSGIHandler  # noqa: E402 - needs configured settings
+from django.core.handlers.asgi import ASGIHandler  # noqa: E402 - needs configured settings
+from django.core.handlers.wsgi import WSGIHandler  # noqa: E402
 from django.test import AsyncClient, Client, override_settings  # noqa: E402
 
 import idempo  # noqa: E402
@@ -134,6 +137,32 @@ class Exempt(View):
         return JsonResponse({"n": len(RUNS)})
 
 
+async def aslow(request: Any) -> Any:
+    ENTERED.set()
+    while not RELEASE.is_set():
+        await asyncio.sleep(0.01)
+    RUNS.append("aslow")
+    return JsonResponse({"n": len(RUNS)}, status=201)
+
+
+FLAKY: Dict[str, int] = {}
+
+
+def flaky(request: Any) -> Any:
+    """Fails on its first call, then succeeds."""
+    FLAKY["calls"] = FLAKY.get("calls", 0) + 1
+    if FLAKY["calls"] == 1:
+        raise RuntimeError("first call fails")
+    RUNS.append("flaky")
+    return JsonResponse({"calls": FLAKY["calls"]}, status=201)
+
+
+def sleepy(request: Any) -> Any:
+    time.sleep(float(json.loads(request.body)["sleep"]))
+    RUNS.append("sleepy")
+    return JsonResponse({"n": len(RUNS)}, status=201)
+
+
 @idempo.idempotent()
 def marked(request: Any) -> Any:
     RUNS.append("marked")
@@ -161,6 +190,9 @@ urlpatterns = [
     path("exempt", Exempt.as_view()),
     path("async/pay", apay),
     path("marked", marked),
+    path("async/slow", aslow),
+    path("flaky", flaky),
+    path("sleepy", sleepy),
     re_path(r"^legacy/(?P<id>[0-9]+)/$", legacy),
 ]
 
@@ -171,6 +203,7 @@ urlpatterns = [
 @pytest.fixture(autouse=True)
 def _reset() -> Iterator[None]:
     RUNS.clear()
+    FLAKY.clear()
     ENTERED.clear()
     RELEASE.clear()
     yield
@@ -280,6 +313,34 @@ def test_store_down_fails_closed_503() -> None:
         assert r.status_code == 503 and r["Retry-After"] == "1"
         assert _problem(r)["type"].endswith("store-unavailable")
         assert RUNS == [] and errors and "store down" in errors[0]
+
+
+def test_failed_view_releases_the_key_for_a_retry() -> None:
+    with override_settings(IDEMPO={"STORE": MemoryStore()}):
+        c = Client(raise_request_exception=False)
+        failed = _post(c, "/flaky", {}, "flaky-key-0001")
+        assert failed.status_code == 500  # Django's 500 is not stored: the key is released
+        retried = _post(c, "/flaky", {}, "flaky-key-0001")
+        replay = _post(c, "/flaky", {}, "flaky-key-0001")
+        assert retried.status_code == 201 and json.loads(retried.content) == {"calls": 2}
+        assert replay.content == retried.content and replay["Idempotent-Replayed"] == "true"
+        assert FLAKY["calls"] == 2 and RUNS == ["flaky"]
+
+
+def test_heartbeat_keeps_a_long_view_in_flight() -> None:
+    config = {"lease_ms": 1000, "heartbeat_ms": 250, "takeover": "re_run"}
+    with override_settings(IDEMPO={"STORE": MemoryStore(), "CONFIG": config}):
+        results: List[Any] = []
+        body = {"sleep": 2.0}
+        first = threading.Thread(
+            target=lambda: results.append(_post(Client(), "/sleepy", body, "sleepy-key-001"))
+        )
+        first.start()
+        time.sleep(1.4)  # beyond the 1 s lease: only the heartbeat keeps the claim live
+        busy = _post(Client(), "/sleepy", body, "sleepy-key-001")
+        first.join(10)
+        assert busy.status_code == 409 and results[0].status_code == 201
+        assert RUNS == ["sleepy"]
 
 
 def test_threads_on_one_key_run_once() -> None:
@@ -413,10 +474,11 @@ def test_settings_errors(idempo_settings: Any, message: str) -> None:
             IdempotencyMiddleware(lambda request: HttpResponse())
 
 
-def test_invalid_config_values_are_typed_errors() -> None:
+def test_invalid_config_values_name_the_setting() -> None:
     with override_settings(IDEMPO={"STORE": MemoryStore(), "CONFIG": {"takeover": "never"}}):
-        with pytest.raises(idempo.InvalidArgument, match="takeover"):
+        with pytest.raises(ImproperlyConfigured, match=r"IDEMPO\['CONFIG'\].*takeover") as exc:
             IdempotencyMiddleware(lambda request: HttpResponse())
+    assert isinstance(exc.value.__cause__, idempo.InvalidArgument)
 
 
 # --- async chain (AsyncClient: the middleware runs as a coroutine) -------------------------
@@ -525,3 +587,55 @@ def test_real_server_store_down() -> None:
         r = http.post("/orders/1/pay", json={"amount": 1},
                       headers={"Idempotency-Key": "down-key-0002"})
         assert r.status_code == 503 and r.headers["retry-after"] == "1" and RUNS == []
+
+
+@contextmanager
+def _serve_asgi(app: Any) -> Iterator[str]:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error",
+                                           lifespan="off"))
+    thread = threading.Thread(target=server.run)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def test_real_asgi_server_async_views() -> None:
+    with override_settings(IDEMPO={"STORE": MemoryStore()}):
+        app = ASGIHandler()
+    with _serve_asgi(app) as base, httpx.Client(base_url=base, timeout=10) as http:
+        h = {"Idempotency-Key": "asgi-key-00001"}
+        first = http.post("/async/pay", json={"amount": 5}, headers=h)
+        again = http.post("/async/pay", json={"amount": 5}, headers=h)
+        assert first.status_code == again.status_code == 201 and first.content == again.content
+        assert again.headers["idempotent-replayed"] == "true"
+        assert http.post("/async/pay", json={"amount": 6}, headers=h).status_code == 422
+
+        statuses: List[int] = []
+        gate = threading.Barrier(6)
+
+        def hit() -> None:
+            gate.wait()
+            r = http.post("/async/slow", json={}, headers={"Idempotency-Key": "asgi-slow-0001"})
+            statuses.append(r.status_code)
+
+        threads = [threading.Thread(target=hit) for _ in range(6)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 10
+        while len(statuses) < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        RELEASE.set()
+        for t in threads:
+            t.join(10)
+        assert sorted(statuses) == [201] + [409] * 5
+        assert RUNS == [{"amount": 5}, "aslow"]

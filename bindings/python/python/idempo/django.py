@@ -153,7 +153,7 @@ def options_from_settings(raw: Any) -> Dict[str, Any]:
     if isinstance(config, dict):
         try:
             opts["config"] = Config(**{str(k).lower(): v for k, v in config.items()})
-        except TypeError as exc:
+        except (TypeError, InvalidArgument) as exc:
             raise ImproperlyConfigured(f"settings.IDEMPO['CONFIG']: {exc}") from exc
     elif config is not None and not isinstance(config, Config):
         raise ImproperlyConfigured("settings.IDEMPO['CONFIG'] must be an idempo.Config or a dict")
