@@ -259,10 +259,12 @@ def test_new_replay_mismatch_and_key_problems() -> None:
         assert missing.status_code == 400 and _problem(missing)["type"].endswith("missing-key")
         bad = _post(c, "/orders/7/pay", {"amount": 3}, "short")
         assert bad.status_code == 400 and _problem(bad)["code"] == "too_short"
+        wide = _post(c, "/orders/7/pay", {"amount": 3}, "schl\u00fcssel-\u043a\u043b\u044e\u0447")
+        assert wide.status_code == 400 and _problem(wide)["type"].endswith("invalid-key")
         assert len(RUNS) == 1
     assert outcomes[:2] == ["/orders/<int:order>/pay stored", "/orders/<int:order>/pay replayed"]
     assert outcomes[2:] == [f"/orders/<int:order>/pay {o}" for o in
-                            ("mismatch", "mismatch", "missing_key", "invalid_key")]
+                            ("mismatch", "mismatch", "missing_key", "invalid_key", "invalid_key")]
 
 
 def test_body_problems_come_from_core() -> None:
@@ -436,6 +438,10 @@ def test_scope_from_user_and_unscoped_warning() -> None:
     with override_settings(IDEMPO={"STORE": MemoryStore()}):
         with pytest.warns(idempo.UnscopedKeyWarning, match="no scope function"):
             _post(Client(), "/orders/1/pay", {"amount": 1}, "user-key-0002", X_User="1")
+    with override_settings(IDEMPO={"STORE": MemoryStore()}):  # token auth: no request.user
+        with pytest.warns(idempo.UnscopedKeyWarning, match="POST /orders/<int:order>/pay"):
+            _post(Client(), "/orders/1/pay", {"amount": 1}, "user-key-0003",
+                  Authorization="Bearer t")
     assert user_scope(type("R", (), {"user": FakeUser("9")})()) == "9"
     assert user_scope(type("R", (), {"user": FakeUser(None)})()) is None
 
@@ -501,6 +507,23 @@ def test_async_chain_new_replay_mismatch() -> None:
     assert again["Idempotent-Replayed"] == "true" and "Idempotent-Replayed" not in first
     assert changed.status_code == 422 and missing.status_code == 400
     assert RUNS == [{"amount": 1}]
+
+
+def test_async_chain_streamed_response() -> None:
+    async def scenario() -> List[Any]:
+        c = AsyncClient()
+        h = {"Idempotency-Key": "astream-key-01"}
+        return [await c.post("/stream", data="{}", content_type="application/json", headers=h)
+                for _ in range(2)]
+
+    with override_settings(IDEMPO={"STORE": MemoryStore()}):
+        live, replay = asyncio.run(scenario())
+
+    async def drain(response: Any) -> bytes:
+        return b"".join([chunk async for chunk in response.streaming_content])
+
+    assert asyncio.run(drain(live)) == b'{"part":1}' and replay.content == b'{"part":1}'
+    assert replay["Idempotent-Replayed"] == "true" and RUNS == ["stream"]
 
 
 def test_async_middleware_is_a_coroutine_function() -> None:

@@ -218,6 +218,9 @@ class IdempotencyMiddleware:
 
     async def _acall(self, request: Any) -> Any:
         request.idempotency = None
+        if str(request.method or "GET").upper() not in self.core.methods:
+            return await self.get_response(request)
+        # In a worker thread: the scope function and request.user may query the database.
         step = await sync_to_async(self._prepare)(request)
         if step is None:
             return await self.get_response(request)
@@ -361,13 +364,14 @@ def _consume(response: Any) -> bytes:
 
 
 async def _aconsume(response: Any) -> bytes:
-    """:func:`_consume` for the async chain (an async body stays async for the ASGI handler)."""
+    """:func:`_consume` for the async chain; the buffered body is put back as an async iterator,
+    which Django's ASGI handler serves without adapting."""
     if not getattr(response, "streaming", False):
         return bytes(response.content)
-    if not getattr(response, "is_async", False):
-        return _consume(response)
-    chunks = [bytes(chunk) async for chunk in response.streaming_content]
-    body = b"".join(chunks)
+    if getattr(response, "is_async", False):
+        body = b"".join([bytes(chunk) async for chunk in response.streaming_content])
+    else:
+        body = b"".join(bytes(chunk) for chunk in response.streaming_content)
 
     async def again() -> AsyncIterator[bytes]:
         yield body
