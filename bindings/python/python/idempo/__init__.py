@@ -10,6 +10,12 @@ from __future__ import annotations
 
 from idempo._flow import Execution, HandlerResult, Hooks, Response, logging_hooks
 from idempo._host import UnscopedKeyWarning, idempotent
+from idempo.stores._tx import (
+    NoTransaction,
+    Transaction,
+    TransactionalUnsupported,
+    current_transaction,
+)
 from idempo._idempo import (
     Config,
     CanonicalizationError,
@@ -50,6 +56,10 @@ __all__ = [
     "Response",
     "UnscopedKeyWarning",
     "idempotent",
+    "current_transaction",
+    "NoTransaction",
+    "Transaction",
+    "TransactionalUnsupported",
     "logging_hooks",
     "FingerprintError",
     "Fingerprinter",

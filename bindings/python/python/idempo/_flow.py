@@ -14,7 +14,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, List, Optional, Tuple
 
-from idempo._idempo import Action, Config, ServerFlow
+from idempo._idempo import Action, Config, ServerFlow, unavailable_problem
+from idempo.stores._tx import ThreadedSession, Transaction, enter, leave, require_transactions
 
 log = logging.getLogger("idempo")
 
@@ -39,6 +40,8 @@ class Execution:
     generation: int
     downstream_key: str
     """Idempotency key for downstream side effects; the same across takeovers of one generation."""
+    transaction: Optional[Transaction] = None
+    """In transactional mode, the open database transaction to write through (else None)."""
 
 
 @dataclass(frozen=True)
@@ -144,21 +147,46 @@ def run_sync(
     route: str,
     handler: Callable[[Execution], HandlerResult],
     hooks: Hooks,
+    transactional: bool = False,
 ) -> Response:
     """Drives one request through the flow with a synchronous store and handler.
 
     The handler runs in the calling thread; heartbeats (lease renewals) run in a helper thread
     while it does. A handler exception is re-raised after core decided what to record.
+    ``transactional``: the store's session runs the claim, the handler and the completion in
+    one database transaction (see :mod:`idempo.stores._tx`).
     """
+    if not transactional:
+        return _run_sync(store, config, scope, fingerprint, key, route, handler, hooks, None)
+    require_transactions(store)
+    session = store.transaction()
+    try:
+        return _run_sync(session, config, scope, fingerprint, key, route, handler, hooks, session)
+    finally:
+        session.close()
+
+
+def _run_sync(
+    store: Any,
+    config: Config,
+    scope: bytes,
+    fingerprint: str,
+    key: str,
+    route: str,
+    handler: Callable[[Execution], HandlerResult],
+    hooks: Hooks,
+    session: Any,
+) -> Response:
     flow, action = ServerFlow.start(scope, fingerprint, config, os.urandom(16))
     run = _Run(flow, route, hooks)
     action = _store_step(run, store, action)
     if action.kind == "run_handler":
         assert action.generation is not None and action.downstream_key is not None
-        info = Execution(key, action.generation, action.downstream_key)
+        tx = None if session is None else session.transaction
+        info = Execution(key, action.generation, action.downstream_key, tx)
         stop = threading.Event()
         beat = None
-        if action.heartbeat_ms:
+        if action.heartbeat_ms and session is None:
             beat = threading.Thread(
                 target=_heartbeat_sync,
                 args=(run, store, action.heartbeat_ms / 1000, stop),
@@ -166,6 +194,7 @@ def run_sync(
                 daemon=True,
             )
             beat.start()
+        token = enter(tx) if tx is not None else None
         try:
             result = handler(info)
         except BaseException as exc:
@@ -173,10 +202,15 @@ def run_sync(
             if beat is not None:
                 beat.join()
             with run.lock:
-                action = _store_step(run, store, flow.handler_failed(True))
+                # In a transaction the handler's writes roll back with the claim: nothing
+                # happened, so the key is released, never left for a lease to decide.
+                action = _store_step(run, store, flow.handler_failed(session is None))
             hooks.outcome(route, action.outcome or "handler_failed")
             assert action.kind == "propagate_error", action
             raise exc
+        finally:
+            if token is not None:
+                leave(token)
         stop.set()
         if beat is not None:
             beat.join()
@@ -186,8 +220,33 @@ def run_sync(
             )
             action = _store_step(run, store, action)
     response = response_of(action)
+    if session is not None:
+        response = _settle_sync(run, session, config, response)
     hooks.outcome(route, response.outcome)
     return response
+
+
+def _settle_sync(run: _Run, session: Any, config: Config, response: Response) -> Response:
+    """Ends the transaction before anything is sent (see :func:`_settled`)."""
+    try:
+        session.finish()
+    except Exception as exc:  # noqa: BLE001 - a failed COMMIT fails closed
+        run.hooks.store_error(run.route, exc)
+    return _settled(session, config, response)
+
+
+def _settled(session: Any, config: Config, response: Response) -> Response:
+    """The answer once the transaction ended.
+
+    The handler's response may only be sent when its writes committed with the record, or when
+    core released the key (a status that is not stored: its writes were rolled back with the
+    claim). A failed or refused completion rolled the writes back, and a failed ``COMMIT``
+    leaves them unknown: either way the client gets 503 with ``Retry-After`` and a retry of the
+    same key is safe (it replays a commit that did happen, or runs anew).
+    """
+    if not response.handler_ran or response.outcome == "not_stored" or session.committed:
+        return response
+    return response_of(unavailable_problem(config))
 
 
 def _heartbeat_sync(run: _Run, store: Any, interval: float, stop: threading.Event) -> None:
@@ -226,20 +285,58 @@ async def run_async(
     route: str,
     handler: Callable[[Execution], Awaitable[HandlerResult]],
     hooks: Hooks,
+    transactional: bool = False,
 ) -> Response:
-    """Drives one request through the flow from asyncio (sync stores run in worker threads)."""
+    """Drives one request through the flow from asyncio (sync stores run in worker threads).
+
+    ``transactional``: as for :func:`run_sync`.
+    """
+    if not transactional:
+        return await _run_async(store, config, scope, fingerprint, key, route, handler, hooks, None)
+    require_transactions(store)
+    session = store.transaction()
+    if not is_async_store(session):
+        session = ThreadedSession(session)
+    try:
+        return await _run_async(
+            session, config, scope, fingerprint, key, route, handler, hooks, session
+        )
+    finally:
+        await _maybe_await(session.close)
+
+
+async def _maybe_await(fn: Callable[[], Any]) -> None:
+    if inspect.iscoroutinefunction(fn):
+        await fn()
+    else:
+        await asyncio.to_thread(fn)
+
+
+async def _run_async(
+    store: Any,
+    config: Config,
+    scope: bytes,
+    fingerprint: str,
+    key: str,
+    route: str,
+    handler: Callable[[Execution], Awaitable[HandlerResult]],
+    hooks: Hooks,
+    session: Any,
+) -> Response:
     flow, action = ServerFlow.start(scope, fingerprint, config, os.urandom(16))
     run = _Run(flow, route, hooks)
     lock = asyncio.Lock()
     action = await _store_step_async(run, store, action)
     if action.kind == "run_handler":
         assert action.generation is not None and action.downstream_key is not None
-        info = Execution(key, action.generation, action.downstream_key)
+        tx = None if session is None else session.transaction
+        info = Execution(key, action.generation, action.downstream_key, tx)
         beat = None
-        if action.heartbeat_ms:
+        if action.heartbeat_ms and session is None:
             beat = asyncio.ensure_future(
                 _heartbeat_async(run, store, action.heartbeat_ms / 1000, lock)
             )
+        token = enter(tx) if tx is not None else None
         try:
             result = await handler(info)
         except BaseException as exc:
@@ -247,9 +344,14 @@ async def run_async(
                 # Cancelled only while sleeping or waiting for the lock: never mid-renewal.
                 if beat is not None:
                     beat.cancel()
-                action = await _store_step_async(run, store, flow.handler_failed(True))
+                action = await _store_step_async(
+                    run, store, flow.handler_failed(session is None)
+                )
             hooks.outcome(route, action.outcome or "handler_failed")
             raise exc
+        finally:
+            if token is not None:
+                leave(token)
         async with lock:
             if beat is not None:
                 beat.cancel()
@@ -258,6 +360,12 @@ async def run_async(
             )
             action = await _store_step_async(run, store, action)
     response = response_of(action)
+    if session is not None:
+        try:
+            await _maybe_await(session.finish)
+        except Exception as exc:  # noqa: BLE001 - a failed COMMIT fails closed
+            run.hooks.store_error(run.route, exc)
+        response = _settled(session, config, response)
     hooks.outcome(route, response.outcome)
     return response
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar
 
 from idempo._flow import Hooks, Response, response_of
+from idempo.stores._tx import require_transactions
 from idempo._idempo import (
     CanonicalizationError,
     Config,
@@ -38,6 +39,7 @@ class RouteOptions:
     scope: Optional[Callable[[Any], Optional[str]]] = None
     redact: Optional[Callable[[int, List[Tuple[str, str]], bytes], Optional[bytes]]] = None
     enabled: bool = True
+    transactional: bool = False
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -53,12 +55,15 @@ def idempotent(
     scope: Optional[Callable[[Any], Optional[str]]] = None,
     redact: Optional[Callable[[int, List[Tuple[str, str]], bytes], Optional[bytes]]] = None,
     enabled: bool = True,
+    transactional: Optional[bool] = None,
 ) -> Callable[[F], F]:
     """Marks an endpoint (Starlette/FastAPI endpoint or Flask view) with its own options.
 
     The function itself is returned unchanged (no wrapper, so FastAPI's dependency injection
     and signatures are untouched); the middleware reads the mark when the route matches.
-    ``enabled=False`` exempts the route.
+    ``enabled=False`` exempts the route. ``transactional=True`` runs this route's handler in
+    the store's transaction (:func:`idempo.current_transaction`); None keeps the middleware's
+    setting.
     """
     overrides: Dict[str, Any] = {
         "config": config,
@@ -67,6 +72,7 @@ def idempotent(
         "scope": scope,
         "redact": redact,
         "enabled": enabled,
+        "transactional": transactional,
     }
 
     def mark(fn: F) -> F:
@@ -116,6 +122,7 @@ class HostCore:
         hooks: Optional[Hooks],
         only_marked: bool,
         warn_unscoped: bool,
+        transactional: bool = False,
     ) -> None:
         if store is None:
             raise InvalidArgument("an idempotency store is required")
@@ -137,16 +144,18 @@ class HostCore:
             exclude=tuple(exclude),
             scope=scope,
             redact=redact,
+            transactional=transactional,
         )
         self._check(self.defaults)
         self._fingerprinters: Dict[Tuple[Tuple[str, ...], Tuple[str, ...]], Fingerprinter] = {}
         self._warned: set[str] = set()
         self._lock = threading.Lock()
 
-    @staticmethod
-    def _check(opts: RouteOptions) -> None:
+    def _check(self, opts: RouteOptions) -> None:
         if opts.redact is not None and not opts.config.redact:
             raise InvalidArgument("a redact hook needs Config(redact=True)")
+        if opts.transactional:
+            require_transactions(self.store)
 
     def options_for(self, endpoint: Any) -> Optional[RouteOptions]:
         """The options for a matched endpoint; None when the route is not protected."""
@@ -163,6 +172,9 @@ class HostCore:
             exclude=overrides["exclude"] or self.defaults.exclude,
             scope=overrides["scope"] or self.defaults.scope,
             redact=overrides["redact"] or self.defaults.redact,
+            transactional=self.defaults.transactional
+            if overrides.get("transactional") is None
+            else bool(overrides["transactional"]),
         )
         self._check(opts)
         return opts

@@ -101,6 +101,12 @@ class IdempotencyMiddleware:
       (needs ``Config(redact=True)``).
     - ``hooks``: :class:`idempo.Hooks` callbacks for metrics.
     - ``only_marked``: protect only endpoints marked with :func:`idempo.idempotent`.
+    - ``transactional``: run the claim, the handler and the completion in one database
+      transaction of the store (PostgreSQL or SQLite; per route with
+      ``idempotent(transactional=...)``); the handler writes through
+      :func:`idempo.current_transaction` ``().connection`` (also
+      ``request.state.idempotency.transaction``). Other stores raise
+      :class:`idempo.TransactionalUnsupported`.
     """
 
     def __init__(
@@ -125,6 +131,7 @@ class IdempotencyMiddleware:
         hooks: Optional[Hooks] = None,
         only_marked: bool = False,
         warn_unscoped: bool = True,
+        transactional: bool = False,
     ) -> None:
         self.app = app
         self.route_fn = route
@@ -146,6 +153,7 @@ class IdempotencyMiddleware:
             hooks=hooks,
             only_marked=only_marked,
             warn_unscoped=warn_unscoped,
+            transactional=transactional,
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -243,6 +251,7 @@ class IdempotencyMiddleware:
             route=route,
             handler=handler,
             hooks=core.hooks,
+            transactional=opts.transactional,
         )
         await _send(send, response)
 

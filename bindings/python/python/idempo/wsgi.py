@@ -62,6 +62,7 @@ class IdempotencyMiddleware:
         hooks: Optional[Hooks] = None,
         only_marked: bool = False,
         warn_unscoped: bool = True,
+        transactional: bool = False,
     ) -> None:
         self.app = app
         self.resolve = resolve
@@ -83,6 +84,7 @@ class IdempotencyMiddleware:
             hooks=hooks,
             only_marked=only_marked,
             warn_unscoped=warn_unscoped,
+            transactional=transactional,
         )
         self._env_key = "HTTP_" + header_name.upper().replace("-", "_")
 
@@ -156,6 +158,7 @@ class IdempotencyMiddleware:
             route=route,
             handler=handler,
             hooks=core.hooks,
+            transactional=opts.transactional,
         )
         return _send(start_response, response)
 

@@ -22,6 +22,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, List, Opti
 
 from idempo._idempo import InvalidArgument, StoreUnavailable
 from idempo.stores._deadline import WATCHDOG, idle_socket_is_dead
+from idempo.stores._tx import Transaction, lock_wait_expired
 from idempo.stores._base import (
     COMPLETED,
     IN_PROGRESS,
@@ -443,6 +444,10 @@ class PostgresStore:
             raise
         self._release(lease, None, False)
 
+    def transaction(self) -> "PostgresTransaction":
+        """A transactional session for one request (see :class:`PostgresTransaction`)."""
+        return PostgresTransaction(self)
+
     @fail_closed(_errors, "PostgreSQL create_schema failed")
     def create_schema(self) -> None:
         """Creates the table and its expiry index if missing (see :data:`SCHEMA_STATEMENTS`)."""
@@ -747,6 +752,10 @@ class AsyncPostgresStore:
             raise
         await self._release(lease, None, False)
 
+    def transaction(self) -> "AsyncPostgresTransaction":
+        """A transactional session for one request (see :class:`AsyncPostgresTransaction`)."""
+        return AsyncPostgresTransaction(self)
+
     @fail_closed_async(_errors, "PostgreSQL create_schema failed")
     async def create_schema(self) -> None:
         """Creates the table and its expiry index if missing."""
@@ -865,3 +874,395 @@ class AsyncPostgresStore:
         check_batch(batch)
         rows = await self._all_rows(SQL_PURGE, {"batch": batch})
         return PurgeCounts.from_states([int(r[0]) for r in rows])
+
+
+def _tx_setup(store: Any, conn: Any) -> str:
+    setup = (
+        f"SET LOCAL lock_timeout = '{math.ceil(store.lock_timeout * 1000)}ms'; "
+        "SET LOCAL idle_in_transaction_session_timeout = "
+        f"'{math.ceil(store.idle_in_transaction_timeout * 1000)}ms'"
+    )
+    # A connection outside autocommit opens its transaction implicitly on the first statement.
+    return "BEGIN; " + setup if conn.autocommit else setup
+
+
+def _discardable(exc: BaseException) -> bool:
+    """After this failure the connection cannot be trusted (anything but a plain SQL error)."""
+    return not isinstance(exc, psycopg.Error) or isinstance(exc, psycopg.OperationalError)
+
+
+class PostgresTransaction:
+    """One request's transactional session on a :class:`PostgresStore` (``store.transaction()``).
+
+    The primitives core asks for run on one dedicated connection inside one transaction:
+    ``claim`` opens it (``BEGIN``, ``SET LOCAL lock_timeout``, ``SET LOCAL
+    idle_in_transaction_session_timeout``), ``complete`` writes the record and commits,
+    ``release`` rolls back. A claim that waits on a duplicate's row lock longer than
+    ``lock_timeout`` (SQLSTATE 55P03) is reported as an in-flight record (409). The host calls
+    :meth:`finish` when the flow is done and :meth:`close` in every case.
+    """
+
+    def __init__(self, store: PostgresStore) -> None:
+        self.store = store
+        self.transaction: Optional[Transaction] = None
+        self.committed = False
+        """True once this session's transaction committed (the handler's writes are durable)."""
+        self._lease: Optional[_Lease] = None
+
+    @property
+    def open(self) -> bool:
+        """True while the transaction is open."""
+        return self._lease is not None
+
+    def _begin(self) -> None:
+        lease = self.store._acquire(dedicated=True)
+        self._lease = lease
+        self._call(lambda c: c.execute(_tx_setup(self.store, c)), self.store.timeout)
+        self.transaction = Transaction(lease.conn, self.store)
+
+    def _call(self, fn: Callable[[Any], T], timeout: float) -> T:
+        lease = self._lease
+        assert lease is not None
+        try:
+            return self.store._guarded(lease, fn, timeout)
+        except BaseException as exc:
+            self._end(commit=False, discard=_discardable(exc))
+            raise
+
+    def _end(self, *, commit: bool, discard: bool = False) -> None:
+        lease, self._lease = self._lease, None
+        if lease is None:
+            return
+        conn = lease.conn
+        try:
+            if commit:
+                self.store._guarded(lease, lambda c: c.commit(), self.store.timeout)
+                self.committed = True
+            elif not discard and not conn.closed and not conn.broken:
+                self.store._guarded(lease, lambda c: c.rollback(), self.store.timeout)
+        except BaseException:
+            discard = True
+            raise
+        finally:
+            self.store._release(lease, None, discard or conn.closed or conn.broken)
+
+    def _row(self, sql: str, params: dict[str, Any], timeout: float) -> Optional[Tuple[Any, ...]]:
+        sql, params = self.store._sql.bind(sql, params)
+        return self._call(lambda c: c.execute(sql, params, prepare=True).fetchone(), timeout)
+
+    def _now(self) -> int:
+        clock = self.store._sql.clock
+        if clock is not None:
+            return int(clock())
+        row = self.store._one(f"SELECT {NOW}", {})
+        assert row is not None
+        return int(row[0])
+
+    @fail_closed(_errors, "PostgreSQL claim failed")
+    def claim(
+        self, scope_key: bytes, fingerprint: str, token: bytes, lease_ms: int, ttl_ms: int
+    ) -> ClaimResult:
+        """``BEGIN`` (first call), then primitive 1 inside the transaction."""
+        params = _claim_params(scope_key, fingerprint, token, lease_ms, ttl_ms)
+        if self._lease is None:
+            self._begin()
+        for _ in range(CLAIM_ATTEMPTS):
+            try:
+                row = self._row(SQL_CLAIM, params, self.store.timeout + self.store.lock_timeout)
+            except psycopg.errors.LockNotAvailable:
+                wait_ms = math.ceil(self.store.lock_timeout * 1000)
+                return lock_wait_expired(params["key"], fingerprint, self._now(), wait_ms)
+            if row is not None:
+                return Claimed(int(row[0]), int(row[1]))
+            record, now = self._get(params["key"])
+            if record is not None and record.expires_at > now:
+                return Existing(record, now)
+        raise _contention()
+
+    def _get(self, key: bytes) -> Tuple[Optional[StoredRecord], int]:
+        row = self._row(SQL_GET, {"key": key}, self.store.timeout)
+        assert row is not None
+        return (None if row[1] is None else record_from_row(row[1:])), int(row[0])
+
+    @fail_closed(_errors, "PostgreSQL get failed")
+    def get(self, scope_key: bytes) -> Tuple[Optional[StoredRecord], int]:
+        """Primitive 2 (inside the transaction while it is open)."""
+        if self._lease is None:
+            return self.store.get(scope_key)
+        return self._get(check_key(scope_key))
+
+    @fail_closed(_errors, "PostgreSQL takeover failed")
+    def takeover(
+        self, scope_key: bytes, seen_token: bytes, new_token: bytes, lease_ms: int
+    ) -> Optional[int]:
+        """Primitive 3 inside the transaction (the row stays locked until it ends)."""
+        if self._lease is None:
+            return self.store.takeover(scope_key, seen_token, new_token, lease_ms)
+        row = self._row(
+            SQL_TAKEOVER,
+            {
+                "key": check_key(scope_key),
+                "seen": check_token(seen_token),
+                "new": check_token(new_token),
+                "lease": check_ms("lease_ms", lease_ms),
+            },
+            self.store.timeout,
+        )
+        return None if row is None else int(row[0])
+
+    @fail_closed(_errors, "PostgreSQL mark_unknown failed")
+    def mark_unknown(self, scope_key: bytes, seen_token: bytes, ttl_ms: int) -> bool:
+        """Primitive 4 inside the transaction."""
+        if self._lease is None:
+            return self.store.mark_unknown(scope_key, seen_token, ttl_ms)
+        row = self._row(
+            SQL_MARK_UNKNOWN,
+            {
+                "key": check_key(scope_key),
+                "seen": check_token(seen_token),
+                "ttl": check_ms("ttl_ms", ttl_ms),
+            },
+            self.store.timeout,
+        )
+        return row is not None
+
+    @fail_closed(_errors, "PostgreSQL complete failed")
+    def complete(self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int) -> bool:
+        """Primitive 5, then ``COMMIT`` (``ROLLBACK`` when the token is not ours)."""
+        if self._lease is None:
+            return self.store.complete(scope_key, token, response, ttl_ms)
+        row = self._row(
+            SQL_COMPLETE,
+            {
+                "key": check_key(scope_key),
+                "tok": check_token(token),
+                "resp": bytes(response),
+                "ttl": check_ms("ttl_ms", ttl_ms),
+            },
+            self.store.timeout,
+        )
+        self._end(commit=row is not None)
+        return row is not None
+
+    @fail_closed(_errors, "PostgreSQL release failed")
+    def release(self, scope_key: bytes, token: bytes) -> bool:
+        """``ROLLBACK``: the claim and the handler's writes vanish together."""
+        if self._lease is None:
+            return self.store.release(scope_key, token)
+        self._end(commit=False)
+        return True
+
+    @fail_closed(_errors, "PostgreSQL renew failed")
+    def renew(self, scope_key: bytes, token: bytes, lease_ms: int) -> bool:
+        """Primitive 7 inside the transaction (core asks for it only to expire a lease)."""
+        if self._lease is None:
+            return self.store.renew(scope_key, token, lease_ms)
+        row = self._row(
+            SQL_RENEW,
+            {
+                "key": check_key(scope_key),
+                "tok": check_token(token),
+                "lease": check_ms("lease_ms", lease_ms),
+            },
+            self.store.timeout,
+        )
+        return row is not None
+
+    @fail_closed(_errors, "PostgreSQL commit failed")
+    def finish(self) -> None:
+        """Commits what is still open (a flow that ended without ``complete``)."""
+        self._end(commit=True)
+
+    def close(self) -> None:
+        """Rolls back what is still open and gives the connection back."""
+        self._end(commit=False)
+
+
+class AsyncPostgresTransaction:
+    """The asyncio form of :class:`PostgresTransaction` (``AsyncPostgresStore.transaction()``)."""
+
+    def __init__(self, store: AsyncPostgresStore) -> None:
+        self.store = store
+        self.transaction: Optional[Transaction] = None
+        self.committed = False
+        self._lease: Optional[_Lease] = None
+
+    @property
+    def open(self) -> bool:
+        """True while the transaction is open."""
+        return self._lease is not None
+
+    async def _begin(self) -> None:
+        lease = await self.store._acquire(dedicated=True)
+        self._lease = lease
+        await self._call(lambda c: c.execute(_tx_setup(self.store, c)), self.store.timeout)
+        self.transaction = Transaction(lease.conn, self.store)
+
+    async def _call(self, fn: Callable[[Any], Awaitable[T]], timeout: float) -> T:
+        lease = self._lease
+        assert lease is not None
+        try:
+            return await self.store._guarded(lease, fn, timeout)
+        except BaseException as exc:
+            await self._end(commit=False, discard=_discardable(exc))
+            raise
+
+    async def _end(self, *, commit: bool, discard: bool = False) -> None:
+        lease, self._lease = self._lease, None
+        if lease is None:
+            return
+        conn = lease.conn
+        try:
+            if commit:
+                await self.store._guarded(lease, lambda c: c.commit(), self.store.timeout)
+                self.committed = True
+            elif not discard and not conn.closed and not conn.broken:
+                await self.store._guarded(lease, lambda c: c.rollback(), self.store.timeout)
+        except BaseException:
+            discard = True
+            raise
+        finally:
+            await self.store._release(lease, None, discard or conn.closed or conn.broken)
+
+    async def _row(
+        self, sql: str, params: dict[str, Any], timeout: float
+    ) -> Optional[Tuple[Any, ...]]:
+        sql, params = self.store._sql.bind(sql, params)
+
+        async def go(conn: Any) -> Optional[Tuple[Any, ...]]:
+            cur = await conn.execute(sql, params, prepare=True)
+            row: Optional[Tuple[Any, ...]] = await cur.fetchone()
+            return row
+
+        return await self._call(go, timeout)
+
+    async def _now(self) -> int:
+        clock = self.store._sql.clock
+        if clock is not None:
+            return int(clock())
+        row = await self.store._one(f"SELECT {NOW}", {})
+        assert row is not None
+        return int(row[0])
+
+    @fail_closed_async(_errors, "PostgreSQL claim failed")
+    async def claim(
+        self, scope_key: bytes, fingerprint: str, token: bytes, lease_ms: int, ttl_ms: int
+    ) -> ClaimResult:
+        """``BEGIN`` (first call), then primitive 1 inside the transaction."""
+        params = _claim_params(scope_key, fingerprint, token, lease_ms, ttl_ms)
+        if self._lease is None:
+            await self._begin()
+        for _ in range(CLAIM_ATTEMPTS):
+            try:
+                row = await self._row(
+                    SQL_CLAIM, params, self.store.timeout + self.store.lock_timeout
+                )
+            except psycopg.errors.LockNotAvailable:
+                wait_ms = math.ceil(self.store.lock_timeout * 1000)
+                return lock_wait_expired(params["key"], fingerprint, await self._now(), wait_ms)
+            if row is not None:
+                return Claimed(int(row[0]), int(row[1]))
+            record, now = await self._get(params["key"])
+            if record is not None and record.expires_at > now:
+                return Existing(record, now)
+        raise _contention()
+
+    async def _get(self, key: bytes) -> Tuple[Optional[StoredRecord], int]:
+        row = await self._row(SQL_GET, {"key": key}, self.store.timeout)
+        assert row is not None
+        return (None if row[1] is None else record_from_row(row[1:])), int(row[0])
+
+    @fail_closed_async(_errors, "PostgreSQL get failed")
+    async def get(self, scope_key: bytes) -> Tuple[Optional[StoredRecord], int]:
+        """Primitive 2 (inside the transaction while it is open)."""
+        if self._lease is None:
+            return await self.store.get(scope_key)
+        return await self._get(check_key(scope_key))
+
+    @fail_closed_async(_errors, "PostgreSQL takeover failed")
+    async def takeover(
+        self, scope_key: bytes, seen_token: bytes, new_token: bytes, lease_ms: int
+    ) -> Optional[int]:
+        """Primitive 3 inside the transaction."""
+        if self._lease is None:
+            return await self.store.takeover(scope_key, seen_token, new_token, lease_ms)
+        row = await self._row(
+            SQL_TAKEOVER,
+            {
+                "key": check_key(scope_key),
+                "seen": check_token(seen_token),
+                "new": check_token(new_token),
+                "lease": check_ms("lease_ms", lease_ms),
+            },
+            self.store.timeout,
+        )
+        return None if row is None else int(row[0])
+
+    @fail_closed_async(_errors, "PostgreSQL mark_unknown failed")
+    async def mark_unknown(self, scope_key: bytes, seen_token: bytes, ttl_ms: int) -> bool:
+        """Primitive 4 inside the transaction."""
+        if self._lease is None:
+            return await self.store.mark_unknown(scope_key, seen_token, ttl_ms)
+        row = await self._row(
+            SQL_MARK_UNKNOWN,
+            {
+                "key": check_key(scope_key),
+                "seen": check_token(seen_token),
+                "ttl": check_ms("ttl_ms", ttl_ms),
+            },
+            self.store.timeout,
+        )
+        return row is not None
+
+    @fail_closed_async(_errors, "PostgreSQL complete failed")
+    async def complete(
+        self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int
+    ) -> bool:
+        """Primitive 5, then ``COMMIT`` (``ROLLBACK`` when the token is not ours)."""
+        if self._lease is None:
+            return await self.store.complete(scope_key, token, response, ttl_ms)
+        row = await self._row(
+            SQL_COMPLETE,
+            {
+                "key": check_key(scope_key),
+                "tok": check_token(token),
+                "resp": bytes(response),
+                "ttl": check_ms("ttl_ms", ttl_ms),
+            },
+            self.store.timeout,
+        )
+        await self._end(commit=row is not None)
+        return row is not None
+
+    @fail_closed_async(_errors, "PostgreSQL release failed")
+    async def release(self, scope_key: bytes, token: bytes) -> bool:
+        """``ROLLBACK``: the claim and the handler's writes vanish together."""
+        if self._lease is None:
+            return await self.store.release(scope_key, token)
+        await self._end(commit=False)
+        return True
+
+    @fail_closed_async(_errors, "PostgreSQL renew failed")
+    async def renew(self, scope_key: bytes, token: bytes, lease_ms: int) -> bool:
+        """Primitive 7 inside the transaction (core asks for it only to expire a lease)."""
+        if self._lease is None:
+            return await self.store.renew(scope_key, token, lease_ms)
+        row = await self._row(
+            SQL_RENEW,
+            {
+                "key": check_key(scope_key),
+                "tok": check_token(token),
+                "lease": check_ms("lease_ms", lease_ms),
+            },
+            self.store.timeout,
+        )
+        return row is not None
+
+    @fail_closed_async(_errors, "PostgreSQL commit failed")
+    async def finish(self) -> None:
+        """Commits what is still open (a flow that ended without ``complete``)."""
+        await self._end(commit=True)
+
+    async def close(self) -> None:
+        """Rolls back what is still open and gives the connection back."""
+        await self._end(commit=False)

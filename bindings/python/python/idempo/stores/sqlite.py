@@ -16,7 +16,7 @@ import os
 import sqlite3
 import threading
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Iterator, List, Optional, Tuple, TypeVar, Union
 
 from idempo._idempo import InvalidArgument
 from idempo.stores._base import (
@@ -35,10 +35,15 @@ from idempo.stores._base import (
     check_token,
     fail_closed,
 )
+from idempo.stores._tx import ThreadedSession, Transaction, lock_wait_expired
+
+T = TypeVar("T")
 
 _NOW = "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
 _COLUMNS = "scope_key, fingerprint, state, token, generation, lease_until, expires_at, response"
 MIN_SQLITE = (3, 24, 0)
+MAX_IDLE_DEDICATED = 16
+"""Idle connections a store keeps for transactional requests."""
 
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS {TABLE} (
@@ -70,6 +75,85 @@ def _record(row: Tuple[Any, ...]) -> StoredRecord:
     )
 
 
+def _claim_in(
+    conn: sqlite3.Connection, now: int, key: bytes, fp: str, tok: bytes, lease_ms: int, ttl_ms: int
+) -> ClaimResult:
+    row = conn.execute(f"SELECT {_COLUMNS} FROM {TABLE} WHERE scope_key = ?", (key,)).fetchone()
+    if row is not None and int(row[6]) > now:
+        return Existing(_record(row), now)
+    generation = 1 if row is None else min(int(row[4]) + 1, 2**31 - 1)
+    conn.execute(
+        f"INSERT OR REPLACE INTO {TABLE} ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, NULL)",
+        (key, fp, IN_PROGRESS, tok, generation, now + lease_ms, now + max(ttl_ms, lease_ms)),
+    )
+    return Claimed(generation, now)
+
+
+def _get_in(
+    conn: sqlite3.Connection, clock: Optional[Callable[[], int]], key: bytes
+) -> Tuple[Optional[StoredRecord], int]:
+    # One statement, one snapshot: the row and the clock together.
+    now_sql = _NOW if clock is None else str(int(clock()))
+    row = conn.execute(
+        f"SELECT {now_sql}, r.scope_key, r.fingerprint, r.state, r.token, r.generation, "
+        f"r.lease_until, r.expires_at, r.response FROM (SELECT 1) "
+        f"LEFT JOIN {TABLE} r ON r.scope_key = ?",
+        (key,),
+    ).fetchone()
+    now = int(row[0])
+    return (None if row[1] is None else _record(row[1:])), now
+
+
+def _takeover_in(
+    conn: sqlite3.Connection, now: int, key: bytes, seen: bytes, new: bytes, lease_ms: int
+) -> Optional[int]:
+    cur = conn.execute(
+        f"UPDATE {TABLE} SET token = :new, lease_until = :now + :lease, "
+        f"expires_at = max(expires_at, :now + :lease) "
+        f"WHERE scope_key = :key AND state = {IN_PROGRESS} AND token = :seen "
+        f"AND lease_until <= :now",
+        {"new": new, "now": now, "lease": lease_ms, "key": key, "seen": seen},
+    )
+    if cur.rowcount != 1:
+        return None
+    gen = conn.execute(f"SELECT generation FROM {TABLE} WHERE scope_key = ?", (key,)).fetchone()
+    return int(gen[0])
+
+
+def _mark_unknown_in(
+    conn: sqlite3.Connection, now: int, key: bytes, seen: bytes, ttl_ms: int
+) -> bool:
+    cur = conn.execute(
+        f"UPDATE {TABLE} SET state = {OUTCOME_UNKNOWN}, lease_until = NULL, "
+        f"expires_at = :now + :ttl WHERE scope_key = :key AND state = {IN_PROGRESS} "
+        f"AND token = :seen AND lease_until <= :now",
+        {"now": now, "ttl": ttl_ms, "key": key, "seen": seen},
+    )
+    return cur.rowcount == 1
+
+
+def _complete_in(
+    conn: sqlite3.Connection, now: int, key: bytes, tok: bytes, response: bytes, ttl_ms: int
+) -> bool:
+    cur = conn.execute(
+        f"UPDATE {TABLE} SET state = {COMPLETED}, response = :resp, lease_until = NULL, "
+        f"expires_at = :now + :ttl WHERE scope_key = :key AND state = {IN_PROGRESS} "
+        f"AND token = :tok",
+        {"resp": response, "now": now, "ttl": ttl_ms, "key": key, "tok": tok},
+    )
+    return cur.rowcount == 1
+
+
+def _renew_in(conn: sqlite3.Connection, now: int, key: bytes, tok: bytes, lease_ms: int) -> bool:
+    cur = conn.execute(
+        f"UPDATE {TABLE} SET lease_until = :now + :lease, "
+        f"expires_at = max(expires_at, :now + :lease) "
+        f"WHERE scope_key = :key AND state = {IN_PROGRESS} AND token = :tok",
+        {"now": now, "lease": lease_ms, "key": key, "tok": tok},
+    )
+    return cur.rowcount == 1
+
+
 class SQLiteStore:
     """The storage contract on one SQLite database file (one connection per thread)."""
 
@@ -93,6 +177,7 @@ class SQLiteStore:
         self._local = threading.local()
         self._all: List[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
+        self._idle: List[Tuple[int, sqlite3.Connection]] = []
         if create_schema:
             self.create_schema()
 
@@ -100,6 +185,12 @@ class SQLiteStore:
         conn: Optional[sqlite3.Connection] = getattr(self._local, "conn", None)
         if conn is not None and getattr(self._local, "pid", None) == os.getpid():
             return conn
+        conn = self._open()
+        self._local.conn = conn
+        self._local.pid = os.getpid()
+        return conn
+
+    def _open(self) -> sqlite3.Connection:
         conn = sqlite3.connect(
             self.path,
             timeout=self._busy_timeout_ms / 1000,
@@ -114,8 +205,6 @@ class SQLiteStore:
             conn.close()
             raise InvalidArgument(f"SQLite refused WAL mode for {self.path!r}")
         conn.execute("PRAGMA synchronous = FULL")
-        self._local.conn = conn
-        self._local.pid = os.getpid()
         with self._all_lock:
             self._all.append(conn)
         return conn
@@ -136,6 +225,33 @@ class SQLiteStore:
         else:
             conn.execute("COMMIT")
 
+    def _dedicated(self) -> sqlite3.Connection:
+        """A connection for one transactional request (kept idle between requests)."""
+        with self._all_lock:
+            while self._idle:
+                pid, conn = self._idle.pop()
+                if pid == os.getpid():
+                    return conn
+        return self._open()
+
+    def _give_back(self, conn: sqlite3.Connection, keep: bool) -> None:
+        with self._all_lock:
+            if keep and not conn.in_transaction and len(self._idle) < MAX_IDLE_DEDICATED:
+                self._idle.append((os.getpid(), conn))
+                return
+            if conn in self._all:
+                self._all.remove(conn)
+        conn.close()
+
+    def _now(self, conn: sqlite3.Connection) -> int:
+        if self._clock is not None:
+            return int(self._clock())
+        return int(conn.execute(f"SELECT {_NOW}").fetchone()[0])
+
+    def transaction(self) -> "SQLiteTransaction":
+        """A transactional session for one request (see :class:`SQLiteTransaction`)."""
+        return SQLiteTransaction(self)
+
     @fail_closed(_errors, "SQLite create_schema failed")
     def create_schema(self) -> None:
         """Creates the table and its expiry index (idempotent)."""
@@ -145,6 +261,7 @@ class SQLiteStore:
         """Closes every connection this store opened (in any thread)."""
         with self._all_lock:
             conns, self._all = self._all, []
+            self._idle = []
         for conn in conns:
             conn.close()
         self._local = threading.local()
@@ -159,41 +276,13 @@ class SQLiteStore:
         check_ms("lease_ms", lease_ms)
         check_ms("ttl_ms", ttl_ms)
         with self._immediate() as (conn, now):
-            row = conn.execute(
-                f"SELECT {_COLUMNS} FROM {TABLE} WHERE scope_key = ?", (key,)
-            ).fetchone()
-            if row is not None and int(row[6]) > now:
-                return Existing(_record(row), now)
-            generation = 1 if row is None else min(int(row[4]) + 1, 2**31 - 1)
-            conn.execute(
-                f"INSERT OR REPLACE INTO {TABLE} ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, NULL)",
-                (
-                    key,
-                    fingerprint,
-                    IN_PROGRESS,
-                    tok,
-                    generation,
-                    now + lease_ms,
-                    now + max(ttl_ms, lease_ms),
-                ),
-            )
-            return Claimed(generation, now)
+            return _claim_in(conn, now, key, fingerprint, tok, lease_ms, ttl_ms)
 
     @fail_closed(_errors, "SQLite get failed")
     def get(self, scope_key: bytes) -> Tuple[Optional[StoredRecord], int]:
         """Primitive 2: the record (expired ones included) and the store's now."""
         key = check_key(scope_key)
-        conn = self._conn()
-        # One statement, one snapshot: the row and the clock together.
-        now_sql = _NOW if self._clock is None else str(int(self._clock()))
-        row = conn.execute(
-            f"SELECT {now_sql}, r.scope_key, r.fingerprint, r.state, r.token, r.generation, "
-            f"r.lease_until, r.expires_at, r.response FROM (SELECT 1) "
-            f"LEFT JOIN {TABLE} r ON r.scope_key = ?",
-            (key,),
-        ).fetchone()
-        now = int(row[0])
-        return (None if row[1] is None else _record(row[1:])), now
+        return _get_in(self._conn(), self._clock, key)
 
     @fail_closed(_errors, "SQLite takeover failed")
     def takeover(
@@ -205,19 +294,7 @@ class SQLiteStore:
         new = check_token(new_token)
         check_ms("lease_ms", lease_ms)
         with self._immediate() as (conn, now):
-            cur = conn.execute(
-                f"UPDATE {TABLE} SET token = :new, lease_until = :now + :lease, "
-                f"expires_at = max(expires_at, :now + :lease) "
-                f"WHERE scope_key = :key AND state = {IN_PROGRESS} AND token = :seen "
-                f"AND lease_until <= :now",
-                {"new": new, "now": now, "lease": lease_ms, "key": key, "seen": seen},
-            )
-            if cur.rowcount != 1:
-                return None
-            gen = conn.execute(
-                f"SELECT generation FROM {TABLE} WHERE scope_key = ?", (key,)
-            ).fetchone()
-            return int(gen[0])
+            return _takeover_in(conn, now, key, seen, new, lease_ms)
 
     @fail_closed(_errors, "SQLite mark_unknown failed")
     def mark_unknown(self, scope_key: bytes, seen_token: bytes, ttl_ms: int) -> bool:
@@ -226,13 +303,7 @@ class SQLiteStore:
         seen = check_token(seen_token)
         check_ms("ttl_ms", ttl_ms)
         with self._immediate() as (conn, now):
-            cur = conn.execute(
-                f"UPDATE {TABLE} SET state = {OUTCOME_UNKNOWN}, lease_until = NULL, "
-                f"expires_at = :now + :ttl WHERE scope_key = :key AND state = {IN_PROGRESS} "
-                f"AND token = :seen AND lease_until <= :now",
-                {"now": now, "ttl": ttl_ms, "key": key, "seen": seen},
-            )
-            return cur.rowcount == 1
+            return _mark_unknown_in(conn, now, key, seen, ttl_ms)
 
     @fail_closed(_errors, "SQLite complete failed")
     def complete(self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int) -> bool:
@@ -241,13 +312,7 @@ class SQLiteStore:
         tok = check_token(token)
         check_ms("ttl_ms", ttl_ms)
         with self._immediate() as (conn, now):
-            cur = conn.execute(
-                f"UPDATE {TABLE} SET state = {COMPLETED}, response = :resp, lease_until = NULL, "
-                f"expires_at = :now + :ttl WHERE scope_key = :key AND state = {IN_PROGRESS} "
-                f"AND token = :tok",
-                {"resp": bytes(response), "now": now, "ttl": ttl_ms, "key": key, "tok": tok},
-            )
-            return cur.rowcount == 1
+            return _complete_in(conn, now, key, tok, bytes(response), ttl_ms)
 
     @fail_closed(_errors, "SQLite release failed")
     def release(self, scope_key: bytes, token: bytes) -> bool:
@@ -268,13 +333,7 @@ class SQLiteStore:
         tok = check_token(token)
         check_ms("lease_ms", lease_ms)
         with self._immediate() as (conn, now):
-            cur = conn.execute(
-                f"UPDATE {TABLE} SET lease_until = :now + :lease, "
-                f"expires_at = max(expires_at, :now + :lease) "
-                f"WHERE scope_key = :key AND state = {IN_PROGRESS} AND token = :tok",
-                {"now": now, "lease": lease_ms, "key": key, "tok": tok},
-            )
-            return cur.rowcount == 1
+            return _renew_in(conn, now, key, tok, lease_ms)
 
     @fail_closed(_errors, "SQLite purge_expired failed")
     def purge_expired(self, batch: int = 1000) -> PurgeCounts:
@@ -327,6 +386,154 @@ class AsyncSQLiteStore:
     async def purge_expired(self, batch: int = 1000) -> PurgeCounts:
         return await asyncio.to_thread(self.sync.purge_expired, batch)
 
+    def transaction(self) -> ThreadedSession:
+        """A transactional session for one request (a :class:`SQLiteTransaction` on a thread of
+        its own)."""
+        return ThreadedSession(self.sync.transaction())
+
     def close(self) -> None:
         """Closes the underlying connections."""
         self.sync.close()
+
+
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY or "locked" in str(exc)
+
+
+class SQLiteTransaction:
+    """One request's transactional session on a :class:`SQLiteStore` (``store.transaction()``).
+
+    ``claim`` opens ``BEGIN IMMEDIATE`` on a dedicated connection (SQLite has one writer: every
+    other write, on any key, waits for this transaction, up to ``busy_timeout_ms``); the handler
+    writes on that connection; ``complete`` writes the record and commits, ``release`` rolls
+    back. A claim that waited ``busy_timeout_ms`` in vain is reported as an in-flight record
+    (409 with ``Retry-After``).
+    """
+
+    def __init__(self, store: SQLiteStore) -> None:
+        self.store = store
+        self.transaction: Optional[Transaction] = None
+        self.committed = False
+        """True once this session's transaction committed (the handler's writes are durable)."""
+        self._conn: Optional[sqlite3.Connection] = None
+
+    @property
+    def open(self) -> bool:
+        """True while the transaction is open."""
+        return self._conn is not None
+
+    def _end(self, *, commit: bool) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        keep = False
+        try:
+            if conn.in_transaction:
+                conn.execute("COMMIT" if commit else "ROLLBACK")
+            self.committed = commit
+            keep = True
+        finally:
+            self.store._give_back(conn, keep)
+
+    def _in(self, fn: Callable[[sqlite3.Connection, int], T]) -> T:
+        conn = self._conn
+        assert conn is not None
+        try:
+            return fn(conn, self.store._now(conn))
+        except BaseException:
+            self._end(commit=False)
+            raise
+
+    @fail_closed(_errors, "SQLite claim failed")
+    def claim(
+        self, scope_key: bytes, fingerprint: str, token: bytes, lease_ms: int, ttl_ms: int
+    ) -> ClaimResult:
+        """``BEGIN IMMEDIATE`` (first call), then primitive 1 inside the transaction."""
+        key = check_key(scope_key)
+        tok = check_token(token)
+        check_ms("lease_ms", lease_ms)
+        check_ms("ttl_ms", ttl_ms)
+        if self._conn is None:
+            conn = self.store._dedicated()
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                if not _busy(exc):
+                    self.store._give_back(conn, False)
+                    raise
+                now = self.store._now(conn)
+                self.store._give_back(conn, True)
+                return lock_wait_expired(key, fingerprint, now, self.store._busy_timeout_ms)
+            except BaseException:
+                self.store._give_back(conn, False)
+                raise
+            self._conn = conn
+            self.transaction = Transaction(conn, self.store)
+        return self._in(lambda c, now: _claim_in(c, now, key, fingerprint, tok, lease_ms, ttl_ms))
+
+    @fail_closed(_errors, "SQLite get failed")
+    def get(self, scope_key: bytes) -> Tuple[Optional[StoredRecord], int]:
+        """Primitive 2 (inside the transaction while it is open)."""
+        key = check_key(scope_key)
+        if self._conn is None:
+            return self.store.get(key)
+        return self._in(lambda c, _now: _get_in(c, self.store._clock, key))
+
+    @fail_closed(_errors, "SQLite takeover failed")
+    def takeover(
+        self, scope_key: bytes, seen_token: bytes, new_token: bytes, lease_ms: int
+    ) -> Optional[int]:
+        """Primitive 3 inside the transaction."""
+        if self._conn is None:
+            return self.store.takeover(scope_key, seen_token, new_token, lease_ms)
+        key, seen, new = check_key(scope_key), check_token(seen_token), check_token(new_token)
+        check_ms("lease_ms", lease_ms)
+        return self._in(lambda c, now: _takeover_in(c, now, key, seen, new, lease_ms))
+
+    @fail_closed(_errors, "SQLite mark_unknown failed")
+    def mark_unknown(self, scope_key: bytes, seen_token: bytes, ttl_ms: int) -> bool:
+        """Primitive 4 inside the transaction."""
+        if self._conn is None:
+            return self.store.mark_unknown(scope_key, seen_token, ttl_ms)
+        key, seen = check_key(scope_key), check_token(seen_token)
+        check_ms("ttl_ms", ttl_ms)
+        return self._in(lambda c, now: _mark_unknown_in(c, now, key, seen, ttl_ms))
+
+    @fail_closed(_errors, "SQLite complete failed")
+    def complete(self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int) -> bool:
+        """Primitive 5, then ``COMMIT`` (``ROLLBACK`` when the token is not ours)."""
+        if self._conn is None:
+            return self.store.complete(scope_key, token, response, ttl_ms)
+        key, tok = check_key(scope_key), check_token(token)
+        check_ms("ttl_ms", ttl_ms)
+        body = bytes(response)
+        done = self._in(lambda c, now: _complete_in(c, now, key, tok, body, ttl_ms))
+        self._end(commit=done)
+        return done
+
+    @fail_closed(_errors, "SQLite release failed")
+    def release(self, scope_key: bytes, token: bytes) -> bool:
+        """``ROLLBACK``: the claim and the handler's writes vanish together."""
+        if self._conn is None:
+            return self.store.release(scope_key, token)
+        self._end(commit=False)
+        return True
+
+    @fail_closed(_errors, "SQLite renew failed")
+    def renew(self, scope_key: bytes, token: bytes, lease_ms: int) -> bool:
+        """Primitive 7 inside the transaction (core asks for it only to expire a lease)."""
+        if self._conn is None:
+            return self.store.renew(scope_key, token, lease_ms)
+        key, tok = check_key(scope_key), check_token(token)
+        check_ms("lease_ms", lease_ms)
+        return self._in(lambda c, now: _renew_in(c, now, key, tok, lease_ms))
+
+    @fail_closed(_errors, "SQLite commit failed")
+    def finish(self) -> None:
+        """Commits what is still open (a flow that ended without ``complete``)."""
+        self._end(commit=True)
+
+    def close(self) -> None:
+        """Rolls back what is still open and gives the connection back."""
+        self._end(commit=False)
+
