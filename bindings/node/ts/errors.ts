@@ -17,7 +17,9 @@ export type IdempoErrorCode =
   | 'RECORD_CORRUPT'
   | 'CONFIG_INVALID'
   | 'INVALID_ARGUMENT'
-  | 'FLOW_ERROR';
+  | 'FLOW_ERROR'
+  | 'TRANSACTIONAL_UNSUPPORTED'
+  | 'NO_TRANSACTION';
 
 /** Extra fields an error may carry. */
 export interface IdempoErrorDetails {
@@ -155,6 +157,26 @@ export class InvalidArgumentError extends IdempoError {
 export class FlowError extends IdempoError {
   constructor(message: string, details: IdempoErrorDetails = {}) {
     super('FLOW_ERROR', message, details);
+  }
+}
+
+/**
+ * `transactional: true` was asked of a store that cannot run the handler inside its transaction
+ * (only `PostgresStore` and `SqliteStore` can).
+ */
+export class TransactionalUnsupportedError extends IdempoError {
+  constructor(message: string, details: IdempoErrorDetails = {}) {
+    super('TRANSACTIONAL_UNSUPPORTED', message, details);
+  }
+}
+
+/** `currentTransaction()` was called outside a handler running in transactional mode. */
+export class NoTransactionError extends IdempoError {
+  constructor(
+    message = 'no idempo transaction here: the route is not transactional, or this code does not run inside its handler',
+    details: IdempoErrorDetails = {},
+  ) {
+    super('NO_TRANSACTION', message, details);
   }
 }
 

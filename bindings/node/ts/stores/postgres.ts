@@ -1,7 +1,7 @@
 import type * as PG from 'pg';
 import { StoreUnavailableError } from '../errors';
-import type { ClaimResult, ClockOverride, GetResult, IdempotencyStore, PurgeCounts, PurgeOptions, StoreRecord } from './types';
-import { asBuffer, checkKeyAndToken } from './types';
+import type { ClaimResult, ClockOverride, GetResult, PurgeCounts, PurgeOptions, StoreRecord, TransactionalStore, TransactionSession } from './types';
+import { asBuffer, checkKeyAndToken, lockWaitExpired } from './types';
 
 /** The PostgreSQL schema of `spec/STORAGE.md` §4.1 (for `schema`-qualified tables see `postgresSchema`). */
 export function postgresSchema(table = 'idempo_record', index = 'idempo_record_expires_at'): string {
@@ -86,16 +86,75 @@ SELECT count(*) FILTER (WHERE state = 1) AS in_progress,
   };
 }
 
+/** The pool interface the store uses (a `pg.Pool`). */
+export type PgPoolLike = Pick<PG.Pool, 'query'> & Partial<Pick<PG.Pool, 'end' | 'connect' | 'on'>>;
+
 /** Options of {@link PostgresStore}. */
 export interface PostgresStoreOptions {
   /** A `pg.Pool` (or anything with `query`); the store does not end it. */
-  pool?: Pick<PG.Pool, 'query'> & Partial<Pick<PG.Pool, 'end'>>;
+  pool?: PgPoolLike;
   /** A connection string; the store creates and owns a pool. */
   connectionString?: string;
   /** Schema holding the table (default: the search path). */
   schema?: string;
+  /**
+   * Client-side deadline of every store operation in ms, getting a connection included (default
+   * 2000). Past it the operation fails with `STORE_UNAVAILABLE` (503 + `Retry-After`, the handler
+   * never runs) and the connection is destroyed, never reused. Needs a `pg.Pool` (with `connect`);
+   * with a bare `query` object only the wait is bounded.
+   */
+  timeoutMs?: number;
+  /** Transactional mode: how long a duplicate waits for the first request's row lock before it
+   * is answered 409 (`SET LOCAL lock_timeout`, default 2000 ms). */
+  lockTimeoutMs?: number;
+  /** Transactional mode: `SET LOCAL idle_in_transaction_session_timeout` (default 60000 ms), so a
+   * hung handler cannot hold the row lock forever. */
+  idleInTransactionTimeoutMs?: number;
+  /** Called with errors of idle pool connections (e.g. a server restart); they never crash the
+   * process: the pool drops the connection and opens a new one on demand. */
+  onPoolError?: (err: Error) => void;
   /** Clock override for conformance runs only. */
   clock?: ClockOverride;
+}
+
+/** A checked-out pool connection (pg's `PoolClient`), with the internals read to check liveness. */
+type Client = PG.PoolClient & {
+  _ending?: boolean;
+  _ended?: boolean;
+  _queryable?: boolean;
+  connection?: { stream?: { destroyed?: boolean; destroy?: () => void } };
+};
+
+/** Connections found dead (closed by the server while idle) before one is live. */
+const ACQUIRE_ATTEMPTS = 3;
+
+function dead(c: Client): boolean {
+  return c._ending === true || c._ended === true || c._queryable === false || c.connection?.stream?.destroyed === true;
+}
+
+/** A timer promise for the remaining time to `deadline`. */
+function timer(deadline: number): { promise: Promise<'timeout'>; clear: () => void } {
+  let t: NodeJS.Timeout | undefined;
+  const promise = new Promise<'timeout'>((resolve) => {
+    t = setTimeout(() => resolve('timeout'), Math.max(0, deadline - Date.now()));
+  });
+  return { promise, clear: () => clearTimeout(t) };
+}
+
+/**
+ * Whether a failed connection can go back to the pool: only after a plain SQL error answered by
+ * the server (a SQLSTATE outside the connection, operator-intervention and internal classes).
+ */
+function reusable(e: unknown): boolean {
+  const code = (e as { code?: unknown }).code;
+  if (typeof code !== 'string' || !/^[0-9A-Z]{5}$/.test(code)) return false;
+  return !['08', '57', '58', 'XX'].includes(code.slice(0, 2));
+}
+
+function ms(name: string, v: number | undefined, d: number): number {
+  if (v === undefined) return d;
+  if (!Number.isFinite(v) || v <= 0) throw new RangeError(`${name} must be a positive number of ms, got ${v}`);
+  return v;
 }
 
 interface PgRow {
@@ -131,14 +190,21 @@ function quoteIdent(s: string): string {
  * Committed) with times from `clock_timestamp()`; a claim that finds a row reads it in a new
  * statement. Never put the table in `UNLOGGED` mode.
  */
-export class PostgresStore implements IdempotencyStore {
+export class PostgresStore implements TransactionalStore {
   readonly kind = 'postgres';
-  readonly #pool: Pick<PG.Pool, 'query'> & Partial<Pick<PG.Pool, 'end'>>;
+  readonly #pool: PgPoolLike;
   readonly #owned: boolean;
   readonly #sql: ReturnType<typeof recipes>;
   readonly #table: string;
   readonly #schema: string | undefined;
   readonly #clock: ClockOverride | undefined;
+  /** Deadline of one operation, ms. */
+  readonly timeoutMs: number;
+  /** Transactional mode lock wait, ms. */
+  readonly lockTimeoutMs: number;
+  /** Transactional mode idle limit, ms. */
+  readonly idleInTransactionTimeoutMs: number;
+  readonly #onPoolError: (err: Error) => void;
 
   constructor(options: PostgresStoreOptions) {
     if (options.pool) {
@@ -156,6 +222,85 @@ export class PostgresStore implements IdempotencyStore {
     this.#table = options.schema ? `${quoteIdent(options.schema)}.idempo_record` : 'idempo_record';
     this.#sql = recipes(this.#table);
     this.#clock = options.clock;
+    this.timeoutMs = ms('timeoutMs', options.timeoutMs, 2000);
+    this.lockTimeoutMs = ms('lockTimeoutMs', options.lockTimeoutMs, 2000);
+    this.idleInTransactionTimeoutMs = ms('idleInTransactionTimeoutMs', options.idleInTransactionTimeoutMs, 60_000);
+    this.#onPoolError = options.onPoolError ?? (() => undefined);
+    // An idle connection the server closed (restart, terminated backend) makes the pool emit
+    // 'error' after dropping it; without a listener Node would crash the process.
+    if (typeof this.#pool.on === 'function') this.#pool.on('error', (err: Error) => this.#onPoolError(err));
+  }
+
+  /** The SQL recipes (for the transactional session). */
+  get sql(): ReturnType<typeof recipes> {
+    return this.#sql;
+  }
+
+  /** The clock override value, or null (the database clock). */
+  nowOverride(): number | null {
+    return this.#now();
+  }
+
+  /**
+   * A live connection from the pool within `deadline` (unix ms). A connection the server closed
+   * while it sat idle is dropped before any statement is sent; one that arrives after the
+   * deadline is destroyed, never used.
+   */
+  async acquire(deadline: number): Promise<Client> {
+    const pool = this.#pool;
+    if (typeof pool.connect !== 'function') throw new TypeError('PostgresStore: this operation needs a pg.Pool (with connect)');
+    for (let attempt = 0; attempt < ACQUIRE_ATTEMPTS; attempt++) {
+      const pending = (pool.connect as () => Promise<Client>).call(pool);
+      const t = timer(deadline);
+      const got = await Promise.race([pending, t.promise]).finally(t.clear);
+      if (got === 'timeout') {
+        pending.then((late) => this.discard(late, new Error('connected after the deadline')), () => undefined);
+        throw new StoreUnavailableError(`PostgreSQL did not give a connection within ${this.timeoutMs} ms`);
+      }
+      if (!dead(got)) {
+        got.on('error', this.#clientError);
+        return got;
+      }
+      this.discard(got, new Error('connection closed by the server while idle'));
+    }
+    throw new StoreUnavailableError(`PostgreSQL: ${ACQUIRE_ATTEMPTS} dead connections in a row`);
+  }
+
+  /** Errors of a checked-out connection (e.g. a restart between two statements of a transaction). */
+  readonly #clientError = (err: Error): void => this.#onPoolError(err);
+
+  /** Gives a connection back to the pool. */
+  giveBack(c: Client): void {
+    c.off('error', this.#clientError);
+    c.release();
+  }
+
+  /** Destroys a connection: its socket is closed and the pool forgets it. */
+  discard(c: Client, why: Error): void {
+    c.off('error', this.#clientError);
+    // The socket first: `release(err)` ends the client politely, which a frozen server never answers.
+    c.connection?.stream?.destroy?.();
+    // A connection is destroyed at most once; the pool throws when released twice.
+    try {
+      c.release(why);
+    } catch {
+      /* already released */
+    }
+  }
+
+  /**
+   * Runs `f` on `c` within `deadline`; past it the connection is destroyed and
+   * `STORE_UNAVAILABLE` thrown. The caller gives the connection back (or discards it) on success.
+   */
+  async guard<T>(c: Client, f: Promise<T>, deadline: number): Promise<T> {
+    const t = timer(deadline);
+    f.catch(() => undefined); // a late failure after the deadline is expected, not unhandled
+    const r = await Promise.race([f, t.promise]).finally(t.clear);
+    if (r === 'timeout') {
+      this.discard(c, new Error('deadline exceeded'));
+      throw new StoreUnavailableError(`PostgreSQL did not answer within ${this.timeoutMs} ms (connection discarded)`);
+    }
+    return r as T;
   }
 
   /** Creates the table and index of `spec/STORAGE.md` §4.1 if missing (and the schema, if set). */
@@ -179,8 +324,29 @@ export class PostgresStore implements IdempotencyStore {
     }
   }
 
+  /** One statement within the deadline, on a pool connection (see {@link PostgresStore.timeoutMs}). */
   async #rows<R>(sql: string, params: unknown[]): Promise<{ rows: R[]; rowCount: number }> {
-    const r = await this.#pool.query(sql, params);
+    const deadline = Date.now() + this.timeoutMs;
+    if (typeof this.#pool.connect !== 'function') {
+      // A bare `query` object: only the wait can be bounded.
+      const q = this.#pool.query(sql, params);
+      const t = timer(deadline);
+      q.catch(() => undefined);
+      const r = await Promise.race([q, t.promise]).finally(t.clear);
+      if (r === 'timeout') throw new StoreUnavailableError(`PostgreSQL did not answer within ${this.timeoutMs} ms`);
+      return { rows: r.rows as R[], rowCount: r.rowCount ?? 0 };
+    }
+    const c = await this.acquire(deadline);
+    let r: PG.QueryResult;
+    try {
+      r = await this.guard(c, c.query(sql, params), deadline);
+    } catch (e) {
+      if (e instanceof StoreUnavailableError) throw e; // the guard discarded the connection
+      if (reusable(e)) this.giveBack(c);
+      else this.discard(c, e as Error);
+      throw e;
+    }
+    this.giveBack(c);
     return { rows: r.rows as R[], rowCount: r.rowCount ?? 0 };
   }
 
@@ -298,7 +464,219 @@ export class PostgresStore implements IdempotencyStore {
     });
   }
 
+  /** A transactional session for one request (see {@link PostgresTransaction}). */
+  transaction(): PostgresTransaction {
+    return new PostgresTransaction(this);
+  }
+
   async close(): Promise<void> {
     if (this.#owned && this.#pool.end) await this.#pool.end();
+  }
+}
+
+/**
+ * One request's transactional session on a {@link PostgresStore} (`store.transaction()`,
+ * `spec/STORAGE.md` §4.4): the primitives run on one dedicated connection inside one transaction.
+ * `claim` opens it (`BEGIN; SET LOCAL lock_timeout; SET LOCAL
+ * idle_in_transaction_session_timeout`), `complete` writes the record and commits, `release` rolls
+ * back. A claim that waits on a duplicate's row lock past `lockTimeoutMs` (SQLSTATE 55P03) reports
+ * an in-flight record (409). Every statement keeps the store's deadline.
+ */
+export class PostgresTransaction implements TransactionSession {
+  readonly kind = 'postgres';
+  readonly store: PostgresStore;
+  #client: Client | null = null;
+  #committed = false;
+
+  constructor(store: PostgresStore) {
+    this.store = store;
+  }
+
+  /** The `pg` client with the transaction open (null outside it). */
+  get tx(): PG.PoolClient | null {
+    return this.#client;
+  }
+
+  get committed(): boolean {
+    return this.#committed;
+  }
+
+  async #begin(): Promise<void> {
+    const s = this.store;
+    const deadline = Date.now() + s.timeoutMs;
+    const c = await s.acquire(deadline);
+    this.#client = c;
+    await this.#call(
+      `BEGIN; SET LOCAL lock_timeout = '${Math.ceil(s.lockTimeoutMs)}ms'; ` +
+        `SET LOCAL idle_in_transaction_session_timeout = '${Math.ceil(s.idleInTransactionTimeoutMs)}ms'`,
+      undefined,
+      s.timeoutMs,
+    );
+  }
+
+  /** One statement in the transaction; any failure ends it (rolled back, or the connection destroyed). */
+  async #call<R>(sql: string, params: unknown[] | undefined, timeoutMs: number): Promise<{ rows: R[]; rowCount: number }> {
+    const c = this.#client;
+    if (c === null) throw new StoreUnavailableError('the transaction is not open');
+    try {
+      const r = await this.store.guard(c, params === undefined ? c.query(sql) : c.query(sql, params), Date.now() + timeoutMs);
+      const last = Array.isArray(r) ? r[r.length - 1] : r;
+      return { rows: (last?.rows ?? []) as R[], rowCount: last?.rowCount ?? 0 };
+    } catch (e) {
+      if (e instanceof StoreUnavailableError) {
+        this.#client = null; // the guard destroyed the connection: the server rolls back
+      } else {
+        await this.#end(false, !reusable(e));
+      }
+      throw e;
+    }
+  }
+
+  async #end(commit: boolean, discard = false): Promise<void> {
+    const c = this.#client;
+    if (c === null) return;
+    if (discard) {
+      this.#client = null;
+      this.store.discard(c, new Error('transaction aborted'));
+      return;
+    }
+    try {
+      await this.store.guard(c, c.query(commit ? 'COMMIT' : 'ROLLBACK'), Date.now() + this.store.timeoutMs);
+      if (commit) this.#committed = true;
+    } catch (e) {
+      this.#client = null;
+      if (!(e instanceof StoreUnavailableError)) this.store.discard(c, e as Error);
+      throw e;
+    }
+    this.#client = null;
+    this.store.giveBack(c);
+  }
+
+  #q<T>(f: () => Promise<T>): Promise<T> {
+    return f().catch((e: unknown) => {
+      if (e instanceof RangeError || e instanceof StoreUnavailableError) throw e;
+      throw new StoreUnavailableError(`PostgreSQL error: ${(e as Error).message}`, { cause: e });
+    });
+  }
+
+  /** `BEGIN` (first call), then primitive 1 inside the transaction. */
+  claim(scopeKey: Uint8Array, fingerprint: string, token: Uint8Array, leaseMs: number, ttlMs: number): Promise<ClaimResult> {
+    checkKeyAndToken(scopeKey, token);
+    return this.#q(async () => {
+      const s = this.store;
+      if (this.#client === null) await this.#begin();
+      for (let round = 0; round < CLAIM_ROUNDS; round++) {
+        let ins;
+        try {
+          ins = await this.#call<{ generation: number; now_ms: string }>(
+            s.sql.claim,
+            [asBuffer(scopeKey), fingerprint, asBuffer(token), leaseMs, ttlMs, s.nowOverride()],
+            s.timeoutMs + s.lockTimeoutMs,
+          );
+        } catch (e) {
+          if ((e as { code?: unknown }).code === '55P03') {
+            // lock_timeout: a duplicate's transaction holds the row (the transaction already ended).
+            return lockWaitExpired(fingerprint, s.nowOverride() ?? Date.now(), s.lockTimeoutMs);
+          }
+          throw e;
+        }
+        const first = ins.rows[0];
+        if (first) return { claimed: true as const, generation: Number(first.generation), nowMs: Number(first.now_ms) };
+        const got = await this.#call<PgRow>(s.sql.get, [asBuffer(scopeKey), s.nowOverride()], s.timeoutMs);
+        const row = got.rows[0] as PgRow;
+        const record = toRecord(row);
+        if (record !== null) return { claimed: false as const, record, nowMs: Number(row.now_ms) };
+      }
+      throw new StoreUnavailableError(`claim contention: the row kept vanishing after ${CLAIM_ROUNDS} rounds`);
+    });
+  }
+
+  /** Primitive 2 (inside the transaction while it is open). */
+  get(scopeKey: Uint8Array): Promise<GetResult> {
+    if (this.#client === null) return this.store.get(scopeKey);
+    checkKeyAndToken(scopeKey);
+    return this.#q(async () => {
+      const r = await this.#call<PgRow>(this.store.sql.get, [asBuffer(scopeKey), this.store.nowOverride()], this.store.timeoutMs);
+      const row = r.rows[0] as PgRow;
+      return { record: toRecord(row), nowMs: Number(row.now_ms) };
+    });
+  }
+
+  /** Primitive 3 inside the transaction. */
+  takeover(scopeKey: Uint8Array, seenToken: Uint8Array, newToken: Uint8Array, leaseMs: number): Promise<number | null> {
+    if (this.#client === null) return this.store.takeover(scopeKey, seenToken, newToken, leaseMs);
+    checkKeyAndToken(scopeKey, seenToken, newToken);
+    return this.#q(async () => {
+      const r = await this.#call<{ generation: number }>(
+        this.store.sql.takeover,
+        [asBuffer(scopeKey), asBuffer(seenToken), asBuffer(newToken), leaseMs, this.store.nowOverride()],
+        this.store.timeoutMs,
+      );
+      return r.rows[0] ? Number(r.rows[0].generation) : null;
+    });
+  }
+
+  /** Primitive 4 inside the transaction. */
+  markUnknown(scopeKey: Uint8Array, seenToken: Uint8Array, ttlMs: number): Promise<boolean> {
+    if (this.#client === null) return this.store.markUnknown(scopeKey, seenToken, ttlMs);
+    checkKeyAndToken(scopeKey, seenToken);
+    return this.#q(async () => {
+      const r = await this.#call(this.store.sql.markUnknown, [asBuffer(scopeKey), asBuffer(seenToken), ttlMs, this.store.nowOverride()], this.store.timeoutMs);
+      return r.rowCount === 1;
+    });
+  }
+
+  /** Primitive 5, then `COMMIT` (`ROLLBACK` when the token is not ours). */
+  complete(scopeKey: Uint8Array, token: Uint8Array, response: Uint8Array, ttlMs: number): Promise<boolean> {
+    if (this.#client === null) return this.store.complete(scopeKey, token, response, ttlMs);
+    checkKeyAndToken(scopeKey, token);
+    return this.#q(async () => {
+      const r = await this.#call(
+        this.store.sql.complete,
+        [asBuffer(scopeKey), asBuffer(token), asBuffer(response), ttlMs, this.store.nowOverride()],
+        this.store.timeoutMs,
+      );
+      const applied = r.rowCount === 1;
+      await this.#end(applied);
+      return applied;
+    });
+  }
+
+  /** `ROLLBACK`: the claim and the handler's writes vanish together. */
+  release(scopeKey: Uint8Array, token: Uint8Array): Promise<boolean> {
+    if (this.#client === null) return this.store.release(scopeKey, token);
+    checkKeyAndToken(scopeKey, token);
+    return this.#q(async () => {
+      await this.#end(false);
+      return true;
+    });
+  }
+
+  /** Primitive 7 inside the transaction. */
+  renew(scopeKey: Uint8Array, token: Uint8Array, leaseMs: number): Promise<boolean> {
+    if (this.#client === null) return this.store.renew(scopeKey, token, leaseMs);
+    checkKeyAndToken(scopeKey, token);
+    return this.#q(async () => {
+      const r = await this.#call(this.store.sql.renew, [asBuffer(scopeKey), asBuffer(token), leaseMs, this.store.nowOverride()], this.store.timeoutMs);
+      return r.rowCount === 1;
+    });
+  }
+
+  purgeExpired(options?: PurgeOptions): Promise<PurgeCounts> {
+    return this.store.purgeExpired(options);
+  }
+
+  /** Commits what is still open (a flow that ended without `complete`). */
+  finish(): Promise<void> {
+    return this.#q(() => this.#end(true));
+  }
+
+  /** Rolls back what is still open and gives the connection back. */
+  async close(): Promise<void> {
+    try {
+      await this.#end(false);
+    } catch {
+      // #end destroyed the connection: the server rolls back on its own.
+    }
   }
 }

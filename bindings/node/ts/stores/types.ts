@@ -81,6 +81,52 @@ export interface IdempotencyStore {
 }
 
 /**
+ * One request's transactional session (`spec/STORAGE.md` §4.4): the same primitives, bound to one
+ * connection and one database transaction. `claim` opens it (`BEGIN`, then the claim), the
+ * handler writes through {@link TransactionSession.tx}, `complete` writes the record and commits,
+ * `release` rolls back. A claim that waits on a duplicate's uncommitted row longer than the lock
+ * timeout reports a live in-progress record (core answers 409 with `Retry-After`). The host calls
+ * `finish()` once the flow ended (commits what is still open) and `close()` in every case (rolls
+ * back what is still open and gives the connection back).
+ */
+export interface TransactionSession extends IdempotencyStore {
+  /** The connection with the transaction open (a `pg` client, a better-sqlite3 database); null
+   * before the claim and after the transaction ended. Write through it; never commit it. */
+  readonly tx: unknown;
+  /** True once this session's transaction committed. */
+  readonly committed: boolean;
+  /** Commits what is still open. */
+  finish(): Promise<void>;
+}
+
+/** A store that can run a handler inside its own transaction. */
+export interface TransactionalStore extends IdempotencyStore {
+  /** A new session for one request. */
+  transaction(): TransactionSession;
+}
+
+/** True when `store` supports transactional mode. */
+export function supportsTransactions(store: IdempotencyStore): store is TransactionalStore {
+  return typeof (store as Partial<TransactionalStore>).transaction === 'function';
+}
+
+/**
+ * What a transactional claim reports when the record's row stayed locked past the lock timeout:
+ * the lock belongs to an uncommitted claim, in flight by definition, so it is reported as a live
+ * in-progress record under the caller's fingerprint with a lease ending `waitMs` after `nowMs`.
+ * Core answers 409 with `Retry-After` as for any in-flight request (a different body learns 422
+ * once it can read the committed row).
+ */
+export function lockWaitExpired(fingerprint: string, nowMs: number, waitMs: number): ClaimResult {
+  const until = nowMs + Math.max(1, Math.ceil(waitMs));
+  return {
+    claimed: false,
+    record: { fingerprint, state: 1, token: Buffer.alloc(16), generation: 1, leaseUntil: until, expiresAt: until, response: null },
+    nowMs,
+  };
+}
+
+/**
  * Clock override for conformance runs (`spec/STORAGE.md` §6): returns the virtual unix-ms `now`
  * the store must use instead of its own clock. Never wire this to request input.
  */
