@@ -49,7 +49,7 @@ from django.test import AsyncClient, Client, override_settings  # noqa: E402
 
 import idempo  # noqa: E402
 from idempo.django import IdempotencyMiddleware, user_scope  # noqa: E402
-from idempo.stores import MemoryStore  # noqa: E402
+from idempo.stores import MemoryStore, SQLiteStore  # noqa: E402
 
 RUNS: List[Any] = []
 ENTERED = threading.Event()
@@ -345,8 +345,20 @@ def test_heartbeat_keeps_a_long_view_in_flight() -> None:
         assert RUNS == ["sleepy"]
 
 
-def test_threads_on_one_key_run_once() -> None:
-    with override_settings(IDEMPO={"STORE": MemoryStore()}):
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request: Any, tmp_path: Any) -> Iterator[Any]:
+    if request.param == "memory":
+        yield MemoryStore()
+        return
+    sqlite = SQLiteStore(str(tmp_path / "idempo.sqlite3"))
+    try:
+        yield sqlite
+    finally:
+        sqlite.close()
+
+
+def test_threads_on_one_key_run_once(store: Any) -> None:
+    with override_settings(IDEMPO={"STORE": store}):
         statuses: List[int] = []
         gate = threading.Barrier(8)
 
@@ -561,8 +573,8 @@ def _serve(app: Any) -> Iterator[str]:
         server.server_close()
 
 
-def test_real_server_over_http() -> None:
-    with override_settings(IDEMPO={"STORE": MemoryStore(), "MAX_BODY_BYTES": 256}):
+def test_real_server_over_http(store: Any) -> None:
+    with override_settings(IDEMPO={"STORE": store, "MAX_BODY_BYTES": 256}):
         app = WSGIHandler()
     with _serve(app) as base, httpx.Client(base_url=base, timeout=10) as http:
         h = {"Idempotency-Key": "http-key-00001"}
