@@ -288,6 +288,22 @@ def test_django_upload_limit_is_a_413_too() -> None:
         assert RUNS == []
 
 
+def test_body_problem_api_takes_idempo_errors_only() -> None:
+    from idempo._idempo import body_problem, body_too_large
+
+    with pytest.raises(idempo.CanonicalizationError) as exc:
+        idempo.canonicalize(b'{"a":[1,]}')
+    answer = body_problem(exc.value)
+    assert answer is exc.value.problem and answer.status == 400 and answer.outcome == "invalid_body"
+    assert json.loads(answer.body or b"")["code"] == exc.value.code == "trailing_comma"
+    too_large = body_too_large(1024)
+    assert too_large.status == 413 and b"1024 bytes" in (too_large.body or b"")
+    with pytest.raises(idempo.InvalidArgument, match="expects a CanonicalizationError"):
+        body_problem(ValueError("x"))  # type: ignore[arg-type]
+    with pytest.raises(idempo.InvalidArgument, match="not raised by idempo"):
+        body_problem(idempo.CanonicalizationError("made up"))
+
+
 def test_in_flight_409_then_replay() -> None:
     with override_settings(IDEMPO={"STORE": MemoryStore()}):
         results: List[Any] = []

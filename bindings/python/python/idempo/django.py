@@ -123,7 +123,9 @@ def _imported(name: str, value: Any) -> Any:
     try:
         return import_string(value)
     except ImportError as exc:
-        raise ImproperlyConfigured(f"IDEMPO[{name!r}]: cannot import {value!r}: {exc}") from exc
+        raise ImproperlyConfigured(
+            f"settings.IDEMPO[{name!r}]: cannot import {value!r}: {exc}"
+        ) from exc
 
 
 def options_from_settings(raw: Any) -> Dict[str, Any]:
