@@ -24,6 +24,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::{Mutex, TryLockError};
 
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::digest::Update;
@@ -32,7 +33,7 @@ use subtle::ConstantTimeEq;
 
 use crate::canonical::{
     BufSink, CanonError, CanonOptions, DigestSink, Exclusions, Limits, NumberMode, PointerError,
-    canonicalize_excluding_to,
+    Scratch, canonicalize_scratch,
 };
 
 /// The domain-separation and version tag that starts every v1 framing.
@@ -357,11 +358,15 @@ enum Hasher {
 
 /// A prepared fingerprint configuration: pointers compiled, header names normalized and the
 /// HMAC key schedule computed once. Cheap to share; use it on hot paths.
+///
+/// It also keeps the canonicalizer's working memory between calls (no result depends on it):
+/// a call that finds it in use by another thread works with fresh memory instead of waiting.
 pub struct Fingerprinter {
     headers: Vec<String>,
     exclusions: Exclusions,
     opts: CanonOptions,
     hasher: Hasher,
+    scratch: Mutex<Scratch>,
 }
 
 impl fmt::Debug for Fingerprinter {
@@ -408,6 +413,7 @@ impl Fingerprinter {
                 numbers: config.numbers,
             },
             hasher,
+            scratch: Mutex::new(Scratch::default()),
         })
     }
 
@@ -480,15 +486,29 @@ impl Fingerprinter {
             d.update(&[BODY_JSON]);
             // A small body gets a small sink buffer: zeroing 4 KiB would cost as much as
             // canonicalizing it.
+            let mut guard = match self.scratch.try_lock() {
+                Ok(g) => Some(g),
+                // The scratch is emptied at every use: a panic elsewhere left nothing that
+                // matters in it.
+                Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+                Err(TryLockError::WouldBlock) => None,
+            };
+            let mut fresh = None;
+            let scratch = match guard.as_deref_mut() {
+                Some(s) => s,
+                None => fresh.insert(Scratch::default()),
+            };
+            let (opts, excl) = (&self.opts, &self.exclusions);
             let (inner, len) = if parts.body.len() <= SMALL_BODY {
                 let mut sink = BufSink::<D, SMALL_BODY>::new(d);
-                canonicalize_excluding_to(parts.body, &self.opts, &self.exclusions, &mut sink)?;
+                canonicalize_scratch(parts.body, opts, excl, &mut sink, scratch)?;
                 sink.finish()
             } else {
                 let mut sink = DigestSink::new(d);
-                canonicalize_excluding_to(parts.body, &self.opts, &self.exclusions, &mut sink)?;
+                canonicalize_scratch(parts.body, opts, excl, &mut sink, scratch)?;
                 sink.finish()
             };
+            drop(guard);
             d = inner;
             d.update(&len.to_be_bytes());
         } else {
@@ -655,6 +675,41 @@ mod tests {
             panic!("body error expected")
         };
         assert_eq!(c.pointer.as_deref(), Some("/amount"));
+    }
+
+    /// The working memory kept between calls changes no result: every body fingerprints the
+    /// same through one long-lived fingerprinter as through a fresh one, errors included.
+    #[test]
+    fn reused_scratch_changes_nothing() {
+        let bodies: [&[u8]; 8] = [
+            br#"[{"long_member_name":1,"another_long_name":2},{"long_member_name":3,"another_long_name":4}]"#,
+            br#"[{"another_long_name":1,"long_member_name":2},{"x":[{"b":1,"a":2}]}]"#,
+            br#"{"a":[{"long_member_name":1,"long_member_name":2}]}"#,
+            br#"[{"long_member_name":1,"another_long_name":2},{"long_member_name":"A","another_long_name":0.1}]"#,
+            br#"{"b":"\u00e9","a":[1e2,-0,"x"]}"#,
+            b"[1,",
+            br#"[[{"q":1,"p":2}],[{"q":3,"p":4}]]"#,
+            br#"{"b":1,"a":2}"#,
+        ];
+        let cfg = FingerprintConfig::default();
+        let kept = Fingerprinter::new(&cfg).expect("config");
+        for round in 0..2 {
+            for body in bodies {
+                let parts = RequestParts::json("POST", "/r", body);
+                let fresh = Fingerprinter::new(&cfg)
+                    .expect("config")
+                    .fingerprint(&parts);
+                assert_eq!(kept.fingerprint(&parts), fresh, "round {round}: {body:?}");
+            }
+        }
+        let big: Vec<u8> = format!("[{}0]", "{\"k\":[1,2,3]},".repeat(20_000)).into_bytes();
+        let parts = RequestParts::json("POST", "/r", &big);
+        let fresh = Fingerprinter::new(&cfg)
+            .expect("config")
+            .fingerprint(&parts);
+        assert_eq!(kept.fingerprint(&parts), fresh);
+        let small = RequestParts::json("POST", "/r", bodies[7]);
+        assert_eq!(kept.fingerprint(&small), fingerprint(&small, &cfg));
     }
 
     #[test]

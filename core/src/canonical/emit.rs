@@ -92,17 +92,32 @@ pub(crate) fn emit<S: CanonSink + ?Sized>(
     numbers: NumberMode,
     excl: &Exclusions,
     sink: &mut S,
+    scratch: &mut EmitScratch,
 ) -> Result<(), CanonError> {
+    let mut stack = std::mem::take(&mut scratch.0);
+    if stack.capacity() == 0 {
+        stack = Vec::with_capacity(16);
+    }
+    stack.clear();
     let mut e = Emitter {
         tape,
         numbers,
         excl,
         sink,
-        stack: Vec::with_capacity(16),
+        stack,
         buf: ryu_js::Buffer::new(),
     };
-    e.run()
+    let result = e.run();
+    if e.stack.capacity() <= 1024 {
+        e.stack.clear();
+        scratch.0 = e.stack;
+    }
+    result
 }
+
+/// The emitter's frame stack, kept between calls by a prepared caller.
+#[derive(Default)]
+pub(crate) struct EmitScratch(Vec<Frame>);
 
 impl<S: CanonSink + ?Sized> Emitter<'_, '_, S> {
     #[cold]

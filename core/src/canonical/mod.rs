@@ -141,8 +141,30 @@ pub fn canonicalize_excluding_to<S: CanonSink + ?Sized>(
     exclusions: &Exclusions,
     sink: &mut S,
 ) -> Result<(), CanonError> {
-    let tape = parse::parse(input, &opts.limits, opts.numbers)?;
-    emit::emit(&tape, opts.numbers, exclusions, sink)
+    canonicalize_scratch(input, opts, exclusions, sink, &mut Scratch::default())
+}
+
+/// Working memory of the canonicalizer, reusable from call to call: a caller that keeps one
+/// (the fingerprinter does) allocates nothing per call once its vectors have grown. It holds no
+/// state between calls that could change a result.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    parse: parse::ParseScratch,
+    emit: emit::EmitScratch,
+}
+
+/// [`canonicalize_excluding_to`] with reusable working memory.
+pub(crate) fn canonicalize_scratch<S: CanonSink + ?Sized>(
+    input: &[u8],
+    opts: &CanonOptions,
+    exclusions: &Exclusions,
+    sink: &mut S,
+    scratch: &mut Scratch,
+) -> Result<(), CanonError> {
+    let tape = parse::parse_with(input, &opts.limits, opts.numbers, &mut scratch.parse)?;
+    let result = emit::emit(&tape, opts.numbers, exclusions, sink, &mut scratch.emit);
+    scratch.parse.recycle(tape);
+    result
 }
 
 /// Check that `input` is acceptable (including the number policy) without producing output.

@@ -443,11 +443,46 @@ pub(crate) struct Parser<'a> {
     utf8_ok: bool,
 }
 
-/// Parse and fully validate `input` into a tape.
-pub(crate) fn parse<'a>(
+/// The parser's and the tape's vectors, kept between calls so that a prepared caller (the
+/// fingerprinter) allocates nothing per call once they have grown. Always left empty.
+#[derive(Default)]
+pub(crate) struct ParseScratch {
+    nodes: Vec<Node>,
+    members: Vec<u32>,
+    strbuf: Vec<u8>,
+    nums: Vec<f64>,
+    stack: Vec<Frame>,
+    pending: Vec<(u64, u32, u32)>,
+    shapes: Vec<Shape>,
+}
+
+/// Vectors holding more nodes than this are freed after use rather than kept (a large body
+/// must not pin its memory in a long-lived fingerprinter).
+const KEEP_NODES: usize = 1 << 14;
+
+impl ParseScratch {
+    /// Take back the vectors of a tape (emptied; too large ones are dropped).
+    pub(crate) fn recycle(&mut self, tape: Tape<'_>) {
+        fn keep<T>(slot: &mut Vec<T>, mut v: Vec<T>, max: usize) {
+            if v.capacity() <= max {
+                v.clear();
+                *slot = v;
+            }
+        }
+        keep(&mut self.nodes, tape.nodes, KEEP_NODES);
+        keep(&mut self.members, tape.members, KEEP_NODES);
+        keep(&mut self.strbuf, tape.strbuf, KEEP_NODES * 4);
+        keep(&mut self.nums, tape.nums, KEEP_NODES);
+    }
+}
+
+/// Parse and fully validate `input` into a tape, using (and refilling) `scratch`'s vectors. The
+/// tape's vectors go back with [`ParseScratch::recycle`].
+pub(crate) fn parse_with<'a>(
     input: &'a [u8],
     limits: &Limits,
     _numbers: NumberMode,
+    scratch: &mut ParseScratch,
 ) -> Result<Tape<'a>, CanonError> {
     let max = limits.max_input_bytes.min(u32::MAX as usize - 1);
     if input.len() > max {
@@ -463,25 +498,54 @@ pub(crate) fn parse<'a>(
         return Err(CanonError::new(K::ByteOrderMark, 0, None));
     }
     let est = input.len() / 5 + 4;
-    let p = Parser {
+    fn take<T>(v: &mut Vec<T>, n: usize) -> Vec<T> {
+        let mut v = std::mem::take(v);
+        if v.capacity() == 0 {
+            return Vec::with_capacity(n);
+        }
+        v.clear();
+        v.reserve(n);
+        v
+    }
+    let mut shapes = std::mem::take(&mut scratch.shapes);
+    for shape in &mut shapes {
+        // Node ids of a previous input mean nothing here: an empty permutation never matches.
+        shape.keys.clear();
+        shape.perm.clear();
+    }
+    let mut p = Parser {
         input,
         pos: 0,
         limits: *limits,
         tape: Tape {
             input,
-            nodes: Vec::with_capacity(est),
-            members: Vec::with_capacity(est / 2),
-            strbuf: Vec::new(),
-            nums: Vec::new(),
+            nodes: take(&mut scratch.nodes, est),
+            members: take(&mut scratch.members, est / 2),
+            strbuf: take(&mut scratch.strbuf, 0),
+            nums: take(&mut scratch.nums, 0),
             root: None,
         },
-        stack: Vec::with_capacity(16),
-        pending: Vec::with_capacity(32),
-        shapes: Vec::new(),
+        stack: take(&mut scratch.stack, 16),
+        pending: take(&mut scratch.pending, 32),
+        shapes,
         ws: 0,
         utf8_ok: std::str::from_utf8(input).is_ok(),
     };
-    p.run()
+    let result = p.run();
+    p.stack.clear();
+    p.pending.clear();
+    scratch.stack = p.stack;
+    scratch.pending = p.pending;
+    if p.shapes.len() <= 64 {
+        scratch.shapes = p.shapes;
+    }
+    match result {
+        Ok(()) => Ok(p.tape),
+        Err(e) => {
+            scratch.recycle(p.tape);
+            Err(e)
+        }
+    }
 }
 
 impl<'a> Parser<'a> {
@@ -593,7 +657,7 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn run(mut self) -> Result<Tape<'a>, CanonError> {
+    fn run(&mut self) -> Result<(), CanonError> {
         let _ = self.peek_ws();
         let (root_start, root_ws) = (self.pos, self.ws);
         'value: loop {
@@ -683,7 +747,7 @@ impl<'a> Parser<'a> {
                     if self.peek_ws().is_some() {
                         return Err(self.unexpected(false, true));
                     }
-                    return Ok(self.tape);
+                    return Ok(());
                 };
                 if top.is_obj {
                     // `"name":value` without whitespace, value verbatim: one run.

@@ -31,6 +31,21 @@ impl CanonSink for Vec<u8> {
     fn write_byte(&mut self, byte: u8) {
         self.push(byte);
     }
+
+    #[inline]
+    fn write_in(&mut self, src: &[u8], start: usize, len: usize) {
+        const BLOCK: usize = 32;
+        if len <= BLOCK {
+            if let Some(block) = src.get(start..).and_then(<[u8]>::first_chunk::<BLOCK>) {
+                // A fixed-size copy (inlined, no memcpy call), then only `len` bytes are kept.
+                let keep = self.len() + len;
+                self.extend_from_slice(block);
+                self.truncate(keep);
+                return;
+            }
+        }
+        self.extend_from_slice(src.get(start..start + len).unwrap_or(&[]));
+    }
 }
 
 /// Size of [`DigestSink`]'s stack buffer.
