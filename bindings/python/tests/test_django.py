@@ -163,6 +163,18 @@ def sleepy(request: Any) -> Any:
     return JsonResponse({"n": len(RUNS)}, status=201)
 
 
+def txpay(request: Any) -> Any:
+    """Writes its business row through the idempotency store's open transaction."""
+    body = json.loads(request.body)
+    assert request.idempotency.transaction is idempo.current_transaction()
+    conn = idempo.current_transaction().connection
+    conn.execute("INSERT INTO payment (amount) VALUES (?)", (body["amount"],))
+    RUNS.append(("tx", body["amount"]))
+    if body.get("fail"):
+        raise RuntimeError("fails after writing")
+    return JsonResponse({"amount": body["amount"]}, status=201)
+
+
 @idempo.idempotent()
 def marked(request: Any) -> Any:
     RUNS.append("marked")
@@ -193,6 +205,7 @@ urlpatterns = [
     path("async/slow", aslow),
     path("flaky", flaky),
     path("sleepy", sleepy),
+    path("tx/pay", txpay),
     re_path(r"^legacy/(?P<id>[0-9]+)/$", legacy),
 ]
 
@@ -343,6 +356,42 @@ def test_failed_view_releases_the_key_for_a_retry() -> None:
         assert retried.status_code == 201 and json.loads(retried.content) == {"calls": 2}
         assert replay.content == retried.content and replay["Idempotent-Replayed"] == "true"
         assert FLAKY["calls"] == 2 and RUNS == ["flaky"]
+
+
+def test_transactional_view_commits_with_its_record(tmp_path: Any) -> None:
+    import sqlite3
+
+    db = str(tmp_path / "tx.sqlite3")
+    with sqlite3.connect(db) as setup:
+        setup.execute("CREATE TABLE payment (amount INTEGER NOT NULL)")
+    setup.close()
+    store = SQLiteStore(db)
+
+    def rows() -> int:
+        conn = sqlite3.connect(db)
+        try:
+            return int(conn.execute("SELECT count(*) FROM payment").fetchone()[0])
+        finally:
+            conn.close()
+
+    try:
+        with override_settings(IDEMPO={"STORE": store, "TRANSACTIONAL": True}):
+            c = Client(raise_request_exception=False)
+            first = _post(c, "/tx/pay", {"amount": 5}, "tx-key-000001")
+            again = _post(c, "/tx/pay", {"amount": 5}, "tx-key-000001")
+            assert first.status_code == 201 and again["Idempotent-Replayed"] == "true"
+            assert rows() == 1
+            failed = _post(c, "/tx/pay", {"amount": 6, "fail": True}, "tx-key-000002")
+            assert failed.status_code == 500 and rows() == 1  # the write was rolled back
+            retried = _post(c, "/tx/pay", {"amount": 6, "fail": True}, "tx-key-000002")
+            assert retried.status_code == 500 and rows() == 1  # and left no record behind
+        assert RUNS == [("tx", 5), ("tx", 6), ("tx", 6)]
+    finally:
+        store.close()
+    with override_settings(IDEMPO={"STORE": MemoryStore(), "TRANSACTIONAL": True}):
+        with pytest.raises(ImproperlyConfigured) as exc:
+            IdempotencyMiddleware(lambda request: HttpResponse())
+    assert isinstance(exc.value.__cause__, idempo.TransactionalUnsupported)
 
 
 def test_heartbeat_keeps_a_long_view_in_flight() -> None:

@@ -20,7 +20,8 @@ Option names are the keyword arguments of :class:`idempo.wsgi.IdempotencyMiddlew
 heartbeat, required key, caching policy, replay header allowlist, ...), ``METHODS``,
 ``HEADER_NAME``, ``SCOPE``, ``FINGERPRINT_HEADERS``, ``EXCLUDE`` (JSON pointers), ``HMAC_KEY``,
 ``NUMBERS``, ``MAX_BODY_BYTES`` (413 above it), ``STRICT_KEY``, ``KEY_MIN_LEN``, ``KEY_MAX_LEN``,
-``REDACT``, ``HOOKS``, ``ONLY_MARKED`` and ``WARN_UNSCOPED``. Callables (``SCOPE``, ``REDACT``,
+``REDACT``, ``HOOKS``, ``ONLY_MARKED``, ``WARN_UNSCOPED`` and ``TRANSACTIONAL`` (the view runs in
+the SQL store's transaction, :func:`idempo.current_transaction`). Callables (``SCOPE``, ``REDACT``,
 ``HOOKS``) may be given as dotted paths. An unknown name is an ``ImproperlyConfigured`` error.
 
 The route template is the URL pattern Django resolved (``/orders/<int:order>/pay``); a view
@@ -86,6 +87,7 @@ OPTIONS = {
     "HOOKS": "hooks",
     "ONLY_MARKED": "only_marked",
     "WARN_UNSCOPED": "warn_unscoped",
+    "TRANSACTIONAL": "transactional",
 }
 
 _DEFAULTS: Dict[str, Any] = {
@@ -105,6 +107,7 @@ _DEFAULTS: Dict[str, Any] = {
     "hooks": None,
     "only_marked": False,
     "warn_unscoped": True,
+    "transactional": False,
 }
 
 
@@ -215,6 +218,7 @@ class IdempotencyMiddleware:
             route=step.route,
             handler=handler,
             hooks=self.core.hooks,
+            transactional=step.opts.transactional,
         )
         return _answer(answer, live)
 
@@ -245,6 +249,7 @@ class IdempotencyMiddleware:
             route=step.route,
             handler=handler,
             hooks=self.core.hooks,
+            transactional=step.opts.transactional,
         )
         return _answer(answer, live)
 
