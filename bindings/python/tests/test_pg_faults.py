@@ -207,3 +207,83 @@ def test_restart_through_asgi_every_request_succeeds(server: PgServer) -> None:
         await store.close()
 
     asyncio.run(scenario())
+
+
+def test_transactional_frozen_before_commit_is_503_and_nothing_commits(server: PgServer) -> None:
+    """The server freezes while the handler runs: storing the response and COMMIT cannot
+    finish, so the client gets 503 (never the handler's success) and, once the server is back,
+    neither the business row nor the record exists; the retry runs once."""
+    import psycopg
+
+    import idempo
+
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS fault_payment (id bigserial PRIMARY KEY)")
+        conn.execute("TRUNCATE fault_payment")
+
+    def counts() -> tuple[int, int]:
+        with psycopg.connect(server.dsn, autocommit=True) as conn:
+            a = conn.execute("SELECT count(*) FROM fault_payment").fetchone()
+            b = conn.execute("SELECT count(*) FROM idempo_record").fetchone()
+        assert a is not None and b is not None
+        return int(a[0]), int(b[0])
+
+    frozen: List[List[int]] = []
+    freeze_next = [True]
+
+    async def pay(request: Request) -> Response:
+        conn = idempo.current_transaction().connection
+        await conn.execute("INSERT INTO fault_payment DEFAULT VALUES")
+        if freeze_next and freeze_next.pop():
+            frozen.append(server.freeze())
+        return JSONResponse({"ok": True}, status_code=201)
+
+    async def scenario() -> None:
+        store = AsyncPostgresStore(server.dsn, timeout=TIMEOUT)
+        app = Starlette(routes=[Route("/pay", pay, methods=["POST"])])
+        app.add_middleware(IdempotencyMiddleware, store=store, transactional=True)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            try:
+                started = time.monotonic()
+                r = await client.post("/pay", json={}, headers={"Idempotency-Key": "tx-frozen-1"})
+                elapsed = time.monotonic() - started
+            finally:
+                for pids in frozen:
+                    server.thaw(pids)
+            assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
+            assert elapsed < TIMEOUT + 1
+            deadline = time.monotonic() + 10
+            while counts() != (0, 0) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)  # the backend notices the closed socket and aborts
+            assert counts() == (0, 0)
+            # Nothing was left: the same request runs at once, exactly once.
+            retry = await client.post("/pay", json={}, headers={"Idempotency-Key": "tx-frozen-1"})
+            assert retry.status_code == 201 and "idempotent-replayed" not in retry.headers
+            assert counts() == (1, 1)
+        await store.close()
+
+    asyncio.run(scenario())
+
+
+def test_transactional_claim_on_a_frozen_server_fails_in_time(server: PgServer) -> None:
+    store = PostgresStore(server.dsn, timeout=TIMEOUT, lock_timeout=0.5)
+    try:
+        store.get(scope_key())
+        pids = server.freeze()
+        try:
+            session = store.transaction()
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable):
+                session.claim(scope_key(), "v1:" + "2" * 64, token(), 5000, 60_000)
+            assert time.monotonic() - started < TIMEOUT + 0.5 + 1
+            session.close()
+            assert not session.open and not session.committed
+        finally:
+            server.thaw(pids)
+        session = store.transaction()
+        result = session.claim(scope_key(), "v1:" + "2" * 64, token(), 5000, 60_000)
+        assert type(result).__name__ == "Claimed" and session.open
+        session.close()
+    finally:
+        store.close()
