@@ -13,6 +13,9 @@
  * handlers. A 5xx that an error handler (or Express's default one) writes while the handler's
  * response is being captured follows the response caching policy (released, or stored with
  * `storeServerErrors`). `idempotencyErrorHandler()` is kept for compatibility and is optional.
+ *
+ * Transactional mode (`transactional: true`): the handler finds its open transaction in
+ * `req.idempotency.tx` or `currentTransaction()`; the captured response is sent after `COMMIT`.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { ConfigError } from '../errors';
@@ -20,6 +23,8 @@ import { admitRequest, Prepared } from './options';
 import type { IdempotencyOptions } from './options';
 import type { ExecutionContext, FlowEnd, HttpResponse, Session } from './session';
 import { IdempotencyEvents } from './session';
+import { txStorage } from './tx';
+import type { TxHolder } from './tx';
 
 type Next = (err?: unknown) => void;
 interface Req extends IncomingMessage {
@@ -90,6 +95,8 @@ interface RequestState {
   route: string;
   /** Reports a handler error to the flow and continues as core decides. */
   onError: (err: unknown, res: Res, next: Next) => void;
+  /** Transactional mode: what `currentTransaction()` answers (cleared when the flow ends). */
+  holder?: TxHolder;
 }
 
 /** Reads the whole request body, at most `limit` bytes (`null`: over the limit). */
@@ -206,6 +213,7 @@ export function idempotency(options: IdempotencyOptions<IncomingMessage>): Idemp
   const finishWith = (res: Res, st: RequestState, end: FlowEnd, next: Next, err?: unknown): void => {
     st.done = true;
     st.restore();
+    if (st.holder) st.holder.tx = null;
     if (end.kind === 'respond') {
       emitOutcome(st.method, st.route, end.outcome, end.response.status, st.started);
       send(res, end.response);
@@ -289,6 +297,7 @@ export function idempotency(options: IdempotencyOptions<IncomingMessage>): Idemp
           .catch((e: unknown) => {
             st.done = true;
             st.restore();
+            if (st.holder) st.holder.tx = null;
             n(e);
           });
       },
@@ -304,9 +313,17 @@ export function idempotency(options: IdempotencyOptions<IncomingMessage>): Idemp
         .catch((e: unknown) => {
           st.done = true;
           st.restore();
+          if (st.holder) st.holder.tx = null;
           next(e);
         });
     });
+    if (a.context.tx !== undefined) {
+      // Transactional: the handler (and everything it awaits) sees its transaction.
+      const holder: TxHolder = { tx: a.context.tx };
+      st.holder = holder;
+      txStorage.run(holder, () => next());
+      return;
+    }
     next();
   }) as unknown as IdempotencyMiddleware;
   const wrapped = ((req: IncomingMessage, res: ServerResponse, next: Next) => {

@@ -4,12 +4,16 @@
  * The plugin keeps the raw body of JSON (and other) requests for the fingerprint, runs core's
  * flow in a `preHandler` hook (answering replays, 409, 422, 400, 503 itself), records the
  * handler's response in `onSend` (the stored copy is exactly what is sent), and reports handler
- * errors in `onError`. Route templates come from Fastify (`/payments/:id`).
+ * errors in `onError`. Route templates come from Fastify (`/payments/:id`). In transactional
+ * mode the handler finds its open transaction in `request.idempotency.tx` or
+ * `currentTransaction()`, and the reply is sent after `COMMIT`.
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { admitRequest, Prepared } from './options';
 import type { IdempotencyOptions } from './options';
 import type { ExecutionContext, FlowEnd, HttpResponse, Session } from './session';
+import { txStorage } from './tx';
+import type { TxHolder } from './tx';
 
 const STATE = Symbol('idempo.fastify');
 
@@ -20,6 +24,8 @@ interface State {
   started: number;
   route: string;
   method: string;
+  /** Transactional mode: what `currentTransaction()` answers (cleared when the flow ends). */
+  holder?: TxHolder;
 }
 
 type Req = FastifyRequest & { rawBody?: Buffer; idempotency?: ExecutionContext; [STATE]?: State; [BAD_JSON]?: Error };
@@ -115,13 +121,24 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
       return reply.send(apply(reply, a.response));
     }
     req.idempotency = a.context;
-    req[STATE] = { session: admitted.session, done: false, started, route, method };
+    const st: State = { session: admitted.session, done: false, started, route, method };
+    if (a.context.tx !== undefined) st.holder = { tx: a.context.tx };
+    req[STATE] = st;
+  });
+
+  // Transactional mode: the handler runs inside the storage (a callback hook, so the handler's
+  // whole async chain starts from it and sees its transaction).
+  app.addHook('preHandler', (request, _reply, done) => {
+    const holder = (request as Req)[STATE]?.holder;
+    if (holder) txStorage.run(holder, done);
+    else done();
   });
 
   app.addHook('onError', async (request, _reply, error) => {
     const st = (request as Req)[STATE];
     if (!st || st.done || st.end) return;
     st.end = await st.session.fail(!p.isSideEffectFree(error));
+    if (st.holder) st.holder.tx = null;
   });
 
   app.addHook('onSend', async (request, reply, payload) => {
@@ -134,6 +151,7 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
       const redacted = options.redact?.(live);
       end = await st.session.finish(redacted ? { ...live, bodyToStore: redacted } : live);
     }
+    if (st.holder) st.holder.tx = null;
     if (end.kind === 'propagate') {
       emit(st, end.outcome, reply.statusCode);
       return payload;

@@ -5,3 +5,4 @@ export type { FastifyIdempotencyOptions } from './fastify';
 export type { IdempotencyOptions } from './options';
 export { IdempotencyEvents, Session } from './session';
 export type { ExecutionContext, HandlerResult, HttpResponse, IdempotencyEventMap, FlowEnd } from './session';
+export { currentTransaction } from './tx';

@@ -1,9 +1,10 @@
 /** Options shared by the Express middleware and the Fastify plugin, and the request admission. */
 import native = require('../native');
-import { CanonicalizationError, fromNative } from '../errors';
+import { CanonicalizationError, fromNative, TransactionalUnsupportedError } from '../errors';
 import { Fingerprinter } from '../fingerprint';
 import type { NumberMode } from '../core';
 import type { IdempotencyStore } from '../stores/types';
+import { supportsTransactions } from '../stores/types';
 import { IdempotencyEvents, Session, toHttp } from './session';
 import type { HttpResponse } from './session';
 
@@ -61,6 +62,15 @@ export interface IdempotencyOptions<Req = unknown> {
   storeTimeoutMs?: number;
   /** Event emitter for metrics (one is created when omitted). */
   events?: IdempotencyEvents;
+  /**
+   * Transactional mode (`spec/STORAGE.md` §4.4): the claim, the handler's writes (through
+   * `req.idempotency.tx` or `currentTransaction()`) and the completion commit in one database
+   * transaction, and the response is sent after the commit. A handler error, or a response the
+   * policy does not store, rolls everything back. Needs `PostgresStore` or `SqliteStore`
+   * (`TransactionalUnsupportedError` otherwise); heartbeats are off (the claim is invisible to
+   * others until it commits).
+   */
+  transactional?: boolean;
 }
 
 /** The prepared configuration of one integration. */
@@ -90,6 +100,15 @@ export class Prepared<Req> {
     if (o.redact) c.redactionHook = true;
     if (o.inFlightRetryAfterMs !== undefined) c.inFlightRetryAfterMs = o.inFlightRetryAfterMs;
     if (o.unavailableRetryAfterMs !== undefined) c.unavailableRetryAfterMs = o.unavailableRetryAfterMs;
+    if (o.transactional) {
+      if (!supportsTransactions(o.store)) {
+        throw new TransactionalUnsupportedError(
+          `transactional: true needs a store that runs the handler in its transaction (PostgresStore or SqliteStore), not ${o.store.kind}`,
+        );
+      }
+      // An uncommitted claim is invisible to others: there is no lease to keep alive.
+      c.noHeartbeat = true;
+    }
     try {
       this.config = new native.FlowConfig(c);
     } catch (e) {
@@ -198,6 +217,7 @@ export function admitRequest<Req>(p: Prepared<Req>, f: RequestFacts): Admitted {
     throw e;
   }
   const scope = native.scopeId(f.principal, f.method, f.route, k.key);
+  const tx = p.o.transactional && supportsTransactions(p.o.store) ? p.o.store.transaction() : undefined;
   const session = new Session({
     store: p.o.store,
     config: p.config,
@@ -206,6 +226,7 @@ export function admitRequest<Req>(p: Prepared<Req>, f: RequestFacts): Admitted {
     storeTimeoutMs: p.o.storeTimeoutMs ?? 5000,
     events: p.events,
     route: f.route,
+    ...(tx ? { tx } : {}),
   });
   return { kind: 'session', session, key: k.key };
 }

@@ -7,7 +7,7 @@ import { randomBytes } from 'node:crypto';
 import { EventEmitter } from 'node:events';
 import native = require('../native');
 import { fromNative } from '../errors';
-import type { IdempotencyStore, StoreRecord } from '../stores/types';
+import type { IdempotencyStore, StoreRecord, TransactionSession } from '../stores/types';
 
 /** A response as the host sends it. */
 export interface HttpResponse {
@@ -30,6 +30,11 @@ export interface ExecutionContext {
   downstreamKey: string;
   /** Aborted when another request took the key over (the lease was lost). */
   signal: AbortSignal;
+  /**
+   * Transactional mode only: the connection with the request's transaction open (a `pg` client,
+   * or the better-sqlite3 database). Write through it; idempo commits with the record.
+   */
+  tx?: unknown;
 }
 
 /** Events emitted for metrics and logs (never request bodies or raw keys). */
@@ -93,6 +98,8 @@ export interface SessionOptions {
   storeTimeoutMs: number;
   events: IdempotencyEvents;
   route: string;
+  /** Transactional mode: this request's session (it replaces `store` for every primitive). */
+  tx?: TransactionSession;
 }
 
 /**
@@ -107,9 +114,11 @@ export class Session {
   #heartbeatMs: number | undefined;
   readonly #abort = new AbortController();
   #ended = false;
+  readonly #store: IdempotencyStore;
 
   constructor(o: SessionOptions) {
     this.#o = o;
+    this.#store = o.tx ?? o.store;
     try {
       this.#flow = new native.ServerFlow(o.config, o.scope, o.fingerprint, randomBytes(16));
     } catch (e) {
@@ -135,7 +144,7 @@ export class Session {
   }
 
   async #execStore(a: native.FlowAction): Promise<native.FlowAction> {
-    const s = this.#o.store;
+    const s = this.#store;
     const ms = this.#o.storeTimeoutMs;
     const op = a.op ?? '';
     const scope = a.scope as Buffer;
@@ -193,31 +202,67 @@ export class Session {
     return cur;
   }
 
-  #end(a: native.FlowAction): FlowEnd {
+  async #end(a: native.FlowAction): Promise<FlowEnd> {
     this.#stopHeartbeat();
     this.#ended = true;
-    if (a.type === 'respond') return { kind: 'respond', response: toHttp(a.http as native.HttpResponseData), outcome: a.outcome ?? '' };
-    if (a.type === 'propagate_error') return { kind: 'propagate', outcome: a.outcome ?? '' };
-    throw new Error(`idempo: the flow ended with an unexpected action ${a.type}`);
+    let end: FlowEnd;
+    if (a.type === 'respond') end = { kind: 'respond', response: toHttp(a.http as native.HttpResponseData), outcome: a.outcome ?? '' };
+    else if (a.type === 'propagate_error') end = { kind: 'propagate', outcome: a.outcome ?? '' };
+    else throw new Error(`idempo: the flow ended with an unexpected action ${a.type}`);
+    const tx = this.#o.tx;
+    if (tx) {
+      if (end.kind === 'respond' && !tx.committed && (end.outcome === 'completion_failed' || end.outcome === 'lease_lost')) {
+        // The handler's response cannot be sent: its writes were rolled back with the record.
+        end = {
+          kind: 'respond',
+          outcome: end.outcome,
+          response: toHttp(
+            native.problemResponse(
+              'store_unavailable',
+              'The transaction was not committed: the request had no effect and nothing was recorded. Retry with the same key.',
+              null,
+              this.#o.config.unavailableRetryAfterMs,
+            ),
+          ),
+        };
+      }
+      try {
+        await tx.finish();
+      } catch (error) {
+        this.#o.events.emit('store_error', { op: 'commit', error });
+      } finally {
+        await tx.close();
+      }
+    }
+    return end;
+  }
+
+  /** Runs a step; on a failure the transaction (if any) is rolled back before rethrowing. */
+  async #guarded<T>(f: () => Promise<T>): Promise<T> {
+    try {
+      return await f();
+    } catch (e) {
+      await this.#o.tx?.close();
+      throw e;
+    }
   }
 
   /** Claims the key: run the handler, or answer at once (replay, 409, 422, 503...). */
   admit(): Promise<Admission> {
-    return this.#serial(async () => {
+    return this.#serial(() => this.#guarded(async () => {
       const first = this.#feed(() => this.#flow.start());
       const a = await this.#settle(first);
       if (a.type === 'run_handler') {
         this.#heartbeatMs = a.heartbeatMs;
         this.#scheduleHeartbeat();
-        return {
-          kind: 'run' as const,
-          context: { generation: a.generation as number, downstreamKey: a.downstreamKey as string, signal: this.#abort.signal },
-        };
+        const context: ExecutionContext = { generation: a.generation as number, downstreamKey: a.downstreamKey as string, signal: this.#abort.signal };
+        if (this.#o.tx) context.tx = this.#o.tx.tx;
+        return { kind: 'run' as const, context };
       }
-      const end = this.#end(a);
+      const end = await this.#end(a);
       if (end.kind !== 'respond') throw new Error('idempo: admission ended without a response');
       return end;
-    });
+    }));
   }
 
   #scheduleHeartbeat(): void {
@@ -241,20 +286,28 @@ export class Session {
   /** The handler returned: record it (per core's policy) and get the response to send. */
   finish(result: HandlerResult): Promise<FlowEnd> {
     this.#stopHeartbeat();
-    return this.#serial(async () => {
-      const a = this.#feed(() =>
-        this.#flow.handlerFinished(result.status, result.headers, result.body, result.bodyToStore ?? null),
-      );
-      return this.#end(await this.#settle(a));
-    });
+    return this.#serial(() =>
+      this.#guarded(async () => {
+        const a = this.#feed(() =>
+          this.#flow.handlerFinished(result.status, result.headers, result.body, result.bodyToStore ?? null),
+        );
+        return this.#end(await this.#settle(a));
+      }),
+    );
   }
 
-  /** The handler threw. `maybeSideEffect`: it may have acted before failing. */
+  /**
+   * The handler threw. `maybeSideEffect`: it may have acted before failing. In transactional mode
+   * its writes are rolled back with the claim, so it certainly had no effect: core releases.
+   */
   fail(maybeSideEffect: boolean): Promise<FlowEnd> {
     this.#stopHeartbeat();
-    return this.#serial(async () => {
-      const a = this.#feed(() => this.#flow.handlerFailed(maybeSideEffect));
-      return this.#end(await this.#settle(a));
-    });
+    const effect = this.#o.tx ? false : maybeSideEffect;
+    return this.#serial(() =>
+      this.#guarded(async () => {
+        const a = this.#feed(() => this.#flow.handlerFailed(effect));
+        return this.#end(await this.#settle(a));
+      }),
+    );
   }
 }

@@ -1,10 +1,10 @@
 export * from './types';
 export { MemoryStore } from './memory';
 export type { MemoryStoreOptions } from './memory';
-export { SqliteStore, SQLITE_SCHEMA } from './sqlite';
+export { SqliteStore, SqliteTransaction, SQLITE_SCHEMA } from './sqlite';
 export type { SqliteStoreOptions } from './sqlite';
-export { PostgresStore, POSTGRES_SCHEMA, postgresSchema } from './postgres';
-export type { PostgresStoreOptions } from './postgres';
+export { PostgresStore, PostgresTransaction, POSTGRES_SCHEMA, postgresSchema } from './postgres';
+export type { PostgresStoreOptions, PgPoolLike } from './postgres';
 export { RedisStore, REDIS_SCRIPTS } from './redis';
 export type { RedisStoreOptions } from './redis';
 export { CachedStore } from './cached';

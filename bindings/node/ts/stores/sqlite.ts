@@ -1,7 +1,7 @@
 import type BetterSqlite3 from 'better-sqlite3';
 import { StoreUnavailableError } from '../errors';
-import type { ClaimResult, ClockOverride, GetResult, IdempotencyStore, PurgeCounts, PurgeOptions, StoreRecord } from './types';
-import { asBuffer, checkKeyAndToken } from './types';
+import type { ClaimResult, ClockOverride, GetResult, PurgeCounts, PurgeOptions, StoreRecord, TransactionalStore, TransactionSession } from './types';
+import { asBuffer, checkKeyAndToken, lockWaitExpired } from './types';
 
 /** The SQLite schema of `spec/STORAGE.md` §7 (§4.1 with SQLite types, `WITHOUT ROWID`). */
 export const SQLITE_SCHEMA = `
@@ -65,8 +65,19 @@ export interface SqliteStoreOptions {
   busyTimeoutMs?: number;
   /** Create the table and index if missing (default true). */
   createSchema?: boolean;
+  /**
+   * Transactional mode: how long a request waits for another transactional request of this
+   * process to finish with the connection (default 2000 ms). A claim that waits longer is answered
+   * 409 with `Retry-After`; any other operation fails with `STORE_UNAVAILABLE` (503).
+   */
+  lockTimeoutMs?: number;
   /** Clock override for conformance runs only. */
   clock?: ClockOverride;
+}
+
+/** A request waiting for the connection held by a transactional session. */
+interface Waiter {
+  wake: () => void;
 }
 
 interface Row {
@@ -95,11 +106,23 @@ function toRecord(r: Row): StoreRecord | null {
 
 type Statements = { [K in keyof typeof SQL]: BetterSqlite3.Statement };
 
+/** What a {@link SqliteTransaction} needs from its store (kept off the public surface). */
+interface SqliteInternals {
+  stmts: Statements;
+  now: () => number | null;
+  hold: (owner: object, deadline: number) => Promise<boolean>;
+  free: (owner: object) => void;
+}
+
 /**
  * The embedded default store (better-sqlite3): WAL, `synchronous=FULL`, `busy_timeout`, every
  * primitive in `BEGIN IMMEDIATE`, times from SQLite's clock (`julianday('now')`). One host only.
+ *
+ * Transactional mode (`transaction()`) runs the handler inside the store's own connection's
+ * transaction; while one is open, the store's other operations of this process wait for it (at
+ * most `lockTimeoutMs`), as SQLite has one writer anyway.
  */
-export class SqliteStore implements IdempotencyStore {
+export class SqliteStore implements TransactionalStore {
   readonly kind = 'sqlite';
   readonly db: BetterSqlite3.Database;
   readonly #owned: boolean;
@@ -109,6 +132,11 @@ export class SqliteStore implements IdempotencyStore {
     claim: (p: Record<string, unknown>) => ClaimResult;
     purge: (p: Record<string, unknown>) => PurgeCounts;
   };
+  /** Transactional mode lock wait, ms. */
+  readonly lockTimeoutMs: number;
+  /** The transactional session holding the connection, or null. */
+  #holder: object | null = null;
+  #waiters: Waiter[] = [];
 
   constructor(options: SqliteStoreOptions = {}) {
     if (options.database) {
@@ -154,6 +182,48 @@ export class SqliteStore implements IdempotencyStore {
       return c;
     });
     this.#tx = { claim: (p) => claim.immediate(p), purge: (p) => purge.immediate(p) };
+    const lt = options.lockTimeoutMs ?? 2000;
+    if (!Number.isFinite(lt) || lt <= 0) throw new RangeError(`lockTimeoutMs must be a positive number of ms, got ${lt}`);
+    this.lockTimeoutMs = lt;
+  }
+
+  /** Waits for the next release of the connection; false past `deadline`. */
+  #waitRelease(deadline: number): Promise<boolean> {
+    const left = deadline - Date.now();
+    if (left <= 0) return Promise.resolve(false);
+    return new Promise<boolean>((resolve) => {
+      const w: Waiter = {
+        wake: () => {
+          clearTimeout(t);
+          resolve(true);
+        },
+      };
+      const t = setTimeout(() => {
+        this.#waiters = this.#waiters.filter((x) => x !== w);
+        resolve(false);
+      }, left);
+      this.#waiters.push(w);
+    });
+  }
+
+  /**
+   * Takes the connection for a transactional session, waiting at most until `deadline`. The
+   * check and the take happen in one synchronous step, so two sessions never both hold it.
+   */
+  async #hold(owner: object, deadline: number): Promise<boolean> {
+    for (;;) {
+      if (this.#holder === null) {
+        this.#holder = owner;
+        return true;
+      }
+      if (!(await this.#waitRelease(deadline))) return false;
+    }
+  }
+
+  #free(owner: object): void {
+    if (this.#holder !== owner) return;
+    this.#holder = null;
+    for (const w of this.#waiters.splice(0)) w.wake();
   }
 
   #now(): number | null {
@@ -166,12 +236,33 @@ export class SqliteStore implements IdempotencyStore {
   }
 
   #wrap<T>(f: () => T): Promise<T> {
+    if (this.#holder !== null) return this.#wrapLater(f, Date.now() + this.lockTimeoutMs);
     try {
       return Promise.resolve(f());
     } catch (e) {
       if (e instanceof RangeError || e instanceof StoreUnavailableError) return Promise.reject(e);
       return Promise.reject(new StoreUnavailableError(`SQLite error: ${(e as Error).message}`, { cause: e }));
     }
+  }
+
+  /** A transactional request holds the connection: runs `f` once it is free, never inside it. */
+  async #wrapLater<T>(f: () => T, deadline: number): Promise<T> {
+    while (this.#holder !== null) {
+      if (!(await this.#waitRelease(deadline))) {
+        throw new StoreUnavailableError(`SQLite: a transactional request held the connection for over ${this.lockTimeoutMs} ms`);
+      }
+    }
+    return this.#wrap(f);
+  }
+
+  /** A transactional session for one request (see {@link SqliteTransaction}). */
+  transaction(): SqliteTransaction {
+    return new SqliteTransaction(this, {
+      stmts: this.#stmts,
+      now: () => this.#now(),
+      hold: (owner, deadline) => this.#hold(owner, deadline),
+      free: (owner) => this.#free(owner),
+    });
   }
 
   claim(scopeKey: Uint8Array, fingerprint: string, token: Uint8Array, leaseMs: number, ttlMs: number): Promise<ClaimResult> {
@@ -241,6 +332,175 @@ export class SqliteStore implements IdempotencyStore {
 
   close(): Promise<void> {
     if (this.#owned && this.db.open) this.db.close();
+    return Promise.resolve();
+  }
+}
+
+/**
+ * One request's transactional session on a {@link SqliteStore} (`store.transaction()`): `claim`
+ * waits for the connection (at most `lockTimeoutMs`, else an in-flight answer: 409), runs `BEGIN
+ * IMMEDIATE` and the claim; the handler writes through {@link SqliteTransaction.tx} (the store's
+ * better-sqlite3 database) inside that transaction; `complete` writes the record and commits,
+ * `release` rolls back. Another process holding the write lock past `busy_timeout` also counts as
+ * in flight.
+ */
+export class SqliteTransaction implements TransactionSession {
+  readonly kind = 'sqlite';
+  readonly store: SqliteStore;
+  readonly #i: SqliteInternals;
+  #open = false;
+  #committed = false;
+
+  constructor(store: SqliteStore, internals: SqliteInternals) {
+    this.store = store;
+    this.#i = internals;
+  }
+
+  /** The better-sqlite3 database with the transaction open (null outside it). */
+  get tx(): BetterSqlite3.Database | null {
+    return this.#open ? this.store.db : null;
+  }
+
+  get committed(): boolean {
+    return this.#committed;
+  }
+
+  #run<T>(f: () => T): Promise<T> {
+    try {
+      return Promise.resolve(f());
+    } catch (e) {
+      // A failed statement ends the transaction: nothing of it survives.
+      this.#end(false);
+      if (e instanceof RangeError || e instanceof StoreUnavailableError) return Promise.reject(e);
+      return Promise.reject(new StoreUnavailableError(`SQLite error: ${(e as Error).message}`, { cause: e }));
+    }
+  }
+
+  #end(commit: boolean): void {
+    if (!this.#open) return;
+    const db = this.store.db;
+    this.#open = false;
+    try {
+      if (db.inTransaction) db.exec(commit ? 'COMMIT' : 'ROLLBACK');
+      if (commit) this.#committed = true;
+    } finally {
+      if (db.inTransaction) {
+        try {
+          db.exec('ROLLBACK');
+        } catch {
+          /* nothing open */
+        }
+      }
+      this.#i.free(this);
+    }
+  }
+
+  /** Waits for the connection, `BEGIN IMMEDIATE`, then primitive 1 inside the transaction. */
+  async claim(scopeKey: Uint8Array, fingerprint: string, token: Uint8Array, leaseMs: number, ttlMs: number): Promise<ClaimResult> {
+    checkKeyAndToken(scopeKey, token);
+    const now = () => this.#i.now() ?? Date.now();
+    if (!this.#open) {
+      if (!(await this.#i.hold(this, Date.now() + this.store.lockTimeoutMs))) {
+        return lockWaitExpired(fingerprint, now(), this.store.lockTimeoutMs);
+      }
+      try {
+        this.store.db.exec('BEGIN IMMEDIATE');
+      } catch (e) {
+        this.#i.free(this);
+        if ((e as { code?: unknown }).code === 'SQLITE_BUSY') return lockWaitExpired(fingerprint, now(), this.store.lockTimeoutMs);
+        throw new StoreUnavailableError(`SQLite error: ${(e as Error).message}`, { cause: e });
+      }
+      this.#open = true;
+    }
+    return this.#run(() => {
+      const p = { scope: asBuffer(scopeKey), fp: fingerprint, token: asBuffer(token), lease: leaseMs, ttl: ttlMs, now: this.#i.now() };
+      const ins = this.#i.stmts.claim.get(p) as { generation: number; now_ms: number } | undefined;
+      if (ins) return { claimed: true as const, generation: ins.generation, nowMs: ins.now_ms };
+      const row = this.#i.stmts.get.get(p) as Row;
+      const record = toRecord(row);
+      if (record === null) throw new StoreUnavailableError('claim conflicted but no row is visible');
+      return { claimed: false as const, record, nowMs: row.now_ms };
+    });
+  }
+
+  /** Primitive 2 (inside the transaction while it is open). */
+  get(scopeKey: Uint8Array): Promise<GetResult> {
+    if (!this.#open) return this.store.get(scopeKey);
+    return this.#run(() => {
+      checkKeyAndToken(scopeKey);
+      const row = this.#i.stmts.get.get({ scope: asBuffer(scopeKey), now: this.#i.now() }) as Row;
+      return { record: toRecord(row), nowMs: row.now_ms };
+    });
+  }
+
+  /** Primitive 3 inside the transaction. */
+  takeover(scopeKey: Uint8Array, seenToken: Uint8Array, newToken: Uint8Array, leaseMs: number): Promise<number | null> {
+    if (!this.#open) return this.store.takeover(scopeKey, seenToken, newToken, leaseMs);
+    return this.#run(() => {
+      checkKeyAndToken(scopeKey, seenToken, newToken);
+      const p = { scope: asBuffer(scopeKey), seen: asBuffer(seenToken), new: asBuffer(newToken), lease: leaseMs, now: this.#i.now() };
+      const r = this.#i.stmts.takeover.get(p) as { generation: number } | undefined;
+      return r ? r.generation : null;
+    });
+  }
+
+  /** Primitive 4 inside the transaction. */
+  markUnknown(scopeKey: Uint8Array, seenToken: Uint8Array, ttlMs: number): Promise<boolean> {
+    if (!this.#open) return this.store.markUnknown(scopeKey, seenToken, ttlMs);
+    return this.#run(() => {
+      checkKeyAndToken(scopeKey, seenToken);
+      return this.#i.stmts.markUnknown.run({ scope: asBuffer(scopeKey), seen: asBuffer(seenToken), ttl: ttlMs, now: this.#i.now() }).changes === 1;
+    });
+  }
+
+  /** Primitive 5, then `COMMIT` (`ROLLBACK` when the token is not ours). */
+  complete(scopeKey: Uint8Array, token: Uint8Array, response: Uint8Array, ttlMs: number): Promise<boolean> {
+    if (!this.#open) return this.store.complete(scopeKey, token, response, ttlMs);
+    return this.#run(() => {
+      checkKeyAndToken(scopeKey, token);
+      const applied =
+        this.#i.stmts.complete.run({ scope: asBuffer(scopeKey), token: asBuffer(token), response: asBuffer(response), ttl: ttlMs, now: this.#i.now() })
+          .changes === 1;
+      this.#end(applied);
+      return applied;
+    });
+  }
+
+  /** `ROLLBACK`: the claim and the handler's writes vanish together. */
+  release(scopeKey: Uint8Array, token: Uint8Array): Promise<boolean> {
+    if (!this.#open) return this.store.release(scopeKey, token);
+    return this.#run(() => {
+      checkKeyAndToken(scopeKey, token);
+      this.#end(false);
+      return true;
+    });
+  }
+
+  /** Primitive 7 inside the transaction. */
+  renew(scopeKey: Uint8Array, token: Uint8Array, leaseMs: number): Promise<boolean> {
+    if (!this.#open) return this.store.renew(scopeKey, token, leaseMs);
+    return this.#run(() => {
+      checkKeyAndToken(scopeKey, token);
+      return this.#i.stmts.renew.run({ scope: asBuffer(scopeKey), token: asBuffer(token), lease: leaseMs, now: this.#i.now() }).changes === 1;
+    });
+  }
+
+  purgeExpired(options?: PurgeOptions): Promise<PurgeCounts> {
+    return this.store.purgeExpired(options);
+  }
+
+  /** Commits what is still open (a flow that ended without `complete`). */
+  finish(): Promise<void> {
+    return this.#run(() => this.#end(true));
+  }
+
+  /** Rolls back what is still open and frees the connection. */
+  close(): Promise<void> {
+    try {
+      this.#end(false);
+    } catch {
+      /* the rollback failed: SQLite ends the transaction with the statement */
+    }
     return Promise.resolve();
   }
 }
