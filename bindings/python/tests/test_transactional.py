@@ -350,3 +350,50 @@ def test_worker_killed_mid_handler_leaves_nothing_and_a_retry_runs_once(
     assert answer["seconds"] < 1.5
     assert bench.counts() == (1, 1)
     asyncio.run(bench.close())
+
+
+@pytest.mark.parametrize("store_kind", ["postgres", "sqlite"])
+def test_concurrent_duplicates_in_threads_through_wsgi(
+    store_kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Eight threads, one key, the WSGI middleware and a sync store: one business row; the
+    others waited on the lock and replayed."""
+    import sqlite3
+    import threading
+
+    from werkzeug.test import Client
+
+    from idempo.wsgi import IdempotencyMiddleware as WsgiMiddleware
+
+    bench = Bench(store_kind, tmp_path, dsn_for(store_kind, request))
+
+    def app(environ: Dict[str, Any], start_response: Any) -> List[bytes]:
+        execution = environ["idempo.execution"]
+        conn = execution.transaction.connection
+        assert execution.transaction is idempo.current_transaction()
+        mark = "?" if isinstance(conn, sqlite3.Connection) else "%s"
+        conn.execute(f"INSERT INTO tx_payment (note) VALUES ({mark})", ("thread",))
+        time.sleep(0.2)
+        start_response("201 Created", [("content-type", "application/json")])
+        return [b'{"ok": true}']
+
+    wsgi = WsgiMiddleware(app, store=bench.store, transactional=True)
+    barrier = threading.Barrier(8)
+    answers: List[Tuple[int, Any]] = []
+    lock = threading.Lock()
+
+    def worker() -> None:
+        barrier.wait()
+        r = Client(wsgi).post("/pay", json={"n": 1}, headers={"Idempotency-Key": "thread-key-1"})
+        with lock:
+            answers.append((r.status_code, r.headers.get("idempotent-replayed")))
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(answers) == 8
+    assert bench.counts() == (1, 1)
+    assert sorted(answers, key=str) == sorted([(201, None)] + [(201, "true")] * 7, key=str)
+    asyncio.run(bench.close())

@@ -2,7 +2,9 @@
 
 ``MemoryStore`` and ``SQLiteStore`` need nothing beyond the standard library;
 ``PostgresStore`` needs psycopg 3 and ``RedisStore``/``CachedStore`` need redis-py, imported on
-first use. Every store has an asyncio twin (``Async...``).
+first use. Every store has an asyncio twin (``Async...``). The SQL stores also open transactional sessions
+(``store.transaction()``: :class:`PostgresTransaction`, :class:`SQLiteTransaction`) for
+transactional mode, where the handler's writes commit with the record.
 
 Cleanup: ``store.purge_expired(batch=1000)`` deletes up to one batch of expired records (earliest
 expiry first) and returns :class:`PurgeCounts` per state; :func:`purge_all` repeats it until a batch
@@ -35,16 +37,24 @@ from idempo.stores._base import (
     purge_all_async,
 )
 from idempo.stores.memory import AsyncMemoryStore, MemoryStore
-from idempo.stores.sqlite import AsyncSQLiteStore, SQLiteStore
+from idempo.stores.sqlite import AsyncSQLiteStore, SQLiteStore, SQLiteTransaction
+from idempo.stores._tx import ThreadedSession, Transaction
 
 if TYPE_CHECKING:
     from idempo.stores.cached import AsyncCachedStore, CachedStore
-    from idempo.stores.postgres import AsyncPostgresStore, PostgresStore
+    from idempo.stores.postgres import (
+        AsyncPostgresStore,
+        AsyncPostgresTransaction,
+        PostgresStore,
+        PostgresTransaction,
+    )
     from idempo.stores.redis import AsyncRedisStore, RedisStore
 
 _LAZY = {
     "PostgresStore": "idempo.stores.postgres",
     "AsyncPostgresStore": "idempo.stores.postgres",
+    "PostgresTransaction": "idempo.stores.postgres",
+    "AsyncPostgresTransaction": "idempo.stores.postgres",
     "RedisStore": "idempo.stores.redis",
     "AsyncRedisStore": "idempo.stores.redis",
     "CachedStore": "idempo.stores.cached",
@@ -66,6 +76,7 @@ __all__ = [
     "AsyncCachedStore",
     "AsyncMemoryStore",
     "AsyncPostgresStore",
+    "AsyncPostgresTransaction",
     "AsyncRedisStore",
     "AsyncSQLiteStore",
     "AsyncStore",
@@ -75,10 +86,14 @@ __all__ = [
     "Existing",
     "MemoryStore",
     "PostgresStore",
+    "PostgresTransaction",
     "PurgeCounts",
     "Purger",
     "RedisStore",
     "SQLiteStore",
+    "SQLiteTransaction",
+    "ThreadedSession",
+    "Transaction",
     "Store",
     "StoredRecord",
     "purge_all",

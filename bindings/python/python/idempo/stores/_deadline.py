@@ -67,6 +67,14 @@ class Watchdog:
         self._thread: Optional[threading.Thread] = None
         self._pid = 0
 
+    def after_fork(self) -> None:
+        """Forgets the parent's thread and lock in a forked child (the lock may have been held
+        by the parent's watchdog thread at the fork)."""
+        self._cond = threading.Condition(threading.Lock())
+        self._armed = {}
+        self._wake_at = float("inf")
+        self._thread = None
+
     def arm(self, fd: int, timeout: float) -> Ticket:
         """Starts a deadline ``timeout`` seconds from now on socket ``fd``."""
         ticket = Ticket(fd, time.monotonic() + timeout)
@@ -107,3 +115,6 @@ class Watchdog:
 
 WATCHDOG = Watchdog()
 """The process-wide watchdog every PostgreSQL store uses."""
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=WATCHDOG.after_fork)
