@@ -172,6 +172,7 @@ class _Ready:
     opts: RouteOptions
     route: str
     prepared: Prepared
+    key: str
 
 
 class IdempotencyMiddleware:
@@ -214,7 +215,7 @@ class IdempotencyMiddleware:
             config=step.opts.config,
             scope=step.prepared.scope,
             fingerprint=step.prepared.fingerprint,
-            key=step.prepared.key or "",
+            key=step.key,
             route=step.route,
             handler=handler,
             hooks=self.core.hooks,
@@ -245,7 +246,7 @@ class IdempotencyMiddleware:
             config=step.opts.config,
             scope=step.prepared.scope,
             fingerprint=step.prepared.fingerprint,
-            key=step.prepared.key or "",
+            key=step.key,
             route=step.route,
             handler=handler,
             hooks=self.core.hooks,
@@ -297,7 +298,8 @@ class IdempotencyMiddleware:
             return _to_django(prepared.answer)
         if prepared.unprotected:
             return None
-        return _Ready(opts, route, prepared)
+        assert prepared.key is not None  # admitted: neither answered nor unprotected
+        return _Ready(opts, route, prepared, prepared.key)
 
     def _read_body(self, request: Any) -> Tuple[bytes, Optional[int]]:
         """(body, None), or (b"", limit) when the declared or actual length is above a limit
