@@ -296,6 +296,77 @@ for (const [name, kind] of Object.entries(kinds)) {
   });
 }
 
+test('postgres: a handler that swallows a SQL error cannot commit: 503, nothing recorded, the retry runs', { skip: kinds.postgres.skip }, async () => {
+  const k = await kinds.postgres.make();
+  const app = express();
+  let runs = 0;
+  const mw = idempo.idempotency({ store: k.store, transactional: true, unavailableRetryAfterMs: 3000 });
+  const errors = [];
+  mw.events.on('store_error', (e) => errors.push(e.op));
+  app.post('/orders', mw, async (req, res) => {
+    runs++;
+    await k.insert(req.idempotency.tx, req.body.k);
+    if (runs === 1) {
+      // The statement fails and aborts the transaction; the handler carries on regardless.
+      await req.idempotency.tx.query('SELECT 1/0').catch(() => undefined);
+    }
+    res.status(201).json({ run: runs });
+  });
+  const srv = await listen(app);
+  try {
+    const r = await post(srv.url, 'tx-aborted-001', { k: 'z' });
+    assert.equal(r.status, 503);
+    assert.equal(r.headers.get('retry-after'), '3');
+    assert.equal((await r.json()).type, 'urn:idempo:problem:store-unavailable');
+    assert.deepEqual(errors, ['complete']);
+    assert.equal(await k.count('z'), 0);
+    assert.equal(await k.records(), 0);
+    const ok = await post(srv.url, 'tx-aborted-001', { k: 'z' });
+    assert.equal(ok.status, 201);
+    assert.deepEqual(await ok.json(), { run: 2 });
+    assert.equal(await k.count('z'), 1);
+  } finally {
+    await srv.close();
+    await k.cleanup();
+  }
+});
+
+test('sqlite: other requests on the store wait for an open transaction, then run', async () => {
+  const k = await kinds.sqlite.make({ lockTimeoutMs: 5000 });
+  const app = express();
+  let open;
+  const gate = new Promise((r) => {
+    open = r;
+  });
+  app.post('/tx', idempo.idempotency({ store: k.store, transactional: true }), async (req, res) => {
+    await k.insert(req.idempotency.tx, 'held');
+    await gate;
+    res.status(201).json({});
+  });
+  app.post('/plain', idempo.idempotency({ store: k.store }), (req, res) => res.status(201).json({ plain: true }));
+  const srv = await listen(app);
+  try {
+    const held = fetch(`${srv.url}/tx`, { method: 'POST', headers: { 'content-type': 'application/json', 'idempotency-key': 'held-key-0001' }, body: '{}' });
+    await new Promise((r) => setTimeout(r, 100));
+    let plainDone = false;
+    const plain = fetch(`${srv.url}/plain`, { method: 'POST', headers: { 'content-type': 'application/json', 'idempotency-key': 'plain-key-001' }, body: '{}' }).then((r) => {
+      plainDone = true;
+      return r;
+    });
+    await new Promise((r) => setTimeout(r, 150));
+    assert.equal(plainDone, false, 'the plain request waits for the transaction');
+    open();
+    assert.equal((await held).status, 201);
+    const p = await plain;
+    assert.equal(p.status, 201);
+    assert.deepEqual(await p.json(), { plain: true });
+    assert.equal(await k.records(), 2);
+  } finally {
+    await srv.close();
+    await k.cleanup();
+  }
+});
+
 test('transactional: stores that cannot run the handler in their transaction are refused', () => {
   for (const store of [new idempo.MemoryStore()]) {
     assert.throws(

@@ -223,7 +223,9 @@ export function admitRequest<Req>(p: Prepared<Req>, f: RequestFacts): Admitted {
     config: p.config,
     scope,
     fingerprint,
-    storeTimeoutMs: p.o.storeTimeoutMs ?? 5000,
+    // A transactional session bounds every step itself (statement deadlines, the lock wait): an
+    // outer timeout would answer while the step still runs on the transaction's connection.
+    storeTimeoutMs: tx ? 0 : (p.o.storeTimeoutMs ?? 5000),
     events: p.events,
     route: f.route,
     ...(tx ? { tx } : {}),
