@@ -15,6 +15,12 @@ import idempoDefault, {
   idempotency,
   idempotencyPlugin,
   idempotentFetch,
+  currentTransaction,
+  PostgresStore,
+  NoTransactionError,
+  TransactionalUnsupportedError,
+  supportsTransactions,
+  type TransactionSession,
   type IdempotencyStore,
   type ClaimResult,
   type RetryDecision,
@@ -52,4 +58,18 @@ mw.events.on('outcome', (ev) => ev.outcome.length);
 void idempotencyPlugin;
 void idempoDefault.canonicalize;
 const res: Promise<Response> = idempotentFetch('http://127.0.0.1:1/p', { method: 'POST', body: '{}' });
-void [fp2, d, store2, use, res];
+// Transactional mode: the option, the session API and the accessor are typed.
+const sq = new SqliteStore({ filename: ':memory:', lockTimeoutMs: 2000 });
+const txmw = idempotency({ store: sq, transactional: true });
+const session: TransactionSession = sq.transaction();
+const pgs = new PostgresStore({ connectionString: 'postgresql://localhost/x', timeoutMs: 2000, lockTimeoutMs: 1000, onPoolError: (e: Error) => e.message });
+const canTx: boolean = supportsTransactions(store) && supportsTransactions(pgs);
+function inHandler(): unknown {
+  try {
+    return currentTransaction<{ query: (sql: string) => Promise<unknown> }>().query('SELECT 1');
+  } catch (e) {
+    if (e instanceof NoTransactionError || e instanceof TransactionalUnsupportedError) return e.code;
+    throw e;
+  }
+}
+void [fp2, d, store2, use, res, txmw, session.committed, session.tx, canTx, inHandler];
