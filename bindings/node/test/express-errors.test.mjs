@@ -163,6 +163,30 @@ for (const [flavour, express] of Object.entries(flavours)) {
     });
   }
 
+  test(`${flavour}: an error thrown after the response was written keeps the stored response`, async () => {
+    const st = { runs: 0 };
+    const app = express();
+    app.set('env', 'test');
+    app.post('/p', idempo.idempotency({ store: new idempo.MemoryStore(), heartbeatMs: null }), (req, res) => {
+      st.runs++;
+      res.status(201).json({ run: st.runs });
+      throw new Error('after the response');
+    });
+    const srv = await listen(app);
+    try {
+      const a = await post(`${srv.url}/p`, 'late-error-01', {});
+      assert.equal(a.status, 201);
+      assert.deepEqual(await a.json(), { run: 1 });
+      const b = await post(`${srv.url}/p`, 'late-error-01', {});
+      assert.equal(b.status, 201);
+      assert.equal(b.headers.get('idempotent-replayed'), 'true');
+      assert.deepEqual(await b.json(), { run: 1 });
+      assert.equal(st.runs, 1);
+    } finally {
+      await srv.close();
+    }
+  });
+
   test(`${flavour}: the deprecated idempotencyErrorHandler() still works alongside the tap`, async () => {
     const st = { runs: 0 };
     const app = express();

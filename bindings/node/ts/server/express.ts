@@ -97,6 +97,8 @@ interface RequestState {
   onError: (err: unknown, res: Res, next: Next) => void;
   /** Transactional mode: what `currentTransaction()` answers (cleared when the flow ends). */
   holder?: TxHolder;
+  /** The handler's response was captured: the flow already has the handler's end. */
+  captured: boolean;
 }
 
 /** Reads the whole request body, at most `limit` bytes (`null`: over the limit). */
@@ -290,7 +292,11 @@ export function idempotency(options: IdempotencyOptions<IncomingMessage>): Idemp
       started,
       method,
       route,
+      captured: false,
       onError: (err, r, n) => {
+        // An error after the response was written (e.g. `res.json(x); throw e`): the flow has
+        // the response already; the error goes on to the error handlers untouched.
+        if (st.captured) return n(err);
         st.session
           .fail(!p.isSideEffectFree(err))
           .then((end) => finishWith(r, st, end, n, err))
@@ -305,6 +311,7 @@ export function idempotency(options: IdempotencyOptions<IncomingMessage>): Idemp
     req[IDEMPO] = st;
     installErrorTap(req);
     st.restore = capture(res, (handled) => {
+      st.captured = true;
       const redacted = options.redact?.(handled);
       const result = redacted ? { ...handled, bodyToStore: redacted } : handled;
       session
