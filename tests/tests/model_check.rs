@@ -1,5 +1,6 @@
 //! Fast tier of the stateright model (`tests/src/model`): every effect mode's guarantee table,
-//! two scopes under one raw key, handler failures and heartbeats, and the mutation variants.
+//! two scopes under one raw key, handler failures and heartbeats, store faults (P9), a cache in
+//! front of the store (P10), and the mutation variants.
 //!
 //! Each correct configuration is explored exhaustively (breadth-first, one thread) and the test
 //! asserts exactly which safety properties have counterexamples and which witnesses are reached,
@@ -255,6 +256,155 @@ fn mutation_takeover_rerun_with_unkeyed_effect_double_executes() {
         "takeover re-run, unkeyed effect",
         ab(EffectMode::UnkeyedReRun, Bounds::default()),
         &[P1],
+    );
+    assert!(depth > 0);
+}
+
+/// One store fault per run (not applied, or applied with the answer lost), no crash: a record
+/// left by a lost claim or takeover is resolved by its lease, like a crash.
+fn store_faults() -> Bounds {
+    Bounds {
+        store_faults: 1,
+        max_crashes: 0,
+        ..Bounds::default()
+    }
+}
+
+/// A cache in front of the store whose TTL (3 ticks) is longer than the records' (2 ticks), no
+/// crash.
+fn cached() -> Bounds {
+    Bounds {
+        cache: Some(3),
+        max_crashes: 0,
+        ..Bounds::default()
+    }
+}
+
+#[test]
+fn store_faults_fail_closed() {
+    let unique = guarantees(
+        "outcome-unknown A/B, 1 store fault",
+        ab(EffectMode::UnkeyedOutcomeUnknown, store_faults()),
+        &[P8E],
+        &[
+            W_REPLAY,
+            W_IN_FLIGHT,
+            W_MISMATCH,
+            W_OUTCOME_UNKNOWN,
+            W_STALE_REJECTED,
+            W_RERUN_TTL,
+            W_EXHAUSTED,
+            W_STORE_UNAVAILABLE,
+            W_ORPHAN_RESOLVED,
+        ],
+    );
+    assert_eq!(unique, 368_522);
+    let unique = guarantees(
+        "downstream-keyed A/B, 1 store fault",
+        ab(EffectMode::DownstreamKeyed, store_faults()),
+        &[P8E],
+        &[
+            W_REPLAY,
+            W_IN_FLIGHT,
+            W_MISMATCH,
+            W_TAKEOVER,
+            W_STALE_REJECTED,
+            W_RERUN_TTL,
+            W_EXHAUSTED,
+            W_STORE_UNAVAILABLE,
+            W_ORPHAN_RESOLVED,
+        ],
+    );
+    assert_eq!(unique, 660_472);
+    let unique = guarantees(
+        "transactional A/B, 1 store fault, 1 crash",
+        ab(
+            EffectMode::Transactional,
+            Bounds {
+                store_faults: 1,
+                ..Bounds::default()
+            },
+        ),
+        &[],
+        &[
+            W_REPLAY,
+            W_MISMATCH,
+            W_RERUN_TTL,
+            W_EXHAUSTED,
+            W_STORE_UNAVAILABLE,
+        ],
+    );
+    assert_eq!(unique, 104_236);
+}
+
+#[test]
+fn cache_in_front_replays_only_the_live_generation() {
+    let unique = guarantees(
+        "outcome-unknown A/B, cache",
+        ab(EffectMode::UnkeyedOutcomeUnknown, cached()),
+        &[P8E],
+        &[
+            W_REPLAY,
+            W_IN_FLIGHT,
+            W_MISMATCH,
+            W_OUTCOME_UNKNOWN,
+            W_STALE_REJECTED,
+            W_RERUN_TTL,
+            W_EXHAUSTED,
+            W_CACHE_HIT,
+            W_CACHE_MISMATCH,
+        ],
+    );
+    assert_eq!(unique, 133_606);
+    let unique = guarantees(
+        "transactional A/B, cache, 1 crash",
+        ab(
+            EffectMode::Transactional,
+            Bounds {
+                cache: Some(3),
+                ..Bounds::default()
+            },
+        ),
+        &[],
+        &[
+            W_REPLAY,
+            W_MISMATCH,
+            W_RERUN_TTL,
+            W_EXHAUSTED,
+            W_CACHE_HIT,
+            W_CACHE_MISMATCH,
+        ],
+    );
+    assert_eq!(unique, 66_536);
+}
+
+#[test]
+fn mutation_fault_assumed_applied_fails_open() {
+    let depth = mutation(
+        "store fault taken as an applied claim",
+        ab(EffectMode::UnkeyedOutcomeUnknown, store_faults())
+            .with_variant(Variant::FaultAssumedApplied),
+        &[P9],
+    );
+    assert!(depth > 0);
+}
+
+#[test]
+fn mutation_commit_failure_answered_with_the_handler_response() {
+    let depth = mutation(
+        "transactional: handler response after a failed commit",
+        ab(EffectMode::Transactional, store_faults()).with_variant(Variant::CommitFailureAnswered),
+        &[P4],
+    );
+    assert!(depth > 0);
+}
+
+#[test]
+fn mutation_cache_ttl_unbounded_replays_a_dead_generation() {
+    let depth = mutation(
+        "cache TTL not bounded by expires_at",
+        ab(EffectMode::UnkeyedOutcomeUnknown, cached()).with_variant(Variant::CacheTtlUnbounded),
+        &[P10],
     );
     assert!(depth > 0);
 }

@@ -10,14 +10,20 @@
 //!
 //! A [`Variant`] other than [`Variant::Correct`] wraps one core call and mutates its effect, to
 //! show that the properties catch the bug class (see `spec/MODEL.md`).
+//!
+//! Optional parts: store faults ([`Bounds::store_faults`]: a store operation fails, or applies
+//! and its answer is lost, and the flow is fed [`Event::StoreFailed`]) and a cache in front of
+//! the store ([`Bounds::cache`]: copies of completed records that serve replays, `spec/STORAGE.md`
+//! §9).
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use idempo_core::fingerprint::{FingerprintConfig, RequestParts, fingerprint};
+use idempo_core::machine::problem::{ProblemKind, problem_response};
 use idempo_core::machine::store::{self, ClaimOutcome};
 use idempo_core::machine::{
-    Action, DownstreamKey, Event, HandlerResponse, HttpResponse, Outcome, ServerFlow, StoreOp,
-    StoreResult,
+    Action, Decision, DownstreamKey, Event, HandlerResponse, HttpResponse, Outcome, ServerFlow,
+    StoreOp, StoreResult, decide, replay_response,
 };
 use idempo_core::policy::{Config, LeasePolicy, TakeoverPolicy};
 use idempo_core::record::{FencingToken, FingerprintText, Record, RecordState, StoredResponse};
@@ -83,6 +89,14 @@ pub enum Variant {
     /// The record handed to the flow carries the requester's fingerprint: the fingerprint check
     /// is skipped, so a different body under a used key is treated as a retry.
     NoFingerprintCheck,
+    /// A claim whose store call failed is taken as applied (the host assumes a timed-out write
+    /// went through and runs the handler): fail open.
+    FaultAssumedApplied,
+    /// Transactional mode: after a failed `COMMIT` the host sends the handler's response (core's
+    /// `completion_failed` answer) instead of the 503 that a rolled-back or unknown commit needs.
+    CommitFailureAnswered,
+    /// The cache entry's TTL is the cache TTL alone, not bounded by the record's `expires_at`.
+    CacheTtlUnbounded,
 }
 
 /// One modelled client: who it is (principal: its scope) and what it sends.
@@ -116,11 +130,17 @@ pub struct Bounds {
     pub heartbeats: bool,
     /// Whether handlers may fail (with or without a side effect).
     pub failures: bool,
+    /// Store operations that may fail in a run (each either not applied, or applied with the
+    /// answer lost); 0: the store never fails.
+    pub store_faults: u8,
+    /// A cache in front of the store with this entry TTL in ticks (bounded by the record's
+    /// `expires_at` at fill time); `None`: no cache.
+    pub cache: Option<u8>,
 }
 
 impl Default for Bounds {
     /// Two workers, one retry, clock to 3, lease 1, TTL 2, one crash, purge on, no heartbeats,
-    /// no handler failures.
+    /// no handler failures, no store faults, no cache.
     fn default() -> Self {
         Self {
             workers: 2,
@@ -132,6 +152,8 @@ impl Default for Bounds {
             purge: true,
             heartbeats: false,
             failures: false,
+            store_faults: 0,
+            cache: None,
         }
     }
 }
@@ -205,6 +227,34 @@ pub struct Busy {
     pub tx: Option<Tx>,
     /// Check-then-insert mutation: the slot as the read step saw it.
     pub read: Option<Option<Record>>,
+    /// Ghost: the store confirmed this flow's claim or takeover (its answer reached the flow).
+    pub admitted: bool,
+    /// Ghost: a store operation of the admission (claim, get, takeover, mark) failed.
+    pub admission_fault: bool,
+    /// Transactional mode: the host saw its `COMMIT` (the completion) succeed.
+    pub committed: bool,
+}
+
+/// A cached copy of a completed record (`spec/STORAGE.md` §9).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Cached {
+    /// What the cache holds, as the record the host hands to `decide`: fingerprint, generation
+    /// and response of the completed record; `expires_at` is the cache entry's own deadline
+    /// (the cache knows no other), the token is zero.
+    pub record: Record,
+    /// Ghost: generation instance of the record the entry was filled from.
+    pub epoch: u8,
+}
+
+/// How a store step ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Fault {
+    /// The operation applies and its answer reaches the flow.
+    None,
+    /// The operation fails without applying (connection refused, timeout before it ran).
+    Failed,
+    /// The operation applies but its answer is lost (timeout after commit): ambiguous.
+    Lost,
 }
 
 /// An open database transaction (transactional mode): the claim is not visible to others and
@@ -260,6 +310,8 @@ pub struct Ghost {
     pub answered: BTreeMap<(u8, u8), Body>,
     /// Downstream deduplication table (downstream-keyed mode).
     pub downstream: BTreeMap<DownstreamKey, Body>,
+    /// Token of the last flow whose claim or takeover applied with its answer lost (0: none).
+    pub orphan: u8,
     /// Violations seen at transitions (bits of [`props::Check`]).
     pub violated: u32,
     /// Events seen (bits of [`props::Seen`]).
@@ -281,6 +333,10 @@ pub struct World {
     pub next_token: u8,
     /// Crashes so far.
     pub crashes: u8,
+    /// Store faults so far.
+    pub faults: u8,
+    /// The cache in front of the store: one entry per scope index (empty without a cache).
+    pub cache: Vec<Option<Cached>>,
     /// Ghost variables.
     pub ghost: Ghost,
 }
@@ -308,6 +364,12 @@ pub enum Act {
     Tick,
     /// The purge deletes the expired record of this scope.
     Purge(u8),
+    /// The pending store operation of this flow fails without applying.
+    StoreFail(u8),
+    /// The pending store operation of this flow applies, but its answer is lost.
+    StoreLost(u8),
+    /// The host copies the completed record of this scope into the cache.
+    CacheFill(u8),
 }
 
 fn token_bytes(token: u8) -> [u8; 16] {
@@ -321,6 +383,45 @@ fn body_of(bytes: &[u8]) -> Option<Body> {
     match bytes {
         [t, c] => Some((*t, *c)),
         _ => None,
+    }
+}
+
+/// True for core's 503 `store-unavailable` problem with a `Retry-After` header.
+fn is_store_unavailable(response: &HttpResponse) -> bool {
+    let kind = ProblemKind::StoreUnavailable;
+    let type_uri = kind.type_uri();
+    response.status == kind.status()
+        && response
+            .headers
+            .iter()
+            .any(|(n, _)| n.eq_ignore_ascii_case("retry-after"))
+        && response
+            .body
+            .windows(type_uri.len())
+            .any(|w| w == type_uri.as_bytes())
+}
+
+/// Who receives an answer, and what the properties need to know about the request.
+#[derive(Clone, Copy, Debug)]
+struct Who {
+    client: u8,
+    token: u8,
+    epoch: u8,
+    ran_handler: bool,
+    took_over: bool,
+    admission_fault: bool,
+}
+
+impl Who {
+    fn flow(b: &Busy) -> Self {
+        Self {
+            client: b.client,
+            token: b.token,
+            epoch: b.epoch,
+            ran_handler: b.handler.is_some(),
+            took_over: b.took_over,
+            admission_fault: b.admission_fault,
+        }
     }
 }
 
@@ -514,6 +615,11 @@ impl IdempoModel {
                 if run.token.0 != token_bytes(b.token) {
                     w.ghost.violated |= props::Check::Flow.bit();
                 }
+                if !b.admitted {
+                    // P9: the handler may only start once the store confirmed the claim or
+                    // takeover to this flow.
+                    w.ghost.violated |= props::Check::FailClosed.bit();
+                }
                 b.pending = None;
                 b.handler = Some(Handler {
                     downstream_key: run.downstream_key,
@@ -526,7 +632,8 @@ impl IdempoModel {
                 w.workers.push(Worker::Busy(b));
             }
             Action::Respond { response, outcome } => {
-                self.deliver(w, &b, &response, outcome, read_epoch);
+                let (response, outcome) = self.settle(&b, response, outcome);
+                self.deliver(w, &Who::flow(&b), &response, outcome, read_epoch);
                 self.close_tx(w, &b);
                 w.workers.push(Worker::Idle);
             }
@@ -536,10 +643,41 @@ impl IdempoModel {
                     headers: Vec::new(),
                     body: Vec::new(),
                 };
-                self.deliver(w, &b, &response, outcome, read_epoch);
+                self.deliver(w, &Who::flow(&b), &response, outcome, read_epoch);
                 self.close_tx(w, &b);
                 w.workers.push(Worker::Idle);
             }
+        }
+    }
+
+    /// The 503 `store-unavailable` answer core builds for this route.
+    fn unavailable(&self) -> HttpResponse {
+        problem_response(
+            ProblemKind::StoreUnavailable,
+            None,
+            None,
+            Some(self.config.unavailable_retry_after_ms.get()),
+        )
+    }
+
+    /// Transactional mode: the host sends the handler's response only when its writes committed
+    /// with the record (or the key was released, which rolled them back). A completion that
+    /// failed, was refused or whose `COMMIT` answer was lost is answered 503, like the Python
+    /// binding's transactional session does: a retry replays a commit that happened or runs anew.
+    fn settle(
+        &self,
+        b: &Busy,
+        response: HttpResponse,
+        outcome: Outcome,
+    ) -> (HttpResponse, Outcome) {
+        let uncommitted = self.mode == EffectMode::Transactional
+            && outcome.handler_ran()
+            && outcome != Outcome::NotStored
+            && !b.committed;
+        if uncommitted && self.variant != Variant::CommitFailureAnswered {
+            (self.unavailable(), Outcome::StoreUnavailable)
+        } else {
+            (response, outcome)
         }
     }
 
@@ -555,19 +693,20 @@ impl IdempoModel {
         w.ghost.epoch[s] = tx.pre_epoch;
     }
 
-    /// The flow answered its client: record what the properties need, then let the client react.
+    /// The request answered its client: record what the properties need, then let the client
+    /// react.
     fn deliver(
         &self,
         w: &mut World,
-        b: &Busy,
+        who: &Who,
         response: &HttpResponse,
         outcome: Outcome,
         read_epoch: Option<u8>,
     ) {
-        let s = self.scope_of(b.client);
+        let s = self.scope_of(who.client);
         let obs = props::Answer {
-            client: b.client,
-            token: b.token,
+            client: who.client,
+            token: who.token,
             scope: s,
             status: response.status,
             outcome,
@@ -576,19 +715,21 @@ impl IdempoModel {
                 .headers
                 .iter()
                 .any(|(n, v)| n == idempo_core::machine::REPLAYED_HEADER && v == "true"),
+            store_unavailable: is_store_unavailable(response),
             epoch: if outcome == Outcome::Replayed {
                 read_epoch.unwrap_or(0)
             } else {
-                b.epoch
+                who.epoch
             },
-            ran_handler: b.handler.is_some(),
-            took_over: b.took_over,
+            ran_handler: who.ran_handler,
+            took_over: who.took_over,
+            admission_fault: who.admission_fault,
             record: w.store[usize::from(s)].clone(),
             now_ms: Self::now_ms(w),
         };
         props::check_answer(self, w, &obs);
-        let client = &mut w.clients[usize::from(b.client)];
-        if client.phase == ClientPhase::Waiting(b.token) {
+        let client = &mut w.clients[usize::from(who.client)];
+        if client.phase == ClientPhase::Waiting(who.token) {
             // The client classifies the answer with core, as every binding's client does: an
             // outcome-unknown problem stops it at once.
             let content_type = response
@@ -628,8 +769,96 @@ impl IdempoModel {
         }
     }
 
-    /// Executes the pending store operation of busy worker `b` atomically.
-    fn store_step(&self, w: &mut World, mut b: Box<Busy>) {
+    /// The host looks the request up in the cache before starting a flow (`spec/STORAGE.md` §9):
+    /// `decide` on the cached copy; a replay or a mismatch is answered from the cache, anything
+    /// else (no entry, entry expired) falls through. Returns true when the cache answered.
+    fn cache_answers(&self, w: &mut World, c: u8, token: u8) -> bool {
+        let s = usize::from(self.scope_of(c));
+        let Some(Some(entry)) = w.cache.get(s).cloned() else {
+            return false;
+        };
+        let now_ms = Self::now_ms(w);
+        let fp = &self.fingerprints[usize::from(self.fp_of(c))];
+        let (response, outcome) = match decide(&entry.record, fp, now_ms, &self.config) {
+            Decision::Replay(stored) => (replay_response(stored), Outcome::Replayed),
+            Decision::Mismatch => (
+                problem_response(ProblemKind::Mismatch, None, None, None),
+                Outcome::Mismatch,
+            ),
+            _ => return false,
+        };
+        let seen = if outcome == Outcome::Replayed {
+            props::check_cache_replay(w, s, &entry, body_of(&response.body), now_ms);
+            props::Seen::CacheHit
+        } else {
+            props::Seen::CacheMismatch
+        };
+        w.ghost.seen |= seen.bit();
+        let who = Who {
+            client: c,
+            token,
+            epoch: 0,
+            ran_handler: false,
+            took_over: false,
+            admission_fault: false,
+        };
+        self.deliver(w, &who, &response, outcome, Some(entry.epoch));
+        true
+    }
+
+    /// Copies the completed record of scope `s` into the cache with `PX = min(cache TTL,
+    /// expires_at − now)`, as the authority computes it (unbounded under the mutation).
+    fn cache_fill(&self, w: &mut World, s: usize) {
+        let now_ms = Self::now_ms(w);
+        let Some(ttl) = self.bounds.cache else { return };
+        let Some(record) = w.store.get(s).cloned().flatten() else {
+            return;
+        };
+        let cache_ms = u64::from(ttl) * TICK_MS;
+        let px = if self.variant == Variant::CacheTtlUnbounded {
+            cache_ms
+        } else {
+            cache_ms.min(record.expires_at_ms.saturating_sub(now_ms))
+        };
+        let entry = Cached {
+            record: Record {
+                token: FencingToken([0; 16]),
+                expires_at_ms: now_ms.saturating_add(px),
+                ..record
+            },
+            epoch: w.ghost.epoch[s],
+        };
+        if let Some(slot) = w.cache.get_mut(s) {
+            *slot = Some(entry);
+        }
+    }
+
+    /// Scopes whose completed, live record is not in the cache yet (as filled from this
+    /// generation instance).
+    fn cache_fillable(&self, w: &World, s: usize) -> bool {
+        let now_ms = Self::now_ms(w);
+        let completed = w.store[s].as_ref().is_some_and(|r| {
+            matches!(r.state, RecordState::Completed { .. }) && !r.is_expired(now_ms)
+        });
+        completed
+            && !matches!(&w.cache[s], Some(e) if e.epoch == w.ghost.epoch[s]
+                && w.store[s].as_ref().is_some_and(|r| r.generation == e.record.generation))
+    }
+
+    /// Whether a lost answer differs from a plain failure for this pending operation: a read
+    /// changes nothing, and inside an open transaction (or for the claim that opens one) the
+    /// broken connection rolls everything back, except for the `COMMIT` itself.
+    fn lost_differs(&self, b: &Busy, op: &StoreOp) -> bool {
+        match op {
+            StoreOp::Get { .. } => false,
+            StoreOp::Complete { .. } => true,
+            StoreOp::Claim { .. } => self.mode != EffectMode::Transactional,
+            _ => b.tx.is_none(),
+        }
+    }
+
+    /// Executes the pending store operation of busy worker `b` atomically, or fails it.
+    fn store_step(&self, w: &mut World, mut b: Box<Busy>, fault: Fault) {
         let Some(op) = b.pending.take() else {
             w.workers.push(Worker::Busy(b));
             return;
@@ -645,7 +874,38 @@ impl IdempoModel {
             w.ghost.violated |= props::Check::Scopes.bit();
         }
         let now_ms = Self::now_ms(w);
+        let admission = matches!(
+            op,
+            StoreOp::Claim { .. }
+                | StoreOp::Get { .. }
+                | StoreOp::TakeOver { .. }
+                | StoreOp::MarkUnknown { .. }
+        );
+        if fault != Fault::None {
+            w.faults += 1;
+            b.admission_fault |= admission;
+        }
+        if fault == Fault::Failed {
+            // Nothing applied; an open transaction is aborted by the error.
+            if let Some(tx) = b.tx.take() {
+                Self::rollback(w, si, &tx);
+            }
+            let event = match op {
+                StoreOp::Claim { .. } if self.variant == Variant::FaultAssumedApplied => {
+                    Event::Store(StoreResult::Claimed {
+                        generation: 1,
+                        now_ms,
+                    })
+                }
+                _ => Event::StoreFailed,
+            };
+            self.feed(w, b, event, None);
+            return;
+        }
         let pre = w.store[si].clone();
+        let orphan = pre
+            .as_ref()
+            .is_some_and(|r| w.ghost.orphan != 0 && r.token.0 == token_bytes(w.ghost.orphan));
         let mut read_epoch = None;
         let result = match op {
             StoreOp::Claim {
@@ -699,6 +959,9 @@ impl IdempoModel {
                 match outcome {
                     ClaimOutcome::Claimed { generation } => {
                         let fresh = pre.as_ref().is_none_or(|r| r.is_expired(now_ms));
+                        if orphan {
+                            w.ghost.seen |= props::Seen::OrphanResolved.bit();
+                        }
                         if self.mode == EffectMode::Transactional {
                             b.tx = Some(Tx {
                                 pre: pre.clone(),
@@ -738,17 +1001,21 @@ impl IdempoModel {
                 if got.is_some() {
                     b.epoch = w.ghost.epoch[si];
                     b.took_over = true;
+                    if orphan {
+                        w.ghost.seen |= props::Seen::OrphanResolved.bit();
+                    }
                 }
                 StoreResult::TookOver(got)
             }
             StoreOp::MarkUnknown {
                 seen_token, ttl_ms, ..
-            } => StoreResult::MarkedUnknown(store::mark_unknown(
-                &mut w.store[si],
-                seen_token,
-                ttl_ms,
-                now_ms,
-            )),
+            } => {
+                let ok = store::mark_unknown(&mut w.store[si], seen_token, ttl_ms, now_ms);
+                if ok && orphan {
+                    w.ghost.seen |= props::Seen::OrphanResolved.bit();
+                }
+                StoreResult::MarkedUnknown(ok)
+            }
             StoreOp::Complete {
                 token,
                 response,
@@ -778,6 +1045,7 @@ impl IdempoModel {
                     if b.tx.take().is_some() {
                         // Commit: the business writes take effect with the completion.
                         self.record_effect(w, &b, true);
+                        b.committed = true;
                     }
                 } else {
                     w.ghost.seen |= props::Seen::StaleCompletionRejected.bit();
@@ -809,9 +1077,32 @@ impl IdempoModel {
                 StoreResult::Renewed(ok)
             }
         };
+        if fault == Fault::Lost {
+            // Applied, answer lost. The host cannot tell this from a failure: a `COMMIT` that
+            // went through stays committed (the host does not know it), any other open
+            // transaction is aborted by the broken connection.
+            b.committed = false;
+            if let Some(tx) = b.tx.take() {
+                Self::rollback(w, si, &tx);
+            }
+            if matches!(
+                result,
+                StoreResult::Claimed { .. } | StoreResult::TookOver(Some(_))
+            ) && self.mode != EffectMode::Transactional
+            {
+                w.ghost.orphan = b.token;
+            }
+            self.feed(w, b, Event::StoreFailed, None);
+            return;
+        }
+        if matches!(
+            result,
+            StoreResult::Claimed { .. } | StoreResult::TookOver(Some(_))
+        ) {
+            b.admitted = true;
+        }
         self.feed(w, b, Event::Store(result), read_epoch);
     }
-
     fn record_effect(&self, w: &mut World, b: &Busy, owner: bool) {
         let e = Effect {
             scope: self.scope_of(b.client),
@@ -880,6 +1171,12 @@ impl Model for IdempoModel {
             ],
             next_token: 1,
             crashes: 0,
+            faults: 0,
+            cache: if self.bounds.cache.is_some() {
+                vec![None; self.scopes.len()]
+            } else {
+                Vec::new()
+            },
             ghost: Ghost {
                 epoch: vec![0; self.scopes.len()],
                 ..Ghost::default()
@@ -910,6 +1207,12 @@ impl Model for IdempoModel {
                         && Self::locked_by_other(w, s, b.token, self);
                     if !blocked {
                         actions.push(Act::Store(b.token));
+                        if w.faults < self.bounds.store_faults {
+                            actions.push(Act::StoreFail(b.token));
+                            if self.lost_differs(b, op) {
+                                actions.push(Act::StoreLost(b.token));
+                            }
+                        }
                     }
                 }
                 None => {
@@ -937,6 +1240,11 @@ impl Model for IdempoModel {
         if w.now < self.bounds.t_max {
             actions.push(Act::Tick);
         }
+        for s in 0..w.cache.len() {
+            if self.cache_fillable(w, s) {
+                actions.push(Act::CacheFill(u8::try_from(s).unwrap_or(u8::MAX)));
+            }
+        }
         if self.bounds.purge {
             let now_ms = Self::now_ms(w);
             for (s, slot) in w.store.iter().enumerate() {
@@ -961,6 +1269,11 @@ impl Model for IdempoModel {
                 let client = &mut w.clients[usize::from(c)];
                 client.attempts += 1;
                 client.phase = ClientPhase::Waiting(token);
+                if self.cache_answers(&mut w, c, token) {
+                    w.workers.push(Worker::Idle);
+                    Self::canonical(&mut w);
+                    return Some(w);
+                }
                 let s = usize::from(self.scope_of(c));
                 let (flow, first) = ServerFlow::start(
                     self.scopes[s],
@@ -978,6 +1291,9 @@ impl Model for IdempoModel {
                     took_over: false,
                     tx: None,
                     read: None,
+                    admitted: false,
+                    admission_fault: false,
+                    committed: false,
                 });
                 self.apply(&mut w, b, first, None);
             }
@@ -995,13 +1311,17 @@ impl Model for IdempoModel {
             | Act::Finish(t)
             | Act::Fail(t)
             | Act::Heartbeat(t)
-            | Act::Crash(t) => {
+            | Act::Crash(t)
+            | Act::StoreFail(t)
+            | Act::StoreLost(t) => {
                 let i = Self::busy_index(&w, t)?;
                 let Worker::Busy(b) = w.workers.remove(i) else {
                     return None;
                 };
                 match action {
-                    Act::Store(_) => self.store_step(&mut w, b),
+                    Act::Store(_) => self.store_step(&mut w, b, Fault::None),
+                    Act::StoreFail(_) => self.store_step(&mut w, b, Fault::Failed),
+                    Act::StoreLost(_) => self.store_step(&mut w, b, Fault::Lost),
                     Act::Execute(_) => self.execute(&mut w, b),
                     Act::Finish(_) => {
                         let body = b
@@ -1030,8 +1350,18 @@ impl Model for IdempoModel {
                     }
                 }
             }
-            Act::Tick => w.now += 1,
+            Act::Tick => {
+                w.now += 1;
+                // Redis drops an entry at its deadline.
+                let now_ms = Self::now_ms(&w);
+                for entry in &mut w.cache {
+                    if entry.as_ref().is_some_and(|e| e.record.is_expired(now_ms)) {
+                        *entry = None;
+                    }
+                }
+            }
             Act::Purge(s) => w.store[usize::from(s)] = None,
+            Act::CacheFill(s) => self.cache_fill(&mut w, usize::from(s)),
         }
         Self::canonical(&mut w);
         Some(w)

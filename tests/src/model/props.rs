@@ -1,7 +1,8 @@
 //! The properties checked on [`IdempoModel`](super::IdempoModel).
 //!
 //! Properties about one state (P1, P5, P6, P8e) read the store and the ghost directly. Properties
-//! about an answer or a write (P2, P3, P4, P5a, P7, P7x, P8, F) are monitors: the transition that
+//! about an answer, a write or a handler start (P2, P3, P4, P5a, P7, P7x, P8, P9, P10, F) are
+//! monitors: the transition that
 //! answers or writes evaluates them on the facts of that moment ([`Answer`], the slot before a
 //! write) and sets a [`Check`] bit in the ghost when they fail; the `always` property is "that bit
 //! is clear". `sometimes` properties (vacuity witnesses) read [`Seen`] bits.
@@ -34,6 +35,13 @@ pub const P7X: &str = "P7x an expired lease is never answered 409";
 pub const P8: &str = "P8 a stale owner never writes";
 /// P8e: side effects happen only while the executor holds the record's current token.
 pub const P8E: &str = "P8e only the current owner executes";
+/// P9: fail closed. A handler starts only after the store confirmed the flow's claim or
+/// takeover, and a store failure during admission is answered 503 `store-unavailable` with
+/// `Retry-After`, the handler not run.
+pub const P9: &str = "P9 a store failure fails closed";
+/// P10: a replay served from the cache is the current generation's stored response: the store
+/// holds that live, completed record at the moment of the answer.
+pub const P10: &str = "P10 a cached replay is the live generation's response";
 /// F: the flow accepts every event the host feeds it and its encodings decode.
 pub const F: &str = "F the flow accepts every host event";
 
@@ -55,6 +63,15 @@ pub const W_RERUN_TTL: &str = "W re-run after TTL";
 pub const W_EXHAUSTED: &str = "W retries exhausted";
 /// Witness: both scopes held a live record at once.
 pub const W_BOTH_SCOPES: &str = "W both scopes live";
+/// Witness: a 503 `store-unavailable` was answered.
+pub const W_STORE_UNAVAILABLE: &str = "W 503 store unavailable answered";
+/// Witness: a record left by a claim or takeover whose answer was lost was taken over, marked
+/// outcome-unknown, or replaced after expiry.
+pub const W_ORPHAN_RESOLVED: &str = "W ambiguous claim resolved";
+/// Witness: a replay was served from the cache.
+pub const W_CACHE_HIT: &str = "W cache replay served";
+/// Witness: another body got 422 from a cached record.
+pub const W_CACHE_MISMATCH: &str = "W cache 422 answered";
 
 /// Monitor bits (set when the named property fails at a transition).
 #[repr(u32)]
@@ -78,6 +95,10 @@ pub enum Check {
     ExpiredLease = 1 << 7,
     /// [`P8`].
     StaleWrite = 1 << 8,
+    /// [`P9`].
+    FailClosed = 1 << 9,
+    /// [`P10`].
+    Cache = 1 << 10,
 }
 
 impl Check {
@@ -108,6 +129,14 @@ pub enum Seen {
     RerunAfterTtl = 1 << 6,
     /// [`W_EXHAUSTED`].
     RetriesExhausted = 1 << 7,
+    /// [`W_STORE_UNAVAILABLE`].
+    StoreUnavailable = 1 << 8,
+    /// [`W_ORPHAN_RESOLVED`].
+    OrphanResolved = 1 << 9,
+    /// [`W_CACHE_HIT`].
+    CacheHit = 1 << 10,
+    /// [`W_CACHE_MISMATCH`].
+    CacheMismatch = 1 << 11,
 }
 
 impl Seen {
@@ -135,6 +164,8 @@ pub struct Answer {
     pub body: Option<Body>,
     /// `Idempotent-Replayed: true` present.
     pub replay_header: bool,
+    /// The answer is core's 503 `store-unavailable` problem with `Retry-After`.
+    pub store_unavailable: bool,
     /// Generation instance the answer belongs to (the read record's for a replay, the flow's
     /// own otherwise).
     pub epoch: u8,
@@ -142,6 +173,8 @@ pub struct Answer {
     pub ran_handler: bool,
     /// Whether this flow took an expired lease over.
     pub took_over: bool,
+    /// Whether a store operation of this flow's admission failed.
+    pub admission_fault: bool,
     /// The recipient scope's slot at the moment of the answer.
     pub record: Option<Record>,
     /// The store's time at the moment of the answer.
@@ -192,6 +225,12 @@ pub fn check_answer(model: &IdempoModel, w: &mut World, a: &Answer) {
         Outcome::Stored if a.took_over => seen |= Seen::TakeoverCompleted.bit(),
         _ => {}
     }
+    if a.store_unavailable {
+        seen |= Seen::StoreUnavailable.bit();
+    }
+    if a.admission_fault && (!a.store_unavailable || a.ran_handler) {
+        fail(Check::FailClosed);
+    }
     if (200..300).contains(&a.status) {
         match a.body {
             Some(b) => {
@@ -211,6 +250,26 @@ pub fn check_answer(model: &IdempoModel, w: &mut World, a: &Answer) {
         }
     }
     g.seen |= seen;
+}
+
+/// P10 monitor: a replay with `body` was served at `now_ms` from the cache `entry` of scope `s`.
+pub fn check_cache_replay(
+    w: &mut World,
+    s: usize,
+    entry: &super::Cached,
+    body: Option<Body>,
+    now_ms: u64,
+) {
+    let live = w.store.get(s).and_then(Option::as_ref).is_some_and(|r| {
+        !r.is_expired(now_ms)
+            && r.generation == entry.record.generation
+            && matches!(&r.state, RecordState::Completed { response }
+                if body.is_some() && super::body_of(&response.body) == body)
+    });
+    let current = w.ghost.epoch.get(s) == Some(&entry.epoch);
+    if !(live && current) {
+        w.ghost.violated |= Check::Cache.bit();
+    }
 }
 
 /// P8 monitor: a completion, renewal or release with `token` succeeded on the slot `pre`.
@@ -297,6 +356,8 @@ pub fn safety() -> Vec<Property<IdempoModel>> {
         Property::always(P7X, clear::<{ Check::ExpiredLease as u32 }>),
         Property::always(P8, clear::<{ Check::StaleWrite as u32 }>),
         Property::always(P8E, owner_executes),
+        Property::always(P9, clear::<{ Check::FailClosed as u32 }>),
+        Property::always(P10, clear::<{ Check::Cache as u32 }>),
         Property::always(F, clear::<{ Check::Flow as u32 }>),
     ]
 }
@@ -317,6 +378,13 @@ pub fn witnesses() -> Vec<Property<IdempoModel>> {
         Property::sometimes(W_RERUN_TTL, seen::<{ Seen::RerunAfterTtl as u32 }>),
         Property::sometimes(W_EXHAUSTED, seen::<{ Seen::RetriesExhausted as u32 }>),
         Property::sometimes(W_BOTH_SCOPES, both_scopes_live),
+        Property::sometimes(
+            W_STORE_UNAVAILABLE,
+            seen::<{ Seen::StoreUnavailable as u32 }>,
+        ),
+        Property::sometimes(W_ORPHAN_RESOLVED, seen::<{ Seen::OrphanResolved as u32 }>),
+        Property::sometimes(W_CACHE_HIT, seen::<{ Seen::CacheHit as u32 }>),
+        Property::sometimes(W_CACHE_MISMATCH, seen::<{ Seen::CacheMismatch as u32 }>),
     ]
 }
 
