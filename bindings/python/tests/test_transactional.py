@@ -397,3 +397,12 @@ def test_concurrent_duplicates_in_threads_through_wsgi(
     assert bench.counts() == (1, 1)
     assert sorted(answers, key=str) == sorted([(201, None)] + [(201, "true")] * 7, key=str)
     asyncio.run(bench.close())
+
+
+def test_single_connection_postgres_store_is_refused(request: pytest.FixtureRequest) -> None:
+    import psycopg
+
+    services = request.getfixturevalue("services")
+    with psycopg.connect(services.pg_dsn, autocommit=True) as conn:
+        with pytest.raises(idempo.TransactionalUnsupported, match="single connection"):
+            IdempotencyMiddleware(Starlette(routes=[]), store=PostgresStore(conn), transactional=True)

@@ -84,6 +84,9 @@ def require_transactions(store: Any) -> None:
             f"{type(store).__name__} does not support transactional mode (use PostgresStore, "
             "AsyncPostgresStore, SQLiteStore or AsyncSQLiteStore)"
         )
+    check = getattr(store, "check_transactional", None)
+    if callable(check):
+        check()
 
 
 def lock_wait_expired(scope_key: bytes, fingerprint: str, now_ms: int, wait_ms: int) -> Existing:

@@ -22,7 +22,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, List, Opti
 
 from idempo._idempo import InvalidArgument, StoreUnavailable
 from idempo.stores._deadline import WATCHDOG, idle_socket_is_dead
-from idempo.stores._tx import Transaction, lock_wait_expired
+from idempo.stores._tx import Transaction, TransactionalUnsupported, lock_wait_expired
 from idempo.stores._base import (
     COMPLETED,
     IN_PROGRESS,
@@ -445,8 +445,20 @@ class PostgresStore:
         self._release(lease, None, False)
 
     def transaction(self) -> "PostgresTransaction":
-        """A transactional session for one request (see :class:`PostgresTransaction`)."""
+        """A transactional session for one request (see :class:`PostgresTransaction`).
+
+        Needs a DSN or a pool: each open transaction holds a connection for the whole request,
+        which one shared connection cannot give (duplicates would queue on it, not on the row).
+        """
+        self.check_transactional()
         return PostgresTransaction(self)
+
+    def check_transactional(self) -> None:
+        """Raises :class:`~idempo.TransactionalUnsupported` when built on a single connection."""
+        if self._single is not None:
+            raise TransactionalUnsupported(
+                "transactional mode needs a DSN or a pool, not a single connection"
+            )
 
     @fail_closed(_errors, "PostgreSQL create_schema failed")
     def create_schema(self) -> None:
@@ -753,8 +765,17 @@ class AsyncPostgresStore:
         await self._release(lease, None, False)
 
     def transaction(self) -> "AsyncPostgresTransaction":
-        """A transactional session for one request (see :class:`AsyncPostgresTransaction`)."""
+        """A transactional session for one request (see :class:`AsyncPostgresTransaction`);
+        needs a DSN or a pool, as for :meth:`PostgresStore.transaction`."""
+        self.check_transactional()
         return AsyncPostgresTransaction(self)
+
+    def check_transactional(self) -> None:
+        """Raises :class:`~idempo.TransactionalUnsupported` when built on a single connection."""
+        if self._dsn is None and self._pool is None:
+            raise TransactionalUnsupported(
+                "transactional mode needs a DSN or a pool, not a single connection"
+            )
 
     @fail_closed_async(_errors, "PostgreSQL create_schema failed")
     async def create_schema(self) -> None:
