@@ -2,7 +2,7 @@
 
 use super::NumberMode;
 use super::error::{CanonError, CanonErrorKind as K};
-use super::number::{at_most_15_digits, format_finite, literal_is_exact};
+use super::number::{at_most_15_digits, decimal_is_exact, format_finite, literal_is_exact};
 use super::parse::{Node, Tag, Tape};
 use super::pointer::{Exclusions, push_token};
 use super::sink::CanonSink;
@@ -154,12 +154,17 @@ impl<S: CanonSink + ?Sized> Emitter<'_, '_, S> {
                 }
             }
             Tag::Float => {
-                let v = self.tape.nums.get(n.c as usize).copied().unwrap_or(0.0);
+                let num = self.tape.nums.get(n.c as usize).copied();
+                let v = num.map_or(0.0, |x| x.value);
                 let s = format_finite(v, &mut self.buf);
                 if self.numbers == NumberMode::RejectPrecisionLoss {
-                    let lit = self.tape.literal(n);
-                    let exact =
-                        (v.is_normal() && at_most_15_digits(lit)) || literal_is_exact(lit, s);
+                    let exact = match num.and_then(|x| x.exact) {
+                        Some((d, digits)) => decimal_is_exact(&d, digits, v, s),
+                        None => {
+                            let lit = self.tape.literal(n);
+                            (v.is_normal() && at_most_15_digits(lit)) || literal_is_exact(lit, s)
+                        }
+                    };
                     if !exact {
                         return Err(CanonError::new(
                             K::PrecisionLoss,

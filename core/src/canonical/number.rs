@@ -38,11 +38,179 @@ pub fn format_number(value: f64) -> Result<String, CanonError> {
 
 /// A decimal value `mantissa × 10^exp`, `mantissa` without trailing zeros and of at most 17
 /// digits. Zero has `mantissa == 0` (its sign and exponent are then ignored: `-0` equals `0`).
-#[derive(Debug, PartialEq, Eq)]
-struct Decimal {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Decimal {
     negative: bool,
     mantissa: u64,
     exp: i64,
+}
+
+/// A float literal read once by the parser: its double, and (when it has at most 19
+/// significant digits and a short exponent) its exact decimal value and significant digit count
+/// (from the first non-zero digit to the last non-zero digit).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Num {
+    pub(crate) value: f64,
+    pub(crate) exact: Option<(Decimal, u32)>,
+}
+
+/// Powers of ten that a double holds exactly (10^0 ..= 10^22).
+const POW10_F64: [f64; 23] = [
+    1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16,
+    1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
+];
+
+/// Powers of ten that a `u64` holds (10^0 ..= 10^19).
+const POW10_U64: [u64; 20] = {
+    let mut t = [1u64; 20];
+    let mut i = 1;
+    while i < 20 {
+        t[i] = t[i - 1] * 10;
+        i += 1;
+    }
+    t
+};
+
+/// Read a JSON number literal (grammar already checked) as `mantissa × 10^exp` in one pass,
+/// skipping leading zeros eight at a time. Returns the value and its count of significant
+/// digits, or `None` when it has more than 19 significant digits or more than 6 exponent
+/// digits (the caller then falls back to the general path).
+pub(crate) fn read_literal(lit: &[u8]) -> Option<(Decimal, u32)> {
+    const ZEROS: &[u8; 8] = b"00000000";
+    let negative = lit.first() == Some(&b'-');
+    let mut i = usize::from(negative);
+    let mut exp: i64 = 0;
+    let mut after_dot = false;
+    // Leading zeros (and the dot among them) add nothing but exponent.
+    loop {
+        match lit.get(i) {
+            Some(b'0') => {
+                if lit.get(i..i + 8) == Some(ZEROS) {
+                    i += 8;
+                    exp -= 8 * i64::from(after_dot);
+                } else {
+                    i += 1;
+                    exp -= i64::from(after_dot);
+                }
+            }
+            Some(b'.') => {
+                after_dot = true;
+                i += 1;
+            }
+            _ => break,
+        }
+    }
+    let mut mantissa: u64 = 0;
+    let mut digits = 0u32;
+    // Zeros read after the last non-zero digit, not yet in `mantissa`.
+    let mut zeros = 0u32;
+    while let Some(&b) = lit.get(i) {
+        match b {
+            b'0' => {
+                exp -= i64::from(after_dot);
+                zeros += 1;
+            }
+            b'1'..=b'9' => {
+                exp -= i64::from(after_dot);
+                digits += zeros + 1;
+                if digits > 19 {
+                    return None;
+                }
+                mantissa = mantissa * POW10_U64[zeros as usize + 1] + u64::from(b - b'0');
+                zeros = 0;
+            }
+            b'.' => after_dot = true,
+            _ => break,
+        }
+        i += 1;
+    }
+    let mut exp10: i64 = 0;
+    if let Some(rest) = lit.get(i + 1..).filter(|r| !r.is_empty()) {
+        let (neg, ds) = match rest.split_first() {
+            Some((b'-', r)) => (true, r),
+            Some((b'+', r)) => (false, r),
+            _ => (false, rest),
+        };
+        if ds.is_empty() || ds.len() > 6 {
+            return None;
+        }
+        for &d in ds {
+            exp10 = exp10 * 10 + i64::from(d.wrapping_sub(b'0'));
+        }
+        if neg {
+            exp10 = -exp10;
+        }
+    }
+    let exp = if mantissa == 0 {
+        0
+    } else {
+        exp10 + exp + i64::from(zeros)
+    };
+    Some((
+        Decimal {
+            negative,
+            mantissa,
+            exp,
+        },
+        digits,
+    ))
+}
+
+/// The double nearest to `d` (ties to even), as Rust's float parser gives it: exact arithmetic
+/// when mantissa and power of ten are both exact doubles (one rounding), otherwise the standard
+/// parser on the short form `<mantissa>e<exp>` (not on the literal, which may be long).
+pub(crate) fn decimal_to_f64(d: &Decimal) -> Option<f64> {
+    let sign = if d.negative { -1.0 } else { 1.0 };
+    if d.mantissa == 0 {
+        return Some(sign * 0.0);
+    }
+    if d.mantissa < 1 << 53 && d.exp.unsigned_abs() <= 22 {
+        let m = d.mantissa as f64;
+        let p = POW10_F64[d.exp.unsigned_abs() as usize];
+        return Some(sign * if d.exp >= 0 { m * p } else { m / p });
+    }
+    // "-" + 20 digits + "e-" + up to 20 exponent digits.
+    let mut buf = [0u8; 48];
+    let mut n = 0;
+    let push_int = |buf: &mut [u8; 48], n: &mut usize, mut v: u64| {
+        let mut tmp = [0u8; 20];
+        let mut k = tmp.len();
+        loop {
+            k -= 1;
+            tmp[k] = b'0' + (v % 10) as u8;
+            v /= 10;
+            if v == 0 {
+                break;
+            }
+        }
+        let part = &tmp[k..];
+        buf[*n..*n + part.len()].copy_from_slice(part);
+        *n += part.len();
+    };
+    if d.negative {
+        buf[0] = b'-';
+        n = 1;
+    }
+    push_int(&mut buf, &mut n, d.mantissa);
+    buf[n] = b'e';
+    n += 1;
+    if d.exp < 0 {
+        buf[n] = b'-';
+        n += 1;
+    }
+    push_int(&mut buf, &mut n, d.exp.unsigned_abs());
+    std::str::from_utf8(&buf[..n]).ok()?.parse().ok()
+}
+
+/// True when the literal read as `lit` (by [`read_literal`], `digits` significant digits) has
+/// the decimal value of `shortest`, the ES6 form of its double `value`.
+pub(crate) fn decimal_is_exact(lit: &Decimal, digits: u32, value: f64, shortest: &str) -> bool {
+    // DBL_DIG = 15: distinct decimals of at most 15 significant digits map to distinct normal
+    // doubles, so such a literal is the shortest round-trip form of its double.
+    if digits <= 15 && value.is_normal() {
+        return true;
+    }
+    digits <= 17 && decimal(shortest.as_bytes()).is_some_and(|d| d.same_value(lit))
 }
 
 impl Decimal {
@@ -224,6 +392,94 @@ mod tests {
             let v: f64 = lit.parse().expect("number");
             if v.is_normal() && at_most_15_digits(lit.as_bytes()) {
                 assert!(exact(lit), "{lit}");
+            }
+        }
+    }
+
+    /// The one-pass literal reader and its conversion agree with the standard parser bit for
+    /// bit, and with the exact-decimal rule.
+    #[test]
+    fn literal_reader_agrees_with_std() {
+        let mut lits: Vec<String> = [
+            "0",
+            "-0",
+            "0.0",
+            "-0.0e5",
+            "1",
+            "10",
+            "100e-2",
+            "9007199254740992",
+            "9007199254740993",
+            "18446744073709551615",
+            "1234567890123456789",
+            "12345678901234567890",
+            "0.1",
+            "0.30000000000000004",
+            "1e21",
+            "1e-7",
+            "5e-324",
+            "4.9e-324",
+            "2.2250738585072014e-308",
+            "2.2250738585072011e-308",
+            "1.7976931348623157e308",
+            "1.7976931348623158e308",
+            "1e22",
+            "1e23",
+            "9e22",
+            "123456789012345e-22",
+            "1424953923781206.25",
+            "0.000001",
+            "0.0000001",
+            "-1.5E+2",
+            "1e+0",
+            "12.50000",
+            "0.000000000000000000000000000000000123",
+            "100000000000000000000000000000000000000",
+            "1e-400",
+            "1e400",
+            "1e999999",
+            "1e0000005",
+            "8.103807940831011e-175",
+            "-9.550253805403221e-297",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let v = f64::from_bits(x >> 1);
+            if v.is_finite() {
+                lits.push(format!("{v}"));
+                lits.push(format!("{v:e}"));
+                lits.push(format!("{:.3e}", v));
+            }
+            let m = x % 100_000_000_000_000_000;
+            let e = (x >> 40) as i64 % 700 - 350;
+            lits.push(format!("{m}e{e}"));
+            lits.push(format!("-0.{:0>20}e{}", m, e / 3));
+        }
+        for lit in &lits {
+            let want: f64 = lit.parse().expect("number");
+            let Some((d, digits)) = read_literal(lit.as_bytes()) else {
+                assert!(
+                    lit.contains("0000005") || lit.trim_start_matches('-').len() > 19,
+                    "{lit} refused"
+                );
+                continue;
+            };
+            let got = decimal_to_f64(&d).expect("converts");
+            assert_eq!(got.to_bits(), want.to_bits(), "{lit}");
+            if want.is_finite() {
+                let mut b = ryu_js::Buffer::new();
+                let s = format_finite(want, &mut b);
+                assert_eq!(
+                    decimal_is_exact(&d, digits, want, s),
+                    literal_is_exact(lit.as_bytes(), s),
+                    "{lit}"
+                );
             }
         }
     }

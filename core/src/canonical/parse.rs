@@ -7,6 +7,7 @@
 use std::cmp::Ordering;
 
 use super::error::{CanonError, CanonErrorKind as K};
+use super::number::{Num, decimal_to_f64, read_literal};
 use super::pointer::push_token;
 use super::{Limits, NumberMode};
 
@@ -49,7 +50,7 @@ pub(crate) struct Tape<'a> {
     /// Per object, its member key node indices in canonical (UTF-16) order; value = key + 1.
     pub(crate) members: Vec<u32>,
     pub(crate) strbuf: Vec<u8>,
-    pub(crate) nums: Vec<f64>,
+    pub(crate) nums: Vec<Num>,
     /// When the root value's canonical form is a run of the input: that run's start and end.
     pub(crate) root: Option<(u32, u32)>,
 }
@@ -450,7 +451,7 @@ pub(crate) struct ParseScratch {
     nodes: Vec<Node>,
     members: Vec<u32>,
     strbuf: Vec<u8>,
-    nums: Vec<f64>,
+    nums: Vec<Num>,
     stack: Vec<Frame>,
     pending: Vec<(u64, u32, u32)>,
     shapes: Vec<Shape>,
@@ -1148,9 +1149,14 @@ impl<'a> Parser<'a> {
                 return Ok(verbatim == i - start && &input[start..i] != b"-0");
             }
         }
-        let value = std::str::from_utf8(&input[start..i])
-            .ok()
-            .and_then(|s| s.parse::<f64>().ok());
+        let lit = &input[start..i];
+        let exact = read_literal(lit);
+        let value = match &exact {
+            Some((d, _)) => decimal_to_f64(d),
+            None => std::str::from_utf8(lit)
+                .ok()
+                .and_then(|s| s.parse::<f64>().ok()),
+        };
         let Some(value) = value else {
             return Err(self.err(K::InvalidNumber, start));
         };
@@ -1158,7 +1164,7 @@ impl<'a> Parser<'a> {
             return Err(self.err(K::NumberOutOfRange, start));
         }
         let idx = self.tape.nums.len() as u32;
-        self.tape.nums.push(value);
+        self.tape.nums.push(Num { value, exact });
         self.push(Tag::Float, start as u32, len, idx);
         Ok(false)
     }
