@@ -9,7 +9,8 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, List
+from contextlib import contextmanager
+from typing import Any, Iterator, List
 
 import httpx
 import pytest
@@ -287,3 +288,73 @@ def test_transactional_claim_on_a_frozen_server_fails_in_time(server: PgServer) 
         session.close()
     finally:
         store.close()
+
+
+class TinyPool:
+    """The shape of ``psycopg_pool.ConnectionPool.connection()``: a context manager lending a
+    connection, dropping it on return when it is closed."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.idle: List[Any] = []
+        self.opened = 0
+
+    @contextmanager
+    def connection(self) -> Iterator[Any]:
+        import psycopg
+
+        if self.idle:
+            conn = self.idle.pop()
+        else:
+            conn = psycopg.connect(self.dsn, autocommit=True)
+            self.opened += 1
+        try:
+            yield conn
+        finally:
+            if not conn.closed:
+                self.idle.append(conn)
+
+    def close(self) -> None:
+        for conn in self.idle:
+            conn.close()
+
+
+def test_restart_with_a_pool_replaces_dead_connections(server: PgServer) -> None:
+    pool = TinyPool(server.dsn)
+    store = PostgresStore(pool, timeout=5.0)
+    try:
+        store.get(scope_key())
+        assert pool.opened == 1
+        server.restart()
+        for _ in range(10):
+            record, _ = store.get(scope_key())
+            assert record is None
+        assert pool.opened == 2  # the dead one was closed and dropped, one new connection
+    finally:
+        pool.close()
+
+
+def test_watchdog_breaks_a_blocked_read_and_spares_a_disarmed_one() -> None:
+    import socket
+
+    from idempo.stores._deadline import WATCHDOG, idle_socket_is_dead
+
+    a, b = socket.socketpair()
+    c, d = socket.socketpair()
+    try:
+        assert not idle_socket_is_dead(a.fileno())
+        spared = WATCHDOG.arm(c.fileno(), 0.1)
+        assert WATCHDOG.disarm(spared) is False
+        ticket = WATCHDOG.arm(a.fileno(), 0.2)
+        started = time.monotonic()
+        assert a.recv(1) == b""  # blocked until the watchdog shut the socket down
+        assert 0.15 < time.monotonic() - started < 1.0
+        assert WATCHDOG.disarm(ticket) is True
+        time.sleep(0.2)
+        d.sendall(b"x")
+        assert c.recv(1) == b"x"  # the disarmed socket still works
+        b.close()
+        assert idle_socket_is_dead(a.fileno()) is True
+    finally:
+        for s in (a, b, c, d):
+            s.close()
