@@ -7,7 +7,13 @@ deduplicates on the downstream key idempo hands the handler.
 
 Configuration (environment): ``EV_STORE`` memory|sqlite|postgres|redis, ``EV_STORE_URL`` (path,
 DSN or URL), ``EV_EFFECTS`` (SQLite path), ``EV_LEASE_MS`` (1000), ``EV_TTL_MS`` (600000),
-``EV_SHORT_TTL_MS`` (3000, route /ttl), ``EV_STOP_SLEEP_MS`` (400).
+``EV_SHORT_TTL_MS`` (3000, route /ttl), ``EV_STOP_SLEEP_MS`` (400), ``EV_STORE_TIMEOUT_MS``
+(the PostgreSQL store's client-side deadline per operation, 2000).
+
+With the SQLite and PostgreSQL stores, ``/pay/tx`` runs in idempo's transactional mode: the claim,
+the handler's write and the completion commit in one transaction of the store's database, and
+the handler writes its execution row into the ``ev_effects_tx`` table there (created by the
+harness; still not idempo's records), so a crash before the commit leaves neither.
 
 Fault injection, per request (headers are not part of the fingerprint): ``x-ev-crash`` =
 ``after_claim`` | ``in_handler`` | ``after_effect`` | ``before_complete`` | ``after_complete``
@@ -42,6 +48,9 @@ LEASE_MS = int(os.environ.get("EV_LEASE_MS", "1000"))
 TTL_MS = int(os.environ.get("EV_TTL_MS", "600000"))
 SHORT_TTL_MS = int(os.environ.get("EV_SHORT_TTL_MS", "3000"))
 STOP_SLEEP_MS = int(os.environ.get("EV_STOP_SLEEP_MS", "400"))
+STORE_TIMEOUT_MS = int(os.environ.get("EV_STORE_TIMEOUT_MS", "2000"))
+TX_STORES = ("sqlite", "postgres")
+"""Stores whose database can hold the handler's write in idempo's transaction."""
 
 CRASH: contextvars.ContextVar[str] = contextvars.ContextVar("ev_crash", default="")
 
@@ -108,7 +117,8 @@ def mark_started(key: str) -> None:
 
 
 class CrashingStore:
-    """Delegates to the real store; kills the worker around ``complete`` when asked to."""
+    """Delegates to the real store; kills the worker around ``complete`` when asked to (also
+    in the transactional session, where ``complete`` is the commit)."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
@@ -116,13 +126,37 @@ class CrashingStore:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
+    def _crash(self) -> str:
+        return CRASH.get()
+
     def complete(self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int) -> bool:
-        if CRASH.get() == "before_complete":
+        if self._crash() == "before_complete":
             _die()
         applied = bool(self.inner.complete(scope_key, token, response, ttl_ms))
-        if CRASH.get() == "after_complete":
+        if self._crash() == "after_complete":
             _die()
         return applied
+
+    def transaction(self) -> "CrashingSession":
+        return CrashingSession(self.inner.transaction(), CRASH.get())
+
+
+class CrashingSession(CrashingStore):
+    """The same around a transactional session. Its steps run on a thread of its own that does
+    not see the request's context variables, so the crash step is taken when the session is
+    opened; its ``transaction`` attribute (the open database transaction) is not shadowed."""
+
+    def __init__(self, inner: Any, crash: str) -> None:
+        super().__init__(inner)
+        self.crash = crash
+
+    def _crash(self) -> str:
+        return self.crash
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "transaction":
+            return getattr(object.__getattribute__(self, "inner"), "transaction")
+        return object.__getattribute__(self, name)
 
 
 def make_store() -> Any:
@@ -133,8 +167,7 @@ def make_store() -> Any:
     if STORE == "sqlite":
         return stores.SQLiteStore(STORE_URL, busy_timeout_ms=int(os.environ.get("EV_BUSY_MS", "5000")))
     if STORE == "postgres":
-        s = stores.PostgresStore(STORE_URL, connect_timeout=2)
-        return s
+        return stores.PostgresStore(STORE_URL, connect_timeout=2, timeout=STORE_TIMEOUT_MS / 1000)
     if STORE == "redis":
         return stores.RedisStore(STORE_URL)
     raise SystemExit(f"unknown EV_STORE {STORE!r}")
@@ -190,6 +223,41 @@ async def pay_keyed(request: Request) -> Response:
 @idempo.idempotent(config=_cfg("outcome_unknown", SHORT_TTL_MS))
 async def pay_ttl(request: Request) -> Response:
     return await _handle(request, "ttl", keyed=False)
+
+
+@idempo.idempotent(config=_cfg("outcome_unknown"), transactional=True)
+async def pay_tx(request: Request) -> Response:
+    """Transactional mode: the execution row is written in idempo's own transaction."""
+    ex: idempo.Execution = request.state.idempotency
+    raw = await request.body()
+    try:
+        tag = str(json.loads(raw).get("tag", ""))
+    except (ValueError, AttributeError):
+        tag = ""
+    crash = request.headers.get("x-ev-crash", "")
+    if crash == "after_claim":
+        _die()
+    if request.headers.get("x-ev-stop"):
+        await asyncio.to_thread(mark_started, ex.key)
+        await asyncio.sleep(STOP_SLEEP_MS / 1000)
+    sleep_ms = int(request.headers.get("x-ev-sleep-ms", "0") or 0)
+    if sleep_ms:
+        await asyncio.sleep(sleep_ms / 1000)
+    if crash == "in_handler":
+        _die()
+    conn = idempo.current_transaction().connection
+    mark = "%s" if STORE == "postgres" else "?"
+    cur = conn.execute(
+        f"INSERT INTO ev_effects_tx (key, generation, tag, pid) VALUES ({mark}, {mark}, {mark}, {mark}) RETURNING id",
+        (ex.key, ex.generation, tag, os.getpid()),
+    )
+    effect_id = int(cur.fetchone()[0])
+    if crash == "after_effect":
+        _die()
+    return JSONResponse(
+        {"effect": effect_id, "charge": effect_id, "tag": tag, "generation": ex.generation, "pid": os.getpid()},
+        status_code=201,
+    )
 
 
 @idempo.idempotent(enabled=False)
@@ -259,6 +327,7 @@ _inner = Starlette(
         Route("/pay/keyed", pay_keyed, methods=["POST"]),
         Route("/ttl", pay_ttl, methods=["POST"]),
         Route("/plain", plain, methods=["POST"]),
+        *([Route("/pay/tx", pay_tx, methods=["POST"])] if STORE in TX_STORES else []),
     ]
 )
 store = make_store()

@@ -16,7 +16,7 @@
 // Configuration (environment, as app.py): EV_STORE memory|sqlite|postgres|redis, EV_STORE_URL,
 // EV_EFFECTS, EV_LEASE_MS (1000), EV_TTL_MS (600000), EV_SHORT_TTL_MS (3000), EV_STOP_SLEEP_MS
 // (400), EV_BUSY_MS (SQLite busy_timeout, 5000), EV_STORE_TIMEOUT_MS (the middleware's
-// storeTimeoutMs, 2000), EV_WORKERS (1).
+// storeTimeoutMs and the PostgreSQL store's timeoutMs, 2000), EV_WORKERS (1).
 //
 // Fault injection, per request (headers are not part of the fingerprint): `x-ev-crash` =
 // after_claim | in_handler | after_effect | before_complete | after_complete makes the worker
@@ -128,7 +128,7 @@ function serve() {
   function makeStore() {
     if (STORE === 'memory') return new idempo.MemoryStore();
     if (STORE === 'sqlite') return new idempo.SqliteStore({ filename: STORE_URL, busyTimeoutMs: BUSY_MS });
-    if (STORE === 'postgres') return new idempo.PostgresStore({ connectionString: STORE_URL });
+    if (STORE === 'postgres') return new idempo.PostgresStore({ connectionString: STORE_URL, timeoutMs: STORE_TIMEOUT_MS });
     if (STORE === 'redis') return new idempo.RedisStore({ url: STORE_URL });
     throw new Error(`unknown EV_STORE ${STORE}`);
   }

@@ -305,7 +305,88 @@ async def s_kill(t: Target, trials: int) -> Row:
             if n == 2:
                 window += 1
     row.notes.append(f"unkeyed re_run window (spec 11): {window} double runs")
-    row.notes.append(f"transactional mode: not offered by the {t.app.capitalize()} binding")
+    if t.app == "node":
+        row.notes.append("transactional mode: not offered by the Node binding")
+    row.seconds = time.monotonic() - t0
+    await c.close()
+    return row
+
+
+TX_TABLE = {
+    "postgres": "CREATE TABLE IF NOT EXISTS ev_effects_tx (id bigserial PRIMARY KEY, key text, generation integer, "
+                "tag text, pid integer)",
+    "sqlite": "CREATE TABLE IF NOT EXISTS ev_effects_tx (id INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT, "
+              "generation INTEGER, tag TEXT, pid INTEGER)",
+}
+"""The transactional route's execution table, in the store's own database (app.py ``/pay/tx``)."""
+
+
+def _store_sql(t: Target, sql: str, args: Tuple[Any, ...] = ()) -> List[Tuple[Any, ...]]:
+    """One statement on the store's database (PostgreSQL or SQLite), autocommit."""
+    if t.name == "postgres":
+        import psycopg
+
+        with psycopg.connect(t.url, autocommit=True) as conn:
+            cur = conn.execute(sql.replace("?", "%s"), args)
+            return list(cur.fetchall()) if cur.description else []
+    lite = sqlite3.connect(t.url, timeout=30, isolation_level=None)
+    try:
+        return list(lite.execute(sql, args).fetchall())
+    finally:
+        lite.close()
+
+
+async def s_kill_tx(t: Target, trials: int) -> Row:
+    """kill -9 at each step of a transactional request (claim, handler write and completion in
+    one transaction of the store's database, spec/STORAGE.md section 4.4).
+
+    Required: before the commit a crash leaves nothing (no execution row, the key claimable at
+    once: the immediate retry runs fresh, generation 1, without waiting for the lease); after
+    the commit the retry replays; in every case exactly one execution row and one completed
+    record per key."""
+    import idempo
+
+    row = t.row("3t kill -9, transactional")
+    c = t.client()
+    t0 = time.monotonic()
+    retry_ms: List[float] = []
+    for step in [s for _ in range(trials) for s in STEPS]:
+        key = new_key()
+        data = body(f"tx-{step}")
+        try:
+            r = await post(c, "/pay/tx", key, data, extra=[("x-ev-crash", step)], fresh=True)
+            row.bad(f"tx/{step}: worker survived ({classify(r)})")
+            continue
+        except ConnectionDied:
+            pass
+        row.trials += 1
+        committed = step == "after_complete"
+        left = _store_sql(t, "SELECT count(*) FROM ev_effects_tx WHERE key = ?", (key,))[0][0]
+        if left != (1 if committed else 0):
+            row.bad(f"tx/{step}: {left} execution rows visible after the crash")
+        r = await post(c, "/pay/tx", key, data, fresh=True, timeout=15)
+        label = classify(r)
+        row.outcomes[f"retry at once: {label}"] += 1
+        retry_ms.append(r.elapsed * 1000)
+        if committed:
+            if label != "201 replay":
+                row.bad(f"tx/{step}: retry {label}, expected the replay")
+        elif label != "201" or r.json().get("generation") != 1:
+            row.bad(f"tx/{step}: retry {label} {r.body[:60]!r}, expected a fresh run (generation 1)")
+        again = await post(c, "/pay/tx", key, data, fresh=True)
+        if not (again.replayed and again.body == r.body):
+            row.bad(f"tx/{step}: second retry {classify(again)} is not the replay")
+        n = int(_store_sql(t, "SELECT count(*) FROM ev_effects_tx WHERE key = ?", (key,))[0][0])
+        row.executions += n
+        if n != 1:
+            row.bad(f"tx/{step}: {n} executions")
+        rec = _store_sql(t, "SELECT state, generation FROM idempo_record WHERE scope_key = ?",
+                         (idempo.scope_id("", "POST", "/pay/tx", key),))
+        if [tuple(x) for x in rec] != [(2, 1)]:
+            row.bad(f"tx/{step}: record (state, generation) {rec}, expected one completed, generation 1")
+    if retry_ms:
+        row.notes.append(f"retry right after the kill answered in max {max(retry_ms):.0f} ms (lease {LEASE_MS} ms)")
+    row.notes.append("no double execution, nothing left before the commit")
     row.seconds = time.monotonic() - t0
     await c.close()
     return row
@@ -412,9 +493,9 @@ async def s_outage(t: Target, probes: int) -> Row:
                 row.bad(f"during outage: {label} retry-after={r.headers.get('retry-after')}")
 
         # Concurrent probes, ten at a time. Node's SQLite store is synchronous (better-sqlite3): a
-        # locked file blocks a worker's event loop for the busy_timeout, so requests queue behind
-        # each other there; three at a time (one per worker, roughly) keeps each under the bound.
-        step = 3 if (t.app, t.name) == ("node", "sqlite") else 10
+        # locked file blocks a worker's whole event loop for the busy_timeout, so concurrent
+        # requests queue behind each other there (busy_timeout times their number); one at a time.
+        step = 1 if (t.app, t.name) == ("node", "sqlite") else 10
         for i in range(0, probes, step):
             await asyncio.gather(*(refused(k) for k in keys[i:i + step]))
         if t.effects.total() != before:
@@ -466,6 +547,8 @@ async def s_outage(t: Target, probes: int) -> Row:
             row.bad(f"retry after recovery: {classify(r)}")
         row.executions += len(t.effects.rows(key))
     row.notes.append(how)
+    if step == 1:
+        row.notes.append("probes one at a time (a locked file blocks a Node worker's event loop)")
     row.notes.append(f"slowest 503 {worst * 1000:.0f} ms")
     if recovered is not None:
         row.notes.append(f"recovery {recovered * 1000:.0f} ms after restart (restart took {(back_at - down_at) * 1000:.0f} ms)")
@@ -816,6 +899,10 @@ PROFILES = {
                   kill_trials=1, stop_trials=1, probes=5, hung_probes=5, ttl_keys=8, purge=10_000, soak=6.0),
     "long": dict(rounds={2: 6000, 16: 1200, 64: 300, 256: 120}, mixed={2: 3000, 16: 600, 64: 150, 256: 60},
                  kill_trials=5, stop_trials=5, probes=50, hung_probes=30, ttl_keys=50, purge=1_000_000, soak=60.0),
+    # The Node app in long mode (unless --node-full): a quarter of the rounds and half the soak, so
+    # the publishing run with both apps stays near 35 minutes on two cores.
+    "long-node": dict(rounds={2: 1500, 16: 300, 64: 75, 256: 30}, mixed={2: 750, 16: 150, 64: 38, 256: 15},
+                      kill_trials=5, stop_trials=5, probes=50, hung_probes=30, ttl_keys=50, purge=0, soak=30.0),
 }
 
 
@@ -834,8 +921,11 @@ async def run_store(app: str, name: str, svc: Optional[Services], prof: Dict[str
         s = stores.PostgresStore(url)
         s.create_schema()
         s.close()
+    tx = app == "python" and name in TX_TABLE
     server = Server(APPS[app], env, workers=workers, node=app == "node").start()
     t = Target(name, url, workers, server, Effects(effects), svc, app)
+    if tx:
+        _store_sql(t, TX_TABLE[name])
     rows: List[Row] = []
 
     def want(s: str) -> bool:
@@ -849,6 +939,8 @@ async def run_store(app: str, name: str, svc: Optional[Services], prof: Dict[str
         if name != "memory":
             if want("3"):
                 rows.append(await s_kill(t, prof["kill_trials"]))
+                if tx:
+                    rows.append(await s_kill_tx(t, prof["kill_trials"]))
             if want("4"):
                 rows.append(await s_stop(t, prof["stop_trials"]))
             if want("5"):
@@ -908,6 +1000,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--stores", default="memory,sqlite,postgres,redis")
     ap.add_argument("--apps", default="python,node", help="comma list: python (ASGI, uvicorn), node (Express, cluster)")
     ap.add_argument("--scenarios", default="", help="comma list of scenario numbers (default all)")
+    ap.add_argument("--node-full", action="store_true",
+                    help="long mode: drive the Node app with the full long profile (default: a quarter of the rounds)")
     ap.add_argument("--soak", type=float, default=None, help="soak seconds per store (override)")
     ap.add_argument("--purge", type=int, default=None, help="expired rows to purge (override)")
     args = ap.parse_args(argv)
@@ -932,9 +1026,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="idempo-evidence.") as work:
             for app in apps:
+                app_prof = prof
+                if app == "node" and args.mode == "long" and not args.node_full:
+                    app_prof = dict(PROFILES["long-node"])
+                    if args.soak is not None:
+                        app_prof["soak"] = args.soak
                 for name in names:
                     t1 = time.monotonic()
-                    got = asyncio.run(run_store(app, name, svc, prof, Path(work), only))
+                    got = asyncio.run(run_store(app, name, svc, app_prof, Path(work), only))
                     rows.extend(got)
                     n = sum(len(r.violations) for r in got)
                     print(f"[reliability] {app} {name}: {len(got)} scenarios, {n} violations, "
