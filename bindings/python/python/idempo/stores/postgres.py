@@ -259,6 +259,7 @@ class PostgresStore:
     before any statement is sent, so no request fails after the server is back. A statement that
     failed mid-request is never re-sent.
 
+    ``purge_expired`` (a background batch) has its own deadline, ``purge_timeout`` (default 30 s).
     ``lock_timeout`` and ``idle_in_transaction_timeout`` apply to transactional mode
     (:meth:`transaction`): how long a duplicate waits for the first request's row lock before it
     is answered 409, and how long an open transaction may sit idle before the server ends it.
@@ -272,6 +273,7 @@ class PostgresStore:
         connect_timeout: Optional[int] = None,
         lock_timeout: float = 2.0,
         idle_in_transaction_timeout: float = 60.0,
+        purge_timeout: float = 30.0,
         clock: Optional[Callable[[], int]] = None,
     ) -> None:
         """``clock`` replaces the database clock (conformance tests only)."""
@@ -290,6 +292,7 @@ class PostgresStore:
             raise TypeError("PostgresStore needs a DSN, a psycopg Connection or a connection pool")
         self.timeout = _check_timeout("timeout", timeout)
         self.lock_timeout = _check_timeout("lock_timeout", lock_timeout)
+        self.purge_timeout = _check_timeout("purge_timeout", purge_timeout)
         self.idle_in_transaction_timeout = _check_timeout(
             "idle_in_transaction_timeout", idle_in_transaction_timeout
         )
@@ -394,10 +397,10 @@ class PostgresStore:
             conn.close()
         return result
 
-    def _run(self, fn: Callable[[Any], T]) -> T:
+    def _run(self, fn: Callable[[Any], T], timeout: Optional[float] = None) -> T:
         lease = self._acquire()
         try:
-            result = self._guarded(lease, fn, self.timeout)
+            result = self._guarded(lease, fn, self.timeout if timeout is None else timeout)
         except BaseException as exc:
             conn = lease.conn
             discard = (
@@ -431,7 +434,7 @@ class PostgresStore:
                 conn.commit()
             return rows
 
-        return self._run(go)
+        return self._run(go, self.purge_timeout)
 
     @contextmanager
     def _conn(self) -> Iterator[psycopg.Connection[Any]]:
@@ -597,6 +600,7 @@ class AsyncPostgresStore:
         connect_timeout: Optional[int] = None,
         lock_timeout: float = 2.0,
         idle_in_transaction_timeout: float = 60.0,
+        purge_timeout: float = 30.0,
         clock: Optional[Callable[[], int]] = None,
     ) -> None:
         """``clock`` replaces the database clock (conformance tests only)."""
@@ -616,6 +620,7 @@ class AsyncPostgresStore:
             )
         self.timeout = _check_timeout("timeout", timeout)
         self.lock_timeout = _check_timeout("lock_timeout", lock_timeout)
+        self.purge_timeout = _check_timeout("purge_timeout", purge_timeout)
         self.idle_in_transaction_timeout = _check_timeout(
             "idle_in_transaction_timeout", idle_in_transaction_timeout
         )
@@ -712,10 +717,12 @@ class AsyncPostgresStore:
             await conn.close()
         return result
 
-    async def _run(self, fn: Callable[[Any], Awaitable[T]]) -> T:
+    async def _run(
+        self, fn: Callable[[Any], Awaitable[T]], timeout: Optional[float] = None
+    ) -> T:
         lease = await self._acquire()
         try:
-            result = await self._guarded(lease, fn, self.timeout)
+            result = await self._guarded(lease, fn, self.timeout if timeout is None else timeout)
         except BaseException as exc:
             conn = lease.conn
             discard = (
@@ -751,7 +758,7 @@ class AsyncPostgresStore:
                 await conn.commit()
             return rows
 
-        return await self._run(go)
+        return await self._run(go, self.purge_timeout)
 
     @asynccontextmanager
     async def _conn(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
