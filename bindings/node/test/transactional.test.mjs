@@ -217,6 +217,7 @@ for (const [name, kind] of Object.entries(kinds)) {
     const child = spawn(process.execPath, [path.join(here, 'fixtures', 'tx-worker.mjs'), name, k.where, k.schema], {
       stdio: ['ignore', 'pipe', 'inherit'],
     });
+    const exited = new Promise((r) => child.once('exit', r));
     try {
       const lines = [];
       const waitFor = (prefix) =>
@@ -238,7 +239,7 @@ for (const [name, kind] of Object.entries(kinds)) {
       await waitFor('INSERTED');
       child.kill('SIGKILL');
       assert.ok((await inFlight) instanceof Error, 'the killed worker never answered');
-      await new Promise((r) => child.once('exit', r));
+      await exited;
       // The worker's transaction died with it: no business row, no record.
       assert.equal(await k.count('x'), 0);
       assert.equal(await k.records(), 0);
