@@ -64,13 +64,13 @@ test('frozen PostgreSQL: STORE_UNAVAILABLE within the deadline, connection disca
       let t0 = Date.now();
       await assert.rejects(store.get(scope), (e) => e instanceof idempo.StoreUnavailableError && /did not answer within/.test(e.message));
       let took = Date.now() - t0;
-      assert.ok(took >= TIMEOUT - 50 && took < TIMEOUT + 400, `failed after ${took} ms`);
+      assert.ok(took >= TIMEOUT - 50 && took < TIMEOUT + 1500, `failed after ${took} ms`);
       assert.equal(pool.totalCount, 0, 'the broken connection was discarded, not given back');
       // A new connection: TCP is accepted, the startup never answers.
       t0 = Date.now();
       await assert.rejects(store.get(scope), (e) => e instanceof idempo.StoreUnavailableError);
       took = Date.now() - t0;
-      assert.ok(took < TIMEOUT + 400, `failed after ${took} ms`);
+      assert.ok(took < TIMEOUT + 1500, `failed after ${took} ms`);
       // Through the middleware: 503 problem with Retry-After, within the deadline, handler not run.
       t0 = Date.now();
       const r = await srv.post('frozen-key-0001');
@@ -78,7 +78,7 @@ test('frozen PostgreSQL: STORE_UNAVAILABLE within the deadline, connection disca
       assert.equal(r.status, 503);
       assert.equal(r.headers.get('retry-after'), '2');
       assert.equal((await r.json()).type, 'urn:idempo:problem:store-unavailable');
-      assert.ok(took < TIMEOUT + 600, `503 after ${took} ms`);
+      assert.ok(took < TIMEOUT + 1500, `503 after ${took} ms`);
       assert.equal(srv.state.runs, 0);
     } finally {
       server.thaw(pids);
