@@ -102,13 +102,19 @@ fn table<C: Checker<IdempoModel>>(
 }
 
 /// Explores breadth-first until every property in `expected` has a counterexample; returns the
-/// longest of their trace lengths (steps from the initial state).
+/// longest of their shortest trace lengths (steps from the initial state).
+///
+/// stateright's breadth-first checker records the last violating state it processed before it
+/// stopped, often a descendant of the first one (monitor bits persist), so the path it reports is
+/// not the shortest. The first failing state on that path bounds the length; a depth-bounded
+/// exhaustive search below that bound ([`shortest`]) gives the exact minimum.
 ///
 /// # Panics
 /// When a counterexample is missing.
 pub fn mutation(label: &str, model: IdempoModel, expected: &[&'static str]) -> usize {
     let start = Instant::now();
     let checker = model
+        .clone()
         .checker()
         .finish_when(HasDiscoveries::AllOf(expected.iter().copied().collect()))
         .spawn_bfs()
@@ -116,8 +122,9 @@ pub fn mutation(label: &str, model: IdempoModel, expected: &[&'static str]) -> u
     let mut depth = 0;
     for name in expected {
         let path = checker.assert_any_discovery(name);
-        let steps = path.into_actions().len();
-        println!("{label}: counterexample for {name:?} in {steps} steps");
+        let bound = first_failure(&model, name, path.into_states());
+        let steps = shortest(&model, name, bound);
+        println!("{label}: shortest counterexample for {name:?} in {steps} steps");
         depth = depth.max(steps);
     }
     println!(
@@ -126,4 +133,44 @@ pub fn mutation(label: &str, model: IdempoModel, expected: &[&'static str]) -> u
         start.elapsed()
     );
     depth
+}
+
+/// Steps to the first state of `states` (a path from the initial state) where the safety
+/// property `name` fails.
+///
+/// # Panics
+/// When `name` is not a safety property or holds along the whole path.
+#[must_use]
+pub fn first_failure(model: &IdempoModel, name: &str, states: Vec<super::World>) -> usize {
+    let property = props::safety()
+        .into_iter()
+        .find(|p| p.name == name)
+        .unwrap_or_else(|| panic!("{name:?} is not a safety property"));
+    states
+        .iter()
+        .position(|s| !(property.condition)(model, s))
+        .unwrap_or_else(|| panic!("{name:?} holds along its counterexample"))
+}
+
+/// The length of the shortest counterexample for `name`, known to be at most `bound`: the
+/// smallest depth at which an exhaustive search bounded to that depth finds one.
+///
+/// # Panics
+/// When no counterexample of at most `bound` steps exists.
+#[must_use]
+pub fn shortest(model: &IdempoModel, name: &'static str, bound: usize) -> usize {
+    for steps in 0..=bound {
+        // The initial state has depth 1; states at the target depth are not checked.
+        let checker = model
+            .clone()
+            .checker()
+            .target_max_depth(steps + 2)
+            .finish_when(HasDiscoveries::AnyOf(std::iter::once(name).collect()))
+            .spawn_bfs()
+            .join();
+        if checker.discovery(name).is_some() {
+            return steps;
+        }
+    }
+    panic!("no counterexample for {name:?} within {bound} steps")
 }

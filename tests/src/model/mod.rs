@@ -97,6 +97,9 @@ pub enum Variant {
     CommitFailureAnswered,
     /// The cache entry's TTL is the cache TTL alone, not bounded by the record's `expires_at`.
     CacheTtlUnbounded,
+    /// The cache fill sets the `PX` the authority computed at the read, without subtracting the
+    /// time that passed until the `SET`: a delayed fill outlives the record.
+    CacheFillDelayIgnored,
 }
 
 /// One modelled client: who it is (principal: its scope) and what it sends.
@@ -246,6 +249,17 @@ pub struct Cached {
     pub epoch: u8,
 }
 
+/// A cache fill under way: the authority was read, the `SET` is not done yet.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Fill {
+    /// The entry to write (its deadline is set by the write).
+    pub entry: Cached,
+    /// The `PX` the authority computed at the read.
+    pub px_ms: u64,
+    /// Tick of the read.
+    pub read_at: u8,
+}
+
 /// How a store step ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Fault {
@@ -337,6 +351,8 @@ pub struct World {
     pub faults: u8,
     /// The cache in front of the store: one entry per scope index (empty without a cache).
     pub cache: Vec<Option<Cached>>,
+    /// Cache fills under way, one per scope index (empty without a cache).
+    pub filling: Vec<Option<Fill>>,
     /// Ghost variables.
     pub ghost: Ghost,
 }
@@ -368,8 +384,10 @@ pub enum Act {
     StoreFail(u8),
     /// The pending store operation of this flow applies, but its answer is lost.
     StoreLost(u8),
-    /// The host copies the completed record of this scope into the cache.
-    CacheFill(u8),
+    /// The host reads the completed record of this scope to fill the cache.
+    CacheRead(u8),
+    /// The host writes the cache entry it read for this scope.
+    CacheWrite(u8),
 }
 
 fn token_bytes(token: u8) -> [u8; 16] {
@@ -806,16 +824,17 @@ impl IdempoModel {
         true
     }
 
-    /// Copies the completed record of scope `s` into the cache with `PX = min(cache TTL,
-    /// expires_at − now)`, as the authority computes it (unbounded under the mutation).
-    fn cache_fill(&self, w: &mut World, s: usize) {
+    /// Fill, step one: the host reads the completed record of scope `s` from the authority,
+    /// which computes `PX = min(cache TTL, expires_at − now)` on its clock (the cache TTL alone
+    /// under [`Variant::CacheTtlUnbounded`]).
+    fn cache_read(&self, w: &mut World, s: usize) {
         let now_ms = Self::now_ms(w);
         let Some(ttl) = self.bounds.cache else { return };
         let Some(record) = w.store.get(s).cloned().flatten() else {
             return;
         };
         let cache_ms = u64::from(ttl) * TICK_MS;
-        let px = if self.variant == Variant::CacheTtlUnbounded {
+        let px_ms = if self.variant == Variant::CacheTtlUnbounded {
             cache_ms
         } else {
             cache_ms.min(record.expires_at_ms.saturating_sub(now_ms))
@@ -823,24 +842,54 @@ impl IdempoModel {
         let entry = Cached {
             record: Record {
                 token: FencingToken([0; 16]),
-                expires_at_ms: now_ms.saturating_add(px),
+                expires_at_ms: 0,
                 ..record
             },
             epoch: w.ghost.epoch[s],
         };
+        if let Some(slot) = w.filling.get_mut(s) {
+            *slot = Some(Fill {
+                entry,
+                px_ms,
+                read_at: w.now,
+            });
+        }
+    }
+
+    /// Fill, step two, any time later: `SET … PX`. The host subtracts the time that passed since
+    /// the read (its own monotonic clock) from the authority's `PX`, so the entry dies no later
+    /// than the record (not under [`Variant::CacheFillDelayIgnored`]); an entry with no time
+    /// left is not written.
+    fn cache_write(&self, w: &mut World, s: usize) {
+        let now_ms = Self::now_ms(w);
+        let Some(fill) = w.filling.get_mut(s).and_then(Option::take) else {
+            return;
+        };
+        let elapsed_ms = u64::from(w.now.saturating_sub(fill.read_at)) * TICK_MS;
+        let px_ms = if self.variant == Variant::CacheFillDelayIgnored {
+            fill.px_ms
+        } else {
+            fill.px_ms.saturating_sub(elapsed_ms)
+        };
+        if px_ms == 0 {
+            return;
+        }
+        let mut entry = fill.entry;
+        entry.record.expires_at_ms = now_ms.saturating_add(px_ms);
         if let Some(slot) = w.cache.get_mut(s) {
             *slot = Some(entry);
         }
     }
 
-    /// Scopes whose completed, live record is not in the cache yet (as filled from this
-    /// generation instance).
+    /// Whether the host may start filling the cache for scope `s`: the authority holds a live,
+    /// completed record that is not in the cache yet, and no fill is under way.
     fn cache_fillable(&self, w: &World, s: usize) -> bool {
         let now_ms = Self::now_ms(w);
         let completed = w.store[s].as_ref().is_some_and(|r| {
             matches!(r.state, RecordState::Completed { .. }) && !r.is_expired(now_ms)
         });
         completed
+            && w.filling[s].is_none()
             && !matches!(&w.cache[s], Some(e) if e.epoch == w.ghost.epoch[s]
                 && w.store[s].as_ref().is_some_and(|r| r.generation == e.record.generation))
     }
@@ -1177,6 +1226,11 @@ impl Model for IdempoModel {
             } else {
                 Vec::new()
             },
+            filling: if self.bounds.cache.is_some() {
+                vec![None; self.scopes.len()]
+            } else {
+                Vec::new()
+            },
             ghost: Ghost {
                 epoch: vec![0; self.scopes.len()],
                 ..Ghost::default()
@@ -1241,8 +1295,12 @@ impl Model for IdempoModel {
             actions.push(Act::Tick);
         }
         for s in 0..w.cache.len() {
+            let si = u8::try_from(s).unwrap_or(u8::MAX);
             if self.cache_fillable(w, s) {
-                actions.push(Act::CacheFill(u8::try_from(s).unwrap_or(u8::MAX)));
+                actions.push(Act::CacheRead(si));
+            }
+            if w.filling[s].is_some() {
+                actions.push(Act::CacheWrite(si));
             }
         }
         if self.bounds.purge {
@@ -1361,7 +1419,8 @@ impl Model for IdempoModel {
                 }
             }
             Act::Purge(s) => w.store[usize::from(s)] = None,
-            Act::CacheFill(s) => self.cache_fill(&mut w, usize::from(s)),
+            Act::CacheRead(s) => self.cache_read(&mut w, usize::from(s)),
+            Act::CacheWrite(s) => self.cache_write(&mut w, usize::from(s)),
         }
         Self::canonical(&mut w);
         Some(w)
