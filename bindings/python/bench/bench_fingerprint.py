@@ -30,8 +30,10 @@ except ImportError:  # pragma: no cover - installed by the setup script
 
 def bodies() -> Dict[str, bytes]:
     rng = random.Random(42)
+    # About 200 bytes: the "~200-byte body".
     tiny = {"amount": 1000, "currency": "eur", "customer": "cus_9s6XKzkNRiz8i3",
-            "description": "Order #1234", "metadata": {"order_id": "1234"}}
+            "description": "Order #1234", "metadata": {"order_id": "1234", "channel": "web"},
+            "capture": True, "receipt_email": "ada@example.com"}
     medium = {
         "amount": 125_000, "currency": "usd", "customer": {"id": "cus_123", "email": "a@b.example",
                                                           "address": {"line1": "1 Main St", "city": "X"}},
