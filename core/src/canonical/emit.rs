@@ -153,6 +153,7 @@ impl<S: CanonSink + ?Sized> Emitter<'_, '_, S> {
                         .write_in(self.tape.input, n.a as usize, n.b as usize);
                 }
             }
+            Tag::NumText => self.sink.write(self.tape.str_bytes(n)),
             Tag::Float => {
                 let num = self.tape.nums.get(n.c as usize).copied();
                 let v = num.map_or(0.0, |x| x.value);

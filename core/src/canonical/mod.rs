@@ -329,6 +329,75 @@ mod tests {
         }
     }
 
+    /// Number literals on the edges of the fast paths (digits written without a double, the
+    /// one-pass reader, the 15-digit rule) print like parse + ES6 format, and strict mode
+    /// accepts exactly the literals whose value equals that form.
+    #[test]
+    fn number_edges_agree_with_formatter() {
+        let lits = [
+            "9007199254740991",
+            "9007199254740992",
+            "9007199254740993",
+            "-9007199254740993",
+            "999999999999999",
+            "1000000000000000",
+            "999999999999999e6",
+            "1e20",
+            "1e21",
+            "999999999999999900000",
+            "1e-6",
+            "1e-7",
+            "0.0000001",
+            "1.5e-7",
+            "-0",
+            "-0e0",
+            "0e-5",
+            "-0.0e+3",
+            "1.50e1",
+            "1.500000000000000000000",
+            "12345678901234.5e0",
+            "123456789012345e-20",
+            "1E+2",
+            "1e+0",
+            "5e-324",
+            "1e-306",
+            "1e-307",
+            "1e-308",
+            "2.2250738585072014e-308",
+            "1e308",
+            "1.7976931348623157e308",
+            "100e-2",
+            "0.00000000000000000000000000000000000000000000000000000000001234",
+            "0.1000000000000000055511151231257827",
+            "123456789012345678901234567890",
+            "1e0000001",
+            "0.10000000000000001",
+            "4.35",
+            "-7.6186e25",
+            "9.9e-7",
+            "99e19",
+            "1.0e-0",
+            "7e-1",
+        ];
+        let strict = CanonOptions {
+            numbers: NumberMode::RejectPrecisionLoss,
+            ..CanonOptions::default()
+        };
+        for lit in lits {
+            let v: f64 = lit.parse().expect("number");
+            let want = format_number(v).expect("finite");
+            assert_eq!(canon(lit), want, "{lit}");
+            assert_eq!(canon(&format!("[{lit}]")), format!("[{want}]"), "{lit}");
+            assert_eq!(
+                canonicalize_with(lit.as_bytes(), &strict).is_ok(),
+                number::literal_is_exact(lit.as_bytes(), &want),
+                "{lit}"
+            );
+        }
+        assert_eq!(code(b"1e309").0, "number_out_of_range");
+        assert_eq!(code(b"-1e400").0, "number_out_of_range");
+    }
+
     /// Members, arrays and roots copied as input runs must print exactly like the general path.
     #[test]
     fn verbatim_runs() {

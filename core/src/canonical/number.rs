@@ -76,7 +76,7 @@ const POW10_U64: [u64; 20] = {
 /// digits, or `None` when it has more than 19 significant digits or more than 6 exponent
 /// digits (the caller then falls back to the general path).
 pub(crate) fn read_literal(lit: &[u8]) -> Option<(Decimal, u32)> {
-    const ZEROS: &[u8; 8] = b"00000000";
+    const ZEROS: u64 = u64::from_le_bytes(*b"00000000");
     let negative = lit.first() == Some(&b'-');
     let mut i = usize::from(negative);
     let mut exp: i64 = 0;
@@ -85,13 +85,18 @@ pub(crate) fn read_literal(lit: &[u8]) -> Option<(Decimal, u32)> {
     loop {
         match lit.get(i) {
             Some(b'0') => {
-                if lit.get(i..i + 8) == Some(ZEROS) {
-                    i += 8;
-                    exp -= 8 * i64::from(after_dot);
-                } else {
-                    i += 1;
-                    exp -= i64::from(after_dot);
+                let mut step = 1;
+                while let Some(w) = lit.get(i + step - 1..).and_then(<[u8]>::first_chunk::<8>) {
+                    if u64::from_le_bytes(*w) != ZEROS {
+                        break;
+                    }
+                    step += 8;
                 }
+                // `step - 1` zeros were seen eight at a time, plus the one at `i` when no
+                // full word of zeros starts there.
+                let n = if step > 1 { step - 1 } else { 1 };
+                i += n;
+                exp -= n as i64 * i64::from(after_dot);
             }
             Some(b'.') => {
                 after_dot = true;
@@ -211,6 +216,65 @@ pub(crate) fn decimal_is_exact(lit: &Decimal, digits: u32, value: f64, shortest:
         return true;
     }
     digits <= 17 && decimal(shortest.as_bytes()).is_some_and(|d| d.same_value(lit))
+}
+
+/// Write the ES6 `Number::toString` form of the literal read as `d` with `digits` significant
+/// digits into `out`, without going through a double, when that form is decided by the
+/// literal alone: at most 15 significant digits and a value well inside the normal range. Then
+/// (DBL_DIG = 15) the literal's digits are the shortest round-trip digits of its double, and
+/// the literal is exact. Returns `false` (nothing written) otherwise.
+pub(crate) fn es6_from_literal(d: &Decimal, digits: u32, out: &mut Vec<u8>) -> bool {
+    if d.mantissa == 0 || digits > 15 {
+        return false;
+    }
+    // The value is 0.d1..dk x 10^n.
+    let k = digits as i64;
+    let n = d.exp + k;
+    // 10^(n-1) <= |value| < 10^n: normal and finite for these n.
+    if !(-306..=308).contains(&n) {
+        return false;
+    }
+    let mut buf = [0u8; 20];
+    let mut v = d.mantissa;
+    for slot in buf[..digits as usize].iter_mut().rev() {
+        *slot = b'0' + (v % 10) as u8;
+        v /= 10;
+    }
+    let ds = &buf[..digits as usize];
+    if d.negative {
+        out.push(b'-');
+    }
+    if k <= n && n <= 21 {
+        out.extend_from_slice(ds);
+        out.resize(out.len() + (n - k) as usize, b'0');
+    } else if 0 < n && n <= 21 {
+        let (a, b) = ds.split_at(n as usize);
+        out.extend_from_slice(a);
+        out.push(b'.');
+        out.extend_from_slice(b);
+    } else if -6 < n && n <= 0 {
+        out.extend_from_slice(b"0.");
+        out.resize(out.len() + (-n) as usize, b'0');
+        out.extend_from_slice(ds);
+    } else {
+        out.push(ds[0]);
+        if k > 1 {
+            out.push(b'.');
+            out.extend_from_slice(&ds[1..]);
+        }
+        out.push(b'e');
+        let e = n - 1;
+        out.push(if e < 0 { b'-' } else { b'+' });
+        let e = e.unsigned_abs();
+        if e >= 100 {
+            out.push(b'0' + (e / 100) as u8);
+        }
+        if e >= 10 {
+            out.push(b'0' + (e / 10 % 10) as u8);
+        }
+        out.push(b'0' + (e % 10) as u8);
+    }
+    true
 }
 
 impl Decimal {
@@ -459,6 +523,8 @@ mod tests {
             let m = x % 100_000_000_000_000_000;
             let e = (x >> 40) as i64 % 700 - 350;
             lits.push(format!("{m}e{e}"));
+            lits.push(format!("{}e{}", m % 1_000_000_000_000_000, e % 30));
+            lits.push(format!("-{}e{}", m % 1_000, e % 25));
             lits.push(format!("-0.{:0>20}e{}", m, e / 3));
         }
         for lit in &lits {
@@ -472,6 +538,18 @@ mod tests {
             };
             let got = decimal_to_f64(&d).expect("converts");
             assert_eq!(got.to_bits(), want.to_bits(), "{lit}");
+            let mut text = Vec::new();
+            if es6_from_literal(&d, digits, &mut text) {
+                assert_eq!(
+                    text,
+                    format_number(want).expect("finite").as_bytes(),
+                    "{lit}"
+                );
+                assert!(literal_is_exact(
+                    lit.as_bytes(),
+                    &format_number(want).expect("finite")
+                ));
+            }
             if want.is_finite() {
                 let mut b = ryu_js::Buffer::new();
                 let s = format_finite(want, &mut b);

@@ -7,7 +7,7 @@
 use std::cmp::Ordering;
 
 use super::error::{CanonError, CanonErrorKind as K};
-use super::number::{Num, decimal_to_f64, read_literal};
+use super::number::{Num, decimal_to_f64, es6_from_literal, read_literal};
 use super::pointer::push_token;
 use super::{Limits, NumberMode};
 
@@ -22,6 +22,10 @@ pub(crate) enum Tag {
     Int,
     /// Other number. `a` = start, `b` = length, `c` = index into `nums`.
     Float,
+    /// A number of at most 15 significant digits well inside the normal range, whose canonical
+    /// form was written from its digits: `strbuf[a..a + b]` (exact, no precision check needed).
+    /// `c` = start of the literal.
+    NumText,
     /// String without escapes. `a` = first content byte, `b` = length in the input.
     Str,
     /// Unescaped string. `a` = start, `b` = length in `strbuf`, `c` = offset of the opening quote.
@@ -61,7 +65,7 @@ impl Tape<'_> {
     pub(crate) fn str_bytes(&self, n: Node) -> &[u8] {
         let (a, b) = (n.a as usize, n.b as usize);
         match n.tag {
-            Tag::StrOwned => self.strbuf.get(a..a + b).unwrap_or(&[]),
+            Tag::StrOwned | Tag::NumText => self.strbuf.get(a..a + b).unwrap_or(&[]),
             _ => self.input.get(a..a + b).unwrap_or(&[]),
         }
     }
@@ -376,10 +380,9 @@ fn exact_fixed(
         return (int_digits <= 15).then_some(int_end - start);
     }
     let sig = if input.get(int_start) == Some(&b'0') {
-        let zeros = frac.iter().position(|&d| d != b'0').unwrap_or(0);
-        if zeros > 5 {
-            return None;
-        }
+        // Only the first six fractional digits matter (below 1e-6 is not this path): a long
+        // run of leading zeros is not scanned here.
+        let zeros = frac.iter().take(6).position(|&d| d != b'0')?;
         kept - zeros
     } else {
         int_digits + kept
@@ -1151,6 +1154,14 @@ impl<'a> Parser<'a> {
         }
         let lit = &input[start..i];
         let exact = read_literal(lit);
+        if let Some((d, digits)) = &exact {
+            let at = self.tape.strbuf.len();
+            if es6_from_literal(d, *digits, &mut self.tape.strbuf) {
+                let n = (self.tape.strbuf.len() - at) as u32;
+                self.push(Tag::NumText, at as u32, n, start as u32);
+                return Ok(false);
+            }
+        }
         let value = match &exact {
             Some((d, _)) => decimal_to_f64(d),
             None => std::str::from_utf8(lit)
