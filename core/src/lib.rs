@@ -19,6 +19,7 @@
 //! - [`scope`]: collision-free scope ids from (principal, method, route, key).
 //! - [`retry`]: the client retry policy shared by every binding's client helper.
 //! - [`record`]: the stored record and its versioned encoding.
+//! - [`recipes`]: the store recipes of `spec/STORAGE.md` (SQL and Lua texts) every binding runs.
 //! - [`policy`]: per-route lease, takeover, response-caching and retention policy.
 //! - [`machine`]: the key state machine: `decide`, completion, takeover and the sans-IO server flow.
 #![forbid(unsafe_code)]
@@ -29,6 +30,7 @@ pub mod fingerprint;
 pub mod key;
 pub mod machine;
 pub mod policy;
+pub mod recipes;
 pub mod record;
 pub mod retry;
 pub mod scope;
