@@ -426,3 +426,13 @@ fn mutation_cache_fill_delay_ignored_outlives_the_record() {
     );
     assert_eq!(depth, 11);
 }
+
+#[test]
+fn mutation_cache_without_decide_replays_another_body() {
+    let depth = mutation(
+        "cache hit without decide",
+        ab(EffectMode::UnkeyedOutcomeUnknown, cached()).with_variant(Variant::CacheSkipsDecide),
+        &[P2, P4],
+    );
+    assert_eq!(depth, 8);
+}

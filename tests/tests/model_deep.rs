@@ -181,3 +181,64 @@ fn deep_downstream_keyed_more_retries_and_crashes() {
         ],
     );
 }
+
+#[test]
+#[ignore = "deep tier: make model-deep"]
+fn deep_outcome_unknown_two_store_faults_and_a_crash() {
+    guarantees(
+        "deep: outcome-unknown A/B, 2 store faults, 1 crash",
+        IdempoModel::new(
+            EffectMode::UnkeyedOutcomeUnknown,
+            &[ALICE_A, ALICE_B],
+            Bounds {
+                store_faults: 2,
+                ..Bounds::default()
+            },
+        ),
+        DEEP,
+        &[P8E],
+        &[
+            W_REPLAY,
+            W_IN_FLIGHT,
+            W_MISMATCH,
+            W_OUTCOME_UNKNOWN,
+            W_STALE_REJECTED,
+            W_RERUN_TTL,
+            W_EXHAUSTED,
+            W_STORE_UNAVAILABLE,
+            W_ORPHAN_RESOLVED,
+        ],
+    );
+}
+
+#[test]
+#[ignore = "deep tier: make model-deep"]
+fn deep_outcome_unknown_cache_with_a_store_fault_and_a_crash() {
+    guarantees(
+        "deep: outcome-unknown A/B, cache, 1 store fault, 1 crash",
+        IdempoModel::new(
+            EffectMode::UnkeyedOutcomeUnknown,
+            &[ALICE_A, ALICE_B],
+            Bounds {
+                store_faults: 1,
+                cache: Some(3),
+                ..Bounds::default()
+            },
+        ),
+        DEEP,
+        &[P8E],
+        &[
+            W_REPLAY,
+            W_IN_FLIGHT,
+            W_MISMATCH,
+            W_OUTCOME_UNKNOWN,
+            W_STALE_REJECTED,
+            W_RERUN_TTL,
+            W_EXHAUSTED,
+            W_STORE_UNAVAILABLE,
+            W_ORPHAN_RESOLVED,
+            W_CACHE_HIT,
+            W_CACHE_MISMATCH,
+        ],
+    );
+}

@@ -100,6 +100,9 @@ pub enum Variant {
     /// The cache fill sets the `PX` the authority computed at the read, without subtracting the
     /// time that passed until the `SET`: a delayed fill outlives the record.
     CacheFillDelayIgnored,
+    /// A cache hit replays the cached response without running `decide` on the cached record
+    /// (no fingerprint comparison).
+    CacheSkipsDecide,
 }
 
 /// One modelled client: who it is (principal: its scope) and what it sends.
@@ -451,7 +454,8 @@ fn op_scope(op: &StoreOp) -> &ScopeId {
         | StoreOp::MarkUnknown { scope, .. }
         | StoreOp::Complete { scope, .. }
         | StoreOp::Release { scope, .. }
-        | StoreOp::Renew { scope, .. } => scope,
+        | StoreOp::Renew { scope, .. }
+        | StoreOp::Commit { scope } => scope,
     }
 }
 
@@ -797,7 +801,13 @@ impl IdempoModel {
         };
         let now_ms = Self::now_ms(w);
         let fp = &self.fingerprints[usize::from(self.fp_of(c))];
-        let (response, outcome) = match decide(&entry.record, fp, now_ms, &self.config) {
+        let decision = match (&entry.record.state, self.variant) {
+            (RecordState::Completed { response }, Variant::CacheSkipsDecide) => {
+                Decision::Replay(response)
+            }
+            _ => decide(&entry.record, fp, now_ms, &self.config),
+        };
+        let (response, outcome) = match decision {
             Decision::Replay(stored) => (replay_response(stored), Outcome::Replayed),
             Decision::Mismatch => (
                 problem_response(ProblemKind::Mismatch, None, None, None),
@@ -1125,6 +1135,9 @@ impl IdempoModel {
                 }
                 StoreResult::Renewed(ok)
             }
+            // Not asked for: the model's flows run with `Config::transactional` false, and the
+            // model's own transactional mode commits with the completion.
+            StoreOp::Commit { .. } => StoreResult::Committed,
         };
         if fault == Fault::Lost {
             // Applied, answer lost. The host cannot tell this from a failure: a `COMMIT` that
