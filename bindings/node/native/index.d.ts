@@ -404,6 +404,12 @@ export interface PurgeCounts {
   outcomeUnknown: number
 }
 
+/**
+ * Every store recipe of `idempo_core::recipes` by name (`postgres_claim`, `sqlite_get`,
+ * `redis_complete`, …): the SQL and Lua the stores run, written once in core.
+ */
+export declare function recipes(): Record<string, string>
+
 /** One `idempo_record` row (every column but `scope_key`). */
 export interface RecordRowData {
   /** `v1:<hex>` or `h1:<hex>`. */

@@ -855,6 +855,7 @@ module.exports.parseKey = nativeBinding.parseKey
 module.exports.parseKeyBytes = nativeBinding.parseKeyBytes
 module.exports.parseRetryAfter = nativeBinding.parseRetryAfter
 module.exports.problemResponse = nativeBinding.problemResponse
+module.exports.recipes = nativeBinding.recipes
 module.exports.responseBodyNeeded = nativeBinding.responseBodyNeeded
 module.exports.scopeId = nativeBinding.scopeId
 module.exports.scopeIdHex = nativeBinding.scopeIdHex

@@ -15,6 +15,7 @@ mod flow;
 mod key;
 mod memstore;
 mod num;
+mod recipes;
 mod record;
 mod retry;
 mod scope;

@@ -2,20 +2,18 @@ import type * as PG from 'pg';
 import { StoreUnavailableError } from '../errors';
 import type { ClaimResult, ClockOverride, GetResult, PurgeCounts, PurgeOptions, StoreRecord, TransactionalStore, TransactionSession } from './types';
 import { asBuffer, checkKeyAndToken, lockWaitExpired } from './types';
+import { recipe } from './recipes';
+
+/** The table and index names of the recipes, replaced as whole words. */
+const NAMES = /\bidempo_record(_expires_at)?\b/g;
+
+function named(sql: string, table: string, index = 'idempo_record_expires_at'): string {
+  return sql.replace(NAMES, (m) => (m === 'idempo_record' ? table : index));
+}
 
 /** The PostgreSQL schema of `spec/STORAGE.md` §4.1 (for `schema`-qualified tables see `postgresSchema`). */
 export function postgresSchema(table = 'idempo_record', index = 'idempo_record_expires_at'): string {
-  return `CREATE TABLE IF NOT EXISTS ${table} (
-  scope_key   bytea    PRIMARY KEY CHECK (octet_length(scope_key) = 32),
-  fingerprint text     NOT NULL,
-  state       smallint NOT NULL CHECK (state IN (1, 2, 3)),
-  token       bytea    NOT NULL CHECK (octet_length(token) = 16),
-  generation  integer  NOT NULL CHECK (generation >= 1),
-  lease_until bigint,
-  expires_at  bigint   NOT NULL,
-  response    bytea
-);
-CREATE INDEX IF NOT EXISTS ${index} ON ${table} (expires_at);`;
+  return named(recipe('postgres_schema'), table, index);
 }
 
 /** The DDL of `spec/STORAGE.md` §4.1, verbatim names. */
@@ -24,65 +22,19 @@ export const POSTGRES_SCHEMA = postgresSchema();
 /** Claim/read rounds before a contention error. */
 const CLAIM_ROUNDS = 3;
 
-const CLOCK = `(extract(epoch FROM clock_timestamp()) * 1000)::bigint`;
-
+/** The statements of `spec/STORAGE.md` §4.3 (from core) on table `t`. */
 function recipes(t: string) {
+  const q = (name: string): string => named(recipe(`postgres_${name}`), t);
   return {
-    claim: `
-WITH c AS (SELECT coalesce($6::bigint, ${CLOCK}) AS now)
-INSERT INTO ${t} AS r
-       (scope_key, fingerprint, state, token, generation, lease_until, expires_at, response)
-SELECT $1::bytea, $2::text, 1, $3::bytea, 1, c.now + $4::bigint, c.now + greatest($5::bigint, $4::bigint), NULL FROM c
-ON CONFLICT (scope_key) DO UPDATE
-   SET fingerprint = EXCLUDED.fingerprint, state = 1, token = EXCLUDED.token,
-       generation = least(r.generation + 1, 2147483647),
-       lease_until = EXCLUDED.lease_until, expires_at = EXCLUDED.expires_at, response = NULL
- WHERE r.expires_at <= EXCLUDED.lease_until - $4::bigint
-RETURNING r.generation, r.lease_until - $4::bigint AS now_ms`,
-    get: `
-SELECT fingerprint, state, token, generation, lease_until, expires_at, response,
-       coalesce($2::bigint, ${CLOCK}) AS now_ms
-  FROM (SELECT 1) AS one LEFT JOIN ${t} ON scope_key = $1::bytea`,
-    takeover: `
-WITH c AS (SELECT coalesce($5::bigint, ${CLOCK}) AS now)
-UPDATE ${t} SET token = $3::bytea, lease_until = c.now + $4::bigint,
-       expires_at = greatest(expires_at, c.now + $4::bigint)
-  FROM c
- WHERE scope_key = $1::bytea AND state = 1 AND token = $2::bytea AND lease_until <= c.now
-RETURNING generation`,
-    markUnknown: `
-WITH c AS (SELECT coalesce($4::bigint, ${CLOCK}) AS now)
-UPDATE ${t} SET state = 3, lease_until = NULL, expires_at = c.now + $3::bigint
-  FROM c
- WHERE scope_key = $1::bytea AND state = 1 AND token = $2::bytea AND lease_until <= c.now`,
-    complete: `
-WITH c AS (SELECT coalesce($5::bigint, ${CLOCK}) AS now)
-UPDATE ${t} SET state = 2, response = $3::bytea, lease_until = NULL, expires_at = c.now + $4::bigint
-  FROM c
- WHERE scope_key = $1::bytea AND state = 1 AND token = $2::bytea`,
-    completeRecord: `
-WITH c AS (SELECT coalesce($5::bigint, ${CLOCK}) AS now)
-UPDATE ${t} SET state = 2, response = $3::bytea, lease_until = NULL, expires_at = c.now + $4::bigint
-  FROM c
- WHERE scope_key = $1::bytea AND state = 1 AND token = $2::bytea
-RETURNING fingerprint, state, token, generation, lease_until, expires_at, response, c.now AS now_ms`,
-    release: `DELETE FROM ${t} WHERE scope_key = $1::bytea AND state = 1 AND token = $2::bytea`,
-    renew: `
-WITH c AS (SELECT coalesce($4::bigint, ${CLOCK}) AS now)
-UPDATE ${t} SET lease_until = c.now + $3::bigint, expires_at = greatest(expires_at, c.now + $3::bigint)
-  FROM c
- WHERE scope_key = $1::bytea AND state = 1 AND token = $2::bytea`,
-    purge: `
-WITH c AS (SELECT coalesce($2::bigint, ${CLOCK}) AS now),
-     doomed AS (
-       SELECT scope_key FROM ${t}, c WHERE expires_at <= c.now
-        ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED),
-     gone AS (DELETE FROM ${t} r USING doomed WHERE r.scope_key = doomed.scope_key
-              RETURNING r.state)
-SELECT count(*) FILTER (WHERE state = 1) AS in_progress,
-       count(*) FILTER (WHERE state = 2) AS completed,
-       count(*) FILTER (WHERE state = 3) AS outcome_unknown
-  FROM gone`,
+    claim: q('claim'),
+    get: q('get'),
+    takeover: q('takeover'),
+    markUnknown: q('mark_unknown'),
+    complete: q('complete'),
+    completeRecord: q('complete_returning'),
+    release: q('release'),
+    renew: q('renew'),
+    purge: q('purge'),
   };
 }
 

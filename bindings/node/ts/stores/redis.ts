@@ -2,79 +2,17 @@ import type IORedis from 'ioredis';
 import { ConfigError, StoreUnavailableError } from '../errors';
 import type { ClaimResult, ClockOverride, GetResult, IdempotencyStore, PurgeCounts, StoreRecord } from './types';
 import { asBuffer, checkKeyAndToken } from './types';
+import { recipe } from './recipes';
 
-/** The scripts of `spec/STORAGE.md` §5.2 (each is the prelude followed by its body). */
-const PRELUDE = `
-local function clock()
-  local o = ARGV[#ARGV]
-  if o ~= '' then return tonumber(o) end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-local function int(n) return string.format('%d', n) end
-`;
-
+/** The scripts of `spec/STORAGE.md` §5.2 from core (each is the prelude followed by its body). */
 export const REDIS_SCRIPTS = {
-  idempoClaim: `${PRELUDE}
-local now = clock()
-local lease, ttl = tonumber(ARGV[3]), tonumber(ARGV[4])
-local cur = redis.call('HMGET', KEYS[1], 'expires_at', 'generation')
-local gen = 1
-if cur[1] then
-  if tonumber(cur[1]) > now then
-    return {0, int(now), redis.call('HGETALL', KEYS[1])}
-  end
-  gen = math.min(tonumber(cur[2]) + 1, 2147483647)
-  redis.call('DEL', KEYS[1])
-end
-local exp = now + math.max(ttl, lease)
-redis.call('HSET', KEYS[1], 'fingerprint', ARGV[1], 'state', '1', 'token', ARGV[2],
-           'generation', int(gen), 'lease_until', int(now + lease), 'expires_at', int(exp))
-redis.call('PEXPIRE', KEYS[1], int(exp - now + 60000))
-return {1, int(now), int(gen)}`,
-  idempoGet: `${PRELUDE}
-return {int(clock()), redis.call('HGETALL', KEYS[1])}`,
-  idempoTakeover: `${PRELUDE}
-local now = clock()
-local r = redis.call('HMGET', KEYS[1], 'state', 'token', 'lease_until', 'expires_at', 'generation')
-if r[1] ~= '1' or r[2] ~= ARGV[1] or tonumber(r[3]) > now then return false end
-local lease_until = now + tonumber(ARGV[3])
-local exp = math.max(tonumber(r[4]), lease_until)
-redis.call('HSET', KEYS[1], 'token', ARGV[2], 'lease_until', int(lease_until), 'expires_at', int(exp))
-redis.call('PEXPIRE', KEYS[1], int(exp - now + 60000))
-return r[5]`,
-  idempoMarkUnknown: `${PRELUDE}
-local now = clock()
-local r = redis.call('HMGET', KEYS[1], 'state', 'token', 'lease_until')
-if r[1] ~= '1' or r[2] ~= ARGV[1] or tonumber(r[3]) > now then return 0 end
-local exp = now + tonumber(ARGV[2])
-redis.call('HSET', KEYS[1], 'state', '3', 'expires_at', int(exp))
-redis.call('HDEL', KEYS[1], 'lease_until')
-redis.call('PEXPIRE', KEYS[1], int(exp - now + 60000))
-return 1`,
-  idempoComplete: `${PRELUDE}
-local now = clock()
-local r = redis.call('HMGET', KEYS[1], 'state', 'token')
-if r[1] ~= '1' or r[2] ~= ARGV[1] then return 0 end
-local exp = now + tonumber(ARGV[3])
-redis.call('HSET', KEYS[1], 'state', '2', 'response', ARGV[2], 'expires_at', int(exp))
-redis.call('HDEL', KEYS[1], 'lease_until')
-redis.call('PEXPIRE', KEYS[1], int(exp - now + 60000))
-return 1`,
-  idempoRelease: `${PRELUDE}
-local r = redis.call('HMGET', KEYS[1], 'state', 'token')
-if r[1] ~= '1' or r[2] ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1])
-return 1`,
-  idempoRenew: `${PRELUDE}
-local now = clock()
-local r = redis.call('HMGET', KEYS[1], 'state', 'token', 'expires_at')
-if r[1] ~= '1' or r[2] ~= ARGV[1] then return 0 end
-local lease_until = now + tonumber(ARGV[2])
-local exp = math.max(tonumber(r[3]), lease_until)
-redis.call('HSET', KEYS[1], 'lease_until', int(lease_until), 'expires_at', int(exp))
-redis.call('PEXPIRE', KEYS[1], int(exp - now + 60000))
-return 1`,
+  idempoClaim: recipe('redis_claim'),
+  idempoGet: recipe('redis_get'),
+  idempoTakeover: recipe('redis_takeover'),
+  idempoMarkUnknown: recipe('redis_mark_unknown'),
+  idempoComplete: recipe('redis_complete'),
+  idempoRelease: recipe('redis_release'),
+  idempoRenew: recipe('redis_renew'),
 } as const;
 
 type ScriptName = keyof typeof REDIS_SCRIPTS;

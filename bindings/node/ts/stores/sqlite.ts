@@ -2,57 +2,21 @@ import type BetterSqlite3 from 'better-sqlite3';
 import { StoreUnavailableError } from '../errors';
 import type { ClaimResult, ClockOverride, GetResult, PurgeCounts, PurgeOptions, StoreRecord, TransactionalStore, TransactionSession } from './types';
 import { asBuffer, checkKeyAndToken, lockWaitExpired } from './types';
+import { recipe } from './recipes';
 
 /** The SQLite schema of `spec/STORAGE.md` §7 (§4.1 with SQLite types, `WITHOUT ROWID`). */
-export const SQLITE_SCHEMA = `
-CREATE TABLE IF NOT EXISTS idempo_record (
-  scope_key   BLOB    PRIMARY KEY CHECK (length(scope_key) = 32),
-  fingerprint TEXT    NOT NULL,
-  state       INTEGER NOT NULL CHECK (state IN (1, 2, 3)),
-  token       BLOB    NOT NULL CHECK (length(token) = 16),
-  generation  INTEGER NOT NULL CHECK (generation >= 1),
-  lease_until INTEGER,
-  expires_at  INTEGER NOT NULL,
-  response    BLOB
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS idempo_record_expires_at ON idempo_record (expires_at);
-`;
+export const SQLITE_SCHEMA = recipe('sqlite_schema');
 
-const CLOCK = `coalesce(@now, CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER))`;
-
+/** The statements of `spec/STORAGE.md` §7 (from core); named parameters `:scope`, `:now`, …. */
 const SQL = {
-  claim: `
-INSERT INTO idempo_record AS r
-       (scope_key, fingerprint, state, token, generation, lease_until, expires_at, response)
-VALUES (@scope, @fp, 1, @token, 1, ${CLOCK} + @lease, ${CLOCK} + max(@ttl, @lease), NULL)
-ON CONFLICT (scope_key) DO UPDATE
-   SET fingerprint = excluded.fingerprint, state = 1, token = excluded.token,
-       generation = min(r.generation + 1, 2147483647),
-       lease_until = excluded.lease_until, expires_at = excluded.expires_at, response = NULL
- WHERE r.expires_at <= excluded.lease_until - @lease
-RETURNING generation, lease_until - @lease AS now_ms`,
-  get: `
-SELECT fingerprint, state, token, generation, lease_until, expires_at, response, ${CLOCK} AS now_ms
-  FROM (SELECT 1) AS one LEFT JOIN idempo_record ON scope_key = @scope`,
-  takeover: `
-UPDATE idempo_record SET token = @new, lease_until = ${CLOCK} + @lease,
-       expires_at = max(expires_at, ${CLOCK} + @lease)
- WHERE scope_key = @scope AND state = 1 AND token = @seen AND lease_until <= ${CLOCK}
-RETURNING generation`,
-  markUnknown: `
-UPDATE idempo_record SET state = 3, lease_until = NULL, expires_at = ${CLOCK} + @ttl
- WHERE scope_key = @scope AND state = 1 AND token = @seen AND lease_until <= ${CLOCK}`,
-  complete: `
-UPDATE idempo_record SET state = 2, response = @response, lease_until = NULL, expires_at = ${CLOCK} + @ttl
- WHERE scope_key = @scope AND state = 1 AND token = @token`,
-  release: `DELETE FROM idempo_record WHERE scope_key = @scope AND state = 1 AND token = @token`,
-  renew: `
-UPDATE idempo_record SET lease_until = ${CLOCK} + @lease, expires_at = max(expires_at, ${CLOCK} + @lease)
- WHERE scope_key = @scope AND state = 1 AND token = @token`,
-  purge: `
-DELETE FROM idempo_record WHERE scope_key IN (
-  SELECT scope_key FROM idempo_record WHERE expires_at <= ${CLOCK} ORDER BY expires_at LIMIT @batch)
-RETURNING state`,
+  claim: recipe('sqlite_claim'),
+  get: recipe('sqlite_get'),
+  takeover: recipe('sqlite_takeover'),
+  markUnknown: recipe('sqlite_mark_unknown'),
+  complete: recipe('sqlite_complete'),
+  release: recipe('sqlite_release'),
+  renew: recipe('sqlite_renew'),
+  purge: recipe('sqlite_purge'),
 } as const;
 
 /** Options of {@link SqliteStore}. */
