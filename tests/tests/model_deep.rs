@@ -242,3 +242,58 @@ fn deep_outcome_unknown_cache_with_a_store_fault_and_a_crash() {
         ],
     );
 }
+
+#[test]
+#[ignore = "deep tier: make model-deep"]
+fn deep_transactional_store_faults_failures_and_heartbeats() {
+    guarantees(
+        "deep: transactional A/B, 2 store faults, failures + heartbeats, 1 retry",
+        IdempoModel::new(
+            EffectMode::Transactional,
+            &[ALICE_A, ALICE_B],
+            Bounds {
+                store_faults: 2,
+                ..failures_and_heartbeats()
+            },
+        ),
+        DEEP,
+        &[],
+        &[
+            W_REPLAY,
+            W_MISMATCH,
+            W_STALE_REJECTED,
+            W_RERUN_TTL,
+            W_EXHAUSTED,
+            W_STORE_UNAVAILABLE,
+        ],
+    );
+}
+
+#[test]
+#[ignore = "deep tier: make model-deep"]
+fn deep_downstream_keyed_store_fault_crash_and_purge() {
+    guarantees(
+        "deep: downstream-keyed A/B, 1 store fault, 1 crash, purge",
+        IdempoModel::new(
+            EffectMode::DownstreamKeyed,
+            &[ALICE_A, ALICE_B],
+            Bounds {
+                store_faults: 1,
+                ..Bounds::default()
+            },
+        ),
+        DEEP,
+        &[P8E],
+        &[
+            W_REPLAY,
+            W_IN_FLIGHT,
+            W_MISMATCH,
+            W_TAKEOVER,
+            W_STALE_REJECTED,
+            W_RERUN_TTL,
+            W_EXHAUSTED,
+            W_STORE_UNAVAILABLE,
+            W_ORPHAN_RESOLVED,
+        ],
+    );
+}
