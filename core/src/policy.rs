@@ -379,6 +379,13 @@ pub struct Config {
     /// Store rounds (claim, get, takeover, mark-unknown) before the flow gives up with 503
     /// contention. Default 3.
     pub max_store_rounds: NonZeroU8,
+    /// Transactional mode (`spec/PROTOCOL.md` §7.6): the host runs every store operation of the
+    /// flow, and the handler's writes, in one database transaction. The flow then asks for no
+    /// heartbeat, rolls back (release) on a handler error, ends a recorded outcome with
+    /// [`StoreOp::Commit`](crate::machine::StoreOp::Commit), and sends the handler's response
+    /// only once its writes committed (or were rolled back with a status that is not stored).
+    /// Default false.
+    pub transactional: bool,
 }
 
 impl Default for Config {
@@ -392,6 +399,7 @@ impl Default for Config {
             in_flight_retry_after_ms: nz64(DEFAULT_IN_FLIGHT_RETRY_AFTER_MS),
             unavailable_retry_after_ms: nz64(DEFAULT_UNAVAILABLE_RETRY_AFTER_MS),
             max_store_rounds: NonZeroU8::new(DEFAULT_MAX_STORE_ROUNDS).unwrap_or(NonZeroU8::MIN),
+            transactional: false,
         }
     }
 }

@@ -247,6 +247,8 @@ impl MemStore {
                 token,
                 lease_ms,
             } => self.renew(scope, token, lease_ms).map(StoreResult::Renewed),
+            // Every primitive here is its own atomic step: nothing is left to commit.
+            StoreOp::Commit { .. } => self.check().map(|()| StoreResult::Committed),
         };
         match result {
             Ok(r) => Event::Store(r),

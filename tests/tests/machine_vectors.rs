@@ -75,6 +75,8 @@ fn config(c: &Value) -> Config {
             .expect("> 0"),
         max_store_rounds: NonZeroU8::new(u8::try_from(n(c, "max_store_rounds")).expect("u8"))
             .expect("> 0"),
+        // Optional in scripts: absent means false.
+        transactional: c["transactional"].as_bool().unwrap_or(false),
     }
 }
 
@@ -145,6 +147,7 @@ fn event(v: &Value) -> Event {
         "completed" => Event::Store(StoreResult::Completed(applied())),
         "released" => Event::Store(StoreResult::Released(applied())),
         "renewed" => Event::Store(StoreResult::Renewed(applied())),
+        "committed" => Event::Store(StoreResult::Committed),
         "store_failed" => Event::StoreFailed,
         "handler_finished" => Event::HandlerFinished(HandlerResponse {
             status: u16::try_from(n(v, "status")).expect("u16"),
@@ -225,6 +228,10 @@ fn action_json(a: &Action, scope: &ScopeId) -> Value {
                 check_scope(s);
                 json!({"action": "store", "op": "renew", "token": hex(&token.0),
                        "lease_ms": lease_ms})
+            }
+            StoreOp::Commit { scope: s } => {
+                check_scope(s);
+                json!({"action": "store", "op": "commit"})
             }
         },
         Action::RunHandler(r) => json!({
@@ -310,7 +317,7 @@ fn machine_vectors_pass() {
         .collect();
     files.sort();
     assert!(
-        files.len() >= 29,
+        files.len() >= 41,
         "expected the full script set, found {}",
         files.len()
     );

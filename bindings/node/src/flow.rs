@@ -58,6 +58,10 @@ pub struct FlowConfigOptions {
     pub unavailable_retry_after_ms: Option<f64>,
     /// Store rounds before 503 contention (default 3).
     pub max_store_rounds: Option<u32>,
+    /// Transactional mode (default false): the host runs the flow's store operations and the
+    /// handler's writes in one database transaction; core then asks for no heartbeat, rolls back
+    /// (`release`) on a handler error, asks for `commit`, and chooses the response accordingly.
+    pub transactional: Option<bool>,
 }
 
 fn config_fail(e: &impl std::fmt::Display) -> Fail {
@@ -151,6 +155,7 @@ fn build_config(o: FlowConfigOptions) -> Result<Config, Fail> {
             Some(v) => nonzero(v, "unavailableRetryAfterMs")?,
         },
         max_store_rounds: rounds,
+        transactional: o.transactional == Some(true),
     })
 }
 
@@ -215,6 +220,13 @@ impl FlowConfig {
     #[must_use]
     pub fn max_body_bytes(&self) -> f64 {
         from_u64(u64::try_from(self.inner.response.max_body_bytes()).unwrap_or(u64::MAX))
+    }
+
+    /// Whether flows of this policy run in transactional mode.
+    #[napi(getter)]
+    #[must_use]
+    pub fn transactional(&self) -> bool {
+        self.inner.transactional
     }
 
     /// `Retry-After` (ms) core uses on a 503.
@@ -379,7 +391,8 @@ pub struct FlowAction {
     /// `store`, `run_handler`, `wait`, `lease_lost`, `respond` or `propagate_error`.
     #[napi(js_name = "type")]
     pub kind: String,
-    /// For `store`: `claim`, `get`, `takeover`, `mark_unknown`, `complete`, `release`, `renew`.
+    /// For `store`: `claim`, `get`, `takeover`, `mark_unknown`, `complete`, `release`, `renew`,
+    /// or in transactional mode `commit` (commit the request's transaction, then `committed()`).
     pub op: Option<String>,
     /// For `store`: the record key.
     pub scope: Option<Buffer>,
@@ -510,6 +523,7 @@ fn action(a: Action) -> FlowAction {
                 o.lease_ms = Some(from_u64(lease_ms));
                 o
             }
+            StoreOp::Commit { scope } => store("commit", &scope),
         },
         Action::RunHandler(r) => {
             let mut o = empty("run_handler");
@@ -682,6 +696,12 @@ impl ServerFlow {
     #[napi(catch_unwind)]
     pub fn renewed(&mut self, env: Env, applied: bool) -> napi::Result<FlowAction> {
         self.feed(&env, Event::Store(StoreResult::Renewed(applied)))
+    }
+
+    /// Commit's answer: the transaction committed (a failed commit is `storeFailed()`).
+    #[napi(catch_unwind)]
+    pub fn committed(&mut self, env: Env) -> napi::Result<FlowAction> {
+        self.feed(&env, Event::Store(StoreResult::Committed))
     }
 
     /// The last store action failed (error, timeout).

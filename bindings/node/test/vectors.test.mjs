@@ -209,6 +209,7 @@ function flowConfig(c) {
     inFlightRetryAfterMs: c.in_flight_retry_after_ms,
     unavailableRetryAfterMs: c.unavailable_retry_after_ms,
     maxStoreRounds: c.max_store_rounds,
+    transactional: c.transactional === true,
   });
 }
 
@@ -232,6 +233,7 @@ function feed(flow, e) {
     case 'completed': return flow.completed(e.applied);
     case 'released': return flow.released(e.applied);
     case 'renewed': return flow.renewed(e.applied);
+    case 'committed': return flow.committed();
     case 'store_failed': return flow.storeFailed();
     case 'heartbeat_due': return flow.heartbeatDue();
     case 'handler_finished':
@@ -304,4 +306,5 @@ for (const { file, data: v } of vectorFiles('machine')) {
 
 test('machine vectors are present', () => {
   assert.ok(vectorFiles('machine').length >= 20);
+  assert.ok(vectorFiles('machine').filter((f) => f.file.startsWith('tx_')).length >= 12);
 });

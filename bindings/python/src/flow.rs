@@ -6,7 +6,7 @@
 //! from the Python store objects into core's `StoreResult`, and core's actions into [`Action`].
 
 use std::num::{NonZeroU8, NonZeroU64};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use idempo_core::canonical::{CanonError, CanonErrorKind};
 use idempo_core::key::{self, KeyOptions};
@@ -31,6 +31,24 @@ use crate::errors::{CanonicalizationError, invalid_argument};
 #[pyclass(frozen, module = "idempo._idempo")]
 pub(crate) struct Config {
     pub(crate) inner: Arc<CoreConfig>,
+    /// The same policy in transactional mode, made on first use (a route's transactional flag is
+    /// a host option, so one `Config` may serve both modes).
+    transactional: OnceLock<Arc<CoreConfig>>,
+}
+
+impl Config {
+    /// The core policy for a flow in the given mode.
+    fn for_mode(&self, transactional: bool) -> Arc<CoreConfig> {
+        if transactional == self.inner.transactional {
+            return Arc::clone(&self.inner);
+        }
+        Arc::clone(self.transactional.get_or_init(|| {
+            Arc::new(CoreConfig {
+                transactional,
+                ..CoreConfig::clone(&self.inner)
+            })
+        }))
+    }
 }
 
 fn config_error(py: Python<'_>, e: &policy::ConfigError) -> PyErr {
@@ -138,9 +156,11 @@ impl Config {
                     "invalid_config",
                 )
             })?,
+            transactional: false,
         };
         Ok(Self {
             inner: Arc::new(inner),
+            transactional: OnceLock::new(),
         })
     }
 
@@ -202,7 +222,7 @@ pub(crate) struct Action {
     /// `"store"`, `"run_handler"`, `"wait"`, `"lease_lost"`, `"respond"` or `"propagate_error"`.
     kind: &'static str,
     /// The store primitive (`"claim"`, `"get"`, `"takeover"`, `"mark_unknown"`, `"complete"`,
-    /// `"release"`, `"renew"`) for `"store"`.
+    /// `"release"`, `"renew"`, or in transactional mode `"commit"`) for `"store"`.
     op: Option<&'static str>,
     /// Positional arguments of the store primitive, in the store method's order.
     args: Py<PyTuple>,
@@ -365,6 +385,7 @@ fn store_action(py: Python<'_>, op: &StoreOp) -> PyResult<Action> {
                 ],
             )?,
         ),
+        StoreOp::Commit { scope } => ("commit", PyTuple::new(py, [key(scope)])?),
     };
     a.op = Some(name);
     a.args = args.unbind();
@@ -405,6 +426,7 @@ enum Pending {
     Complete,
     Release,
     Renew,
+    Commit,
     Nothing,
 }
 
@@ -418,6 +440,7 @@ impl Pending {
             Self::Complete => "complete",
             Self::Release => "release",
             Self::Renew => "renew",
+            Self::Commit => "commit",
             Self::Nothing => "",
         }
     }
@@ -432,6 +455,7 @@ fn pending_of(action: &CoreAction) -> Pending {
         CoreAction::Store(StoreOp::Complete { .. }) => Pending::Complete,
         CoreAction::Store(StoreOp::Release { .. }) => Pending::Release,
         CoreAction::Store(StoreOp::Renew { .. }) => Pending::Renew,
+        CoreAction::Store(StoreOp::Commit { .. }) => Pending::Commit,
         _ => Pending::Nothing,
     }
 }
@@ -479,13 +503,19 @@ impl ServerFlow {
 #[pymethods]
 impl ServerFlow {
     /// Starts a flow; returns it with its first action (always a claim).
+    ///
+    /// `transactional`: the host runs the flow's store operations and the handler's writes in one
+    /// database transaction (core's transactional mode: no heartbeat, `"release"` is the
+    /// rollback, `"commit"` asked for where the outcome is kept).
     #[staticmethod]
+    #[pyo3(signature = (scope, fingerprint, config, entropy, *, transactional = false))]
     fn start(
         py: Python<'_>,
         scope: &[u8],
         fingerprint: &Bound<'_, PyString>,
         config: &Config,
         entropy: &[u8],
+        transactional: bool,
     ) -> PyResult<(Self, Action)> {
         let scope =
             ScopeId::try_from(scope).map_err(|e| invalid_argument(py, e.to_string(), e.code()))?;
@@ -495,7 +525,7 @@ impl ServerFlow {
             invalid_argument(py, "entropy must be 16 bytes".to_owned(), "invalid_entropy")
         })?;
         let (inner, first) =
-            CoreFlow::start(scope, fingerprint, Arc::clone(&config.inner), entropy);
+            CoreFlow::start(scope, fingerprint, config.for_mode(transactional), entropy);
         let action = to_action(py, &first)?;
         Ok((
             Self {
@@ -517,8 +547,9 @@ impl ServerFlow {
     }
 
     /// Feeds the result of the named store primitive (`"claim"`, `"get"`, `"takeover"`,
-    /// `"mark_unknown"`, `"complete"`, `"release"`, `"renew"`); a result core does not expect
-    /// now is refused with `InvalidArgument` code `"unexpected_event"`.
+    /// `"mark_unknown"`, `"complete"`, `"release"`, `"renew"`, `"commit"`: its result is
+    /// ignored, success is all it reports); a result core does not expect now is refused with
+    /// `InvalidArgument` code `"unexpected_event"`.
     fn store_event(
         &mut self,
         py: Python<'_>,
@@ -566,6 +597,7 @@ impl ServerFlow {
             "complete" => Event::Store(StoreResult::Completed(result.extract()?)),
             "release" => Event::Store(StoreResult::Released(result.extract()?)),
             "renew" => Event::Store(StoreResult::Renewed(result.extract()?)),
+            "commit" => Event::Store(StoreResult::Committed),
             _ => {
                 return Err(invalid_argument(
                     py,

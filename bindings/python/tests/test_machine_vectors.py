@@ -68,6 +68,8 @@ def feed(flow: ServerFlow, ev: Dict[str, Any], scope: bytes) -> Action:
            "renewed": "renew"}
     if t in ops:
         return flow.store_event(ops[t], ev["applied"])
+    if t == "committed":
+        return flow.store_event("commit", None)
     if t == "store_failed":
         return flow.store_failed()
     if t == "handler_finished":
@@ -90,6 +92,7 @@ ARG_NAMES = {
     "complete": ["token", "response_hex", "ttl_ms"],
     "release": ["token"],
     "renew": ["token", "lease_ms"],
+    "commit": [],
 }
 
 
@@ -132,7 +135,8 @@ def test_machine_script(path: Path) -> None:
     sc = json.loads(path.read_text(encoding="utf-8"))
     scope = bytes.fromhex(sc["scope"])
     flow, first = ServerFlow.start(
-        scope, sc["fingerprint"], config_of(sc["config"]), bytes.fromhex(sc["entropy"]))
+        scope, sc["fingerprint"], config_of(sc["config"]), bytes.fromhex(sc["entropy"]),
+        transactional=sc["config"].get("transactional", False))
     steps: List[Dict[str, Any]] = sc["steps"]
     check(first, steps[0]["expect"], scope, "start")
     for i, step in enumerate(steps[1:], 1):
@@ -148,3 +152,4 @@ def test_machine_script(path: Path) -> None:
 
 def test_machine_scripts_present() -> None:
     assert len(SCRIPTS) >= 10
+    assert sum(p.stem.startswith("tx_") for p in SCRIPTS) >= 12

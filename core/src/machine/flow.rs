@@ -19,6 +19,14 @@
 //!
 //! Events are fed one at a time: after a store action the next event is its result.
 //!
+//! **Transactional mode** ([`Config::transactional`]): the host runs every store operation of the
+//! flow and the handler's writes in one database transaction. [`StoreOp::Release`] is then the
+//! `ROLLBACK`, and [`StoreOp::Commit`] the `COMMIT`; the flow asks for no heartbeat, releases on
+//! any handler error, and sends the handler's response only after [`StoreResult::Committed`] (or,
+//! for a status that is not stored, after the rollback). A completion or `COMMIT` that fails or
+//! does not apply is answered 503 `store-unavailable` ([`Outcome::NotCommitted`]). The host rolls
+//! back whatever a store failure left open when it closes the transaction.
+//!
 //! **One token per flow.** The entropy given to `start` is the fencing token for the claim and,
 //! if needed, for a takeover. It is written to the store at most once: once a claim or takeover
 //! succeeds the flow owns the record and never claims again, and a failed attempt wrote nothing.
@@ -36,6 +44,10 @@ use crate::scope::ScopeId;
 
 /// The replay marker header added to every replayed response.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+
+/// The `detail` of the 503 answered when a transactional handler's writes did not commit.
+const NOT_COMMITTED_DETAIL: &str = "The request's transaction did not commit, so nothing it did \
+    was recorded. Retry with the same key: it replays the response if the commit did happen.";
 
 /// An HTTP response for the host to send.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -222,6 +234,13 @@ pub enum StoreOp {
         /// New lease length from the store's now.
         lease_ms: u64,
     },
+    /// Transactional mode only: `COMMIT` the request's transaction (the record as written so far
+    /// and the handler's writes); answer [`StoreResult::Committed`], or [`Event::StoreFailed`]
+    /// when the commit failed or its result is unknown.
+    Commit {
+        /// Record key.
+        scope: ScopeId,
+    },
 }
 
 /// The result of a [`StoreOp`].
@@ -258,6 +277,8 @@ pub enum StoreResult {
     Released(bool),
     /// Renew's answer: whether it applied.
     Renewed(bool),
+    /// Commit's answer: the transaction committed.
+    Committed,
 }
 
 /// An input to the flow.
@@ -306,6 +327,11 @@ pub enum Outcome {
     LeaseLost,
     /// Handler ran; the store failed while recording the result.
     CompletionFailed,
+    /// Transactional mode: the handler ran but its transaction did not commit (the completion,
+    /// a step after it or the `COMMIT` failed or did not apply); answered 503 `store-unavailable`
+    /// instead of the handler's response, since its writes were rolled back (or, for a `COMMIT`
+    /// whose answer was lost, may have committed: a retry then replays).
+    NotCommitted,
     /// Handler raised an error.
     HandlerFailed,
     /// Stored response replayed.
@@ -332,6 +358,7 @@ impl Outcome {
             Self::NotRetained => "not_retained",
             Self::LeaseLost => "lease_lost",
             Self::CompletionFailed => "completion_failed",
+            Self::NotCommitted => "not_committed",
             Self::HandlerFailed => "handler_failed",
             Self::Replayed => "replayed",
             Self::InFlight => "in_flight",
@@ -352,6 +379,7 @@ impl Outcome {
                 | Self::NotRetained
                 | Self::LeaseLost
                 | Self::CompletionFailed
+                | Self::NotCommitted
                 | Self::HandlerFailed
         )
     }
@@ -413,11 +441,19 @@ enum Phase {
     Reading,
     TakingOver,
     MarkingUnknown,
-    Running { renewing: bool, lease_lost: bool },
+    Running {
+        renewing: bool,
+        lease_lost: bool,
+    },
     Completing(HttpResponse),
     Releasing(Finish),
     Expiring(Finish),
     Abandoning(Finish),
+    /// Transactional mode: committing; `ok` once committed, `failed` on a store failure.
+    Committing {
+        ok: Finish,
+        failed: Finish,
+    },
     Finished,
 }
 
@@ -434,6 +470,7 @@ impl Phase {
             Self::Releasing(_) => "releasing",
             Self::Expiring(_) => "expiring",
             Self::Abandoning(_) => "abandoning",
+            Self::Committing { .. } => "committing",
             Self::Finished => "finished",
         }
     }
@@ -449,6 +486,7 @@ fn event_name(e: &Event) -> &'static str {
         Event::Store(StoreResult::Completed(_)) => "completed",
         Event::Store(StoreResult::Released(_)) => "released",
         Event::Store(StoreResult::Renewed(_)) => "renewed",
+        Event::Store(StoreResult::Committed) => "committed",
         Event::StoreFailed => "store_failed",
         Event::HandlerFinished(_) => "handler_finished",
         Event::HandlerFailed { .. } => "handler_failed",
@@ -536,7 +574,18 @@ impl ServerFlow {
                 Ok(self.get())
             }
             (Phase::MarkingUnknown, Event::Store(StoreResult::MarkedUnknown(true))) => {
-                Ok(self.problem(ProblemKind::OutcomeUnknown, None, Outcome::OutcomeUnknown))
+                let fin = Self::problem_finish(
+                    ProblemKind::OutcomeUnknown,
+                    None,
+                    Outcome::OutcomeUnknown,
+                );
+                Ok(if self.config.transactional {
+                    // The mark was written in the transaction: keep it. The answer is the same
+                    // whether or not the commit succeeds (a later request marks again).
+                    self.commit(fin.clone(), fin)
+                } else {
+                    self.finish(fin)
+                })
             }
             (
                 Phase::Claiming | Phase::Reading | Phase::TakingOver | Phase::MarkingUnknown,
@@ -554,7 +603,7 @@ impl ServerFlow {
                     lease_lost,
                 },
                 Event::HeartbeatDue,
-            ) => {
+            ) if !self.config.transactional => {
                 if lease_lost {
                     self.phase = Phase::Running {
                         renewing: false,
@@ -608,11 +657,56 @@ impl ServerFlow {
                 Event::HandlerFailed { maybe_side_effect },
             ) => Ok(if lease_lost {
                 self.finish(Finish::Propagate)
+            } else if self.config.transactional {
+                // Its writes roll back with the claim: whatever it did, nothing happened.
+                self.release(Finish::Propagate)
             } else if maybe_side_effect {
                 self.abandon(Finish::Propagate)
             } else {
                 self.release(Finish::Propagate)
             }),
+
+            // After the handler, transactional mode.
+            (Phase::Completing(response), Event::Store(StoreResult::Completed(true)))
+                if self.config.transactional =>
+            {
+                let failed = self.not_committed();
+                Ok(self.commit(Finish::Respond(response, Outcome::Stored), failed))
+            }
+            (Phase::Completing(_), Event::Store(StoreResult::Completed(false)))
+            | (Phase::Expiring(_), Event::Store(StoreResult::Renewed(false)))
+            | (Phase::Abandoning(_), Event::Store(StoreResult::MarkedUnknown(false)))
+                if self.config.transactional =>
+            {
+                // The record is not ours: roll back, never commit the handler's writes.
+                let fin = self.not_committed();
+                Ok(self.release(fin))
+            }
+            (
+                Phase::Completing(_) | Phase::Expiring(_) | Phase::Abandoning(_),
+                Event::StoreFailed,
+            ) if self.config.transactional => {
+                let fin = self.not_committed();
+                Ok(self.finish(fin))
+            }
+            (Phase::Expiring(fin), Event::Store(StoreResult::Renewed(true)))
+                if self.config.transactional =>
+            {
+                // Whatever the takeover policy: a committed in-progress record with an expired
+                // lease would let a takeover run the committed writes again.
+                self.phase = Phase::Abandoning(fin);
+                Ok(self.mark_own_unknown())
+            }
+            (Phase::Abandoning(fin), Event::Store(StoreResult::MarkedUnknown(true)))
+                if self.config.transactional =>
+            {
+                let failed = self.not_committed();
+                Ok(self.commit(fin, failed))
+            }
+            (Phase::Committing { ok, .. }, Event::Store(StoreResult::Committed)) => {
+                Ok(self.finish(ok))
+            }
+            (Phase::Committing { failed, .. }, Event::StoreFailed) => Ok(self.finish(failed)),
 
             // After the handler.
             (Phase::Completing(response), Event::Store(StoreResult::Completed(ok))) => {
@@ -642,11 +736,7 @@ impl ServerFlow {
                 match self.config.takeover {
                     TakeoverPolicy::OutcomeUnknown => {
                         self.phase = Phase::Abandoning(fin);
-                        Ok(Action::Store(StoreOp::MarkUnknown {
-                            scope: self.scope,
-                            seen_token: self.token,
-                            ttl_ms: self.config.ttl_ms.get(),
-                        }))
+                        Ok(self.mark_own_unknown())
                     }
                     TakeoverPolicy::ReRun => Ok(self.finish(fin)),
                 }
@@ -701,10 +791,39 @@ impl ServerFlow {
         retry_after_ms: Option<u64>,
         outcome: Outcome,
     ) -> Action {
-        self.finish(Finish::Respond(
-            problem_response(kind, None, None, retry_after_ms),
-            outcome,
-        ))
+        self.finish(Self::problem_finish(kind, retry_after_ms, outcome))
+    }
+
+    fn problem_finish(kind: ProblemKind, retry_after_ms: Option<u64>, outcome: Outcome) -> Finish {
+        Finish::Respond(problem_response(kind, None, None, retry_after_ms), outcome)
+    }
+
+    /// Transactional mode: the 503 answered when the handler's transaction did not commit.
+    fn not_committed(&self) -> Finish {
+        Finish::Respond(
+            problem_response(
+                ProblemKind::StoreUnavailable,
+                Some(NOT_COMMITTED_DETAIL),
+                None,
+                Some(self.config.unavailable_retry_after_ms.get()),
+            ),
+            Outcome::NotCommitted,
+        )
+    }
+
+    /// Transactional mode: `COMMIT`, then `ok`, or `failed` on a store failure.
+    fn commit(&mut self, ok: Finish, failed: Finish) -> Action {
+        self.phase = Phase::Committing { ok, failed };
+        Action::Store(StoreOp::Commit { scope: self.scope })
+    }
+
+    /// Marks the own (expired) record outcome-unknown.
+    fn mark_own_unknown(&self) -> Action {
+        Action::Store(StoreOp::MarkUnknown {
+            scope: self.scope,
+            seen_token: self.token,
+            ttl_ms: self.config.ttl_ms.get(),
+        })
     }
 
     fn finish(&mut self, fin: Finish) -> Action {
@@ -727,7 +846,12 @@ impl ServerFlow {
             token: self.token,
             generation,
             downstream_key: downstream_key(&self.scope, &self.fingerprint, generation),
-            heartbeat_ms: self.config.lease.heartbeat_ms(),
+            // An uncommitted claim is invisible to other requests: no lease to keep alive.
+            heartbeat_ms: if self.config.transactional {
+                None
+            } else {
+                self.config.lease.heartbeat_ms()
+            },
         })
     }
 
