@@ -10,6 +10,7 @@ mod api;
 mod convert;
 mod errors;
 mod flow;
+mod recipes;
 
 use pyo3::prelude::*;
 
@@ -32,6 +33,7 @@ fn _idempo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(flow::body_problem, m)?)?;
     m.add_function(wrap_pyfunction!(flow::body_too_large, m)?)?;
     m.add_function(wrap_pyfunction!(flow::unavailable_problem, m)?)?;
+    m.add_function(wrap_pyfunction!(recipes::recipes, m)?)?;
     m.add_class::<flow::Config>()?;
     m.add_class::<flow::ServerFlow>()?;
     m.add_class::<flow::Action>()?;

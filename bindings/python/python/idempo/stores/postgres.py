@@ -5,7 +5,9 @@ Each primitive is one autocommit statement under Read Committed, timed by the da
 ``INSERT ... ON CONFLICT DO UPDATE ... WHERE expires_at <= now RETURNING``: a live row is left
 untouched and returns nothing, an expired one is replaced in the same statement with
 ``generation + 1``. The loser re-reads in a *new* statement (a new snapshot); if the row vanished
-in between (released or purged) it claims again, at most three times, then fails closed.
+in between (released or purged) it claims again, at most three times, then fails closed. The
+statements are core's (``idempo_core::recipes``, ``spec/STORAGE.md`` §4), shared with the Node
+binding.
 
 Pass a DSN (one connection per thread, opened lazily), a ``psycopg_pool.ConnectionPool`` (anything
 with a ``connection()`` context manager) or a single ``psycopg.Connection`` (serialized by a lock).
@@ -18,16 +20,27 @@ import asyncio
 import math
 import threading
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, List, Optional, Sequence, Tuple, TypeVar
+from typing import (
+    Any,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Dict,
+    Iterator,
+    List,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+    TypeVar,
+)
 
 from idempo._idempo import InvalidArgument, StoreUnavailable
 from idempo.stores._deadline import WATCHDOG, idle_socket_is_dead
+from idempo.stores._plan import Plan, drive, drive_async
+from idempo.stores._recipes import pyformat, recipe
 from idempo.stores._tx import Transaction, TransactionalUnsupported, lock_wait_expired
 from idempo.stores._base import (
-    COMPLETED,
-    IN_PROGRESS,
-    OUTCOME_UNKNOWN,
-    TABLE,
     ClaimResult,
     Claimed,
     Existing,
@@ -54,102 +67,30 @@ DEFAULT_TIMEOUT = 2.0
 """Seconds a store operation may take before the store gives up on the server (client side)."""
 POOL_ATTEMPTS = 4
 
-NOW = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+NOW = recipe("postgres_now")
+"""The database clock in unix ms (``spec/STORAGE.md`` §4.2)."""
 COLUMNS = "scope_key, fingerprint, state, token, generation, lease_until, expires_at, response"
 CLAIM_ATTEMPTS = 3
 
-SCHEMA_STATEMENTS = (
-    f"""CREATE TABLE IF NOT EXISTS {TABLE} (
-  scope_key   bytea PRIMARY KEY CHECK (octet_length(scope_key) = 32),
-  fingerprint text NOT NULL,
-  state       smallint NOT NULL CHECK (state IN ({IN_PROGRESS}, {COMPLETED}, {OUTCOME_UNKNOWN})),
-  token       bytea NOT NULL CHECK (octet_length(token) = 16),
-  generation  integer NOT NULL CHECK (generation >= 1),
-  lease_until bigint,
-  expires_at  bigint NOT NULL,
-  response    bytea
-)""",
-    f"CREATE INDEX IF NOT EXISTS {TABLE}_expires_at ON {TABLE} (expires_at)",
+SCHEMA_STATEMENTS = tuple(
+    s.strip() for s in recipe("postgres_schema").split(";") if s.strip()
 )
 """The DDL ``create_schema()`` runs; copy it into your migrations instead if you prefer."""
 
-SQL_CLAIM = f"""
-WITH c AS (SELECT {NOW} AS now)
-INSERT INTO {TABLE} AS r ({COLUMNS})
-SELECT %(key)s, %(fp)s, {IN_PROGRESS}, %(tok)s, 1, c.now + %(lease)s,
-       c.now + greatest(%(ttl)s::bigint, %(lease)s::bigint), NULL FROM c
-ON CONFLICT (scope_key) DO UPDATE SET
-  fingerprint = EXCLUDED.fingerprint, state = {IN_PROGRESS}, token = EXCLUDED.token,
-  generation = least(r.generation + 1, 2147483647), lease_until = EXCLUDED.lease_until,
-  expires_at = EXCLUDED.expires_at, response = NULL
-WHERE r.expires_at <= EXCLUDED.lease_until - %(lease)s
-RETURNING r.generation, r.lease_until - %(lease)s
-"""
-
-SQL_GET = f"""
-SELECT {NOW}, r.scope_key, r.fingerprint, r.state, r.token, r.generation, r.lease_until,
-       r.expires_at, r.response
-FROM (SELECT 1) AS one LEFT JOIN {TABLE} AS r ON r.scope_key = %(key)s
-"""
-
-SQL_TAKEOVER = f"""
-WITH c AS (SELECT {NOW} AS now)
-UPDATE {TABLE} AS r SET token = %(new)s, lease_until = c.now + %(lease)s,
-       expires_at = greatest(r.expires_at, c.now + %(lease)s)
-FROM c WHERE r.scope_key = %(key)s AND r.state = {IN_PROGRESS} AND r.token = %(seen)s
-  AND r.lease_until <= c.now
-RETURNING r.generation
-"""
-
-SQL_MARK_UNKNOWN = f"""
-WITH c AS (SELECT {NOW} AS now)
-UPDATE {TABLE} AS r SET state = {OUTCOME_UNKNOWN}, lease_until = NULL, expires_at = c.now + %(ttl)s
-FROM c WHERE r.scope_key = %(key)s AND r.state = {IN_PROGRESS} AND r.token = %(seen)s
-  AND r.lease_until <= c.now
-RETURNING r.generation
-"""
-
-SQL_COMPLETE = f"""
-WITH c AS (SELECT {NOW} AS now)
-UPDATE {TABLE} AS r SET state = {COMPLETED}, response = %(resp)s, lease_until = NULL,
-       expires_at = c.now + %(ttl)s
-FROM c WHERE r.scope_key = %(key)s AND r.state = {IN_PROGRESS} AND r.token = %(tok)s
-RETURNING r.fingerprint, r.generation, r.expires_at, c.now
-"""
-
-SQL_RELEASE = f"""
-DELETE FROM {TABLE} WHERE scope_key = %(key)s AND state = {IN_PROGRESS} AND token = %(tok)s
-RETURNING generation
-"""
-
-SQL_RENEW = f"""
-WITH c AS (SELECT {NOW} AS now)
-UPDATE {TABLE} AS r SET lease_until = c.now + %(lease)s,
-       expires_at = greatest(r.expires_at, c.now + %(lease)s)
-FROM c WHERE r.scope_key = %(key)s AND r.state = {IN_PROGRESS} AND r.token = %(tok)s
-RETURNING r.generation
-"""
-
-SQL_PURGE = f"""
-DELETE FROM {TABLE} WHERE scope_key IN (
-  SELECT scope_key FROM {TABLE} WHERE expires_at <= {NOW}
-  ORDER BY expires_at LIMIT %(batch)s FOR UPDATE SKIP LOCKED)
-RETURNING state
-"""
+# The statements of spec/STORAGE.md §4.3, from core, with psycopg placeholders (``%(p1)s`` for
+# ``$1``). The last parameter of each (except release) is the clock override, NULL in production.
+SQL_CLAIM = pyformat(recipe("postgres_claim"))
+SQL_GET = pyformat(recipe("postgres_get"))
+SQL_TAKEOVER = pyformat(recipe("postgres_takeover"))
+SQL_MARK_UNKNOWN = pyformat(recipe("postgres_mark_unknown"))
+SQL_COMPLETE = pyformat(recipe("postgres_complete"))
+SQL_COMPLETE_RETURNING = pyformat(recipe("postgres_complete_returning"))
+SQL_RELEASE = pyformat(recipe("postgres_release"))
+SQL_RENEW = pyformat(recipe("postgres_renew"))
+SQL_PURGE = pyformat(recipe("postgres_purge"))
+SQL_NOW = pyformat(f"SELECT coalesce($1::bigint, {NOW})")
 
 _errors = (psycopg.Error,)
-
-
-class _Sql:
-    """Binds the statements to the database clock, or to a test clock given as a parameter."""
-
-    def __init__(self, clock: Optional[Callable[[], int]]) -> None:
-        self.clock = clock
-
-    def bind(self, sql: str, params: dict[str, Any]) -> Tuple[str, dict[str, Any]]:
-        if self.clock is None:
-            return sql, params
-        return sql.replace(NOW, "%(now)s::bigint"), {**params, "now": int(self.clock())}
 
 
 def record_from_row(row: Sequence[Any]) -> StoredRecord:
@@ -174,18 +115,6 @@ def _contention() -> StoreUnavailable:
     return err
 
 
-def _claim_params(
-    scope_key: bytes, fingerprint: str, token: bytes, lease_ms: int, ttl_ms: int
-) -> dict[str, Any]:
-    return {
-        "key": check_key(scope_key),
-        "fp": fingerprint,
-        "tok": check_token(token),
-        "lease": check_ms("lease_ms", lease_ms),
-        "ttl": check_ms("ttl_ms", ttl_ms),
-    }
-
-
 class CompletedRow:
     """What a successful ``complete`` returns to a cache in front of the store."""
 
@@ -196,6 +125,291 @@ class CompletedRow:
         self.generation = generation
         self.expires_at = expires_at
         self.now_ms = now_ms
+
+
+# ---------------------------------------------------------------------------------------------
+# The primitives as plans (sans-IO): written once, run by the sync and the async classes.
+# ---------------------------------------------------------------------------------------------
+
+
+class _Op(NamedTuple):
+    """One statement a plan needs run."""
+
+    sql: str
+    params: Dict[str, Any]
+    clock: Optional[str]
+    """The clock-override parameter's name (``None``: the statement reads no clock)."""
+    fetch: str = "one"
+    """``one``: the first row or ``None``; ``count``: the number of rows affected."""
+    wait: str = "op"
+    """The deadline: ``op`` (``timeout``), ``lock`` (plus ``lock_timeout``), ``purge``."""
+
+
+_Plan = Plan[_Op, T]
+
+
+def _bind(op: _Op, clock: Optional[Callable[[], int]]) -> Dict[str, Any]:
+    """The statement's parameters with the clock override (None: the database clock)."""
+    if op.clock is None:
+        return op.params
+    return {**op.params, op.clock: None if clock is None else int(clock())}
+
+
+def _record(key: bytes, row: Sequence[Any]) -> Optional[StoredRecord]:
+    """The record of a ``SQL_GET``-shaped row (7 columns, NULL when absent)."""
+    if row[0] is None:
+        return None
+    return record_from_row((key, *row[:7]))
+
+
+def _applied(op: _Op) -> "_Plan[bool]":
+    count = yield op._replace(fetch="count")
+    return bool(count == 1)
+
+
+def _get_steps(key: bytes) -> "_Plan[Tuple[Optional[StoredRecord], int]]":
+    row = yield _Op(SQL_GET, {"p1": key}, "p2")
+    return _record(key, row), int(row[7])
+
+
+def _get(scope_key: bytes) -> "_Plan[Tuple[Optional[StoredRecord], int]]":
+    return _get_steps(check_key(scope_key))
+
+
+def _claim(
+    scope_key: bytes,
+    fingerprint: str,
+    token: bytes,
+    lease_ms: int,
+    ttl_ms: int,
+    lock_wait_ms: Optional[int] = None,
+) -> "_Plan[ClaimResult]":
+    """Primitive 1; ``lock_wait_ms`` (transactional mode): a lock wait past ``lock_timeout``
+    (SQLSTATE 55P03) is answered as an in-flight record."""
+    params = {
+        "p1": check_key(scope_key),
+        "p2": fingerprint,
+        "p3": check_token(token),
+        "p4": check_ms("lease_ms", lease_ms),
+        "p5": check_ms("ttl_ms", ttl_ms),
+    }
+    return _claim_steps(params, lock_wait_ms)
+
+
+def _claim_steps(params: Dict[str, Any], lock_wait_ms: Optional[int]) -> "_Plan[ClaimResult]":
+    key: bytes = params["p1"]
+    for _ in range(CLAIM_ATTEMPTS):
+        try:
+            row = yield _Op(SQL_CLAIM, params, "p6", wait="op" if lock_wait_ms is None else "lock")
+        except psycopg.errors.LockNotAvailable:
+            if lock_wait_ms is None:
+                raise
+            now = yield _Op(SQL_NOW, {}, "p1")
+            return lock_wait_expired(key, params["p2"], int(now[0]), lock_wait_ms)
+        if row is not None:
+            return Claimed(int(row[0]), int(row[1]))
+        record, now_ms = yield from _get_steps(key)
+        if record is not None and record.expires_at > now_ms:
+            return Existing(record, now_ms)
+    raise _contention()
+
+
+def _takeover(
+    scope_key: bytes, seen_token: bytes, new_token: bytes, lease_ms: int
+) -> "_Plan[Optional[int]]":
+    params = {
+        "p1": check_key(scope_key),
+        "p2": check_token(seen_token),
+        "p3": check_token(new_token),
+        "p4": check_ms("lease_ms", lease_ms),
+    }
+    return _first_int(_Op(SQL_TAKEOVER, params, "p5"))
+
+
+def _first_int(op: _Op) -> "_Plan[Optional[int]]":
+    row = yield op
+    return None if row is None else int(row[0])
+
+
+def _mark_unknown(scope_key: bytes, seen_token: bytes, ttl_ms: int) -> "_Plan[bool]":
+    params = {
+        "p1": check_key(scope_key),
+        "p2": check_token(seen_token),
+        "p3": check_ms("ttl_ms", ttl_ms),
+    }
+    return _applied(_Op(SQL_MARK_UNKNOWN, params, "p4"))
+
+
+def _complete_params(
+    scope_key: bytes, token: bytes, response: bytes, ttl_ms: int
+) -> Dict[str, Any]:
+    return {
+        "p1": check_key(scope_key),
+        "p2": check_token(token),
+        "p3": bytes(response),
+        "p4": check_ms("ttl_ms", ttl_ms),
+    }
+
+
+def _complete(scope_key: bytes, token: bytes, response: bytes, ttl_ms: int) -> "_Plan[bool]":
+    params = _complete_params(scope_key, token, response, ttl_ms)
+    return _applied(_Op(SQL_COMPLETE, params, "p5"))
+
+
+def _complete_returning(
+    scope_key: bytes, token: bytes, response: bytes, ttl_ms: int
+) -> "_Plan[Optional[CompletedRow]]":
+    params = _complete_params(scope_key, token, response, ttl_ms)
+    return _completed_row(_Op(SQL_COMPLETE_RETURNING, params, "p5"))
+
+
+def _completed_row(op: _Op) -> "_Plan[Optional[CompletedRow]]":
+    row = yield op
+    if row is None:
+        return None
+    return CompletedRow(str(row[0]), int(row[3]), int(row[5]), int(row[7]))
+
+
+def _release(scope_key: bytes, token: bytes) -> "_Plan[bool]":
+    params = {"p1": check_key(scope_key), "p2": check_token(token)}
+    return _applied(_Op(SQL_RELEASE, params, None))
+
+
+def _renew(scope_key: bytes, token: bytes, lease_ms: int) -> "_Plan[bool]":
+    params = {
+        "p1": check_key(scope_key),
+        "p2": check_token(token),
+        "p3": check_ms("lease_ms", lease_ms),
+    }
+    return _applied(_Op(SQL_RENEW, params, "p4"))
+
+
+def _purge(batch: int) -> "_Plan[PurgeCounts]":
+    check_batch(batch)
+    return _counts(_Op(SQL_PURGE, {"p1": batch}, "p2", wait="purge"))
+
+
+def _counts(op: _Op) -> "_Plan[PurgeCounts]":
+    row = yield op
+    return PurgeCounts(int(row[0]), int(row[1]), int(row[2]))
+
+
+def _execute(conn: Any, op: _Op, params: Dict[str, Any], commit: bool) -> Any:
+    """Runs one statement on a blocking connection (``commit``: outside autocommit, commit)."""
+    cur = conn.execute(op.sql, params, prepare=True)
+    result = cur.fetchone() if op.fetch == "one" else cur.rowcount
+    if commit and not conn.autocommit:
+        conn.commit()
+    return result
+
+
+async def _execute_async(conn: Any, op: _Op, params: Dict[str, Any], commit: bool) -> Any:
+    """Runs one statement on an asyncio connection."""
+    cur = await conn.execute(op.sql, params, prepare=True)
+    result = await cur.fetchone() if op.fetch == "one" else cur.rowcount
+    if commit and not conn.autocommit:
+        await conn.commit()
+    return result
+
+
+class _Primitives:
+    """Primitives 1–8 of ``spec/STORAGE.md`` for the blocking classes (plans run by ``_op``)."""
+
+    def _op(self, op: _Op) -> Any:
+        raise NotImplementedError
+
+    def _drive(self, plan: "_Plan[T]") -> T:
+        return drive(plan, self._op)
+
+    @fail_closed(_errors, "PostgreSQL claim failed")
+    def claim(
+        self, scope_key: bytes, fingerprint: str, token: bytes, lease_ms: int, ttl_ms: int
+    ) -> ClaimResult:
+        """Primitive 1: insert-if-absent (an expired record counts as absent)."""
+        return self._drive(_claim(scope_key, fingerprint, token, lease_ms, ttl_ms))
+
+    @fail_closed(_errors, "PostgreSQL get failed")
+    def get(self, scope_key: bytes) -> Tuple[Optional[StoredRecord], int]:
+        """Primitive 2: the record (expired ones included) and the store's now."""
+        return self._drive(_get(scope_key))
+
+    @fail_closed(_errors, "PostgreSQL takeover failed")
+    def takeover(
+        self, scope_key: bytes, seen_token: bytes, new_token: bytes, lease_ms: int
+    ) -> Optional[int]:
+        """Primitive 3: take over an expired lease with a new token."""
+        return self._drive(_takeover(scope_key, seen_token, new_token, lease_ms))
+
+    @fail_closed(_errors, "PostgreSQL mark_unknown failed")
+    def mark_unknown(self, scope_key: bytes, seen_token: bytes, ttl_ms: int) -> bool:
+        """Primitive 4: an abandoned in-progress record becomes outcome-unknown."""
+        return self._drive(_mark_unknown(scope_key, seen_token, ttl_ms))
+
+    @fail_closed(_errors, "PostgreSQL complete failed")
+    def complete(self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int) -> bool:
+        """Primitive 5: store the response, only while still holding the token."""
+        return self._drive(_complete(scope_key, token, response, ttl_ms))
+
+    @fail_closed(_errors, "PostgreSQL release failed")
+    def release(self, scope_key: bytes, token: bytes) -> bool:
+        """Primitive 6: delete the caller's own in-progress record."""
+        return self._drive(_release(scope_key, token))
+
+    @fail_closed(_errors, "PostgreSQL renew failed")
+    def renew(self, scope_key: bytes, token: bytes, lease_ms: int) -> bool:
+        """Primitive 7: extend the caller's lease (heartbeat)."""
+        return self._drive(_renew(scope_key, token, lease_ms))
+
+
+class _AsyncPrimitives:
+    """Primitives 1–8 for the asyncio classes (the same plans, awaited)."""
+
+    async def _op(self, op: _Op) -> Any:
+        raise NotImplementedError
+
+    async def _drive(self, plan: "_Plan[T]") -> T:
+        return await drive_async(plan, self._op)
+
+    @fail_closed_async(_errors, "PostgreSQL claim failed")
+    async def claim(
+        self, scope_key: bytes, fingerprint: str, token: bytes, lease_ms: int, ttl_ms: int
+    ) -> ClaimResult:
+        """Primitive 1: insert-if-absent (an expired record counts as absent)."""
+        return await self._drive(_claim(scope_key, fingerprint, token, lease_ms, ttl_ms))
+
+    @fail_closed_async(_errors, "PostgreSQL get failed")
+    async def get(self, scope_key: bytes) -> Tuple[Optional[StoredRecord], int]:
+        """Primitive 2: the record (expired ones included) and the store's now."""
+        return await self._drive(_get(scope_key))
+
+    @fail_closed_async(_errors, "PostgreSQL takeover failed")
+    async def takeover(
+        self, scope_key: bytes, seen_token: bytes, new_token: bytes, lease_ms: int
+    ) -> Optional[int]:
+        """Primitive 3: take over an expired lease with a new token."""
+        return await self._drive(_takeover(scope_key, seen_token, new_token, lease_ms))
+
+    @fail_closed_async(_errors, "PostgreSQL mark_unknown failed")
+    async def mark_unknown(self, scope_key: bytes, seen_token: bytes, ttl_ms: int) -> bool:
+        """Primitive 4: an abandoned in-progress record becomes outcome-unknown."""
+        return await self._drive(_mark_unknown(scope_key, seen_token, ttl_ms))
+
+    @fail_closed_async(_errors, "PostgreSQL complete failed")
+    async def complete(
+        self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int
+    ) -> bool:
+        """Primitive 5: store the response, only while still holding the token."""
+        return await self._drive(_complete(scope_key, token, response, ttl_ms))
+
+    @fail_closed_async(_errors, "PostgreSQL release failed")
+    async def release(self, scope_key: bytes, token: bytes) -> bool:
+        """Primitive 6: delete the caller's own in-progress record."""
+        return await self._drive(_release(scope_key, token))
+
+    @fail_closed_async(_errors, "PostgreSQL renew failed")
+    async def renew(self, scope_key: bytes, token: bytes, lease_ms: int) -> bool:
+        """Primitive 7: extend the caller's lease (heartbeat)."""
+        return await self._drive(_renew(scope_key, token, lease_ms))
 
 
 class _Lease:
@@ -247,7 +461,17 @@ MAX_IDLE_DEDICATED = 32
 """Idle connections a DSN-configured store keeps for transactional requests."""
 
 
-class PostgresStore:
+def _discardable(exc: BaseException) -> bool:
+    """After this failure the connection cannot be trusted (anything but a plain SQL error)."""
+    return not isinstance(exc, psycopg.Error) or isinstance(exc, psycopg.OperationalError)
+
+
+def _spoiled(exc: BaseException, conn: Any) -> bool:
+    """The connection must not be reused after ``exc`` (untrusted, closed or broken)."""
+    return _discardable(exc) or bool(conn.closed) or bool(conn.broken)
+
+
+class PostgresStore(_Primitives):
     """The storage contract on PostgreSQL (psycopg 3, sync).
 
     Every operation has a client-side deadline of ``timeout`` seconds (default 2.0): past it the
@@ -277,7 +501,7 @@ class PostgresStore:
         clock: Optional[Callable[[], int]] = None,
     ) -> None:
         """``clock`` replaces the database clock (conformance tests only)."""
-        self._sql = _Sql(clock)
+        self._clock = clock
         self._dsn: Optional[str] = None
         self._pool: Any = None
         self._single: Optional[psycopg.Connection[Any]] = None
@@ -402,39 +626,15 @@ class PostgresStore:
         try:
             result = self._guarded(lease, fn, self.timeout if timeout is None else timeout)
         except BaseException as exc:
-            conn = lease.conn
-            discard = (
-                not isinstance(exc, psycopg.Error)
-                or isinstance(exc, psycopg.OperationalError)
-                or conn.closed
-                or conn.broken
-            )
-            self._release(lease, exc, discard)
+            self._release(lease, exc, _spoiled(exc, lease.conn))
             raise
         self._release(lease, None, lease.conn.closed)
         return result
 
-    def _one(self, sql: str, params: dict[str, Any]) -> Optional[Tuple[Any, ...]]:
-        sql, params = self._sql.bind(sql, params)
-
-        def go(conn: Any) -> Optional[Tuple[Any, ...]]:
-            row: Optional[Tuple[Any, ...]] = conn.execute(sql, params, prepare=True).fetchone()
-            if not conn.autocommit:
-                conn.commit()
-            return row
-
-        return self._run(go)
-
-    def _all_rows(self, sql: str, params: dict[str, Any]) -> List[Tuple[Any, ...]]:
-        sql, params = self._sql.bind(sql, params)
-
-        def go(conn: Any) -> List[Tuple[Any, ...]]:
-            rows: List[Tuple[Any, ...]] = conn.execute(sql, params, prepare=True).fetchall()
-            if not conn.autocommit:
-                conn.commit()
-            return rows
-
-        return self._run(go, self.purge_timeout)
+    def _op(self, op: _Op) -> Any:
+        params = _bind(op, self._clock)
+        timeout = self.purge_timeout if op.wait == "purge" else self.timeout
+        return self._run(lambda conn: _execute(conn, op, params, commit=True), timeout)
 
     @contextmanager
     def _conn(self) -> Iterator[psycopg.Connection[Any]]:
@@ -481,108 +681,20 @@ class PostgresStore:
             conn.close()
         self._local = threading.local()
 
-    @fail_closed(_errors, "PostgreSQL claim failed")
-    def claim(
-        self, scope_key: bytes, fingerprint: str, token: bytes, lease_ms: int, ttl_ms: int
-    ) -> ClaimResult:
-        """Primitive 1: insert-if-absent (an expired record counts as absent)."""
-        params = _claim_params(scope_key, fingerprint, token, lease_ms, ttl_ms)
-        for _ in range(CLAIM_ATTEMPTS):
-            row = self._one(SQL_CLAIM, params)
-            if row is not None:
-                return Claimed(int(row[0]), int(row[1]))
-            record, now = self._get(params["key"])
-            if record is not None and record.expires_at > now:
-                return Existing(record, now)
-        raise _contention()
-
-    def _get(self, key: bytes) -> Tuple[Optional[StoredRecord], int]:
-        row = self._one(SQL_GET, {"key": key})
-        assert row is not None
-        return (None if row[1] is None else record_from_row(row[1:])), int(row[0])
-
-    @fail_closed(_errors, "PostgreSQL get failed")
-    def get(self, scope_key: bytes) -> Tuple[Optional[StoredRecord], int]:
-        """Primitive 2: the record (expired ones included) and the store's now."""
-        return self._get(check_key(scope_key))
-
-    @fail_closed(_errors, "PostgreSQL takeover failed")
-    def takeover(
-        self, scope_key: bytes, seen_token: bytes, new_token: bytes, lease_ms: int
-    ) -> Optional[int]:
-        """Primitive 3: take over an expired lease with a new token."""
-        row = self._one(SQL_TAKEOVER,
-            {
-                "key": check_key(scope_key),
-                "seen": check_token(seen_token),
-                "new": check_token(new_token),
-                "lease": check_ms("lease_ms", lease_ms),
-            },
-        )
-        return None if row is None else int(row[0])
-
-    @fail_closed(_errors, "PostgreSQL mark_unknown failed")
-    def mark_unknown(self, scope_key: bytes, seen_token: bytes, ttl_ms: int) -> bool:
-        """Primitive 4: an abandoned in-progress record becomes outcome-unknown."""
-        row = self._one(SQL_MARK_UNKNOWN,
-            {
-                "key": check_key(scope_key),
-                "seen": check_token(seen_token),
-                "ttl": check_ms("ttl_ms", ttl_ms),
-            },
-        )
-        return row is not None
-
+    @fail_closed(_errors, "PostgreSQL complete failed")
     def complete_returning(
         self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int
     ) -> Optional[CompletedRow]:
         """``complete`` that also returns what a cache needs (None when the token is stale)."""
-        try:
-            row = self._one(SQL_COMPLETE,
-                {
-                    "key": check_key(scope_key),
-                    "tok": check_token(token),
-                    "resp": bytes(response),
-                    "ttl": check_ms("ttl_ms", ttl_ms),
-                },
-            )
-        except psycopg.Error as exc:
-            raise unavailable("PostgreSQL complete failed", exc) from exc
-        if row is None:
-            return None
-        return CompletedRow(str(row[0]), int(row[1]), int(row[2]), int(row[3]))
-
-    def complete(self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int) -> bool:
-        """Primitive 5: store the response, only while still holding the token."""
-        return self.complete_returning(scope_key, token, response, ttl_ms) is not None
-
-    @fail_closed(_errors, "PostgreSQL release failed")
-    def release(self, scope_key: bytes, token: bytes) -> bool:
-        """Primitive 6: delete the caller's own in-progress record."""
-        row = self._one(SQL_RELEASE, {"key": check_key(scope_key), "tok": check_token(token)})
-        return row is not None
-
-    @fail_closed(_errors, "PostgreSQL renew failed")
-    def renew(self, scope_key: bytes, token: bytes, lease_ms: int) -> bool:
-        """Primitive 7: extend the caller's lease (heartbeat)."""
-        row = self._one(SQL_RENEW,
-            {
-                "key": check_key(scope_key),
-                "tok": check_token(token),
-                "lease": check_ms("lease_ms", lease_ms),
-            },
-        )
-        return row is not None
+        return self._drive(_complete_returning(scope_key, token, response, ttl_ms))
 
     @fail_closed(_errors, "PostgreSQL purge_expired failed")
     def purge_expired(self, batch: int = 1000) -> PurgeCounts:
         """Primitive 8: delete up to ``batch`` expired rows, earliest first (``SKIP LOCKED``)."""
-        check_batch(batch)
-        rows = self._all_rows(SQL_PURGE, {"batch": batch})
-        return PurgeCounts.from_states([int(r[0]) for r in rows])
+        return self._drive(_purge(batch))
 
 
-class AsyncPostgresStore:
+class AsyncPostgresStore(_AsyncPrimitives):
     """The storage contract on PostgreSQL with psycopg's asyncio API.
 
     Pass a DSN (one connection, opened on first use, serialized by an asyncio lock; transactional
@@ -604,7 +716,7 @@ class AsyncPostgresStore:
         clock: Optional[Callable[[], int]] = None,
     ) -> None:
         """``clock`` replaces the database clock (conformance tests only)."""
-        self._sql = _Sql(clock)
+        self._clock = clock
         self._dsn: Optional[str] = None
         self._pool: Any = None
         self._single: Optional[psycopg.AsyncConnection[Any]] = None
@@ -724,41 +836,15 @@ class AsyncPostgresStore:
         try:
             result = await self._guarded(lease, fn, self.timeout if timeout is None else timeout)
         except BaseException as exc:
-            conn = lease.conn
-            discard = (
-                not isinstance(exc, psycopg.Error)
-                or isinstance(exc, psycopg.OperationalError)
-                or conn.closed
-                or conn.broken
-            )
-            await self._release(lease, exc, discard)
+            await self._release(lease, exc, _spoiled(exc, lease.conn))
             raise
         await self._release(lease, None, lease.conn.closed)
         return result
 
-    async def _one(self, sql: str, params: dict[str, Any]) -> Optional[Tuple[Any, ...]]:
-        sql, params = self._sql.bind(sql, params)
-
-        async def go(conn: Any) -> Optional[Tuple[Any, ...]]:
-            cur = await conn.execute(sql, params, prepare=True)
-            row: Optional[Tuple[Any, ...]] = await cur.fetchone()
-            if not conn.autocommit:
-                await conn.commit()
-            return row
-
-        return await self._run(go)
-
-    async def _all_rows(self, sql: str, params: dict[str, Any]) -> List[Tuple[Any, ...]]:
-        sql, params = self._sql.bind(sql, params)
-
-        async def go(conn: Any) -> List[Tuple[Any, ...]]:
-            cur = await conn.execute(sql, params, prepare=True)
-            rows: List[Tuple[Any, ...]] = await cur.fetchall()
-            if not conn.autocommit:
-                await conn.commit()
-            return rows
-
-        return await self._run(go, self.purge_timeout)
+    async def _op(self, op: _Op) -> Any:
+        params = _bind(op, self._clock)
+        timeout = self.purge_timeout if op.wait == "purge" else self.timeout
+        return await self._run(lambda conn: _execute_async(conn, op, params, True), timeout)
 
     @asynccontextmanager
     async def _conn(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
@@ -802,106 +888,17 @@ class AsyncPostgresStore:
         for conn in idle:
             await conn.close()
 
-    @fail_closed_async(_errors, "PostgreSQL claim failed")
-    async def claim(
-        self, scope_key: bytes, fingerprint: str, token: bytes, lease_ms: int, ttl_ms: int
-    ) -> ClaimResult:
-        """Primitive 1: insert-if-absent (an expired record counts as absent)."""
-        params = _claim_params(scope_key, fingerprint, token, lease_ms, ttl_ms)
-        for _ in range(CLAIM_ATTEMPTS):
-            row = await self._one(SQL_CLAIM, params)
-            if row is not None:
-                return Claimed(int(row[0]), int(row[1]))
-            record, now = await self._get(params["key"])
-            if record is not None and record.expires_at > now:
-                return Existing(record, now)
-        raise _contention()
-
-    async def _get(self, key: bytes) -> Tuple[Optional[StoredRecord], int]:
-        row = await self._one(SQL_GET, {"key": key})
-        assert row is not None
-        return (None if row[1] is None else record_from_row(row[1:])), int(row[0])
-
-    @fail_closed_async(_errors, "PostgreSQL get failed")
-    async def get(self, scope_key: bytes) -> Tuple[Optional[StoredRecord], int]:
-        """Primitive 2: the record (expired ones included) and the store's now."""
-        return await self._get(check_key(scope_key))
-
-    @fail_closed_async(_errors, "PostgreSQL takeover failed")
-    async def takeover(
-        self, scope_key: bytes, seen_token: bytes, new_token: bytes, lease_ms: int
-    ) -> Optional[int]:
-        """Primitive 3: take over an expired lease with a new token."""
-        row = await self._one(SQL_TAKEOVER,
-            {
-                "key": check_key(scope_key),
-                "seen": check_token(seen_token),
-                "new": check_token(new_token),
-                "lease": check_ms("lease_ms", lease_ms),
-            },
-        )
-        return None if row is None else int(row[0])
-
-    @fail_closed_async(_errors, "PostgreSQL mark_unknown failed")
-    async def mark_unknown(self, scope_key: bytes, seen_token: bytes, ttl_ms: int) -> bool:
-        """Primitive 4: an abandoned in-progress record becomes outcome-unknown."""
-        row = await self._one(SQL_MARK_UNKNOWN,
-            {
-                "key": check_key(scope_key),
-                "seen": check_token(seen_token),
-                "ttl": check_ms("ttl_ms", ttl_ms),
-            },
-        )
-        return row is not None
-
     @fail_closed_async(_errors, "PostgreSQL complete failed")
     async def complete_returning(
         self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int
     ) -> Optional[CompletedRow]:
         """``complete`` that also returns what a cache needs (None when the token is stale)."""
-        row = await self._one(SQL_COMPLETE,
-            {
-                "key": check_key(scope_key),
-                "tok": check_token(token),
-                "resp": bytes(response),
-                "ttl": check_ms("ttl_ms", ttl_ms),
-            },
-        )
-        if row is None:
-            return None
-        return CompletedRow(str(row[0]), int(row[1]), int(row[2]), int(row[3]))
-
-    async def complete(
-        self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int
-    ) -> bool:
-        """Primitive 5: store the response, only while still holding the token."""
-        return await self.complete_returning(scope_key, token, response, ttl_ms) is not None
-
-    @fail_closed_async(_errors, "PostgreSQL release failed")
-    async def release(self, scope_key: bytes, token: bytes) -> bool:
-        """Primitive 6: delete the caller's own in-progress record."""
-        row = await self._one(SQL_RELEASE, {"key": check_key(scope_key), "tok": check_token(token)}
-        )
-        return row is not None
-
-    @fail_closed_async(_errors, "PostgreSQL renew failed")
-    async def renew(self, scope_key: bytes, token: bytes, lease_ms: int) -> bool:
-        """Primitive 7: extend the caller's lease (heartbeat)."""
-        row = await self._one(SQL_RENEW,
-            {
-                "key": check_key(scope_key),
-                "tok": check_token(token),
-                "lease": check_ms("lease_ms", lease_ms),
-            },
-        )
-        return row is not None
+        return await self._drive(_complete_returning(scope_key, token, response, ttl_ms))
 
     @fail_closed_async(_errors, "PostgreSQL purge_expired failed")
     async def purge_expired(self, batch: int = 1000) -> PurgeCounts:
         """Primitive 8: delete up to ``batch`` expired rows, earliest first (``SKIP LOCKED``)."""
-        check_batch(batch)
-        rows = await self._all_rows(SQL_PURGE, {"batch": batch})
-        return PurgeCounts.from_states([int(r[0]) for r in rows])
+        return await self._drive(_purge(batch))
 
 
 def _tx_setup(store: Any, conn: Any) -> str:
@@ -914,23 +911,10 @@ def _tx_setup(store: Any, conn: Any) -> str:
     return "BEGIN; " + setup if conn.autocommit else setup
 
 
-def _discardable(exc: BaseException) -> bool:
-    """After this failure the connection cannot be trusted (anything but a plain SQL error)."""
-    return not isinstance(exc, psycopg.Error) or isinstance(exc, psycopg.OperationalError)
+class _Session:
+    """State and deadlines the sync and async transactional sessions share."""
 
-
-class PostgresTransaction:
-    """One request's transactional session on a :class:`PostgresStore` (``store.transaction()``).
-
-    The primitives core asks for run on one dedicated connection inside one transaction:
-    ``claim`` opens it (``BEGIN``, ``SET LOCAL lock_timeout``, ``SET LOCAL
-    idle_in_transaction_session_timeout``), ``complete`` writes the record and commits,
-    ``release`` rolls back. A claim that waits on a duplicate's row lock longer than
-    ``lock_timeout`` (SQLSTATE 55P03) is reported as an in-flight record (409). The host calls
-    :meth:`finish` when the flow is done and :meth:`close` in every case.
-    """
-
-    def __init__(self, store: PostgresStore) -> None:
+    def __init__(self, store: Any) -> None:
         self.store = store
         self.transaction: Optional[Transaction] = None
         self.committed = False
@@ -941,6 +925,28 @@ class PostgresTransaction:
     def open(self) -> bool:
         """True while the transaction is open."""
         return self._lease is not None
+
+    def _timeout(self, op: _Op) -> float:
+        """A claim may wait ``lock_timeout`` for a duplicate's row lock on top of ``timeout``."""
+        extra = self.store.lock_timeout if op.wait == "lock" else 0.0
+        return float(self.store.timeout + extra)
+
+    def _lock_wait_ms(self) -> int:
+        return math.ceil(self.store.lock_timeout * 1000)
+
+
+class PostgresTransaction(_Session, _Primitives):
+    """One request's transactional session on a :class:`PostgresStore` (``store.transaction()``).
+
+    The primitives core asks for run on one dedicated connection inside one transaction:
+    ``claim`` opens it (``BEGIN``, ``SET LOCAL lock_timeout``, ``SET LOCAL
+    idle_in_transaction_session_timeout``), ``complete`` writes the record and commits,
+    ``release`` rolls back. A claim that waits on a duplicate's row lock longer than
+    ``lock_timeout`` (SQLSTATE 55P03) is reported as an in-flight record (409). The host calls
+    :meth:`finish` when the flow is done and :meth:`close` in every case.
+    """
+
+    store: PostgresStore
 
     def _begin(self) -> None:
         lease = self.store._acquire(dedicated=True)
@@ -974,103 +980,31 @@ class PostgresTransaction:
         finally:
             self.store._release(lease, None, discard or conn.closed or conn.broken)
 
-    def _row(self, sql: str, params: dict[str, Any], timeout: float) -> Optional[Tuple[Any, ...]]:
-        sql, params = self.store._sql.bind(sql, params)
-        return self._call(lambda c: c.execute(sql, params, prepare=True).fetchone(), timeout)
-
-    def _now(self) -> int:
-        clock = self.store._sql.clock
-        if clock is not None:
-            return int(clock())
-        row = self.store._one(f"SELECT {NOW}", {})
-        assert row is not None
-        return int(row[0])
+    def _op(self, op: _Op) -> Any:
+        """Inside the transaction while it is open, else on the store."""
+        if self._lease is None:
+            return self.store._op(op)
+        params = _bind(op, self.store._clock)
+        return self._call(lambda c: _execute(c, op, params, commit=False), self._timeout(op))
 
     @fail_closed(_errors, "PostgreSQL claim failed")
     def claim(
         self, scope_key: bytes, fingerprint: str, token: bytes, lease_ms: int, ttl_ms: int
     ) -> ClaimResult:
         """``BEGIN`` (first call), then primitive 1 inside the transaction."""
-        params = _claim_params(scope_key, fingerprint, token, lease_ms, ttl_ms)
+        plan = _claim(scope_key, fingerprint, token, lease_ms, ttl_ms, self._lock_wait_ms())
         if self._lease is None:
             self._begin()
-        for _ in range(CLAIM_ATTEMPTS):
-            try:
-                row = self._row(SQL_CLAIM, params, self.store.timeout + self.store.lock_timeout)
-            except psycopg.errors.LockNotAvailable:
-                wait_ms = math.ceil(self.store.lock_timeout * 1000)
-                return lock_wait_expired(params["key"], fingerprint, self._now(), wait_ms)
-            if row is not None:
-                return Claimed(int(row[0]), int(row[1]))
-            record, now = self._get(params["key"])
-            if record is not None and record.expires_at > now:
-                return Existing(record, now)
-        raise _contention()
-
-    def _get(self, key: bytes) -> Tuple[Optional[StoredRecord], int]:
-        row = self._row(SQL_GET, {"key": key}, self.store.timeout)
-        assert row is not None
-        return (None if row[1] is None else record_from_row(row[1:])), int(row[0])
-
-    @fail_closed(_errors, "PostgreSQL get failed")
-    def get(self, scope_key: bytes) -> Tuple[Optional[StoredRecord], int]:
-        """Primitive 2 (inside the transaction while it is open)."""
-        if self._lease is None:
-            return self.store.get(scope_key)
-        return self._get(check_key(scope_key))
-
-    @fail_closed(_errors, "PostgreSQL takeover failed")
-    def takeover(
-        self, scope_key: bytes, seen_token: bytes, new_token: bytes, lease_ms: int
-    ) -> Optional[int]:
-        """Primitive 3 inside the transaction (the row stays locked until it ends)."""
-        if self._lease is None:
-            return self.store.takeover(scope_key, seen_token, new_token, lease_ms)
-        row = self._row(
-            SQL_TAKEOVER,
-            {
-                "key": check_key(scope_key),
-                "seen": check_token(seen_token),
-                "new": check_token(new_token),
-                "lease": check_ms("lease_ms", lease_ms),
-            },
-            self.store.timeout,
-        )
-        return None if row is None else int(row[0])
-
-    @fail_closed(_errors, "PostgreSQL mark_unknown failed")
-    def mark_unknown(self, scope_key: bytes, seen_token: bytes, ttl_ms: int) -> bool:
-        """Primitive 4 inside the transaction."""
-        if self._lease is None:
-            return self.store.mark_unknown(scope_key, seen_token, ttl_ms)
-        row = self._row(
-            SQL_MARK_UNKNOWN,
-            {
-                "key": check_key(scope_key),
-                "seen": check_token(seen_token),
-                "ttl": check_ms("ttl_ms", ttl_ms),
-            },
-            self.store.timeout,
-        )
-        return row is not None
+        return self._drive(plan)
 
     @fail_closed(_errors, "PostgreSQL complete failed")
     def complete(self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int) -> bool:
         """Primitive 5, then ``COMMIT`` (``ROLLBACK`` when the token is not ours)."""
         if self._lease is None:
             return self.store.complete(scope_key, token, response, ttl_ms)
-        row = self._row(
-            SQL_COMPLETE,
-            {
-                "key": check_key(scope_key),
-                "tok": check_token(token),
-                "resp": bytes(response),
-                "ttl": check_ms("ttl_ms", ttl_ms),
-            },
-            self.store.timeout,
-        )
-        self._end(commit=row is not None)
-        return row is not None
+        applied = self._drive(_complete(scope_key, token, response, ttl_ms))
+        self._end(commit=applied)
+        return applied
 
     @fail_closed(_errors, "PostgreSQL release failed")
     def release(self, scope_key: bytes, token: bytes) -> bool:
@@ -1079,22 +1013,6 @@ class PostgresTransaction:
             return self.store.release(scope_key, token)
         self._end(commit=False)
         return True
-
-    @fail_closed(_errors, "PostgreSQL renew failed")
-    def renew(self, scope_key: bytes, token: bytes, lease_ms: int) -> bool:
-        """Primitive 7 inside the transaction (core asks for it only to expire a lease)."""
-        if self._lease is None:
-            return self.store.renew(scope_key, token, lease_ms)
-        row = self._row(
-            SQL_RENEW,
-            {
-                "key": check_key(scope_key),
-                "tok": check_token(token),
-                "lease": check_ms("lease_ms", lease_ms),
-            },
-            self.store.timeout,
-        )
-        return row is not None
 
     @fail_closed(_errors, "PostgreSQL commit failed")
     def finish(self) -> None:
@@ -1106,19 +1024,10 @@ class PostgresTransaction:
         self._end(commit=False)
 
 
-class AsyncPostgresTransaction:
+class AsyncPostgresTransaction(_Session, _AsyncPrimitives):
     """The asyncio form of :class:`PostgresTransaction` (``AsyncPostgresStore.transaction()``)."""
 
-    def __init__(self, store: AsyncPostgresStore) -> None:
-        self.store = store
-        self.transaction: Optional[Transaction] = None
-        self.committed = False
-        self._lease: Optional[_Lease] = None
-
-    @property
-    def open(self) -> bool:
-        """True while the transaction is open."""
-        return self._lease is not None
+    store: AsyncPostgresStore
 
     async def _begin(self) -> None:
         lease = await self.store._acquire(dedicated=True)
@@ -1152,95 +1061,24 @@ class AsyncPostgresTransaction:
         finally:
             await self.store._release(lease, None, discard or conn.closed or conn.broken)
 
-    async def _row(
-        self, sql: str, params: dict[str, Any], timeout: float
-    ) -> Optional[Tuple[Any, ...]]:
-        sql, params = self.store._sql.bind(sql, params)
-
-        async def go(conn: Any) -> Optional[Tuple[Any, ...]]:
-            cur = await conn.execute(sql, params, prepare=True)
-            row: Optional[Tuple[Any, ...]] = await cur.fetchone()
-            return row
-
-        return await self._call(go, timeout)
-
-    async def _now(self) -> int:
-        clock = self.store._sql.clock
-        if clock is not None:
-            return int(clock())
-        row = await self.store._one(f"SELECT {NOW}", {})
-        assert row is not None
-        return int(row[0])
+    async def _op(self, op: _Op) -> Any:
+        """Inside the transaction while it is open, else on the store."""
+        if self._lease is None:
+            return await self.store._op(op)
+        params = _bind(op, self.store._clock)
+        return await self._call(
+            lambda c: _execute_async(c, op, params, False), self._timeout(op)
+        )
 
     @fail_closed_async(_errors, "PostgreSQL claim failed")
     async def claim(
         self, scope_key: bytes, fingerprint: str, token: bytes, lease_ms: int, ttl_ms: int
     ) -> ClaimResult:
         """``BEGIN`` (first call), then primitive 1 inside the transaction."""
-        params = _claim_params(scope_key, fingerprint, token, lease_ms, ttl_ms)
+        plan = _claim(scope_key, fingerprint, token, lease_ms, ttl_ms, self._lock_wait_ms())
         if self._lease is None:
             await self._begin()
-        for _ in range(CLAIM_ATTEMPTS):
-            try:
-                row = await self._row(
-                    SQL_CLAIM, params, self.store.timeout + self.store.lock_timeout
-                )
-            except psycopg.errors.LockNotAvailable:
-                wait_ms = math.ceil(self.store.lock_timeout * 1000)
-                return lock_wait_expired(params["key"], fingerprint, await self._now(), wait_ms)
-            if row is not None:
-                return Claimed(int(row[0]), int(row[1]))
-            record, now = await self._get(params["key"])
-            if record is not None and record.expires_at > now:
-                return Existing(record, now)
-        raise _contention()
-
-    async def _get(self, key: bytes) -> Tuple[Optional[StoredRecord], int]:
-        row = await self._row(SQL_GET, {"key": key}, self.store.timeout)
-        assert row is not None
-        return (None if row[1] is None else record_from_row(row[1:])), int(row[0])
-
-    @fail_closed_async(_errors, "PostgreSQL get failed")
-    async def get(self, scope_key: bytes) -> Tuple[Optional[StoredRecord], int]:
-        """Primitive 2 (inside the transaction while it is open)."""
-        if self._lease is None:
-            return await self.store.get(scope_key)
-        return await self._get(check_key(scope_key))
-
-    @fail_closed_async(_errors, "PostgreSQL takeover failed")
-    async def takeover(
-        self, scope_key: bytes, seen_token: bytes, new_token: bytes, lease_ms: int
-    ) -> Optional[int]:
-        """Primitive 3 inside the transaction."""
-        if self._lease is None:
-            return await self.store.takeover(scope_key, seen_token, new_token, lease_ms)
-        row = await self._row(
-            SQL_TAKEOVER,
-            {
-                "key": check_key(scope_key),
-                "seen": check_token(seen_token),
-                "new": check_token(new_token),
-                "lease": check_ms("lease_ms", lease_ms),
-            },
-            self.store.timeout,
-        )
-        return None if row is None else int(row[0])
-
-    @fail_closed_async(_errors, "PostgreSQL mark_unknown failed")
-    async def mark_unknown(self, scope_key: bytes, seen_token: bytes, ttl_ms: int) -> bool:
-        """Primitive 4 inside the transaction."""
-        if self._lease is None:
-            return await self.store.mark_unknown(scope_key, seen_token, ttl_ms)
-        row = await self._row(
-            SQL_MARK_UNKNOWN,
-            {
-                "key": check_key(scope_key),
-                "seen": check_token(seen_token),
-                "ttl": check_ms("ttl_ms", ttl_ms),
-            },
-            self.store.timeout,
-        )
-        return row is not None
+        return await self._drive(plan)
 
     @fail_closed_async(_errors, "PostgreSQL complete failed")
     async def complete(
@@ -1249,18 +1087,9 @@ class AsyncPostgresTransaction:
         """Primitive 5, then ``COMMIT`` (``ROLLBACK`` when the token is not ours)."""
         if self._lease is None:
             return await self.store.complete(scope_key, token, response, ttl_ms)
-        row = await self._row(
-            SQL_COMPLETE,
-            {
-                "key": check_key(scope_key),
-                "tok": check_token(token),
-                "resp": bytes(response),
-                "ttl": check_ms("ttl_ms", ttl_ms),
-            },
-            self.store.timeout,
-        )
-        await self._end(commit=row is not None)
-        return row is not None
+        applied = await self._drive(_complete(scope_key, token, response, ttl_ms))
+        await self._end(commit=applied)
+        return applied
 
     @fail_closed_async(_errors, "PostgreSQL release failed")
     async def release(self, scope_key: bytes, token: bytes) -> bool:
@@ -1269,22 +1098,6 @@ class AsyncPostgresTransaction:
             return await self.store.release(scope_key, token)
         await self._end(commit=False)
         return True
-
-    @fail_closed_async(_errors, "PostgreSQL renew failed")
-    async def renew(self, scope_key: bytes, token: bytes, lease_ms: int) -> bool:
-        """Primitive 7 inside the transaction (core asks for it only to expire a lease)."""
-        if self._lease is None:
-            return await self.store.renew(scope_key, token, lease_ms)
-        row = await self._row(
-            SQL_RENEW,
-            {
-                "key": check_key(scope_key),
-                "tok": check_token(token),
-                "lease": check_ms("lease_ms", lease_ms),
-            },
-            self.store.timeout,
-        )
-        return row is not None
 
     @fail_closed_async(_errors, "PostgreSQL commit failed")
     async def finish(self) -> None:
