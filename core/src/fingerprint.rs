@@ -32,8 +32,8 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::canonical::{
-    BufSink, CanonError, CanonOptions, DigestSink, Exclusions, Limits, NumberMode, PointerError,
-    Scratch, canonicalize_scratch,
+    CanonError, CanonOptions, DigestSink, Exclusions, Limits, NumberMode, PointerError, Scratch,
+    canonicalize_scratch,
 };
 
 /// The domain-separation and version tag that starts every v1 framing.
@@ -49,8 +49,9 @@ const BODY_EMPTY: u8 = 0x00;
 const BODY_JSON: u8 = 0x01;
 /// Body kind byte: raw bytes.
 const BODY_RAW: u8 = 0x02;
-/// JSON bodies up to this size are hashed through a sink buffer of this size.
-const SMALL_BODY: usize = 512;
+/// JSON bodies up to this size are canonicalized into the kept framing buffer and hashed in
+/// one update; larger ones stream into the hasher.
+const INLINE_BODY: usize = 64 * 1024;
 
 /// The parts of an HTTP request that the fingerprint covers. Borrowed: nothing is copied.
 #[derive(Debug, Clone, Copy)]
@@ -366,7 +367,7 @@ pub struct Fingerprinter {
     exclusions: Exclusions,
     opts: CanonOptions,
     hasher: Hasher,
-    scratch: Mutex<Scratch>,
+    scratch: Mutex<FpScratch>,
 }
 
 impl fmt::Debug for Fingerprinter {
@@ -413,7 +414,7 @@ impl Fingerprinter {
                 numbers: config.numbers,
             },
             hasher,
-            scratch: Mutex::new(Scratch::default()),
+            scratch: Mutex::new(FpScratch::default()),
         })
     }
 
@@ -447,77 +448,95 @@ impl Fingerprinter {
     }
 
     /// Write the v1 framing of `parts` into `d`.
+    ///
+    /// Bodies up to [`INLINE_BODY`] bytes: the whole framing is laid out in the kept buffer
+    /// (the canonical body written in place) and hashed with one update, which costs less
+    /// than many small updates through a zeroed sink buffer. Larger JSON bodies stream into
+    /// the hasher through a [`DigestSink`]; raw bodies are hashed where they are.
     fn frame<D: Update>(&self, mut d: D, parts: &RequestParts<'_>) -> Result<D, FingerprintError> {
-        fn field<D: Update>(d: &mut D, bytes: &[u8]) {
-            d.update(&(bytes.len() as u32).to_be_bytes());
-            d.update(bytes);
+        let mut guard = match self.scratch.try_lock() {
+            Ok(g) => Some(g),
+            // The scratch is emptied at every use: a panic elsewhere left nothing that
+            // matters in it.
+            Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        };
+        let mut fresh = None;
+        let scratch = match guard.as_deref_mut() {
+            Some(s) => s,
+            None => fresh.insert(FpScratch::default()),
+        };
+        let out = &mut scratch.out;
+        out.clear();
+        self.head(out, parts);
+        let json = parts.content_type.is_some_and(is_json_media_type);
+        out.push(if json { CLASS_JSON } else { CLASS_OTHER });
+        let (opts, excl) = (&self.opts, &self.exclusions);
+        if parts.body.is_empty() {
+            out.push(BODY_EMPTY);
+            out.extend_from_slice(&0u64.to_be_bytes());
+            d.update(out);
+        } else if !json {
+            out.push(BODY_RAW);
+            d.update(out);
+            d.update(parts.body);
+            d.update(&(parts.body.len() as u64).to_be_bytes());
+        } else if parts.body.len() <= INLINE_BODY {
+            out.push(BODY_JSON);
+            let at = out.len();
+            canonicalize_scratch(parts.body, opts, excl, out, &mut scratch.canon)?;
+            let len = (out.len() - at) as u64;
+            out.extend_from_slice(&len.to_be_bytes());
+            d.update(out);
+        } else {
+            out.push(BODY_JSON);
+            d.update(out);
+            let mut sink = DigestSink::new(d);
+            canonicalize_scratch(parts.body, opts, excl, &mut sink, &mut scratch.canon)?;
+            let (inner, len) = sink.finish();
+            d = inner;
+            d.update(&len.to_be_bytes());
         }
-        field(&mut d, FRAMING_TAG_V1);
-        // Upper-cased method, without allocating.
-        d.update(&(parts.method.len() as u32).to_be_bytes());
-        for chunk in parts.method.as_bytes().chunks(32) {
-            let mut up = [0u8; 32];
-            for (u, b) in up.iter_mut().zip(chunk) {
-                *u = b.to_ascii_uppercase();
-            }
-            d.update(&up[..chunk.len()]);
+        if scratch.out.capacity() > 2 * INLINE_BODY {
+            scratch.out = Vec::new();
         }
-        field(&mut d, parts.route.as_bytes());
-        d.update(&(self.headers.len() as u32).to_be_bytes());
+        drop(guard);
+        Ok(d)
+    }
+
+    /// The framing fields before the content-type class: tag, method, route, headers.
+    fn head(&self, out: &mut Vec<u8>, parts: &RequestParts<'_>) {
+        fn field(out: &mut Vec<u8>, bytes: &[u8]) {
+            out.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
+            out.extend_from_slice(bytes);
+        }
+        field(out, FRAMING_TAG_V1);
+        // Upper-cased method.
+        out.extend_from_slice(&(parts.method.len() as u32).to_be_bytes());
+        out.extend(parts.method.bytes().map(|b| b.to_ascii_uppercase()));
+        field(out, parts.route.as_bytes());
+        out.extend_from_slice(&(self.headers.len() as u32).to_be_bytes());
         for name in &self.headers {
-            field(&mut d, name.as_bytes());
+            field(out, name.as_bytes());
             let matching = || {
                 parts
                     .headers
                     .iter()
                     .filter(|(n, _)| n.eq_ignore_ascii_case(name))
             };
-            d.update(&(matching().count() as u32).to_be_bytes());
+            out.extend_from_slice(&(matching().count() as u32).to_be_bytes());
             for (_, value) in matching() {
-                field(&mut d, trim_ows(value).as_bytes());
+                field(out, trim_ows(value).as_bytes());
             }
         }
-        let json = parts.content_type.is_some_and(is_json_media_type);
-        d.update(&[if json { CLASS_JSON } else { CLASS_OTHER }]);
-        if parts.body.is_empty() {
-            d.update(&[BODY_EMPTY]);
-            d.update(&0u64.to_be_bytes());
-        } else if json {
-            d.update(&[BODY_JSON]);
-            // A small body gets a small sink buffer: zeroing 4 KiB would cost as much as
-            // canonicalizing it.
-            let mut guard = match self.scratch.try_lock() {
-                Ok(g) => Some(g),
-                // The scratch is emptied at every use: a panic elsewhere left nothing that
-                // matters in it.
-                Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
-                Err(TryLockError::WouldBlock) => None,
-            };
-            let mut fresh = None;
-            let scratch = match guard.as_deref_mut() {
-                Some(s) => s,
-                None => fresh.insert(Scratch::default()),
-            };
-            let (opts, excl) = (&self.opts, &self.exclusions);
-            let (inner, len) = if parts.body.len() <= SMALL_BODY {
-                let mut sink = BufSink::<D, SMALL_BODY>::new(d);
-                canonicalize_scratch(parts.body, opts, excl, &mut sink, scratch)?;
-                sink.finish()
-            } else {
-                let mut sink = DigestSink::new(d);
-                canonicalize_scratch(parts.body, opts, excl, &mut sink, scratch)?;
-                sink.finish()
-            };
-            drop(guard);
-            d = inner;
-            d.update(&len.to_be_bytes());
-        } else {
-            d.update(&[BODY_RAW]);
-            d.update(parts.body);
-            d.update(&(parts.body.len() as u64).to_be_bytes());
-        }
-        Ok(d)
     }
+}
+
+/// A fingerprinter's kept working memory: the canonicalizer's vectors and the framing buffer.
+#[derive(Default)]
+struct FpScratch {
+    canon: Scratch,
+    out: Vec<u8>,
 }
 
 /// Fingerprint `parts` under `config` (prepares a [`Fingerprinter`] each call; keep one around on

@@ -37,7 +37,6 @@ mod sink;
 pub use error::{CanonError, CanonErrorKind};
 pub use number::format_number;
 pub use pointer::{Exclusions, MAX_EXCLUSIONS, PointerError};
-pub(crate) use sink::BufSink;
 pub use sink::{CanonSink, DIGEST_SINK_BUFFER, DigestSink};
 
 /// Size and nesting limits applied before and while parsing.
