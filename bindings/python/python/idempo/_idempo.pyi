@@ -35,6 +35,7 @@ __all__ = [
     "parse_key",
     "parse_key_details",
     "parse_retry_after",
+    "recipes",
     "response_body_needed",
     "scope_id",
     "unavailable_problem",
