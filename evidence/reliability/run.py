@@ -161,8 +161,11 @@ async def post(c: Client, route: str, key: Optional[str], data: bytes, *, extra:
 
 # --- 1 and 2: concurrent duplicates ------------------------------------------------------------
 
-async def s_concurrent(t: Target, rounds: Dict[int, int], mixed: bool) -> Row:
-    row = t.row("2 K dup, half other body" if mixed else "1 K concurrent same key")
+async def s_concurrent(t: Target, rounds: Dict[int, int], mixed: bool, route: str = "/pay/ou") -> Row:
+    name = "2 K dup, half other body" if mixed else "1 K concurrent same key"
+    if route == "/pay/tx":
+        name = ("2t" if mixed else "1t") + name[1:] + ", tx"
+    row = t.row(name)
     c = t.client()
     t0 = time.monotonic()
     lat: List[float] = []
@@ -175,7 +178,7 @@ async def s_concurrent(t: Target, rounds: Dict[int, int], mixed: bool) -> Row:
 
         async def one(tag: str) -> Tuple[str, Optional[Reply]]:
             try:
-                return tag, await post(c, "/pay/ou", key, body(tag), extra=[("x-ev-sleep-ms", sleep)])
+                return tag, await post(c, route, key, body(tag), extra=[("x-ev-sleep-ms", sleep)])
             except ConnectionDied as exc:
                 row.bad(f"K={k} connection died: {exc}")
                 return tag, None
@@ -199,15 +202,20 @@ async def s_concurrent(t: Target, rounds: Dict[int, int], mixed: bool) -> Row:
             if r is None:
                 continue
             if tg != winner_tag:
-                if r.status != 422:
+                # Transactional mode: a duplicate that waited past the lock timeout for the
+                # uncommitted claim is answered 409 (it cannot read the fingerprint yet).
+                if r.status != 422 and not (route == "/pay/tx" and classify(r) == "409 in-flight"):
                     row.bad(f"K={k} other body got {classify(r)}")
             elif r is not winner and not (r.status == 409 or (r.replayed and r.body == winner.body)):
                 row.bad(f"K={k} same body got {classify(r)}")
-        effects = t.effects.rows(key)
-        row.executions += len(effects)
-        if len(effects) != 1:
-            row.bad(f"K={k} {len(effects)} executions")
-        final = await post(c, "/pay/ou", key, body(winner_tag))
+        if route == "/pay/tx":
+            n = int(_store_sql(t, "SELECT count(*) FROM ev_effects_tx WHERE key = ?", (key,))[0][0])
+        else:
+            n = len(t.effects.rows(key))
+        row.executions += n
+        if n != 1:
+            row.bad(f"K={k} {n} executions")
+        final = await post(c, route, key, body(winner_tag))
         if not (final.replayed and final.body == winner.body):
             row.bad(f"K={k} follow-up got {classify(final)}")
 
@@ -448,6 +456,78 @@ async def s_stop(t: Target, trials: int) -> Row:
             if charges != 1:
                 row.bad(f"keyed: {charges} downstream charges")
     row.notes.append("stale completion rejected (token compare-and-set); replays keep the takeover's body")
+    row.seconds = time.monotonic() - t0
+    await c.close()
+    return row
+
+
+async def s_stop_tx(t: Target, trials: int) -> Row:
+    """SIGSTOP a transactional request's worker mid-handler past the lease, then SIGCONT.
+
+    The claim is uncommitted while the owner is frozen, so no lease can expire and nobody can
+    take over: a duplicate waits for the row (or database) lock and is refused (409 or 503),
+    never run. After SIGCONT the owner commits; its answer is the one replayed; one execution.
+    If the server's supervisor kills the frozen worker meanwhile (uvicorn's health check does
+    after about 5 s, which SQLite's 5 s busy wait reaches), its transaction rolls back and the
+    key runs fresh exactly once."""
+    row = t.row("4t SIGSTOP, transactional")
+    c = t.client()
+    t0 = time.monotonic()
+    for _ in range(trials):
+        key = new_key()
+        data = body("stop-tx")
+        first = asyncio.ensure_future(post(c, "/pay/tx", key, data, extra=[("x-ev-stop", "1")], fresh=True, timeout=60))
+        pid = None
+        for _ in range(500):
+            pid = t.effects.started_pid(key)
+            if pid:
+                break
+            await asyncio.sleep(0.01)
+        if pid is None:
+            row.bad("handler never started")
+            first.cancel()
+            continue
+        os.kill(pid, signal.SIGSTOP)
+        row.trials += 1
+        killed = False  # uvicorn's supervisor kills a worker that misses its health check
+        try:
+            await asyncio.sleep(LEASE_MS / 1000 + 0.2)
+            second = await post(c, "/pay/tx", key, data, fresh=True, timeout=30)
+        finally:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                killed = True
+        row.outcomes["duplicate during the freeze: " + classify(second)] += 1
+        if second.status == 201 and not killed:
+            row.bad(f"a duplicate ran while the owner was frozen: {classify(second)}")
+        try:
+            owner: Optional[Reply] = await first
+        except ConnectionDied as exc:
+            if not killed:
+                row.bad(f"paused request died: {exc}")
+            owner = None
+        third = await post(c, "/pay/tx", key, data, fresh=True)
+        if owner is None:
+            # Killed while frozen (uvicorn's worker health check): its transaction rolled back,
+            # so the key ran fresh once, in the duplicate or in this retry.
+            row.outcomes["owner killed while frozen, then: " + classify(third)] += 1
+            fresh = second if second.status == 201 else third
+            if fresh.status != 201 or fresh.replayed or fresh.json().get("generation") != 1:
+                row.bad(f"after the frozen owner was killed: {classify(fresh)}, expected a fresh run")
+            elif fresh is second and not (third.replayed and third.body == second.body):
+                row.bad(f"after the frozen owner was killed: {classify(third)} is not the replay")
+        elif owner.status != 201 or owner.replayed:
+            row.bad(f"owner answered {classify(owner)} after SIGCONT")
+        else:
+            row.outcomes["owner after SIGCONT: " + classify(owner)] += 1
+            if not (third.replayed and third.body == owner.body):
+                row.bad(f"after SIGCONT: {classify(third)} is not the owner's replay")
+        n = int(_store_sql(t, "SELECT count(*) FROM ev_effects_tx WHERE key = ?", (key,))[0][0])
+        row.executions += n
+        if n != 1:
+            row.bad(f"{n} executions")
+    row.notes.append("no takeover while the claim is uncommitted; one execution per key")
     row.seconds = time.monotonic() - t0
     await c.close()
     return row
@@ -934,9 +1014,11 @@ async def s_soak(t: Target, seconds: float, kills: bool) -> Row:
 
 PROFILES = {
     "short": dict(rounds={2: 40, 16: 12, 64: 4, 256: 2}, mixed={2: 20, 16: 8, 64: 3, 256: 1},
-                  kill_trials=1, stop_trials=1, probes=5, hung_probes=5, ttl_keys=8, purge=10_000, soak=6.0),
+                  kill_trials=1, stop_trials=1, probes=5, hung_probes=5, ttl_keys=8, purge=10_000, soak=6.0,
+                  tx_rounds={2: 20, 16: 6, 64: 2}),
     "long": dict(rounds={2: 6000, 16: 1200, 64: 300, 256: 120}, mixed={2: 3000, 16: 600, 64: 150, 256: 60},
-                 kill_trials=5, stop_trials=5, probes=50, hung_probes=30, ttl_keys=50, purge=1_000_000, soak=60.0),
+                 kill_trials=5, stop_trials=5, probes=50, hung_probes=30, ttl_keys=50, purge=1_000_000, soak=60.0,
+                 tx_rounds={2: 600, 16: 120, 64: 30}),
     # The Node app in long mode (unless --node-full): a quarter of the rounds and half the soak, so
     # the publishing run with both apps stays near 35 minutes on two cores.
     "long-node": dict(rounds={2: 1500, 16: 300, 64: 75, 256: 30}, mixed={2: 750, 16: 150, 64: 38, 256: 15},
@@ -974,6 +1056,9 @@ async def run_store(app: str, name: str, svc: Optional[Services], prof: Dict[str
             rows.append(await s_concurrent(t, prof["rounds"], mixed=False))
         if want("2"):
             rows.append(await s_concurrent(t, prof["mixed"], mixed=True))
+        if tx and want("1"):
+            rows.append(await s_concurrent(t, prof["tx_rounds"], mixed=False, route="/pay/tx"))
+            rows.append(await s_concurrent(t, prof["tx_rounds"], mixed=True, route="/pay/tx"))
         if name != "memory":
             if want("3"):
                 rows.append(await s_kill(t, prof["kill_trials"]))
@@ -981,6 +1066,8 @@ async def run_store(app: str, name: str, svc: Optional[Services], prof: Dict[str
                     rows.append(await s_kill_tx(t, prof["kill_trials"]))
             if want("4"):
                 rows.append(await s_stop(t, prof["stop_trials"]))
+                if tx:
+                    rows.append(await s_stop_tx(t, prof["stop_trials"]))
             if want("5"):
                 rows.append(await s_outage(t, prof["probes"]))
                 # Worker threads still hold connections the outage broke; each would fail closed
