@@ -37,7 +37,7 @@ from typing import (
 
 from idempo._idempo import InvalidArgument, StoreUnavailable
 from idempo.stores._deadline import WATCHDOG, idle_socket_is_dead
-from idempo.stores._plan import Plan, drive, drive_async
+from idempo.stores._plan import AsyncPrimitives, Plan, PlanHooks, Primitives
 from idempo.stores._recipes import pyformat, recipe
 from idempo.stores._tx import Transaction, TransactionalUnsupported, lock_wait_expired
 from idempo.stores._base import (
@@ -312,104 +312,19 @@ async def _execute_async(conn: Any, op: _Op, params: Dict[str, Any], commit: boo
     return result
 
 
-class _Primitives:
-    """Primitives 1–8 of ``spec/STORAGE.md`` for the blocking classes (plans run by ``_op``)."""
+class _Plans(PlanHooks):
+    """The PostgreSQL plans behind :class:`~idempo.stores._plan.Primitives`."""
 
-    def _op(self, op: _Op) -> Any:
-        raise NotImplementedError
-
-    def _drive(self, plan: "_Plan[T]") -> T:
-        return drive(plan, self._op)
-
-    @fail_closed(_errors, "PostgreSQL claim failed")
-    def claim(
-        self, scope_key: bytes, fingerprint: str, token: bytes, lease_ms: int, ttl_ms: int
-    ) -> ClaimResult:
-        """Primitive 1: insert-if-absent (an expired record counts as absent)."""
-        return self._drive(_claim(scope_key, fingerprint, token, lease_ms, ttl_ms))
-
-    @fail_closed(_errors, "PostgreSQL get failed")
-    def get(self, scope_key: bytes) -> Tuple[Optional[StoredRecord], int]:
-        """Primitive 2: the record (expired ones included) and the store's now."""
-        return self._drive(_get(scope_key))
-
-    @fail_closed(_errors, "PostgreSQL takeover failed")
-    def takeover(
-        self, scope_key: bytes, seen_token: bytes, new_token: bytes, lease_ms: int
-    ) -> Optional[int]:
-        """Primitive 3: take over an expired lease with a new token."""
-        return self._drive(_takeover(scope_key, seen_token, new_token, lease_ms))
-
-    @fail_closed(_errors, "PostgreSQL mark_unknown failed")
-    def mark_unknown(self, scope_key: bytes, seen_token: bytes, ttl_ms: int) -> bool:
-        """Primitive 4: an abandoned in-progress record becomes outcome-unknown."""
-        return self._drive(_mark_unknown(scope_key, seen_token, ttl_ms))
-
-    @fail_closed(_errors, "PostgreSQL complete failed")
-    def complete(self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int) -> bool:
-        """Primitive 5: store the response, only while still holding the token."""
-        return self._drive(_complete(scope_key, token, response, ttl_ms))
-
-    @fail_closed(_errors, "PostgreSQL release failed")
-    def release(self, scope_key: bytes, token: bytes) -> bool:
-        """Primitive 6: delete the caller's own in-progress record."""
-        return self._drive(_release(scope_key, token))
-
-    @fail_closed(_errors, "PostgreSQL renew failed")
-    def renew(self, scope_key: bytes, token: bytes, lease_ms: int) -> bool:
-        """Primitive 7: extend the caller's lease (heartbeat)."""
-        return self._drive(_renew(scope_key, token, lease_ms))
-
-
-class _AsyncPrimitives:
-    """Primitives 1–8 for the asyncio classes (the same plans, awaited)."""
-
-    async def _op(self, op: _Op) -> Any:
-        raise NotImplementedError
-
-    async def _drive(self, plan: "_Plan[T]") -> T:
-        return await drive_async(plan, self._op)
-
-    @fail_closed_async(_errors, "PostgreSQL claim failed")
-    async def claim(
-        self, scope_key: bytes, fingerprint: str, token: bytes, lease_ms: int, ttl_ms: int
-    ) -> ClaimResult:
-        """Primitive 1: insert-if-absent (an expired record counts as absent)."""
-        return await self._drive(_claim(scope_key, fingerprint, token, lease_ms, ttl_ms))
-
-    @fail_closed_async(_errors, "PostgreSQL get failed")
-    async def get(self, scope_key: bytes) -> Tuple[Optional[StoredRecord], int]:
-        """Primitive 2: the record (expired ones included) and the store's now."""
-        return await self._drive(_get(scope_key))
-
-    @fail_closed_async(_errors, "PostgreSQL takeover failed")
-    async def takeover(
-        self, scope_key: bytes, seen_token: bytes, new_token: bytes, lease_ms: int
-    ) -> Optional[int]:
-        """Primitive 3: take over an expired lease with a new token."""
-        return await self._drive(_takeover(scope_key, seen_token, new_token, lease_ms))
-
-    @fail_closed_async(_errors, "PostgreSQL mark_unknown failed")
-    async def mark_unknown(self, scope_key: bytes, seen_token: bytes, ttl_ms: int) -> bool:
-        """Primitive 4: an abandoned in-progress record becomes outcome-unknown."""
-        return await self._drive(_mark_unknown(scope_key, seen_token, ttl_ms))
-
-    @fail_closed_async(_errors, "PostgreSQL complete failed")
-    async def complete(
-        self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int
-    ) -> bool:
-        """Primitive 5: store the response, only while still holding the token."""
-        return await self._drive(_complete(scope_key, token, response, ttl_ms))
-
-    @fail_closed_async(_errors, "PostgreSQL release failed")
-    async def release(self, scope_key: bytes, token: bytes) -> bool:
-        """Primitive 6: delete the caller's own in-progress record."""
-        return await self._drive(_release(scope_key, token))
-
-    @fail_closed_async(_errors, "PostgreSQL renew failed")
-    async def renew(self, scope_key: bytes, token: bytes, lease_ms: int) -> bool:
-        """Primitive 7: extend the caller's lease (heartbeat)."""
-        return await self._drive(_renew(scope_key, token, lease_ms))
+    _errors = _errors
+    _what = "PostgreSQL"
+    _plan_claim = staticmethod(_claim)
+    _plan_get = staticmethod(_get)
+    _plan_takeover = staticmethod(_takeover)
+    _plan_mark_unknown = staticmethod(_mark_unknown)
+    _plan_complete = staticmethod(_complete)
+    _plan_release = staticmethod(_release)
+    _plan_renew = staticmethod(_renew)
+    _plan_purge_expired = staticmethod(_purge)
 
 
 class _Lease:
@@ -471,7 +386,7 @@ def _spoiled(exc: BaseException, conn: Any) -> bool:
     return _discardable(exc) or bool(conn.closed) or bool(conn.broken)
 
 
-class PostgresStore(_Primitives):
+class PostgresStore(_Plans, Primitives):
     """The storage contract on PostgreSQL (psycopg 3, sync).
 
     Every operation has a client-side deadline of ``timeout`` seconds (default 2.0): past it the
@@ -681,20 +596,14 @@ class PostgresStore(_Primitives):
             conn.close()
         self._local = threading.local()
 
-    @fail_closed(_errors, "PostgreSQL complete failed")
     def complete_returning(
         self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int
     ) -> Optional[CompletedRow]:
         """``complete`` that also returns what a cache needs (None when the token is stale)."""
-        return self._drive(_complete_returning(scope_key, token, response, ttl_ms))
-
-    @fail_closed(_errors, "PostgreSQL purge_expired failed")
-    def purge_expired(self, batch: int = 1000) -> PurgeCounts:
-        """Primitive 8: delete up to ``batch`` expired rows, earliest first (``SKIP LOCKED``)."""
-        return self._drive(_purge(batch))
+        return self._drive("complete", _complete_returning(scope_key, token, response, ttl_ms))
 
 
-class AsyncPostgresStore(_AsyncPrimitives):
+class AsyncPostgresStore(_Plans, AsyncPrimitives):
     """The storage contract on PostgreSQL with psycopg's asyncio API.
 
     Pass a DSN (one connection, opened on first use, serialized by an asyncio lock; transactional
@@ -888,17 +797,12 @@ class AsyncPostgresStore(_AsyncPrimitives):
         for conn in idle:
             await conn.close()
 
-    @fail_closed_async(_errors, "PostgreSQL complete failed")
     async def complete_returning(
         self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int
     ) -> Optional[CompletedRow]:
         """``complete`` that also returns what a cache needs (None when the token is stale)."""
-        return await self._drive(_complete_returning(scope_key, token, response, ttl_ms))
-
-    @fail_closed_async(_errors, "PostgreSQL purge_expired failed")
-    async def purge_expired(self, batch: int = 1000) -> PurgeCounts:
-        """Primitive 8: delete up to ``batch`` expired rows, earliest first (``SKIP LOCKED``)."""
-        return await self._drive(_purge(batch))
+        plan = _complete_returning(scope_key, token, response, ttl_ms)
+        return await self._drive("complete", plan)
 
 
 def _tx_setup(store: Any, conn: Any) -> str:
@@ -935,7 +839,7 @@ class _Session:
         return math.ceil(self.store.lock_timeout * 1000)
 
 
-class PostgresTransaction(_Session, _Primitives):
+class PostgresTransaction(_Session, _Plans, Primitives):
     """One request's transactional session on a :class:`PostgresStore` (``store.transaction()``).
 
     The primitives core asks for run on one dedicated connection inside one transaction:
@@ -995,14 +899,14 @@ class PostgresTransaction(_Session, _Primitives):
         plan = _claim(scope_key, fingerprint, token, lease_ms, ttl_ms, self._lock_wait_ms())
         if self._lease is None:
             self._begin()
-        return self._drive(plan)
+        return self._drive("claim", plan)
 
     @fail_closed(_errors, "PostgreSQL complete failed")
     def complete(self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int) -> bool:
         """Primitive 5, then ``COMMIT`` (``ROLLBACK`` when the token is not ours)."""
         if self._lease is None:
             return self.store.complete(scope_key, token, response, ttl_ms)
-        applied = self._drive(_complete(scope_key, token, response, ttl_ms))
+        applied = self._drive("complete", _complete(scope_key, token, response, ttl_ms))
         self._end(commit=applied)
         return applied
 
@@ -1024,7 +928,7 @@ class PostgresTransaction(_Session, _Primitives):
         self._end(commit=False)
 
 
-class AsyncPostgresTransaction(_Session, _AsyncPrimitives):
+class AsyncPostgresTransaction(_Session, _Plans, AsyncPrimitives):
     """The asyncio form of :class:`PostgresTransaction` (``AsyncPostgresStore.transaction()``)."""
 
     store: AsyncPostgresStore
@@ -1078,7 +982,7 @@ class AsyncPostgresTransaction(_Session, _AsyncPrimitives):
         plan = _claim(scope_key, fingerprint, token, lease_ms, ttl_ms, self._lock_wait_ms())
         if self._lease is None:
             await self._begin()
-        return await self._drive(plan)
+        return await self._drive("claim", plan)
 
     @fail_closed_async(_errors, "PostgreSQL complete failed")
     async def complete(
@@ -1087,7 +991,8 @@ class AsyncPostgresTransaction(_Session, _AsyncPrimitives):
         """Primitive 5, then ``COMMIT`` (``ROLLBACK`` when the token is not ours)."""
         if self._lease is None:
             return await self.store.complete(scope_key, token, response, ttl_ms)
-        applied = await self._drive(_complete(scope_key, token, response, ttl_ms))
+        plan = _complete(scope_key, token, response, ttl_ms)
+        applied = await self._drive("complete", plan)
         await self._end(commit=applied)
         return applied
 
