@@ -2,7 +2,8 @@
 //! instruction-counting profiler (`valgrind --tool=callgrind`) gives stable per-call figures on a
 //! shared machine. Prints the body size and the iteration count; nothing is asserted.
 //!
-//! `cargo run --release -p idempo-benches --bin profile -- <body> <canon|fp|sha> [iterations]`
+//! `cargo run --release -p idempo-benches --bin profile -- <body> <canon|fp|fpc|sha> [iterations]`
+//! (`fpc`: the fingerprint of the body's canonical form).
 use std::hint::black_box;
 
 use idempo_core::canonical::canonicalize;
@@ -28,7 +29,12 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let parts = RequestParts::json("POST", "/orders/{id}", &body);
+    let canonical = canonicalize(&body).unwrap_or_default();
+    let parts = RequestParts::json(
+        "POST",
+        "/orders/{id}",
+        if op == "fpc" { &canonical } else { &body },
+    );
     for _ in 0..iters {
         match op.as_str() {
             "canon" => {

@@ -74,8 +74,9 @@ const POW10_U64: [u64; 20] = {
 /// Read a JSON number literal (grammar already checked) as `mantissa × 10^exp` in one pass,
 /// skipping leading zeros eight at a time. Returns the value and its count of significant
 /// digits, or `None` when it has more than 19 significant digits or more than 6 exponent
-/// digits (the caller then falls back to the general path).
-pub(crate) fn read_literal(lit: &[u8]) -> Option<(Decimal, u32)> {
+/// digits (the caller then falls back to the general path). Also returns where the significant
+/// digits are in `lit`: from the first non-zero digit to the last one (a dot may sit among them).
+pub(crate) fn read_literal_digits(lit: &[u8]) -> Option<(Decimal, u32, (usize, usize))> {
     const ZEROS: u64 = u64::from_le_bytes(*b"00000000");
     let negative = lit.first() == Some(&b'-');
     let mut i = usize::from(negative);
@@ -109,6 +110,8 @@ pub(crate) fn read_literal(lit: &[u8]) -> Option<(Decimal, u32)> {
     let mut digits = 0u32;
     // Zeros read after the last non-zero digit, not yet in `mantissa`.
     let mut zeros = 0u32;
+    let sig_start = i;
+    let mut sig_end = i;
     while let Some(&b) = lit.get(i) {
         match b {
             b'0' => {
@@ -123,6 +126,7 @@ pub(crate) fn read_literal(lit: &[u8]) -> Option<(Decimal, u32)> {
                 }
                 mantissa = mantissa * POW10_U64[zeros as usize + 1] + u64::from(b - b'0');
                 zeros = 0;
+                sig_end = i + 1;
             }
             b'.' => after_dot = true,
             _ => break,
@@ -158,13 +162,15 @@ pub(crate) fn read_literal(lit: &[u8]) -> Option<(Decimal, u32)> {
             exp,
         },
         digits,
+        (sig_start, sig_end),
     ))
 }
 
 /// The double nearest to `d` (ties to even), as Rust's float parser gives it: exact arithmetic
 /// when mantissa and power of ten are both exact doubles (one rounding), otherwise the standard
-/// parser on the short form `<mantissa>e<exp>` (not on the literal, which may be long).
-pub(crate) fn decimal_to_f64(d: &Decimal) -> Option<f64> {
+/// parser on the short form `<digits>e<exp>` (not on the literal, which may be long). `digits`
+/// is the text of the mantissa's digits, a dot possibly among them (ignored).
+pub(crate) fn decimal_to_f64(d: &Decimal, digits: &[u8]) -> Option<f64> {
     let sign = if d.negative { -1.0 } else { 1.0 };
     if d.mantissa == 0 {
         return Some(sign * 0.0);
@@ -174,40 +180,38 @@ pub(crate) fn decimal_to_f64(d: &Decimal) -> Option<f64> {
         let p = POW10_F64[d.exp.unsigned_abs() as usize];
         return Some(sign * if d.exp >= 0 { m * p } else { m / p });
     }
-    // "-" + 20 digits + "e-" + up to 20 exponent digits.
+    // "-", at most 19 digits and a dot, "e-", at most 20 exponent digits.
     let mut buf = [0u8; 48];
-    let mut n = 0;
-    let push_int = |buf: &mut [u8; 48], n: &mut usize, mut v: u64| {
-        let mut tmp = [0u8; 20];
-        let mut k = tmp.len();
-        loop {
-            k -= 1;
-            tmp[k] = b'0' + (v % 10) as u8;
-            v /= 10;
-            if v == 0 {
-                break;
-            }
-        }
-        let part = &tmp[k..];
-        buf[*n..*n + part.len()].copy_from_slice(part);
-        *n += part.len();
-    };
-    if d.negative {
-        buf[0] = b'-';
-        n = 1;
+    let mut n = usize::from(d.negative);
+    buf[0] = b'-';
+    for &b in digits.iter().take(20) {
+        buf[n] = b;
+        n += usize::from(b != b'.');
     }
-    push_int(&mut buf, &mut n, d.mantissa);
     buf[n] = b'e';
     n += 1;
     if d.exp < 0 {
         buf[n] = b'-';
         n += 1;
     }
-    push_int(&mut buf, &mut n, d.exp.unsigned_abs());
+    let mut e = d.exp.unsigned_abs();
+    let mut tmp = [0u8; 20];
+    let mut k = tmp.len();
+    loop {
+        k -= 1;
+        tmp[k] = b'0' + (e % 10) as u8;
+        e /= 10;
+        if e == 0 {
+            break;
+        }
+    }
+    let part = &tmp[k..];
+    buf[n..n + part.len()].copy_from_slice(part);
+    n += part.len();
     std::str::from_utf8(&buf[..n]).ok()?.parse().ok()
 }
 
-/// True when the literal read as `lit` (by [`read_literal`], `digits` significant digits) has
+/// True when the literal read as `lit` (by [`read_literal_digits`], `digits` significant digits) has
 /// the decimal value of `shortest`, the ES6 form of its double `value`.
 pub(crate) fn decimal_is_exact(lit: &Decimal, digits: u32, value: f64, shortest: &str) -> bool {
     // DBL_DIG = 15: distinct decimals of at most 15 significant digits map to distinct normal
@@ -529,14 +533,14 @@ mod tests {
         }
         for lit in &lits {
             let want: f64 = lit.parse().expect("number");
-            let Some((d, digits)) = read_literal(lit.as_bytes()) else {
+            let Some((d, digits, (a, b))) = read_literal_digits(lit.as_bytes()) else {
                 assert!(
                     lit.contains("0000005") || lit.trim_start_matches('-').len() > 19,
                     "{lit} refused"
                 );
                 continue;
             };
-            let got = decimal_to_f64(&d).expect("converts");
+            let got = decimal_to_f64(&d, &lit.as_bytes()[a..b]).expect("converts");
             assert_eq!(got.to_bits(), want.to_bits(), "{lit}");
             let mut text = Vec::new();
             if es6_from_literal(&d, digits, &mut text) {

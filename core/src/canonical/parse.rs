@@ -7,7 +7,7 @@
 use std::cmp::Ordering;
 
 use super::error::{CanonError, CanonErrorKind as K};
-use super::number::{Num, decimal_to_f64, es6_from_literal, read_literal};
+use super::number::{Num, decimal_to_f64, es6_from_literal, read_literal_digits};
 use super::pointer::push_token;
 use super::{Limits, NumberMode};
 
@@ -1237,7 +1237,8 @@ impl<'a> Parser<'a> {
             }
         }
         let lit = &input[start..i];
-        let exact = read_literal(lit);
+        let read = read_literal_digits(lit);
+        let exact = read.map(|(d, n, _)| (d, n));
         if let Some((d, digits)) = &exact {
             let at = self.tape.strbuf.len();
             if es6_from_literal(d, *digits, &mut self.tape.strbuf) {
@@ -1246,8 +1247,8 @@ impl<'a> Parser<'a> {
                 return Ok(false);
             }
         }
-        let value = match &exact {
-            Some((d, _)) => decimal_to_f64(d),
+        let value = match &read {
+            Some((d, _, (a, b))) => decimal_to_f64(d, lit.get(*a..*b).unwrap_or(&[])),
             None => std::str::from_utf8(lit)
                 .ok()
                 .and_then(|s| s.parse::<f64>().ok()),
