@@ -62,7 +62,7 @@ fn transactional_holds_everything() {
         &[],
         &[W_REPLAY, W_MISMATCH, W_RERUN_TTL, W_EXHAUSTED],
     );
-    assert_eq!(unique, 39_816);
+    assert_eq!(unique, 48_870);
     let unique = guarantees(
         "transactional A/A",
         IdempoModel::new(
@@ -73,7 +73,7 @@ fn transactional_holds_everything() {
         &[],
         &[W_REPLAY, W_RERUN_TTL, W_EXHAUSTED],
     );
-    assert_eq!(unique, 37_184);
+    assert_eq!(unique, 46_014);
 }
 
 #[test]
@@ -204,7 +204,7 @@ fn handler_failures_and_heartbeats() {
         &[],
         &[W_MISMATCH, W_RERUN_TTL, W_EXHAUSTED],
     );
-    assert_eq!(unique, 3_972);
+    assert_eq!(unique, 2_820);
 }
 
 #[test]
@@ -341,7 +341,7 @@ fn store_faults_fail_closed() {
             W_STORE_UNAVAILABLE,
         ],
     );
-    assert_eq!(unique, 104_236);
+    assert_eq!(unique, 126_784);
 }
 
 #[test]
@@ -382,7 +382,7 @@ fn cache_in_front_replays_only_the_live_generation() {
             W_CACHE_MISMATCH,
         ],
     );
-    assert_eq!(unique, 160_604);
+    assert_eq!(unique, 188_636);
 }
 
 #[test]
@@ -397,10 +397,10 @@ fn mutation_fault_assumed_applied_fails_open() {
 }
 
 #[test]
-fn mutation_commit_failure_answered_with_the_handler_response() {
+fn mutation_transactional_flag_off_answers_an_uncommitted_success() {
     let depth = mutation(
-        "transactional: handler response after a failed commit",
-        ab(EffectMode::Transactional, store_faults()).with_variant(Variant::CommitFailureAnswered),
+        "transactional host, Config::transactional off",
+        ab(EffectMode::Transactional, store_faults()).with_variant(Variant::TransactionalFlagOff),
         &[P4],
     );
     assert_eq!(depth, 4);

@@ -51,7 +51,8 @@ const ROUTE: &str = "/orders";
 pub enum EffectMode {
     /// The effect commits in the same database transaction as the claim and the completion
     /// (`BEGIN; claim; <writes>; complete; COMMIT`): other requests for the scope wait on the row
-    /// lock, a crash rolls everything back. Takeover policy re-run.
+    /// lock, a crash rolls everything back. The route runs core's transactional mode
+    /// (`Config::transactional`: the flow asks for the `COMMIT`). Takeover policy re-run.
     Transactional,
     /// The effect is an external call carrying the flow's [`DownstreamKey`]; the downstream
     /// service deduplicates on it (forever, in the model). Takeover policy re-run.
@@ -92,9 +93,10 @@ pub enum Variant {
     /// A claim whose store call failed is taken as applied (the host assumes a timed-out write
     /// went through and runs the handler): fail open.
     FaultAssumedApplied,
-    /// Transactional mode: after a failed `COMMIT` the host sends the handler's response (core's
-    /// `completion_failed` answer) instead of the 503 that a rolled-back or unknown commit needs.
-    CommitFailureAnswered,
+    /// Transactional mode with the route's `Config::transactional` left off: the host runs the
+    /// handler's writes in the transaction and commits them with the completion, but core does not
+    /// know, so a failed completion is answered with the handler's response (`completion_failed`).
+    TransactionalFlagOff,
     /// The cache entry's TTL is the cache TTL alone, not bounded by the record's `expires_at`.
     CacheTtlUnbounded,
     /// The cache fill sets the `PX` the authority computed at the read, without subtracting the
@@ -210,6 +212,8 @@ pub struct Handler {
     pub downstream_key: DownstreamKey,
     /// The result of the side effect once performed.
     pub executed: Option<Body>,
+    /// Whether the flow asked for heartbeats (never in transactional mode).
+    pub heartbeat: bool,
 }
 
 /// A worker busy with one request.
@@ -237,8 +241,6 @@ pub struct Busy {
     pub admitted: bool,
     /// Ghost: a store operation of the admission (claim, get, takeover, mark) failed.
     pub admission_fault: bool,
-    /// Transactional mode: the host saw its `COMMIT` (the completion) succeed.
-    pub committed: bool,
 }
 
 /// A cached copy of a completed record (`spec/STORAGE.md` §9).
@@ -500,6 +502,7 @@ impl IdempoModel {
             takeover: mode.takeover(),
             ttl_ms: std::num::NonZeroU64::new(u64::from(bounds.ttl) * TICK_MS)
                 .expect("model TTL is positive"),
+            transactional: mode == EffectMode::Transactional,
             ..Config::default()
         };
         let mut scopes = Vec::new();
@@ -551,6 +554,9 @@ impl IdempoModel {
     #[must_use]
     pub fn with_variant(mut self, variant: Variant) -> Self {
         self.variant = variant;
+        if variant == Variant::TransactionalFlagOff {
+            Arc::make_mut(&mut self.config).transactional = false;
+        }
         self
     }
 
@@ -646,6 +652,7 @@ impl IdempoModel {
                 b.handler = Some(Handler {
                     downstream_key: run.downstream_key,
                     executed: None,
+                    heartbeat: run.heartbeat_ms.is_some(),
                 });
                 w.workers.push(Worker::Busy(b));
             }
@@ -654,7 +661,6 @@ impl IdempoModel {
                 w.workers.push(Worker::Busy(b));
             }
             Action::Respond { response, outcome } => {
-                let (response, outcome) = self.settle(&b, response, outcome);
                 self.deliver(w, &Who::flow(&b), &response, outcome, read_epoch);
                 self.close_tx(w, &b);
                 w.workers.push(Worker::Idle);
@@ -672,37 +678,6 @@ impl IdempoModel {
         }
     }
 
-    /// The 503 `store-unavailable` answer core builds for this route.
-    fn unavailable(&self) -> HttpResponse {
-        problem_response(
-            ProblemKind::StoreUnavailable,
-            None,
-            None,
-            Some(self.config.unavailable_retry_after_ms.get()),
-        )
-    }
-
-    /// Transactional mode: the host sends the handler's response only when its writes committed
-    /// with the record (or the key was released, which rolled them back). A completion that
-    /// failed, was refused or whose `COMMIT` answer was lost is answered 503, like the Python
-    /// binding's transactional session does: a retry replays a commit that happened or runs anew.
-    fn settle(
-        &self,
-        b: &Busy,
-        response: HttpResponse,
-        outcome: Outcome,
-    ) -> (HttpResponse, Outcome) {
-        let uncommitted = self.mode == EffectMode::Transactional
-            && outcome.handler_ran()
-            && outcome != Outcome::NotStored
-            && !b.committed;
-        if uncommitted && self.variant != Variant::CommitFailureAnswered {
-            (self.unavailable(), Outcome::StoreUnavailable)
-        } else {
-            (response, outcome)
-        }
-    }
-
     /// A flow ended with its transaction still open: roll back.
     fn close_tx(&self, w: &mut World, b: &Busy) {
         if let Some(tx) = &b.tx {
@@ -712,6 +687,11 @@ impl IdempoModel {
 
     fn rollback(w: &mut World, s: usize, tx: &Tx) {
         w.store[s] = tx.pre.clone();
+        // A completion written in the rolled-back transaction never happened.
+        let scope = u8::try_from(s).unwrap_or(u8::MAX);
+        w.ghost
+            .completed
+            .retain(|&(cs, e), _| cs != scope || e <= tx.pre_epoch);
         w.ghost.epoch[s] = tx.pre_epoch;
     }
 
@@ -892,8 +872,16 @@ impl IdempoModel {
     }
 
     /// Whether the host may start filling the cache for scope `s`: the authority holds a live,
-    /// completed record that is not in the cache yet, and no fill is under way.
+    /// completed record that is not in the cache yet, and no fill is under way. A record written
+    /// in an open transaction is not visible to the filler (it would read the version before the
+    /// transaction, absent or expired since a claim opened it, so nothing to fill).
     fn cache_fillable(&self, w: &World, s: usize) -> bool {
+        let in_tx = w.workers.iter().any(|x| {
+            matches!(x, Worker::Busy(b) if b.tx.is_some() && usize::from(self.scope_of(b.client)) == s)
+        });
+        if in_tx {
+            return false;
+        }
         let now_ms = Self::now_ms(w);
         let completed = w.store[s].as_ref().is_some_and(|r| {
             matches!(r.state, RecordState::Completed { .. }) && !r.is_expired(now_ms)
@@ -906,11 +894,13 @@ impl IdempoModel {
 
     /// Whether a lost answer differs from a plain failure for this pending operation: a read
     /// changes nothing, and inside an open transaction (or for the claim that opens one) the
-    /// broken connection rolls everything back, except for the `COMMIT` itself.
+    /// broken connection rolls everything back, except for the `COMMIT` itself (the completion,
+    /// when the host commits with it).
     fn lost_differs(&self, b: &Busy, op: &StoreOp) -> bool {
         match op {
             StoreOp::Get { .. } => false,
-            StoreOp::Complete { .. } => true,
+            StoreOp::Commit { .. } => true,
+            StoreOp::Complete { .. } => b.tx.is_none() || !self.config.transactional,
             StoreOp::Claim { .. } => self.mode != EffectMode::Transactional,
             _ => b.tx.is_none(),
         }
@@ -1101,10 +1091,10 @@ impl IdempoModel {
                         let e = w.ghost.epoch[si];
                         w.ghost.completed.entry((s, e)).or_insert(body);
                     }
-                    if b.tx.take().is_some() {
-                        // Commit: the business writes take effect with the completion.
+                    if !self.config.transactional && b.tx.take().is_some() {
+                        // A host that commits with the completion (core not told: the
+                        // flag-off mutation): the business writes take effect now.
                         self.record_effect(w, &b, true);
-                        b.committed = true;
                     }
                 } else {
                     w.ghost.seen |= props::Seen::StaleCompletionRejected.bit();
@@ -1135,15 +1125,19 @@ impl IdempoModel {
                 }
                 StoreResult::Renewed(ok)
             }
-            // Not asked for: the model's flows run with `Config::transactional` false, and the
-            // model's own transactional mode commits with the completion.
-            StoreOp::Commit { .. } => StoreResult::Committed,
+            StoreOp::Commit { .. } => {
+                // `COMMIT`: the record as written in the transaction and the business writes
+                // take effect together.
+                if b.tx.take().is_some() {
+                    self.record_effect(w, &b, true);
+                }
+                StoreResult::Committed
+            }
         };
         if fault == Fault::Lost {
             // Applied, answer lost. The host cannot tell this from a failure: a `COMMIT` that
             // went through stays committed (the host does not know it), any other open
             // transaction is aborted by the broken connection.
-            b.committed = false;
             if let Some(tx) = b.tx.take() {
                 Self::rollback(w, si, &tx);
             }
@@ -1294,7 +1288,7 @@ impl Model for IdempoModel {
                         if self.bounds.failures {
                             actions.push(Act::Fail(b.token));
                         }
-                        if self.bounds.heartbeats {
+                        if h.heartbeat {
                             actions.push(Act::Heartbeat(b.token));
                         }
                     }
@@ -1364,7 +1358,6 @@ impl Model for IdempoModel {
                     read: None,
                     admitted: false,
                     admission_fault: false,
-                    committed: false,
                 });
                 self.apply(&mut w, b, first, None);
             }
