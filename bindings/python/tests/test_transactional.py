@@ -189,6 +189,32 @@ def test_status_not_stored_rolls_the_writes_back(
     asyncio.run(scenario())
 
 
+def test_too_large_response_commits_as_outcome_unknown_even_under_re_run(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Core's transactional flow: a response too large to keep is committed with the record
+    marked outcome-unknown (never left in progress, where re_run would run the committed write
+    again), and the live client gets the handler's response only after the commit."""
+
+    async def scenario() -> None:
+        bench = Bench(kind, tmp_path, dsn_for(kind, request))
+        outcomes: List[str] = []
+        hooks = idempo.Hooks(on_outcome=lambda route, outcome: outcomes.append(outcome))
+        config = idempo.Config(max_body_bytes=4, takeover="re_run")
+        async with client(make_app(bench, config=config, hooks=hooks)) as c:
+            first = await post(c, "large-key-01", {"note": "too long to keep"})
+            assert first.status_code == 201 and first.json() == {"note": "too long to keep"}
+            assert bench.counts() == (1, 1)
+            again = await post(c, "large-key-01", {"note": "too long to keep"})
+            assert again.status_code == 500
+            assert again.json()["type"] == "urn:idempo:problem:outcome-unknown"
+            assert bench.counts() == (1, 1)
+        assert outcomes == ["not_retained", "outcome_unknown"]
+        await bench.close()
+
+    asyncio.run(scenario())
+
+
 def test_concurrent_duplicates_one_business_row(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:

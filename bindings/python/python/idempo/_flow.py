@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, List, Optional, Tuple
 
-from idempo._idempo import Action, Config, ServerFlow, unavailable_problem
+from idempo._idempo import Action, Config, ServerFlow
 from idempo.stores._tx import ThreadedSession, Transaction, enter, leave, require_transactions
 
 log = logging.getLogger("idempo")
@@ -111,6 +111,9 @@ def is_async_store(store: Any) -> bool:
 
 
 def _execute(store: Any, action: Action) -> Any:
+    if action.op == "commit":
+        # Transactional mode: the session's ``finish`` commits what is still open.
+        return store.finish()
     return getattr(store, action.op or "")(*action.args)
 
 
@@ -154,7 +157,9 @@ def run_sync(
     The handler runs in the calling thread; heartbeats (lease renewals) run in a helper thread
     while it does. A handler exception is re-raised after core decided what to record.
     ``transactional``: the store's session runs the claim, the handler and the completion in
-    one database transaction (see :mod:`idempo.stores._tx`).
+    one database transaction (see :mod:`idempo.stores._tx`); core's transactional flow says
+    when to roll back (``release``) and commit, and which response may be sent. The session is
+    closed (rolling back whatever is still open) when the request ends.
     """
     if not transactional:
         return _run_sync(store, config, scope, fingerprint, key, route, handler, hooks, None)
@@ -177,7 +182,9 @@ def _run_sync(
     hooks: Hooks,
     session: Any,
 ) -> Response:
-    flow, action = ServerFlow.start(scope, fingerprint, config, os.urandom(16))
+    flow, action = ServerFlow.start(
+        scope, fingerprint, config, os.urandom(16), transactional=session is not None
+    )
     run = _Run(flow, route, hooks)
     action = _store_step(run, store, action)
     if action.kind == "run_handler":
@@ -186,7 +193,7 @@ def _run_sync(
         info = Execution(key, action.generation, action.downstream_key, tx)
         stop = threading.Event()
         beat = None
-        if action.heartbeat_ms and session is None:
+        if action.heartbeat_ms:
             beat = threading.Thread(
                 target=_heartbeat_sync,
                 args=(run, store, action.heartbeat_ms / 1000, stop),
@@ -202,9 +209,7 @@ def _run_sync(
             if beat is not None:
                 beat.join()
             with run.lock:
-                # In a transaction the handler's writes roll back with the claim: nothing
-                # happened, so the key is released, never left for a lease to decide.
-                action = _store_step(run, store, flow.handler_failed(session is None))
+                action = _store_step(run, store, flow.handler_failed())
             hooks.outcome(route, action.outcome or "handler_failed")
             assert action.kind == "propagate_error", action
             raise exc
@@ -220,33 +225,8 @@ def _run_sync(
             )
             action = _store_step(run, store, action)
     response = response_of(action)
-    if session is not None:
-        response = _settle_sync(run, session, config, response)
     hooks.outcome(route, response.outcome)
     return response
-
-
-def _settle_sync(run: _Run, session: Any, config: Config, response: Response) -> Response:
-    """Ends the transaction before anything is sent (see :func:`_settled`)."""
-    try:
-        session.finish()
-    except Exception as exc:  # noqa: BLE001 - a failed COMMIT fails closed
-        run.hooks.store_error(run.route, exc)
-    return _settled(session, config, response)
-
-
-def _settled(session: Any, config: Config, response: Response) -> Response:
-    """The answer once the transaction ended.
-
-    The handler's response may only be sent when its writes committed with the record, or when
-    core released the key (a status that is not stored: its writes were rolled back with the
-    claim). A failed or refused completion rolled the writes back, and a failed ``COMMIT``
-    leaves them unknown: either way the client gets 503 with ``Retry-After`` and a retry of the
-    same key is safe (it replays a commit that did happen, or runs anew).
-    """
-    if not response.handler_ran or response.outcome == "not_stored" or session.committed:
-        return response
-    return response_of(unavailable_problem(config))
 
 
 def _heartbeat_sync(run: _Run, store: Any, interval: float, stop: threading.Event) -> None:
@@ -323,7 +303,9 @@ async def _run_async(
     hooks: Hooks,
     session: Any,
 ) -> Response:
-    flow, action = ServerFlow.start(scope, fingerprint, config, os.urandom(16))
+    flow, action = ServerFlow.start(
+        scope, fingerprint, config, os.urandom(16), transactional=session is not None
+    )
     run = _Run(flow, route, hooks)
     lock = asyncio.Lock()
     action = await _store_step_async(run, store, action)
@@ -332,7 +314,7 @@ async def _run_async(
         tx = None if session is None else session.transaction
         info = Execution(key, action.generation, action.downstream_key, tx)
         beat = None
-        if action.heartbeat_ms and session is None:
+        if action.heartbeat_ms:
             beat = asyncio.ensure_future(
                 _heartbeat_async(run, store, action.heartbeat_ms / 1000, lock)
             )
@@ -344,9 +326,7 @@ async def _run_async(
                 # Cancelled only while sleeping or waiting for the lock: never mid-renewal.
                 if beat is not None:
                     beat.cancel()
-                action = await _store_step_async(
-                    run, store, flow.handler_failed(session is None)
-                )
+                action = await _store_step_async(run, store, flow.handler_failed())
             hooks.outcome(route, action.outcome or "handler_failed")
             raise exc
         finally:
@@ -360,12 +340,6 @@ async def _run_async(
             )
             action = await _store_step_async(run, store, action)
     response = response_of(action)
-    if session is not None:
-        try:
-            await _maybe_await(session.finish)
-        except Exception as exc:  # noqa: BLE001 - a failed COMMIT fails closed
-            run.hooks.store_error(run.route, exc)
-        response = _settled(session, config, response)
     hooks.outcome(route, response.outcome)
     return response
 
