@@ -6,7 +6,8 @@ completion may roll back after a power loss, and a lost completion re-executes) 
 transaction on its own, and each read-then-write primitive runs in ``BEGIN IMMEDIATE`` (the write
 lock first, so ``busy_timeout`` applies and no ``SQLITE_BUSY_SNAPSHOT`` can occur). Time is the
 SQLite host's clock in milliseconds. WAL does not work over a network filesystem: keep the file
-local.
+local. The statements are core's (``idempo_core::recipes``, ``spec/STORAGE.md`` §7), shared with
+the Node binding; they need SQLite 3.35.0 (``RETURNING``).
 """
 
 from __future__ import annotations
@@ -16,14 +17,10 @@ import os
 import sqlite3
 import threading
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, List, Optional, Tuple, TypeVar, Union
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple, TypeVar, Union
 
-from idempo._idempo import InvalidArgument
+from idempo._idempo import InvalidArgument, StoreUnavailable
 from idempo.stores._base import (
-    COMPLETED,
-    IN_PROGRESS,
-    OUTCOME_UNKNOWN,
-    TABLE,
     ClaimResult,
     Claimed,
     Existing,
@@ -34,127 +31,184 @@ from idempo.stores._base import (
     check_ms,
     check_token,
     fail_closed,
+    unavailable,
 )
+from idempo.stores._plan import Plan, PlanHooks, Primitives, drive
+from idempo.stores._recipes import recipe
 from idempo.stores._tx import ThreadedSession, Transaction, lock_wait_expired
 
 T = TypeVar("T")
 
-_NOW = "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
-_COLUMNS = "scope_key, fingerprint, state, token, generation, lease_until, expires_at, response"
-MIN_SQLITE = (3, 24, 0)
+_NOW = recipe("sqlite_now")
+MIN_SQLITE = (3, 35, 0)
+"""``RETURNING`` (``spec/STORAGE.md`` §7)."""
 MAX_IDLE_DEDICATED = 16
 """Idle connections a store keeps for transactional requests."""
 
-SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS {TABLE} (
-  scope_key   BLOB PRIMARY KEY CHECK (length(scope_key) = 32),
-  fingerprint TEXT NOT NULL,
-  state       INTEGER NOT NULL CHECK (state IN ({IN_PROGRESS}, {COMPLETED}, {OUTCOME_UNKNOWN})),
-  token       BLOB NOT NULL CHECK (length(token) = 16),
-  generation  INTEGER NOT NULL CHECK (generation >= 1),
-  lease_until INTEGER,
-  expires_at  INTEGER NOT NULL,
-  response    BLOB
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS {TABLE}_expires_at ON {TABLE} (expires_at);
-"""
+SCHEMA = recipe("sqlite_schema")
+"""The DDL ``create_schema()`` runs (idempotent)."""
+
+# The statements of spec/STORAGE.md §7, from core; ``:now`` is the clock override (NULL in
+# production).
+SQL_CLAIM = recipe("sqlite_claim")
+SQL_GET = recipe("sqlite_get")
+SQL_TAKEOVER = recipe("sqlite_takeover")
+SQL_MARK_UNKNOWN = recipe("sqlite_mark_unknown")
+SQL_COMPLETE = recipe("sqlite_complete")
+SQL_RELEASE = recipe("sqlite_release")
+SQL_RENEW = recipe("sqlite_renew")
+SQL_PURGE = recipe("sqlite_purge")
+SQL_NOW = f"SELECT {_NOW}"
+CLAIM_ATTEMPTS = 3
 
 _errors = (sqlite3.Error,)
 
 
-def _record(row: Tuple[Any, ...]) -> StoredRecord:
-    return StoredRecord(
-        scope_key=bytes(row[0]),
-        fingerprint=str(row[1]),
-        state=int(row[2]),
-        token=bytes(row[3]),
-        generation=int(row[4]),
-        lease_until=None if row[5] is None else int(row[5]),
-        expires_at=int(row[6]),
-        response=None if row[7] is None else bytes(row[7]),
-    )
+class _Op(NamedTuple):
+    """One statement a plan needs run (inside the primitive's transaction)."""
+
+    sql: str
+    params: Dict[str, Any]
+    fetch: str = "all"
+    """``all``: every row (RETURNING / SELECT); ``count``: the number of rows changed."""
 
 
-def _claim_in(
-    conn: sqlite3.Connection, now: int, key: bytes, fp: str, tok: bytes, lease_ms: int, ttl_ms: int
-) -> ClaimResult:
-    row = conn.execute(f"SELECT {_COLUMNS} FROM {TABLE} WHERE scope_key = ?", (key,)).fetchone()
-    if row is not None and int(row[6]) > now:
-        return Existing(_record(row), now)
-    generation = 1 if row is None else min(int(row[4]) + 1, 2**31 - 1)
-    conn.execute(
-        f"INSERT OR REPLACE INTO {TABLE} ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, NULL)",
-        (key, fp, IN_PROGRESS, tok, generation, now + lease_ms, now + max(ttl_ms, lease_ms)),
-    )
-    return Claimed(generation, now)
+_Plan = Plan[_Op, T]
 
 
-def _get_in(
-    conn: sqlite3.Connection, clock: Optional[Callable[[], int]], key: bytes
-) -> Tuple[Optional[StoredRecord], int]:
-    # One statement, one snapshot: the row and the clock together.
-    now_sql = _NOW if clock is None else str(int(clock()))
-    row = conn.execute(
-        f"SELECT {now_sql}, r.scope_key, r.fingerprint, r.state, r.token, r.generation, "
-        f"r.lease_until, r.expires_at, r.response FROM (SELECT 1) "
-        f"LEFT JOIN {TABLE} r ON r.scope_key = ?",
-        (key,),
-    ).fetchone()
-    now = int(row[0])
-    return (None if row[1] is None else _record(row[1:])), now
+def _execute(conn: sqlite3.Connection, op: _Op, clock: Optional[Callable[[], int]]) -> Any:
+    params = {**op.params, "now": None if clock is None else int(clock())}
+    cur = conn.execute(op.sql, params)
+    if op.fetch == "count":
+        return cur.rowcount
+    return cur.fetchall()
 
 
-def _takeover_in(
-    conn: sqlite3.Connection, now: int, key: bytes, seen: bytes, new: bytes, lease_ms: int
-) -> Optional[int]:
-    cur = conn.execute(
-        f"UPDATE {TABLE} SET token = :new, lease_until = :now + :lease, "
-        f"expires_at = max(expires_at, :now + :lease) "
-        f"WHERE scope_key = :key AND state = {IN_PROGRESS} AND token = :seen "
-        f"AND lease_until <= :now",
-        {"new": new, "now": now, "lease": lease_ms, "key": key, "seen": seen},
-    )
-    if cur.rowcount != 1:
+def _record(key: bytes, row: Tuple[Any, ...]) -> Optional[StoredRecord]:
+    if row[0] is None:
         return None
-    gen = conn.execute(f"SELECT generation FROM {TABLE} WHERE scope_key = ?", (key,)).fetchone()
-    return int(gen[0])
-
-
-def _mark_unknown_in(
-    conn: sqlite3.Connection, now: int, key: bytes, seen: bytes, ttl_ms: int
-) -> bool:
-    cur = conn.execute(
-        f"UPDATE {TABLE} SET state = {OUTCOME_UNKNOWN}, lease_until = NULL, "
-        f"expires_at = :now + :ttl WHERE scope_key = :key AND state = {IN_PROGRESS} "
-        f"AND token = :seen AND lease_until <= :now",
-        {"now": now, "ttl": ttl_ms, "key": key, "seen": seen},
+    return StoredRecord(
+        scope_key=key,
+        fingerprint=str(row[0]),
+        state=int(row[1]),
+        token=bytes(row[2]),
+        generation=int(row[3]),
+        lease_until=None if row[4] is None else int(row[4]),
+        expires_at=int(row[5]),
+        response=None if row[6] is None else bytes(row[6]),
     )
-    return cur.rowcount == 1
 
 
-def _complete_in(
-    conn: sqlite3.Connection, now: int, key: bytes, tok: bytes, response: bytes, ttl_ms: int
-) -> bool:
-    cur = conn.execute(
-        f"UPDATE {TABLE} SET state = {COMPLETED}, response = :resp, lease_until = NULL, "
-        f"expires_at = :now + :ttl WHERE scope_key = :key AND state = {IN_PROGRESS} "
-        f"AND token = :tok",
-        {"resp": response, "now": now, "ttl": ttl_ms, "key": key, "tok": tok},
+def _applied(op: _Op) -> "_Plan[bool]":
+    count = yield op._replace(fetch="count")
+    return bool(count == 1)
+
+
+def _get_steps(key: bytes) -> "_Plan[Tuple[Optional[StoredRecord], int]]":
+    rows = yield _Op(SQL_GET, {"scope": key})
+    return _record(key, rows[0]), int(rows[0][7])
+
+
+def _contention() -> StoreUnavailable:
+    return unavailable(
+        "SQLite claim failed",
+        RuntimeError(f"the record kept changing over {CLAIM_ATTEMPTS} attempts"),
     )
-    return cur.rowcount == 1
 
 
-def _renew_in(conn: sqlite3.Connection, now: int, key: bytes, tok: bytes, lease_ms: int) -> bool:
-    cur = conn.execute(
-        f"UPDATE {TABLE} SET lease_until = :now + :lease, "
-        f"expires_at = max(expires_at, :now + :lease) "
-        f"WHERE scope_key = :key AND state = {IN_PROGRESS} AND token = :tok",
-        {"now": now, "lease": lease_ms, "key": key, "tok": tok},
-    )
-    return cur.rowcount == 1
+def _claim_steps(params: Dict[str, Any]) -> "_Plan[ClaimResult]":
+    key: bytes = params["scope"]
+    for _ in range(CLAIM_ATTEMPTS):
+        rows = yield _Op(SQL_CLAIM, params)
+        if rows:
+            return Claimed(int(rows[0][0]), int(rows[0][1]))
+        record, now = yield from _get_steps(key)
+        if record is not None and record.expires_at > now:
+            return Existing(record, now)
+    raise _contention()
 
 
-class SQLiteStore:
+def _first_int(op: _Op) -> "_Plan[Optional[int]]":
+    rows = yield op
+    return int(rows[0][0]) if rows else None
+
+
+def _purge_counts(op: _Op) -> "_Plan[PurgeCounts]":
+    rows = yield op
+    return PurgeCounts.from_states([int(r[0]) for r in rows])
+
+
+class _Plans(PlanHooks):
+    """The SQLite plans behind :class:`SQLiteStore` and :class:`SQLiteTransaction`."""
+
+    _errors = _errors
+    _what = "SQLite"
+
+    def _plan_claim(
+        self, scope_key: bytes, fingerprint: str, token: bytes, lease_ms: int, ttl_ms: int
+    ) -> "_Plan[ClaimResult]":
+        params = {
+            "scope": check_key(scope_key),
+            "fp": fingerprint,
+            "token": check_token(token),
+            "lease": check_ms("lease_ms", lease_ms),
+            "ttl": check_ms("ttl_ms", ttl_ms),
+        }
+        return _claim_steps(params)
+
+    def _plan_get(self, scope_key: bytes) -> "_Plan[Tuple[Optional[StoredRecord], int]]":
+        return _get_steps(check_key(scope_key))
+
+    def _plan_takeover(
+        self, scope_key: bytes, seen_token: bytes, new_token: bytes, lease_ms: int
+    ) -> "_Plan[Optional[int]]":
+        params = {
+            "scope": check_key(scope_key),
+            "seen": check_token(seen_token),
+            "new": check_token(new_token),
+            "lease": check_ms("lease_ms", lease_ms),
+        }
+        return _first_int(_Op(SQL_TAKEOVER, params))
+
+    def _plan_mark_unknown(
+        self, scope_key: bytes, seen_token: bytes, ttl_ms: int
+    ) -> "_Plan[bool]":
+        params = {
+            "scope": check_key(scope_key),
+            "seen": check_token(seen_token),
+            "ttl": check_ms("ttl_ms", ttl_ms),
+        }
+        return _applied(_Op(SQL_MARK_UNKNOWN, params))
+
+    def _plan_complete(
+        self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int
+    ) -> "_Plan[bool]":
+        params = {
+            "scope": check_key(scope_key),
+            "token": check_token(token),
+            "response": bytes(response),
+            "ttl": check_ms("ttl_ms", ttl_ms),
+        }
+        return _applied(_Op(SQL_COMPLETE, params))
+
+    def _plan_release(self, scope_key: bytes, token: bytes) -> "_Plan[bool]":
+        params = {"scope": check_key(scope_key), "token": check_token(token)}
+        return _applied(_Op(SQL_RELEASE, params))
+
+    def _plan_renew(self, scope_key: bytes, token: bytes, lease_ms: int) -> "_Plan[bool]":
+        params = {
+            "scope": check_key(scope_key),
+            "token": check_token(token),
+            "lease": check_ms("lease_ms", lease_ms),
+        }
+        return _applied(_Op(SQL_RENEW, params))
+
+    def _plan_purge_expired(self, batch: int) -> "_Plan[PurgeCounts]":
+        """Up to ``batch`` expired records (earliest expiry first) in one ``BEGIN IMMEDIATE``."""
+        return _purge_counts(_Op(SQL_PURGE, {"batch": check_batch(batch)}))
+
+
+class SQLiteStore(_Plans, Primitives):
     """The storage contract on one SQLite database file (one connection per thread)."""
 
     def __init__(
@@ -210,15 +264,11 @@ class SQLiteStore:
         return conn
 
     @contextmanager
-    def _immediate(self) -> Iterator[Tuple[sqlite3.Connection, int]]:
+    def _immediate(self) -> Iterator[sqlite3.Connection]:
         conn = self._conn()
         conn.execute("BEGIN IMMEDIATE")
         try:
-            if self._clock is not None:
-                now = self._clock()
-            else:
-                now = int(conn.execute(f"SELECT {_NOW}").fetchone()[0])
-            yield conn, now
+            yield conn
         except BaseException:
             conn.execute("ROLLBACK")
             raise
@@ -244,9 +294,17 @@ class SQLiteStore:
         conn.close()
 
     def _now(self, conn: sqlite3.Connection) -> int:
-        if self._clock is not None:
-            return int(self._clock())
-        return int(conn.execute(f"SELECT {_NOW}").fetchone()[0])
+        return int(_execute(conn, _Op(SQL_NOW, {}), self._clock)[0][0])
+
+    def _drive(self, name: str, plan: "Plan[Any, T]") -> T:
+        """Runs a primitive's plan in one ``BEGIN IMMEDIATE`` (a ``get`` reads without it)."""
+        try:
+            if name == "get":
+                return drive(plan, lambda op: _execute(self._conn(), op, self._clock))
+            with self._immediate() as conn:
+                return drive(plan, lambda op: _execute(conn, op, self._clock))
+        except self._errors as exc:
+            raise unavailable(f"{self._what} {name} failed", exc) from exc
 
     def transaction(self) -> "SQLiteTransaction":
         """A transactional session for one request (see :class:`SQLiteTransaction`)."""
@@ -265,89 +323,6 @@ class SQLiteStore:
         for conn in conns:
             conn.close()
         self._local = threading.local()
-
-    @fail_closed(_errors, "SQLite claim failed")
-    def claim(
-        self, scope_key: bytes, fingerprint: str, token: bytes, lease_ms: int, ttl_ms: int
-    ) -> ClaimResult:
-        """Primitive 1: insert-if-absent (an expired record counts as absent)."""
-        key = check_key(scope_key)
-        tok = check_token(token)
-        check_ms("lease_ms", lease_ms)
-        check_ms("ttl_ms", ttl_ms)
-        with self._immediate() as (conn, now):
-            return _claim_in(conn, now, key, fingerprint, tok, lease_ms, ttl_ms)
-
-    @fail_closed(_errors, "SQLite get failed")
-    def get(self, scope_key: bytes) -> Tuple[Optional[StoredRecord], int]:
-        """Primitive 2: the record (expired ones included) and the store's now."""
-        key = check_key(scope_key)
-        return _get_in(self._conn(), self._clock, key)
-
-    @fail_closed(_errors, "SQLite takeover failed")
-    def takeover(
-        self, scope_key: bytes, seen_token: bytes, new_token: bytes, lease_ms: int
-    ) -> Optional[int]:
-        """Primitive 3: take over an expired lease with a new token."""
-        key = check_key(scope_key)
-        seen = check_token(seen_token)
-        new = check_token(new_token)
-        check_ms("lease_ms", lease_ms)
-        with self._immediate() as (conn, now):
-            return _takeover_in(conn, now, key, seen, new, lease_ms)
-
-    @fail_closed(_errors, "SQLite mark_unknown failed")
-    def mark_unknown(self, scope_key: bytes, seen_token: bytes, ttl_ms: int) -> bool:
-        """Primitive 4: an abandoned in-progress record becomes outcome-unknown."""
-        key = check_key(scope_key)
-        seen = check_token(seen_token)
-        check_ms("ttl_ms", ttl_ms)
-        with self._immediate() as (conn, now):
-            return _mark_unknown_in(conn, now, key, seen, ttl_ms)
-
-    @fail_closed(_errors, "SQLite complete failed")
-    def complete(self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int) -> bool:
-        """Primitive 5: store the response, only while still holding the token."""
-        key = check_key(scope_key)
-        tok = check_token(token)
-        check_ms("ttl_ms", ttl_ms)
-        with self._immediate() as (conn, now):
-            return _complete_in(conn, now, key, tok, bytes(response), ttl_ms)
-
-    @fail_closed(_errors, "SQLite release failed")
-    def release(self, scope_key: bytes, token: bytes) -> bool:
-        """Primitive 6: delete the caller's own in-progress record."""
-        key = check_key(scope_key)
-        tok = check_token(token)
-        with self._immediate() as (conn, _now):
-            cur = conn.execute(
-                f"DELETE FROM {TABLE} WHERE scope_key = ? AND state = {IN_PROGRESS} AND token = ?",
-                (key, tok),
-            )
-            return cur.rowcount == 1
-
-    @fail_closed(_errors, "SQLite renew failed")
-    def renew(self, scope_key: bytes, token: bytes, lease_ms: int) -> bool:
-        """Primitive 7: extend the caller's lease (heartbeat)."""
-        key = check_key(scope_key)
-        tok = check_token(token)
-        check_ms("lease_ms", lease_ms)
-        with self._immediate() as (conn, now):
-            return _renew_in(conn, now, key, tok, lease_ms)
-
-    @fail_closed(_errors, "SQLite purge_expired failed")
-    def purge_expired(self, batch: int = 1000) -> PurgeCounts:
-        """Primitive 8: delete up to ``batch`` expired records (earliest expiry first) in one
-        ``BEGIN IMMEDIATE``; counts per state."""
-        check_batch(batch)
-        with self._immediate() as (conn, now):
-            rows = conn.execute(
-                f"SELECT scope_key, state FROM {TABLE} WHERE expires_at <= ? "
-                f"ORDER BY expires_at LIMIT ?",
-                (now, batch),
-            ).fetchall()
-            conn.executemany(f"DELETE FROM {TABLE} WHERE scope_key = ?", [(r[0],) for r in rows])
-        return PurgeCounts.from_states([int(r[1]) for r in rows])
 
 
 class AsyncSQLiteStore:
@@ -400,7 +375,7 @@ def _busy(exc: sqlite3.OperationalError) -> bool:
     return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY or "locked" in str(exc)
 
 
-class SQLiteTransaction:
+class SQLiteTransaction(_Plans, Primitives):
     """One request's transactional session on a :class:`SQLiteStore` (``store.transaction()``).
 
     ``claim`` opens ``BEGIN IMMEDIATE`` on a dedicated connection (SQLite has one writer: every
@@ -435,13 +410,17 @@ class SQLiteTransaction:
         finally:
             self.store._give_back(conn, keep)
 
-    def _in(self, fn: Callable[[sqlite3.Connection, int], T]) -> T:
+    def _drive(self, name: str, plan: "Plan[Any, T]") -> T:
+        """Inside the transaction while it is open, else on the store."""
         conn = self._conn
-        assert conn is not None
+        if conn is None:
+            return self.store._drive(name, plan)
         try:
-            return fn(conn, self.store._now(conn))
-        except BaseException:
+            return drive(plan, lambda op: _execute(conn, op, self.store._clock))
+        except BaseException as exc:
             self._end(commit=False)
+            if isinstance(exc, self._errors):
+                raise unavailable(f"{self._what} {name} failed", exc) from exc
             raise
 
     @fail_closed(_errors, "SQLite claim failed")
@@ -449,10 +428,7 @@ class SQLiteTransaction:
         self, scope_key: bytes, fingerprint: str, token: bytes, lease_ms: int, ttl_ms: int
     ) -> ClaimResult:
         """``BEGIN IMMEDIATE`` (first call), then primitive 1 inside the transaction."""
-        key = check_key(scope_key)
-        tok = check_token(token)
-        check_ms("lease_ms", lease_ms)
-        check_ms("ttl_ms", ttl_ms)
+        plan = self._plan_claim(scope_key, fingerprint, token, lease_ms, ttl_ms)
         if self._conn is None:
             conn = self.store._dedicated()
             try:
@@ -463,51 +439,21 @@ class SQLiteTransaction:
                     raise
                 now = self.store._now(conn)
                 self.store._give_back(conn, True)
+                key = check_key(scope_key)
                 return lock_wait_expired(key, fingerprint, now, self.store._busy_timeout_ms)
             except BaseException:
                 self.store._give_back(conn, False)
                 raise
             self._conn = conn
             self.transaction = Transaction(conn, self.store)
-        return self._in(lambda c, now: _claim_in(c, now, key, fingerprint, tok, lease_ms, ttl_ms))
-
-    @fail_closed(_errors, "SQLite get failed")
-    def get(self, scope_key: bytes) -> Tuple[Optional[StoredRecord], int]:
-        """Primitive 2 (inside the transaction while it is open)."""
-        key = check_key(scope_key)
-        if self._conn is None:
-            return self.store.get(key)
-        return self._in(lambda c, _now: _get_in(c, self.store._clock, key))
-
-    @fail_closed(_errors, "SQLite takeover failed")
-    def takeover(
-        self, scope_key: bytes, seen_token: bytes, new_token: bytes, lease_ms: int
-    ) -> Optional[int]:
-        """Primitive 3 inside the transaction."""
-        if self._conn is None:
-            return self.store.takeover(scope_key, seen_token, new_token, lease_ms)
-        key, seen, new = check_key(scope_key), check_token(seen_token), check_token(new_token)
-        check_ms("lease_ms", lease_ms)
-        return self._in(lambda c, now: _takeover_in(c, now, key, seen, new, lease_ms))
-
-    @fail_closed(_errors, "SQLite mark_unknown failed")
-    def mark_unknown(self, scope_key: bytes, seen_token: bytes, ttl_ms: int) -> bool:
-        """Primitive 4 inside the transaction."""
-        if self._conn is None:
-            return self.store.mark_unknown(scope_key, seen_token, ttl_ms)
-        key, seen = check_key(scope_key), check_token(seen_token)
-        check_ms("ttl_ms", ttl_ms)
-        return self._in(lambda c, now: _mark_unknown_in(c, now, key, seen, ttl_ms))
+        return self._drive("claim", plan)
 
     @fail_closed(_errors, "SQLite complete failed")
     def complete(self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int) -> bool:
         """Primitive 5, then ``COMMIT`` (``ROLLBACK`` when the token is not ours)."""
         if self._conn is None:
             return self.store.complete(scope_key, token, response, ttl_ms)
-        key, tok = check_key(scope_key), check_token(token)
-        check_ms("ttl_ms", ttl_ms)
-        body = bytes(response)
-        done = self._in(lambda c, now: _complete_in(c, now, key, tok, body, ttl_ms))
+        done = self._drive("complete", self._plan_complete(scope_key, token, response, ttl_ms))
         self._end(commit=done)
         return done
 
@@ -519,15 +465,6 @@ class SQLiteTransaction:
         self._end(commit=False)
         return True
 
-    @fail_closed(_errors, "SQLite renew failed")
-    def renew(self, scope_key: bytes, token: bytes, lease_ms: int) -> bool:
-        """Primitive 7 inside the transaction (core asks for it only to expire a lease)."""
-        if self._conn is None:
-            return self.store.renew(scope_key, token, lease_ms)
-        key, tok = check_key(scope_key), check_token(token)
-        check_ms("lease_ms", lease_ms)
-        return self._in(lambda c, now: _renew_in(c, now, key, tok, lease_ms))
-
     @fail_closed(_errors, "SQLite commit failed")
     def finish(self) -> None:
         """Commits what is still open (a flow that ended without ``complete``)."""
@@ -536,4 +473,3 @@ class SQLiteTransaction:
     def close(self) -> None:
         """Rolls back what is still open and gives the connection back."""
         self._end(commit=False)
-
