@@ -2,6 +2,15 @@ import type IORedis from 'ioredis';
 import type { ClaimResult, ClockOverride, GetResult, IdempotencyStore, PurgeCounts, PurgeOptions, StoreRecord } from './types';
 import { asBuffer } from './types';
 import { hashToRecord } from './redis';
+import { recipe } from './recipes';
+
+/** The cache scripts (from core, shared with the Python binding): read with the clock, fill. */
+const CACHE_SCRIPTS = {
+  idempoCacheGet: recipe('redis_cache_get'),
+  idempoCachePut: recipe('redis_cache_put'),
+} as const;
+
+type ScriptFn = (key: string, ...args: Array<string | Buffer>) => Promise<unknown>;
 
 /** Options of {@link CachedStore}. */
 export interface CachedStoreOptions {
@@ -45,6 +54,15 @@ export class CachedStore implements IdempotencyStore {
     this.#cacheTtl = options.cacheTtlMs ?? 60_000;
     this.#onError = options.onCacheError ?? (() => undefined);
     this.#clock = options.clock;
+    for (const [name, lua] of Object.entries(CACHE_SCRIPTS)) {
+      if (!(name in this.#redis)) this.#redis.defineCommand(name, { numberOfKeys: 1, lua });
+    }
+  }
+
+  /** Runs a cache script on the entry of `scopeKey` (buffers in the reply). */
+  #script(name: keyof typeof CACHE_SCRIPTS, scopeKey: Uint8Array, ...args: Array<string | Buffer>): Promise<unknown> {
+    const fn = (this.#redis as unknown as Record<string, ScriptFn>)[`${name}Buffer`] as ScriptFn;
+    return fn.call(this.#redis, this.#key(scopeKey), ...args);
   }
 
   #key(scopeKey: Uint8Array): string {
@@ -53,23 +71,14 @@ export class CachedStore implements IdempotencyStore {
 
   async #lookup(scopeKey: Uint8Array): Promise<{ record: StoreRecord; nowMs: number } | null> {
     try {
-      const [[e1, time], [e2, flat]] = (await this.#redis
-        .multi()
-        .time()
-        .hgetallBuffer(this.#key(scopeKey))
-        .exec()) as [[Error | null, [string, string]], [Error | null, Record<string, Buffer>]];
-      if (e1 || e2) throw e1 ?? e2;
-      const entries = Object.entries(flat);
-      if (entries.length === 0) {
-        this.stats.misses++;
-        return null;
-      }
-      const record = hashToRecord(entries.flatMap(([k, v]) => [Buffer.from(k, 'latin1'), v]));
+      const override = this.#clock ? String(Math.floor(this.#clock())) : '';
+      const [time, flat] = (await this.#script('idempoCacheGet', scopeKey, override)) as [Buffer, Buffer[]];
+      const record = hashToRecord(flat);
       if (record === null || record.state !== 2) {
         this.stats.misses++;
         return null;
       }
-      const nowMs = this.#clock ? this.#clock() : Number(time[0]) * 1000 + Math.floor(Number(time[1]) / 1000);
+      const nowMs = Number(time.toString('latin1'));
       if (record.expiresAt <= nowMs) {
         // Never serve an expired record from the cache (clock skew, or a virtual clock).
         this.stats.misses++;
@@ -90,20 +99,17 @@ export class CachedStore implements IdempotencyStore {
     const px = Math.min(this.#cacheTtl, record.expiresAt - nowMs);
     if (px <= 0) return;
     try {
-      const key = this.#key(scopeKey);
-      await this.#redis
-        .multi()
-        .del(key)
-        .hset(key, {
-          fingerprint: record.fingerprint,
-          state: '2',
-          token: record.token,
-          generation: String(record.generation),
-          expires_at: String(record.expiresAt),
-          response: record.response,
-        })
-        .pexpire(key, Math.floor(px))
-        .exec();
+      await this.#script(
+        'idempoCachePut',
+        scopeKey,
+        record.fingerprint,
+        '2',
+        asBuffer(record.token),
+        String(record.generation),
+        String(record.expiresAt),
+        asBuffer(record.response),
+        String(Math.floor(px)),
+      );
       this.stats.fills++;
     } catch (e) {
       this.stats.errors++;
