@@ -46,6 +46,8 @@ export declare class FlowConfig {
   get ttlMs(): number
   /** The largest response body stored. */
   get maxBodyBytes(): number
+  /** Whether flows of this policy run in transactional mode. */
+  get transactional(): boolean
   /** `Retry-After` (ms) core uses on a 503. */
   get unavailableRetryAfterMs(): number
   /**
@@ -128,6 +130,8 @@ export declare class ServerFlow {
   released(applied: boolean): FlowAction
   /** Renew's answer. */
   renewed(applied: boolean): FlowAction
+  /** Commit's answer: the transaction committed (a failed commit is `storeFailed()`). */
+  committed(): FlowAction
   /** The last store action failed (error, timeout). */
   storeFailed(): FlowAction
   /** The heartbeat timer fired. */
@@ -243,7 +247,10 @@ export interface FingerprinterOptions {
 export interface FlowAction {
   /** `store`, `run_handler`, `wait`, `lease_lost`, `respond` or `propagate_error`. */
   type: string
-  /** For `store`: `claim`, `get`, `takeover`, `mark_unknown`, `complete`, `release`, `renew`. */
+  /**
+   * For `store`: `claim`, `get`, `takeover`, `mark_unknown`, `complete`, `release`, `renew`,
+   * or in transactional mode `commit` (commit the request's transaction, then `committed()`).
+   */
   op?: string
   /** For `store`: the record key. */
   scope?: Buffer
@@ -305,6 +312,12 @@ export interface FlowConfigOptions {
   unavailableRetryAfterMs?: number
   /** Store rounds before 503 contention (default 3). */
   maxStoreRounds?: number
+  /**
+   * Transactional mode (default false): the host runs the flow's store operations and the
+   * handler's writes in one database transaction; core then asks for no heartbeat, rolls back
+   * (`release`) on a handler error, asks for `commit`, and chooses the response accordingly.
+   */
+  transactional?: boolean
 }
 
 /** Makes a fresh key from 16 bytes of host entropy. */

@@ -106,8 +106,8 @@ export class Prepared<Req> {
           `transactional: true needs a store that runs the handler in its transaction (PostgresStore or SqliteStore), not ${o.store.kind}`,
         );
       }
-      // An uncommitted claim is invisible to others: there is no lease to keep alive.
-      c.noHeartbeat = true;
+      // Core's transactional flow: no heartbeat, rollback on errors, commit, response after it.
+      c.transactional = true;
     }
     try {
       this.config = new native.FlowConfig(c);

@@ -180,6 +180,13 @@ export class Session {
           const ok = await withTimeout(s.renew(scope, a.token as Buffer, a.leaseMs as number), ms, op);
           return this.#feed(() => this.#flow.renewed(ok));
         }
+        case 'commit': {
+          // Transactional mode only: the session's finish() commits what is still open.
+          const tx = this.#o.tx;
+          if (!tx) throw new Error('idempo: core asked for a commit outside a transactional session');
+          await withTimeout(tx.finish(), ms, op);
+          return this.#feed(() => this.#flow.committed());
+        }
         default:
           throw new Error(`unknown store op ${op}`);
       }
@@ -209,31 +216,9 @@ export class Session {
     if (a.type === 'respond') end = { kind: 'respond', response: toHttp(a.http as native.HttpResponseData), outcome: a.outcome ?? '' };
     else if (a.type === 'propagate_error') end = { kind: 'propagate', outcome: a.outcome ?? '' };
     else throw new Error(`idempo: the flow ended with an unexpected action ${a.type}`);
-    const tx = this.#o.tx;
-    if (tx) {
-      if (end.kind === 'respond' && !tx.committed && (end.outcome === 'completion_failed' || end.outcome === 'lease_lost')) {
-        // The handler's response cannot be sent: its writes were rolled back with the record.
-        end = {
-          kind: 'respond',
-          outcome: end.outcome,
-          response: toHttp(
-            native.problemResponse(
-              'store_unavailable',
-              'The transaction was not committed: the request had no effect and nothing was recorded. Retry with the same key.',
-              null,
-              this.#o.config.unavailableRetryAfterMs,
-            ),
-          ),
-        };
-      }
-      try {
-        await tx.finish();
-      } catch (error) {
-        this.#o.events.emit('store_error', { op: 'commit', error });
-      } finally {
-        await tx.close();
-      }
-    }
+    // Core committed (or rolled back) what the outcome needs; whatever a store failure left
+    // open is rolled back here, and the connection goes back.
+    await this.#o.tx?.close();
     return end;
   }
 
@@ -297,15 +282,14 @@ export class Session {
   }
 
   /**
-   * The handler threw. `maybeSideEffect`: it may have acted before failing. In transactional mode
-   * its writes are rolled back with the claim, so it certainly had no effect: core releases.
+   * The handler threw. `maybeSideEffect`: it may have acted before failing (in transactional mode
+   * core rolls back whatever it says).
    */
   fail(maybeSideEffect: boolean): Promise<FlowEnd> {
     this.#stopHeartbeat();
-    const effect = this.#o.tx ? false : maybeSideEffect;
     return this.#serial(() =>
       this.#guarded(async () => {
-        const a = this.#feed(() => this.#flow.handlerFailed(effect));
+        const a = this.#feed(() => this.#flow.handlerFailed(maybeSideEffect));
         return this.#end(await this.#settle(a));
       }),
     );
