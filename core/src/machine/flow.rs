@@ -961,3 +961,324 @@ impl ServerFlow {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Exhaustive exploration of the flow's event tree (every store answer, failure and handler
+    //! end, for both takeover policies) checking the transactional-mode guarantees of
+    //! `spec/PROTOCOL.md` §7.6 at every leaf.
+    use super::*;
+    use crate::policy::{HeaderAllowlist, Redaction, ResponsePolicy};
+
+    const MINE: FencingToken = FencingToken([7; 16]);
+    const OTHER: FencingToken = FencingToken([9; 16]);
+    const NOW: u64 = 1_000_000;
+
+    fn fp(c: char) -> FingerprintText {
+        FingerprintText::new(format!("v1:{}", c.to_string().repeat(64))).expect("valid")
+    }
+
+    fn config(transactional: bool, takeover: TakeoverPolicy) -> Arc<Config> {
+        let response = ResponsePolicy::new(
+            &[429],
+            false,
+            8,
+            HeaderAllowlist::default(),
+            Redaction::None,
+        )
+        .expect("valid policy");
+        Arc::new(Config {
+            takeover,
+            response,
+            transactional,
+            ..Config::default()
+        })
+    }
+
+    fn records() -> Vec<Record> {
+        let base = Record {
+            fingerprint: fp('a'),
+            generation: 2,
+            token: OTHER,
+            expires_at_ms: NOW + 50_000,
+            state: RecordState::InProgress {
+                lease_until_ms: NOW - 1,
+            },
+        };
+        let live = Record {
+            state: RecordState::InProgress {
+                lease_until_ms: NOW + 5,
+            },
+            ..base.clone()
+        };
+        let done = Record {
+            state: RecordState::Completed {
+                response: StoredResponse {
+                    status: 201,
+                    headers: vec![],
+                    body: b"ok".to_vec(),
+                },
+            },
+            ..base.clone()
+        };
+        let unknown = Record {
+            state: RecordState::OutcomeUnknown,
+            ..base.clone()
+        };
+        let other = Record {
+            fingerprint: fp('b'),
+            ..base.clone()
+        };
+        let expired = Record {
+            expires_at_ms: NOW,
+            ..base.clone()
+        };
+        vec![base, live, done, unknown, other, expired]
+    }
+
+    fn handler(status: u16, body: &[u8]) -> Event {
+        Event::HandlerFinished(HandlerResponse {
+            status,
+            headers: vec![],
+            body: body.to_vec(),
+            body_to_store: None,
+        })
+    }
+
+    /// The events a host may feed after `action`.
+    fn answers(action: &Action) -> Vec<Event> {
+        let store = |results: Vec<StoreResult>| {
+            let mut out: Vec<Event> = results.into_iter().map(Event::Store).collect();
+            out.push(Event::StoreFailed);
+            out
+        };
+        match action {
+            Action::Store(StoreOp::Claim { .. }) => {
+                let mut r = vec![StoreResult::Claimed {
+                    generation: 1,
+                    now_ms: NOW,
+                }];
+                r.extend(records().into_iter().map(|record| StoreResult::Existing {
+                    record,
+                    now_ms: NOW,
+                }));
+                store(r)
+            }
+            Action::Store(StoreOp::Get { .. }) => {
+                let mut r = vec![StoreResult::Got {
+                    record: None,
+                    now_ms: NOW,
+                }];
+                r.extend(records().into_iter().map(|record| StoreResult::Got {
+                    record: Some(record),
+                    now_ms: NOW,
+                }));
+                store(r)
+            }
+            Action::Store(StoreOp::TakeOver { .. }) => store(vec![
+                StoreResult::TookOver(Some(2)),
+                StoreResult::TookOver(None),
+            ]),
+            Action::Store(StoreOp::MarkUnknown { .. }) => store(vec![
+                StoreResult::MarkedUnknown(true),
+                StoreResult::MarkedUnknown(false),
+            ]),
+            Action::Store(StoreOp::Complete { .. }) => store(vec![
+                StoreResult::Completed(true),
+                StoreResult::Completed(false),
+            ]),
+            Action::Store(StoreOp::Release { .. }) => store(vec![
+                StoreResult::Released(true),
+                StoreResult::Released(false),
+            ]),
+            Action::Store(StoreOp::Renew { .. }) => store(vec![
+                StoreResult::Renewed(true),
+                StoreResult::Renewed(false),
+            ]),
+            Action::Store(StoreOp::Commit { .. }) => store(vec![StoreResult::Committed]),
+            Action::RunHandler(_) | Action::Wait | Action::LeaseLost => vec![
+                Event::HeartbeatDue,
+                handler(201, b"small"),
+                handler(201, b"far too large"),
+                handler(500, b"boom"),
+                Event::HandlerFailed {
+                    maybe_side_effect: true,
+                },
+                Event::HandlerFailed {
+                    maybe_side_effect: false,
+                },
+            ],
+            Action::Respond { .. } | Action::PropagateError { .. } => vec![],
+        }
+    }
+
+    /// One path: the actions returned and the events fed, in order.
+    #[derive(Clone, Default)]
+    struct Trace {
+        steps: Vec<(Event, Action)>,
+        ran: bool,
+    }
+
+    impl Trace {
+        fn last_op(&self) -> Option<&StoreOp> {
+            self.steps.iter().rev().find_map(|(_, a)| match a {
+                Action::Store(op) => Some(op),
+                _ => None,
+            })
+        }
+    }
+
+    fn is_503_not_committed(response: &HttpResponse, outcome: Outcome) -> bool {
+        outcome == Outcome::NotCommitted
+            && response.status == 503
+            && response
+                .headers
+                .iter()
+                .any(|(n, v)| n == "retry-after" && v == "1")
+    }
+
+    /// Checks a finished transactional path.
+    fn check_tx_leaf(first: &Action, t: &Trace, end: &Action) {
+        let (last_event, _) = t.steps.last().expect("a leaf follows an event");
+        let before_end = t.steps[..t.steps.len() - 1]
+            .last()
+            .map_or(first, |(_, a)| a);
+        match end {
+            Action::Respond { response, outcome } if t.ran => match outcome {
+                Outcome::Stored | Outcome::NotRetained => {
+                    assert_eq!(last_event, &Event::Store(StoreResult::Committed));
+                    assert!(matches!(before_end, Action::Store(StoreOp::Commit { .. })));
+                    assert_ne!(response.status, 503);
+                }
+                Outcome::NotStored => {
+                    assert!(matches!(t.last_op(), Some(StoreOp::Release { .. })));
+                    assert_eq!(response.status, 500);
+                }
+                _ => assert!(is_503_not_committed(response, *outcome), "{outcome:?}"),
+            },
+            Action::PropagateError { .. } => {
+                assert!(matches!(t.last_op(), Some(StoreOp::Release { .. })));
+            }
+            Action::Respond { outcome, .. } => assert!(!outcome.handler_ran()),
+            other => panic!("not a leaf: {other:?}"),
+        }
+        // A commit only follows a write that applied.
+        let mut prev: Option<&Event> = None;
+        for (event, action) in &t.steps {
+            if matches!(action, Action::Store(StoreOp::Commit { .. })) {
+                assert!(
+                    matches!(
+                        event,
+                        Event::Store(
+                            StoreResult::Completed(true) | StoreResult::MarkedUnknown(true)
+                        )
+                    ),
+                    "commit after {event:?} (before: {prev:?})"
+                );
+            }
+            prev = Some(event);
+        }
+    }
+
+    /// Depth-first over every path; returns the number of leaves.
+    fn explore(flow: &ServerFlow, first: &Action, action: &Action, trace: &Trace) -> usize {
+        let transactional = flow.config.transactional;
+        if let Action::RunHandler(run) = action {
+            assert_eq!(run.heartbeat_ms.is_none(), transactional);
+        }
+        if !transactional {
+            assert!(!matches!(action, Action::Store(StoreOp::Commit { .. })));
+        }
+        let mut leaves = 0;
+        let beats = trace
+            .steps
+            .iter()
+            .filter(|(e, _)| *e == Event::HeartbeatDue)
+            .count();
+        for event in answers(action) {
+            if event == Event::HeartbeatDue && beats >= 2 {
+                // Heartbeats repeat forever in the non-transactional flow; two show the cycle.
+                continue;
+            }
+            let mut next = flow.clone();
+            let Ok(got) = next.handle(event.clone()) else {
+                // Refused: only a heartbeat, and only in transactional mode.
+                assert_eq!(event, Event::HeartbeatDue);
+                assert!(transactional);
+                continue;
+            };
+            let mut t = trace.clone();
+            t.ran |= matches!(action, Action::RunHandler(_));
+            t.steps.push((event, got.clone()));
+            if next.is_finished() {
+                if transactional {
+                    check_tx_leaf(first, &t, &got);
+                }
+                leaves += 1;
+            } else {
+                leaves += explore(&next, first, &got, &t);
+            }
+        }
+        leaves
+    }
+
+    #[test]
+    fn every_transactional_path_keeps_the_commit_rules() {
+        for transactional in [true, false] {
+            for takeover in [TakeoverPolicy::ReRun, TakeoverPolicy::OutcomeUnknown] {
+                let (flow, first) = ServerFlow::start(
+                    ScopeId::from_bytes([3; 32]),
+                    fp('a'),
+                    config(transactional, takeover),
+                    MINE.0,
+                );
+                let leaves = explore(&flow, &first, &first, &Trace::default());
+                assert!(leaves > 100, "{leaves} leaves");
+            }
+        }
+    }
+
+    #[test]
+    fn a_too_large_response_commits_marked_unknown_under_either_policy() {
+        for takeover in [TakeoverPolicy::ReRun, TakeoverPolicy::OutcomeUnknown] {
+            let (mut flow, _) = ServerFlow::start(
+                ScopeId::from_bytes([3; 32]),
+                fp('a'),
+                config(true, takeover),
+                MINE.0,
+            );
+            let feed = |flow: &mut ServerFlow, e: Event| flow.handle(e).expect("accepted");
+            assert!(matches!(
+                feed(
+                    &mut flow,
+                    Event::Store(StoreResult::Claimed {
+                        generation: 1,
+                        now_ms: NOW
+                    })
+                ),
+                Action::RunHandler(RunHandler {
+                    heartbeat_ms: None,
+                    ..
+                })
+            ));
+            assert!(matches!(
+                feed(&mut flow, handler(201, b"far too large")),
+                Action::Store(StoreOp::Renew { lease_ms: 0, .. })
+            ));
+            assert!(matches!(
+                feed(&mut flow, Event::Store(StoreResult::Renewed(true))),
+                Action::Store(StoreOp::MarkUnknown { seen_token, .. }) if seen_token == MINE
+            ));
+            assert!(matches!(
+                feed(&mut flow, Event::Store(StoreResult::MarkedUnknown(true))),
+                Action::Store(StoreOp::Commit { .. })
+            ));
+            let end = feed(&mut flow, Event::Store(StoreResult::Committed));
+            assert!(matches!(
+                end,
+                Action::Respond { ref response, outcome: Outcome::NotRetained }
+                    if response.body == b"far too large"
+            ));
+        }
+    }
+}
