@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Protocol, Tuple, Type, TypeVar, Union
+from typing import Any, Callable, Optional, Protocol, Sequence, Tuple, Type, TypeVar, Union
 
 from idempo._idempo import InvalidArgument, StoreUnavailable
 
@@ -238,6 +238,28 @@ class Purger:
                 if self.on_error is not None:
                     self.on_error(exc)
             self._stop.wait(self.interval_s)
+
+
+def record_from_row(row: Sequence[Any]) -> StoredRecord:
+    """A :class:`StoredRecord` from the 8 contract columns in order."""
+    return StoredRecord(
+        scope_key=bytes(row[0]),
+        fingerprint=str(row[1]),
+        state=int(row[2]),
+        token=bytes(row[3]),
+        generation=int(row[4]),
+        lease_until=None if row[5] is None else int(row[5]),
+        expires_at=int(row[6]),
+        response=None if row[7] is None else bytes(row[7]),
+    )
+
+
+def record_or_none(scope_key: bytes, row: Sequence[Any]) -> Optional[StoredRecord]:
+    """The record of a row shaped like the ``get`` recipes' (the 7 columns after ``scope_key``,
+    all NULL when there is no record)."""
+    if row[0] is None:
+        return None
+    return record_from_row((scope_key, *row[:7]))
 
 
 def check_key(scope_key: bytes) -> bytes:

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Tuple, Type
 
 from idempo._idempo import IdempotencyError, InvalidArgument
-from idempo.stores._base import IN_PROGRESS, TOKEN_LEN, Existing, StoredRecord
+from idempo.stores._base import IN_PROGRESS, TOKEN_LEN, Existing, StoredRecord, unavailable
 
 
 class TransactionalUnsupported(InvalidArgument):
@@ -188,3 +188,42 @@ class ThreadedSession:
             await self._call("close")
         finally:
             self._thread.shutdown(wait=False)
+
+
+class SessionEnds:
+    """``release``, ``finish`` and ``close`` of a blocking transactional session, written once in
+    terms of the session's ``open``, ``store`` and ``_end(commit=...)``; driver errors of the
+    types in ``_errors`` fail closed."""
+
+    store: Any
+    _errors: Tuple[Type[BaseException], ...]
+    _what: str
+
+    @property
+    def open(self) -> bool:
+        """True while the transaction is open."""
+        raise NotImplementedError
+
+    def _end(self, *, commit: bool) -> None:
+        raise NotImplementedError
+
+    def _ends(self, what: str, *, commit: bool) -> None:
+        try:
+            self._end(commit=commit)
+        except self._errors as exc:
+            raise unavailable(f"{self._what} {what} failed", exc) from exc
+
+    def release(self, scope_key: bytes, token: bytes) -> bool:
+        """``ROLLBACK``: the claim and the handler's writes vanish together."""
+        if not self.open:
+            return bool(self.store.release(scope_key, token))
+        self._ends("release", commit=False)
+        return True
+
+    def finish(self) -> None:
+        """Commits what is still open (a flow that ended without ``complete``)."""
+        self._ends("commit", commit=True)
+
+    def close(self) -> None:
+        """Rolls back what is still open and gives the connection back."""
+        self._end(commit=False)

@@ -108,15 +108,25 @@ class _Plans(PlanHooks):
 
     _what = "cached"
 
-    def _setup(
+    _from_url: Callable[[str], Any]
+
+    def __init__(
         self,
-        client: Any,
+        redis_url_or_client: Any,
         postgres: Any,
-        cache_ttl_ms: int,
-        prefix: bytes,
-        on_cache_error: ErrorHook,
-        clock: Optional[Callable[[], int]],
+        *,
+        cache_ttl_ms: int = 60_000,
+        prefix: bytes = DEFAULT_CACHE_PREFIX,
+        on_cache_error: ErrorHook = _ignore,
+        clock: Optional[Callable[[], int]] = None,
     ) -> None:
+        """A Redis URL or client (of the store's kind) and the PostgreSQL store (sync or async
+        to match); ``clock`` replaces Redis ``TIME`` for cache reads (conformance tests only)."""
+        client = (
+            self._from_url(redis_url_or_client)
+            if isinstance(redis_url_or_client, str)
+            else redis_url_or_client
+        )
         self.redis = client
         self.postgres = postgres
         self.cache_ttl_ms = cache_ttl_ms
@@ -222,22 +232,8 @@ class _Plans(PlanHooks):
 class CachedStore(_Plans, Primitives):
     """PostgreSQL (:class:`PostgresStore`) with a Redis cache of completed records (sync)."""
 
-    def __init__(
-        self,
-        redis_url_or_client: Any,
-        postgres: PostgresStore,
-        *,
-        cache_ttl_ms: int = 60_000,
-        prefix: bytes = DEFAULT_CACHE_PREFIX,
-        on_cache_error: ErrorHook = _ignore,
-        clock: Optional[Callable[[], int]] = None,
-    ) -> None:
-        client = (
-            redis.Redis.from_url(redis_url_or_client)
-            if isinstance(redis_url_or_client, str)
-            else redis_url_or_client
-        )
-        self._setup(client, postgres, cache_ttl_ms, prefix, on_cache_error, clock)
+    _from_url = staticmethod(redis.Redis.from_url)
+    postgres: PostgresStore
 
     def _op(self, op: _Op) -> Any:
         if isinstance(op, _Authority):
@@ -250,22 +246,8 @@ class CachedStore(_Plans, Primitives):
 class AsyncCachedStore(_Plans, AsyncPrimitives):
     """The asyncio form of :class:`CachedStore` (``redis.asyncio`` + :class:`AsyncPostgresStore`)."""
 
-    def __init__(
-        self,
-        redis_url_or_client: Any,
-        postgres: AsyncPostgresStore,
-        *,
-        cache_ttl_ms: int = 60_000,
-        prefix: bytes = DEFAULT_CACHE_PREFIX,
-        on_cache_error: ErrorHook = _ignore,
-        clock: Optional[Callable[[], int]] = None,
-    ) -> None:
-        client = (
-            redis.asyncio.Redis.from_url(redis_url_or_client)
-            if isinstance(redis_url_or_client, str)
-            else redis_url_or_client
-        )
-        self._setup(client, postgres, cache_ttl_ms, prefix, on_cache_error, clock)
+    _from_url = staticmethod(redis.asyncio.Redis.from_url)
+    postgres: AsyncPostgresStore
 
     async def _op(self, op: _Op) -> Any:
         if isinstance(op, _Authority):

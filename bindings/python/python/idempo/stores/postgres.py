@@ -30,8 +30,8 @@ from typing import (
     List,
     NamedTuple,
     Optional,
-    Sequence,
     Tuple,
+    Type,
     TypeVar,
 )
 
@@ -39,7 +39,12 @@ from idempo._idempo import InvalidArgument, StoreUnavailable
 from idempo.stores._deadline import WATCHDOG, idle_socket_is_dead
 from idempo.stores._plan import AsyncPrimitives, Plan, PlanHooks, Primitives
 from idempo.stores._recipes import pyformat, recipe
-from idempo.stores._tx import Transaction, TransactionalUnsupported, lock_wait_expired
+from idempo.stores._tx import (
+    SessionEnds,
+    Transaction,
+    TransactionalUnsupported,
+    lock_wait_expired,
+)
 from idempo.stores._base import (
     ClaimResult,
     Claimed,
@@ -52,6 +57,8 @@ from idempo.stores._base import (
     check_token,
     fail_closed,
     fail_closed_async,
+    record_from_row,  # re-exported: idempo.stores.postgres.record_from_row
+    record_or_none,
     unavailable,
 )
 
@@ -90,21 +97,7 @@ SQL_RENEW = pyformat(recipe("postgres_renew"))
 SQL_PURGE = pyformat(recipe("postgres_purge"))
 SQL_NOW = pyformat(f"SELECT coalesce($1::bigint, {NOW})")
 
-_errors = (psycopg.Error,)
-
-
-def record_from_row(row: Sequence[Any]) -> StoredRecord:
-    """A :class:`StoredRecord` from the 8 contract columns in order."""
-    return StoredRecord(
-        scope_key=bytes(row[0]),
-        fingerprint=str(row[1]),
-        state=int(row[2]),
-        token=bytes(row[3]),
-        generation=int(row[4]),
-        lease_until=None if row[5] is None else int(row[5]),
-        expires_at=int(row[6]),
-        response=None if row[7] is None else bytes(row[7]),
-    )
+_errors: Tuple[Type[BaseException], ...] = (psycopg.Error,)
 
 
 def _contention() -> StoreUnavailable:
@@ -155,13 +148,6 @@ def _bind(op: _Op, clock: Optional[Callable[[], int]]) -> Dict[str, Any]:
     return {**op.params, op.clock: None if clock is None else int(clock())}
 
 
-def _record(key: bytes, row: Sequence[Any]) -> Optional[StoredRecord]:
-    """The record of a ``SQL_GET``-shaped row (7 columns, NULL when absent)."""
-    if row[0] is None:
-        return None
-    return record_from_row((key, *row[:7]))
-
-
 def _applied(op: _Op) -> "_Plan[bool]":
     count = yield op._replace(fetch="count")
     return bool(count == 1)
@@ -169,7 +155,7 @@ def _applied(op: _Op) -> "_Plan[bool]":
 
 def _get_steps(key: bytes) -> "_Plan[Tuple[Optional[StoredRecord], int]]":
     row = yield _Op(SQL_GET, {"p1": key}, "p2")
-    return _record(key, row), int(row[7])
+    return record_or_none(key, row), int(row[7])
 
 
 def _get(scope_key: bytes) -> "_Plan[Tuple[Optional[StoredRecord], int]]":
@@ -326,6 +312,44 @@ class _Plans(PlanHooks):
     _plan_renew = staticmethod(_renew)
     _plan_purge_expired = staticmethod(_purge)
 
+    _dsn: Optional[str]
+    _pool: Any
+    _single: Any
+    _clock: Optional[Callable[[], int]]
+
+    def _configure(
+        self,
+        target: Any,
+        single_type: type,
+        wrong_target: str,
+        timeout: float,
+        connect_timeout: Optional[int],
+        lock_timeout: float,
+        idle_in_transaction_timeout: float,
+        purge_timeout: float,
+        clock: Optional[Callable[[], int]],
+    ) -> None:
+        """What the sync and async stores' constructors share: the target and the deadlines."""
+        self._clock = clock
+        self._dsn = None
+        self._pool = None
+        self._single = None
+        if isinstance(target, str):
+            self._dsn = target
+        elif isinstance(target, single_type):
+            self._single = target
+        elif hasattr(target, "connection"):
+            self._pool = target
+        else:
+            raise TypeError(wrong_target)
+        self.timeout = _check_timeout("timeout", timeout)
+        self.lock_timeout = _check_timeout("lock_timeout", lock_timeout)
+        self.purge_timeout = _check_timeout("purge_timeout", purge_timeout)
+        self.idle_in_transaction_timeout = _check_timeout(
+            "idle_in_transaction_timeout", idle_in_transaction_timeout
+        )
+        self._connect_timeout = _connect_timeout(self.timeout, connect_timeout)
+
 
 class _Lease:
     """A checked-out connection and how to give it back."""
@@ -376,6 +400,30 @@ MAX_IDLE_DEDICATED = 32
 """Idle connections a DSN-configured store keeps for transactional requests."""
 
 
+class _Watch:
+    """Whether the deadline hit just as the operation finished (``late``)."""
+
+    late = False
+
+
+@contextmanager
+def _watched(conn: Any, timeout: float) -> Iterator[_Watch]:
+    """Arms the watchdog on ``conn`` for ``timeout`` seconds around the block: a driver error
+    after the deadline becomes :class:`StoreUnavailable` (timed out)."""
+    watch = _Watch()
+    ticket = WATCHDOG.arm(conn.fileno(), timeout)
+    try:
+        yield watch
+    except psycopg.Error as exc:
+        if WATCHDOG.disarm(ticket):
+            raise _timed_out(timeout) from exc
+        raise
+    except BaseException:
+        WATCHDOG.disarm(ticket)
+        raise
+    watch.late = WATCHDOG.disarm(ticket)
+
+
 def _discardable(exc: BaseException) -> bool:
     """After this failure the connection cannot be trusted (anything but a plain SQL error)."""
     return not isinstance(exc, psycopg.Error) or isinstance(exc, psycopg.OperationalError)
@@ -416,26 +464,18 @@ class PostgresStore(_Plans, Primitives):
         clock: Optional[Callable[[], int]] = None,
     ) -> None:
         """``clock`` replaces the database clock (conformance tests only)."""
-        self._clock = clock
-        self._dsn: Optional[str] = None
-        self._pool: Any = None
-        self._single: Optional[psycopg.Connection[Any]] = None
         self._single_lock = threading.Lock()
-        if isinstance(conninfo_or_pool, str):
-            self._dsn = conninfo_or_pool
-        elif isinstance(conninfo_or_pool, psycopg.Connection):
-            self._single = conninfo_or_pool
-        elif hasattr(conninfo_or_pool, "connection"):
-            self._pool = conninfo_or_pool
-        else:
-            raise TypeError("PostgresStore needs a DSN, a psycopg Connection or a connection pool")
-        self.timeout = _check_timeout("timeout", timeout)
-        self.lock_timeout = _check_timeout("lock_timeout", lock_timeout)
-        self.purge_timeout = _check_timeout("purge_timeout", purge_timeout)
-        self.idle_in_transaction_timeout = _check_timeout(
-            "idle_in_transaction_timeout", idle_in_transaction_timeout
+        self._configure(
+            conninfo_or_pool,
+            psycopg.Connection,
+            "PostgresStore needs a DSN, a psycopg Connection or a connection pool",
+            timeout,
+            connect_timeout,
+            lock_timeout,
+            idle_in_transaction_timeout,
+            purge_timeout,
+            clock,
         )
-        self._connect_timeout = _connect_timeout(self.timeout, connect_timeout)
         self._local = threading.local()
         self._all: List[psycopg.Connection[Any]] = []
         self._all_lock = threading.Lock()
@@ -521,17 +561,9 @@ class PostgresStore(_Plans, Primitives):
     def _guarded(self, lease: _Lease, fn: Callable[[Any], T], timeout: float) -> T:
         """Runs ``fn(conn)`` under the watchdog; a timeout raises :class:`StoreUnavailable`."""
         conn = lease.conn
-        ticket = WATCHDOG.arm(conn.fileno(), timeout)
-        try:
+        with _watched(conn, timeout) as watch:
             result = fn(conn)
-        except psycopg.Error as exc:
-            if WATCHDOG.disarm(ticket):
-                raise _timed_out(timeout) from exc
-            raise
-        except BaseException:
-            WATCHDOG.disarm(ticket)
-            raise
-        if WATCHDOG.disarm(ticket):
+        if watch.late:
             # Finished just as the deadline hit: the answer is whole, the socket is not.
             conn.close()
         return result
@@ -625,27 +657,17 @@ class AsyncPostgresStore(_Plans, AsyncPrimitives):
         clock: Optional[Callable[[], int]] = None,
     ) -> None:
         """``clock`` replaces the database clock (conformance tests only)."""
-        self._clock = clock
-        self._dsn: Optional[str] = None
-        self._pool: Any = None
-        self._single: Optional[psycopg.AsyncConnection[Any]] = None
-        if isinstance(conninfo_or_pool, str):
-            self._dsn = conninfo_or_pool
-        elif isinstance(conninfo_or_pool, psycopg.AsyncConnection):
-            self._single = conninfo_or_pool
-        elif hasattr(conninfo_or_pool, "connection"):
-            self._pool = conninfo_or_pool
-        else:
-            raise TypeError(
-                "AsyncPostgresStore needs a DSN, a psycopg AsyncConnection or an async pool"
-            )
-        self.timeout = _check_timeout("timeout", timeout)
-        self.lock_timeout = _check_timeout("lock_timeout", lock_timeout)
-        self.purge_timeout = _check_timeout("purge_timeout", purge_timeout)
-        self.idle_in_transaction_timeout = _check_timeout(
-            "idle_in_transaction_timeout", idle_in_transaction_timeout
+        self._configure(
+            conninfo_or_pool,
+            psycopg.AsyncConnection,
+            "AsyncPostgresStore needs a DSN, a psycopg AsyncConnection or an async pool",
+            timeout,
+            connect_timeout,
+            lock_timeout,
+            idle_in_transaction_timeout,
+            purge_timeout,
+            clock,
         )
-        self._connect_timeout = _connect_timeout(self.timeout, connect_timeout)
         self._lock: Optional[asyncio.Lock] = None
         self._owned = False
         self._idle: List[psycopg.AsyncConnection[Any]] = []
@@ -724,17 +746,9 @@ class AsyncPostgresStore(_Plans, AsyncPrimitives):
         self, lease: _Lease, fn: Callable[[Any], Awaitable[T]], timeout: float
     ) -> T:
         conn = lease.conn
-        ticket = WATCHDOG.arm(conn.fileno(), timeout)
-        try:
+        with _watched(conn, timeout) as watch:
             result = await fn(conn)
-        except psycopg.Error as exc:
-            if WATCHDOG.disarm(ticket):
-                raise _timed_out(timeout) from exc
-            raise
-        except BaseException:
-            WATCHDOG.disarm(ticket)
-            raise
-        if WATCHDOG.disarm(ticket):
+        if watch.late:
             await conn.close()
         return result
 
@@ -839,7 +853,7 @@ class _Session:
         return math.ceil(self.store.lock_timeout * 1000)
 
 
-class PostgresTransaction(_Session, _Plans, Primitives):
+class PostgresTransaction(_Session, SessionEnds, _Plans, Primitives):
     """One request's transactional session on a :class:`PostgresStore` (``store.transaction()``).
 
     The primitives core asks for run on one dedicated connection inside one transaction:
@@ -909,23 +923,6 @@ class PostgresTransaction(_Session, _Plans, Primitives):
         applied = self._drive("complete", _complete(scope_key, token, response, ttl_ms))
         self._end(commit=applied)
         return applied
-
-    @fail_closed(_errors, "PostgreSQL release failed")
-    def release(self, scope_key: bytes, token: bytes) -> bool:
-        """``ROLLBACK``: the claim and the handler's writes vanish together."""
-        if self._lease is None:
-            return self.store.release(scope_key, token)
-        self._end(commit=False)
-        return True
-
-    @fail_closed(_errors, "PostgreSQL commit failed")
-    def finish(self) -> None:
-        """Commits what is still open (a flow that ended without ``complete``)."""
-        self._end(commit=True)
-
-    def close(self) -> None:
-        """Rolls back what is still open and gives the connection back."""
-        self._end(commit=False)
 
 
 class AsyncPostgresTransaction(_Session, _Plans, AsyncPrimitives):

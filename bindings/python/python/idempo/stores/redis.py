@@ -19,7 +19,7 @@ authority for money; use PostgreSQL there, with :class:`~idempo.stores.CachedSto
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Type, Union
 
 from idempo._idempo import InvalidArgument
 from idempo.stores._base import (
@@ -44,41 +44,28 @@ except ImportError as exc:  # pragma: no cover - import guard for the optional d
 
 DEFAULT_PREFIX = b"idempo:"
 
-# The scripts of spec/STORAGE.md §5.2, from core. KEYS[1] is the record; the last ARGV of every
-# script is the clock override ('' = Redis TIME, spec/STORAGE.md §6).
-LUA_CLAIM = recipe("redis_claim")
-"""ARGV fingerprint, token, lease_ms, ttl_ms, now_override."""
-LUA_GET = recipe("redis_get")
-"""ARGV now_override."""
-LUA_TAKEOVER = recipe("redis_takeover")
-"""ARGV seen_token, new_token, lease_ms, now_override."""
-LUA_MARK_UNKNOWN = recipe("redis_mark_unknown")
-"""ARGV seen_token, ttl_ms, now_override."""
-LUA_COMPLETE = recipe("redis_complete")
-"""ARGV token, response, ttl_ms, now_override."""
-LUA_RELEASE = recipe("redis_release")
-"""ARGV token, now_override (unused)."""
-LUA_RENEW = recipe("redis_renew")
-"""ARGV token, lease_ms, now_override."""
-LUA_PURGE_ONE = recipe("redis_purge_one")
-"""ARGV now_override: deletes the record if expired; returns its state or 0."""
-
+# The scripts of spec/STORAGE.md §5.2 (and the optional purge of one record), from core, where
+# each one's ARGV is documented. KEYS[1] is the record; the last ARGV of every script is the clock
+# override ('' = Redis TIME, spec/STORAGE.md §6).
 _SCRIPTS = {
-    "claim": LUA_CLAIM,
-    "get": LUA_GET,
-    "takeover": LUA_TAKEOVER,
-    "mark_unknown": LUA_MARK_UNKNOWN,
-    "complete": LUA_COMPLETE,
-    "release": LUA_RELEASE,
-    "renew": LUA_RENEW,
-    "purge_one": LUA_PURGE_ONE,
+    name: recipe(f"redis_{name}")
+    for name in (
+        "claim",
+        "get",
+        "takeover",
+        "mark_unknown",
+        "complete",
+        "release",
+        "renew",
+        "purge_one",
+    )
 }
 
 SPEC_GRACE_MS = 60_000
 """The grace the scripts carry (``PEXPIRE`` to ``expires_at - now + 60000``, §5.1)."""
 _GRACE_TEXT = f"int(exp - now + {SPEC_GRACE_MS}))"
 
-_errors = (redis.RedisError,)
+_errors: Tuple[Type[BaseException], ...] = (redis.RedisError,)
 
 
 def _scripts(grace_ms: int) -> Dict[str, str]:
@@ -186,16 +173,23 @@ class _Plans(PlanHooks):
     _errors = _errors
     _what = "Redis"
 
-    def _setup(
+    _from_url: Callable[[str], Any]
+
+    def __init__(
         self,
-        client: Any,
-        owned: bool,
-        prefix: bytes,
-        grace_ms: int,
-        allow_eviction: bool,
-        assume_noeviction: bool,
-        clock: Optional[Callable[[], int]],
+        url_or_client: Any,
+        *,
+        prefix: bytes = DEFAULT_PREFIX,
+        grace_ms: int = 60_000,
+        allow_eviction: bool = False,
+        assume_noeviction: bool = False,
+        clock: Optional[Callable[[], int]] = None,
     ) -> None:
+        """A URL (the store creates and owns a client) or a redis-py client of the store's
+        kind; ``grace_ms`` replaces the spec's 60000 ms of physical expiry after the logical
+        one; ``clock`` replaces Redis ``TIME`` (conformance tests only)."""
+        owned = isinstance(url_or_client, str)
+        client = self._from_url(url_or_client) if owned else url_or_client
         self.client = client
         self._owned = owned
         _check_client(client)
@@ -285,19 +279,7 @@ class _Plans(PlanHooks):
 class RedisStore(_Plans, Primitives):
     """The storage contract on Redis (redis-py, sync)."""
 
-    def __init__(
-        self,
-        url_or_client: Any,
-        *,
-        prefix: bytes = DEFAULT_PREFIX,
-        grace_ms: int = 60_000,
-        allow_eviction: bool = False,
-        assume_noeviction: bool = False,
-        clock: Optional[Callable[[], int]] = None,
-    ) -> None:
-        owned = isinstance(url_or_client, str)
-        client = redis.Redis.from_url(url_or_client) if owned else url_or_client
-        self._setup(client, owned, prefix, grace_ms, allow_eviction, assume_noeviction, clock)
+    _from_url = staticmethod(redis.Redis.from_url)
 
     def _op(self, op: _Op) -> Any:
         if isinstance(op, _Scan):
@@ -317,19 +299,7 @@ class RedisStore(_Plans, Primitives):
 class AsyncRedisStore(_Plans, AsyncPrimitives):
     """The storage contract on Redis with ``redis.asyncio``."""
 
-    def __init__(
-        self,
-        url_or_client: Any,
-        *,
-        prefix: bytes = DEFAULT_PREFIX,
-        grace_ms: int = 60_000,
-        allow_eviction: bool = False,
-        assume_noeviction: bool = False,
-        clock: Optional[Callable[[], int]] = None,
-    ) -> None:
-        owned = isinstance(url_or_client, str)
-        client = redis.asyncio.Redis.from_url(url_or_client) if owned else url_or_client
-        self._setup(client, owned, prefix, grace_ms, allow_eviction, assume_noeviction, clock)
+    _from_url = staticmethod(redis.asyncio.Redis.from_url)
 
     async def _op(self, op: _Op) -> Any:
         if isinstance(op, _Scan):

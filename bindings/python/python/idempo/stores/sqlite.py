@@ -17,7 +17,19 @@ import os
 import sqlite3
 import threading
 from contextlib import contextmanager
-from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple, TypeVar, Union
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterator,
+    List,
+    NamedTuple,
+    Optional,
+    Tuple,
+    Type,
+    TypeVar,
+    Union,
+)
 
 from idempo._idempo import InvalidArgument, StoreUnavailable
 from idempo.stores._base import (
@@ -31,11 +43,12 @@ from idempo.stores._base import (
     check_ms,
     check_token,
     fail_closed,
+    record_or_none,
     unavailable,
 )
 from idempo.stores._plan import Plan, PlanHooks, Primitives, drive
 from idempo.stores._recipes import recipe
-from idempo.stores._tx import ThreadedSession, Transaction, lock_wait_expired
+from idempo.stores._tx import SessionEnds, ThreadedSession, Transaction, lock_wait_expired
 
 T = TypeVar("T")
 
@@ -50,18 +63,23 @@ SCHEMA = recipe("sqlite_schema")
 
 # The statements of spec/STORAGE.md §7, from core; ``:now`` is the clock override (NULL in
 # production).
-SQL_CLAIM = recipe("sqlite_claim")
-SQL_GET = recipe("sqlite_get")
-SQL_TAKEOVER = recipe("sqlite_takeover")
-SQL_MARK_UNKNOWN = recipe("sqlite_mark_unknown")
-SQL_COMPLETE = recipe("sqlite_complete")
-SQL_RELEASE = recipe("sqlite_release")
-SQL_RENEW = recipe("sqlite_renew")
-SQL_PURGE = recipe("sqlite_purge")
+_SQL = {
+    name: recipe(f"sqlite_{name}")
+    for name in (
+        "claim",
+        "get",
+        "takeover",
+        "mark_unknown",
+        "complete",
+        "release",
+        "renew",
+        "purge",
+    )
+}
 SQL_NOW = f"SELECT {_NOW}"
 CLAIM_ATTEMPTS = 3
 
-_errors = (sqlite3.Error,)
+_errors: Tuple[Type[BaseException], ...] = (sqlite3.Error,)
 
 
 class _Op(NamedTuple):
@@ -84,29 +102,14 @@ def _execute(conn: sqlite3.Connection, op: _Op, clock: Optional[Callable[[], int
     return cur.fetchall()
 
 
-def _record(key: bytes, row: Tuple[Any, ...]) -> Optional[StoredRecord]:
-    if row[0] is None:
-        return None
-    return StoredRecord(
-        scope_key=key,
-        fingerprint=str(row[0]),
-        state=int(row[1]),
-        token=bytes(row[2]),
-        generation=int(row[3]),
-        lease_until=None if row[4] is None else int(row[4]),
-        expires_at=int(row[5]),
-        response=None if row[6] is None else bytes(row[6]),
-    )
-
-
 def _applied(op: _Op) -> "_Plan[bool]":
     count = yield op._replace(fetch="count")
     return bool(count == 1)
 
 
 def _get_steps(key: bytes) -> "_Plan[Tuple[Optional[StoredRecord], int]]":
-    rows = yield _Op(SQL_GET, {"scope": key})
-    return _record(key, rows[0]), int(rows[0][7])
+    rows = yield _Op(_SQL["get"], {"scope": key})
+    return record_or_none(key, rows[0]), int(rows[0][7])
 
 
 def _contention() -> StoreUnavailable:
@@ -119,7 +122,7 @@ def _contention() -> StoreUnavailable:
 def _claim_steps(params: Dict[str, Any]) -> "_Plan[ClaimResult]":
     key: bytes = params["scope"]
     for _ in range(CLAIM_ATTEMPTS):
-        rows = yield _Op(SQL_CLAIM, params)
+        rows = yield _Op(_SQL["claim"], params)
         if rows:
             return Claimed(int(rows[0][0]), int(rows[0][1]))
         record, now = yield from _get_steps(key)
@@ -168,7 +171,7 @@ class _Plans(PlanHooks):
             "new": check_token(new_token),
             "lease": check_ms("lease_ms", lease_ms),
         }
-        return _first_int(_Op(SQL_TAKEOVER, params))
+        return _first_int(_Op(_SQL["takeover"], params))
 
     def _plan_mark_unknown(
         self, scope_key: bytes, seen_token: bytes, ttl_ms: int
@@ -178,7 +181,7 @@ class _Plans(PlanHooks):
             "seen": check_token(seen_token),
             "ttl": check_ms("ttl_ms", ttl_ms),
         }
-        return _applied(_Op(SQL_MARK_UNKNOWN, params))
+        return _applied(_Op(_SQL["mark_unknown"], params))
 
     def _plan_complete(
         self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int
@@ -189,11 +192,11 @@ class _Plans(PlanHooks):
             "response": bytes(response),
             "ttl": check_ms("ttl_ms", ttl_ms),
         }
-        return _applied(_Op(SQL_COMPLETE, params))
+        return _applied(_Op(_SQL["complete"], params))
 
     def _plan_release(self, scope_key: bytes, token: bytes) -> "_Plan[bool]":
         params = {"scope": check_key(scope_key), "token": check_token(token)}
-        return _applied(_Op(SQL_RELEASE, params))
+        return _applied(_Op(_SQL["release"], params))
 
     def _plan_renew(self, scope_key: bytes, token: bytes, lease_ms: int) -> "_Plan[bool]":
         params = {
@@ -201,11 +204,11 @@ class _Plans(PlanHooks):
             "token": check_token(token),
             "lease": check_ms("lease_ms", lease_ms),
         }
-        return _applied(_Op(SQL_RENEW, params))
+        return _applied(_Op(_SQL["renew"], params))
 
     def _plan_purge_expired(self, batch: int) -> "_Plan[PurgeCounts]":
         """Up to ``batch`` expired records (earliest expiry first) in one ``BEGIN IMMEDIATE``."""
-        return _purge_counts(_Op(SQL_PURGE, {"batch": check_batch(batch)}))
+        return _purge_counts(_Op(_SQL["purge"], {"batch": check_batch(batch)}))
 
 
 class SQLiteStore(_Plans, Primitives):
@@ -375,7 +378,7 @@ def _busy(exc: sqlite3.OperationalError) -> bool:
     return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY or "locked" in str(exc)
 
 
-class SQLiteTransaction(_Plans, Primitives):
+class SQLiteTransaction(SessionEnds, _Plans, Primitives):
     """One request's transactional session on a :class:`SQLiteStore` (``store.transaction()``).
 
     ``claim`` opens ``BEGIN IMMEDIATE`` on a dedicated connection (SQLite has one writer: every
@@ -456,20 +459,3 @@ class SQLiteTransaction(_Plans, Primitives):
         done = self._drive("complete", self._plan_complete(scope_key, token, response, ttl_ms))
         self._end(commit=done)
         return done
-
-    @fail_closed(_errors, "SQLite release failed")
-    def release(self, scope_key: bytes, token: bytes) -> bool:
-        """``ROLLBACK``: the claim and the handler's writes vanish together."""
-        if self._conn is None:
-            return self.store.release(scope_key, token)
-        self._end(commit=False)
-        return True
-
-    @fail_closed(_errors, "SQLite commit failed")
-    def finish(self) -> None:
-        """Commits what is still open (a flow that ended without ``complete``)."""
-        self._end(commit=True)
-
-    def close(self) -> None:
-        """Rolls back what is still open and gives the connection back."""
-        self._end(commit=False)
