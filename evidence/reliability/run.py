@@ -1079,6 +1079,10 @@ async def run_store(app: str, name: str, svc: Optional[Services], prof: Dict[str
                 rows.append(await s_kill(t, prof["kill_trials"]))
                 if tx:
                     rows.append(await s_kill_tx(t, prof["kill_trials"]))
+                # Let the replacements of the killed workers finish starting (on a loaded machine
+                # a request could otherwise wait for one, and a SIGSTOP row would time it).
+                server.wait_ready()
+                await asyncio.sleep(1.0)
             if want("4"):
                 rows.append(await s_stop(t, prof["stop_trials"]))
                 if tx:
