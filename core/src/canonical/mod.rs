@@ -397,6 +397,55 @@ mod tests {
         assert_eq!(code(b"-1e400").0, "number_out_of_range");
     }
 
+    /// Escaped strings are re-escaped minimally whatever the position of the characters that
+    /// need it (runs are copied in blocks): checked against a byte-by-byte reference.
+    #[test]
+    fn escaping_matches_reference() {
+        fn reference(text: &str) -> String {
+            let mut out = String::from("\"");
+            for c in text.chars() {
+                match c {
+                    '"' => out.push_str("\\\""),
+                    '\\' => out.push_str("\\\\"),
+                    '\u{8}' => out.push_str("\\b"),
+                    '\t' => out.push_str("\\t"),
+                    '\n' => out.push_str("\\n"),
+                    '\u{c}' => out.push_str("\\f"),
+                    '\r' => out.push_str("\\r"),
+                    c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+                    c => out.push(c),
+                }
+            }
+            out.push('"');
+            out
+        }
+        for pad in 0..12 {
+            for code in (0u32..0x80).chain([0xe9, 0x4e2d, 0x1F600]) {
+                let c = char::from_u32(code).expect("scalar");
+                let text = format!("{}{c}{}{c}", "a".repeat(pad), "\u{e9}b".repeat(pad));
+                let escaped: String = text
+                    .chars()
+                    .map(|c| format!("\\u{:04x}", c as u32))
+                    .collect::<Vec<_>>()
+                    .join("");
+                let input = if (c as u32) < 0x10000 {
+                    format!("\"{escaped}\"")
+                } else {
+                    // Surrogate pairs for the emoji.
+                    let mut units = [0u16; 2];
+                    let mut e = String::new();
+                    for ch in text.chars() {
+                        for u in ch.encode_utf16(&mut units) {
+                            e.push_str(&format!("\\u{:04x}", u));
+                        }
+                    }
+                    format!("\"{e}\"")
+                };
+                assert_eq!(canon(&input), reference(&text), "{input}");
+            }
+        }
+    }
+
     /// Members, arrays and roots copied as input runs must print exactly like the general path.
     #[test]
     fn verbatim_runs() {

@@ -239,7 +239,7 @@ fn special_bytes(w: u64) -> u64 {
 
 /// Index of the first byte in `input[i..]` that is `"`, `\` or below 0x20 (or `input.len()`).
 #[inline(always)]
-fn scan_plain(input: &[u8], mut i: usize) -> usize {
+pub(crate) fn scan_plain(input: &[u8], mut i: usize) -> usize {
     while let Some(chunk) = input.get(i..i + 8) {
         let mut w8 = [0u8; 8];
         w8.copy_from_slice(chunk);
