@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from types import MappingProxyType
-from typing import Mapping
+from typing import Dict, Mapping, Sequence
 
 from idempo._idempo import recipes as _native_recipes
 
@@ -24,6 +24,15 @@ def recipe(name: str) -> str:
         return RECIPES[name]
     except KeyError:
         raise LookupError(f"idempo core has no store recipe named {name!r}") from None
+
+
+PRIMITIVES = ("claim", "get", "takeover", "mark_unknown", "complete", "release", "renew")
+"""The primitives every store's recipes cover (purge is per store)."""
+
+
+def family(store: str, names: Sequence[str]) -> Dict[str, str]:
+    """``{name: recipe(f"{store}_{name}")}`` for each of ``names``."""
+    return {name: recipe(f"{store}_{name}") for name in names}
 
 
 def pyformat(sql: str) -> str:

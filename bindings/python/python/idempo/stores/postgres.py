@@ -153,8 +153,14 @@ def _applied(op: _Op) -> "_Plan[bool]":
     return bool(count == 1)
 
 
+def _stmt(sql: str, *values: Any, clock: bool = True, wait: str = "op") -> _Op:
+    """A statement with ``values`` as ``$1…$n`` and, with ``clock``, the override as ``$n+1``."""
+    params = {f"p{i}": value for i, value in enumerate(values, 1)}
+    return _Op(sql, params, f"p{len(values) + 1}" if clock else None, wait=wait)
+
+
 def _get_steps(key: bytes) -> "_Plan[Tuple[Optional[StoredRecord], int]]":
-    row = yield _Op(SQL_GET, {"p1": key}, "p2")
+    row = yield _stmt(SQL_GET, key)
     return record_or_none(key, row), int(row[7])
 
 
@@ -172,26 +178,28 @@ def _claim(
 ) -> "_Plan[ClaimResult]":
     """Primitive 1; ``lock_wait_ms`` (transactional mode): a lock wait past ``lock_timeout``
     (SQLSTATE 55P03) is answered as an in-flight record."""
-    params = {
-        "p1": check_key(scope_key),
-        "p2": fingerprint,
-        "p3": check_token(token),
-        "p4": check_ms("lease_ms", lease_ms),
-        "p5": check_ms("ttl_ms", ttl_ms),
-    }
-    return _claim_steps(params, lock_wait_ms)
+    claim = _stmt(
+        SQL_CLAIM,
+        check_key(scope_key),
+        fingerprint,
+        check_token(token),
+        check_ms("lease_ms", lease_ms),
+        check_ms("ttl_ms", ttl_ms),
+        wait="op" if lock_wait_ms is None else "lock",
+    )
+    return _claim_steps(claim, lock_wait_ms)
 
 
-def _claim_steps(params: Dict[str, Any], lock_wait_ms: Optional[int]) -> "_Plan[ClaimResult]":
-    key: bytes = params["p1"]
+def _claim_steps(claim: _Op, lock_wait_ms: Optional[int]) -> "_Plan[ClaimResult]":
+    key: bytes = claim.params["p1"]
     for _ in range(CLAIM_ATTEMPTS):
         try:
-            row = yield _Op(SQL_CLAIM, params, "p6", wait="op" if lock_wait_ms is None else "lock")
+            row = yield claim
         except psycopg.errors.LockNotAvailable:
             if lock_wait_ms is None:
                 raise
-            now = yield _Op(SQL_NOW, {}, "p1")
-            return lock_wait_expired(key, params["p2"], int(now[0]), lock_wait_ms)
+            now = yield _stmt(SQL_NOW)
+            return lock_wait_expired(key, claim.params["p2"], int(now[0]), lock_wait_ms)
         if row is not None:
             return Claimed(int(row[0]), int(row[1]))
         record, now_ms = yield from _get_steps(key)
@@ -203,13 +211,15 @@ def _claim_steps(params: Dict[str, Any], lock_wait_ms: Optional[int]) -> "_Plan[
 def _takeover(
     scope_key: bytes, seen_token: bytes, new_token: bytes, lease_ms: int
 ) -> "_Plan[Optional[int]]":
-    params = {
-        "p1": check_key(scope_key),
-        "p2": check_token(seen_token),
-        "p3": check_token(new_token),
-        "p4": check_ms("lease_ms", lease_ms),
-    }
-    return _first_int(_Op(SQL_TAKEOVER, params, "p5"))
+    return _first_int(
+        _stmt(
+            SQL_TAKEOVER,
+            check_key(scope_key),
+            check_token(seen_token),
+            check_token(new_token),
+            check_ms("lease_ms", lease_ms),
+        )
+    )
 
 
 def _first_int(op: _Op) -> "_Plan[Optional[int]]":
@@ -218,35 +228,25 @@ def _first_int(op: _Op) -> "_Plan[Optional[int]]":
 
 
 def _mark_unknown(scope_key: bytes, seen_token: bytes, ttl_ms: int) -> "_Plan[bool]":
-    params = {
-        "p1": check_key(scope_key),
-        "p2": check_token(seen_token),
-        "p3": check_ms("ttl_ms", ttl_ms),
-    }
-    return _applied(_Op(SQL_MARK_UNKNOWN, params, "p4"))
+    key, seen, ttl = check_key(scope_key), check_token(seen_token), check_ms("ttl_ms", ttl_ms)
+    return _applied(_stmt(SQL_MARK_UNKNOWN, key, seen, ttl))
 
 
-def _complete_params(
-    scope_key: bytes, token: bytes, response: bytes, ttl_ms: int
-) -> Dict[str, Any]:
-    return {
-        "p1": check_key(scope_key),
-        "p2": check_token(token),
-        "p3": bytes(response),
-        "p4": check_ms("ttl_ms", ttl_ms),
-    }
+def _completion(sql: str, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int) -> _Op:
+    key, tok, ttl = check_key(scope_key), check_token(token), check_ms("ttl_ms", ttl_ms)
+    return _stmt(sql, key, tok, bytes(response), ttl)
 
 
 def _complete(scope_key: bytes, token: bytes, response: bytes, ttl_ms: int) -> "_Plan[bool]":
-    params = _complete_params(scope_key, token, response, ttl_ms)
-    return _applied(_Op(SQL_COMPLETE, params, "p5"))
+    return _applied(_completion(SQL_COMPLETE, scope_key, token, response, ttl_ms))
 
 
 def _complete_returning(
     scope_key: bytes, token: bytes, response: bytes, ttl_ms: int
 ) -> "_Plan[Optional[CompletedRow]]":
-    params = _complete_params(scope_key, token, response, ttl_ms)
-    return _completed_row(_Op(SQL_COMPLETE_RETURNING, params, "p5"))
+    return _completed_row(
+        _completion(SQL_COMPLETE_RETURNING, scope_key, token, response, ttl_ms)
+    )
 
 
 def _completed_row(op: _Op) -> "_Plan[Optional[CompletedRow]]":
@@ -257,22 +257,16 @@ def _completed_row(op: _Op) -> "_Plan[Optional[CompletedRow]]":
 
 
 def _release(scope_key: bytes, token: bytes) -> "_Plan[bool]":
-    params = {"p1": check_key(scope_key), "p2": check_token(token)}
-    return _applied(_Op(SQL_RELEASE, params, None))
+    return _applied(_stmt(SQL_RELEASE, check_key(scope_key), check_token(token), clock=False))
 
 
 def _renew(scope_key: bytes, token: bytes, lease_ms: int) -> "_Plan[bool]":
-    params = {
-        "p1": check_key(scope_key),
-        "p2": check_token(token),
-        "p3": check_ms("lease_ms", lease_ms),
-    }
-    return _applied(_Op(SQL_RENEW, params, "p4"))
+    key, tok, lease = check_key(scope_key), check_token(token), check_ms("lease_ms", lease_ms)
+    return _applied(_stmt(SQL_RENEW, key, tok, lease))
 
 
 def _purge(batch: int) -> "_Plan[PurgeCounts]":
-    check_batch(batch)
-    return _counts(_Op(SQL_PURGE, {"p1": batch}, "p2", wait="purge"))
+    return _counts(_stmt(SQL_PURGE, check_batch(batch), wait="purge"))
 
 
 def _counts(op: _Op) -> "_Plan[PurgeCounts]":
@@ -311,44 +305,6 @@ class _Plans(PlanHooks):
     _plan_release = staticmethod(_release)
     _plan_renew = staticmethod(_renew)
     _plan_purge_expired = staticmethod(_purge)
-
-    _dsn: Optional[str]
-    _pool: Any
-    _single: Any
-    _clock: Optional[Callable[[], int]]
-
-    def _configure(
-        self,
-        target: Any,
-        single_type: type,
-        wrong_target: str,
-        timeout: float,
-        connect_timeout: Optional[int],
-        lock_timeout: float,
-        idle_in_transaction_timeout: float,
-        purge_timeout: float,
-        clock: Optional[Callable[[], int]],
-    ) -> None:
-        """What the sync and async stores' constructors share: the target and the deadlines."""
-        self._clock = clock
-        self._dsn = None
-        self._pool = None
-        self._single = None
-        if isinstance(target, str):
-            self._dsn = target
-        elif isinstance(target, single_type):
-            self._single = target
-        elif hasattr(target, "connection"):
-            self._pool = target
-        else:
-            raise TypeError(wrong_target)
-        self.timeout = _check_timeout("timeout", timeout)
-        self.lock_timeout = _check_timeout("lock_timeout", lock_timeout)
-        self.purge_timeout = _check_timeout("purge_timeout", purge_timeout)
-        self.idle_in_transaction_timeout = _check_timeout(
-            "idle_in_transaction_timeout", idle_in_transaction_timeout
-        )
-        self._connect_timeout = _connect_timeout(self.timeout, connect_timeout)
 
 
 class _Lease:
@@ -434,7 +390,55 @@ def _spoiled(exc: BaseException, conn: Any) -> bool:
     return _discardable(exc) or bool(conn.closed) or bool(conn.broken)
 
 
-class PostgresStore(_Plans, Primitives):
+class _StoreBase(_Plans):
+    """What :class:`PostgresStore` and :class:`AsyncPostgresStore` share: the constructor (the
+    target and the deadlines); each adds its own connection handling (``_init_io``)."""
+
+    _dsn: Optional[str]
+    _pool: Any
+    _single: Any
+    _clock: Optional[Callable[[], int]]
+    _single_type: type
+    _wrong_target: str
+
+    def __init__(
+        self,
+        conninfo_or_pool: Any,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        connect_timeout: Optional[int] = None,
+        lock_timeout: float = 2.0,
+        idle_in_transaction_timeout: float = 60.0,
+        purge_timeout: float = 30.0,
+        clock: Optional[Callable[[], int]] = None,
+    ) -> None:
+        """``clock`` replaces the database clock (conformance tests only)."""
+        self._clock = clock
+        self._dsn = None
+        self._pool = None
+        self._single = None
+        if isinstance(conninfo_or_pool, str):
+            self._dsn = conninfo_or_pool
+        elif isinstance(conninfo_or_pool, self._single_type):
+            self._single = conninfo_or_pool
+        elif hasattr(conninfo_or_pool, "connection"):
+            self._pool = conninfo_or_pool
+        else:
+            raise TypeError(self._wrong_target)
+        self.timeout = _check_timeout("timeout", timeout)
+        self.lock_timeout = _check_timeout("lock_timeout", lock_timeout)
+        self.purge_timeout = _check_timeout("purge_timeout", purge_timeout)
+        self.idle_in_transaction_timeout = _check_timeout(
+            "idle_in_transaction_timeout", idle_in_transaction_timeout
+        )
+        self._connect_timeout = _connect_timeout(self.timeout, connect_timeout)
+        self._init_io()
+
+    def _init_io(self) -> None:
+        raise NotImplementedError
+
+
+class PostgresStore(_StoreBase, Primitives):
     """The storage contract on PostgreSQL (psycopg 3, sync).
 
     Every operation has a client-side deadline of ``timeout`` seconds (default 2.0): past it the
@@ -452,30 +456,11 @@ class PostgresStore(_Plans, Primitives):
     is answered 409, and how long an open transaction may sit idle before the server ends it.
     """
 
-    def __init__(
-        self,
-        conninfo_or_pool: Any,
-        *,
-        timeout: float = DEFAULT_TIMEOUT,
-        connect_timeout: Optional[int] = None,
-        lock_timeout: float = 2.0,
-        idle_in_transaction_timeout: float = 60.0,
-        purge_timeout: float = 30.0,
-        clock: Optional[Callable[[], int]] = None,
-    ) -> None:
-        """``clock`` replaces the database clock (conformance tests only)."""
+    _single_type = psycopg.Connection
+    _wrong_target = "PostgresStore needs a DSN, a psycopg Connection or a connection pool"
+
+    def _init_io(self) -> None:
         self._single_lock = threading.Lock()
-        self._configure(
-            conninfo_or_pool,
-            psycopg.Connection,
-            "PostgresStore needs a DSN, a psycopg Connection or a connection pool",
-            timeout,
-            connect_timeout,
-            lock_timeout,
-            idle_in_transaction_timeout,
-            purge_timeout,
-            clock,
-        )
         self._local = threading.local()
         self._all: List[psycopg.Connection[Any]] = []
         self._all_lock = threading.Lock()
@@ -635,7 +620,7 @@ class PostgresStore(_Plans, Primitives):
         return self._drive("complete", _complete_returning(scope_key, token, response, ttl_ms))
 
 
-class AsyncPostgresStore(_Plans, AsyncPrimitives):
+class AsyncPostgresStore(_StoreBase, AsyncPrimitives):
     """The storage contract on PostgreSQL with psycopg's asyncio API.
 
     Pass a DSN (one connection, opened on first use, serialized by an asyncio lock; transactional
@@ -645,29 +630,10 @@ class AsyncPostgresStore(_Plans, AsyncPrimitives):
     connection counts against ``timeout`` too.
     """
 
-    def __init__(
-        self,
-        conninfo_or_pool: Any,
-        *,
-        timeout: float = DEFAULT_TIMEOUT,
-        connect_timeout: Optional[int] = None,
-        lock_timeout: float = 2.0,
-        idle_in_transaction_timeout: float = 60.0,
-        purge_timeout: float = 30.0,
-        clock: Optional[Callable[[], int]] = None,
-    ) -> None:
-        """``clock`` replaces the database clock (conformance tests only)."""
-        self._configure(
-            conninfo_or_pool,
-            psycopg.AsyncConnection,
-            "AsyncPostgresStore needs a DSN, a psycopg AsyncConnection or an async pool",
-            timeout,
-            connect_timeout,
-            lock_timeout,
-            idle_in_transaction_timeout,
-            purge_timeout,
-            clock,
-        )
+    _single_type = psycopg.AsyncConnection
+    _wrong_target = "AsyncPostgresStore needs a DSN, a psycopg AsyncConnection or an async pool"
+
+    def _init_io(self) -> None:
         self._lock: Optional[asyncio.Lock] = None
         self._owned = False
         self._idle: List[psycopg.AsyncConnection[Any]] = []

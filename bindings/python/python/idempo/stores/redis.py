@@ -34,7 +34,7 @@ from idempo.stores._base import (
     check_token,
 )
 from idempo.stores._plan import AsyncPrimitives, Plan, PlanHooks, Primitives
-from idempo.stores._recipes import recipe
+from idempo.stores._recipes import PRIMITIVES, family
 
 try:
     import redis
@@ -47,19 +47,7 @@ DEFAULT_PREFIX = b"idempo:"
 # The scripts of spec/STORAGE.md §5.2 (and the optional purge of one record), from core, where
 # each one's ARGV is documented. KEYS[1] is the record; the last ARGV of every script is the clock
 # override ('' = Redis TIME, spec/STORAGE.md §6).
-_SCRIPTS = {
-    name: recipe(f"redis_{name}")
-    for name in (
-        "claim",
-        "get",
-        "takeover",
-        "mark_unknown",
-        "complete",
-        "release",
-        "renew",
-        "purge_one",
-    )
-}
+_SCRIPTS = family("redis", (*PRIMITIVES, "purge_one"))
 
 SPEC_GRACE_MS = 60_000
 """The grace the scripts carry (``PEXPIRE`` to ``expires_at - now + 60000``, §5.1)."""

@@ -47,7 +47,7 @@ from idempo.stores._base import (
     unavailable,
 )
 from idempo.stores._plan import Plan, PlanHooks, Primitives, drive
-from idempo.stores._recipes import recipe
+from idempo.stores._recipes import PRIMITIVES, family, recipe
 from idempo.stores._tx import SessionEnds, ThreadedSession, Transaction, lock_wait_expired
 
 T = TypeVar("T")
@@ -63,19 +63,7 @@ SCHEMA = recipe("sqlite_schema")
 
 # The statements of spec/STORAGE.md §7, from core; ``:now`` is the clock override (NULL in
 # production).
-_SQL = {
-    name: recipe(f"sqlite_{name}")
-    for name in (
-        "claim",
-        "get",
-        "takeover",
-        "mark_unknown",
-        "complete",
-        "release",
-        "renew",
-        "purge",
-    )
-}
+_SQL = family("sqlite", (*PRIMITIVES, "purge"))
 SQL_NOW = f"SELECT {_NOW}"
 CLAIM_ATTEMPTS = 3
 
