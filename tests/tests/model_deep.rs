@@ -245,14 +245,15 @@ fn deep_outcome_unknown_cache_with_a_store_fault_and_a_crash() {
 
 #[test]
 #[ignore = "deep tier: make model-deep"]
-fn deep_transactional_store_faults_failures_and_heartbeats() {
+fn deep_transactional_store_faults_failures_and_retries() {
     guarantees(
-        "deep: transactional A/B, 2 store faults, failures + heartbeats, 1 retry",
+        "deep: transactional A/B, 2 store faults, handler failures, 2 retries",
         IdempoModel::new(
             EffectMode::Transactional,
             &[ALICE_A, ALICE_B],
             Bounds {
                 store_faults: 2,
+                retries: 2,
                 ..failures_and_heartbeats()
             },
         ),
@@ -261,7 +262,6 @@ fn deep_transactional_store_faults_failures_and_heartbeats() {
         &[
             W_REPLAY,
             W_MISMATCH,
-            W_STALE_REJECTED,
             W_RERUN_TTL,
             W_EXHAUSTED,
             W_STORE_UNAVAILABLE,
