@@ -46,7 +46,7 @@ from idempo.stores._base import (
     record_or_none,
     unavailable,
 )
-from idempo.stores._plan import Plan, PlanHooks, Primitives, drive
+from idempo.stores._plan import AsyncPrimitives, Plan, PlanHooks, Primitives, drive
 from idempo.stores._recipes import PRIMITIVES, family, recipe
 from idempo.stores._tx import SessionEnds, ThreadedSession, Transaction, lock_wait_expired
 
@@ -316,41 +316,14 @@ class SQLiteStore(_Plans, Primitives):
         self._local = threading.local()
 
 
-class AsyncSQLiteStore:
+class AsyncSQLiteStore(_Plans, AsyncPrimitives):
     """The asyncio face of :class:`SQLiteStore`: each primitive runs in a worker thread."""
 
     def __init__(self, path: Union[str, "os.PathLike[str]"], **kwargs: Any) -> None:
         self.sync = SQLiteStore(path, **kwargs)
 
-    async def claim(
-        self, scope_key: bytes, fingerprint: str, token: bytes, lease_ms: int, ttl_ms: int
-    ) -> ClaimResult:
-        return await asyncio.to_thread(
-            self.sync.claim, scope_key, fingerprint, token, lease_ms, ttl_ms
-        )
-
-    async def get(self, scope_key: bytes) -> Tuple[Optional[StoredRecord], int]:
-        return await asyncio.to_thread(self.sync.get, scope_key)
-
-    async def takeover(
-        self, scope_key: bytes, seen_token: bytes, new_token: bytes, lease_ms: int
-    ) -> Optional[int]:
-        return await asyncio.to_thread(self.sync.takeover, scope_key, seen_token, new_token, lease_ms)
-
-    async def mark_unknown(self, scope_key: bytes, seen_token: bytes, ttl_ms: int) -> bool:
-        return await asyncio.to_thread(self.sync.mark_unknown, scope_key, seen_token, ttl_ms)
-
-    async def complete(self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int) -> bool:
-        return await asyncio.to_thread(self.sync.complete, scope_key, token, response, ttl_ms)
-
-    async def release(self, scope_key: bytes, token: bytes) -> bool:
-        return await asyncio.to_thread(self.sync.release, scope_key, token)
-
-    async def renew(self, scope_key: bytes, token: bytes, lease_ms: int) -> bool:
-        return await asyncio.to_thread(self.sync.renew, scope_key, token, lease_ms)
-
-    async def purge_expired(self, batch: int = 1000) -> PurgeCounts:
-        return await asyncio.to_thread(self.sync.purge_expired, batch)
+    async def _drive(self, name: str, plan: "Plan[Any, T]") -> T:
+        return await asyncio.to_thread(self.sync._drive, name, plan)
 
     def transaction(self) -> ThreadedSession:
         """A transactional session for one request (a :class:`SQLiteTransaction` on a thread of
