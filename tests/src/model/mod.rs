@@ -8,8 +8,8 @@
 //! schedule (which worker or client moves next), a token counter fed to the flow as entropy, and
 //! ghost variables that turn history into state for the properties (see [`props`]).
 //!
-//! A [`Variant`] other than [`Variant::Correct`] wraps one core call and mutates its effect, to
-//! show that the properties catch the bug class (see `spec/MODEL.md`).
+//! A [`Variant`] other than [`Variant::Correct`] wraps one core call (or one host step) and
+//! mutates its effect, to show that the properties catch the bug class (see `spec/MODEL.md`).
 //!
 //! Optional parts: store faults ([`Bounds::store_faults`]: a store operation fails, or applies
 //! and its answer is lost, and the flow is fed [`Event::StoreFailed`]) and a cache in front of

@@ -2,10 +2,10 @@
 //!
 //! Properties about one state (P1, P5, P6, P8e) read the store and the ghost directly. Properties
 //! about an answer, a write or a handler start (P2, P3, P4, P5a, P7, P7x, P8, P9, P10, F) are
-//! monitors: the transition that
-//! answers or writes evaluates them on the facts of that moment ([`Answer`], the slot before a
-//! write) and sets a [`Check`] bit in the ghost when they fail; the `always` property is "that bit
-//! is clear". `sometimes` properties (vacuity witnesses) read [`Seen`] bits.
+//! monitors: the transition that answers, writes or starts a handler evaluates them on the facts
+//! of that moment ([`Answer`], the slot before a write, the flow's admission) and sets a [`Check`]
+//! bit in the ghost when they fail; the `always` property is "that bit is clear". `sometimes`
+//! properties (vacuity witnesses) read [`Seen`] bits.
 use idempo_core::machine::Outcome;
 use idempo_core::record::{FencingToken, Record, RecordState};
 use stateright::Property;
