@@ -1,13 +1,13 @@
 //! Per-call cost breakdown of one fingerprint: raw SHA-256 of the body, the framing and hashing
 //! with the body taken as raw bytes (no JSON work), validation only, `canonicalize` into a
-//! `Vec`, the full JSON fingerprint, and the JSON fingerprint of the body's canonical form. Figures are printed, never asserted.
+//! `Vec`, a kept `Canonicalizer` into a reused `Vec`, the full JSON fingerprint, and the JSON fingerprint of the body's canonical form. Figures are printed, never asserted.
 //!
 //! `cargo run --release -p idempo-benches --bin breakdown -- [body] [budget_ms]`
 use std::hint::black_box;
 use std::time::Duration;
 
 use idempo_benches::time_per_call;
-use idempo_core::canonical::{CanonOptions, NumberMode, canonicalize, validate};
+use idempo_core::canonical::{CanonOptions, Canonicalizer, NumberMode, canonicalize, validate};
 use idempo_core::fingerprint::{FingerprintConfig, Fingerprinter, RequestParts};
 use sha2::{Digest, Sha256};
 
@@ -30,8 +30,16 @@ fn main() {
         ..CanonOptions::default()
     };
     println!(
-        "{:<8} {:>9} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}",
-        "body", "bytes", "sha256", "fp raw", "validate", "canon", "fp json", "fp canon'd"
+        "{:<8} {:>9} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}",
+        "body",
+        "bytes",
+        "sha256",
+        "fp raw",
+        "validate",
+        "canon",
+        "canon kept",
+        "fp json",
+        "fp canon'd"
     );
     for (name, body) in idempo_benches::bodies() {
         if only.as_deref().is_some_and(|o| o != name && o != "all") {
@@ -55,6 +63,12 @@ fn main() {
         let canon = t(&mut || {
             black_box(canonicalize(black_box(&body)).ok());
         });
+        let mut kept = Canonicalizer::default();
+        let mut out = Vec::new();
+        let ckept = t(&mut || {
+            out.clear();
+            black_box(kept.canonicalize_into(black_box(&body), &mut out).ok());
+        });
         let fjson = t(&mut || {
             black_box(fp.fingerprint(black_box(&json)).ok());
         });
@@ -66,13 +80,14 @@ fn main() {
             black_box(fp.fingerprint(black_box(&pre)).ok());
         });
         println!(
-            "{:<8} {:>9} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}",
+            "{:<8} {:>9} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}",
             name,
             body.len(),
             sha,
             fraw,
             val,
             canon,
+            ckept,
             fjson,
             fpre
         );

@@ -143,6 +143,92 @@ pub fn canonicalize_excluding_to<S: CanonSink + ?Sized>(
     canonicalize_scratch(input, opts, exclusions, sink, &mut Scratch::default())
 }
 
+/// A canonicalizer that keeps its working memory between calls: once its vectors have grown it
+/// allocates nothing but the output. Results are exactly those of [`canonicalize_with`]; use one
+/// per thread (or behind a lock) on hot paths.
+///
+/// ```
+/// use idempo_core::canonical::{CanonOptions, Canonicalizer};
+/// let mut c = Canonicalizer::new(CanonOptions::default());
+/// let mut out = Vec::new();
+/// c.canonicalize_into(br#"{ "b": 1, "a": [2.50] }"#, &mut out).unwrap();
+/// assert_eq!(out, br#"{"a":[2.5],"b":1}"#);
+/// assert_eq!(c.canonicalize(b"[1,]").unwrap_err().code(), "trailing_comma");
+/// ```
+#[derive(Default)]
+pub struct Canonicalizer {
+    opts: CanonOptions,
+    scratch: Scratch,
+}
+
+impl std::fmt::Debug for Canonicalizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Canonicalizer")
+            .field("opts", &self.opts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Canonicalizer {
+    /// A canonicalizer with these options.
+    #[must_use]
+    pub fn new(opts: CanonOptions) -> Self {
+        Self {
+            opts,
+            scratch: Scratch::default(),
+        }
+    }
+
+    /// The options it applies.
+    #[must_use]
+    pub fn options(&self) -> &CanonOptions {
+        &self.opts
+    }
+
+    /// Canonicalize `input` into a new vector, as [`canonicalize_with`] does.
+    ///
+    /// # Errors
+    /// A [`CanonError`] for any input RFC 8259 / RFC 8785 rejects or a limit exceeded.
+    pub fn canonicalize(&mut self, input: &[u8]) -> Result<Vec<u8>, CanonError> {
+        let mut out = Vec::with_capacity(input.len());
+        self.canonicalize_into(input, &mut out)?;
+        Ok(out)
+    }
+
+    /// Append the canonical form of `input` to `out`. On error `out` is left as it was.
+    ///
+    /// # Errors
+    /// A [`CanonError`] for any input RFC 8259 / RFC 8785 rejects or a limit exceeded.
+    pub fn canonicalize_into(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<(), CanonError> {
+        let at = out.len();
+        let result = canonicalize_scratch(
+            input,
+            &self.opts,
+            &Exclusions::none(),
+            out,
+            &mut self.scratch,
+        );
+        if result.is_err() {
+            out.truncate(at);
+        }
+        result
+    }
+
+    /// Canonicalize into `sink`, leaving out what `exclusions` points at (see
+    /// [`canonicalize_excluding_to`]).
+    ///
+    /// # Errors
+    /// A [`CanonError`]; the sink may then hold partial output.
+    pub fn canonicalize_to<S: CanonSink + ?Sized>(
+        &mut self,
+        input: &[u8],
+        exclusions: &Exclusions,
+        sink: &mut S,
+    ) -> Result<(), CanonError> {
+        canonicalize_scratch(input, &self.opts, exclusions, sink, &mut self.scratch)
+    }
+}
+
 /// Working memory of the canonicalizer, reusable from call to call: a caller that keeps one
 /// (the fingerprinter does) allocates nothing per call once its vectors have grown. It holds no
 /// state between calls that could change a result.
@@ -442,6 +528,46 @@ mod tests {
                     format!("\"{e}\"")
                 };
                 assert_eq!(canon(&input), reference(&text), "{input}");
+            }
+        }
+    }
+
+    /// A kept canonicalizer gives the results of the free functions, call after call, errors
+    /// included, and leaves nothing in `out` on error.
+    #[test]
+    fn kept_canonicalizer_matches_free_functions() {
+        let inputs: [&[u8]; 7] = [
+            br#"[{"long_member_name":1,"another_long_name":2},{"long_member_name":3,"another_long_name":4}]"#,
+            br#"[{"another_long_name":1,"long_member_name":2}]"#,
+            br#"{"b":"\u00e9\n","a":[1e2,-0,0.1,123456789.123456789]}"#,
+            b"[1,",
+            br#"{"a":1,"a":2}"#,
+            br#"[[{"q":1,"p":2}],[{"q":3,"p":4}]]"#,
+            b"  \"x\"  ",
+        ];
+        for opts in [
+            CanonOptions::default(),
+            CanonOptions {
+                numbers: NumberMode::RejectPrecisionLoss,
+                ..CanonOptions::default()
+            },
+        ] {
+            let mut c = Canonicalizer::new(opts);
+            for _ in 0..2 {
+                for input in inputs {
+                    let mut out = b"prefix".to_vec();
+                    let got = c.canonicalize_into(input, &mut out);
+                    let want = canonicalize_with(input, &opts);
+                    match (&got, &want) {
+                        (Ok(()), Ok(w)) => assert_eq!(&out[6..], &w[..]),
+                        (Err(a), Err(b)) => {
+                            assert_eq!(a, b);
+                            assert_eq!(out, b"prefix");
+                        }
+                        _ => panic!("{input:?}: {got:?} vs {want:?}"),
+                    }
+                    assert_eq!(c.canonicalize(input), want);
+                }
             }
         }
     }
