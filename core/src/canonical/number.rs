@@ -1,6 +1,7 @@
 //! ES6 number serialization (RFC 8785 §3.2.2.3) and the exact-decimal precision check.
 
 use super::error::{CanonError, CanonErrorKind};
+use super::parse::digit_run;
 
 /// Format a finite double with ECMAScript `Number::toString` into `buf` (a stack buffer).
 ///
@@ -60,17 +61,6 @@ const POW10_F64: [f64; 23] = [
     1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
 ];
 
-/// Powers of ten that a `u64` holds (10^0 ..= 10^19).
-const POW10_U64: [u64; 20] = {
-    let mut t = [1u64; 20];
-    let mut i = 1;
-    while i < 20 {
-        t[i] = t[i - 1] * 10;
-        i += 1;
-    }
-    t
-};
-
 /// Read a JSON number literal (grammar already checked) as `mantissa × 10^exp` in one pass,
 /// skipping leading zeros eight at a time. Returns the value and its count of significant
 /// digits, or `None` when it has more than 19 significant digits or more than 6 exponent
@@ -106,32 +96,38 @@ pub(crate) fn read_literal_digits(lit: &[u8]) -> Option<(Decimal, u32, (usize, u
             _ => break,
         }
     }
+    // The significant digits: one run, or two around the dot; eight at a time.
     let mut mantissa: u64 = 0;
-    let mut digits = 0u32;
-    // Zeros read after the last non-zero digit, not yet in `mantissa`.
-    let mut zeros = 0u32;
+    let mut count = 0u32;
     let sig_start = i;
-    let mut sig_end = i;
-    while let Some(&b) = lit.get(i) {
-        match b {
-            b'0' => {
-                exp -= i64::from(after_dot);
-                zeros += 1;
-            }
-            b'1'..=b'9' => {
-                exp -= i64::from(after_dot);
-                digits += zeros + 1;
-                if digits > 19 {
-                    return None;
-                }
-                mantissa = mantissa * POW10_U64[zeros as usize + 1] + u64::from(b - b'0');
-                zeros = 0;
-                sig_end = i + 1;
-            }
-            b'.' => after_dot = true,
-            _ => break,
+    loop {
+        let run = digit_run(lit, i);
+        if !add_digits(&lit[i..i + run], &mut mantissa, &mut count) {
+            return None;
         }
+        i += run;
+        if after_dot {
+            exp -= run as i64;
+            break;
+        }
+        if lit.get(i) != Some(&b'.') {
+            break;
+        }
+        after_dot = true;
         i += 1;
+    }
+    let mut digits = count;
+    let mut sig_end = i;
+    if mantissa != 0 {
+        // Trailing zeros (rare) leave the mantissa for the exponent.
+        while mantissa % 10 == 0 {
+            mantissa /= 10;
+            digits -= 1;
+            exp += 1;
+        }
+        while sig_end > sig_start && matches!(lit.get(sig_end - 1), Some(b'0' | b'.')) {
+            sig_end -= 1;
+        }
     }
     let mut exp10: i64 = 0;
     if let Some(rest) = lit.get(i + 1..).filter(|r| !r.is_empty()) {
@@ -150,11 +146,7 @@ pub(crate) fn read_literal_digits(lit: &[u8]) -> Option<(Decimal, u32, (usize, u
             exp10 = -exp10;
         }
     }
-    let exp = if mantissa == 0 {
-        0
-    } else {
-        exp10 + exp + i64::from(zeros)
-    };
+    let exp = if mantissa == 0 { 0 } else { exp10 + exp };
     Some((
         Decimal {
             negative,
@@ -164,6 +156,34 @@ pub(crate) fn read_literal_digits(lit: &[u8]) -> Option<(Decimal, u32, (usize, u
         digits,
         (sig_start, sig_end),
     ))
+}
+
+/// The value of eight ASCII digits (first digit most significant), in a few multiplications.
+#[inline(always)]
+fn eight_digits(chunk: [u8; 8]) -> u64 {
+    let v = u64::from_le_bytes(chunk).wrapping_sub(0x3030_3030_3030_3030);
+    let v = (v.wrapping_mul(10) + (v >> 8)) & 0x00FF_00FF_00FF_00FF;
+    let v = (v.wrapping_mul(100) + (v >> 16)) & 0x0000_FFFF_0000_FFFF;
+    (v.wrapping_mul(10_000) + (v >> 32)) & 0xFFFF_FFFF
+}
+
+/// Append the digits of `run` (ASCII digits only) to `mantissa`, counting them in `count`;
+/// `false` when that would make more than 19 digits.
+#[inline(always)]
+fn add_digits(run: &[u8], mantissa: &mut u64, count: &mut u32) -> bool {
+    if *count as usize + run.len() > 19 {
+        return false;
+    }
+    let mut rest = run;
+    while let Some((chunk, tail)) = rest.split_first_chunk::<8>() {
+        *mantissa = *mantissa * 100_000_000 + eight_digits(*chunk);
+        rest = tail;
+    }
+    for &d in rest {
+        *mantissa = *mantissa * 10 + u64::from(d - b'0');
+    }
+    *count += run.len() as u32;
+    true
 }
 
 /// The double nearest to `d` (ties to even), as Rust's float parser gives it: exact arithmetic

@@ -329,7 +329,7 @@ fn scan_string(input: &[u8], mut i: usize) -> (usize, bool) {
 /// does not depend on each digit, so digit counts that vary from number to number cost no
 /// branch misprediction per digit.
 #[inline(always)]
-fn digit_run(input: &[u8], start: usize) -> usize {
+pub(crate) fn digit_run(input: &[u8], start: usize) -> usize {
     const F0: u64 = 0xF0F0_F0F0_F0F0_F0F0;
     const D0: u64 = 0x3030_3030_3030_3030;
     if !input.get(start).is_some_and(u8::is_ascii_digit) {
