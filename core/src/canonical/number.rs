@@ -247,7 +247,10 @@ pub(crate) fn decimal_is_exact(lit: &Decimal, digits: u32, value: f64, shortest:
 /// literal alone: at most 15 significant digits and a value well inside the normal range. Then
 /// (DBL_DIG = 15) the literal's digits are the shortest round-trip digits of its double, and
 /// the literal is exact. Returns `false` (nothing written) otherwise.
-pub(crate) fn es6_from_literal(d: &Decimal, digits: u32, out: &mut Vec<u8>) -> bool {
+///
+/// `text` is the literal's significant digits as written (a dot possibly among them), as
+/// [`read_literal_digits`] locates them.
+pub(crate) fn es6_from_literal(d: &Decimal, digits: u32, text: &[u8], out: &mut Vec<u8>) -> bool {
     if d.mantissa == 0 || digits > 15 {
         return false;
     }
@@ -258,13 +261,17 @@ pub(crate) fn es6_from_literal(d: &Decimal, digits: u32, out: &mut Vec<u8>) -> b
     if !(-306..=308).contains(&n) {
         return false;
     }
-    let mut buf = [0u8; 20];
-    let mut v = d.mantissa;
-    for slot in buf[..digits as usize].iter_mut().rev() {
-        *slot = b'0' + (v % 10) as u8;
-        v /= 10;
+    // At most 15 digits and a dot.
+    let mut buf = [0u8; 16];
+    let mut len = 0;
+    for &b in text.iter().take(16) {
+        buf[len] = b;
+        len += usize::from(b != b'.');
     }
-    let ds = &buf[..digits as usize];
+    if len != digits as usize {
+        return false;
+    }
+    let ds = &buf[..len];
     if d.negative {
         out.push(b'-');
     }
@@ -563,7 +570,7 @@ mod tests {
             let got = decimal_to_f64(&d, &lit.as_bytes()[a..b]).expect("converts");
             assert_eq!(got.to_bits(), want.to_bits(), "{lit}");
             let mut text = Vec::new();
-            if es6_from_literal(&d, digits, &mut text) {
+            if es6_from_literal(&d, digits, &lit.as_bytes()[a..b], &mut text) {
                 assert_eq!(
                     text,
                     format_number(want).expect("finite").as_bytes(),

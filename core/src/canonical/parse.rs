@@ -1239,9 +1239,10 @@ impl<'a> Parser<'a> {
         let lit = &input[start..i];
         let read = read_literal_digits(lit);
         let exact = read.map(|(d, n, _)| (d, n));
-        if let Some((d, digits)) = &exact {
+        if let Some((d, digits, (a, b))) = &read {
             let at = self.tape.strbuf.len();
-            if es6_from_literal(d, *digits, &mut self.tape.strbuf) {
+            let text = lit.get(*a..*b).unwrap_or(&[]);
+            if es6_from_literal(d, *digits, text, &mut self.tape.strbuf) {
                 let n = (self.tape.strbuf.len() - at) as u32;
                 self.push(Tag::NumText, at as u32, n, start as u32);
                 return Ok(false);
