@@ -1,8 +1,9 @@
 import type * as PG from 'pg';
 import { StoreUnavailableError } from '../errors';
-import type { ClaimResult, ClockOverride, GetResult, PurgeCounts, PurgeOptions, StoreRecord, TransactionalStore, TransactionSession } from './types';
+import type { ClaimResult, ClockOverride, GetResult, PurgeCounts, PurgeOptions, TransactionalStore, TransactionSession } from './types';
 import { asBuffer, checkKeyAndToken, lockWaitExpired } from './types';
-import { recipe } from './recipes';
+import { recipe, recordFromRow } from './recipes';
+import type { RecipeRow } from './recipes';
 
 /** The table and index names of the recipes, replaced as whole words. */
 const NAMES = /\bidempo_record(_expires_at)?\b/g;
@@ -107,30 +108,6 @@ function ms(name: string, v: number | undefined, d: number): number {
   if (v === undefined) return d;
   if (!Number.isFinite(v) || v <= 0) throw new RangeError(`${name} must be a positive number of ms, got ${v}`);
   return v;
-}
-
-interface PgRow {
-  fingerprint: string | null;
-  state: number | null;
-  token: Buffer | null;
-  generation: number | null;
-  lease_until: string | null;
-  expires_at: string | null;
-  response: Buffer | null;
-  now_ms: string;
-}
-
-function toRecord(r: PgRow): StoreRecord | null {
-  if (r.fingerprint === null) return null;
-  return {
-    fingerprint: r.fingerprint,
-    state: Number(r.state) as 1 | 2 | 3,
-    token: r.token as Buffer,
-    generation: Number(r.generation),
-    leaseUntil: r.lease_until === null ? null : Number(r.lease_until),
-    expiresAt: Number(r.expires_at),
-    response: r.response,
-  };
 }
 
 function quoteIdent(s: string): string {
@@ -318,9 +295,9 @@ export class PostgresStore implements TransactionalStore {
         ]);
         const first = ins.rows[0];
         if (first) return { claimed: true as const, generation: Number(first.generation), nowMs: Number(first.now_ms) };
-        const got = await this.#rows<PgRow>(this.#sql.get, [asBuffer(scopeKey), this.#now()]);
-        const row = got.rows[0] as PgRow;
-        const record = toRecord(row);
+        const got = await this.#rows<RecipeRow>(this.#sql.get, [asBuffer(scopeKey), this.#now()]);
+        const row = got.rows[0] as RecipeRow;
+        const record = recordFromRow(row);
         if (record !== null) return { claimed: false as const, record, nowMs: Number(row.now_ms) };
       }
       throw new StoreUnavailableError(`claim contention: the row kept vanishing after ${CLAIM_ROUNDS} rounds`);
@@ -330,9 +307,9 @@ export class PostgresStore implements TransactionalStore {
   get(scopeKey: Uint8Array): Promise<GetResult> {
     checkKeyAndToken(scopeKey);
     return this.#q(async () => {
-      const r = await this.#rows<PgRow>(this.#sql.get, [asBuffer(scopeKey), this.#now()]);
-      const row = r.rows[0] as PgRow;
-      return { record: toRecord(row), nowMs: Number(row.now_ms) };
+      const r = await this.#rows<RecipeRow>(this.#sql.get, [asBuffer(scopeKey), this.#now()]);
+      const row = r.rows[0] as RecipeRow;
+      return { record: recordFromRow(row), nowMs: Number(row.now_ms) };
     });
   }
 
@@ -376,7 +353,7 @@ export class PostgresStore implements TransactionalStore {
   completeRecord(scopeKey: Uint8Array, token: Uint8Array, response: Uint8Array, ttlMs: number): Promise<GetResult | null> {
     checkKeyAndToken(scopeKey, token);
     return this.#q(async () => {
-      const r = await this.#rows<PgRow>(this.#sql.completeRecord, [
+      const r = await this.#rows<RecipeRow>(this.#sql.completeRecord, [
         asBuffer(scopeKey),
         asBuffer(token),
         asBuffer(response),
@@ -384,7 +361,7 @@ export class PostgresStore implements TransactionalStore {
         this.#now(),
       ]);
       const row = r.rows[0];
-      return row ? { record: toRecord(row), nowMs: Number(row.now_ms) } : null;
+      return row ? { record: recordFromRow(row), nowMs: Number(row.now_ms) } : null;
     });
   }
 
@@ -534,9 +511,9 @@ export class PostgresTransaction implements TransactionSession {
         }
         const first = ins.rows[0];
         if (first) return { claimed: true as const, generation: Number(first.generation), nowMs: Number(first.now_ms) };
-        const got = await this.#call<PgRow>(s.sql.get, [asBuffer(scopeKey), s.nowOverride()], s.timeoutMs);
-        const row = got.rows[0] as PgRow;
-        const record = toRecord(row);
+        const got = await this.#call<RecipeRow>(s.sql.get, [asBuffer(scopeKey), s.nowOverride()], s.timeoutMs);
+        const row = got.rows[0] as RecipeRow;
+        const record = recordFromRow(row);
         if (record !== null) return { claimed: false as const, record, nowMs: Number(row.now_ms) };
       }
       throw new StoreUnavailableError(`claim contention: the row kept vanishing after ${CLAIM_ROUNDS} rounds`);
@@ -548,9 +525,9 @@ export class PostgresTransaction implements TransactionSession {
     if (this.#client === null) return this.store.get(scopeKey);
     checkKeyAndToken(scopeKey);
     return this.#q(async () => {
-      const r = await this.#call<PgRow>(this.store.sql.get, [asBuffer(scopeKey), this.store.nowOverride()], this.store.timeoutMs);
-      const row = r.rows[0] as PgRow;
-      return { record: toRecord(row), nowMs: Number(row.now_ms) };
+      const r = await this.#call<RecipeRow>(this.store.sql.get, [asBuffer(scopeKey), this.store.nowOverride()], this.store.timeoutMs);
+      const row = r.rows[0] as RecipeRow;
+      return { record: recordFromRow(row), nowMs: Number(row.now_ms) };
     });
   }
 

@@ -1,8 +1,9 @@
 import type BetterSqlite3 from 'better-sqlite3';
 import { StoreUnavailableError } from '../errors';
-import type { ClaimResult, ClockOverride, GetResult, PurgeCounts, PurgeOptions, StoreRecord, TransactionalStore, TransactionSession } from './types';
+import type { ClaimResult, ClockOverride, GetResult, PurgeCounts, PurgeOptions, TransactionalStore, TransactionSession } from './types';
 import { asBuffer, checkKeyAndToken, lockWaitExpired } from './types';
-import { recipe } from './recipes';
+import { recipe, recordFromRow } from './recipes';
+import type { RecipeRow } from './recipes';
 
 /** The SQLite schema of `spec/STORAGE.md` §7 (§4.1 with SQLite types, `WITHOUT ROWID`). */
 export const SQLITE_SCHEMA = recipe('sqlite_schema');
@@ -42,30 +43,6 @@ export interface SqliteStoreOptions {
 /** A request waiting for the connection held by a transactional session. */
 interface Waiter {
   wake: () => void;
-}
-
-interface Row {
-  fingerprint: string | null;
-  state: number | null;
-  token: Buffer | null;
-  generation: number | null;
-  lease_until: number | null;
-  expires_at: number | null;
-  response: Buffer | null;
-  now_ms: number;
-}
-
-function toRecord(r: Row): StoreRecord | null {
-  if (r.fingerprint === null) return null;
-  return {
-    fingerprint: r.fingerprint,
-    state: r.state as 1 | 2 | 3,
-    token: r.token as Buffer,
-    generation: r.generation as number,
-    leaseUntil: r.lease_until,
-    expiresAt: r.expires_at as number,
-    response: r.response,
-  };
 }
 
 type Statements = { [K in keyof typeof SQL]: BetterSqlite3.Statement };
@@ -130,10 +107,10 @@ export class SqliteStore implements TransactionalStore {
     const claim = this.db.transaction((p: Record<string, unknown>): ClaimResult => {
       const ins = this.#stmts.claim.get(p) as { generation: number; now_ms: number } | undefined;
       if (ins) return { claimed: true, generation: ins.generation, nowMs: ins.now_ms };
-      const row = this.#stmts.get.get(p) as Row;
-      const record = toRecord(row);
+      const row = this.#stmts.get.get(p) as RecipeRow;
+      const record = recordFromRow(row);
       if (record === null) throw new StoreUnavailableError('claim conflicted but no row is visible');
-      return { claimed: false, record, nowMs: row.now_ms };
+      return { claimed: false, record, nowMs: Number(row.now_ms) };
     });
     const purge = this.db.transaction((p: Record<string, unknown>): PurgeCounts => {
       const rows = this.#stmts.purge.all(p) as Array<{ state: number }>;
@@ -246,8 +223,8 @@ export class SqliteStore implements TransactionalStore {
   get(scopeKey: Uint8Array): Promise<GetResult> {
     return this.#wrap(() => {
       checkKeyAndToken(scopeKey);
-      const row = this.#stmts.get.get({ scope: asBuffer(scopeKey), now: this.#now() }) as Row;
-      return { record: toRecord(row), nowMs: row.now_ms };
+      const row = this.#stmts.get.get({ scope: asBuffer(scopeKey), now: this.#now() }) as RecipeRow;
+      return { record: recordFromRow(row), nowMs: Number(row.now_ms) };
     });
   }
 
@@ -380,10 +357,10 @@ export class SqliteTransaction implements TransactionSession {
       const p = { scope: asBuffer(scopeKey), fp: fingerprint, token: asBuffer(token), lease: leaseMs, ttl: ttlMs, now: this.#i.now() };
       const ins = this.#i.stmts.claim.get(p) as { generation: number; now_ms: number } | undefined;
       if (ins) return { claimed: true as const, generation: ins.generation, nowMs: ins.now_ms };
-      const row = this.#i.stmts.get.get(p) as Row;
-      const record = toRecord(row);
+      const row = this.#i.stmts.get.get(p) as RecipeRow;
+      const record = recordFromRow(row);
       if (record === null) throw new StoreUnavailableError('claim conflicted but no row is visible');
-      return { claimed: false as const, record, nowMs: row.now_ms };
+      return { claimed: false as const, record, nowMs: Number(row.now_ms) };
     });
   }
 
@@ -392,8 +369,8 @@ export class SqliteTransaction implements TransactionSession {
     if (!this.#open) return this.store.get(scopeKey);
     return this.#run(() => {
       checkKeyAndToken(scopeKey);
-      const row = this.#i.stmts.get.get({ scope: asBuffer(scopeKey), now: this.#i.now() }) as Row;
-      return { record: toRecord(row), nowMs: row.now_ms };
+      const row = this.#i.stmts.get.get({ scope: asBuffer(scopeKey), now: this.#i.now() }) as RecipeRow;
+      return { record: recordFromRow(row), nowMs: Number(row.now_ms) };
     });
   }
 
