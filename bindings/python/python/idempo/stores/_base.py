@@ -10,7 +10,18 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Protocol, Sequence, Tuple, Type, TypeVar, Union
+from typing import (
+    Any,
+    Callable,
+    Generator,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+    Type,
+    TypeVar,
+    Union,
+)
 
 from idempo._idempo import InvalidArgument, StoreUnavailable
 
@@ -139,6 +150,22 @@ class AsyncStore(Protocol):
     async def purge_expired(self, batch: int = 1000) -> PurgeCounts: ...
 
 
+def _purge_batches(
+    batch: int, max_batches: Optional[int]
+) -> Generator[int, PurgeCounts, PurgeCounts]:
+    """Asks for batches of ``batch`` until one comes back short (or ``max_batches``); the
+    total."""
+    total = PurgeCounts()
+    done = 0
+    while max_batches is None or done < max_batches:
+        counts = yield batch
+        total = total + counts
+        done += 1
+        if counts.total < batch:
+            break
+    return total
+
+
 def purge_all(
     store: Store,
     batch: int = 1000,
@@ -150,14 +177,9 @@ def purge_all(
     Each batch is its own short transaction; run this from a periodic job (or
     :class:`Purger`). ``on_counts`` receives the total (metrics).
     """
-    total = PurgeCounts()
-    done = 0
-    while max_batches is None or done < max_batches:
-        counts = store.purge_expired(batch)
-        total = total + counts
-        done += 1
-        if counts.total < batch:
-            break
+    from idempo.stores._plan import drive  # _plan builds on this module
+
+    total = drive(_purge_batches(batch, max_batches), store.purge_expired)
     if on_counts is not None:
         on_counts(total)
     return total
@@ -170,14 +192,9 @@ async def purge_all_async(
     on_counts: Optional[Callable[[PurgeCounts], None]] = None,
 ) -> PurgeCounts:
     """Async form of :func:`purge_all`."""
-    total = PurgeCounts()
-    done = 0
-    while max_batches is None or done < max_batches:
-        counts = await store.purge_expired(batch)
-        total = total + counts
-        done += 1
-        if counts.total < batch:
-            break
+    from idempo.stores._plan import drive_async  # _plan builds on this module
+
+    total = await drive_async(_purge_batches(batch, max_batches), store.purge_expired)
     if on_counts is not None:
         on_counts(total)
     return total
