@@ -140,7 +140,16 @@ pub fn canonicalize_excluding_to<S: CanonSink + ?Sized>(
     exclusions: &Exclusions,
     sink: &mut S,
 ) -> Result<(), CanonError> {
-    canonicalize_scratch(input, opts, exclusions, sink, &mut Scratch::default())
+    // No working memory to keep: the tape is dropped, not recycled.
+    let mut scratch = parse::ParseScratch::default();
+    let tape = parse::parse_with(input, &opts.limits, opts.numbers, &mut scratch)?;
+    emit::emit(
+        &tape,
+        opts.numbers,
+        exclusions,
+        sink,
+        &mut emit::EmitScratch::default(),
+    )
 }
 
 /// A canonicalizer that keeps its working memory between calls: once its vectors have grown it
