@@ -408,8 +408,8 @@ fn hex4(bytes: &[u8]) -> Option<u16> {
 /// The `u32` of the (up to) four bytes at `i`, little-endian, zero-padded past the end.
 #[inline(always)]
 fn load4(s: &[u8], i: usize) -> u32 {
-    match s.get(i..i + 4) {
-        Some(c) => u32::from_le_bytes([c[0], c[1], c[2], c[3]]),
+    match s.get(i..).and_then(<[u8]>::first_chunk::<4>) {
+        Some(c) => u32::from_le_bytes(*c),
         None => {
             let mut w = [0u8; 4];
             for (k, &b) in s.iter().skip(i).take(4).enumerate() {
