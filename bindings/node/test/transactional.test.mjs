@@ -355,6 +355,91 @@ test('postgres: a handler that swallows a SQL error cannot commit: 503, nothing 
   }
 });
 
+test('postgres: a COMMIT that fails is 503 not_committed and nothing is stored', { skip: kinds.postgres.skip }, async () => {
+  const k = await kinds.postgres.make();
+  const pool = sharedPgPool();
+  // A deferred unique constraint the handler violates fails only at COMMIT (core's `commit`).
+  await pool.query(`CREATE TABLE "${k.schema}".deferred (id int, CONSTRAINT once UNIQUE (id) DEFERRABLE INITIALLY DEFERRED)`);
+  const app = express();
+  let runs = 0;
+  const mw = idempo.idempotency({ store: k.store, transactional: true, unavailableRetryAfterMs: 3000 });
+  const errors = [];
+  const outcomes = [];
+  mw.events.on('store_error', (e) => errors.push(e.op));
+  mw.events.on('outcome', (e) => outcomes.push(e.outcome));
+  app.post('/orders', mw, async (req, res) => {
+    runs++;
+    await k.insert(req.idempotency.tx, req.body.k);
+    if (runs === 1) await req.idempotency.tx.query(`INSERT INTO "${k.schema}".deferred (id) VALUES (1), (1)`);
+    res.status(201).json({ run: runs });
+  });
+  const srv = await listen(app);
+  try {
+    const r = await post(srv.url, 'tx-commitfail-1', { k: 'c' });
+    assert.equal(r.status, 503);
+    assert.equal(r.headers.get('retry-after'), '3');
+    assert.equal((await r.json()).type, 'urn:idempo:problem:store-unavailable');
+    assert.deepEqual(errors, ['commit']);
+    assert.equal(await k.count('c'), 0);
+    assert.equal(await k.records(), 0);
+    const ok = await post(srv.url, 'tx-commitfail-1', { k: 'c' });
+    assert.equal(ok.status, 201);
+    assert.deepEqual(await ok.json(), { run: 2 });
+    assert.equal(await k.count('c'), 1);
+    assert.equal(await k.records(), 1);
+    assert.deepEqual(outcomes, ['not_committed', 'stored']);
+  } finally {
+    await srv.close();
+    await k.cleanup();
+  }
+});
+
+for (const [name, kind] of Object.entries(kinds)) {
+  test(`${name}: a refused completion, then release: ROLLBACK on the session's connection, no delete on the store`, { skip: kind.skip }, async () => {
+    const k = await kind.make();
+    // Anything the session sent to the store itself (outside its transaction) is recorded.
+    const outside = [];
+    for (const op of ['release', 'complete', 'renew', 'markUnknown']) {
+      const original = k.store[op].bind(k.store);
+      k.store[op] = (...args) => {
+        outside.push(op);
+        return original(...args);
+      };
+    }
+    const table = name === 'postgres' ? `"${k.schema}".idempo_record` : 'idempo_record';
+    const app = express();
+    let runs = 0;
+    app.post('/orders', idempo.idempotency({ store: k.store, transactional: true }), async (req, res) => {
+      runs++;
+      await k.insert(req.idempotency.tx, req.body.k);
+      if (runs === 1) {
+        // Inside the transaction the record's token changes: the completion will not apply.
+        const sql = `UPDATE ${table} SET token = ${name === 'postgres' ? "'\\x00000000000000000000000000000000'::bytea" : 'zeroblob(16)'}`;
+        if (name === 'postgres') await req.idempotency.tx.query(sql);
+        else req.idempotency.tx.exec(sql);
+      }
+      res.status(201).json({ run: runs });
+    });
+    const srv = await listen(app);
+    try {
+      const r = await post(srv.url, 'tx-refused-0001', { k: 'r' });
+      assert.equal(r.status, 503);
+      assert.equal((await r.json()).type, 'urn:idempo:problem:store-unavailable');
+      assert.equal(await k.count('r'), 0);
+      assert.equal(await k.records(), 0);
+      assert.deepEqual(outside, []);
+      const ok = await post(srv.url, 'tx-refused-0001', { k: 'r' });
+      assert.equal(ok.status, 201);
+      assert.deepEqual(await ok.json(), { run: 2 });
+      assert.equal(await k.count('r'), 1);
+      assert.equal(await k.records(), 1);
+    } finally {
+      await srv.close();
+      await k.cleanup();
+    }
+  });
+}
+
 test('sqlite: other requests on the store wait for an open transaction, then run', async () => {
   const k = await kinds.sqlite.make({ lockTimeoutMs: 5000 });
   const app = express();

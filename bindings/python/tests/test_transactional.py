@@ -33,6 +33,10 @@ from idempo.stores import (
 
 KINDS = ["postgres", "async-postgres", "sqlite", "async-sqlite"]
 PG_TABLE = "CREATE TABLE IF NOT EXISTS tx_payment (id bigserial PRIMARY KEY, note text NOT NULL)"
+PG_DEFERRED = (
+    "CREATE TABLE IF NOT EXISTS tx_deferred (id int, CONSTRAINT tx_deferred_once UNIQUE (id) "
+    "DEFERRABLE INITIALLY DEFERRED)"
+)
 LITE_TABLE = "CREATE TABLE IF NOT EXISTS tx_payment (id INTEGER PRIMARY KEY, note TEXT NOT NULL)"
 
 
@@ -49,7 +53,8 @@ class Bench:
             setup.create_schema()
             with setup._conn() as conn:  # noqa: SLF001 - test setup
                 conn.execute(PG_TABLE)
-                conn.execute("TRUNCATE idempo_record, tx_payment")
+                conn.execute(PG_DEFERRED)
+                conn.execute("TRUNCATE idempo_record, tx_payment, tx_deferred")
             setup.close()
         else:
             lite = SQLiteStore(self.path)
@@ -98,11 +103,39 @@ async def insert(note: str) -> None:
         await result
 
 
+async def run_sql(sqlite_sql: str, pg_sql: str) -> None:
+    """One statement through the open transaction (the handler's connection)."""
+    conn = idempo.current_transaction().connection
+    if isinstance(conn, __import__("sqlite3").Connection):
+        conn.execute(sqlite_sql)
+        return
+    result = conn.execute(pg_sql)
+    if asyncio.iscoroutine(result):
+        await result
+
+
+async def steal_the_claim() -> None:
+    """Inside the transaction, the record's token changes: the completion will not apply."""
+    await run_sql(
+        "UPDATE idempo_record SET token = zeroblob(16)",
+        "UPDATE idempo_record SET token = '\\x00000000000000000000000000000000'::bytea",
+    )
+
+
+async def break_the_commit() -> None:
+    """A deferred unique constraint violated now fails only at ``COMMIT`` (PostgreSQL)."""
+    await run_sql("", "INSERT INTO tx_deferred (id) VALUES (1), (1)")
+
+
 def make_app(bench: Bench, **options: Any) -> Starlette:
     async def pay(request: Request) -> Response:
         body = await request.json()
         assert request.state.idempotency.transaction is idempo.current_transaction()
         await insert(str(body.get("note", "")))
+        if body.get("steal"):
+            await steal_the_claim()
+        if body.get("break_commit"):
+            await break_the_commit()
         if body.get("sleep"):
             await asyncio.sleep(float(body["sleep"]))
         if body.get("fail"):
@@ -210,6 +243,71 @@ def test_too_large_response_commits_as_outcome_unknown_even_under_re_run(
             assert again.json()["type"] == "urn:idempo:problem:outcome-unknown"
             assert bench.counts() == (1, 1)
         assert outcomes == ["not_retained", "outcome_unknown"]
+        await bench.close()
+
+    asyncio.run(scenario())
+
+
+def test_failed_commit_is_503_and_nothing_stored(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Core's ``commit`` is the session's ``COMMIT``: when it fails (here a deferred constraint
+    the handler violated) the client gets 503 ``not_committed``, and neither row exists."""
+    if not kind.endswith("postgres"):
+        pytest.skip("a COMMIT that fails needs a deferred constraint (PostgreSQL)")
+
+    async def scenario() -> None:
+        bench = Bench(kind, tmp_path, dsn_for(kind, request))
+        outcomes: List[str] = []
+        hooks = idempo.Hooks(on_outcome=lambda route, outcome: outcomes.append(outcome))
+        async with client(make_app(bench, hooks=hooks)) as c:
+            r = await post(c, "commit-fail-1", {"note": "c", "break_commit": True})
+            assert r.status_code == 503
+            assert r.json()["type"] == "urn:idempo:problem:store-unavailable"
+            assert int(r.headers["retry-after"]) >= 1
+            assert bench.counts() == (0, 0)
+            # Nothing was kept: the same key runs anew and commits.
+            again = await post(c, "commit-fail-1", {"note": "c"})
+            assert again.status_code == 201 and "idempotent-replayed" not in again.headers
+        assert outcomes == ["not_committed", "stored"]
+        assert bench.counts() == (1, 1)
+        await bench.close()
+
+    asyncio.run(scenario())
+
+
+def test_refused_completion_then_release_rolls_back_on_the_same_connection(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A completion that does not apply leaves the transaction open; core's ``release`` is its
+    ``ROLLBACK`` on the session's connection, never a delete through the store."""
+
+    async def scenario() -> None:
+        bench = Bench(kind, tmp_path, dsn_for(kind, request))
+        store = bench.store
+        inner = getattr(store, "sync", store)  # AsyncSQLiteStore wraps a SQLiteStore
+        outside: List[str] = []
+        for target in {id(store): store, id(inner): inner}.values():
+            for name in ("release", "complete"):
+                original = getattr(target, name)
+
+                def spy(*args: Any, _name: str = name, _original: Any = original) -> Any:
+                    outside.append(_name)
+                    return _original(*args)
+
+                setattr(target, name, spy)
+        outcomes: List[str] = []
+        hooks = idempo.Hooks(on_outcome=lambda route, outcome: outcomes.append(outcome))
+        async with client(make_app(bench, hooks=hooks)) as c:
+            r = await post(c, "stolen-key-1", {"note": "s", "steal": True})
+            assert r.status_code == 503
+            assert r.json()["type"] == "urn:idempo:problem:store-unavailable"
+            assert bench.counts() == (0, 0)
+            again = await post(c, "stolen-key-1", {"note": "s"})
+            assert again.status_code == 201 and "idempotent-replayed" not in again.headers
+        assert outcomes == ["not_committed", "stored"]
+        assert outside == []
+        assert bench.counts() == (1, 1)
         await bench.close()
 
     asyncio.run(scenario())

@@ -181,10 +181,11 @@ export class Session {
           return this.#feed(() => this.#flow.renewed(ok));
         }
         case 'commit': {
-          // Transactional mode only: the session's finish() commits what is still open.
+          // Transactional mode only: the session's COMMIT; a failure feeds StoreFailed (core
+          // answers 503, outcome not_committed).
           const tx = this.#o.tx;
           if (!tx) throw new Error('idempo: core asked for a commit outside a transactional session');
-          await withTimeout(tx.finish(), ms, op);
+          await withTimeout(tx.commit(), ms, op);
           return this.#feed(() => this.#flow.committed());
         }
         default:

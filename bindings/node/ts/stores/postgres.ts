@@ -407,8 +407,8 @@ export class PostgresStore implements TransactionalStore {
  * One request's transactional session on a {@link PostgresStore} (`store.transaction()`,
  * `spec/STORAGE.md` §4.4): the primitives run on one dedicated connection inside one transaction.
  * `claim` opens it (`BEGIN; SET LOCAL lock_timeout; SET LOCAL
- * idle_in_transaction_session_timeout`), `complete` writes the record and commits, `release` rolls
- * back. A claim that waits on a duplicate's row lock past `lockTimeoutMs` (SQLSTATE 55P03) reports
+ * idle_in_transaction_session_timeout`), the later primitives (`complete` included) write inside it,
+ * `commit()` runs `COMMIT` when core asks for it (`spec/PROTOCOL.md` §7.6), `release` rolls back. A claim that waits on a duplicate's row lock past `lockTimeoutMs` (SQLSTATE 55P03) reports
  * an in-flight record (409). Every statement keeps the store's deadline.
  */
 export class PostgresTransaction implements TransactionSession {
@@ -533,7 +533,7 @@ export class PostgresTransaction implements TransactionSession {
 
   /** Primitive 3 inside the transaction. */
   takeover(scopeKey: Uint8Array, seenToken: Uint8Array, newToken: Uint8Array, leaseMs: number): Promise<number | null> {
-    if (this.#client === null) return this.store.takeover(scopeKey, seenToken, newToken, leaseMs);
+    if (this.#client === null) return Promise.reject(new StoreUnavailableError('no open transaction (it ended or never began)'));
     checkKeyAndToken(scopeKey, seenToken, newToken);
     return this.#q(async () => {
       const r = await this.#call<{ generation: number }>(
@@ -547,7 +547,7 @@ export class PostgresTransaction implements TransactionSession {
 
   /** Primitive 4 inside the transaction. */
   markUnknown(scopeKey: Uint8Array, seenToken: Uint8Array, ttlMs: number): Promise<boolean> {
-    if (this.#client === null) return this.store.markUnknown(scopeKey, seenToken, ttlMs);
+    if (this.#client === null) return Promise.reject(new StoreUnavailableError('no open transaction (it ended or never began)'));
     checkKeyAndToken(scopeKey, seenToken);
     return this.#q(async () => {
       const r = await this.#call(this.store.sql.markUnknown, [asBuffer(scopeKey), asBuffer(seenToken), ttlMs, this.store.nowOverride()], this.store.timeoutMs);
@@ -555,9 +555,9 @@ export class PostgresTransaction implements TransactionSession {
     });
   }
 
-  /** Primitive 5, then `COMMIT` (`ROLLBACK` when the token is not ours). */
+  /** Primitive 5 inside the transaction (the `COMMIT` is core's separate `commit`). */
   complete(scopeKey: Uint8Array, token: Uint8Array, response: Uint8Array, ttlMs: number): Promise<boolean> {
-    if (this.#client === null) return this.store.complete(scopeKey, token, response, ttlMs);
+    if (this.#client === null) return Promise.reject(new StoreUnavailableError('no open transaction (it ended or never began)'));
     checkKeyAndToken(scopeKey, token);
     return this.#q(async () => {
       const r = await this.#call(
@@ -565,15 +565,14 @@ export class PostgresTransaction implements TransactionSession {
         [asBuffer(scopeKey), asBuffer(token), asBuffer(response), ttlMs, this.store.nowOverride()],
         this.store.timeoutMs,
       );
-      const applied = r.rowCount === 1;
-      await this.#end(applied);
-      return applied;
+      return r.rowCount === 1;
     });
   }
 
-  /** `ROLLBACK`: the claim and the handler's writes vanish together. */
+  /** `ROLLBACK`: the claim and the handler's writes vanish together (false, and nothing deleted,
+   * without an open transaction). */
   release(scopeKey: Uint8Array, token: Uint8Array): Promise<boolean> {
-    if (this.#client === null) return this.store.release(scopeKey, token);
+    if (this.#client === null) return Promise.resolve(false);
     checkKeyAndToken(scopeKey, token);
     return this.#q(async () => {
       await this.#end(false);
@@ -583,7 +582,7 @@ export class PostgresTransaction implements TransactionSession {
 
   /** Primitive 7 inside the transaction. */
   renew(scopeKey: Uint8Array, token: Uint8Array, leaseMs: number): Promise<boolean> {
-    if (this.#client === null) return this.store.renew(scopeKey, token, leaseMs);
+    if (this.#client === null) return Promise.reject(new StoreUnavailableError('no open transaction (it ended or never began)'));
     checkKeyAndToken(scopeKey, token);
     return this.#q(async () => {
       const r = await this.#call(this.store.sql.renew, [asBuffer(scopeKey), asBuffer(token), leaseMs, this.store.nowOverride()], this.store.timeoutMs);
@@ -595,8 +594,9 @@ export class PostgresTransaction implements TransactionSession {
     return this.store.purgeExpired(options);
   }
 
-  /** Commits what is still open (a flow that ended without `complete`). */
-  finish(): Promise<void> {
+  /** `COMMIT` (core's `commit`); a failure, or no open transaction, rejects (fails closed). */
+  commit(): Promise<void> {
+    if (this.#client === null) return Promise.reject(new StoreUnavailableError('no open transaction (it ended or never began)'));
     return this.#q(() => this.#end(true));
   }
 

@@ -281,8 +281,9 @@ export class SqliteStore implements TransactionalStore {
  * One request's transactional session on a {@link SqliteStore} (`store.transaction()`): `claim`
  * waits for the connection (at most `lockTimeoutMs`, else an in-flight answer: 409), runs `BEGIN
  * IMMEDIATE` and the claim; the handler writes through {@link SqliteTransaction.tx} (the store's
- * better-sqlite3 database) inside that transaction; `complete` writes the record and commits,
- * `release` rolls back. Another process holding the write lock past `busy_timeout` also counts as
+ * better-sqlite3 database) inside that transaction; the later primitives (`complete` included) write
+ * inside it, `commit()` runs `COMMIT` when core asks for it (`spec/PROTOCOL.md` §7.6), `release`
+ * rolls back. Another process holding the write lock past `busy_timeout` also counts as
  * in flight.
  */
 export class SqliteTransaction implements TransactionSession {
@@ -376,7 +377,7 @@ export class SqliteTransaction implements TransactionSession {
 
   /** Primitive 3 inside the transaction. */
   takeover(scopeKey: Uint8Array, seenToken: Uint8Array, newToken: Uint8Array, leaseMs: number): Promise<number | null> {
-    if (!this.#open) return this.store.takeover(scopeKey, seenToken, newToken, leaseMs);
+    if (!this.#open) return Promise.reject(new StoreUnavailableError('no open transaction (it ended or never began)'));
     return this.#run(() => {
       checkKeyAndToken(scopeKey, seenToken, newToken);
       const p = { scope: asBuffer(scopeKey), seen: asBuffer(seenToken), new: asBuffer(newToken), lease: leaseMs, now: this.#i.now() };
@@ -387,29 +388,29 @@ export class SqliteTransaction implements TransactionSession {
 
   /** Primitive 4 inside the transaction. */
   markUnknown(scopeKey: Uint8Array, seenToken: Uint8Array, ttlMs: number): Promise<boolean> {
-    if (!this.#open) return this.store.markUnknown(scopeKey, seenToken, ttlMs);
+    if (!this.#open) return Promise.reject(new StoreUnavailableError('no open transaction (it ended or never began)'));
     return this.#run(() => {
       checkKeyAndToken(scopeKey, seenToken);
       return this.#i.stmts.markUnknown.run({ scope: asBuffer(scopeKey), seen: asBuffer(seenToken), ttl: ttlMs, now: this.#i.now() }).changes === 1;
     });
   }
 
-  /** Primitive 5, then `COMMIT` (`ROLLBACK` when the token is not ours). */
+  /** Primitive 5 inside the transaction (the `COMMIT` is core's separate `commit`). */
   complete(scopeKey: Uint8Array, token: Uint8Array, response: Uint8Array, ttlMs: number): Promise<boolean> {
-    if (!this.#open) return this.store.complete(scopeKey, token, response, ttlMs);
+    if (!this.#open) return Promise.reject(new StoreUnavailableError('no open transaction (it ended or never began)'));
     return this.#run(() => {
       checkKeyAndToken(scopeKey, token);
-      const applied =
+      return (
         this.#i.stmts.complete.run({ scope: asBuffer(scopeKey), token: asBuffer(token), response: asBuffer(response), ttl: ttlMs, now: this.#i.now() })
-          .changes === 1;
-      this.#end(applied);
-      return applied;
+          .changes === 1
+      );
     });
   }
 
-  /** `ROLLBACK`: the claim and the handler's writes vanish together. */
+  /** `ROLLBACK`: the claim and the handler's writes vanish together (false, and nothing deleted,
+   * without an open transaction). */
   release(scopeKey: Uint8Array, token: Uint8Array): Promise<boolean> {
-    if (!this.#open) return this.store.release(scopeKey, token);
+    if (!this.#open) return Promise.resolve(false);
     return this.#run(() => {
       checkKeyAndToken(scopeKey, token);
       this.#end(false);
@@ -419,7 +420,7 @@ export class SqliteTransaction implements TransactionSession {
 
   /** Primitive 7 inside the transaction. */
   renew(scopeKey: Uint8Array, token: Uint8Array, leaseMs: number): Promise<boolean> {
-    if (!this.#open) return this.store.renew(scopeKey, token, leaseMs);
+    if (!this.#open) return Promise.reject(new StoreUnavailableError('no open transaction (it ended or never began)'));
     return this.#run(() => {
       checkKeyAndToken(scopeKey, token);
       return this.#i.stmts.renew.run({ scope: asBuffer(scopeKey), token: asBuffer(token), lease: leaseMs, now: this.#i.now() }).changes === 1;
@@ -430,8 +431,9 @@ export class SqliteTransaction implements TransactionSession {
     return this.store.purgeExpired(options);
   }
 
-  /** Commits what is still open (a flow that ended without `complete`). */
-  finish(): Promise<void> {
+  /** `COMMIT` (core's `commit`); a failure, or no open transaction, rejects (fails closed). */
+  commit(): Promise<void> {
+    if (!this.#open) return Promise.reject(new StoreUnavailableError('no open transaction (it ended or never began)'));
     return this.#run(() => this.#end(true));
   }
 

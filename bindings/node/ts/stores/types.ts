@@ -83,11 +83,13 @@ export interface IdempotencyStore {
 /**
  * One request's transactional session (`spec/STORAGE.md` §4.4): the same primitives, bound to one
  * connection and one database transaction. `claim` opens it (`BEGIN`, then the claim), the
- * handler writes through {@link TransactionSession.tx}, `complete` writes the record and commits,
- * `release` rolls back. A claim that waits on a duplicate's uncommitted row longer than the lock
- * timeout reports a live in-progress record (core answers 409 with `Retry-After`). The host calls
- * `finish()` once the flow ended (commits what is still open) and `close()` in every case (rolls
- * back what is still open and gives the connection back).
+ * handler writes through {@link TransactionSession.tx}, the later primitives (`complete` included)
+ * only write inside the transaction, and it ends where core's transactional flow says
+ * (`spec/PROTOCOL.md` §7.6): `commit()` runs `COMMIT` for core's `commit` operation, `release` is
+ * `ROLLBACK` (never a delete outside the transaction). A claim that waits on a duplicate's
+ * uncommitted row longer than the lock timeout reports a live in-progress record (core answers
+ * 409 with `Retry-After`). The host calls `close()` in every case (rolls back what is still open
+ * and gives the connection back).
  */
 export interface TransactionSession extends IdempotencyStore {
   /** The connection with the transaction open (a `pg` client, a better-sqlite3 database); null
@@ -95,8 +97,9 @@ export interface TransactionSession extends IdempotencyStore {
   readonly tx: unknown;
   /** True once this session's transaction committed. */
   readonly committed: boolean;
-  /** Commits what is still open. */
-  finish(): Promise<void>;
+  /** `COMMIT` (core's `commit`): rejects with a `StoreUnavailableError` when the `COMMIT` failed
+   * or no transaction is open (core answers 503, outcome `not_committed`). */
+  commit(): Promise<void>;
 }
 
 /** A store that can run a handler inside its own transaction. */

@@ -112,8 +112,9 @@ def is_async_store(store: Any) -> bool:
 
 def _execute(store: Any, action: Action) -> Any:
     if action.op == "commit":
-        # Transactional mode: the session's ``finish`` commits what is still open.
-        return store.finish()
+        # Transactional mode: the session's ``COMMIT``; a failure raises StoreUnavailable, which
+        # core answers 503 (outcome ``not_committed``).
+        return store.commit()
     return getattr(store, action.op or "")(*action.args)
 
 

@@ -9,7 +9,11 @@ longer than the lock timeout is answered like an in-flight request (409 with ``R
 
 Core decides everything as usual: a store that supports the mode hands out a *session*
 (``store.transaction()``) with the same primitives, bound to one connection and one
-transaction: ``claim`` opens the transaction, ``complete`` commits it, ``release`` rolls it back.
+transaction: ``claim`` opens the transaction, every later primitive (``complete`` included) only
+writes inside it, and the transaction ends where core's transactional flow says
+(``spec/PROTOCOL.md`` §7.6): ``commit`` runs ``COMMIT`` (core's ``commit`` operation),
+``release`` is ``ROLLBACK``. Nothing a session does after its claim touches the database outside
+that transaction.
 The running handler reaches the connection with :func:`current_transaction`.
 """
 
@@ -167,7 +171,7 @@ class ThreadedSession:
         return await self._call("mark_unknown", scope_key, seen_token, ttl_ms)
 
     async def complete(self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int) -> Any:
-        """``complete`` (and ``COMMIT``) of the wrapped session."""
+        """``complete`` (inside the open transaction) of the wrapped session."""
         return await self._call("complete", scope_key, token, response, ttl_ms)
 
     async def release(self, scope_key: bytes, token: bytes) -> Any:
@@ -178,9 +182,9 @@ class ThreadedSession:
         """``renew`` of the wrapped session."""
         return await self._call("renew", scope_key, token, lease_ms)
 
-    async def finish(self) -> None:
-        """Commits what is still open."""
-        await self._call("finish")
+    async def commit(self) -> None:
+        """``COMMIT`` of the wrapped session (core's ``commit``)."""
+        await self._call("commit")
 
     async def close(self) -> None:
         """Rolls back what is still open, gives the connection back, ends the thread."""
@@ -191,7 +195,7 @@ class ThreadedSession:
 
 
 class SessionEnds:
-    """``release``, ``finish`` and ``close`` of a blocking transactional session, written once in
+    """``release``, ``commit`` and ``close`` of a blocking transactional session, written once in
     terms of the session's ``open``, ``store`` and ``_end(commit=...)``; driver errors of the
     types in ``_errors`` fail closed."""
 
@@ -214,16 +218,28 @@ class SessionEnds:
             raise unavailable(f"{self._what} {what} failed", exc) from exc
 
     def release(self, scope_key: bytes, token: bytes) -> bool:
-        """``ROLLBACK``: the claim and the handler's writes vanish together."""
+        """``ROLLBACK``: the claim and the handler's writes vanish together. Without an open
+        transaction there is nothing to roll back (False); nothing is deleted outside one."""
         if not self.open:
-            return bool(self.store.release(scope_key, token))
+            return False
         self._ends("release", commit=False)
         return True
 
-    def finish(self) -> None:
-        """Commits what is still open (a flow that ended without ``complete``)."""
+    def commit(self) -> None:
+        """``COMMIT`` (core's ``commit``): the record and the handler's writes become durable
+        together. A failed ``COMMIT``, or no open transaction to commit, raises
+        :class:`~idempo.StoreUnavailable` (core answers 503, outcome ``not_committed``)."""
+        if not self.open:
+            raise no_open_transaction(self._what)
         self._ends("commit", commit=True)
 
     def close(self) -> None:
         """Rolls back what is still open and gives the connection back."""
         self._end(commit=False)
+
+
+def no_open_transaction(what: str) -> BaseException:
+    """The error of a session step that needs the transaction after it ended (fails closed)."""
+    return unavailable(
+        f"{what} transaction", RuntimeError("no open transaction (it ended or never began)")
+    )

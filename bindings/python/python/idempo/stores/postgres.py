@@ -44,6 +44,7 @@ from idempo.stores._tx import (
     Transaction,
     TransactionalUnsupported,
     lock_wait_expired,
+    no_open_transaction,
 )
 from idempo.stores._base import (
     ClaimResult,
@@ -824,10 +825,11 @@ class PostgresTransaction(_Session, SessionEnds, _Plans, Primitives):
 
     The primitives core asks for run on one dedicated connection inside one transaction:
     ``claim`` opens it (``BEGIN``, ``SET LOCAL lock_timeout``, ``SET LOCAL
-    idle_in_transaction_session_timeout``), ``complete`` writes the record and commits,
-    ``release`` rolls back. A claim that waits on a duplicate's row lock longer than
-    ``lock_timeout`` (SQLSTATE 55P03) is reported as an in-flight record (409). The host calls
-    :meth:`finish` when the flow is done and :meth:`close` in every case.
+    idle_in_transaction_session_timeout``), the later primitives (``complete`` included) write
+    inside it, :meth:`commit` runs ``COMMIT`` when core's flow asks for it (``spec/PROTOCOL.md``
+    §7.6) and ``release`` is ``ROLLBACK``. A claim that waits on a duplicate's row lock longer
+    than ``lock_timeout`` (SQLSTATE 55P03) is reported as an in-flight record (409). The host
+    calls :meth:`close` in every case (rolling back whatever is still open).
     """
 
     store: PostgresStore
@@ -865,8 +867,11 @@ class PostgresTransaction(_Session, SessionEnds, _Plans, Primitives):
             self.store._release(lease, None, discard or conn.closed or conn.broken)
 
     def _op(self, op: _Op) -> Any:
-        """Inside the transaction while it is open, else on the store."""
+        """Inside the open transaction; without one only the clock read of a claim that found
+        the row locked runs (on the store), anything else fails closed."""
         if self._lease is None:
+            if op.sql != SQL_NOW:
+                raise no_open_transaction(self._what)
             return self.store._op(op)
         params = _bind(op, self.store._clock)
         return self._call(lambda c: _execute(c, op, params, commit=False), self._timeout(op))
@@ -881,14 +886,6 @@ class PostgresTransaction(_Session, SessionEnds, _Plans, Primitives):
             self._begin()
         return self._drive("claim", plan)
 
-    @fail_closed(_errors, "PostgreSQL complete failed")
-    def complete(self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int) -> bool:
-        """Primitive 5, then ``COMMIT`` (``ROLLBACK`` when the token is not ours)."""
-        if self._lease is None:
-            return self.store.complete(scope_key, token, response, ttl_ms)
-        applied = self._drive("complete", _complete(scope_key, token, response, ttl_ms))
-        self._end(commit=applied)
-        return applied
 
 
 class AsyncPostgresTransaction(_Session, _Plans, AsyncPrimitives):
@@ -929,8 +926,11 @@ class AsyncPostgresTransaction(_Session, _Plans, AsyncPrimitives):
             await self.store._release(lease, None, discard or conn.closed or conn.broken)
 
     async def _op(self, op: _Op) -> Any:
-        """Inside the transaction while it is open, else on the store."""
+        """Inside the open transaction; without one only the clock read of a claim that found
+        the row locked runs (on the store), anything else fails closed."""
         if self._lease is None:
+            if op.sql != SQL_NOW:
+                raise no_open_transaction(self._what)
             return await self.store._op(op)
         params = _bind(op, self.store._clock)
         return await self._call(
@@ -947,29 +947,20 @@ class AsyncPostgresTransaction(_Session, _Plans, AsyncPrimitives):
             await self._begin()
         return await self._drive("claim", plan)
 
-    @fail_closed_async(_errors, "PostgreSQL complete failed")
-    async def complete(
-        self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int
-    ) -> bool:
-        """Primitive 5, then ``COMMIT`` (``ROLLBACK`` when the token is not ours)."""
-        if self._lease is None:
-            return await self.store.complete(scope_key, token, response, ttl_ms)
-        plan = _complete(scope_key, token, response, ttl_ms)
-        applied = await self._drive("complete", plan)
-        await self._end(commit=applied)
-        return applied
-
     @fail_closed_async(_errors, "PostgreSQL release failed")
     async def release(self, scope_key: bytes, token: bytes) -> bool:
-        """``ROLLBACK``: the claim and the handler's writes vanish together."""
+        """``ROLLBACK``: the claim and the handler's writes vanish together. Without an open
+        transaction there is nothing to roll back (False); nothing is deleted outside one."""
         if self._lease is None:
-            return await self.store.release(scope_key, token)
+            return False
         await self._end(commit=False)
         return True
 
     @fail_closed_async(_errors, "PostgreSQL commit failed")
-    async def finish(self) -> None:
-        """Commits what is still open (a flow that ended without ``complete``)."""
+    async def commit(self) -> None:
+        """``COMMIT`` (core's ``commit``); a failure, or no open transaction, fails closed."""
+        if self._lease is None:
+            raise no_open_transaction(self._what)
         await self._end(commit=True)
 
     async def close(self) -> None:

@@ -48,7 +48,13 @@ from idempo.stores._base import (
 )
 from idempo.stores._plan import AsyncPrimitives, Plan, PlanHooks, Primitives, drive
 from idempo.stores._recipes import PRIMITIVES, family, recipe
-from idempo.stores._tx import SessionEnds, ThreadedSession, Transaction, lock_wait_expired
+from idempo.stores._tx import (
+    SessionEnds,
+    ThreadedSession,
+    Transaction,
+    lock_wait_expired,
+    no_open_transaction,
+)
 
 T = TypeVar("T")
 
@@ -344,8 +350,9 @@ class SQLiteTransaction(SessionEnds, _Plans, Primitives):
 
     ``claim`` opens ``BEGIN IMMEDIATE`` on a dedicated connection (SQLite has one writer: every
     other write, on any key, waits for this transaction, up to ``busy_timeout_ms``); the handler
-    writes on that connection; ``complete`` writes the record and commits, ``release`` rolls
-    back. A claim that waited ``busy_timeout_ms`` in vain is reported as an in-flight record
+    writes on that connection and the later primitives (``complete`` included) write inside the
+    transaction; :meth:`commit` runs ``COMMIT`` when core's flow asks for it (``spec/PROTOCOL.md``
+    §7.6), ``release`` rolls back. A claim that waited ``busy_timeout_ms`` in vain is reported as an in-flight record
     (409 with ``Retry-After``).
     """
 
@@ -375,10 +382,10 @@ class SQLiteTransaction(SessionEnds, _Plans, Primitives):
             self.store._give_back(conn, keep)
 
     def _drive(self, name: str, plan: "Plan[Any, T]") -> T:
-        """Inside the transaction while it is open, else on the store."""
+        """Inside the open transaction; without one the step fails closed."""
         conn = self._conn
         if conn is None:
-            return self.store._drive(name, plan)
+            raise no_open_transaction(self._what)
         try:
             return drive(plan, lambda op: _execute(conn, op, self.store._clock))
         except BaseException as exc:
@@ -412,11 +419,3 @@ class SQLiteTransaction(SessionEnds, _Plans, Primitives):
             self.transaction = Transaction(conn, self.store)
         return self._drive("claim", plan)
 
-    @fail_closed(_errors, "SQLite complete failed")
-    def complete(self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int) -> bool:
-        """Primitive 5, then ``COMMIT`` (``ROLLBACK`` when the token is not ours)."""
-        if self._conn is None:
-            return self.store.complete(scope_key, token, response, ttl_ms)
-        done = self._drive("complete", self._plan_complete(scope_key, token, response, ttl_ms))
-        self._end(commit=done)
-        return done
