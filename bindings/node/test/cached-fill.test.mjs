@@ -5,7 +5,7 @@ import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { createRequire } from 'node:module';
-import { idempo, closeShared, missing, sharedRedis, storeKinds, uniqueName } from './helpers.mjs';
+import { idempo, closeShared, missing, sharedPgPool, sharedRedis, storeKinds, uniqueName } from './helpers.mjs';
 
 const require = createRequire(import.meta.url);
 const express = require('express');
@@ -130,5 +130,58 @@ test('cached: behind Express, the first replay is served from Redis (the authori
     const keys = await redis.keys(`${prefix}*`);
     if (keys.length) await redis.del(...keys);
     await cleanup();
+  }
+});
+
+test('cached: a delayed fill gets a shorter PX; nothing left, no SET (spec/STORAGE.md §9)', { skip }, async () => {
+  const schema = uniqueName('cd');
+  const pool = sharedPgPool();
+  const pg = new idempo.PostgresStore({ pool, schema });
+  await pg.createSchema();
+  // The host's monotonic clock moves on by `delay` each time the authority answers.
+  let now = 5_000_000;
+  let delay = 0;
+  const authority = new Proxy(pg, {
+    get(target, prop) {
+      const v = Reflect.get(target, prop, target);
+      if (typeof v !== 'function') return v;
+      return async (...args) => {
+        const r = await v.apply(target, args);
+        now += delay;
+        return r;
+      };
+    },
+  });
+  const prefix = `${uniqueName('idempo_cache')}:`;
+  const redis = sharedRedis();
+  const store = new idempo.CachedStore({ authority, redis, prefix, monotonic: () => now });
+  try {
+    const scope = randomBytes(32);
+    const token = randomBytes(16);
+    const entry = prefix + scope.toString('hex');
+    assert.equal((await store.claim(scope, FP, token, 30_000, 3_600_000)).claimed, true);
+    const response = idempo.encodeResponse({ status: 201, headers: [], body: Buffer.from('{}') });
+    // The completion's fill comes 45 s after its read: 60 s - 45 s are left.
+    delay = 45_000;
+    assert.equal(await store.complete(scope, token, response, 3_600_000), true);
+    let pttl = await redis.pttl(entry);
+    assert.ok(pttl > 14_000 && pttl <= 15_000, `PX ${pttl} after a 45 s delay`);
+    // A read that misses fills again: 10 s late, about 50 s are left.
+    await redis.del(entry);
+    delay = 10_000;
+    assert.equal((await store.get(scope)).record.state, 2);
+    pttl = await redis.pttl(entry);
+    assert.ok(pttl > 49_000 && pttl <= 50_000, `PX ${pttl} after a 10 s delay`);
+    // Later than the whole cache TTL: no SET at all.
+    await redis.del(entry);
+    delay = 60_000;
+    const fills = store.stats.fills;
+    assert.equal((await store.get(scope)).record.state, 2);
+    assert.equal(await redis.exists(entry), 0);
+    assert.equal(store.stats.fills, fills);
+  } finally {
+    await pool.query(`DROP SCHEMA "${schema}" CASCADE`);
+    const keys = await redis.keys(`${prefix}*`);
+    if (keys.length) await redis.del(...keys);
   }
 });

@@ -385,3 +385,98 @@ def test_purge_all_and_purger() -> None:
         _time.sleep(0.01)
     purger.stop(5)
     assert len(s) == 0 and sum(c.total for c in got) == 3
+
+
+class _Delayed:
+    """The PostgreSQL store with the host's monotonic clock (``now[0]``, ms) moved on by
+    ``delay[0]`` each time it answers: a fill that happens that long after the read."""
+
+    def __init__(self, inner: Any, now: list, delay: list) -> None:
+        self.inner, self.now, self.delay = inner, now, delay
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.inner, name)
+
+        def late(*args: Any) -> Any:
+            result = method(*args)
+            if asyncio.iscoroutine(result):
+
+                async def later() -> Any:
+                    value = await result
+                    self.now[0] += self.delay[0]
+                    return value
+
+                return later()
+            self.now[0] += self.delay[0]
+            return result
+
+        return late
+
+
+@pytest.mark.services
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_delayed_cache_fill_gets_a_shorter_px(flavour: str, services: Any) -> None:
+    """spec/STORAGE.md §9: the cache PX is min(cache_ttl, expires_at - now) from the authority's
+    read, less the time elapsed since that read when the SET is sent; nothing left, no SET."""
+    import redis
+
+    from idempo.stores import AsyncCachedStore, AsyncPostgresStore, CachedStore, PostgresStore
+
+    now, delay = [1_000_000.0], [0.0]
+    entry = b"idempo:cache:" + key(41).hex().encode()
+    probe = redis.Redis.from_url(services.redis_url)
+    probe.delete(entry)
+    response = idempo.encode_response(201, [], b"{}")
+    ttl = 3_600_000
+
+    async def main() -> None:
+        if flavour == "sync":
+            pg: Any = PostgresStore(services.pg_dsn)
+            store: Any = CachedStore(
+                services.redis_url, _Delayed(pg, now, delay), monotonic=lambda: now[0]
+            )
+        else:
+            pg = AsyncPostgresStore(services.pg_dsn)
+            store = AsyncCachedStore(
+                services.redis_url, _Delayed(pg, now, delay), monotonic=lambda: now[0]
+            )
+
+        async def call(name: str, *args: Any) -> Any:
+            result = getattr(store, name)(*args)
+            return await result if asyncio.iscoroutine(result) else result
+
+        try:
+            setup = PostgresStore(services.pg_dsn)
+            setup.create_schema()
+            with setup._conn() as conn:  # noqa: SLF001 - test setup
+                conn.execute("DELETE FROM idempo_record WHERE scope_key = %s", (key(41),))
+            setup.close()
+            assert isinstance(await call("claim", key(41), FP, tok(41), 10_000, ttl), Claimed)
+            # The completion's fill comes 45 s after the completion's read: 60 s - 45 s left.
+            delay[0] = 45_000.0
+            assert await call("complete", key(41), tok(41), response, ttl) is True
+            px = probe.pttl(entry)
+            assert 14_000 < px <= 15_000, px
+            # A read that misses fills again; 10 s late, about 50 s are left.
+            probe.delete(entry)
+            delay[0] = 10_000.0
+            record, _ = await call("get", key(41))
+            assert record is not None and record.state == COMPLETED
+            px = probe.pttl(entry)
+            assert 49_000 < px <= 50_000, px
+            # Later than the whole cache TTL: nothing is left, no SET at all.
+            probe.delete(entry)
+            delay[0] = 60_000.0
+            record, _ = await call("get", key(41))
+            assert record is not None and record.state == COMPLETED
+            assert probe.exists(entry) == 0
+        finally:
+            closing = store.redis.aclose() if flavour == "async" else store.redis.close()
+            if asyncio.iscoroutine(closing):
+                await closing
+            closed = pg.close()
+            if asyncio.iscoroutine(closed):
+                await closed
+
+    asyncio.run(main())
+    probe.close()

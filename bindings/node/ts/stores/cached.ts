@@ -26,13 +26,16 @@ export interface CachedStoreOptions {
   clock?: ClockOverride;
   /** Called with cache errors (they never fail a request). */
   onCacheError?: (err: unknown) => void;
+  /** The host's monotonic clock in ms that times a fill (default `performance.now`; tests only). */
+  monotonic?: () => number;
 }
 
 /**
  * Redis in front of an authority (`spec/STORAGE.md` §9): only completed records are cached, with
  * their fingerprint and generation (so another body still gets 422), for at most
- * `min(cacheTtlMs, expires_at - now)` as computed from the authority's own clock, so the cache
- * never outlives the record. The cache is filled when a completion succeeds (write-through)
+ * `min(cacheTtlMs, expires_at - now)` as computed from the authority's own clock, less the time
+ * elapsed (host monotonic clock) from when that read was sent to when the cache `SET` is sent (no
+ * `SET` when nothing is left), so the cache never outlives the record, even after a delayed fill. The cache is filled when a completion succeeds (write-through)
  * and on reads that miss. A miss or any Redis error falls through to the authority. Every write
  * primitive goes to the authority (they only touch in-progress records, which are never cached).
  */
@@ -44,6 +47,7 @@ export class CachedStore implements IdempotencyStore {
   readonly #cacheTtl: number;
   readonly #onError: (err: unknown) => void;
   readonly #clock: ClockOverride | undefined;
+  readonly #mono: () => number;
   /** Cache hits, misses and errors, for metrics. */
   readonly stats = { hits: 0, misses: 0, errors: 0, fills: 0 };
 
@@ -54,6 +58,7 @@ export class CachedStore implements IdempotencyStore {
     this.#cacheTtl = options.cacheTtlMs ?? 60_000;
     this.#onError = options.onCacheError ?? (() => undefined);
     this.#clock = options.clock;
+    this.#mono = options.monotonic ?? (() => performance.now());
     for (const [name, lua] of Object.entries(CACHE_SCRIPTS)) {
       if (!(name in this.#redis)) this.#redis.defineCommand(name, { numberOfKeys: 1, lua });
     }
@@ -93,10 +98,16 @@ export class CachedStore implements IdempotencyStore {
     }
   }
 
-  /** Caches a completed record for `min(cacheTtl, expiresAt - nowMs)` (authority's clock). */
-  async #fill(scopeKey: Uint8Array, record: StoreRecord, nowMs: number): Promise<void> {
+  /**
+   * Caches a completed record read at `nowMs` (the authority's clock) by a request sent at `asked`
+   * (host monotonic ms): the entry must be gone `min(cacheTtl, expiresAt - nowMs)` after `asked`,
+   * so the PX is what is left of that when the `SET` is sent (none left: no `SET`).
+   */
+  async #fill(scopeKey: Uint8Array, record: StoreRecord, nowMs: number, asked: number): Promise<void> {
     if (record.state !== 2 || record.response === null) return;
-    const px = Math.min(this.#cacheTtl, record.expiresAt - nowMs);
+    const left = Math.min(this.#cacheTtl, record.expiresAt - nowMs);
+    if (left <= 0) return;
+    const px = Math.floor(asked + left - this.#mono());
     if (px <= 0) return;
     try {
       await this.#script(
@@ -108,7 +119,7 @@ export class CachedStore implements IdempotencyStore {
         String(record.generation),
         String(record.expiresAt),
         asBuffer(record.response),
-        String(Math.floor(px)),
+        String(px),
       );
       this.stats.fills++;
     } catch (e) {
@@ -120,16 +131,18 @@ export class CachedStore implements IdempotencyStore {
   async claim(scopeKey: Uint8Array, fingerprint: string, token: Uint8Array, leaseMs: number, ttlMs: number): Promise<ClaimResult> {
     const hit = await this.#lookup(scopeKey);
     if (hit) return { claimed: false, record: hit.record, nowMs: hit.nowMs };
+    const asked = this.#mono();
     const r = await this.authority.claim(scopeKey, fingerprint, token, leaseMs, ttlMs);
-    if (!r.claimed) await this.#fill(scopeKey, r.record, r.nowMs);
+    if (!r.claimed) await this.#fill(scopeKey, r.record, r.nowMs, asked);
     return r;
   }
 
   async get(scopeKey: Uint8Array): Promise<GetResult> {
     const hit = await this.#lookup(scopeKey);
     if (hit) return hit;
+    const asked = this.#mono();
     const r = await this.authority.get(scopeKey);
-    if (r.record) await this.#fill(scopeKey, r.record, r.nowMs);
+    if (r.record) await this.#fill(scopeKey, r.record, r.nowMs, asked);
     return r;
   }
 
@@ -148,17 +161,19 @@ export class CachedStore implements IdempotencyStore {
    */
   async complete(scopeKey: Uint8Array, token: Uint8Array, response: Uint8Array, ttlMs: number): Promise<boolean> {
     if (this.authority.completeRecord) {
+      const asked = this.#mono();
       const done = await this.authority.completeRecord(scopeKey, token, response, ttlMs);
       if (done === null) return false;
-      if (done.record) await this.#fill(scopeKey, done.record, done.nowMs);
+      if (done.record) await this.#fill(scopeKey, done.record, done.nowMs, asked);
       return true;
     }
     const ok = await this.authority.complete(scopeKey, token, response, ttlMs);
     if (!ok) return false;
     // Without a returning completion, read the committed row back; a failed read only skips the fill.
     try {
+      const asked = this.#mono();
       const r = await this.authority.get(scopeKey);
-      if (r.record && asBuffer(token).equals(r.record.token)) await this.#fill(scopeKey, r.record, r.nowMs);
+      if (r.record && asBuffer(token).equals(r.record.token)) await this.#fill(scopeKey, r.record, r.nowMs, asked);
     } catch (e) {
       this.stats.errors++;
       this.#onError(e);

@@ -3,8 +3,10 @@
 PostgreSQL stays the authority for every write. Only completed records are cached (never an
 in-progress one), with their fingerprint and generation, so a different body still gets 422 and
 never a replay. The cache entry lives ``min(cache_ttl_ms, expires_at - now)`` with both times from
-PostgreSQL, so it never outlives the record (a longer one would replay a dead generation after a
-new one was claimed). The cache is filled after the completion committed, and on reads that find
+PostgreSQL, less the time elapsed (host monotonic clock) from when that read was sent to when the
+cache ``SET`` is sent, and no ``SET`` is sent when nothing is left (``spec/STORAGE.md`` §9): it
+never outlives the record (a longer one, or a delayed fill, would replay a dead generation after
+a new one was claimed). The cache is filled after the completion committed, and on reads that find
 a completed record; a miss or any Redis error falls through to PostgreSQL and never fails the
 request (``on_cache_error`` sees the error). ``clock`` replaces Redis ``TIME`` for cache reads
 (conformance tests only; give the PostgreSQL store the same clock). Cache entries are hashes
@@ -14,7 +16,9 @@ the two scripts are core's (``idempo_core::recipes``).
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Optional, Tuple, Union
+import math
+import time
+from typing import Any, Callable, List, NamedTuple, Optional, Tuple, Union
 
 from idempo.stores._base import (
     COMPLETED,
@@ -49,7 +53,8 @@ def _ignore(_exc: BaseException) -> None:
     return None
 
 
-def _put_args(record: StoredRecord, px: int) -> list[Any]:
+def _put_args(record: StoredRecord) -> List[Any]:
+    """``LUA_CACHE_PUT``'s arguments but the last (``px``, computed when the ``SET`` is sent)."""
     return [
         record.fingerprint,
         record.state,
@@ -57,8 +62,11 @@ def _put_args(record: StoredRecord, px: int) -> list[Any]:
         record.generation,
         record.expires_at,
         record.response or b"",
-        px,
     ]
+
+
+def _monotonic_ms() -> float:
+    return time.monotonic() * 1000.0
 
 
 class _CacheGet(NamedTuple):
@@ -68,10 +76,14 @@ class _CacheGet(NamedTuple):
 
 
 class _CachePut(NamedTuple):
-    """Write a cache entry (``LUA_CACHE_PUT``)."""
+    """Write a cache entry (``LUA_CACHE_PUT``) that must be gone by ``deadline``."""
 
     scope_key: bytes
-    args: list[Any]
+    args: List[Any]
+    """The script's arguments but ``px``."""
+    deadline: float
+    """Host monotonic ms at which the entry must be gone: the PX is what is left of it when the
+    ``SET`` is sent."""
 
 
 class _Authority(NamedTuple):
@@ -119,9 +131,11 @@ class _Plans(PlanHooks):
         prefix: bytes = DEFAULT_CACHE_PREFIX,
         on_cache_error: ErrorHook = _ignore,
         clock: Optional[Callable[[], int]] = None,
+        monotonic: Callable[[], float] = _monotonic_ms,
     ) -> None:
         """A Redis URL or client (of the store's kind) and the PostgreSQL store (sync or async
-        to match); ``clock`` replaces Redis ``TIME`` for cache reads (conformance tests only)."""
+        to match); ``clock`` replaces Redis ``TIME`` for cache reads (conformance tests only);
+        ``monotonic`` is the host's monotonic clock in ms that times a fill (tests only)."""
         client = (
             self._from_url(redis_url_or_client)
             if isinstance(redis_url_or_client, str)
@@ -135,6 +149,7 @@ class _Plans(PlanHooks):
         self._get_script = client.register_script(LUA_CACHE_GET)
         self._put_script = client.register_script(LUA_CACHE_PUT)
         self._clock = clock
+        self._monotonic = monotonic
         self.hits = 0
         self.misses = 0
 
@@ -159,14 +174,24 @@ class _Plans(PlanHooks):
         self.hits += 1
         return record, now
 
-    def _fill(self, record: StoredRecord, now_ms: int) -> "Plan[_Op, None]":
-        px = min(self.cache_ttl_ms, record.expires_at - now_ms)
-        if record.state != COMPLETED or px <= 0:
+    def _fill(self, record: StoredRecord, now_ms: int, asked: float) -> "Plan[_Op, None]":
+        """Caches a completed record read at ``now_ms`` (the authority's clock) by a request
+        sent at ``asked`` (host monotonic ms): the entry must be gone ``min(cache_ttl,
+        expires_at - now)`` after ``asked``."""
+        left = min(self.cache_ttl_ms, record.expires_at - now_ms)
+        if record.state != COMPLETED or left <= 0:
             return
         try:
-            yield _CachePut(record.scope_key, _put_args(record, px))
+            yield _CachePut(record.scope_key, _put_args(record), asked + left)
         except redis.RedisError as exc:
             self.on_cache_error(exc)
+
+    def _put_px(self, op: _CachePut) -> Optional[List[Any]]:
+        """The put's arguments with the PX left now (None: nothing is left, skip the ``SET``)."""
+        px = math.floor(op.deadline - self._monotonic())
+        if px <= 0:
+            return None
+        return [*op.args, px]
 
     def _plan_claim(
         self, scope_key: bytes, fingerprint: str, token: bytes, lease_ms: int, ttl_ms: int
@@ -180,9 +205,10 @@ class _Plans(PlanHooks):
         hit = yield from self._cached(key)
         if hit is not None:
             return Existing(hit[0], hit[1])
+        asked = self._monotonic()
         result = yield _Authority("claim", (key, fingerprint, token, lease_ms, ttl_ms))
         if isinstance(result, Existing):
-            yield from self._fill(result.record, result.now_ms)
+            yield from self._fill(result.record, result.now_ms, asked)
         return result
 
     def _plan_get(self, scope_key: bytes) -> "Plan[_Op, Tuple[Optional[StoredRecord], int]]":
@@ -193,9 +219,10 @@ class _Plans(PlanHooks):
         hit = yield from self._cached(key)
         if hit is not None:
             return hit
+        asked = self._monotonic()
         record, now = yield _Authority("get", (key,))
         if record is not None:
-            yield from self._fill(record, now)
+            yield from self._fill(record, now, asked)
         return record, now
 
     def _plan_takeover(
@@ -212,10 +239,11 @@ class _Plans(PlanHooks):
         self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int
     ) -> "Plan[_Op, bool]":
         """On PostgreSQL, then the cache is filled with the committed record."""
+        asked = self._monotonic()
         row = yield _Authority("complete_returning", (scope_key, token, response, ttl_ms))
         if row is None:
             return False
-        yield from self._fill(_completed(scope_key, token, response, row), row.now_ms)
+        yield from self._fill(_completed(scope_key, token, response, row), row.now_ms, asked)
         return True
 
     def _plan_release(self, scope_key: bytes, token: bytes) -> "Plan[_Op, bool]":
@@ -240,7 +268,10 @@ class CachedStore(_Plans, Primitives):
             return getattr(self.postgres, op.method)(*op.args)
         if isinstance(op, _CacheGet):
             return self._get_script(keys=[self._key(op.scope_key)], args=[self._override()])
-        return self._put_script(keys=[self._key(op.scope_key)], args=op.args)
+        args = self._put_px(op)
+        if args is None:
+            return None
+        return self._put_script(keys=[self._key(op.scope_key)], args=args)
 
 
 class AsyncCachedStore(_Plans, AsyncPrimitives):
@@ -255,4 +286,7 @@ class AsyncCachedStore(_Plans, AsyncPrimitives):
         if isinstance(op, _CacheGet):
             key = self._key(op.scope_key)
             return await self._get_script(keys=[key], args=[self._override()])
-        return await self._put_script(keys=[self._key(op.scope_key)], args=op.args)
+        args = self._put_px(op)
+        if args is None:
+            return None
+        return await self._put_script(keys=[self._key(op.scope_key)], args=args)
