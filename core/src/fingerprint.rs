@@ -700,6 +700,8 @@ mod tests {
     /// same through one long-lived fingerprinter as through a fresh one, errors included.
     #[test]
     fn reused_scratch_changes_nothing() {
+        fn shareable<T: Send + Sync>() {}
+        shareable::<Fingerprinter>();
         let bodies: [&[u8]; 8] = [
             br#"[{"long_member_name":1,"another_long_name":2},{"long_member_name":3,"another_long_name":4}]"#,
             br#"[{"another_long_name":1,"long_member_name":2},{"x":[{"b":1,"a":2}]}]"#,
