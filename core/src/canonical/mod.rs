@@ -541,6 +541,49 @@ mod tests {
         }
     }
 
+    /// `\u` escapes decode to the right UTF-8 over the whole code space (either hex case,
+    /// surrogate pairs), and malformed ones are refused.
+    #[test]
+    fn unicode_escapes_decode() {
+        // Control characters are covered by `escaping_matches_reference`.
+        let mut cp = 0x20u32;
+        while cp <= 0x10_FFFF {
+            if let Some(c) = char::from_u32(cp) {
+                let mut units = [0u16; 2];
+                let esc: String = c
+                    .encode_utf16(&mut units)
+                    .iter()
+                    .map(|u| format!("\\u{u:04X}"))
+                    .collect();
+                let want = match c {
+                    '"' => "\"\\\"\"".to_owned(),
+                    '\\' => "\"\\\\\"".to_owned(),
+                    c => format!("\"{c}\""),
+                };
+                assert_eq!(canon(&format!("\"{esc}\"")), want, "{cp:x}");
+                assert_eq!(
+                    canon(&format!("\"{}\"", esc.to_lowercase())),
+                    want,
+                    "{cp:x}"
+                );
+            }
+            cp += if cp < 0x800 { 1 } else { 61 };
+        }
+        for bad in [
+            r#""\u00g1""#,
+            r#""\u00G1""#,
+            r#""\u 123""#,
+            r#""\u12""#,
+            r#""\u-123""#,
+        ] {
+            let e = canonicalize(bad.as_bytes()).expect_err(bad);
+            assert!(
+                matches!(e.code(), "invalid_escape" | "unexpected_end"),
+                "{bad}"
+            );
+        }
+    }
+
     /// A kept canonicalizer gives the results of the free functions, call after call, errors
     /// included, and leaves nothing in `out` on error.
     #[test]

@@ -392,18 +392,36 @@ fn exact_fixed(
 
 #[inline]
 fn hex4(bytes: &[u8]) -> Option<u16> {
-    let mut v: u16 = 0;
-    for &b in bytes.get(..4)? {
-        let d = match b {
-            b'0'..=b'9' => b - b'0',
-            b'a'..=b'f' => b - b'a' + 10,
-            b'A'..=b'F' => b - b'A' + 10,
-            _ => return None,
-        };
-        v = (v << 4) | u16::from(d);
+    let [a, b, c, d] = *bytes.first_chunk::<4>()?;
+    let (a, b, c, d) = (
+        HEX_VALUE[usize::from(a)],
+        HEX_VALUE[usize::from(b)],
+        HEX_VALUE[usize::from(c)],
+        HEX_VALUE[usize::from(d)],
+    );
+    // Non-hex bytes map to 0xFF: one test for all four.
+    if (a | b | c | d) & 0xF0 != 0 {
+        return None;
     }
-    Some(v)
+    Some(u16::from(a) << 12 | u16::from(b) << 8 | u16::from(c) << 4 | u16::from(d))
 }
+
+/// Value of each byte as a hexadecimal digit, 0xFF for non-digits.
+const HEX_VALUE: [u8; 256] = {
+    let mut t = [0xFFu8; 256];
+    let mut i = 0;
+    while i < 10 {
+        t[b'0' as usize + i] = i as u8;
+        i += 1;
+    }
+    let mut i = 0;
+    while i < 6 {
+        t[b'a' as usize + i] = 10 + i as u8;
+        t[b'A' as usize + i] = 10 + i as u8;
+        i += 1;
+    }
+    t
+};
 
 /// The `u32` of the (up to) four bytes at `i`, little-endian, zero-padded past the end.
 #[inline(always)]
@@ -1411,13 +1429,26 @@ impl<'a> Parser<'a> {
             0xDC00..=0xDFFF => return Err(self.err(K::LoneSurrogate, j)),
             _ => (u32::from(u), j + 6),
         };
-        let Some(ch) = char::from_u32(cp) else {
-            return Err(self.err(K::LoneSurrogate, j));
-        };
-        let mut buf = [0u8; 4];
-        self.tape
-            .strbuf
-            .extend_from_slice(ch.encode_utf8(&mut buf).as_bytes());
+        // UTF-8 by hand (cp is a scalar value: surrogates were handled above).
+        let buf = &mut self.tape.strbuf;
+        if cp < 0x80 {
+            buf.push(cp as u8);
+        } else if cp < 0x800 {
+            buf.extend_from_slice(&[0xC0 | (cp >> 6) as u8, 0x80 | (cp & 0x3F) as u8]);
+        } else if cp < 0x1_0000 {
+            buf.extend_from_slice(&[
+                0xE0 | (cp >> 12) as u8,
+                0x80 | ((cp >> 6) & 0x3F) as u8,
+                0x80 | (cp & 0x3F) as u8,
+            ]);
+        } else {
+            buf.extend_from_slice(&[
+                0xF0 | (cp >> 18) as u8,
+                0x80 | ((cp >> 12) & 0x3F) as u8,
+                0x80 | ((cp >> 6) & 0x3F) as u8,
+                0x80 | (cp & 0x3F) as u8,
+            ]);
+        }
         Ok(next)
     }
 }
