@@ -127,3 +127,42 @@ test('pg_ctl restart: idle connections are dropped, no request fails afterwards'
     await pool.end();
   }
 });
+
+const ORPHAN_TRIALS = Number(process.env.IDEMPO_ORPHAN_TRIALS ?? 4);
+
+test('a claim refused by the deadline: how often it survives the thaw (counted, printed)', { skip, timeout: 120_000 }, async () => {
+  // The deadline resets the connection (RST) so a resumed server finds it reset. The count is a
+  // measurement, not a pass mark: asserted are the fail-closed refusal and that a surviving row
+  // is exactly the refused claim.
+  const pool = new pg.Pool({ connectionString: server.dsn, max: 1 });
+  const store = new idempo.PostgresStore({ pool, timeoutMs: TIMEOUT, onPoolError: () => undefined });
+  await store.createSchema();
+  const check = new pg.Client({ connectionString: server.dsn });
+  let survived = 0;
+  try {
+    for (let i = 0; i < ORPHAN_TRIALS; i++) {
+      // A warm connection that has run the claim: the whole statement goes out at once.
+      assert.equal((await store.claim(randomBytes(32), FP, randomBytes(16), 30_000, 60_000)).claimed, true);
+      const scope = randomBytes(32);
+      const token = randomBytes(16);
+      const pids = server.freeze();
+      try {
+        await assert.rejects(store.claim(scope, FP, token, 30_000, 60_000), (e) => e instanceof idempo.StoreUnavailableError && /did not answer within/.test(e.message));
+      } finally {
+        server.thaw(pids);
+      }
+      await new Promise((r) => setTimeout(r, 300));
+      if (i === 0) await check.connect();
+      const { rows } = await check.query('SELECT state, token FROM idempo_record WHERE scope_key = $1', [scope]);
+      if (rows.length) {
+        assert.equal(rows[0].state, 1);
+        assert.deepEqual(rows[0].token, token);
+        survived++;
+      }
+    }
+  } finally {
+    await check.end();
+    await pool.end();
+  }
+  console.log(`orphan claims after a deadline (Node PostgresStore): ${survived} of ${ORPHAN_TRIALS}`);
+});

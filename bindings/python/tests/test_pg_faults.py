@@ -290,6 +290,44 @@ def test_transactional_claim_on_a_frozen_server_fails_in_time(server: PgServer) 
         store.close()
 
 
+ORPHAN_TRIALS = int(os.environ.get("IDEMPO_ORPHAN_TRIALS", "4"))
+
+
+def test_claims_refused_by_the_deadline_rarely_survive_the_thaw(server: PgServer) -> None:
+    """A claim sent to a frozen server, refused by the deadline, may still be applied when the
+    server resumes (it then holds the key for nobody until its lease ends). The deadline resets
+    the connection (``SO_LINGER`` 0: RST, not FIN) so the server usually drops the unread
+    statement; this counts, and prints, how often the claim survived. The count is a
+    measurement, not a pass mark: what is asserted is that every refusal failed closed and that
+    a surviving row is exactly the refused claim (never anything else)."""
+    import psycopg
+
+    store = PostgresStore(server.dsn, timeout=TIMEOUT)
+    survived = 0
+    try:
+        for _ in range(ORPHAN_TRIALS):
+            # A warm connection that has prepared the claim: Bind and Execute go out at once.
+            store.claim(scope_key(), "v1:" + "3" * 64, token(), 30_000, 60_000)
+            key, tok = scope_key(), token()
+            pids = server.freeze()
+            try:
+                with pytest.raises(StoreUnavailable, match="did not answer within"):
+                    store.claim(key, "v1:" + "3" * 64, tok, 30_000, 60_000)
+            finally:
+                server.thaw(pids)
+            time.sleep(0.3)  # the resumed backend reads what it was sent, or the reset
+            with psycopg.connect(server.dsn, autocommit=True) as conn:
+                row = conn.execute(
+                    "SELECT state, token FROM idempo_record WHERE scope_key = %s", (key,)
+                ).fetchone()
+            if row is not None:
+                assert (row[0], bytes(row[1])) == (1, tok)
+                survived += 1
+    finally:
+        store.close()
+    print(f"\norphan claims after a deadline (sync PostgresStore): {survived} of {ORPHAN_TRIALS}")
+
+
 class TinyPool:
     """The shape of ``psycopg_pool.ConnectionPool.connection()``: a context manager lending a
     connection, dropping it on return when it is closed."""

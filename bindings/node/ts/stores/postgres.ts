@@ -75,7 +75,7 @@ type Client = PG.PoolClient & {
   _ending?: boolean;
   _ended?: boolean;
   _queryable?: boolean;
-  connection?: { stream?: { destroyed?: boolean; destroy?: () => void } };
+  connection?: { stream?: { destroyed?: boolean; destroy?: () => void; resetAndDestroy?: () => void } };
 };
 
 /** Connections found dead (closed by the server while idle) before one is live. */
@@ -207,8 +207,13 @@ export class PostgresStore implements TransactionalStore {
   /** Destroys a connection: its socket is closed and the pool forgets it. */
   discard(c: Client, why: Error): void {
     c.off('error', this.#clientError);
-    // The socket first: `release(err)` ends the client politely, which a frozen server never answers.
-    c.connection?.stream?.destroy?.();
+    // The socket first: `release(err)` ends the client politely, which a frozen server never
+    // answers. Reset rather than close it (RST, not FIN) where the socket can: the server then
+    // finds the connection reset. (A statement its kernel already received is still delivered
+    // to it first, so one sent just before a freeze may yet run: see the README's faults.)
+    const stream = c.connection?.stream;
+    if (typeof stream?.resetAndDestroy === 'function') stream.resetAndDestroy();
+    else stream?.destroy?.();
     // A connection is destroyed at most once; the pool throws when released twice.
     try {
       c.release(why);

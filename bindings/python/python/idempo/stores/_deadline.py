@@ -4,7 +4,7 @@ A frozen database server (its processes stopped, say) still has a kernel that ac
 so a blocked read never ends and server-side timeouts enforce nothing. The :class:`Watchdog` is one
 daemon thread per process that shuts down the socket of any operation that overran its deadline:
 the blocked driver read then sees end-of-file at once, the operation fails, and the store discards
-the connection (it is never reused). Arming and disarming take one lock and no system call.
+the connection (it is never reused); closing it then resets the connection (``SO_LINGER`` 0). Arming and disarming take one lock and no system call.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import select
 import socket
+import struct
 import threading
 import time
 from typing import Dict, Optional
@@ -28,14 +29,25 @@ class Ticket:
         self.fired = False
 
 
+_ABORT_ON_CLOSE = struct.pack("ii", 1, 0)
+"""``struct linger {l_onoff = 1, l_linger = 0}``: closing the socket resets the connection."""
+
+
 def break_socket(fd: int) -> None:
     """Shuts a socket down in both directions (through a duplicate, so the owner's descriptor
-    stays valid until the owner closes it)."""
+    stays valid until the owner closes it), set first to reset the connection when the owner
+    closes it (``SO_LINGER`` on, 0 s: an RST rather than an orderly close), so a server that
+    resumes after a freeze finds the connection reset and, usually, drops a statement it had
+    not read yet instead of running it for a client that gave up."""
     try:
         dup = socket.socket(fileno=os.dup(fd))
     except OSError:
         return
     try:
+        try:
+            dup.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _ABORT_ON_CLOSE)
+        except OSError:
+            pass  # not a TCP socket (a Unix socket): the shutdown alone still breaks the read
         dup.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass
