@@ -454,6 +454,22 @@ impl Fingerprinter {
     /// than many small updates through a zeroed sink buffer. Larger JSON bodies stream into
     /// the hasher through a [`DigestSink`]; raw bodies are hashed where they are.
     fn frame<D: Update>(&self, mut d: D, parts: &RequestParts<'_>) -> Result<D, FingerprintError> {
+        let json = parts.content_type.is_some_and(is_json_media_type);
+        let class = if json { CLASS_JSON } else { CLASS_OTHER };
+        if parts.body.is_empty() || !json {
+            // No JSON work: the fields go straight into the hasher.
+            self.head(&mut d, parts);
+            d.update(&[class]);
+            if parts.body.is_empty() {
+                d.update(&[BODY_EMPTY]);
+                d.update(&0u64.to_be_bytes());
+            } else {
+                d.update(&[BODY_RAW]);
+                d.update(parts.body);
+                d.update(&(parts.body.len() as u64).to_be_bytes());
+            }
+            return Ok(d);
+        }
         let mut guard = match self.scratch.try_lock() {
             Ok(g) => Some(g),
             // The scratch is emptied at every use: a panic elsewhere left nothing that
@@ -468,28 +484,17 @@ impl Fingerprinter {
         };
         let out = &mut scratch.out;
         out.clear();
-        self.head(out, parts);
-        let json = parts.content_type.is_some_and(is_json_media_type);
-        out.push(if json { CLASS_JSON } else { CLASS_OTHER });
+        self.head(&mut Collect(out), parts);
+        out.push(class);
+        out.push(BODY_JSON);
         let (opts, excl) = (&self.opts, &self.exclusions);
-        if parts.body.is_empty() {
-            out.push(BODY_EMPTY);
-            out.extend_from_slice(&0u64.to_be_bytes());
-            d.update(out);
-        } else if !json {
-            out.push(BODY_RAW);
-            d.update(out);
-            d.update(parts.body);
-            d.update(&(parts.body.len() as u64).to_be_bytes());
-        } else if parts.body.len() <= INLINE_BODY {
-            out.push(BODY_JSON);
+        if parts.body.len() <= INLINE_BODY {
             let at = out.len();
             canonicalize_scratch(parts.body, opts, excl, out, &mut scratch.canon)?;
             let len = (out.len() - at) as u64;
             out.extend_from_slice(&len.to_be_bytes());
             d.update(out);
         } else {
-            out.push(BODY_JSON);
             d.update(out);
             let mut sink = DigestSink::new(d);
             canonicalize_scratch(parts.body, opts, excl, &mut sink, &mut scratch.canon)?;
@@ -505,30 +510,45 @@ impl Fingerprinter {
     }
 
     /// The framing fields before the content-type class: tag, method, route, headers.
-    fn head(&self, out: &mut Vec<u8>, parts: &RequestParts<'_>) {
-        fn field(out: &mut Vec<u8>, bytes: &[u8]) {
-            out.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
-            out.extend_from_slice(bytes);
+    fn head<U: Update>(&self, d: &mut U, parts: &RequestParts<'_>) {
+        fn field<U: Update>(d: &mut U, bytes: &[u8]) {
+            d.update(&(bytes.len() as u32).to_be_bytes());
+            d.update(bytes);
         }
-        field(out, FRAMING_TAG_V1);
-        // Upper-cased method.
-        out.extend_from_slice(&(parts.method.len() as u32).to_be_bytes());
-        out.extend(parts.method.bytes().map(|b| b.to_ascii_uppercase()));
-        field(out, parts.route.as_bytes());
-        out.extend_from_slice(&(self.headers.len() as u32).to_be_bytes());
+        field(d, FRAMING_TAG_V1);
+        // Upper-cased method, without allocating.
+        d.update(&(parts.method.len() as u32).to_be_bytes());
+        for chunk in parts.method.as_bytes().chunks(32) {
+            let mut up = [0u8; 32];
+            for (u, b) in up.iter_mut().zip(chunk) {
+                *u = b.to_ascii_uppercase();
+            }
+            d.update(&up[..chunk.len()]);
+        }
+        field(d, parts.route.as_bytes());
+        d.update(&(self.headers.len() as u32).to_be_bytes());
         for name in &self.headers {
-            field(out, name.as_bytes());
+            field(d, name.as_bytes());
             let matching = || {
                 parts
                     .headers
                     .iter()
                     .filter(|(n, _)| n.eq_ignore_ascii_case(name))
             };
-            out.extend_from_slice(&(matching().count() as u32).to_be_bytes());
+            d.update(&(matching().count() as u32).to_be_bytes());
             for (_, value) in matching() {
-                field(out, trim_ows(value).as_bytes());
+                field(d, trim_ows(value).as_bytes());
             }
         }
+    }
+}
+
+/// Collects framing bytes in a vector (hashed later in one update).
+struct Collect<'a>(&'a mut Vec<u8>);
+
+impl Update for Collect<'_> {
+    fn update(&mut self, data: &[u8]) {
+        self.0.extend_from_slice(data);
     }
 }
 

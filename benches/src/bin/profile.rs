@@ -2,8 +2,8 @@
 //! instruction-counting profiler (`valgrind --tool=callgrind`) gives stable per-call figures on a
 //! shared machine. Prints the body size and the iteration count; nothing is asserted.
 //!
-//! `cargo run --release -p idempo-benches --bin profile -- <body> <canon|fp|fpc|sha> [iterations]`
-//! (`fpc`: the fingerprint of the body's canonical form).
+//! `cargo run --release -p idempo-benches --bin profile -- <body> <canon|fp|fpc|fpraw|sha> [iterations]`
+//! (`fpc`: the fingerprint of the body's canonical form; `fpraw`: of the body as raw bytes).
 use std::hint::black_box;
 
 use idempo_core::canonical::canonicalize;
@@ -30,11 +30,14 @@ fn main() {
         }
     };
     let canonical = canonicalize(&body).unwrap_or_default();
-    let parts = RequestParts::json(
+    let mut parts = RequestParts::json(
         "POST",
         "/orders/{id}",
         if op == "fpc" { &canonical } else { &body },
     );
+    if op == "fpraw" {
+        parts.content_type = Some("application/octet-stream");
+    }
     for _ in 0..iters {
         match op.as_str() {
             "canon" => {
