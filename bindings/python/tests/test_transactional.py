@@ -530,3 +530,23 @@ def test_single_connection_postgres_store_is_refused(request: pytest.FixtureRequ
     with psycopg.connect(services.pg_dsn, autocommit=True) as conn:
         with pytest.raises(idempo.TransactionalUnsupported, match="single connection"):
             IdempotencyMiddleware(Starlette(routes=[]), store=PostgresStore(conn), transactional=True)
+
+
+def test_a_session_outside_its_transaction_writes_nothing(tmp_path: Path) -> None:
+    """Before its claim (or after its end) a session refuses the writes that belong inside the
+    transaction (fail closed), rolls nothing back on ``release`` and cannot ``commit``; the
+    background purge runs on the store."""
+    store = SQLiteStore(tmp_path / "outside.sqlite3")
+    session = store.transaction()
+    key, token = bytes(range(32)), bytes(16)
+    try:
+        assert session.release(key, token) is False
+        with pytest.raises(idempo.StoreUnavailable, match="no open transaction"):
+            session.complete(key, token, b"", 60_000)
+        with pytest.raises(idempo.StoreUnavailable, match="no open transaction"):
+            session.commit()
+        assert session.purge_expired(10).total == 0
+        assert not session.open and not session.committed
+    finally:
+        session.close()
+        store.close()

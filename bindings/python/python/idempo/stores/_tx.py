@@ -237,6 +237,10 @@ class SessionEnds:
         """Rolls back what is still open and gives the connection back."""
         self._end(commit=False)
 
+    def purge_expired(self, batch: int = 1000) -> Any:
+        """Primitive 8 on the store itself (a background batch, never part of a request)."""
+        return self.store.purge_expired(batch)
+
 
 def no_open_transaction(what: str) -> BaseException:
     """The error of a session step that needs the transaction after it ended (fails closed)."""

@@ -966,3 +966,7 @@ class AsyncPostgresTransaction(_Session, _Plans, AsyncPrimitives):
     async def close(self) -> None:
         """Rolls back what is still open and gives the connection back."""
         await self._end(commit=False)
+
+    async def purge_expired(self, batch: int = 1000) -> PurgeCounts:
+        """Primitive 8 on the store itself (a background batch, never part of a request)."""
+        return await self.store.purge_expired(batch)
