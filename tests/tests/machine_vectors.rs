@@ -4,7 +4,8 @@ use std::num::{NonZeroU8, NonZeroU64};
 use std::sync::Arc;
 
 use idempo_core::machine::{
-    Action, Event, FlowError, HandlerResponse, ServerFlow, StoreOp, StoreResult,
+    Action, Cleanup, CleanupStep, Event, FlowError, HandlerResponse, ServerFlow, StoreOp,
+    StoreResult,
 };
 use idempo_core::policy::{
     Config, HeaderAllowlist, KeyRequirement, LeasePolicy, Redaction, ResponsePolicy, TakeoverPolicy,
@@ -299,12 +300,42 @@ fn run_vector(path: &std::path::Path) -> usize {
     for (i, step) in steps.iter().enumerate().skip(1) {
         let ctx = format!("{name} step {i}");
         let got = match flow.handle(event(&step["event"])) {
-            Ok(a) => action_json(&a, &scope),
+            Ok(a) => {
+                let mut got = action_json(&a, &scope);
+                if flow.is_finished() {
+                    // A finished flow's cleanup is part of its answer (absent: none).
+                    if let Some(c) = flow.cleanup() {
+                        got["cleanup"] = cleanup_json(c, &scope);
+                    }
+                }
+                got
+            }
             Err(e) => error_json(&e),
         };
         check(got, &step["expect"], &ctx);
     }
-    steps.len()
+    let cleanup_steps = v["cleanup_steps"].as_array().map_or(&[][..], Vec::as_slice);
+    if !cleanup_steps.is_empty() {
+        let cleanup = flow.cleanup().expect("cleanup_steps need a cleanup");
+        for (i, step) in cleanup_steps.iter().enumerate() {
+            let attempt = u32::try_from(n(step, "attempt")).expect("u32");
+            let got = match cleanup.next(attempt, n(step, "elapsed_ms"), &event(&step["event"])) {
+                CleanupStep::RetryAfter(ms) => json!({"retry_after_ms": ms}),
+                CleanupStep::Done => json!("done"),
+            };
+            assert_eq!(got, step["expect"], "{name} cleanup step {i}");
+        }
+    }
+    steps.len() + cleanup_steps.len()
+}
+
+/// The cleanup as vector JSON: the op's fields plus `budget_ms`.
+fn cleanup_json(c: &Cleanup, scope: &ScopeId) -> Value {
+    let mut out = action_json(&Action::Store(c.op().clone()), scope);
+    let obj = out.as_object_mut().expect("object");
+    obj.remove("action");
+    obj.insert("budget_ms".into(), json!(c.budget_ms()));
+    out
 }
 
 #[test]
@@ -317,7 +348,7 @@ fn machine_vectors_pass() {
         .collect();
     files.sort();
     assert!(
-        files.len() >= 41,
+        files.len() >= 43,
         "expected the full script set, found {}",
         files.len()
     );

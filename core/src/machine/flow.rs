@@ -16,6 +16,9 @@
 //!    - [`Action::Respond`]: send the response; the flow is finished;
 //!    - [`Action::PropagateError`]: re-raise the handler's error (or render the framework's error
 //!      page); the flow is finished.
+//! 3. once the flow is finished, asks [`ServerFlow::cleanup`]: when it returns a [`Cleanup`], the
+//!    claim (or takeover) the flow sent may have been applied although its answer was lost; the
+//!    host runs the cleanup in the background after sending the response (see [`Cleanup`]).
 //!
 //! Events are fed one at a time: after a store action the next event is its result.
 //!
@@ -29,8 +32,10 @@
 //!
 //! **One token per flow.** The entropy given to `start` is the fencing token for the claim and,
 //! if needed, for a takeover. It is written to the store at most once: once a claim or takeover
-//! succeeds the flow owns the record and never claims again, and a failed attempt wrote nothing.
-//! So a flow needs exactly 16 fresh random bytes.
+//! succeeds the flow owns the record and never claims again. An attempt answered
+//! [`Event::StoreFailed`] may still have been applied (a statement sent to a hung server runs when
+//! the server resumes): the record then holds this flow's token with no handler behind it, which
+//! is what [`ServerFlow::cleanup`] undoes. So a flow needs exactly 16 fresh random bytes.
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
@@ -412,6 +417,91 @@ pub enum Action {
     },
 }
 
+/// First delay between cleanup attempts; doubled after each attempt up to [`CLEANUP_MAX_DELAY_MS`].
+pub const CLEANUP_FIRST_DELAY_MS: u64 = 100;
+/// Largest delay between cleanup attempts.
+pub const CLEANUP_MAX_DELAY_MS: u64 = 2_000;
+
+/// Undoing a claim or takeover whose answer was lost (`spec/PROTOCOL.md` §7.4).
+///
+/// When the flow's claim or takeover ends in [`Event::StoreFailed`], the flow answers 503
+/// `store-unavailable` and the handler never runs under its token. The statement may still have
+/// been applied (the store received it and ran it later, e.g. a PostgreSQL server that was
+/// stopped and resumed): the record would then hold the flow's token in progress until the lease
+/// ends, answering 409 and then `outcome-unknown` for a handler that never ran. The cleanup's
+/// [`op`](Cleanup::op) undoes that, fenced by the flow's token so it can never touch a record
+/// anyone else owns:
+///
+/// - after a claim, [`StoreOp::Release`] (deletes the record only where it is in progress and
+///   holds this token);
+/// - after a takeover, [`StoreOp::Renew`] with `lease_ms` 0 (expires the lease at once and keeps
+///   the record and its generation, as it was before the takeover, so the next request takes
+///   over again with the same downstream key).
+///
+/// How hosts run it: in the background, after the response has been sent, never blocking the
+/// request and never raising into it. Run [`op`](Cleanup::op), then feed its result (or
+/// [`Event::StoreFailed`]) to [`next`](Cleanup::next) with the attempt number (0 first) and the
+/// milliseconds elapsed since the first attempt started (host monotonic clock): it answers
+/// [`CleanupStep::RetryAfter`] (sleep, then run the op again) or [`CleanupStep::Done`]. An
+/// attempt that did not apply is retried too: the lost statement may be applied only later (it
+/// can reach the store after the first cleanup attempt). Attempts stop once the lease the claim
+/// asked for would have run out; a late cleanup would still be safe, only no longer useful enough
+/// to keep retrying. Store errors during cleanup are logged at most, never surfaced.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Cleanup {
+    op: StoreOp,
+    budget_ms: u64,
+}
+
+/// What a host does after a cleanup attempt (see [`Cleanup::next`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[must_use]
+pub enum CleanupStep {
+    /// Wait this many milliseconds, then run [`Cleanup::op`] again.
+    RetryAfter(u64),
+    /// Stop: the cleanup applied, or the retry budget is spent.
+    Done,
+}
+
+impl Cleanup {
+    /// The token-fenced store operation to run (a [`StoreOp::Release`] or a
+    /// [`StoreOp::Renew`] with `lease_ms` 0).
+    #[must_use]
+    pub fn op(&self) -> &StoreOp {
+        &self.op
+    }
+
+    /// How long, in milliseconds from the first attempt, retries continue (the lease length).
+    #[must_use]
+    pub fn budget_ms(&self) -> u64 {
+        self.budget_ms
+    }
+
+    /// The step after attempt number `attempt` (0 for the first) ended with `result`
+    /// ([`Event::Store`] with the op's result, or [`Event::StoreFailed`]), `elapsed_ms` after the
+    /// first attempt started. Applied means done; anything else is retried with a doubling delay
+    /// ([`CLEANUP_FIRST_DELAY_MS`] up to [`CLEANUP_MAX_DELAY_MS`]) while the next attempt would
+    /// start within [`budget_ms`](Cleanup::budget_ms).
+    pub fn next(&self, attempt: u32, elapsed_ms: u64, result: &Event) -> CleanupStep {
+        let applied = matches!(
+            result,
+            Event::Store(StoreResult::Released(true) | StoreResult::Renewed(true))
+        );
+        if applied {
+            return CleanupStep::Done;
+        }
+        let delay = CLEANUP_FIRST_DELAY_MS
+            .checked_shl(attempt.min(32))
+            .unwrap_or(CLEANUP_MAX_DELAY_MS)
+            .min(CLEANUP_MAX_DELAY_MS);
+        if elapsed_ms.saturating_add(delay) <= self.budget_ms {
+            CleanupStep::RetryAfter(delay)
+        } else {
+            CleanupStep::Done
+        }
+    }
+}
+
 /// A host fed an event the flow cannot accept in its current phase (a binding bug).
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
@@ -504,6 +594,7 @@ pub struct ServerFlow {
     generation: Option<u32>,
     reads: u8,
     phase: Phase,
+    cleanup: Option<Cleanup>,
 }
 
 impl ServerFlow {
@@ -524,6 +615,7 @@ impl ServerFlow {
             generation: None,
             reads: 0,
             phase: Phase::Claiming,
+            cleanup: None,
         };
         let first = flow.claim();
         (flow, first)
@@ -545,6 +637,17 @@ impl ServerFlow {
     #[must_use]
     pub fn is_finished(&self) -> bool {
         self.phase == Phase::Finished
+    }
+
+    /// The background cleanup the host runs after answering, if any (see [`Cleanup`]).
+    ///
+    /// `Some` only once the flow has finished with [`Outcome::StoreUnavailable`] because its claim
+    /// or takeover ended in [`Event::StoreFailed`], and never in transactional mode (closing the
+    /// failed transaction rolls the claim back). `None` otherwise: every other path either
+    /// wrote nothing with this flow's token or settled the record itself.
+    #[must_use]
+    pub fn cleanup(&self) -> Option<&Cleanup> {
+        self.cleanup.as_ref()
     }
 
     /// Feeds one event and returns the next action. A rejected event leaves the flow unchanged.
@@ -588,13 +691,19 @@ impl ServerFlow {
                 })
             }
             (
-                Phase::Claiming | Phase::Reading | Phase::TakingOver | Phase::MarkingUnknown,
+                phase @ (Phase::Claiming
+                | Phase::Reading
+                | Phase::TakingOver
+                | Phase::MarkingUnknown),
                 Event::StoreFailed,
-            ) => Ok(self.problem(
-                ProblemKind::StoreUnavailable,
-                Some(self.config.unavailable_retry_after_ms.get()),
-                Outcome::StoreUnavailable,
-            )),
+            ) => {
+                self.cleanup = self.lost_write_cleanup(&phase);
+                Ok(self.problem(
+                    ProblemKind::StoreUnavailable,
+                    Some(self.config.unavailable_retry_after_ms.get()),
+                    Outcome::StoreUnavailable,
+                ))
+            }
 
             // The handler runs.
             (
@@ -765,6 +874,30 @@ impl ServerFlow {
             token: self.token,
             lease_ms: self.config.lease.lease_ms(),
             ttl_ms: self.config.ttl_ms.get(),
+        })
+    }
+
+    /// The cleanup for a store failure in `phase`: only a claim or a takeover writes this
+    /// flow's token, and only outside a transaction can it outlive the flow.
+    fn lost_write_cleanup(&self, phase: &Phase) -> Option<Cleanup> {
+        if self.config.transactional {
+            return None;
+        }
+        let op = match phase {
+            Phase::Claiming => StoreOp::Release {
+                scope: self.scope,
+                token: self.token,
+            },
+            Phase::TakingOver => StoreOp::Renew {
+                scope: self.scope,
+                token: self.token,
+                lease_ms: 0,
+            },
+            _ => return None,
+        };
+        Some(Cleanup {
+            op,
+            budget_ms: self.config.lease.lease_ms(),
         })
     }
 
@@ -1180,6 +1313,105 @@ mod tests {
         }
     }
 
+    /// Checks the cleanup of a finished path: present exactly when the last store op was a claim
+    /// or takeover that failed outside a transaction, and then a token-fenced undo of it.
+    fn check_cleanup_leaf(flow: &ServerFlow, last: &Action, t: &Trace, end: &Action) {
+        let (last_event, _) = t.steps.last().expect("a leaf follows an event");
+        let failed = *last_event == Event::StoreFailed;
+        let expected = match last {
+            Action::Store(StoreOp::Claim { scope, token, .. })
+                if failed && !flow.config.transactional =>
+            {
+                Some(StoreOp::Release {
+                    scope: *scope,
+                    token: *token,
+                })
+            }
+            Action::Store(StoreOp::TakeOver {
+                scope, new_token, ..
+            }) if failed && !flow.config.transactional => Some(StoreOp::Renew {
+                scope: *scope,
+                token: *new_token,
+                lease_ms: 0,
+            }),
+            _ => None,
+        };
+        assert_eq!(flow.cleanup().map(Cleanup::op), expected.as_ref());
+        if let Some(cleanup) = flow.cleanup() {
+            assert_eq!(cleanup.budget_ms(), flow.config.lease.lease_ms());
+            assert!(matches!(
+                end,
+                Action::Respond {
+                    outcome: Outcome::StoreUnavailable,
+                    response,
+                } if response.status == 503
+            ));
+            assert!(!t.ran, "a cleanup never follows a handler run");
+        }
+    }
+
+    #[test]
+    fn cleanup_retries_with_a_doubling_capped_delay_within_the_lease() {
+        let (mut flow, _) = ServerFlow::start(
+            ScopeId::from_bytes([3; 32]),
+            fp('a'),
+            config(false, TakeoverPolicy::OutcomeUnknown),
+            MINE.0,
+        );
+        assert_eq!(flow.cleanup(), None);
+        let end = flow.handle(Event::StoreFailed).expect("accepted");
+        assert!(matches!(
+            end,
+            Action::Respond {
+                outcome: Outcome::StoreUnavailable,
+                ..
+            }
+        ));
+        let cleanup = flow
+            .cleanup()
+            .expect("a failed claim leaves a cleanup")
+            .clone();
+        let budget = cleanup.budget_ms();
+        assert_eq!(budget, 30_000);
+        let applied = Event::Store(StoreResult::Released(true));
+        let missed = Event::Store(StoreResult::Released(false));
+        assert_eq!(cleanup.next(0, 0, &applied), CleanupStep::Done);
+        assert_eq!(
+            cleanup.next(0, 0, &Event::StoreFailed),
+            CleanupStep::RetryAfter(100)
+        );
+        assert_eq!(cleanup.next(1, 150, &missed), CleanupStep::RetryAfter(200));
+        assert_eq!(
+            cleanup.next(4, 2_000, &missed),
+            CleanupStep::RetryAfter(1_600)
+        );
+        assert_eq!(
+            cleanup.next(5, 4_000, &missed),
+            CleanupStep::RetryAfter(2_000)
+        );
+        assert_eq!(
+            cleanup.next(u32::MAX, 4_000, &Event::StoreFailed),
+            CleanupStep::RetryAfter(2_000)
+        );
+        assert_eq!(
+            cleanup.next(20, budget - 2_000, &missed),
+            CleanupStep::RetryAfter(2_000)
+        );
+        assert_eq!(cleanup.next(20, budget - 1_999, &missed), CleanupStep::Done);
+        assert_eq!(cleanup.next(20, u64::MAX, &missed), CleanupStep::Done);
+        // Whatever the answers, the attempts are bounded by the budget.
+        let (mut attempt, mut elapsed) = (0_u32, 0_u64);
+        while let CleanupStep::RetryAfter(delay) = cleanup.next(attempt, elapsed, &missed) {
+            elapsed += delay;
+            attempt += 1;
+        }
+        assert!(elapsed <= budget);
+        assert_eq!(attempt, 18);
+        // A finished flow keeps its cleanup; events after the end change nothing.
+        assert_eq!(flow.handle(Event::StoreFailed), Err(FlowError::Finished));
+        assert_eq!(flow.cleanup(), Some(&cleanup));
+    }
+
     /// Depth-first over every path; returns the number of leaves.
     fn explore(flow: &ServerFlow, first: &Action, action: &Action, trace: &Trace) -> usize {
         let transactional = flow.config.transactional;
@@ -1214,6 +1446,7 @@ mod tests {
                 if transactional {
                     check_tx_leaf(first, &t, &got);
                 }
+                check_cleanup_leaf(&next, action, &t, &got);
                 leaves += 1;
             } else {
                 leaves += explore(&next, first, &got, &t);

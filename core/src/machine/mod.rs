@@ -16,9 +16,9 @@ pub mod problem;
 pub mod store;
 
 pub use flow::{
-    Action, DownstreamKey, Event, FlowError, HandlerResponse, HttpResponse, MissingKey, Outcome,
-    REPLAYED_HEADER, RunHandler, ServerFlow, StoreOp, StoreResult, downstream_key, missing_key,
-    replay_response,
+    Action, CLEANUP_FIRST_DELAY_MS, CLEANUP_MAX_DELAY_MS, Cleanup, CleanupStep, DownstreamKey,
+    Event, FlowError, HandlerResponse, HttpResponse, MissingKey, Outcome, REPLAYED_HEADER,
+    RunHandler, ServerFlow, StoreOp, StoreResult, downstream_key, missing_key, replay_response,
 };
 
 use crate::policy::{Config, TakeoverPolicy};
