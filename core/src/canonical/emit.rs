@@ -163,7 +163,7 @@ impl<S: CanonSink + ?Sized> Emitter<'_, '_, S> {
                 let v = num.map_or(0.0, |x| x.value);
                 let s = format_finite(v, &mut self.buf);
                 if self.numbers == NumberMode::RejectPrecisionLoss {
-                    let exact = match num.and_then(|x| x.exact) {
+                    let exact = match num.and_then(|x| x.exact()) {
                         Some((d, digits)) => decimal_is_exact(&d, digits, v, s),
                         None => {
                             let lit = self.tape.literal(n);

@@ -48,11 +48,58 @@ pub(crate) struct Decimal {
 
 /// A float literal read once by the parser: its double, and (when it has at most 19
 /// significant digits and a short exponent) its exact decimal value and significant digit count
-/// (from the first non-zero digit to the last non-zero digit).
+/// (from the first non-zero digit to the last non-zero digit), packed in 24 bytes.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Num {
     pub(crate) value: f64,
-    pub(crate) exact: Option<(Decimal, u32)>,
+    mantissa: u64,
+    exp: i32,
+    /// Significant digits; [`Num::UNKNOWN`] when the exact value was not kept.
+    digits: u8,
+    negative: bool,
+}
+
+impl Num {
+    const UNKNOWN: u8 = u8::MAX;
+
+    /// Pack a double and, if known, the literal's exact decimal value and digit count.
+    pub(crate) fn new(value: f64, exact: Option<(Decimal, u32)>) -> Self {
+        match exact {
+            Some((d, digits)) if digits < u32::from(Self::UNKNOWN) => match i32::try_from(d.exp) {
+                Ok(exp) => Self {
+                    value,
+                    mantissa: d.mantissa,
+                    exp,
+                    digits: digits as u8,
+                    negative: d.negative,
+                },
+                Err(_) => Self::unknown(value),
+            },
+            _ => Self::unknown(value),
+        }
+    }
+
+    fn unknown(value: f64) -> Self {
+        Self {
+            value,
+            mantissa: 0,
+            exp: 0,
+            digits: Self::UNKNOWN,
+            negative: false,
+        }
+    }
+
+    /// The literal's exact decimal value and digit count, when kept.
+    pub(crate) fn exact(&self) -> Option<(Decimal, u32)> {
+        (self.digits != Self::UNKNOWN).then_some((
+            Decimal {
+                negative: self.negative,
+                mantissa: self.mantissa,
+                exp: i64::from(self.exp),
+            },
+            u32::from(self.digits),
+        ))
+    }
 }
 
 /// Powers of ten that a double holds exactly (10^0 ..= 10^22).
@@ -188,9 +235,10 @@ fn add_digits(run: &[u8], mantissa: &mut u64, count: &mut u32) -> bool {
 
 /// The double nearest to `d` (ties to even), as Rust's float parser gives it: exact arithmetic
 /// when mantissa and power of ten are both exact doubles (one rounding), otherwise the standard
-/// parser on the short form `<digits>e<exp>` (not on the literal, which may be long). `digits`
-/// is the text of the mantissa's digits, a dot possibly among them (ignored).
-pub(crate) fn decimal_to_f64(d: &Decimal, digits: &[u8]) -> Option<f64> {
+/// parser on the literal itself when it is short, else on the short form `<digits>e<exp>`.
+/// `digits` is the text of the mantissa's digits, a dot possibly among them (ignored); `lit`
+/// the whole literal.
+pub(crate) fn decimal_to_f64(d: &Decimal, digits: &[u8], lit: &[u8]) -> Option<f64> {
     let sign = if d.negative { -1.0 } else { 1.0 };
     if d.mantissa == 0 {
         return Some(sign * 0.0);
@@ -199,6 +247,9 @@ pub(crate) fn decimal_to_f64(d: &Decimal, digits: &[u8]) -> Option<f64> {
         let m = d.mantissa as f64;
         let p = POW10_F64[d.exp.unsigned_abs() as usize];
         return Some(sign * if d.exp >= 0 { m * p } else { m / p });
+    }
+    if lit.len() <= 32 {
+        return std::str::from_utf8(lit).ok()?.parse().ok();
     }
     // "-", at most 19 digits and a dot, "e-", at most 20 exponent digits.
     let mut buf = [0u8; 48];
@@ -567,7 +618,10 @@ mod tests {
                 );
                 continue;
             };
-            let got = decimal_to_f64(&d, &lit.as_bytes()[a..b]).expect("converts");
+            let got = decimal_to_f64(&d, &lit.as_bytes()[a..b], lit.as_bytes()).expect("converts");
+            let long = format!("{lit}{}", " ".repeat(40));
+            let via_digits = decimal_to_f64(&d, &lit.as_bytes()[a..b], long.as_bytes());
+            assert_eq!(via_digits.map(f64::to_bits), Some(want.to_bits()), "{lit}");
             assert_eq!(got.to_bits(), want.to_bits(), "{lit}");
             let mut text = Vec::new();
             if es6_from_literal(&d, digits, &lit.as_bytes()[a..b], &mut text) {

@@ -370,14 +370,19 @@ fn exact_fixed(
     frac_end: Option<usize>,
 ) -> Option<usize> {
     let int_digits = int_end - int_start;
+    // Integers of up to 15 digits, and of 16 digits up to 2^53: exact doubles whose shortest
+    // round-trip form is the integer itself (the spacing of doubles there is at most 1).
+    let exact_int = int_digits <= 15
+        || (int_digits == 16
+            && input.get(int_start..int_end) <= Some(b"9007199254740992".as_slice()));
     let Some(fe) = frac_end else {
-        return (int_digits <= 15).then_some(int_end - start);
+        return exact_int.then_some(int_end - start);
     };
     let frac = input.get(int_end + 1..fe)?;
     let kept = frac.iter().rposition(|&d| d != b'0').map_or(0, |p| p + 1);
     if kept == 0 {
         // `x.000`: an integer.
-        return (int_digits <= 15).then_some(int_end - start);
+        return exact_int.then_some(int_end - start);
     }
     let sig = if input.get(int_start) == Some(&b'0') {
         // Only the first six fractional digits matter (below 1e-6 is not this path): a long
@@ -547,6 +552,8 @@ pub(crate) struct Parser<'a> {
     /// The whole input is valid UTF-8 (checked once up front), so strings need no UTF-8 check.
     /// When it is not, strings are checked one by one so the first error is reported in order.
     utf8_ok: bool,
+    /// [`NumberMode::RejectPrecisionLoss`]: float literals keep their exact decimal value.
+    strict: bool,
 }
 
 /// The parser's and the tape's vectors, kept between calls so that a prepared caller (the
@@ -587,7 +594,7 @@ impl ParseScratch {
 pub(crate) fn parse_with<'a>(
     input: &'a [u8],
     limits: &Limits,
-    _numbers: NumberMode,
+    numbers: NumberMode,
     scratch: &mut ParseScratch,
 ) -> Result<Tape<'a>, CanonError> {
     let max = limits.max_input_bytes.min(u32::MAX as usize - 1);
@@ -636,6 +643,7 @@ pub(crate) fn parse_with<'a>(
         shapes,
         ws: 0,
         utf8_ok: is_utf8(input),
+        strict: numbers == NumberMode::RejectPrecisionLoss,
     };
     let result = p.run();
     p.stack.clear();
@@ -1255,9 +1263,20 @@ impl<'a> Parser<'a> {
             }
         }
         let lit = &input[start..i];
-        let read = read_literal_digits(lit);
+        // A short literal with more than 15 digits gains nothing from being read here unless
+        // its exact value is needed (strict mode): the standard parser reads it as fast.
+        let digit_chars = int_end - int_start + frac_end.map_or(0, |fe| fe - int_end - 1);
+        let read = if self.strict || digit_chars <= 15 || lit.len() > 32 {
+            read_literal_digits(lit)
+        } else {
+            None
+        };
         let exact = read.map(|(d, n, _)| (d, n));
         if let Some((d, digits, (a, b))) = &read {
+            if self.tape.strbuf.capacity() == 0 {
+                // The first number written out: room for a share of the rest at once.
+                self.tape.strbuf.reserve((input.len() - i) / 4 + 32);
+            }
             let at = self.tape.strbuf.len();
             let text = lit.get(*a..*b).unwrap_or(&[]);
             if es6_from_literal(d, *digits, text, &mut self.tape.strbuf) {
@@ -1267,7 +1286,7 @@ impl<'a> Parser<'a> {
             }
         }
         let value = match &read {
-            Some((d, _, (a, b))) => decimal_to_f64(d, lit.get(*a..*b).unwrap_or(&[])),
+            Some((d, _, (a, b))) => decimal_to_f64(d, lit.get(*a..*b).unwrap_or(&[]), lit),
             None => std::str::from_utf8(lit)
                 .ok()
                 .and_then(|s| s.parse::<f64>().ok()),
@@ -1279,7 +1298,10 @@ impl<'a> Parser<'a> {
             return Err(self.err(K::NumberOutOfRange, start));
         }
         let idx = self.tape.nums.len() as u32;
-        self.tape.nums.push(Num { value, exact });
+        if self.tape.nums.capacity() == 0 {
+            self.tape.nums.reserve((input.len() - i) / 16 + 8);
+        }
+        self.tape.nums.push(Num::new(value, exact));
         self.push(Tag::Float, start as u32, len, idx);
         Ok(false)
     }
