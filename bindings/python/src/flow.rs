@@ -12,8 +12,8 @@ use idempo_core::canonical::{CanonError, CanonErrorKind};
 use idempo_core::key::{self, KeyOptions};
 use idempo_core::machine::problem::{ProblemKind, invalid_body, invalid_key, problem_response};
 use idempo_core::machine::{
-    Action as CoreAction, Event, FlowError, HandlerResponse, HttpResponse, MissingKey,
-    ServerFlow as CoreFlow, StoreOp, StoreResult, missing_key,
+    Action as CoreAction, Cleanup as CoreCleanup, CleanupStep, Event, FlowError, HandlerResponse,
+    HttpResponse, MissingKey, ServerFlow as CoreFlow, StoreOp, StoreResult, missing_key,
 };
 use idempo_core::policy::{
     self, Config as CoreConfig, HeaderAllowlist, KeyRequirement, LeasePolicy, Redaction,
@@ -674,6 +674,74 @@ impl ServerFlow {
     #[getter]
     fn corrupt_record(&self) -> Option<String> {
         self.corrupt.clone()
+    }
+
+    /// Once finished: the background cleanup to run after answering (a claim or takeover whose
+    /// answer was lost may have been applied), or `None`.
+    #[getter]
+    fn cleanup(&self, py: Python<'_>) -> PyResult<Option<Cleanup>> {
+        self.inner
+            .cleanup()
+            .map(|c| {
+                Ok(Cleanup {
+                    inner: c.clone(),
+                    action: Py::new(py, store_action(py, c.op())?)?,
+                })
+            })
+            .transpose()
+    }
+}
+
+/// The background cleanup of a claim or takeover whose answer was lost (core's `Cleanup`).
+///
+/// Run [`action`](Cleanup::action) (a `"release"` or `"renew"` store action) after the
+/// response is sent, never blocking the request and never raising; after each attempt ask
+/// [`next`](Cleanup::next) how long to wait before the next one (`None`: stop).
+#[pyclass(frozen, module = "idempo._idempo")]
+pub(crate) struct Cleanup {
+    inner: CoreCleanup,
+    action: Py<Action>,
+}
+
+#[pymethods]
+impl Cleanup {
+    /// The token-fenced store action to run (kind `"store"`, op `"release"` or `"renew"`).
+    #[getter]
+    fn action(&self, py: Python<'_>) -> Py<Action> {
+        self.action.clone_ref(py)
+    }
+
+    /// Retries continue while the next attempt starts within this many ms of the first.
+    #[getter]
+    fn budget_ms(&self) -> u64 {
+        self.inner.budget_ms()
+    }
+
+    /// The delay in ms before the next attempt, or `None` to stop, after attempt number
+    /// `attempt` (0 first) ended `elapsed_ms` after the first attempt started; `applied` is the
+    /// store primitive's boolean result, or `None` when it raised.
+    #[pyo3(signature = (attempt, elapsed_ms, applied))]
+    fn next(&self, attempt: u32, elapsed_ms: u64, applied: Option<bool>) -> Option<u64> {
+        let event = match (applied, self.inner.op()) {
+            (None, _) => Event::StoreFailed,
+            (Some(ok), StoreOp::Renew { .. }) => Event::Store(StoreResult::Renewed(ok)),
+            (Some(ok), _) => Event::Store(StoreResult::Released(ok)),
+        };
+        match self.inner.next(attempt, elapsed_ms, &event) {
+            CleanupStep::RetryAfter(ms) => Some(ms),
+            CleanupStep::Done => None,
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Cleanup({}, budget_ms={})",
+            match self.inner.op() {
+                StoreOp::Renew { .. } => "renew",
+                _ => "release",
+            },
+            self.inner.budget_ms()
+        )
     }
 }
 

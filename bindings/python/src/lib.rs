@@ -37,6 +37,7 @@ fn _idempo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<flow::Config>()?;
     m.add_class::<flow::ServerFlow>()?;
     m.add_class::<flow::Action>()?;
+    m.add_class::<flow::Cleanup>()?;
     m.add_class::<api::Fingerprinter>()?;
     m.add_class::<api::RetryPolicy>()?;
     m.add_class::<api::RetryAdvice>()?;

@@ -148,6 +148,30 @@ def test_machine_script(path: Path) -> None:
             assert exc.value.code == want["error"], where
         else:
             check(feed(flow, step["event"], scope), want, scope, where)
+            if flow.finished:
+                check_cleanup(flow, want.get("cleanup"), scope, where)
+    for i, cs in enumerate(sc.get("cleanup_steps", [])):
+        cleanup = flow.cleanup
+        assert cleanup is not None, "cleanup_steps need a cleanup"
+        ev = cs["event"]
+        applied = None if ev["type"] == "store_failed" else ev["applied"]
+        got = cleanup.next(cs["attempt"], cs["elapsed_ms"], applied)
+        expected = None if cs["expect"] == "done" else cs["expect"]["retry_after_ms"]
+        assert got == expected, f"{sc['name']} cleanup step {i}"
+
+
+def check_cleanup(
+    flow: ServerFlow, want: Optional[Dict[str, Any]], scope: bytes, where: str
+) -> None:
+    """A finished flow's cleanup: absent in the script means none."""
+    cleanup = flow.cleanup
+    if want is None:
+        assert cleanup is None, f"{where}: unexpected {cleanup!r}"
+        return
+    assert cleanup is not None, f"{where}: no cleanup"
+    assert cleanup.budget_ms == want["budget_ms"], where
+    op = {k: v for k, v in want.items() if k != "budget_ms"}
+    check(cleanup.action, {"action": "store", **op}, scope, where)
 
 
 def test_machine_scripts_present() -> None:

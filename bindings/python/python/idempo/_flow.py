@@ -11,10 +11,11 @@ import inspect
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, List, Optional, Tuple
 
-from idempo._idempo import Action, Config, ServerFlow
+from idempo._idempo import Action, Cleanup, Config, ServerFlow
 from idempo.stores._tx import ThreadedSession, Transaction, enter, leave, require_transactions
 
 log = logging.getLogger("idempo")
@@ -227,7 +228,86 @@ def _run_sync(
             action = _store_step(run, store, action)
     response = response_of(action)
     hooks.outcome(route, response.outcome)
+    cleanup = flow.cleanup
+    if cleanup is not None:
+        threading.Thread(
+            target=_cleanup_sync,
+            args=(cleanup, store, route),
+            name="idempo-cleanup",
+            daemon=True,
+        ).start()
     return response
+
+
+def _applied(result: Any) -> Optional[bool]:
+    """A cleanup primitive's boolean result (anything else counts as not applied)."""
+    return result is True
+
+
+def _cleanup_sync(cleanup: Cleanup, store: Any, route: str) -> None:
+    """Runs core's cleanup of a claim whose answer was lost: retried as core says, never raises.
+
+    Runs in a daemon thread after the response was returned (see ``ServerFlow.cleanup``).
+    """
+    try:
+        start = time.monotonic()
+        attempt = 0
+        while True:
+            applied: Optional[bool]
+            try:
+                applied = _applied(_execute(store, cleanup.action))
+            except Exception as exc:  # noqa: BLE001 - retried, then given up quietly
+                log.debug("idempo: cleanup on %s failed: %s", route, exc)
+                applied = None
+            elapsed_ms = int((time.monotonic() - start) * 1000)
+            delay = cleanup.next(attempt, elapsed_ms, applied)
+            if applied:
+                log.info("idempo: released the unconfirmed claim on %s", route)
+            if delay is None:
+                return
+            attempt += 1
+            time.sleep(delay / 1000)
+    except Exception as exc:  # noqa: BLE001 - a background cleanup never raises
+        log.warning("idempo: cleanup on %s stopped: %s", route, exc)
+
+
+_CLEANUP_TASKS: "set[asyncio.Task[None]]" = set()
+"""Strong references to running cleanup tasks (the event loop keeps only weak ones)."""
+
+
+async def _cleanup_async(cleanup: Cleanup, store: Any, route: str) -> None:
+    """As :func:`_cleanup_sync`, as an asyncio task (sync stores run in worker threads)."""
+    sync = not is_async_store(store)
+    try:
+        start = time.monotonic()
+        attempt = 0
+        while True:
+            applied: Optional[bool]
+            try:
+                if sync:
+                    result = await asyncio.to_thread(_execute, store, cleanup.action)
+                else:
+                    result = await _execute(store, cleanup.action)
+                applied = _applied(result)
+            except Exception as exc:  # noqa: BLE001 - retried, then given up quietly
+                log.debug("idempo: cleanup on %s failed: %s", route, exc)
+                applied = None
+            elapsed_ms = int((time.monotonic() - start) * 1000)
+            delay = cleanup.next(attempt, elapsed_ms, applied)
+            if applied:
+                log.info("idempo: released the unconfirmed claim on %s", route)
+            if delay is None:
+                return
+            attempt += 1
+            await asyncio.sleep(delay / 1000)
+    except Exception as exc:  # noqa: BLE001 - a background cleanup never raises
+        log.warning("idempo: cleanup on %s stopped: %s", route, exc)
+
+
+def _spawn_cleanup_async(cleanup: Cleanup, store: Any, route: str) -> None:
+    task = asyncio.ensure_future(_cleanup_async(cleanup, store, route))
+    _CLEANUP_TASKS.add(task)
+    task.add_done_callback(_CLEANUP_TASKS.discard)
 
 
 def _heartbeat_sync(run: _Run, store: Any, interval: float, stop: threading.Event) -> None:
@@ -342,6 +422,9 @@ async def _run_async(
             action = await _store_step_async(run, store, action)
     response = response_of(action)
     hooks.outcome(route, response.outcome)
+    cleanup = flow.cleanup
+    if cleanup is not None:
+        _spawn_cleanup_async(cleanup, store, route)
     return response
 
 

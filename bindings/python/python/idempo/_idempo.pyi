@@ -6,6 +6,7 @@ from typing import Literal, final
 __all__ = [
     "Action",
     "CanonicalizationError",
+    "Cleanup",
     "Config",
     "FingerprintError",
     "Fingerprinter",
@@ -266,6 +267,16 @@ class ServerFlow:
     def finished(self) -> bool: ...
     @property
     def corrupt_record(self) -> str | None: ...
+    @property
+    def cleanup(self) -> Cleanup | None: ...
+
+@final
+class Cleanup:
+    @property
+    def action(self) -> Action: ...
+    @property
+    def budget_ms(self) -> int: ...
+    def next(self, attempt: int, elapsed_ms: int, applied: bool | None) -> int | None: ...
 
 def admit_key(
     value: _Bytes | None,
