@@ -114,6 +114,17 @@ export declare class ServerFlow {
   start(): FlowAction
   /** True once the flow has answered. */
   get finished(): boolean
+  /**
+   * Once finished: the background cleanup to run after answering (a claim or takeover whose
+   * answer was lost may have been applied), or nothing.
+   */
+  get cleanup(): FlowCleanup | null
+  /**
+   * After cleanup attempt number `attempt` (0 first) ended `elapsedMs` after the first one
+   * started, with `applied` (the primitive's boolean result, or `null` when it failed): the
+   * delay in ms before the next attempt, or `null` to stop. Throws when there is no cleanup.
+   */
+  cleanupNext(attempt: number, elapsedMs: number, applied?: boolean | undefined | null): number | null
   /** Claim inserted a new record. */
   claimed(generation: number, nowMs: number): FlowAction
   /** Claim found a live record (a corrupt row counts as a store failure). */
@@ -280,6 +291,18 @@ export interface FlowAction {
   outcome?: string
   /** Set when a stored row was refused as corrupt (the flow treated it as a store failure). */
   corrupt?: string
+}
+
+/**
+ * The background cleanup of a claim or takeover whose answer was lost (core's `Cleanup`): run
+ * `action` (a `release` or `renew` store action) after the response, never blocking the request
+ * and never throwing; after each attempt ask `ServerFlow.cleanupNext` for the delay.
+ */
+export interface FlowCleanup {
+  /** The token-fenced store action to run. */
+  action: FlowAction
+  /** Retries continue while the next attempt starts within this many ms of the first. */
+  budgetMs: number
 }
 
 /** Per-route policy; omitted fields take core's defaults. */

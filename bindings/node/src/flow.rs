@@ -8,8 +8,8 @@ use std::sync::Arc;
 use idempo_core::fingerprint::{FingerprintConfig, FingerprintError, RequestParts};
 use idempo_core::machine::problem::{self, ProblemKind};
 use idempo_core::machine::{
-    self, Action, Event, HandlerResponse, HttpResponse, MissingKey, ServerFlow as CoreFlow,
-    StoreOp, StoreResult,
+    self, Action, CleanupStep, Event, HandlerResponse, HttpResponse, MissingKey,
+    ServerFlow as CoreFlow, StoreOp, StoreResult,
 };
 use idempo_core::policy::{
     Config, HeaderAllowlist, KeyRequirement, LeasePolicy, Redaction, ResponsePolicy, TakeoverPolicy,
@@ -549,6 +549,17 @@ fn action(a: Action) -> FlowAction {
     }
 }
 
+/// The background cleanup of a claim or takeover whose answer was lost (core's `Cleanup`): run
+/// `action` (a `release` or `renew` store action) after the response, never blocking the request
+/// and never throwing; after each attempt ask `ServerFlow.cleanupNext` for the delay.
+#[napi(object)]
+pub struct FlowCleanup {
+    /// The token-fenced store action to run.
+    pub action: FlowAction,
+    /// Retries continue while the next attempt starts within this many ms of the first.
+    pub budget_ms: f64,
+}
+
 /// The server flow of one request that carries a valid key.
 #[napi]
 pub struct ServerFlow {
@@ -599,6 +610,47 @@ impl ServerFlow {
     #[must_use]
     pub fn finished(&self) -> bool {
         self.inner.is_finished()
+    }
+
+    /// Once finished: the background cleanup to run after answering (a claim or takeover whose
+    /// answer was lost may have been applied), or nothing.
+    #[napi(getter)]
+    #[must_use]
+    pub fn cleanup(&self) -> Option<FlowCleanup> {
+        self.inner.cleanup().map(|c| FlowCleanup {
+            action: action(Action::Store(c.op().clone())),
+            budget_ms: from_u64(c.budget_ms()),
+        })
+    }
+
+    /// After cleanup attempt number `attempt` (0 first) ended `elapsedMs` after the first one
+    /// started, with `applied` (the primitive's boolean result, or `null` when it failed): the
+    /// delay in ms before the next attempt, or `null` to stop. Throws when there is no cleanup.
+    #[napi(catch_unwind)]
+    pub fn cleanup_next(
+        &self,
+        env: Env,
+        attempt: u32,
+        elapsed_ms: f64,
+        applied: Option<bool>,
+    ) -> napi::Result<Option<f64>> {
+        let step = || -> Result<Option<f64>, Fail> {
+            let cleanup = self
+                .inner
+                .cleanup()
+                .ok_or_else(|| Fail::new(code::FLOW, "this flow has no cleanup"))?;
+            let elapsed = to_u64(elapsed_ms, "elapsedMs")?;
+            let event = match (applied, cleanup.op()) {
+                (None, _) => Event::StoreFailed,
+                (Some(ok), StoreOp::Renew { .. }) => Event::Store(StoreResult::Renewed(ok)),
+                (Some(ok), _) => Event::Store(StoreResult::Released(ok)),
+            };
+            Ok(match cleanup.next(attempt, elapsed, &event) {
+                CleanupStep::RetryAfter(ms) => Some(from_u64(ms)),
+                CleanupStep::Done => None,
+            })
+        };
+        step().map_err(|f| f.throw(&env))
     }
 
     fn feed(&mut self, env: &Env, event: Event) -> napi::Result<FlowAction> {

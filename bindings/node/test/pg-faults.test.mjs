@@ -129,11 +129,13 @@ test('pg_ctl restart: idle connections are dropped, no request fails afterwards'
 });
 
 const ORPHAN_TRIALS = Number(process.env.IDEMPO_ORPHAN_TRIALS ?? 4);
+const CLEANUP_BOUND_MS = 5000;
 
-test('a claim refused by the deadline: how often it survives the thaw (counted, printed)', { skip, timeout: 120_000 }, async () => {
-  // The deadline resets the connection (RST) so a resumed server finds it reset. The count is a
-  // measurement, not a pass mark: asserted are the fail-closed refusal and that a surviving row
-  // is exactly the refused claim.
+test('a claim refused by the deadline: how often it survives the thaw without a flow (counted, printed)', { skip, timeout: 120_000 }, async () => {
+  // The deadline resets the connection (RST), which does not stop a resumed server from running
+  // what its kernel already received. This calls the store directly (no flow, so no cleanup):
+  // the count is a measurement, not a pass mark; asserted are the fail-closed refusal and that a
+  // surviving row is exactly the refused claim.
   const pool = new pg.Pool({ connectionString: server.dsn, max: 1 });
   const store = new idempo.PostgresStore({ pool, timeoutMs: TIMEOUT, onPoolError: () => undefined });
   await store.createSchema();
@@ -164,5 +166,64 @@ test('a claim refused by the deadline: how often it survives the thaw (counted, 
     await check.end();
     await pool.end();
   }
-  console.log(`orphan claims after a deadline (Node PostgresStore): ${survived} of ${ORPHAN_TRIALS}`);
+  console.log(`orphan claims after a deadline (Node PostgresStore, no flow): ${survived} of ${ORPHAN_TRIALS}`);
+});
+
+test('through the middleware, core\'s cleanup releases a claim refused by the deadline within 5 s of the thaw', { skip, timeout: 120_000 }, async () => {
+  // The request is answered 503 at once (the handler never runs); the claim the resumed server
+  // applies is released by the session's background cleanup (token-fenced). Counted: claims the
+  // cleanup released (its `cleanup` event: proof the orphan existed) and rows left after the bound.
+  const pool = new pg.Pool({ connectionString: server.dsn, max: 1 });
+  const store = new idempo.PostgresStore({ pool, timeoutMs: TIMEOUT, onPoolError: () => undefined });
+  await store.createSchema();
+  const events = new idempo.IdempotencyEvents();
+  const cleanups = [];
+  events.on('cleanup', (e) => cleanups.push(e));
+  const state = { runs: 0 };
+  const a = express();
+  a.post('/pay', idempo.idempotency({ store, heartbeatMs: null, events, scope: () => 'orphan-test' }), (req, res) => {
+    state.runs++;
+    res.status(201).json({ run: state.runs });
+  });
+  const srv = await new Promise((resolve) => {
+    const s = a.listen(0, '127.0.0.1', () => resolve(s));
+  });
+  const post = (key) =>
+    fetch(`http://127.0.0.1:${srv.address().port}/pay`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'idempotency-key': key },
+      body: '{"amount":7}',
+    });
+  const check = new pg.Client({ connectionString: server.dsn });
+  await check.connect();
+  const { rows: before } = await check.query('SELECT count(*)::int AS n FROM idempo_record WHERE state = 1');
+  let remaining = 0;
+  try {
+    for (let i = 0; i < ORPHAN_TRIALS; i++) {
+      assert.equal((await post(`orphan-warm-${i}-0001`)).status, 201); // a warm connection
+      const pids = server.freeze();
+      let r;
+      try {
+        r = await post(`orphan-key-${i}-00001`);
+      } finally {
+        server.thaw(pids);
+      }
+      assert.equal(r.status, 503);
+      const thawed = Date.now();
+      const inProgress = async () => (await check.query('SELECT count(*)::int AS n FROM idempo_record WHERE state = 1')).rows[0].n - before[0].n;
+      while ((await inProgress()) > 0 && Date.now() - thawed < CLEANUP_BOUND_MS) await new Promise((res) => setTimeout(res, 100));
+      remaining += await inProgress();
+    }
+  } finally {
+    await check.end();
+    srv.closeAllConnections();
+    await new Promise((res) => srv.close(res));
+    await pool.end();
+  }
+  const released = cleanups.filter((e) => e.applied).length;
+  console.log(`orphan claims through the middleware (Node PostgresStore): ${released} of ${ORPHAN_TRIALS} released by the cleanup, ${remaining} left after ${CLEANUP_BOUND_MS} ms`);
+  assert.equal(state.runs, ORPHAN_TRIALS, 'only the warm-up requests ran the handler');
+  assert.equal(remaining, 0, 'orphan claims outlived the cleanup bound');
+  assert.ok(released >= 1, 'no claim survived the thaw, so the cleanup was not exercised');
+  assert.ok(cleanups.every((e) => e.op === 'release' && e.route !== undefined));
 });

@@ -300,6 +300,23 @@ for (const { file, data: v } of vectorFiles('machine')) {
         continue;
       }
       check(feed(flow, s.event), s.expect, v, where);
+      if (flow.finished) {
+        // A finished flow's cleanup (absent in the script: none).
+        const c = flow.cleanup;
+        if (!s.expect.cleanup) {
+          assert.equal(c ?? null, null, `${where}: unexpected cleanup`);
+        } else {
+          const { budget_ms: budget, ...op } = s.expect.cleanup;
+          assert.ok(c, `${where}: no cleanup`);
+          assert.equal(c.budgetMs, budget, `${where}: budget`);
+          check(c.action, { action: 'store', ...op }, v, `${where} cleanup`);
+        }
+      }
+    }
+    for (const [i, cs] of (v.cleanup_steps ?? []).entries()) {
+      const applied = cs.event.type === 'store_failed' ? null : cs.event.applied;
+      const got = flow.cleanupNext(cs.attempt, cs.elapsed_ms, applied);
+      assert.equal(got ?? 'done', cs.expect === 'done' ? 'done' : cs.expect.retry_after_ms, `${v.name} cleanup step ${i}`);
     }
   });
 }

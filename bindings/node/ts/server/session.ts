@@ -49,6 +49,11 @@ export interface IdempotencyEventMap {
   lease_lost: [{ route: string }];
   /** A configuration smell, reported once (e.g. authenticated requests but no `scope`). */
   warning: [{ message: string }];
+  /**
+   * The background cleanup of a claim whose answer was lost ended (see `Session`): `applied`
+   * when it released the claim (or expired the taken-over lease), after `attempts` tries.
+   */
+  cleanup: [{ route: string; op: string; applied: boolean; attempts: number }];
 }
 
 /** The event emitter of an idempotency integration. */
@@ -220,7 +225,49 @@ export class Session {
     // Core committed (or rolled back) what the outcome needs; whatever a store failure left
     // open is rolled back here, and the connection goes back.
     await this.#o.tx?.close();
+    const cleanup = this.#flow.cleanup;
+    if (cleanup) void this.#cleanup(cleanup);
     return end;
+  }
+
+  /**
+   * Core's cleanup of a claim (or takeover) whose answer was lost: the statement may still be
+   * applied by a store that resumes, holding the key for nobody. A detached promise, started
+   * after the response is decided: runs the token-fenced op, retries as core says (unref'd
+   * timers, so it never keeps the process alive), never throws, reports its end as `cleanup`.
+   */
+  async #cleanup(c: native.FlowCleanup): Promise<void> {
+    const a = c.action;
+    const op = a.op ?? '';
+    const started = Date.now();
+    let attempts = 0;
+    let applied = false;
+    try {
+      for (;;) {
+        let result: boolean | null;
+        try {
+          const p =
+            op === 'renew'
+              ? this.#o.store.renew(a.scope as Buffer, a.token as Buffer, a.leaseMs as number)
+              : this.#o.store.release(a.scope as Buffer, a.token as Buffer);
+          result = (await withTimeout(p, this.#o.storeTimeoutMs, op)) === true;
+        } catch {
+          result = null;
+        }
+        attempts++;
+        applied = result === true;
+        const delay = this.#flow.cleanupNext(attempts - 1, Math.max(0, Date.now() - started), result);
+        if (delay === null || delay === undefined) break;
+        await new Promise<void>((r) => setTimeout(r, delay).unref?.());
+      }
+    } catch {
+      // A background cleanup never throws; what it did is reported below.
+    }
+    try {
+      this.#o.events.emit('cleanup', { route: this.#o.route, op, applied, attempts });
+    } catch {
+      // A throwing listener must not become an unhandled rejection.
+    }
   }
 
   /** Runs a step; on a failure the transaction (if any) is rolled back before rethrowing. */
