@@ -297,6 +297,26 @@ fn store_faults_fail_closed() {
             W_EXHAUSTED,
             W_STORE_UNAVAILABLE,
             W_ORPHAN_RESOLVED,
+            W_ORPHAN_CLEANED,
+        ],
+    );
+    assert_eq!(unique, 666_386);
+    // The host that ignores core's cleanup (before it existed): the same guarantees, minus the
+    // cleanup witness, in exactly the state space measured before the cleanup was modelled.
+    let unique = guarantees(
+        "outcome-unknown A/B, 1 store fault, host ignores the cleanup",
+        ab(EffectMode::UnkeyedOutcomeUnknown, store_faults()).with_variant(Variant::NoCleanup),
+        &[P8E],
+        &[
+            W_REPLAY,
+            W_IN_FLIGHT,
+            W_MISMATCH,
+            W_OUTCOME_UNKNOWN,
+            W_STALE_REJECTED,
+            W_RERUN_TTL,
+            W_EXHAUSTED,
+            W_STORE_UNAVAILABLE,
+            W_ORPHAN_RESOLVED,
         ],
     );
     assert_eq!(unique, 368_522);
@@ -320,9 +340,10 @@ fn store_faults_fail_closed() {
             W_EXHAUSTED,
             W_STORE_UNAVAILABLE,
             W_ORPHAN_RESOLVED,
+            W_ORPHAN_CLEANED,
         ],
     );
-    assert_eq!(unique, 313_990);
+    assert_eq!(unique, 567_792);
     let unique = guarantees(
         "transactional A/B, 1 store fault, 1 crash",
         ab(

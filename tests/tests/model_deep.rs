@@ -207,6 +207,7 @@ fn deep_outcome_unknown_two_store_faults_and_a_crash() {
             W_EXHAUSTED,
             W_STORE_UNAVAILABLE,
             W_ORPHAN_RESOLVED,
+            W_ORPHAN_CLEANED,
         ],
     );
 }
@@ -237,6 +238,7 @@ fn deep_outcome_unknown_cache_with_a_store_fault_and_a_crash() {
             W_EXHAUSTED,
             W_STORE_UNAVAILABLE,
             W_ORPHAN_RESOLVED,
+            W_ORPHAN_CLEANED,
             W_CACHE_HIT,
             W_CACHE_MISMATCH,
         ],
@@ -294,6 +296,7 @@ fn deep_downstream_keyed_store_fault_crash_and_purge() {
             W_EXHAUSTED,
             W_STORE_UNAVAILABLE,
             W_ORPHAN_RESOLVED,
+            W_ORPHAN_CLEANED,
         ],
     );
 }

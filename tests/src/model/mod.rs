@@ -105,6 +105,9 @@ pub enum Variant {
     /// A cache hit replays the cached response without running `decide` on the cached record
     /// (no fingerprint comparison).
     CacheSkipsDecide,
+    /// The host ignores `ServerFlow::cleanup` (the hosts before it existed): a lost claim holds
+    /// the key until its lease ends. No safety property changes; the cleanup witness is lost.
+    NoCleanup,
 }
 
 /// One modelled client: who it is (principal: its scope) and what it sends.
@@ -358,8 +361,22 @@ pub struct World {
     pub cache: Vec<Option<Cached>>,
     /// Cache fills under way, one per scope index (empty without a cache).
     pub filling: Vec<Option<Fill>>,
+    /// Background cleanups the host still has to run (core's `ServerFlow::cleanup` of a flow
+    /// that answered 503 after a lost claim or takeover), by the flow's token.
+    pub cleanups: Vec<PendingCleanup>,
     /// Ghost variables.
     pub ghost: Ghost,
+}
+
+/// A cleanup handed to the host by a finished flow (`spec/PROTOCOL.md` §7.4).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PendingCleanup {
+    /// The finished flow's token.
+    pub token: u8,
+    /// Its client.
+    pub client: u8,
+    /// The token-fenced operation core asked for.
+    pub op: StoreOp,
 }
 
 /// A step of the model.
@@ -393,6 +410,9 @@ pub enum Act {
     CacheRead(u8),
     /// The host writes the cache entry it read for this scope.
     CacheWrite(u8),
+    /// The host runs the background cleanup of the finished flow with this token (one attempt,
+    /// atomic; it may also never run: the process may die first).
+    Cleanup(u8),
 }
 
 fn token_bytes(token: u8) -> [u8; 16] {
@@ -663,6 +683,19 @@ impl IdempoModel {
             Action::Respond { response, outcome } => {
                 self.deliver(w, &Who::flow(&b), &response, outcome, read_epoch);
                 self.close_tx(w, &b);
+                if self.variant != Variant::NoCleanup
+                    && let Some(c) = b.flow.0.cleanup()
+                {
+                    let at = w.cleanups.partition_point(|x| x.token < b.token);
+                    w.cleanups.insert(
+                        at,
+                        PendingCleanup {
+                            token: b.token,
+                            client: b.client,
+                            op: c.op().clone(),
+                        },
+                    );
+                }
                 w.workers.push(Worker::Idle);
             }
             Action::PropagateError { outcome } => {
@@ -1159,6 +1192,44 @@ impl IdempoModel {
         }
         self.feed(w, b, Event::Store(result), read_epoch);
     }
+    /// Runs the host's background cleanup `c` once, atomically: a token-fenced release (after a
+    /// lost claim) or renew with 0 ms (after a lost takeover).
+    fn cleanup_step(&self, w: &mut World, c: &PendingCleanup) {
+        let Some(si) = self.scopes.iter().position(|s| s == op_scope(&c.op)) else {
+            w.ghost.violated |= props::Check::Scopes.bit();
+            return;
+        };
+        if u8::try_from(si).ok() != Some(self.scope_of(c.client)) {
+            w.ghost.violated |= props::Check::Scopes.bit();
+        }
+        let now_ms = Self::now_ms(w);
+        let pre = w.store[si].clone();
+        let orphan = pre
+            .as_ref()
+            .is_some_and(|r| w.ghost.orphan != 0 && r.token.0 == token_bytes(w.ghost.orphan));
+        let (token, ok) = match &c.op {
+            StoreOp::Release { token, .. } => (*token, store::release(&mut w.store[si], *token)),
+            StoreOp::Renew {
+                token, lease_ms, ..
+            } => (
+                *token,
+                store::renew(&mut w.store[si], *token, *lease_ms, now_ms),
+            ),
+            _ => {
+                // Core only hands out a release or a renew.
+                w.ghost.violated |= props::Check::Flow.bit();
+                return;
+            }
+        };
+        if ok {
+            props::check_owner_write(w, &pre, token);
+            if orphan {
+                w.ghost.seen |=
+                    props::Seen::OrphanResolved.bit() | props::Seen::OrphanCleaned.bit();
+            }
+        }
+    }
+
     fn record_effect(&self, w: &mut World, b: &Busy, owner: bool) {
         let e = Effect {
             scope: self.scope_of(b.client),
@@ -1238,6 +1309,7 @@ impl Model for IdempoModel {
             } else {
                 Vec::new()
             },
+            cleanups: Vec::new(),
             ghost: Ghost {
                 epoch: vec![0; self.scopes.len()],
                 ..Ghost::default()
@@ -1297,6 +1369,9 @@ impl Model for IdempoModel {
             if w.crashes < self.bounds.max_crashes {
                 actions.push(Act::Crash(b.token));
             }
+        }
+        for c in &w.cleanups {
+            actions.push(Act::Cleanup(c.token));
         }
         if w.now < self.bounds.t_max {
             actions.push(Act::Tick);
@@ -1427,6 +1502,11 @@ impl Model for IdempoModel {
             Act::Purge(s) => w.store[usize::from(s)] = None,
             Act::CacheRead(s) => self.cache_read(&mut w, usize::from(s)),
             Act::CacheWrite(s) => self.cache_write(&mut w, usize::from(s)),
+            Act::Cleanup(t) => {
+                let i = w.cleanups.iter().position(|c| c.token == t)?;
+                let c = w.cleanups.remove(i);
+                self.cleanup_step(&mut w, &c);
+            }
         }
         Self::canonical(&mut w);
         Some(w)

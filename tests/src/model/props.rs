@@ -68,6 +68,9 @@ pub const W_STORE_UNAVAILABLE: &str = "W 503 store unavailable answered";
 /// Witness: a record left by a claim or takeover whose answer was lost was taken over, marked
 /// outcome-unknown, or replaced after expiry.
 pub const W_ORPHAN_RESOLVED: &str = "W ambiguous claim resolved";
+/// Witness: the host's background cleanup (core's `ServerFlow::cleanup`) released (or expired)
+/// a record left by a claim or takeover whose answer was lost.
+pub const W_ORPHAN_CLEANED: &str = "W lost claim cleaned up by the host";
 /// Witness: a replay was served from the cache.
 pub const W_CACHE_HIT: &str = "W cache replay served";
 /// Witness: another body got 422 from a cached record.
@@ -137,6 +140,8 @@ pub enum Seen {
     CacheHit = 1 << 10,
     /// [`W_CACHE_MISMATCH`].
     CacheMismatch = 1 << 11,
+    /// [`W_ORPHAN_CLEANED`].
+    OrphanCleaned = 1 << 12,
 }
 
 impl Seen {
@@ -385,6 +390,7 @@ pub fn witnesses() -> Vec<Property<IdempoModel>> {
         Property::sometimes(W_ORPHAN_RESOLVED, seen::<{ Seen::OrphanResolved as u32 }>),
         Property::sometimes(W_CACHE_HIT, seen::<{ Seen::CacheHit as u32 }>),
         Property::sometimes(W_CACHE_MISMATCH, seen::<{ Seen::CacheMismatch as u32 }>),
+        Property::sometimes(W_ORPHAN_CLEANED, seen::<{ Seen::OrphanCleaned as u32 }>),
     ]
 }
 
