@@ -117,8 +117,8 @@ def mark_started(key: str) -> None:
 
 
 class CrashingStore:
-    """Delegates to the real store; kills the worker around ``complete`` when asked to (also
-    in the transactional session, where ``complete`` is the commit)."""
+    """Delegates to the real store; kills the worker around ``complete`` when asked to (in the
+    transactional session: before the completion's write and after the commit)."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
@@ -152,6 +152,19 @@ class CrashingSession(CrashingStore):
 
     def _crash(self) -> str:
         return self.crash
+
+    def complete(self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int) -> bool:
+        # In a transaction the completion is only a write; it becomes durable at core's commit,
+        # so "after_complete" kills the worker after the COMMIT (a kill between the two is
+        # "before_complete" as far as durability goes: everything rolls back).
+        if self._crash() == "before_complete":
+            _die()
+        return bool(self.inner.complete(scope_key, token, response, ttl_ms))
+
+    def commit(self) -> None:
+        self.inner.commit()
+        if self._crash() == "after_complete":
+            _die()
 
     def __getattribute__(self, name: str) -> Any:
         if name == "transaction":
