@@ -9,7 +9,9 @@
 //! jitter samples, fresh keys) are always parameters supplied by the host. Every function is a
 //! deterministic map from its inputs to plain data, which is what lets the same decisions be
 //! model-checked (`stateright`), property-tested (`proptest`) and driven from Python, Node and Swift
-//! with identical results.
+//! with identical results. (A prepared `Fingerprinter` reuses its working memory behind a lock it
+//! only *tries* to take: a busy lock means fresh memory, never waiting, and never a different
+//! result.)
 //!
 //! ## Modules
 //!
