@@ -111,10 +111,10 @@ def test_a_cleanup_that_keeps_failing_gives_up_quietly_within_the_lease() -> Non
     errors: List[BaseException] = []
     old_hook = threading.excepthook
 
-    def record(args: Any) -> None:
+    def keep(args: Any) -> None:
         errors.append(args.exc_value)
 
-    threading.excepthook = record
+    threading.excepthook = keep
     try:
         # The shortest lease core accepts (1 s): attempts at 0, 0.1, 0.3, 0.7 s; the next would
         # start after 1.5 s, past the lease, so the cleanup stops.
