@@ -11,7 +11,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedStr;
 use pyo3::types::{PyBytes, PyString};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use crate::convert::{DETACH_THRESHOLD, header_pairs, strings, text, with_bytes};
 use crate::errors::{canon_error, fingerprint_error, invalid_argument, key_error};
@@ -88,7 +88,7 @@ pub(crate) fn canonicalize<'py>(
 /// A prepared fingerprint configuration (keep one per route on hot paths).
 #[pyclass(frozen, module = "idempo._idempo")]
 pub(crate) struct Fingerprinter {
-    inner: CoreFingerprinter,
+    inner: Arc<CoreFingerprinter>,
     header_names: Vec<String>,
 }
 
@@ -117,7 +117,7 @@ impl Fingerprinter {
         };
         let inner = CoreFingerprinter::new(&config).map_err(|e| fingerprint_error(py, &e))?;
         Ok(Self {
-            inner,
+            inner: Arc::new(inner),
             header_names,
         })
     }
@@ -126,6 +126,26 @@ impl Fingerprinter {
     #[getter]
     fn header_names(&self) -> Vec<String> {
         self.header_names.clone()
+    }
+
+    /// This configuration bound to one (method, route template) for JSON bodies: the per-route hot
+    /// path, where only the body crosses into native code on each call. Needs a fingerprinter
+    /// without header names (their values differ per request).
+    fn for_route(
+        &self,
+        method: &Bound<'_, PyString>,
+        route: &Bound<'_, PyString>,
+    ) -> PyResult<RouteFingerprinter> {
+        if !self.header_names.is_empty() {
+            return Err(PyTypeError::new_err(
+                "for_route() needs a Fingerprinter without header_names",
+            ));
+        }
+        Ok(RouteFingerprinter {
+            inner: Arc::clone(&self.inner),
+            method: method.to_cow()?.into_owned(),
+            route: route.to_cow()?.into_owned(),
+        })
     }
 
     /// Fingerprint of one request (`v1:<hex>` or, with an HMAC key, `h1:<hex>`).
@@ -149,6 +169,62 @@ impl Fingerprinter {
             &pairs,
             content_type.as_deref(),
         )
+    }
+}
+
+/// A [`Fingerprinter`] bound to one method and route template (JSON bodies, no header names).
+#[pyclass(frozen, module = "idempo._idempo")]
+pub(crate) struct RouteFingerprinter {
+    inner: Arc<CoreFingerprinter>,
+    method: String,
+    route: String,
+}
+
+#[pymethods]
+impl RouteFingerprinter {
+    /// The method this fingerprinter is bound to.
+    #[getter]
+    fn method(&self) -> &str {
+        &self.method
+    }
+
+    /// The route template this fingerprinter is bound to.
+    #[getter]
+    fn route(&self) -> &str {
+        &self.route
+    }
+
+    /// Fingerprint of a JSON body sent to this route.
+    fn fingerprint<'py>(
+        &self,
+        py: Python<'py>,
+        body: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyString>> {
+        let result = with_bytes(body, |body| {
+            let parts = RequestParts::json(&self.method, &self.route, body);
+            if body.len() >= DETACH_THRESHOLD {
+                py.detach(|| self.inner.fingerprint(&parts))
+            } else {
+                self.inner.fingerprint(&parts)
+            }
+        })?;
+        match result {
+            Ok(f) => Ok(PyString::new(py, f.text().as_str())),
+            Err(e) => Err(fingerprint_error(py, &e)),
+        }
+    }
+
+    /// Same as [`RouteFingerprinter::fingerprint`].
+    fn __call__<'py>(
+        &self,
+        py: Python<'py>,
+        body: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyString>> {
+        self.fingerprint(py, body)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("RouteFingerprinter({:?}, {:?})", self.method, self.route)
     }
 }
 

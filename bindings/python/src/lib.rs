@@ -39,6 +39,7 @@ fn _idempo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<flow::Action>()?;
     m.add_class::<flow::Cleanup>()?;
     m.add_class::<api::Fingerprinter>()?;
+    m.add_class::<api::RouteFingerprinter>()?;
     m.add_class::<api::RetryPolicy>()?;
     m.add_class::<api::RetryAdvice>()?;
     Ok(())

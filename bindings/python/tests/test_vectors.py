@@ -252,3 +252,11 @@ def test_fingerprint(case: Dict[str, Any]) -> None:
         # the one-shot function agrees with the prepared Fingerprinter
         assert idempo.fingerprint(req["method"], req["route"], body,
                                   content_type=req["content_type"]) == case["fingerprint"]
+    if not cfg.get("header_names") and req["content_type"] == "application/json":
+        # the route-bound hot path agrees too
+        bound = idempo.Fingerprinter(
+            exclude=cfg.get("exclude"),
+            hmac_key=hmac_key,
+            numbers=cfg.get("numbers", "reject_precision_loss"),
+        ).for_route(req["method"], req["route"])
+        assert bound(body) == bound.fingerprint(body) == case["fingerprint"]

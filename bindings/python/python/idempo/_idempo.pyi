@@ -22,6 +22,7 @@ __all__ = [
     "RequestTooLarge",
     "RetryAdvice",
     "RetryPolicy",
+    "RouteFingerprinter",
     "ServerFlow",
     "StoreUnavailable",
     "admit_key",
@@ -113,6 +114,7 @@ class Fingerprinter:
     ) -> Fingerprinter: ...
     @property
     def header_names(self) -> list[str]: ...
+    def for_route(self, method: str, route: str) -> RouteFingerprinter: ...
     def fingerprint(
         self,
         method: str,
@@ -121,6 +123,15 @@ class Fingerprinter:
         headers: _Headers | None = None,
         content_type: str | None = ...,
     ) -> str: ...
+
+@final
+class RouteFingerprinter:
+    @property
+    def method(self) -> str: ...
+    @property
+    def route(self) -> str: ...
+    def fingerprint(self, body: _Bytes) -> str: ...
+    def __call__(self, body: _Bytes) -> str: ...
 
 def parse_key(
     value: _Bytes, *, strict: bool = False, min_len: int = 8, max_len: int = 128
