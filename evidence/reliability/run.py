@@ -577,7 +577,9 @@ async def s_outage(t: Target, probes: int) -> Row:
         async def refused(key: str) -> None:
             nonlocal worst
             try:
-                r = await post(c, "/pay/ou", key, body("outage"), timeout=15)
+                # A fresh connection: an idle keep-alive one may have outlived the server's
+                # keep-alive timeout (uvicorn: 5 s) while the slowest probe of a batch waited.
+                r = await post(c, "/pay/ou", key, body("outage"), fresh=True, timeout=15)
             except (ConnectionDied, asyncio.TimeoutError) as exc:
                 row.bad(f"no answer: {type(exc).__name__} {exc}")
                 return
@@ -633,7 +635,7 @@ async def s_outage(t: Target, probes: int) -> Row:
     async def warm() -> Optional[Reply]:
         nonlocal died
         try:
-            return await post(c, "/pay/ou", new_key(), body("warm"), timeout=15)
+            return await post(c, "/pay/ou", new_key(), body("warm"), fresh=True, timeout=15)
         except (ConnectionDied, asyncio.TimeoutError):
             died += 1  # e.g. a worker its supervisor replaced while the store was locked
             return None
