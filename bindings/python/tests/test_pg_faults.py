@@ -150,6 +150,44 @@ def test_frozen_server_through_asgi_is_503_and_the_handler_never_runs(
     asyncio.run(scenario())
 
 
+def test_many_concurrent_requests_on_a_frozen_server_all_answer_within_the_deadline(
+    server: PgServer,
+) -> None:
+    """More concurrent requests than asyncio's default thread pool has threads: each one's 503
+    must still come within the store's deadline (a call queued for a thread counts against it)."""
+
+    async def scenario() -> None:
+        runs: List[int] = []
+        app = make_app(store, runs)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            warm = await client.post("/pay", json={"a": 0}, headers={"Idempotency-Key": "warm-key-1"})
+            assert warm.status_code == 201 and runs == [1]
+
+            async def one(i: int) -> "tuple[int, float]":
+                started = time.monotonic()
+                r = await client.post(
+                    "/pay", json={"a": i}, headers={"Idempotency-Key": f"frozen-many-{i:04d}"}
+                )
+                return r.status_code, time.monotonic() - started
+
+            pids = server.freeze()
+            try:
+                answers = await asyncio.gather(*(one(i) for i in range(24)))
+            finally:
+                server.thaw(pids)
+            assert [status for status, _ in answers] == [503] * 24
+            slowest = max(elapsed for _, elapsed in answers)
+            assert slowest < TIMEOUT + 1, f"slowest 503 after {slowest:.2f} s"
+            assert runs == [1], "the handler ran while the store was down"
+
+    store = PostgresStore(server.dsn, timeout=TIMEOUT)
+    # Calls that outlived their deadline finish in their threads after the thaw; asyncio.run
+    # waits for those threads, so the store is closed only once nothing can still connect.
+    asyncio.run(scenario())
+    store.close()
+
+
 def test_restart_sync_store_no_request_fails(server: PgServer) -> None:
     store = PostgresStore(server.dsn, timeout=5.0)
     workers = 4

@@ -20,6 +20,41 @@ from idempo.stores._tx import ThreadedSession, Transaction, enter, leave, requir
 
 log = logging.getLogger("idempo")
 
+_DEADLINE_MARGIN_S = 0.25
+"""Added to a store's own operation timeout for the thread hop."""
+
+
+def _store_deadline(store: Any) -> Optional[float]:
+    """Seconds a synchronous store call may take when awaited, counted from the request's point
+    of view: the store's own per-operation ``timeout`` (e.g. ``PostgresStore``) plus a margin, or
+    None when the store declares none."""
+    timeout = getattr(store, "timeout", None)
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0:
+        return float(timeout) + _DEADLINE_MARGIN_S
+    return None
+
+
+async def _in_thread(store: Any, action: Action) -> Any:
+    """Runs a synchronous store primitive in a worker thread, within the store's deadline counted
+    from now: a call queued behind others blocked by a hung store (asyncio's default pool has a
+    handful of threads) still answers in time.
+
+    Past the deadline the call is reported as failed (core answers 503 and, for a claim, hands
+    back a cleanup); the thread finishes on its own and its late result is ignored, which core's
+    ambiguous-failure rules (PROTOCOL §7.4) already cover."""
+    call = asyncio.to_thread(_execute, store, action)
+    deadline = _store_deadline(store)
+    if deadline is None:
+        return await call
+    try:
+        return await asyncio.wait_for(call, deadline)
+    except asyncio.TimeoutError:
+        raise StoreDeadline(f"the store did not answer within {deadline:g} s") from None
+
+
+class StoreDeadline(Exception):
+    """A synchronous store call awaited from asyncio outlived its deadline."""
+
 Headers = List[Tuple[str, str]]
 
 
@@ -285,7 +320,7 @@ async def _cleanup_async(cleanup: Cleanup, store: Any, route: str) -> None:
             applied: Optional[bool]
             try:
                 if sync:
-                    result = await asyncio.to_thread(_execute, store, cleanup.action)
+                    result = await _in_thread(store, cleanup.action)
                 else:
                     result = await _execute(store, cleanup.action)
                 applied = _applied(result)
@@ -325,7 +360,7 @@ async def _store_step_async(run: _Run, store: Any, action: Action) -> Action:
     while action.kind == "store":
         try:
             if sync:
-                result = await asyncio.to_thread(_execute, store, action)
+                result = await _in_thread(store, action)
             else:
                 result = await _execute(store, action)
         except Exception as exc:  # noqa: BLE001 - any store failure fails closed
