@@ -226,7 +226,9 @@ export class Session {
     // open is rolled back here, and the connection goes back.
     await this.#o.tx?.close();
     const cleanup = this.#flow.cleanup;
-    if (cleanup) void this.#cleanup(cleanup);
+    // Started on the next turn of the event loop, once the response is on its way: a
+    // synchronous store (better-sqlite3 waiting on a locked file) would otherwise hold the 503.
+    if (cleanup) setImmediate(() => void this.#cleanup(cleanup));
     return end;
   }
 
