@@ -318,7 +318,7 @@ async def s_kill(t: Target, trials: int) -> Row:
                 window += 1
     row.notes.append(f"unkeyed re_run window (spec 11): {window} double runs")
     if t.app == "node":
-        row.notes.append("transactional mode: not offered by the Node binding")
+        row.notes.append("transactional rows (3t): Python app only so far")
     row.seconds = time.monotonic() - t0
     await c.close()
     return row
