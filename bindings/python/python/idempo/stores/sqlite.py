@@ -232,6 +232,13 @@ class SQLiteStore(_Plans, Primitives):
         if create_schema:
             self.create_schema()
 
+    @property
+    def timeout(self) -> float:
+        """Seconds one operation may wait for the database lock (``busy_timeout_ms``). Driven from
+        asyncio, a call is answered 503 once this much time (plus a small margin) has passed since
+        the request asked, however long it queued for a worker thread."""
+        return self._busy_timeout_ms / 1000
+
     def _conn(self) -> sqlite3.Connection:
         conn: Optional[sqlite3.Connection] = getattr(self._local, "conn", None)
         if conn is not None and getattr(self._local, "pid", None) == os.getpid():
