@@ -18,10 +18,23 @@
 // (400), EV_BUSY_MS (SQLite busy_timeout, 5000), EV_STORE_TIMEOUT_MS (the middleware's
 // storeTimeoutMs and the PostgreSQL store's timeoutMs, 2000), EV_WORKERS (1).
 //
+// With the SQLite and PostgreSQL stores, `/pay/tx` runs in the middleware's transactional mode
+// (`transactional: true`, spec/STORAGE.md §4.4): the claim, the handler's write and the completion
+// commit in one transaction of the store's database; the handler writes its execution row into
+// the `ev_effects_tx` table there (created by the harness; not idempo's records) through
+// `req.idempotency.tx`, so a crash before the commit leaves neither.
+//
 // Fault injection, per request (headers are not part of the fingerprint): `x-ev-crash` =
 // after_claim | in_handler | after_effect | before_complete | after_complete makes the worker
-// SIGKILL itself at that step; `x-ev-stop: 1` writes a `started` row and sleeps, so the harness
-// can SIGSTOP the worker mid-handler; `x-ev-sleep-ms` lengthens the handler.
+// SIGKILL itself at that step (transactional: `before_complete` before the completion's write,
+// `after_complete` after the COMMIT); `x-ev-stop: 1` writes a `started` row and sleeps, so the
+// harness can SIGSTOP the worker mid-handler; `x-ev-sleep-ms` lengthens the handler.
+//
+// Memory diagnostics (scenario 7): with EV_MEM_DIR set, every worker appends one JSON line of
+// `process.memoryUsage()` (rss, heapTotal, heapUsed, external, arrayBuffers; bytes) plus `t` (unix
+// ms) to `<EV_MEM_DIR>/<pid>.jsonl` every EV_MEM_SAMPLE_MS (1000). With EV_MEM_GC=1 (and
+// NODE_OPTIONS=--expose-gc, inherited by the workers) each sample is taken right after a full
+// `global.gc()` (diagnostic runs: what stays reachable, without V8's lazy collection).
 'use strict';
 const path = require('node:path');
 const { spawn } = require('node:child_process');
@@ -46,6 +59,11 @@ const STOP_SLEEP_MS = int('EV_STOP_SLEEP_MS', 400);
 const BUSY_MS = int('EV_BUSY_MS', 5000);
 const STORE_TIMEOUT_MS = int('EV_STORE_TIMEOUT_MS', 2000);
 const WORKERS = Math.max(1, int('EV_WORKERS', 1));
+const MEM_DIR = env.EV_MEM_DIR || '';
+const MEM_SAMPLE_MS = Math.max(50, int('EV_MEM_SAMPLE_MS', 1000));
+const MEM_GC = env.EV_MEM_GC === '1';
+/** Stores whose database can hold the handler's write in idempo's transaction. */
+const TX_STORES = new Set(['sqlite', 'postgres']);
 const port = Number(process.argv[2] || env.EV_PORT || 0);
 /** An inherited, already listening socket (from the harness): workers share it. */
 const LISTEN_FD = env.EV_LISTEN_FD ? Number(env.EV_LISTEN_FD) : undefined;
@@ -153,6 +171,36 @@ function serve() {
     purgeExpired: (...a) => inner.purgeExpired(...a),
     close: () => inner.close(),
   };
+  if (TX_STORES.has(STORE)) {
+    /**
+     * The transactional session, wrapped the same way: the crash step is taken when the session
+     * opens (in the request's context). In a transaction the completion is only a write that
+     * becomes durable at the COMMIT, so `after_complete` kills the worker after the COMMIT.
+     * Everything else (the `tx` connection getter included) is the real session's own.
+     */
+    store.transaction = () => {
+      const session = inner.transaction();
+      const crash = crashCtx.getStore() ?? '';
+      return new Proxy(session, {
+        get(target, prop) {
+          if (prop === 'complete') {
+            return (...a) => {
+              if (crash === 'before_complete') die();
+              return target.complete(...a);
+            };
+          }
+          if (prop === 'commit') {
+            return async () => {
+              await target.commit();
+              if (crash === 'after_complete') die();
+            };
+          }
+          const v = Reflect.get(target, prop, target);
+          return typeof v === 'function' ? v.bind(target) : v;
+        },
+      });
+    };
+  }
 
   const guard = (takeover, ttlMs = TTL_MS) =>
     idempo.idempotency({
@@ -186,6 +234,60 @@ function serve() {
     response.status(201).json({ effect, charge, tag, generation: ex.generation, pid: process.pid });
   };
 
+  /** Transactional mode: the execution row goes into the store's own database, in idempo's
+   * transaction (a `pg` client or the better-sqlite3 database). Returns the row's id. */
+  const insertTx = async (tx, key, generation, tag) => {
+    if (STORE === 'postgres') {
+      const r = await tx.query(
+        'INSERT INTO ev_effects_tx (key, generation, tag, pid) VALUES ($1, $2, $3, $4) RETURNING id',
+        [key, generation, tag, process.pid],
+      );
+      return Number(r.rows[0].id);
+    }
+    const r = tx.prepare('INSERT INTO ev_effects_tx (key, generation, tag, pid) VALUES (?, ?, ?, ?)').run(
+      key,
+      generation,
+      tag,
+      process.pid,
+    );
+    return Number(r.lastInsertRowid);
+  };
+
+  const handleTx = async (request, response) => {
+    const ex = request.idempotency;
+    const key = String(request.headers['idempotency-key'] || '');
+    const tag = tagOf(request.body);
+    const crash = String(request.headers['x-ev-crash'] || '');
+    if (crash === 'after_claim') die();
+    if (request.headers['x-ev-stop']) {
+      insStarted.run(key, process.pid);
+      await sleep(STOP_SLEEP_MS);
+    }
+    const sleepMs = Number(request.headers['x-ev-sleep-ms'] || 0) || 0;
+    if (sleepMs > 0) await sleep(sleepMs);
+    if (crash === 'in_handler') die();
+    const effect = await insertTx(ex.tx, key, ex.generation, tag);
+    if (crash === 'after_effect') die();
+    response.status(201).json({ effect, charge: effect, tag, generation: ex.generation, pid: process.pid });
+  };
+
+  if (MEM_DIR) {
+    const fs = require('node:fs');
+    const file = path.join(MEM_DIR, `${process.pid}.jsonl`);
+    const sample = () => {
+      if (MEM_GC && typeof global.gc === 'function') global.gc();
+      const m = process.memoryUsage();
+      const line = { t: Date.now(), rss: m.rss, heapTotal: m.heapTotal, heapUsed: m.heapUsed, external: m.external, arrayBuffers: m.arrayBuffers };
+      try {
+        fs.appendFileSync(file, `${JSON.stringify(line)}\n`);
+      } catch {
+        // The harness removed its directory: nothing left to report to.
+      }
+    };
+    sample();
+    setInterval(sample, MEM_SAMPLE_MS).unref();
+  }
+
   const app = express();
   app.disable('x-powered-by');
   app.use((request, _response, next) => crashCtx.run(String(request.headers['x-ev-crash'] || ''), next));
@@ -194,6 +296,19 @@ function serve() {
   app.post('/pay/rerun', guard('re_run'), handle('rerun', false));
   app.post('/pay/keyed', guard('re_run'), handle('keyed', true));
   app.post('/ttl', guard('outcome_unknown', SHORT_TTL_MS), handle('ttl', false));
+  if (TX_STORES.has(STORE)) {
+    const txGuard = idempo.idempotency({
+      store,
+      takeover: 'outcome_unknown',
+      leaseMs: LEASE_MS,
+      ttlMs: TTL_MS,
+      storeTimeoutMs: STORE_TIMEOUT_MS,
+      bodyLimit: int('EV_MAX_BODY', 1024 * 1024),
+      scope: (r) => String(r.headers['x-tenant'] || ''),
+      transactional: true,
+    });
+    app.post('/pay/tx', txGuard, handleTx);
+  }
   app.use(idempo.idempotencyErrorHandler());
 
   const server = LISTEN_FD !== undefined ? app.listen({ fd: LISTEN_FD }) : app.listen(port, '127.0.0.1');

@@ -317,8 +317,6 @@ async def s_kill(t: Target, trials: int) -> Row:
             if n == 2:
                 window += 1
     row.notes.append(f"unkeyed re_run window (spec 11): {window} double runs")
-    if t.app == "node":
-        row.notes.append("transactional rows (3t): Python app only so far")
     row.seconds = time.monotonic() - t0
     await c.close()
     return row
@@ -1056,7 +1054,8 @@ PROFILES = {
     # The Node app in long mode (unless --node-full): a quarter of the rounds and half the soak, so
     # the publishing run with both apps stays near 35 minutes on two cores.
     "long-node": dict(rounds={2: 1500, 16: 300, 64: 75, 256: 30}, mixed={2: 750, 16: 150, 64: 38, 256: 15},
-                      kill_trials=3, stop_trials=3, probes=50, hung_probes=30, ttl_keys=50, purge=200_000, soak=30.0),
+                      kill_trials=3, stop_trials=3, probes=50, hung_probes=30, ttl_keys=50, purge=200_000, soak=30.0,
+                      tx_rounds={2: 150, 16: 30, 64: 8}),
 }
 
 
@@ -1075,7 +1074,7 @@ async def run_store(app: str, name: str, svc: Optional[Services], prof: Dict[str
         s = stores.PostgresStore(url)
         s.create_schema()
         s.close()
-    tx = app == "python" and name in TX_TABLE
+    tx = name in TX_TABLE
     server = Server(APPS[app], env, workers=workers, node=app == "node").start()
     t = Target(name, url, workers, server, Effects(effects), svc, app)
     if tx:
