@@ -266,6 +266,9 @@ proptest! {
                 let exact = decimal_value(&lit) == decimal_value(&want);
                 let strict_res = canonicalize_with(lit.as_bytes(), &strict());
                 prop_assert_eq!(strict_res.is_ok(), exact, "literal {}", lit);
+                if let Ok(s) = &strict_res {
+                    prop_assert_eq!(s, &out, "literal {}", lit);
+                }
                 if let Err(e) = strict_res {
                     prop_assert_eq!(e.code(), "precision_loss");
                     prop_assert_eq!(e.offset, 0);
@@ -275,6 +278,56 @@ proptest! {
                 prop_assert!(!v.is_finite(), "{} rejected: {}", lit, e);
                 prop_assert_eq!(e.code(), "number_out_of_range");
             }
+        }
+    }
+
+    /// Strict mode's literal fast path (16-17 digit shortest forms printed from the literal)
+    /// against the formatter: the shortest form of a double in everyday ranges, written in
+    /// fixed or scientific notation, with padding zeros, or with its last digit moved.
+    #[test]
+    fn long_shortest_forms_in_every_notation(
+        unit in 0.0f64..1.0,
+        scale in -9i32..24,
+        neg in any::<bool>(),
+        form in 0u8..6,
+        pad in 0usize..4,
+    ) {
+        let v = if neg { -unit } else { unit } * 10f64.powi(scale);
+        let es6 = format_number(v).expect("finite");
+        let lit = match form {
+            0 => es6.clone(),
+            1 => scientific(&es6, 'e', "+"),
+            2 => scientific(&es6, 'E', ""),
+            3 if es6.contains('.') && !es6.contains('e') => format!("{es6}{}", "0".repeat(pad + 1)),
+            4 | 5 => {
+                // Move the last non-zero digit up or down: usually not the shortest form.
+                let mut b = es6.clone().into_bytes();
+                let end = es6.find('e').unwrap_or(es6.len());
+                if let Some(p) = b[..end].iter().rposition(|c| (b'1'..=b'8').contains(c)) {
+                    b[p] = if form == 4 { b[p] + 1 } else { b[p] - 1 };
+                }
+                String::from_utf8(b).expect("ascii")
+            }
+            _ => es6.clone(),
+        };
+        let x: f64 = lit.parse().expect("literal");
+        let rfc = canonicalize(lit.as_bytes()).expect("finite literal");
+        prop_assert_eq!(String::from_utf8_lossy(&rfc), format_number(x).expect("finite"));
+        let exact = decimal_value(&lit) == decimal_value(&format_number(x).expect("finite"));
+        match canonicalize_with(lit.as_bytes(), &strict()) {
+            Ok(out) => {
+                prop_assert!(exact, "inexact literal {} accepted", lit);
+                prop_assert_eq!(out, rfc.clone(), "literal {}", lit);
+            }
+            Err(e) => {
+                prop_assert!(!exact, "exact literal {} refused: {}", lit, e);
+                prop_assert_eq!(e.code(), "precision_loss");
+            }
+        }
+        // Inside an array, next to other members: the same text.
+        let doc = format!("[{lit},{lit}]");
+        if let Ok(out) = canonicalize_with(doc.as_bytes(), &strict()) {
+            prop_assert_eq!(out, [b"[".as_slice(), &rfc, b",", &rfc, b"]"].concat());
         }
     }
 

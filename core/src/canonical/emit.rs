@@ -164,7 +164,9 @@ impl<S: CanonSink + ?Sized> Emitter<'_, '_, S> {
                 let s = format_finite(v, &mut self.buf);
                 if self.numbers == NumberMode::RejectPrecisionLoss {
                     let exact = match num.and_then(|x| x.exact()) {
-                        Some((d, digits)) => decimal_is_exact(&d, digits, v, s),
+                        Some((d, digits)) => {
+                            decimal_is_exact(&d, digits, self.tape.literal(n), v, s)
+                        }
                         None => {
                             let lit = self.tape.literal(n);
                             (v.is_normal() && at_most_15_digits(lit)) || literal_is_exact(lit, s)

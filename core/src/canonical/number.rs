@@ -282,15 +282,34 @@ pub(crate) fn decimal_to_f64(d: &Decimal, digits: &[u8], lit: &[u8]) -> Option<f
     std::str::from_utf8(&buf[..n]).ok()?.parse().ok()
 }
 
-/// True when the literal read as `lit` (by [`read_literal_digits`], `digits` significant digits) has
-/// the decimal value of `shortest`, the ES6 form of its double `value`.
-pub(crate) fn decimal_is_exact(lit: &Decimal, digits: u32, value: f64, shortest: &str) -> bool {
+/// True when the literal `text`, read as `lit` (by [`read_literal_digits`], `digits` significant
+/// digits), has the decimal value of `shortest`, the ES6 form of its double `value`.
+pub(crate) fn decimal_is_exact(
+    lit: &Decimal,
+    digits: u32,
+    text: &[u8],
+    value: f64,
+    shortest: &str,
+) -> bool {
     // DBL_DIG = 15: distinct decimals of at most 15 significant digits map to distinct normal
     // doubles, so such a literal is the shortest round-trip form of its double.
     if digits <= 15 && value.is_normal() {
         return true;
     }
-    digits <= 17 && decimal(shortest.as_bytes()).is_some_and(|d| d.same_value(lit))
+    // A literal already written in the ES6 form (most 16-17 digit literals from serializers
+    // that print shortest round-trip digits) needs no arithmetic. ES6 output is a valid JSON
+    // number, so the general case reads it with the literal's SWAR reader; that reader refuses
+    // integers of 20-21 digits (trailing zeros), which the digit-by-digit reader takes.
+    if digits > 17 {
+        return false;
+    }
+    if text == shortest.as_bytes() {
+        return true;
+    }
+    match read_literal_digits(shortest.as_bytes()) {
+        Some((d, _, _)) => d.same_value(lit),
+        None => decimal(shortest.as_bytes()).is_some_and(|d| d.same_value(lit)),
+    }
 }
 
 /// Write the ES6 `Number::toString` form of the literal read as `d` with `digits` significant
@@ -305,21 +324,89 @@ pub(crate) fn es6_from_literal(d: &Decimal, digits: u32, text: &[u8], out: &mut 
     if d.mantissa == 0 || digits > 15 {
         return false;
     }
-    // The value is 0.d1..dk x 10^n.
-    let k = digits as i64;
-    let n = d.exp + k;
-    // 10^(n-1) <= |value| < 10^n: normal and finite for these n.
-    if !(-306..=308).contains(&n) {
+    // 10^(n-1) <= |value| < 10^n with n = exp + digits: normal and finite for these n.
+    if !(-306..=308).contains(&(d.exp + i64::from(digits))) {
         return false;
     }
-    // At most 15 digits and a dot.
-    let mut buf = [0u8; 16];
+    write_es6_digits(d, digits, text, out)
+}
+
+/// Powers of ten that fit a `u128` (10^0 ..= 10^38).
+const POW10_U128: [u128; 39] = {
+    let mut t = [1u128; 39];
+    let mut i = 1;
+    while i < 39 {
+        t[i] = t[i - 1] * 10;
+        i += 1;
+    }
+    t
+};
+
+/// True when exact integer arithmetic proves that the literal read as `d` (non-zero, of the sign
+/// of `value`) is what ECMAScript's `Number::toString` (shortest round-trip digits, the closest
+/// to the double when several) prints for `value`, the double nearest to it. `false` means not
+/// proven: not shortest, or a boundary, tie, subnormal or scale this leaves to the formatter.
+///
+/// With `d = m × 10^q` (`m` without trailing zeros) and the double's rounding interval `R` (half a
+/// gap either side), the shortest form is `d` exactly when no multiple of `10^(q+1)` (every
+/// shorter decimal near `d` is one) lies in `R`, and `d` is strictly the closest multiple of
+/// `10^q` to the double. Every quantity is scaled to an integer in one `u128` frame.
+pub(crate) fn literal_is_shortest(d: &Decimal, value: f64) -> bool {
+    if d.mantissa == 0 || !value.is_normal() || d.negative != value.is_sign_negative() {
+        return false;
+    }
+    let bits = value.to_bits();
+    let biased = ((bits >> 52) & 0x7FF) as i64;
+    let frac = bits & ((1 << 52) - 1);
+    // The double is 4M × 2^s2; its half gaps are 2 units above and 2 below (1 at a power of
+    // two, where the gap below halves).
+    let big_m = u128::from(frac | (1 << 52));
+    let s2 = biased - 1075 - 2;
+    let below = if frac == 0 && biased > 1 { 1u128 } else { 2 };
+    // Scale by 2^-s2 × 10^-q: the double side gets 10^max(-q,0) << max(s2,0), the decimal side
+    // 10^max(q,0) << max(-s2,0). Bit lengths bound every product below 2^126 (room for the
+    // sums and the doubling below), else the formatter decides.
+    let q = d.exp;
+    let (Some(&dec), Some(&up10)) = (
+        POW10_U128.get(usize::try_from((-q).max(0)).unwrap_or(usize::MAX)),
+        POW10_U128.get(usize::try_from(q.max(0)).unwrap_or(usize::MAX)),
+    ) else {
+        return false;
+    };
+    let (shl_dbl, shl_dec) = (s2.max(0) as u32, (-s2).max(0) as u32);
+    let bits_of = |x: u128| 128 - x.leading_zeros();
+    let m = u128::from(d.mantissa);
+    if bits_of(big_m) + 2 + bits_of(dec) + shl_dbl > 126
+        || bits_of(m * 10) + bits_of(up10) + shl_dec > 126
+    {
+        return false;
+    }
+    let v = (4 * big_m * dec) << shl_dbl;
+    let (r_lo, r_hi) = (v - ((below * dec) << shl_dbl), v + ((2 * dec) << shl_dbl));
+    let unit = up10 << shl_dec;
+    let l = m * unit;
+    let lo = l - (m % 10) * unit;
+    let hi = lo + 10 * unit;
+    // The literal lies in R (its double is the nearest); shorter decimals strictly outside R;
+    // the literal strictly within half a unit of the double.
+    (r_lo..=r_hi).contains(&l) && lo < r_lo && hi > r_hi && 2 * l.abs_diff(v) < unit
+}
+
+/// Write the ES6 `Number::toString` form of the exact decimal `d` (non-zero, `digits` <= 17
+/// significant digits, `text` as for [`es6_from_literal`]). `false` (nothing written) when `text`
+/// does not hold exactly `digits` digits.
+pub(crate) fn write_es6_digits(d: &Decimal, digits: u32, text: &[u8], out: &mut Vec<u8>) -> bool {
+    // The value is 0.d1..dk x 10^n.
+    let k = i64::from(digits);
+    let n = d.exp + k;
+    // At most 17 digits and a dot.
+    let mut buf = [0u8; 18];
     let mut len = 0;
-    for &b in text.iter().take(16) {
+    for &b in text.iter().take(18) {
         buf[len] = b;
         len += usize::from(b != b'.');
     }
-    if len != digits as usize {
+    if len != digits as usize || digits > 17 {
         return false;
     }
     let ds = &buf[..len];
@@ -639,7 +726,7 @@ mod tests {
                 let mut b = ryu_js::Buffer::new();
                 let s = format_finite(want, &mut b);
                 assert_eq!(
-                    decimal_is_exact(&d, digits, want, s),
+                    decimal_is_exact(&d, digits, lit.as_bytes(), want, s),
                     literal_is_exact(lit.as_bytes(), s),
                     "{lit}"
                 );
@@ -658,5 +745,91 @@ mod tests {
             "1424953923781206.2"
         );
         assert!(format_number(f64::INFINITY).is_err());
+    }
+
+    /// The literal fast path of strict mode agrees with the formatter: whenever
+    /// `literal_is_shortest` proves a literal is its double's shortest form, the ES6 text
+    /// written from its digits is the formatter's, and every literal it refuses that the
+    /// formatter would accept is left to the formatter (never a wrong answer, only a slower one).
+    /// Literals: the shortest forms of pseudo-random doubles over many magnitudes, and those
+    /// forms with the last digit moved, a digit appended, or cut.
+    #[test]
+    fn shortest_proof_agrees_with_formatter() {
+        let mut state = 0x9E37_79B9_7F4A_7C15_u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let (mut everyday, mut everyday_proven, mut proven) = (0u32, 0u32, 0u32);
+        for i in 0..200_000u32 {
+            let r = next();
+            // Half uniform bit patterns (every exponent), half values in everyday ranges.
+            let v = if i % 2 == 0 {
+                f64::from_bits(r)
+            } else {
+                let unit = (r >> 11) as f64 / (1u64 << 53) as f64;
+                (unit - 0.5) * 10f64.powi((r % 40) as i32 - 12)
+            };
+            if !v.is_finite() || v == 0.0 {
+                continue;
+            }
+            let mut b = ryu_js::Buffer::new();
+            let s = format_finite(v, &mut b).to_owned();
+            let mut literals = vec![s.clone()];
+            let last = s.rfind(|c: char| c.is_ascii_digit() && c != '0');
+            if let (Some(p), None) = (last, s.find('e')) {
+                let digit = s.as_bytes()[p];
+                for alt in [digit - 1, digit + 1] {
+                    if alt.is_ascii_digit() {
+                        let mut t = s.clone().into_bytes();
+                        t[p] = alt;
+                        literals.push(String::from_utf8(t).expect("ascii"));
+                    }
+                }
+                if s.contains('.') {
+                    literals.push(format!("{s}1"));
+                    literals.push(format!("{s}9"));
+                    literals.push(s[..p].to_owned() + "0");
+                }
+            }
+            for lit in literals {
+                let Some((d, digits, (a, z))) = read_literal_digits(lit.as_bytes()) else {
+                    continue;
+                };
+                let Ok(want) = lit.parse::<f64>() else {
+                    continue;
+                };
+                if !want.is_finite() {
+                    continue;
+                }
+                let mut b = ryu_js::Buffer::new();
+                let formatted = format_finite(want, &mut b);
+                let exact = decimal_is_exact(&d, digits, lit.as_bytes(), want, formatted);
+                let mut out = Vec::new();
+                let fast = (16..=17).contains(&digits)
+                    && literal_is_shortest(&d, want)
+                    && write_es6_digits(&d, digits, &lit.as_bytes()[a..z], &mut out);
+                if fast {
+                    assert!(
+                        exact,
+                        "{lit}: proven shortest but the formatter prints {formatted}"
+                    );
+                    assert_eq!(out, formatted.as_bytes(), "{lit}");
+                    proven += 1;
+                }
+                if lit == s && (16..=17).contains(&digits) && i % 2 == 1 && v.abs() >= 1e-6 {
+                    everyday += 1;
+                    everyday_proven += u32::from(fast);
+                }
+            }
+        }
+        // The fast path must carry everyday values (ties and exact halves go to the formatter).
+        assert!(proven > 10_000, "{proven}");
+        assert!(
+            everyday > 10_000 && everyday_proven * 100 > everyday * 90,
+            "{everyday_proven} of {everyday} everyday shortest forms proven"
+        );
     }
 }

@@ -7,7 +7,10 @@
 use std::cmp::Ordering;
 
 use super::error::{CanonError, CanonErrorKind as K};
-use super::number::{Num, decimal_to_f64, es6_from_literal, read_literal_digits};
+use super::number::{
+    Num, decimal_to_f64, es6_from_literal, literal_is_shortest, read_literal_digits,
+    write_es6_digits,
+};
 use super::pointer::push_token;
 use super::{Limits, NumberMode};
 
@@ -393,6 +396,37 @@ fn exact_fixed(
         int_digits + kept
     };
     (sig <= 15).then_some(int_end + 1 + kept - start)
+}
+
+/// The canonical length of a non-zero number literal without exponent whose value ES6 prints
+/// in fixed notation, given that its digits are its double's shortest form: the literal minus
+/// trailing fractional zeros and a bare dot. `None` when ES6 would use exponent notation
+/// (21 or more integer digits, or below 1e-6).
+#[inline]
+fn fixed_len(
+    input: &[u8],
+    start: usize,
+    int_start: usize,
+    int_end: usize,
+    frac_end: Option<usize>,
+) -> Option<usize> {
+    let int_zero = input.get(int_start) == Some(&b'0');
+    if !int_zero && int_end - int_start > 21 {
+        return None;
+    }
+    let Some(fe) = frac_end else {
+        return Some(int_end - start);
+    };
+    let frac = input.get(int_end + 1..fe)?;
+    let kept = frac.iter().rposition(|&d| d != b'0').map_or(0, |p| p + 1);
+    if int_zero && frac.iter().take(6).position(|&d| d != b'0').is_none() {
+        return None;
+    }
+    Some(if kept == 0 {
+        int_end - start
+    } else {
+        int_end + 1 + kept - start
+    })
 }
 
 #[inline]
@@ -1296,6 +1330,25 @@ impl<'a> Parser<'a> {
         };
         if !value.is_finite() {
             return Err(self.err(K::NumberOutOfRange, start));
+        }
+        // Strict mode accepts a 16-17 digit literal only when it is its double's shortest
+        // form, which then prints from the literal's digits: proven here without the formatter.
+        // Written in fixed notation, the literal is (nearly always) already that text.
+        if let (true, Some((d, digits, (a, b)))) = (self.strict, &read)
+            && (16..=17).contains(digits)
+            && literal_is_shortest(d, value)
+        {
+            if !has_exp && let Some(len) = fixed_len(input, start, int_start, int_end, frac_end) {
+                self.push(Tag::Int, start as u32, len as u32, 0);
+                return Ok(len == i - start);
+            }
+            let at = self.tape.strbuf.len();
+            let text = lit.get(*a..*b).unwrap_or(&[]);
+            if write_es6_digits(d, *digits, text, &mut self.tape.strbuf) {
+                let n = (self.tape.strbuf.len() - at) as u32;
+                self.push(Tag::NumText, at as u32, n, start as u32);
+                return Ok(false);
+            }
         }
         let idx = self.tape.nums.len() as u32;
         if self.tape.nums.capacity() == 0 {
