@@ -398,6 +398,15 @@ fn exact_fixed(
     (sig <= 15).then_some(int_end + 1 + kept - start)
 }
 
+/// The index of the first byte at or after `i` that is not JSON whitespace.
+#[inline(always)]
+fn skip_ws(input: &[u8], mut i: usize) -> usize {
+    while let Some(b' ' | b'\n' | b'\r' | b'\t') = input.get(i) {
+        i += 1;
+    }
+    i
+}
+
 /// The canonical length of a non-zero number literal without exponent whose value ES6 prints
 /// in fixed notation, given that its digits are its double's shortest form: the literal minus
 /// trailing fractional zeros and a bare dot. `None` when ES6 would use exponent notation
@@ -823,7 +832,8 @@ impl<'a> Parser<'a> {
                             self.pos,
                         ));
                     }
-                    if b == b'[' && self.input.get(self.pos + 1) == Some(&b'"') {
+                    if b == b'[' && self.input.get(skip_ws(self.input, self.pos + 1)) == Some(&b'"')
+                    {
                         match self.string_array() {
                             Some(v) => v,
                             None => continue 'value,
@@ -951,18 +961,25 @@ impl<'a> Parser<'a> {
         }
     }
 
-    /// Fast path for an array whose `[` at `pos` is directly followed by `"`: reads elements
-    /// that are strings without escapes (needing no UTF-8 check), separated by bare commas,
-    /// without the generic per-element continuation. When the array closes this way it is
+    /// Fast path for an array whose `[` at `pos` is followed by `"` (after any whitespace): reads elements
+    /// that are strings without escapes (needing no UTF-8 check), separated by commas (with
+    /// or without whitespace), without the generic per-element continuation. When the array closes this way it is
     /// verbatim and no frame is pushed: returns `Some(true)`. Otherwise the array's frame is
     /// pushed in exactly the state the generic loop would have reached: `Some(true)` when an
     /// element was just completed (the caller continues the container), `None` when `pos` is at
     /// the start of an element not read yet (the caller reads it as a value).
     #[inline]
     fn string_array(&mut self) -> Option<bool> {
+        let input = self.input;
         let open = self.pos;
+        let ws_open = self.ws;
         let node = self.push(Tag::Array, open as u32, 0, 0);
-        self.pos += 1;
+        // Whitespace (as `json.dumps` and pretty printers write it) is skipped here too; each
+        // skipped run counts in `ws` as `peek_ws` would count it, so the array is verbatim
+        // exactly when none was skipped.
+        let first = skip_ws(input, open + 1);
+        self.ws = self.ws.wrapping_add(u32::from(first != open + 1));
+        self.pos = first;
         let mut count = 0u32;
         let completed = loop {
             let Some((a, len)) = self.simple_string() else {
@@ -970,18 +987,31 @@ impl<'a> Parser<'a> {
             };
             self.push(Tag::Str, a, len, 0);
             count += 1;
-            match self.input.get(self.pos) {
-                Some(b',') if self.input.get(self.pos + 1) == Some(&b'"') => self.pos += 1,
+            let sep = skip_ws(input, self.pos);
+            match input.get(sep) {
+                Some(b',') => {
+                    let next = skip_ws(input, sep + 1);
+                    if input.get(next) != Some(&b'"') {
+                        // A trailing comma or another kind of element: the generic loop
+                        // reads from the separator on (and reports errors as it would).
+                        break true;
+                    }
+                    let runs = u32::from(sep != self.pos) + u32::from(next != sep + 1);
+                    self.ws = self.ws.wrapping_add(runs);
+                    self.pos = next;
+                }
                 Some(b']') => {
-                    self.pos += 1;
+                    self.ws = self.ws.wrapping_add(u32::from(sep != self.pos));
+                    self.pos = sep + 1;
+                    let verbatim = self.ws == ws_open;
                     let end = self.tape.nodes.len() as u32;
                     let pos = self.pos as u32;
                     if let Some(n) = self.tape.nodes.get_mut(node as usize) {
                         n.b = end;
-                        n.v = true;
+                        n.v = verbatim;
                         n.c = pos;
                     }
-                    return Some(true);
+                    return Some(verbatim);
                 }
                 _ => break true,
             }
@@ -994,7 +1024,7 @@ impl<'a> Parser<'a> {
             pending_start: self.pending.len() as u32,
             count: count + u32::from(!completed),
             key: NO_KEY,
-            ws_open: self.ws,
+            ws_open,
             ws_key: self.ws,
             all: true,
         });
@@ -1615,6 +1645,38 @@ mod tests {
             let s = [b'1', b'2', b, b'3', b'4', b'5', b'6', b'7', b'8', b'9'];
             let want = if b.is_ascii_digit() { 10 } else { 2 };
             assert_eq!(digit_run(&s, 0), want, "byte {b:#x}");
+        }
+    }
+
+    /// String arrays written with whitespace take the fast path and end as the generic path
+    /// would: the same canonical text, the same error (kind, offset, pointer) at the same place.
+    #[test]
+    fn spaced_string_arrays() {
+        use crate::canonical::canonicalize;
+        for (doc, want) in [
+            (r#"["a", "b"]"#, r#"["a","b"]"#),
+            (r#"[ "a" , "b" ]"#, r#"["a","b"]"#),
+            ("[\n  \"a\",\n  \"b\"\n]", r#"["a","b"]"#),
+            (
+                r#"{"k": ["Zoë", "東京"], "a": ["x","y"]}"#,
+                r#"{"a":["x","y"],"k":["Zoë","東京"]}"#,
+            ),
+            (r#"["a", 1, "b", null]"#, r#"["a",1,"b",null]"#),
+            (r#"["a", "\u0041", "b"]"#, r#"["a","A","b"]"#),
+            (r#"[["a", "b"], ["c"]]"#, r#"[["a","b"],["c"]]"#),
+            (r#"["a","b"]"#, r#"["a","b"]"#),
+        ] {
+            let out = canonicalize(doc.as_bytes()).expect(doc);
+            assert_eq!(String::from_utf8_lossy(&out), want, "{doc}");
+        }
+        for (doc, code, offset) in [
+            (r#"["a", ]"#, "trailing_comma", 4),
+            (r#"["a",  "b" "c"]"#, "unexpected_character", 11),
+            (r#"["a", "b"#, "unexpected_end", 8),
+            ("[\"a\", \"\u{1}\"]", "control_character", 7),
+        ] {
+            let err = canonicalize(doc.as_bytes()).expect_err(doc);
+            assert_eq!((err.code(), err.offset), (code, offset), "{doc}: {err}");
         }
     }
 
