@@ -160,21 +160,33 @@ fn slow_prefix(key: &[u8]) -> u64 {
     v
 }
 
-/// Order two key prefixes by UTF-16 code units; `Equal` means "decide on the full keys".
-#[inline]
+/// Order two key prefixes (made by [`utf16_sortable`]) by UTF-16 code units; `Equal` means
+/// "decide on the full keys".
+#[inline(always)]
 fn cmp_prefixed(a: u64, b: u64) -> Ordering {
-    if a == b {
-        return Ordering::Equal;
+    a.cmp(&b)
+}
+
+/// Remap the bytes of a big-endian key prefix so that integer order is UTF-16 code-unit order.
+///
+/// At the first differing byte both names sit at the same place in a character (the bytes
+/// before are equal), so lead bytes meet lead bytes. UTF-16 order differs from byte order only
+/// where a supplementary lead (F0–F4, surrogates in UTF-16) meets EE or EF (U+E000–U+FFFF): the
+/// remap moves F0–F4 to EE–F2 and EE, EF to F3, F4. Equal prefixes stay equal.
+#[inline(always)]
+fn utf16_sortable(p: u64) -> u64 {
+    if p & HI == 0 {
+        return p;
     }
-    let shift = (a ^ b).leading_zeros() & !7;
-    let (x, y) = ((a << shift >> 56) as u8, (b << shift >> 56) as u8);
-    if x >= 0xF0 && (y == 0xEE || y == 0xEF) {
-        Ordering::Less
-    } else if y >= 0xF0 && (x == 0xEE || x == 0xEF) {
-        Ordering::Greater
-    } else {
-        x.cmp(&y)
+    let mut bytes = p.to_be_bytes();
+    for b in &mut bytes {
+        *b = match *b {
+            0xEE | 0xEF => *b + 5,
+            0xF0..=0xF4 => *b - 2,
+            other => other,
+        };
     }
+    u64::from_be_bytes(bytes)
 }
 
 /// After sorting: the offset and name of the first duplicate member name, if any.
@@ -1061,7 +1073,7 @@ impl<'a> Parser<'a> {
             };
             (key, prefix, len)
         };
-        self.pending.push((prefix, key, len));
+        self.pending.push((utf16_sortable(prefix), key, len));
         let limit = self.limits.max_members;
         let Some(f) = self.stack.last_mut() else {
             return Err(self.err(K::UnexpectedEnd, self.pos));
@@ -1576,6 +1588,48 @@ mod tests {
             "U+D7FF < surrogates"
         );
         assert_eq!(cmp_utf16("\u{E000}".as_bytes(), emoji), Ordering::Greater);
+    }
+
+    /// Remapped prefixes order names exactly as their UTF-16 code units do (or tie, when the
+    /// names share their first eight bytes): every pair of short names over characters from
+    /// each UTF-8 length and the ranges where UTF-16 order differs from byte order.
+    #[test]
+    fn sortable_prefixes_follow_utf16() {
+        let chars = [
+            "a",
+            "z",
+            "\u{7F}",
+            "é",
+            "\u{7FF}",
+            "\u{800}",
+            "\u{D7FF}",
+            "\u{E000}",
+            "\u{FB33}",
+            "\u{FFFF}",
+            "\u{10000}",
+            "\u{1F600}",
+            "\u{10FFFF}",
+        ];
+        let mut names = vec![String::new()];
+        for a in chars {
+            names.push(a.to_owned());
+            for b in chars {
+                names.push(format!("{a}{b}"));
+                names.push(format!("x{a}{b}"));
+            }
+        }
+        for x in &names {
+            for y in &names {
+                let want = x.encode_utf16().cmp(y.encode_utf16());
+                let px = utf16_sortable(key_prefix(x.as_bytes()));
+                let py = utf16_sortable(key_prefix(y.as_bytes()));
+                let got = cmp_prefixed(px, py);
+                assert!(got == want || got == Ordering::Equal, "{x:?} {y:?}");
+                if got == Ordering::Equal {
+                    assert_eq!(cmp_utf16(x.as_bytes(), y.as_bytes()), want, "{x:?} {y:?}");
+                }
+            }
+        }
     }
 
     /// The UTF-8 check decides exactly like the standard library: every sequence of up to four
