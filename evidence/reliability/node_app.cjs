@@ -32,9 +32,12 @@
 //
 // Memory diagnostics (scenario 7): with EV_MEM_DIR set, every worker appends one JSON line of
 // `process.memoryUsage()` (rss, heapTotal, heapUsed, external, arrayBuffers; bytes) plus `t` (unix
-// ms) to `<EV_MEM_DIR>/<pid>.jsonl` every EV_MEM_SAMPLE_MS (1000). With EV_MEM_GC=1 (and
-// NODE_OPTIONS=--expose-gc, inherited by the workers) each sample is taken right after a full
-// `global.gc()` (diagnostic runs: what stays reachable, without V8's lazy collection).
+// ms) and, on the memory store, `records` (records it holds) to `<EV_MEM_DIR>/<pid>.jsonl` every
+// EV_MEM_SAMPLE_MS (1000). With EV_MEM_GC=1 (and NODE_OPTIONS=--expose-gc, inherited by the
+// workers) each sample is taken right after a full `global.gc()` (diagnostic runs: what stays
+// reachable, without V8's lazy collection). SIGUSR2 asks a worker for one sample right after a
+// full collection (`gc: true` in the line; needs NODE_OPTIONS=--expose-gc, which the harness sets):
+// the soak takes one after its warm-up and one at its end.
 'use strict';
 const path = require('node:path');
 const { spawn } = require('node:child_process');
@@ -278,6 +281,7 @@ function serve() {
       if (MEM_GC && typeof global.gc === 'function') global.gc();
       const m = process.memoryUsage();
       const line = { t: Date.now(), rss: m.rss, heapTotal: m.heapTotal, heapUsed: m.heapUsed, external: m.external, arrayBuffers: m.arrayBuffers };
+      if (typeof inner.size === 'number') line.records = inner.size; // the memory store's live records
       try {
         fs.appendFileSync(file, `${JSON.stringify(line)}\n`);
       } catch {
@@ -286,6 +290,21 @@ function serve() {
     };
     sample();
     setInterval(sample, MEM_SAMPLE_MS).unref();
+    // The harness's probe of what stays reachable: SIGUSR2 runs a full collection (with
+    // NODE_OPTIONS=--expose-gc) and appends one sample marked `gc: true` (`gc: false` when the
+    // collector is not exposed, so the harness can tell).
+    process.on('SIGUSR2', () => {
+      const collected = typeof global.gc === 'function';
+      if (collected) global.gc();
+      const m = process.memoryUsage();
+      const line = { t: Date.now(), gc: collected, rss: m.rss, heapTotal: m.heapTotal, heapUsed: m.heapUsed, external: m.external, arrayBuffers: m.arrayBuffers };
+      if (typeof inner.size === 'number') line.records = inner.size;
+      try {
+        fs.appendFileSync(file, `${JSON.stringify(line)}\n`);
+      } catch {
+        // As above.
+      }
+    });
   }
 
   const app = express();

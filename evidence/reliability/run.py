@@ -142,6 +142,8 @@ class Target:
     effects: Effects
     svc: Optional[Services]
     app: str = "python"
+    mem_dir: Optional[Path] = None
+    """Node app: where its workers log ``process.memoryUsage()`` (node_app.cjs, EV_MEM_DIR)."""
 
     def row(self, scenario: str) -> Row:
         return Row(self.name, scenario, self.app)
@@ -967,12 +969,118 @@ async def s_purge(t: Target, n: int, batch: int) -> Row:
 
 # --- 7: soak -----------------------------------------------------------------------------------
 
+SOAK_WARMUP_S = 15.0
+"""Memory samples of a soak's first seconds are warm-up, not judged: a fresh Node worker's V8
+heap grows its young generation to its maximum (heapTotal ~15 -> ~45 MiB, RSS ~60 -> ~100 MiB)
+within the first 10-20 s of load, and the allocator settles (docs/EVIDENCE.md section 1, scenario 7)."""
+SOAK_JUDGE_MIN_S = 20.0
+"""Flatness is judged only over at least this many seconds after the warm-up (short soaks: not judged)."""
+SOAK_FLAT_MIB = 5.0
+SOAK_FLAT_FRACTION = 0.05
+"""RSS is flat when the median of the judged window's last third exceeds the median of its first
+third by at most max(SOAK_FLAT_MIB, SOAK_FLAT_FRACTION of it) (GC sawtooth and allocator noise)."""
+SOAK_HEAP_MIB = 1.0
+SOAK_HEAP_FRACTION = 0.10
+"""Node: the V8 heap in use right after a full collection (what stays reachable) may grow by at most
+max(SOAK_HEAP_MIB, SOAK_HEAP_FRACTION of it) from the end of the warm-up to the end of the soak."""
+
+
+def _mem_lines(t: Target, pid: int) -> List[Dict[str, Any]]:
+    """The ``process.memoryUsage()`` samples a Node worker logged (empty for the Python app)."""
+    if t.mem_dir is None:
+        return []
+    try:
+        text = (t.mem_dir / f"{pid}.jsonl").read_text()
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # the line being written
+    return out
+
+
+async def _gc_sample(t: Target, pid: int) -> Optional[Dict[str, Any]]:
+    """Asks a Node worker for a sample right after a full collection (SIGUSR2, node_app.cjs) and
+    waits for it (up to 10 s); None for the Python app, or when none came."""
+    if t.mem_dir is None:
+        return None
+    seen = sum(1 for x in _mem_lines(t, pid) if "gc" in x)
+    try:
+        os.kill(pid, signal.SIGUSR2)
+    except ProcessLookupError:
+        return None
+    for _ in range(100):
+        got = [x for x in _mem_lines(t, pid) if "gc" in x]
+        if len(got) > seen:
+            return got[-1] if got[-1]["gc"] else None
+        await asyncio.sleep(0.1)
+    return None
+
+
+def _median(xs: List[float]) -> float:
+    return float(statistics.median(xs)) if xs else 0.0
+
+
+def judge_memory(row: Row, t: Target, samples: List[Tuple[float, int, int]], seconds: float,
+                 gc0: Optional[Dict[str, Any]], gc1: Optional[Dict[str, Any]], records: Tuple[int, int]) -> None:
+    """Scenario 7's memory verdict from (seconds since start, RSS KiB, trials so far) samples:
+    after SOAK_WARMUP_S, the RSS medians of the judged window's first and last thirds; on the Node
+    app also the heap after a full collection at the end of the warm-up and at the end. A growth
+    beyond the bounds is a violation, except RSS growth on the memory store, which holds every
+    record until its TTL (600 s here) and grows with them by design (bounded by maxEntries)."""
+    mib = 1024.0
+    rss = [s[1] for s in samples]
+    row.notes.append(f"RSS of a surviving worker: start {rss[0] / mib:.1f} MiB, end {rss[-1] / mib:.1f}, "
+                     f"max {max(rss) / mib:.1f} ({len(rss)} samples)")
+    window = [s for s in samples if s[0] >= SOAK_WARMUP_S]
+    if not window or window[-1][0] - SOAK_WARMUP_S < SOAK_JUDGE_MIN_S:
+        row.notes.append(f"memory not judged ({seconds:.0f} s soak: needs {SOAK_WARMUP_S:.0f} s warm-up + "
+                         f"{SOAK_JUDGE_MIN_S:.0f} s; long mode judges)")
+        return
+    third = max(1, len(window) // 3)
+    first = _median([s[1] / mib for s in window[:third]])
+    last = _median([s[1] / mib for s in window[-third:]])
+    requests = window[-1][2] - window[0][2]
+    growth = last - first
+    bound = max(SOAK_FLAT_MIB, SOAK_FLAT_FRACTION * first)
+    verdict = "flat" if growth <= bound else "GROWING"
+    text = (f"after {SOAK_WARMUP_S:.0f} s warm-up, RSS median {first:.1f} -> {last:.1f} MiB "
+            f"({growth:+.1f} MiB over {requests:,} requests to all workers, bound {bound:.1f})")
+    if verdict != "flat" and t.name == "memory":
+        held = records[1] - records[0]
+        per = ""
+        if held > 0 and gc0 is not None and gc1 is not None:
+            per = f", {(gc1['rss'] - gc0['rss']) / held:,.0f} B of RSS per record"
+        verdict = f"grows with the store's records (+{held:,} held{per}; bounded by maxEntries)" if held > 0 \
+            else "grows with the store's records (bounded by maxEntries)"
+    elif verdict != "flat":
+        row.bad(f"soak: RSS grew {growth:+.1f} MiB after the warm-up (bound {bound:.1f} MiB)")
+    row.notes.append(f"{text}: {verdict}")
+    if gc0 is not None and gc1 is not None:
+        h0, h1 = gc0["heapUsed"] / 2**20, gc1["heapUsed"] / 2**20
+        hb = max(SOAK_HEAP_MIB, SOAK_HEAP_FRACTION * h0)
+        hv = "flat" if h1 - h0 <= hb else "GROWING"
+        row.notes.append(
+            f"V8 heap after a full GC {h0:.1f} -> {h1:.1f} MiB (bound +{hb:.1f}): {hv}; heapTotal "
+            f"{gc0['heapTotal'] / 2**20:.1f} -> {gc1['heapTotal'] / 2**20:.1f}, external "
+            f"{gc0['external'] / 2**20:.1f} -> {gc1['external'] / 2**20:.1f} MiB")
+        if hv != "flat":
+            row.bad(f"soak: V8 heap after GC grew {h1 - h0:+.1f} MiB after the warm-up")
+    elif t.app == "node":
+        row.notes.append("no heap sample after GC (worker without --expose-gc?)")
+
+
 async def s_soak(t: Target, seconds: float, kills: bool) -> Row:
     row = t.row(f"7 soak {seconds:.0f} s" + (" + kill -9" if kills else ""))
     c = t.client()
     t0 = time.monotonic()
     protected = t.server.worker_pids()[0]
-    samples: List[int] = []
+    samples: List[Tuple[float, int, int]] = []  # (seconds since t0, RSS KiB, trials so far)
+    gc0: Optional[Dict[str, Any]] = None
+    gc1: Optional[Dict[str, Any]] = None
     keys: Dict[str, str] = {}
     killed = 0
 
@@ -1004,12 +1112,17 @@ async def s_soak(t: Target, seconds: float, kills: bool) -> Row:
 
     next_sample = t0
     next_kill = t0 + 1.0
+    judged = seconds >= SOAK_WARMUP_S + SOAK_JUDGE_MIN_S
     while time.monotonic() - t0 < seconds:
         await asyncio.gather(*(group() for _ in range(8)))
         now = time.monotonic()
         if now >= next_sample:
-            samples.append(rss_kib(protected))
+            samples.append((now - t0, rss_kib(protected), row.trials))
             next_sample = now + 1.0
+        if judged and gc0 is None and now - t0 >= SOAK_WARMUP_S:
+            gc0 = await _gc_sample(t, protected)
+            if gc0 is None:
+                judged = False  # asked once; the verdict says it is missing
         if kills and now >= next_kill:
             victims = [p for p in t.server.worker_pids() if p != protected]
             if victims:
@@ -1029,13 +1142,11 @@ async def s_soak(t: Target, seconds: float, kills: bool) -> Row:
                 row.bad("soak keyed: several downstream keys")
             if d and t.effects.downstream(d.pop()) != 1:
                 row.bad("soak keyed: downstream charged twice")
-    samples.append(rss_kib(protected))
-    if samples:
-        mid = samples[len(samples) // 2]
-        row.notes.append(
-            f"RSS of a surviving worker: start {samples[0] / 1024:.1f} MiB, mid {mid / 1024:.1f}, "
-            f"end {samples[-1] / 1024:.1f}, max {max(samples) / 1024:.1f} ({len(samples)} samples)"
-        )
+    samples.append((time.monotonic() - t0, rss_kib(protected), row.trials))
+    if gc0 is not None:
+        gc1 = await _gc_sample(t, protected)
+    held = (int(gc0.get("records", 0)), int(gc1.get("records", 0))) if gc0 and gc1 else (0, 0)
+    judge_memory(row, t, samples, seconds, gc0, gc1, held)
     row.notes.append(f"{len(keys)} keys, {killed} workers killed")
     row.seconds = time.monotonic() - t0
     await c.close()
@@ -1051,10 +1162,11 @@ PROFILES = {
     "long": dict(rounds={2: 6000, 16: 1200, 64: 300, 256: 120}, mixed={2: 3000, 16: 600, 64: 150, 256: 60},
                  kill_trials=5, stop_trials=5, probes=50, hung_probes=30, ttl_keys=50, purge=1_000_000, soak=60.0,
                  tx_rounds={2: 600, 16: 120, 64: 30}),
-    # The Node app in long mode (unless --node-full): a quarter of the rounds and half the soak, so
-    # the publishing run with both apps stays near 35 minutes on two cores.
+    # The Node app in long mode (unless --node-full): a quarter of the rounds (the soak as long as
+    # Python's: 15 s warm-up + 45 s judged), so the publishing run with both apps stays near 30
+    # minutes on two cores.
     "long-node": dict(rounds={2: 1500, 16: 300, 64: 75, 256: 30}, mixed={2: 750, 16: 150, 64: 38, 256: 15},
-                      kill_trials=3, stop_trials=3, probes=50, hung_probes=30, ttl_keys=50, purge=200_000, soak=30.0,
+                      kill_trials=3, stop_trials=3, probes=50, hung_probes=30, ttl_keys=50, purge=200_000, soak=60.0,
                       tx_rounds={2: 150, 16: 30, 64: 8}),
 }
 
@@ -1074,9 +1186,16 @@ async def run_store(app: str, name: str, svc: Optional[Services], prof: Dict[str
         s = stores.PostgresStore(url)
         s.create_schema()
         s.close()
+    mem_dir: Optional[Path] = None
+    if app == "node":
+        # Memory samples for scenario 7, and a collector the soak can trigger (SIGUSR2).
+        mem_dir = work / f"mem-{app}-{name}"
+        mem_dir.mkdir(exist_ok=True)
+        env["EV_MEM_DIR"] = str(mem_dir)
+        env["NODE_OPTIONS"] = " ".join(x for x in (os.environ.get("NODE_OPTIONS", ""), "--expose-gc") if x)
     tx = name in TX_TABLE
     server = Server(APPS[app], env, workers=workers, node=app == "node").start()
-    t = Target(name, url, workers, server, Effects(effects), svc, app)
+    t = Target(name, url, workers, server, Effects(effects), svc, app, mem_dir)
     if tx:
         _store_sql(t, TX_TABLE[name])
     rows: List[Row] = []
