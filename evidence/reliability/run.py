@@ -1024,7 +1024,7 @@ def _median(xs: List[float]) -> float:
     return float(statistics.median(xs)) if xs else 0.0
 
 
-def judge_memory(row: Row, t: Target, samples: List[Tuple[float, int, int]], seconds: float,
+def judge_memory(row: Row, t: Target, pid: int, samples: List[Tuple[float, int, int]], seconds: float,
                  gc0: Optional[Dict[str, Any]], gc1: Optional[Dict[str, Any]], records: Tuple[int, int]) -> None:
     """Scenario 7's memory verdict from (seconds since start, RSS KiB, trials so far) samples:
     after SOAK_WARMUP_S, the RSS medians of the judged window's first and last thirds; on the Node
@@ -1053,7 +1053,15 @@ def judge_memory(row: Row, t: Target, samples: List[Tuple[float, int, int]], sec
         held = records[1] - records[0]
         per = ""
         if held > 0 and gc0 is not None and gc1 is not None:
-            per = f", {(gc1['rss'] - gc0['rss']) / held:,.0f} B of RSS per record"
+            # RSS per record from the worker's own periodic samples over the judged window (not
+            # the two after-GC samples: a full collection also shrinks the heap).
+            lines = [x for x in _mem_lines(t, pid) if "gc" not in x and gc0["t"] <= x["t"] <= gc1["t"]]
+            k = len(lines) // 3
+            if k > 0:
+                d_rec = _median([x["records"] for x in lines[-k:]]) - _median([x["records"] for x in lines[:k]])
+                d_rss = _median([x["rss"] for x in lines[-k:]]) - _median([x["rss"] for x in lines[:k]])
+                if d_rec > 0:
+                    per = f", ~{d_rss / d_rec:,.0f} B of RSS per record"
         verdict = f"grows with the store's records (+{held:,} held{per}; bounded by maxEntries)" if held > 0 \
             else "grows with the store's records (bounded by maxEntries)"
     elif verdict != "flat":
@@ -1146,7 +1154,7 @@ async def s_soak(t: Target, seconds: float, kills: bool) -> Row:
     if gc0 is not None:
         gc1 = await _gc_sample(t, protected)
     held = (int(gc0.get("records", 0)), int(gc1.get("records", 0))) if gc0 and gc1 else (0, 0)
-    judge_memory(row, t, samples, seconds, gc0, gc1, held)
+    judge_memory(row, t, protected, samples, seconds, gc0, gc1, held)
     row.notes.append(f"{len(keys)} keys, {killed} workers killed")
     row.seconds = time.monotonic() - t0
     await c.close()
@@ -1172,7 +1180,7 @@ PROFILES = {
 
 
 async def run_store(app: str, name: str, svc: Optional[Services], prof: Dict[str, Any], work: Path,
-                    only: Optional[set]) -> List[Row]:
+                    only: Optional[set], keep_mem: Optional[Path] = None) -> List[Row]:
     effects = str(work / f"effects-{app}-{name}.sqlite3")
     url = {"memory": "", "sqlite": str(work / f"store-{app}.sqlite3"),
            "postgres": svc.pg_dsn if svc else "", "redis": svc.redis_url if svc else ""}[name]
@@ -1189,8 +1197,8 @@ async def run_store(app: str, name: str, svc: Optional[Services], prof: Dict[str
     mem_dir: Optional[Path] = None
     if app == "node":
         # Memory samples for scenario 7, and a collector the soak can trigger (SIGUSR2).
-        mem_dir = work / f"mem-{app}-{name}"
-        mem_dir.mkdir(exist_ok=True)
+        mem_dir = (keep_mem or work) / f"mem-{app}-{name}"
+        mem_dir.mkdir(parents=True, exist_ok=True)
         env["EV_MEM_DIR"] = str(mem_dir)
         env["NODE_OPTIONS"] = " ".join(x for x in (os.environ.get("NODE_OPTIONS", ""), "--expose-gc") if x)
     tx = name in TX_TABLE
@@ -1285,7 +1293,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="long mode: drive the Node app with the full long profile (default: a quarter of the rounds)")
     ap.add_argument("--soak", type=float, default=None, help="soak seconds per store (override)")
     ap.add_argument("--purge", type=int, default=None, help="expired rows to purge (override)")
+    ap.add_argument("--keep-mem", default=None, metavar="DIR",
+                    help="keep the Node workers' memory samples (one JSON line a second per worker, "
+                         "<DIR>/mem-node-<store>/<pid>.jsonl) for a diagnosis")
     args = ap.parse_args(argv)
+    keep_mem = Path(args.keep_mem).resolve() if args.keep_mem else None
     prof = dict(PROFILES[args.mode])
     if args.soak is not None:
         prof["soak"] = args.soak
@@ -1314,7 +1326,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                         app_prof["soak"] = args.soak
                 for name in names:
                     t1 = time.monotonic()
-                    got = asyncio.run(run_store(app, name, svc, app_prof, Path(work), only))
+                    got = asyncio.run(run_store(app, name, svc, app_prof, Path(work), only, keep_mem))
                     rows.extend(got)
                     n = sum(len(r.violations) for r in got)
                     print(f"[reliability] {app} {name}: {len(got)} scenarios, {n} violations, "
