@@ -612,6 +612,62 @@ mod tests {
         assert_eq!(fp(&parts, &cfg).digest(), &want);
     }
 
+    /// Raw and empty bodies, with short and long routes and header values, frame the same bytes
+    /// as the manual layout.
+    #[test]
+    fn raw_framing_matches_manual_bytes_short_and_long() {
+        let cfg = FingerprintConfig {
+            header_names: vec!["x-a".into()],
+            ..FingerprintConfig::default()
+        };
+        for (route, value, body) in [
+            ("/r".to_owned(), "v".to_owned(), &b""[..]),
+            ("/r".to_owned(), "v".to_owned(), &b"raw bytes"[..]),
+            (
+                format!("/{}", "r".repeat(300)),
+                "v".repeat(500),
+                &b"raw"[..],
+            ),
+            (format!("/{}", "r".repeat(200)), "v".repeat(30), &b""[..]),
+        ] {
+            let headers = [("X-A", value.as_str())];
+            let parts = RequestParts {
+                method: "put",
+                route: &route,
+                headers: &headers,
+                content_type: Some("text/plain"),
+                body,
+            };
+            let mut m = Vec::new();
+            let field = |m: &mut Vec<u8>, b: &[u8]| {
+                m.extend_from_slice(&(b.len() as u32).to_be_bytes());
+                m.extend_from_slice(b);
+            };
+            field(&mut m, b"idempo/fingerprint/v1");
+            field(&mut m, b"PUT");
+            field(&mut m, route.as_bytes());
+            m.extend_from_slice(&1u32.to_be_bytes());
+            field(&mut m, b"x-a");
+            m.extend_from_slice(&1u32.to_be_bytes());
+            field(&mut m, value.as_bytes());
+            m.push(CLASS_OTHER);
+            m.push(if body.is_empty() {
+                BODY_EMPTY
+            } else {
+                BODY_RAW
+            });
+            m.extend_from_slice(body);
+            m.extend_from_slice(&(body.len() as u64).to_be_bytes());
+            let want: [u8; 32] = Sha256::digest(&m).into();
+            assert_eq!(
+                fp(&parts, &cfg).digest(),
+                &want,
+                "route of {} bytes",
+                route.len()
+            );
+        }
+    }
+
     #[test]
     fn distinctions() {
         let cfg = FingerprintConfig {
