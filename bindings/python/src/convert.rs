@@ -2,7 +2,7 @@
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyByteArray, PyBytes, PyString};
+use pyo3::types::{PyByteArray, PyBytes, PyList, PyString, PyTuple};
 
 /// Bodies this large are processed with the GIL released.
 pub(crate) const DETACH_THRESHOLD: usize = 16 * 1024;
@@ -34,7 +34,13 @@ pub(crate) fn header_pairs(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<(Stri
     if obj.is_none() {
         return Ok(Vec::new());
     }
-    let items = if obj.hasattr("items")? {
+    // Lists and tuples (the usual shapes) are read as they are: asking them for `items` would
+    // raise and catch an AttributeError on every call.
+    let is_sequence = obj.cast::<PyList>().is_ok() || obj.cast::<PyTuple>().is_ok();
+    if is_sequence && obj.len()? == 0 {
+        return Ok(Vec::new());
+    }
+    let items = if !is_sequence && obj.hasattr("items")? {
         obj.call_method0("items")?
     } else {
         obj.clone()

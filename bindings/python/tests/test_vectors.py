@@ -260,3 +260,23 @@ def test_fingerprint(case: Dict[str, Any]) -> None:
             numbers=cfg.get("numbers", "reject_precision_loss"),
         ).for_route(req["method"], req["route"])
         assert bound(body) == bound.fingerprint(body) == case["fingerprint"]
+
+
+def test_header_shapes_agree() -> None:
+    """Headers as a list, a tuple, a generator, a dict or any object with ``items()`` frame the
+    same pairs; an empty list or tuple is no headers."""
+    fp = idempo.Fingerprinter(header_names=["X-Tenant", "X-Region"])
+    pairs = [("x-tenant", "acme"), ("X-Region", "eu")]
+
+    class Items:
+        def items(self) -> List[Any]:
+            return list(pairs)
+
+    want = fp.fingerprint("POST", "/p", b"{}", pairs)
+    for shape in (tuple(pairs), (p for p in pairs), dict(pairs), Items()):
+        assert fp.fingerprint("POST", "/p", b"{}", shape) == want  # type: ignore[arg-type]
+    none = fp.fingerprint("POST", "/p", b"{}")
+    assert none != want
+    empties: List[Any] = [[], (), {}, None]
+    for empty in empties:
+        assert fp.fingerprint("POST", "/p", b"{}", empty) == none
