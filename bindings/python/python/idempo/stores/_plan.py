@@ -8,6 +8,7 @@ with an awaitable one, so the sync and async classes keep only their IO.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any, Awaitable, Callable, Generator, Optional, Tuple, Type, TypeVar
 
 from idempo.stores._base import ClaimResult, PurgeCounts, StoredRecord, unavailable
@@ -51,59 +52,68 @@ async def drive_async(plan: "Plan[Op, T]", execute: Callable[[Op], Awaitable[Any
         return value
 
 
-class PlanHooks:
+class PlanHooks(ABC):
     """What a store supplies to :class:`Primitives` / :class:`AsyncPrimitives`: a plan per
     primitive (the ``_plan_<name>`` hooks), the driver errors that fail closed (``_errors``,
-    turned into :class:`~idempo.StoreUnavailable`, 503) and the store's name for messages."""
+    turned into :class:`~idempo.StoreUnavailable`, 503) and the store's name for messages.
+
+    The hooks are abstract: a store class that lacks one cannot be instantiated (``TypeError``
+    naming the missing hooks), rather than failing on the first request that needs it."""
 
     _errors: Tuple[Type[BaseException], ...] = ()
     _what = "store"
 
+    @abstractmethod
     def _plan_claim(
         self, scope_key: bytes, fingerprint: str, token: bytes, lease_ms: int, ttl_ms: int
     ) -> "Plan[Any, ClaimResult]":
-        raise NotImplementedError
+        """Primitive 1's plan (validates its arguments before the first operation)."""
 
+    @abstractmethod
     def _plan_get(self, scope_key: bytes) -> "Plan[Any, Tuple[Optional[StoredRecord], int]]":
-        raise NotImplementedError
+        """Primitive 2's plan."""
 
+    @abstractmethod
     def _plan_takeover(
         self, scope_key: bytes, seen_token: bytes, new_token: bytes, lease_ms: int
     ) -> "Plan[Any, Optional[int]]":
-        raise NotImplementedError
+        """Primitive 3's plan."""
 
+    @abstractmethod
     def _plan_mark_unknown(
         self, scope_key: bytes, seen_token: bytes, ttl_ms: int
     ) -> "Plan[Any, bool]":
-        raise NotImplementedError
+        """Primitive 4's plan."""
 
+    @abstractmethod
     def _plan_complete(
         self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int
     ) -> "Plan[Any, bool]":
-        raise NotImplementedError
+        """Primitive 5's plan."""
 
+    @abstractmethod
     def _plan_release(self, scope_key: bytes, token: bytes) -> "Plan[Any, bool]":
-        raise NotImplementedError
+        """Primitive 6's plan."""
 
+    @abstractmethod
     def _plan_renew(self, scope_key: bytes, token: bytes, lease_ms: int) -> "Plan[Any, bool]":
-        raise NotImplementedError
+        """Primitive 7's plan."""
 
+    @abstractmethod
     def _plan_purge_expired(self, batch: int) -> "Plan[Any, PurgeCounts]":
-        raise NotImplementedError
+        """Primitive 8's plan."""
 
 
-class Primitives(PlanHooks):
+class PrimitivesBase(PlanHooks):
     """The eight primitives of ``spec/STORAGE.md`` §3 for a blocking store, written once: each
-    runs its plan with the store's ``_op`` (one operation, blocking)."""
+    runs its plan with the store's ``_drive`` (which also maps driver errors to 503). A store
+    whose operations are independent of each other uses :class:`Primitives` and supplies only
+    ``_op``; one that must choose a connection or transaction per primitive (SQLite) supplies
+    ``_drive`` itself."""
 
-    def _op(self, op: Any) -> Any:
-        raise NotImplementedError
-
+    @abstractmethod
     def _drive(self, name: str, plan: "Plan[Any, T]") -> T:
-        try:
-            return drive(plan, self._op)
-        except self._errors as exc:
-            raise unavailable(f"{self._what} {name} failed", exc) from exc
+        """Runs the plan of primitive ``name`` and returns its result."""
 
     def claim(
         self, scope_key: bytes, fingerprint: str, token: bytes, lease_ms: int, ttl_ms: int
@@ -144,17 +154,13 @@ class Primitives(PlanHooks):
         return self._drive("purge_expired", self._plan_purge_expired(batch))
 
 
-class AsyncPrimitives(PlanHooks):
-    """The asyncio form of :class:`Primitives`: the same plans, run by an awaitable ``_op``."""
+class AsyncPrimitivesBase(PlanHooks):
+    """The asyncio form of :class:`PrimitivesBase`: the same plans, run by an awaitable
+    ``_drive``."""
 
-    async def _op(self, op: Any) -> Any:
-        raise NotImplementedError
-
+    @abstractmethod
     async def _drive(self, name: str, plan: "Plan[Any, T]") -> T:
-        try:
-            return await drive_async(plan, self._op)
-        except self._errors as exc:
-            raise unavailable(f"{self._what} {name} failed", exc) from exc
+        """Runs the plan of primitive ``name`` and returns its result."""
 
     async def claim(
         self, scope_key: bytes, fingerprint: str, token: bytes, lease_ms: int, ttl_ms: int
@@ -203,3 +209,33 @@ class AsyncPrimitives(PlanHooks):
     async def purge_expired(self, batch: int = 1000) -> PurgeCounts:
         """Primitive 8: delete up to ``batch`` expired records, earliest expiry first."""
         return await self._drive("purge_expired", self._plan_purge_expired(batch))
+
+
+class Primitives(PrimitivesBase):
+    """:class:`PrimitivesBase` for a store that runs every operation alike: each plan runs with
+    the store's ``_op`` (one operation, blocking); errors of the types in ``_errors`` fail
+    closed."""
+
+    @abstractmethod
+    def _op(self, op: Any) -> Any:
+        """Executes one operation a plan yielded and returns its result."""
+
+    def _drive(self, name: str, plan: "Plan[Any, T]") -> T:
+        try:
+            return drive(plan, self._op)
+        except self._errors as exc:
+            raise unavailable(f"{self._what} {name} failed", exc) from exc
+
+
+class AsyncPrimitives(AsyncPrimitivesBase):
+    """The asyncio form of :class:`Primitives`: the same plans, run by an awaitable ``_op``."""
+
+    @abstractmethod
+    async def _op(self, op: Any) -> Any:
+        """Executes one operation a plan yielded and returns its result."""
+
+    async def _drive(self, name: str, plan: "Plan[Any, T]") -> T:
+        try:
+            return await drive_async(plan, self._op)
+        except self._errors as exc:
+            raise unavailable(f"{self._what} {name} failed", exc) from exc

@@ -19,6 +19,7 @@ The running handler reaches the connection with :func:`current_transaction`.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple, Type
@@ -194,22 +195,24 @@ class ThreadedSession:
             self._thread.shutdown(wait=False)
 
 
-class SessionEnds:
+class SessionEnds(ABC):
     """``release``, ``commit`` and ``close`` of a blocking transactional session, written once in
-    terms of the session's ``open``, ``store`` and ``_end(commit=...)``; driver errors of the
-    types in ``_errors`` fail closed."""
+    terms of the session's ``open``, ``store`` and ``_end(commit=...)`` (abstract: a session
+    class lacking one cannot be instantiated); driver errors of the types in ``_errors`` fail
+    closed."""
 
     store: Any
     _errors: Tuple[Type[BaseException], ...]
     _what: str
 
     @property
+    @abstractmethod
     def open(self) -> bool:
         """True while the transaction is open."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _end(self, *, commit: bool) -> None:
-        raise NotImplementedError
+        """Ends the transaction (``COMMIT`` or ``ROLLBACK``) and gives its connection back."""
 
     def _ends(self, what: str, *, commit: bool) -> None:
         try:

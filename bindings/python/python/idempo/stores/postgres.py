@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
+from abc import abstractmethod
 from contextlib import asynccontextmanager, contextmanager
 from typing import (
     Any,
@@ -435,8 +436,9 @@ class _StoreBase(_Plans):
         self._connect_timeout = _connect_timeout(self.timeout, connect_timeout)
         self._init_io()
 
+    @abstractmethod
     def _init_io(self) -> None:
-        raise NotImplementedError
+        """Sets up the connection handling (a pool, one connection or a DSN) of the store's kind."""
 
 
 class PostgresStore(_StoreBase, Primitives):

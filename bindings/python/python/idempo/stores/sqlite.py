@@ -46,7 +46,7 @@ from idempo.stores._base import (
     record_or_none,
     unavailable,
 )
-from idempo.stores._plan import AsyncPrimitives, Plan, PlanHooks, Primitives, drive
+from idempo.stores._plan import AsyncPrimitivesBase, Plan, PlanHooks, PrimitivesBase, drive
 from idempo.stores._recipes import PRIMITIVES, family, recipe
 from idempo.stores._tx import (
     SessionEnds,
@@ -205,7 +205,7 @@ class _Plans(PlanHooks):
         return _purge_counts(_Op(_SQL["purge"], {"batch": check_batch(batch)}))
 
 
-class SQLiteStore(_Plans, Primitives):
+class SQLiteStore(_Plans, PrimitivesBase):
     """The storage contract on one SQLite database file (one connection per thread)."""
 
     def __init__(
@@ -329,7 +329,7 @@ class SQLiteStore(_Plans, Primitives):
         self._local = threading.local()
 
 
-class AsyncSQLiteStore(_Plans, AsyncPrimitives):
+class AsyncSQLiteStore(_Plans, AsyncPrimitivesBase):
     """The asyncio face of :class:`SQLiteStore`: each primitive runs in a worker thread."""
 
     def __init__(self, path: Union[str, "os.PathLike[str]"], **kwargs: Any) -> None:
@@ -352,7 +352,7 @@ def _busy(exc: sqlite3.OperationalError) -> bool:
     return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY or "locked" in str(exc)
 
 
-class SQLiteTransaction(SessionEnds, _Plans, Primitives):
+class SQLiteTransaction(SessionEnds, _Plans, PrimitivesBase):
     """One request's transactional session on a :class:`SQLiteStore` (``store.transaction()``).
 
     ``claim`` opens ``BEGIN IMMEDIATE`` on a dedicated connection (SQLite has one writer: every
