@@ -1,12 +1,13 @@
 # Evidence (evidence/, docs/EVIDENCE.md): reliability under faults, hostile input, peer benchmarks.
 #
 #   make test-evidence    CI mode: short reliability suite, Python (ASGI) and Node (Express) apps on
-#                         every store (kill -9, transactional kill -9, SIGSTOP, outages, hung
-#                         PostgreSQL, TTL/purge, soak) + hostile-input suites from Python and Node;
-#                         fails on any violation. A few minutes.
+#                         every store (kill -9, transactional kill -9 on both apps, SIGSTOP, outages,
+#                         hung PostgreSQL, TTL/purge, soak) + hostile-input suites from Python and
+#                         Node; fails on any violation. A few minutes.
 #   make evidence-short   the same two suites, figures printed (alias of test-evidence)
 #   make evidence-long    publishing mode: >= 10^5 trials per store (Python app; the Node app at a
-#                         quarter of the rounds), purge of 10^6 rows, 1-minute soaks (~27 min)
+#                         quarter of the rounds), purge of 10^6 rows, 1-minute soaks whose memory
+#                         is judged after a 15 s warm-up (~30 min)
 #   make bench-peers      one table: idempo vs serde_jcs/rfc8785/json.dumps/canonicalize/json-canonicalize
 #                         (+ SHA-256), same bodies, plus end-to-end requests/s and p50/p99 per store
 EV_PY := $(CURDIR)/.venv/bin/python
