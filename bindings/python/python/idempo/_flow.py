@@ -13,9 +13,10 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, List, Optional, Tuple
+from typing import Any, Awaitable, Callable, List, NamedTuple, Optional, Tuple, Union
 
 from idempo._idempo import Action, Cleanup, Config, ServerFlow
+from idempo.stores._plan import Plan, drive, drive_async
 from idempo.stores._tx import ThreadedSession, Transaction, enter, leave, require_transactions
 
 log = logging.getLogger("idempo")
@@ -54,6 +55,7 @@ async def _in_thread(store: Any, action: Action) -> Any:
 
 class StoreDeadline(Exception):
     """A synchronous store call awaited from asyncio outlived its deadline."""
+
 
 Headers = List[Tuple[str, str]]
 
@@ -162,11 +164,21 @@ class _Run:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def _store_step(run: _Run, store: Any, action: Action) -> Action:
-    """Executes store actions until the flow asks for something else."""
+async def _execute_async(store: Any, action: Action, sync: bool) -> Any:
+    """Executes a store action from asyncio: a ``sync`` store's in a worker thread (within its
+    deadline, see :func:`_in_thread`), an async store's awaited."""
+    if sync:
+        return await _in_thread(store, action)
+    return await _execute(store, action)
+
+
+def _store_plan(run: _Run, action: Action) -> "Plan[Action, Action]":
+    """The store steps of a request, written once for both hosts: yields every store action
+    until the flow asks for something else (receiving its result, or its error thrown in: any
+    store failure fails closed) and returns that next action."""
     while action.kind == "store":
         try:
-            result = _execute(store, action)
+            result = yield action
         except Exception as exc:  # noqa: BLE001 - any store failure fails closed
             run.hooks.store_error(run.route, exc)
             action = run.flow.store_failed()
@@ -175,6 +187,11 @@ def _store_step(run: _Run, store: Any, action: Action) -> Action:
         if run.flow.corrupt_record is not None and action.kind != "store":
             log.error("idempo: corrupt record on %s: %s", run.route, run.flow.corrupt_record)
     return action
+
+
+def _store_step(run: _Run, store: Any, action: Action) -> Action:
+    """Executes store actions until the flow asks for something else."""
+    return drive(_store_plan(run, action), lambda op: _execute(store, op))
 
 
 def run_sync(
@@ -279,18 +296,24 @@ def _applied(result: Any) -> Optional[bool]:
     return result is True
 
 
-def _cleanup_sync(cleanup: Cleanup, store: Any, route: str) -> None:
-    """Runs core's cleanup of a claim whose answer was lost: retried as core says, never raises.
+class _Wait(NamedTuple):
+    """A cleanup's pause before its next attempt."""
 
-    Runs in a daemon thread after the response was returned (see ``ServerFlow.cleanup``).
-    """
+    seconds: float
+
+
+def _cleanup_plan(cleanup: Cleanup, route: str) -> "Plan[Union[Action, _Wait], None]":
+    """The decisions of a background cleanup of a claim whose answer was lost, written once for
+    the thread and the task: yields the store action to execute (receiving its result, or its
+    error thrown in) and the :class:`_Wait` before each retry core asks for; logs what happened
+    and never raises."""
     try:
         start = time.monotonic()
         attempt = 0
         while True:
             applied: Optional[bool]
             try:
-                applied = _applied(_execute(store, cleanup.action))
+                applied = _applied((yield cleanup.action))
             except Exception as exc:  # noqa: BLE001 - retried, then given up quietly
                 log.debug("idempo: cleanup on %s failed: %s", route, exc)
                 applied = None
@@ -301,9 +324,24 @@ def _cleanup_sync(cleanup: Cleanup, store: Any, route: str) -> None:
             if delay is None:
                 return
             attempt += 1
-            time.sleep(delay / 1000)
+            yield _Wait(delay / 1000)
     except Exception as exc:  # noqa: BLE001 - a background cleanup never raises
         log.warning("idempo: cleanup on %s stopped: %s", route, exc)
+
+
+def _cleanup_sync(cleanup: Cleanup, store: Any, route: str) -> None:
+    """Runs core's cleanup of a claim whose answer was lost: retried as core says, never raises.
+
+    Runs in a daemon thread after the response was returned (see ``ServerFlow.cleanup``).
+    """
+
+    def io(op: Union[Action, _Wait]) -> Any:
+        if isinstance(op, _Wait):
+            time.sleep(op.seconds)
+            return None
+        return _execute(store, op)
+
+    drive(_cleanup_plan(cleanup, route), io)
 
 
 _CLEANUP_TASKS: "set[asyncio.Task[None]]" = set()
@@ -313,30 +351,14 @@ _CLEANUP_TASKS: "set[asyncio.Task[None]]" = set()
 async def _cleanup_async(cleanup: Cleanup, store: Any, route: str) -> None:
     """As :func:`_cleanup_sync`, as an asyncio task (sync stores run in worker threads)."""
     sync = not is_async_store(store)
-    try:
-        start = time.monotonic()
-        attempt = 0
-        while True:
-            applied: Optional[bool]
-            try:
-                if sync:
-                    result = await _in_thread(store, cleanup.action)
-                else:
-                    result = await _execute(store, cleanup.action)
-                applied = _applied(result)
-            except Exception as exc:  # noqa: BLE001 - retried, then given up quietly
-                log.debug("idempo: cleanup on %s failed: %s", route, exc)
-                applied = None
-            elapsed_ms = int((time.monotonic() - start) * 1000)
-            delay = cleanup.next(attempt, elapsed_ms, applied)
-            if applied:
-                log.info("idempo: released the unconfirmed claim on %s", route)
-            if delay is None:
-                return
-            attempt += 1
-            await asyncio.sleep(delay / 1000)
-    except Exception as exc:  # noqa: BLE001 - a background cleanup never raises
-        log.warning("idempo: cleanup on %s stopped: %s", route, exc)
+
+    async def io(op: Union[Action, _Wait]) -> Any:
+        if isinstance(op, _Wait):
+            await asyncio.sleep(op.seconds)
+            return None
+        return await _execute_async(store, op, sync)
+
+    await drive_async(_cleanup_plan(cleanup, route), io)
 
 
 def _spawn_cleanup_async(cleanup: Cleanup, store: Any, route: str) -> None:
@@ -356,19 +378,11 @@ def _heartbeat_sync(run: _Run, store: Any, interval: float, stop: threading.Even
 
 
 async def _store_step_async(run: _Run, store: Any, action: Action) -> Action:
+    """As :func:`_store_step`, from asyncio (a sync store's actions run in worker threads)."""
     sync = not is_async_store(store)
-    while action.kind == "store":
-        try:
-            if sync:
-                result = await _in_thread(store, action)
-            else:
-                result = await _execute(store, action)
-        except Exception as exc:  # noqa: BLE001 - any store failure fails closed
-            run.hooks.store_error(run.route, exc)
-            action = run.flow.store_failed()
-            continue
-        action = run.flow.store_result(result)
-    return action
+    return await drive_async(
+        _store_plan(run, action), lambda op: _execute_async(store, op, sync)
+    )
 
 
 async def run_async(
