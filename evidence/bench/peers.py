@@ -192,7 +192,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         results = run_lines([str(rust_driver()), d, str(args.budget_ms)])
         results += run_lines([sys.executable, str(ROOT / "evidence" / "bench" / "py_driver.py"), d, str(args.budget_ms)])
         results += run_lines(["node", str(ROOT / "evidence" / "bench" / "node_driver.mjs"), d, str(args.budget_ms)])
-    print("\nfingerprint of the same bodies (best of 5 rounds)")
+    print("\nfingerprint of the same bodies (best of 5 interleaved rounds)")
     fingerprint_table(results, sizes)
     if not args.no_e2e:
         e2e(args.seconds, args.connections, [s for s in args.stores.split(",") if s])

@@ -1,7 +1,7 @@
 //! Rust side of `make bench-peers`: for every body file in the directory given as the first
 //! argument, times idempo's fingerprint, idempo's canonicalize + SHA-256, `serde_jcs` (parse into
 //! `serde_json::Value`, serialize with JCS) + SHA-256, and raw SHA-256 of the body (the limit).
-//! Prints one JSON line per measurement (nanoseconds per operation, best of five rounds); the
+//! Prints one JSON line per measurement (nanoseconds per operation, best of five interleaved rounds); the
 //! Python driver merges them into one table. Figures only, nothing asserted.
 use std::hint::black_box;
 use std::path::Path;
@@ -11,23 +11,28 @@ use idempo_core::canonical::canonicalize;
 use idempo_core::fingerprint::{FingerprintConfig, Fingerprinter, RequestParts};
 use sha2::{Digest, Sha256};
 
-/// Best-of-five nanoseconds per call of `f`, each round lasting about `budget / 5`.
-fn time_it(budget: Duration, mut f: impl FnMut() -> bool) -> Option<f64> {
-    if !f() {
-        return None;
-    }
+/// Best-of-five nanoseconds per call of each case, the rounds interleaved (round r runs every
+/// case for about `budget / 5`), so a load change on the machine skews all of them alike. A case
+/// whose first call returns `false` (it refused the body) gets no figure.
+fn time_all(budget: Duration, cases: &mut [(&str, &mut dyn FnMut() -> bool)]) -> Vec<Option<f64>> {
+    let mut best: Vec<Option<f64>> = cases
+        .iter_mut()
+        .map(|(_, f)| f().then_some(f64::INFINITY))
+        .collect();
     let round = budget / 5;
-    let mut best = f64::INFINITY;
     for _ in 0..5 {
-        let start = Instant::now();
-        let mut n = 0u64;
-        while start.elapsed() < round || n == 0 {
-            black_box(f());
-            n += 1;
+        for ((_, f), slot) in cases.iter_mut().zip(best.iter_mut()) {
+            let Some(current) = *slot else { continue };
+            let start = Instant::now();
+            let mut n = 0u64;
+            while start.elapsed() < round || n == 0 {
+                black_box(f());
+                n += 1;
+            }
+            *slot = Some(current.min(start.elapsed().as_nanos() as f64 / n as f64));
         }
-        best = best.min(start.elapsed().as_nanos() as f64 / n as f64);
     }
-    Some(best)
+    best
 }
 
 fn emit(body: &str, imp: &str, ns: Option<f64>) {
@@ -71,46 +76,37 @@ fn main() {
             }
         };
         let parts = RequestParts::json("POST", "/payments", &body);
-        emit(
-            &name,
-            "idempo fingerprint",
-            time_it(budget, || fp.fingerprint(&parts).is_ok()),
-        );
-        emit(
-            &name,
-            "idempo canonicalize+sha256",
-            time_it(budget, || match canonicalize(&body) {
-                Ok(out) => {
-                    black_box(Sha256::digest(&out));
-                    true
-                }
-                Err(_) => false,
-            }),
-        );
-        emit(
-            &name,
-            "serde_jcs+sha256",
-            time_it(
-                budget,
-                || match serde_json::from_slice::<serde_json::Value>(&body)
-                    .ok()
-                    .and_then(|v| serde_jcs::to_vec(&v).ok())
-                {
-                    Some(out) => {
-                        black_box(Sha256::digest(&out));
-                        true
-                    }
-                    None => false,
-                },
-            ),
-        );
-        emit(
-            &name,
-            "raw sha256 (limit)",
-            time_it(budget, || {
-                black_box(Sha256::digest(&body));
+        let mut fingerprint = || fp.fingerprint(&parts).is_ok();
+        let mut canonical = || match canonicalize(&body) {
+            Ok(out) => {
+                black_box(Sha256::digest(&out));
                 true
-            }),
-        );
+            }
+            Err(_) => false,
+        };
+        let mut jcs = || match serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| serde_jcs::to_vec(&v).ok())
+        {
+            Some(out) => {
+                black_box(Sha256::digest(&out));
+                true
+            }
+            None => false,
+        };
+        let mut raw = || {
+            black_box(Sha256::digest(&body));
+            true
+        };
+        let mut cases: [(&str, &mut dyn FnMut() -> bool); 4] = [
+            ("idempo fingerprint", &mut fingerprint),
+            ("idempo canonicalize+sha256", &mut canonical),
+            ("serde_jcs+sha256", &mut jcs),
+            ("raw sha256 (limit)", &mut raw),
+        ];
+        let figures = time_all(budget, &mut cases);
+        for ((imp, _), ns) in cases.iter().zip(figures) {
+            emit(&name, imp, ns);
+        }
     }
 }
