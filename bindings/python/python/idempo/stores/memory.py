@@ -14,8 +14,9 @@ import heapq
 import os
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from idempo._idempo import InvalidArgument, StoreUnavailable
 from idempo.stores._base import (
@@ -89,6 +90,14 @@ class MemoryStore:
             err.retry_after = None
             raise err
 
+    @contextmanager
+    def _atomic(self) -> Iterator[int]:
+        """One primitive's atomic step: holds the lock, refuses a forked process (unless allowed)
+        and gives the store's now."""
+        with self._lock:
+            self._check_process()
+            yield self._clock()
+
     def _put(self, record: StoredRecord) -> None:
         old = self._records.get(record.scope_key)
         if old is not None:
@@ -142,9 +151,7 @@ class MemoryStore:
         tok = check_token(token)
         check_ms("lease_ms", lease_ms)
         check_ms("ttl_ms", ttl_ms)
-        with self._lock:
-            self._check_process()
-            now = self._clock()
+        with self._atomic() as now:
             current = self._records.get(key)
             if current is not None and current.expires_at > now:
                 return Existing(current, now)
@@ -168,13 +175,20 @@ class MemoryStore:
     def get(self, scope_key: bytes) -> Tuple[Optional[StoredRecord], int]:
         """Primitive 2: the record (expired ones included) and the store's now."""
         key = check_key(scope_key)
-        with self._lock:
-            self._check_process()
-            return self._records.get(key), self._clock()
+        with self._atomic() as now:
+            return self._records.get(key), now
 
     def _owned(self, key: bytes, token: bytes) -> Optional[StoredRecord]:
+        """The in-progress record ``token`` holds, if any."""
         record = self._records.get(key)
         if record is None or record.state != IN_PROGRESS or record.token != token:
+            return None
+        return record
+
+    def _lapsed(self, key: bytes, token: bytes, now: int) -> Optional[StoredRecord]:
+        """The in-progress record ``token`` holds, if its lease has run out by ``now``."""
+        record = self._owned(key, token)
+        if record is None or record.lease_until is None or record.lease_until > now:
             return None
         return record
 
@@ -186,11 +200,9 @@ class MemoryStore:
         seen = check_token(seen_token)
         new = check_token(new_token)
         check_ms("lease_ms", lease_ms)
-        with self._lock:
-            self._check_process()
-            now = self._clock()
-            record = self._owned(key, seen)
-            if record is None or record.lease_until is None or record.lease_until > now:
+        with self._atomic() as now:
+            record = self._lapsed(key, seen, now)
+            if record is None:
                 return None
             until = now + lease_ms
             self._put(
@@ -208,11 +220,9 @@ class MemoryStore:
         key = check_key(scope_key)
         seen = check_token(seen_token)
         check_ms("ttl_ms", ttl_ms)
-        with self._lock:
-            self._check_process()
-            now = self._clock()
-            record = self._owned(key, seen)
-            if record is None or record.lease_until is None or record.lease_until > now:
+        with self._atomic() as now:
+            record = self._lapsed(key, seen, now)
+            if record is None:
                 return False
             self._put(
                 replace(record, state=OUTCOME_UNKNOWN, lease_until=None, expires_at=now + ttl_ms)
@@ -225,9 +235,7 @@ class MemoryStore:
         tok = check_token(token)
         check_ms("ttl_ms", ttl_ms)
         body = bytes(response)
-        with self._lock:
-            self._check_process()
-            now = self._clock()
+        with self._atomic() as now:
             record = self._owned(key, tok)
             if record is None:
                 return False
@@ -246,8 +254,7 @@ class MemoryStore:
         """Primitive 6: delete the caller's own in-progress record."""
         key = check_key(scope_key)
         tok = check_token(token)
-        with self._lock:
-            self._check_process()
+        with self._atomic():
             if self._owned(key, tok) is None:
                 return False
             self._delete(key)
@@ -258,9 +265,7 @@ class MemoryStore:
         key = check_key(scope_key)
         tok = check_token(token)
         check_ms("lease_ms", lease_ms)
-        with self._lock:
-            self._check_process()
-            now = self._clock()
+        with self._atomic() as now:
             record = self._owned(key, tok)
             if record is None:
                 return False
@@ -272,9 +277,7 @@ class MemoryStore:
         """Primitive 8: delete up to ``batch`` expired records (earliest expiry first), per state."""
         check_batch(batch)
         states: List[int] = []
-        with self._lock:
-            self._check_process()
-            now = self._clock()
+        with self._atomic() as now:
             while self._heap and len(states) < batch and self._heap[0][0] <= now:
                 expires_at, _seq, key = heapq.heappop(self._heap)
                 record = self._records.get(key)
