@@ -1,3 +1,4 @@
+import { performance } from 'node:perf_hooks';
 import type BetterSqlite3 from 'better-sqlite3';
 import { StoreUnavailableError } from '../errors';
 import type { ClaimResult, ClockOverride, GetResult, PurgeCounts, PurgeOptions, TransactionalStore, TransactionSession } from './types';
@@ -20,13 +21,72 @@ const SQL = {
   purge: recipe('sqlite_purge'),
 } as const;
 
+/** First pause before retrying a statement refused with `SQLITE_BUSY`, ms (doubles per retry). */
+const BUSY_FIRST_PAUSE_MS = 1;
+/** Longest pause between two retries of a statement refused with `SQLITE_BUSY`, ms. */
+const BUSY_MAX_PAUSE_MS = 25;
+
+/** True for better-sqlite3's `SQLITE_BUSY` and its extended codes (`SQLITE_BUSY_RECOVERY`, …). */
+function isBusy(e: unknown): boolean {
+  const code = typeof e === 'object' && e !== null ? (e as { code?: unknown }).code : undefined;
+  return typeof code === 'string' && (code === 'SQLITE_BUSY' || code.startsWith('SQLITE_BUSY_'));
+}
+
+/** The error a store call rejects with: argument errors as they are, the rest `STORE_UNAVAILABLE`. */
+function storeError(e: unknown): Error {
+  if (e instanceof RangeError || e instanceof StoreUnavailableError) return e;
+  return new StoreUnavailableError(`SQLite error: ${(e as Error).message}`, { cause: e });
+}
+
+/**
+ * The wait for a write lock held by another connection, off the event loop: doubling pauses
+ * (`setTimeout`, 1 ms up to 25 ms) between attempts, bounded by `busyTimeoutMs` from the first one.
+ */
+class BusyWait {
+  readonly #since: number;
+  readonly #boundMs: number;
+  #pause = BUSY_FIRST_PAUSE_MS;
+
+  /** `since`: `performance.now()` at the first attempt. */
+  constructor(since: number, boundMs: number) {
+    this.#since = since;
+    this.#boundMs = boundMs;
+  }
+
+  /** Milliseconds since the first attempt. */
+  get waitedMs(): number {
+    return performance.now() - this.#since;
+  }
+
+  /** Sleeps before the next attempt; false, at once, when the bound has passed. */
+  async pause(): Promise<boolean> {
+    const left = this.#boundMs - this.waitedMs;
+    if (left <= 0) return false;
+    const ms = Math.min(this.#pause, Math.ceil(left));
+    this.#pause = Math.min(this.#pause * 2, BUSY_MAX_PAUSE_MS);
+    await new Promise<void>((resolve) => setTimeout(resolve, ms));
+    return true;
+  }
+
+  /** The rejection once the bound has passed. */
+  expired(cause: unknown): StoreUnavailableError {
+    return new StoreUnavailableError(`SQLite: the database stayed locked for ${Math.round(this.waitedMs)} ms (busyTimeoutMs ${this.#boundMs})`, { cause });
+  }
+}
+
 /** Options of {@link SqliteStore}. */
 export interface SqliteStoreOptions {
   /** Database file (default `idempo.sqlite3`); ignored when `database` is given. */
   filename?: string;
   /** An open better-sqlite3 database to use (the store then does not close it). */
   database?: BetterSqlite3.Database;
-  /** `busy_timeout` in ms (default 5000). */
+  /**
+   * How long a call waits for a write lock held by another connection or process, in ms (default
+   * 5000), after which it fails with `STORE_UNAVAILABLE` (503). The wait never blocks the event
+   * loop: the store's statements run with SQLite's `busy_timeout` at 0 and a refused one is retried
+   * from a timer. The connection's `busy_timeout` outside the store's own statements (and during
+   * the constructor's setup, which is synchronous) is this value.
+   */
   busyTimeoutMs?: number;
   /** Create the table and index if missing (default true). */
   createSchema?: boolean;
@@ -50,14 +110,22 @@ type Statements = { [K in keyof typeof SQL]: BetterSqlite3.Statement };
 /** What a {@link SqliteTransaction} needs from its store (kept off the public surface). */
 interface SqliteInternals {
   stmts: Statements;
+  /** Runs `f` with SQLite's `busy_timeout` at 0 (it fails at once with `SQLITE_BUSY` on a held lock). */
+  noWait: <T>(f: () => T) => T;
   now: () => number | null;
   hold: (owner: object, deadline: number) => Promise<boolean>;
   free: (owner: object) => void;
 }
 
 /**
- * The embedded default store (better-sqlite3): WAL, `synchronous=FULL`, `busy_timeout`, every
- * primitive in `BEGIN IMMEDIATE`, times from SQLite's clock (`julianday('now')`). One host only.
+ * The embedded default store (better-sqlite3): WAL, `synchronous=FULL`, every primitive in `BEGIN
+ * IMMEDIATE`, times from SQLite's clock (`julianday('now')`). One host only.
+ *
+ * better-sqlite3 is synchronous, so the store never lets SQLite wait for a lock: its statements run
+ * with `busy_timeout` at 0, and one refused with `SQLITE_BUSY` (another connection holds the write
+ * lock) is run again, whole (its `BEGIN IMMEDIATE` transaction included, so nothing is half
+ * applied), after doubling pauses on a timer, until `busyTimeoutMs` from the first attempt; then
+ * the call rejects with {@link StoreUnavailableError}. Other requests of the process go on meanwhile.
  *
  * Transactional mode (`transaction()`) runs the handler inside the store's own connection's
  * transaction; while one is open, the store's other operations of this process wait for it (at
@@ -75,11 +143,22 @@ export class SqliteStore implements TransactionalStore {
   };
   /** Transactional mode lock wait, ms. */
   readonly lockTimeoutMs: number;
+  /** The bound on waiting for another connection's write lock, ms. */
+  readonly busyTimeoutMs: number;
+  /**
+   * `PRAGMA busy_timeout` back to `busyTimeoutMs` after the store's own statements (which run at 0).
+   * Run with `exec` each time: SQLite applies this pragma when it compiles it, so a prepared one
+   * would change nothing when run again.
+   */
+  readonly #busyOn: string;
   /** The transactional session holding the connection, or null. */
   #holder: object | null = null;
   #waiters: Waiter[] = [];
 
   constructor(options: SqliteStoreOptions = {}) {
+    const bt = options.busyTimeoutMs ?? 5000;
+    if (!Number.isFinite(bt) || bt < 0) throw new RangeError(`busyTimeoutMs must be a number of ms >= 0, got ${bt}`);
+    this.busyTimeoutMs = Math.floor(bt);
     if (options.database) {
       this.db = options.database;
       this.#owned = false;
@@ -90,9 +169,10 @@ export class SqliteStore implements TransactionalStore {
       this.db = new Database(options.filename ?? 'idempo.sqlite3');
       this.#owned = true;
     }
+    // The one-time setup below is synchronous (a constructor): it may wait up to busyTimeoutMs.
+    this.db.pragma(`busy_timeout = ${this.busyTimeoutMs}`);
     this.db.pragma('journal_mode = WAL');
     this.db.pragma('synchronous = FULL');
-    this.db.pragma(`busy_timeout = ${Math.max(0, Math.floor(options.busyTimeoutMs ?? 5000))}`);
     const version = (this.db.prepare('SELECT sqlite_version() AS v').get() as { v: string }).v;
     const [maj, min] = version.split('.').map(Number);
     if ((maj ?? 0) < 3 || ((maj ?? 0) === 3 && (min ?? 0) < 35)) {
@@ -104,6 +184,7 @@ export class SqliteStore implements TransactionalStore {
     for (const [k, sql] of Object.entries(SQL)) stmts[k] = this.db.prepare(sql);
     this.#stmts = stmts as Statements;
     this.#stmts.get.safeIntegers(false);
+    this.#busyOn = `PRAGMA busy_timeout = ${this.busyTimeoutMs}`;
     const claim = this.db.transaction((p: Record<string, unknown>): ClaimResult => {
       const ins = this.#stmts.claim.get(p) as { generation: number; now_ms: number } | undefined;
       if (ins) return { claimed: true, generation: ins.generation, nowMs: ins.now_ms };
@@ -176,30 +257,61 @@ export class SqliteStore implements TransactionalStore {
     return this.db.transaction(() => stmt.run(p).changes).immediate();
   }
 
-  #wrap<T>(f: () => T): Promise<T> {
-    if (this.#holder !== null) return this.#wrapLater(f, Date.now() + this.lockTimeoutMs);
+  /** Runs `f` with `busy_timeout` at 0: a lock held elsewhere fails it at once (`SQLITE_BUSY`). */
+  #noWait<T>(f: () => T): T {
+    this.db.exec('PRAGMA busy_timeout = 0');
     try {
-      return Promise.resolve(f());
-    } catch (e) {
-      if (e instanceof RangeError || e instanceof StoreUnavailableError) return Promise.reject(e);
-      return Promise.reject(new StoreUnavailableError(`SQLite error: ${(e as Error).message}`, { cause: e }));
+      return f();
+    } finally {
+      this.db.exec(this.#busyOn);
     }
   }
 
-  /** A transactional request holds the connection: runs `f` once it is free, never inside it. */
-  async #wrapLater<T>(f: () => T, deadline: number): Promise<T> {
-    while (this.#holder !== null) {
-      if (!(await this.#waitRelease(deadline))) {
-        throw new StoreUnavailableError(`SQLite: a transactional request held the connection for over ${this.lockTimeoutMs} ms`);
+  /**
+   * Runs one primitive `f` (synchronous, atomic): at once when nothing is in the way, else after a
+   * transactional request of this process frees the connection and/or, while another connection
+   * holds the write lock, again after each pause of a {@link BusyWait}.
+   */
+  #wrap<T>(f: () => T): Promise<T> {
+    if (this.#holder !== null) return this.#wrapLater(f, null, null);
+    const since = performance.now();
+    try {
+      return Promise.resolve(this.#noWait(f));
+    } catch (e) {
+      if (isBusy(e)) return this.#wrapLater(f, new BusyWait(since, this.busyTimeoutMs), e);
+      return Promise.reject(storeError(e));
+    }
+  }
+
+  /** The slow path of {@link SqliteStore.#wrap}: `busy` is set once an attempt met `SQLITE_BUSY`. */
+  async #wrapLater<T>(f: () => T, busy: BusyWait | null, cause: unknown): Promise<T> {
+    for (;;) {
+      if (busy !== null && !(await busy.pause())) throw busy.expired(cause);
+      if (this.#holder !== null) {
+        // Never run inside a transactional request's transaction: wait until it ends.
+        const deadline = Date.now() + this.lockTimeoutMs;
+        while (this.#holder !== null) {
+          if (!(await this.#waitRelease(deadline))) {
+            throw new StoreUnavailableError(`SQLite: a transactional request held the connection for over ${this.lockTimeoutMs} ms`);
+          }
+        }
+      }
+      const since = performance.now();
+      try {
+        return this.#noWait(f);
+      } catch (e) {
+        if (!isBusy(e)) throw storeError(e);
+        busy ??= new BusyWait(since, this.busyTimeoutMs);
+        cause = e;
       }
     }
-    return this.#wrap(f);
   }
 
   /** A transactional session for one request (see {@link SqliteTransaction}). */
   transaction(): SqliteTransaction {
     return new SqliteTransaction(this, {
       stmts: this.#stmts,
+      noWait: (f) => this.#noWait(f),
       now: () => this.#now(),
       hold: (owner, deadline) => this.#hold(owner, deadline),
       free: (owner) => this.#free(owner),
@@ -283,8 +395,9 @@ export class SqliteStore implements TransactionalStore {
  * IMMEDIATE` and the claim; the handler writes through {@link SqliteTransaction.tx} (the store's
  * better-sqlite3 database) inside that transaction; the later primitives (`complete` included) write
  * inside it, `commit()` runs `COMMIT` when core asks for it (`spec/PROTOCOL.md` §7.6), `release`
- * rolls back. Another process holding the write lock past `busy_timeout` also counts as
- * in flight.
+ * rolls back. `BEGIN IMMEDIATE` never blocks the event loop: while another connection holds the
+ * write lock it is retried on a timer (the connection is free for the process's other requests
+ * between attempts); a lock still held after `busyTimeoutMs` also counts as in flight.
  */
 export class SqliteTransaction implements TransactionSession {
   readonly kind = 'sqlite';
@@ -342,15 +455,20 @@ export class SqliteTransaction implements TransactionSession {
     checkKeyAndToken(scopeKey, token);
     const now = () => this.#i.now() ?? Date.now();
     if (!this.#open) {
-      if (!(await this.#i.hold(this, Date.now() + this.store.lockTimeoutMs))) {
-        return lockWaitExpired(fingerprint, now(), this.store.lockTimeoutMs);
-      }
-      try {
-        this.store.db.exec('BEGIN IMMEDIATE');
-      } catch (e) {
-        this.#i.free(this);
-        if ((e as { code?: unknown }).code === 'SQLITE_BUSY') return lockWaitExpired(fingerprint, now(), this.store.lockTimeoutMs);
-        throw new StoreUnavailableError(`SQLite error: ${(e as Error).message}`, { cause: e });
+      const deadline = Date.now() + this.store.lockTimeoutMs;
+      let busy: BusyWait | null = null;
+      for (;;) {
+        if (!(await this.#i.hold(this, deadline))) return lockWaitExpired(fingerprint, now(), this.store.lockTimeoutMs);
+        const since = performance.now();
+        try {
+          this.#i.noWait(() => this.store.db.exec('BEGIN IMMEDIATE'));
+          break;
+        } catch (e) {
+          this.#i.free(this);
+          if (!isBusy(e)) throw new StoreUnavailableError(`SQLite error: ${(e as Error).message}`, { cause: e });
+          busy ??= new BusyWait(since, this.store.busyTimeoutMs);
+          if (!(await busy.pause())) return lockWaitExpired(fingerprint, now(), this.store.lockTimeoutMs);
+        }
       }
       this.#open = true;
     }
