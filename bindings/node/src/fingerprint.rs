@@ -1,7 +1,7 @@
 //! Request fingerprints (`v1:` SHA-256 or `h1:` HMAC-SHA256 over core's framing).
 use idempo_core::fingerprint::Fingerprint;
 use idempo_core::fingerprint::{self as fp, FingerprintConfig, FingerprintError, RequestParts};
-use napi::bindgen_prelude::Buffer;
+use napi::bindgen_prelude::{Buffer, External};
 use std::sync::Arc;
 
 use napi::{Env, JsString};
@@ -124,17 +124,15 @@ impl Fingerprinter {
         route: JsString<'_>,
         body: &[u8],
     ) -> napi::Result<JsString<'e>> {
-        let mut mbuf = [0u8; STACK_STR];
-        let mut rbuf = [0u8; STACK_STR];
-        let m = StrArg::read(&method, &mut mbuf)?;
-        let r = StrArg::read(&route, &mut rbuf)?;
-        match self
-            .inner
-            .fingerprint(&RequestParts::json(m.as_str(), r.as_str(), body))
-        {
-            Ok(f) => text(env, &f),
-            Err(e) => Err(fingerprint_fail(&e).throw(env)),
-        }
+        json_text(env, &self.inner, &method, &route, body)
+    }
+
+    /// This configuration as an opaque handle for [`fingerprint_json_with`]: a plain function
+    /// call on a handle costs less per call than a method call on a class instance.
+    #[napi(catch_unwind, ts_return_type = "ExternalObject<'FingerprinterHandle'>")]
+    #[must_use]
+    pub fn handle(&self) -> External<Arc<fp::Fingerprinter>> {
+        External::new(Arc::clone(&self.inner))
     }
 
     /// A fingerprinter bound to one (method, route template): the per-route hot path, where
@@ -148,6 +146,60 @@ impl Fingerprinter {
             route,
         }
     }
+
+    /// The same binding as [`Fingerprinter::for_route`], as an opaque handle for
+    /// [`route_fingerprint`]: a plain function call on a handle costs less per call than a
+    /// method call on a class instance (no instance unwrap).
+    #[napi(catch_unwind, ts_return_type = "ExternalObject<'RouteHandle'>")]
+    #[must_use]
+    pub fn route_handle(&self, method: String, route: String) -> External<RouteFingerprinter> {
+        External::new(self.for_route(method, route))
+    }
+}
+
+/// The JSON hot path shared by `fingerprintJson` and [`fingerprint_json_with`]: strings read
+/// into stack buffers, the body borrowed, the result created as a JS string directly.
+fn json_text<'e>(
+    env: &'e Env,
+    inner: &fp::Fingerprinter,
+    method: &JsString<'_>,
+    route: &JsString<'_>,
+    body: &[u8],
+) -> napi::Result<JsString<'e>> {
+    let mut mbuf = [0u8; STACK_STR];
+    let mut rbuf = [0u8; STACK_STR];
+    let m = StrArg::read(method, &mut mbuf)?;
+    let r = StrArg::read(route, &mut rbuf)?;
+    match inner.fingerprint(&RequestParts::json(m.as_str(), r.as_str(), body)) {
+        Ok(f) => text(env, &f),
+        Err(e) => Err(fingerprint_fail(&e).throw(env)),
+    }
+}
+
+/// `Fingerprinter.fingerprintJson` on the configuration in `handle` (from
+/// `Fingerprinter.handle`).
+#[napi(catch_unwind)]
+pub fn fingerprint_json_with<'e>(
+    env: &'e Env,
+    #[napi(ts_arg_type = "ExternalObject<'FingerprinterHandle'>")] handle: &External<
+        Arc<fp::Fingerprinter>,
+    >,
+    method: JsString<'_>,
+    route: JsString<'_>,
+    body: &[u8],
+) -> napi::Result<JsString<'e>> {
+    json_text(env, handle, &method, &route, body)
+}
+
+/// The fingerprint of a JSON body for the route bound in `handle` (from
+/// `Fingerprinter.routeHandle`).
+#[napi(catch_unwind)]
+pub fn route_fingerprint<'e>(
+    env: &'e Env,
+    #[napi(ts_arg_type = "ExternalObject<'RouteHandle'>")] handle: &External<RouteFingerprinter>,
+    body: &[u8],
+) -> napi::Result<JsString<'e>> {
+    handle.fingerprint(env, body)
 }
 
 /// A [`Fingerprinter`] bound to one method and route template (JSON bodies, no configured headers).

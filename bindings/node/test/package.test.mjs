@@ -90,3 +90,18 @@ test('the generated native declarations are real', async () => {
     assert.ok(dts.includes(decl), decl);
   }
 });
+
+test('forRoute: the route-bound function agrees with fingerprintJson, takes strings, refuses other types', () => {
+  const fp = new esm.Fingerprinter();
+  const route = fp.forRoute('POST', '/payments');
+  const body = '{"b":[1,2.5,"é"],"a":{"y":null,"x":true}}';
+  const want = fp.fingerprintJson('POST', '/payments', Buffer.from(body));
+  assert.equal(route(Buffer.from(body)), want);
+  assert.equal(route(new Uint8Array(Buffer.from(body))), want);
+  assert.equal(route(body), want);
+  assert.notEqual(fp.forRoute('POST', '/other')(body), want);
+  assert.throws(() => route(42), (e) => e instanceof TypeError && /got number/.test(e.message));
+  assert.throws(() => route(null), (e) => e instanceof TypeError && /got null/.test(e.message));
+  assert.throws(() => route('{"a":1,"a":2}'), (e) => e instanceof esm.CanonicalizationError && e.code === 'CANONICALIZATION_ERROR');
+  assert.throws(() => new esm.Fingerprinter({ headers: ['x-a'] }).forRoute('POST', '/p'), TypeError);
+});
