@@ -1189,12 +1189,12 @@ PROFILES = {
     "long": dict(rounds={2: 6000, 16: 1200, 64: 300, 256: 120}, mixed={2: 3000, 16: 600, 64: 150, 256: 60},
                  kill_trials=5, stop_trials=5, probes=50, hung_probes=30, ttl_keys=50, purge=1_000_000, soak=60.0,
                  tx_rounds={2: 600, 16: 120, 64: 30}),
-    # The Node app in long mode (unless --node-full): a quarter of the rounds (the soak as long as
-    # Python's: 15 s warm-up + 45 s judged), so the publishing run with both apps stays near 30
-    # minutes on two cores.
+    # The Node app in long mode (unless --node-full): a quarter of the rounds (the transactional
+    # rounds and the soak as Python's: 15 s warm-up + 45 s judged), so the publishing run with both
+    # apps stays near 30 minutes on two cores.
     "long-node": dict(rounds={2: 1500, 16: 300, 64: 75, 256: 30}, mixed={2: 750, 16: 150, 64: 38, 256: 15},
                       kill_trials=3, stop_trials=3, probes=50, hung_probes=30, ttl_keys=50, purge=200_000, soak=60.0,
-                      tx_rounds={2: 150, 16: 30, 64: 8}),
+                      tx_rounds={2: 600, 16: 120, 64: 30}),
 }
 
 
