@@ -156,12 +156,57 @@ def _execute(store: Any, action: Action) -> Any:
     return getattr(store, action.op or "")(*action.args)
 
 
+@dataclass(frozen=True)
+class _Request:
+    """What one request brings to the flow, the same for both hosts."""
+
+    config: Config
+    scope: bytes
+    fingerprint: str
+    key: str
+    route: str
+    hooks: Hooks
+
+
 @dataclass
 class _Run:
     flow: ServerFlow
     route: str
     hooks: Hooks
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _start(request: _Request, session: Any) -> Tuple[_Run, Action]:
+    """Starts core's flow for the request (transactional when it runs in a ``session``)."""
+    flow, action = ServerFlow.start(
+        request.scope,
+        request.fingerprint,
+        request.config,
+        os.urandom(16),
+        transactional=session is not None,
+    )
+    return _Run(flow, request.route, request.hooks), action
+
+
+def _execution(request: _Request, action: Action, session: Any) -> Execution:
+    """What the handler of a ``"run_handler"`` action is passed."""
+    assert action.generation is not None and action.downstream_key is not None
+    tx = None if session is None else session.transaction
+    return Execution(request.key, action.generation, action.downstream_key, tx)
+
+
+def _handler_finished(run: _Run, result: HandlerResult) -> Action:
+    """Tells the flow what the handler answered."""
+    return run.flow.handler_finished(
+        result.status, result.headers, result.body, result.body_to_store
+    )
+
+
+def _respond(run: _Run, action: Action) -> Response:
+    """The response of the flow's final action, counted in the outcome hook."""
+    response = response_of(action)
+    run.hooks.outcome(run.route, response.outcome)
+    return response
 
 
 async def _execute_async(store: Any, action: Action, sync: bool) -> Any:
@@ -215,36 +260,28 @@ def run_sync(
     when to roll back (``release``) and commit, and which response may be sent. The session is
     closed (rolling back whatever is still open) when the request ends.
     """
+    request = _Request(config, scope, fingerprint, key, route, hooks)
     if not transactional:
-        return _run_sync(store, config, scope, fingerprint, key, route, handler, hooks, None)
+        return _run_sync(store, request, handler, None)
     require_transactions(store)
     session = store.transaction()
     try:
-        return _run_sync(session, config, scope, fingerprint, key, route, handler, hooks, session)
+        return _run_sync(session, request, handler, session)
     finally:
         session.close()
 
 
 def _run_sync(
     store: Any,
-    config: Config,
-    scope: bytes,
-    fingerprint: str,
-    key: str,
-    route: str,
+    request: _Request,
     handler: Callable[[Execution], HandlerResult],
-    hooks: Hooks,
     session: Any,
 ) -> Response:
-    flow, action = ServerFlow.start(
-        scope, fingerprint, config, os.urandom(16), transactional=session is not None
-    )
-    run = _Run(flow, route, hooks)
+    run, action = _start(request, session)
     action = _store_step(run, store, action)
     if action.kind == "run_handler":
-        assert action.generation is not None and action.downstream_key is not None
-        tx = None if session is None else session.transaction
-        info = Execution(key, action.generation, action.downstream_key, tx)
+        info = _execution(request, action, session)
+        tx = info.transaction
         stop = threading.Event()
         beat = None
         if action.heartbeat_ms:
@@ -263,8 +300,8 @@ def _run_sync(
             if beat is not None:
                 beat.join()
             with run.lock:
-                action = _store_step(run, store, flow.handler_failed())
-            hooks.outcome(route, action.outcome or "handler_failed")
+                action = _store_step(run, store, run.flow.handler_failed())
+            run.hooks.outcome(run.route, action.outcome or "handler_failed")
             assert action.kind == "propagate_error", action
             raise exc
         finally:
@@ -274,17 +311,13 @@ def _run_sync(
         if beat is not None:
             beat.join()
         with run.lock:
-            action = flow.handler_finished(
-                result.status, result.headers, result.body, result.body_to_store
-            )
-            action = _store_step(run, store, action)
-    response = response_of(action)
-    hooks.outcome(route, response.outcome)
-    cleanup = flow.cleanup
+            action = _store_step(run, store, _handler_finished(run, result))
+    response = _respond(run, action)
+    cleanup = run.flow.cleanup
     if cleanup is not None:
         threading.Thread(
             target=_cleanup_sync,
-            args=(cleanup, store, route),
+            args=(cleanup, store, run.route),
             name="idempo-cleanup",
             daemon=True,
         ).start()
@@ -401,16 +434,15 @@ async def run_async(
 
     ``transactional``: as for :func:`run_sync`.
     """
+    request = _Request(config, scope, fingerprint, key, route, hooks)
     if not transactional:
-        return await _run_async(store, config, scope, fingerprint, key, route, handler, hooks, None)
+        return await _run_async(store, request, handler, None)
     require_transactions(store)
     session = store.transaction()
     if not is_async_store(session):
         session = ThreadedSession(session)
     try:
-        return await _run_async(
-            session, config, scope, fingerprint, key, route, handler, hooks, session
-        )
+        return await _run_async(session, request, handler, session)
     finally:
         await _maybe_await(session.close)
 
@@ -424,25 +456,16 @@ async def _maybe_await(fn: Callable[[], Any]) -> None:
 
 async def _run_async(
     store: Any,
-    config: Config,
-    scope: bytes,
-    fingerprint: str,
-    key: str,
-    route: str,
+    request: _Request,
     handler: Callable[[Execution], Awaitable[HandlerResult]],
-    hooks: Hooks,
     session: Any,
 ) -> Response:
-    flow, action = ServerFlow.start(
-        scope, fingerprint, config, os.urandom(16), transactional=session is not None
-    )
-    run = _Run(flow, route, hooks)
+    run, action = _start(request, session)
     lock = asyncio.Lock()
     action = await _store_step_async(run, store, action)
     if action.kind == "run_handler":
-        assert action.generation is not None and action.downstream_key is not None
-        tx = None if session is None else session.transaction
-        info = Execution(key, action.generation, action.downstream_key, tx)
+        info = _execution(request, action, session)
+        tx = info.transaction
         beat = None
         if action.heartbeat_ms:
             beat = asyncio.ensure_future(
@@ -456,8 +479,8 @@ async def _run_async(
                 # Cancelled only while sleeping or waiting for the lock: never mid-renewal.
                 if beat is not None:
                     beat.cancel()
-                action = await _store_step_async(run, store, flow.handler_failed())
-            hooks.outcome(route, action.outcome or "handler_failed")
+                action = await _store_step_async(run, store, run.flow.handler_failed())
+            run.hooks.outcome(run.route, action.outcome or "handler_failed")
             raise exc
         finally:
             if token is not None:
@@ -465,15 +488,11 @@ async def _run_async(
         async with lock:
             if beat is not None:
                 beat.cancel()
-            action = flow.handler_finished(
-                result.status, result.headers, result.body, result.body_to_store
-            )
-            action = await _store_step_async(run, store, action)
-    response = response_of(action)
-    hooks.outcome(route, response.outcome)
-    cleanup = flow.cleanup
+            action = await _store_step_async(run, store, _handler_finished(run, result))
+    response = _respond(run, action)
+    cleanup = run.flow.cleanup
     if cleanup is not None:
-        _spawn_cleanup_async(cleanup, store, route)
+        _spawn_cleanup_async(cleanup, store, run.route)
     return response
 
 
