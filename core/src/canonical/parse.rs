@@ -384,30 +384,74 @@ fn exact_fixed(
     int_end: usize,
     frac_end: Option<usize>,
 ) -> Option<usize> {
+    let form = fixed_form(input, start, int_start, int_end, frac_end)?;
     let int_digits = int_end - int_start;
-    // Integers of up to 15 digits, and of 16 digits up to 2^53: exact doubles whose shortest
-    // round-trip form is the integer itself (the spacing of doubles there is at most 1).
-    let exact_int = int_digits <= 15
-        || (int_digits == 16
-            && input.get(int_start..int_end) <= Some(b"9007199254740992".as_slice()));
+    let exact = if form.integer {
+        // Integers of up to 15 digits, and of 16 digits up to 2^53: exact doubles whose
+        // shortest round-trip form is the integer itself (the spacing of doubles there is at
+        // most 1).
+        int_digits <= 15
+            || (int_digits == 16
+                && input.get(int_start..int_end) <= Some(b"9007199254740992".as_slice()))
+    } else {
+        form.significant <= 15
+    };
+    exact.then_some(form.len)
+}
+
+/// A number literal without exponent as ES6 fixed notation would print its value, when its
+/// digits are the shortest round-trip digits of its double (see [`fixed_form`]).
+struct FixedForm {
+    /// The canonical length: the literal minus trailing fractional zeros and a bare dot.
+    len: usize,
+    /// Significant digits (integer: its digit count).
+    significant: usize,
+    /// No fractional digits other than zeros.
+    integer: bool,
+}
+
+/// The fixed-notation form of a literal without exponent, or `None` when ES6 prints its value
+/// in exponent notation: more than 21 integer digits, or below 1e-6 (a zero integer part and no
+/// non-zero digit among the first six fractional ones).
+#[inline]
+fn fixed_form(
+    input: &[u8],
+    start: usize,
+    int_start: usize,
+    int_end: usize,
+    frac_end: Option<usize>,
+) -> Option<FixedForm> {
+    let int_digits = int_end - int_start;
+    let int_zero = input.get(int_start) == Some(&b'0');
+    if !int_zero && int_digits > 21 {
+        return None;
+    }
+    let integer = FixedForm {
+        len: int_end - start,
+        significant: int_digits,
+        integer: true,
+    };
     let Some(fe) = frac_end else {
-        return exact_int.then_some(int_end - start);
+        return Some(integer);
     };
     let frac = input.get(int_end + 1..fe)?;
     let kept = frac.iter().rposition(|&d| d != b'0').map_or(0, |p| p + 1);
     if kept == 0 {
         // `x.000`: an integer.
-        return exact_int.then_some(int_end - start);
+        return Some(integer);
     }
-    let sig = if input.get(int_start) == Some(&b'0') {
-        // Only the first six fractional digits matter (below 1e-6 is not this path): a long
-        // run of leading zeros is not scanned here.
-        let zeros = frac.iter().take(6).position(|&d| d != b'0')?;
-        kept - zeros
+    let significant = if int_zero {
+        // Only the first six fractional digits matter (below 1e-6 is exponent notation): a
+        // long run of leading zeros is not scanned here.
+        kept - frac.iter().take(6).position(|&d| d != b'0')?
     } else {
         int_digits + kept
     };
-    (sig <= 15).then_some(int_end + 1 + kept - start)
+    Some(FixedForm {
+        len: int_end + 1 + kept - start,
+        significant,
+        integer: false,
+    })
 }
 
 /// The index of the first byte at or after `i` that is not JSON whitespace.
@@ -417,37 +461,6 @@ fn skip_ws(input: &[u8], mut i: usize) -> usize {
         i += 1;
     }
     i
-}
-
-/// The canonical length of a non-zero number literal without exponent whose value ES6 prints
-/// in fixed notation, given that its digits are its double's shortest form: the literal minus
-/// trailing fractional zeros and a bare dot. `None` when ES6 would use exponent notation
-/// (21 or more integer digits, or below 1e-6).
-#[inline]
-fn fixed_len(
-    input: &[u8],
-    start: usize,
-    int_start: usize,
-    int_end: usize,
-    frac_end: Option<usize>,
-) -> Option<usize> {
-    let int_zero = input.get(int_start) == Some(&b'0');
-    if !int_zero && int_end - int_start > 21 {
-        return None;
-    }
-    let Some(fe) = frac_end else {
-        return Some(int_end - start);
-    };
-    let frac = input.get(int_end + 1..fe)?;
-    let kept = frac.iter().rposition(|&d| d != b'0').map_or(0, |p| p + 1);
-    if int_zero && frac.iter().take(6).position(|&d| d != b'0').is_none() {
-        return None;
-    }
-    Some(if kept == 0 {
-        int_end - start
-    } else {
-        int_end + 1 + kept - start
-    })
 }
 
 #[inline]
@@ -1380,7 +1393,8 @@ impl<'a> Parser<'a> {
             && (16..=17).contains(digits)
             && literal_is_shortest(d, value)
         {
-            if !has_exp && let Some(len) = fixed_len(input, start, int_start, int_end, frac_end) {
+            if !has_exp && let Some(form) = fixed_form(input, start, int_start, int_end, frac_end) {
+                let len = form.len;
                 self.push(Tag::Int, start as u32, len as u32, 0);
                 return Ok(len == i - start);
             }
