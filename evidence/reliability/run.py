@@ -330,7 +330,7 @@ TX_TABLE = {
     "sqlite": "CREATE TABLE IF NOT EXISTS ev_effects_tx (id INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT, "
               "generation INTEGER, tag TEXT, pid INTEGER)",
 }
-"""The transactional route's execution table, in the store's own database (app.py ``/pay/tx``)."""
+"""The transactional route's execution table, in the store's own database (``/pay/tx`` of app.py and node_app.cjs)."""
 
 
 def _store_sql(t: Target, sql: str, args: Tuple[Any, ...] = ()) -> List[Tuple[Any, ...]]:
