@@ -590,12 +590,9 @@ async def s_outage(t: Target, probes: int) -> Row:
             if label != "503 store-unavailable" or not r.headers.get("retry-after", "").isdigit():
                 row.bad(f"during outage: {label} retry-after={r.headers.get('retry-after')}")
 
-        # Concurrent probes, ten at a time. Node's SQLite store is synchronous (better-sqlite3): a
-        # locked file blocks a worker's whole event loop for the busy_timeout, so concurrent
-        # requests queue behind each other there (busy_timeout times their number); one at a time.
-        step = 1 if (t.app, t.name) == ("node", "sqlite") else 10
-        if step == 1:
-            del keys[10:]  # at up to busy_timeout each, ten sequential probes are enough
+        # Concurrent probes, ten at a time (both apps' SQLite stores wait for a locked file off
+        # the event loop / per request since 72326b9 and 2056b15).
+        step = 10
         for i in range(0, len(keys), step):
             await asyncio.gather(*(refused(k) for k in keys[i:i + step]))
         if t.effects.total() != before:
@@ -674,12 +671,11 @@ async def s_outage(t: Target, probes: int) -> Row:
         elif n != (1 if r.status == 201 else 0):
             row.bad(f"refused key: {n} executions after a {label}")
         row.outcomes[f"retry after recovery: {label}"] += 1
-    if late:
-        row.notes.append(f"{late} refused keys were held by a claim that landed after its 503 "
-                         f"(PROTOCOL 7.4) until the cleanup or the lease freed them")
+    unknown = row.outcomes["retry after recovery: 500 outcome-unknown"]
+    if late or unknown:
+        row.notes.append(f"refused keys whose claim landed after their 503 (PROTOCOL 7.4): {late} held "
+                         f"(409) at the first retry, {unknown} ended outcome-unknown (the handler never ran)")
     row.notes.append(how)
-    if step == 1:
-        row.notes.append("probes one at a time (a locked file blocks a Node worker's event loop)")
     row.notes.append(f"slowest 503 {worst * 1000:.0f} ms")
     if recovered is not None:
         row.notes.append(f"recovery {recovered * 1000:.0f} ms after restart (restart took {(back_at - down_at) * 1000:.0f} ms)")
