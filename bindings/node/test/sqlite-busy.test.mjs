@@ -296,13 +296,13 @@ test('transactional session: a lock held past busyTimeoutMs answers in flight, n
 });
 
 /** An Express app with one idempotent route on `store` and a plain `GET /ping`. */
-async function app(store) {
+async function app(store, options = {}) {
   const express = require('express');
   const state = { runs: 0 };
   const a = express();
   a.set('env', 'test');
   a.get('/ping', (_req, res) => res.send('pong'));
-  a.post('/orders', idempo.idempotency({ store }), (req, res) => {
+  a.post('/orders', idempo.idempotency({ store, ...options }), (req, res) => {
     state.runs++;
     res.status(201).json({ run: state.runs });
   });
@@ -362,6 +362,94 @@ test('middleware: a lock held past busyTimeoutMs answers 503 + Retry-After, the 
     assert.equal(srv.state.runs, 0);
     lock.release();
     const ok = await order(srv.url, 'busy-mw-000002');
+    assert.equal(ok.status, 201);
+    assert.equal(srv.state.runs, 1);
+  } finally {
+    lock.release();
+    await srv.close();
+    await store.close();
+  }
+});
+
+test('no attempt starts past busyTimeoutMs, even when the retry timer fires late (the lock free by then)', async () => {
+  const filename = freshFile();
+  const store = new idempo.SqliteStore({ filename, busyTimeoutMs: 200 });
+  const lock = lockInProcess(filename);
+  const scope = randomBytes(32);
+  // Near the bound, the event loop is blocked for 150 ms and the lock is released at its end:
+  // the store's pending retry timer can only fire after that, past the bound, with the lock free.
+  setTimeout(() => {
+    const until = performance.now() + 150;
+    while (performance.now() < until);
+    lock.release();
+  }, 150);
+  try {
+    const err = await store.claim(scope, FP, randomBytes(16), 1000, 60_000).then(
+      () => null,
+      (e) => e,
+    );
+    assert.ok(err instanceof idempo.StoreUnavailableError, `a claim past the bound applied: ${err}`);
+    assert.equal((await store.get(scope)).record, null, 'nothing was written after the bound');
+  } finally {
+    lock.release();
+    store.close();
+  }
+});
+
+test('the middleware waits a little longer than the store bounds itself (default storeTimeoutMs)', async () => {
+  const { defaultStoreTimeoutMs } = require('../dist/server/options.js');
+  const filename = freshFile();
+  const store = new idempo.SqliteStore({ filename, busyTimeoutMs: 1200, lockTimeoutMs: 800 });
+  try {
+    assert.equal(store.callTimeoutMs, 2000);
+    assert.equal(defaultStoreTimeoutMs(store), 2250);
+    assert.equal(defaultStoreTimeoutMs(new idempo.MemoryStore()), 5000);
+  } finally {
+    store.close();
+  }
+});
+
+test('a call whose caller gave up (aborted signal) starts no further attempt: nothing applies later', async () => {
+  const filename = freshFile();
+  const store = new idempo.SqliteStore({ filename, busyTimeoutMs: 5000 });
+  const lock = lockInProcess(filename);
+  const scope = randomBytes(32);
+  const giveUp = new AbortController();
+  setTimeout(() => giveUp.abort(new Error('host deadline')), 150);
+  setTimeout(() => lock.release(), 300);
+  try {
+    const err = await store.claim(scope, FP, randomBytes(16), 60_000, 60_000, { signal: giveUp.signal }).then(
+      () => null,
+      (e) => e,
+    );
+    assert.ok(err instanceof idempo.StoreUnavailableError && /gave up/.test(err.message), `claim applied after the abort: ${err}`);
+    await new Promise((r) => setTimeout(r, 300)); // the lock is free by now
+    assert.equal((await store.get(scope)).record, null, 'the abandoned claim applied later');
+  } finally {
+    lock.release();
+    store.close();
+  }
+});
+
+test('middleware: storeTimeoutMs below the store bound: the 503 comes at storeTimeoutMs, and once the lock is free the key runs once', async () => {
+  const filename = freshFile();
+  // The store would wait 5 s for the lock; the middleware gives up after 300 ms.
+  const store = new idempo.SqliteStore({ filename, busyTimeoutMs: 5000 });
+  const lock = lockInProcess(filename);
+  // A 1 s lease (core's cleanup of the refused claim retries for 1 s); the lock is freed at
+  // 1.6 s. The store-level test above shows the abandoned call itself never applies.
+  const srv = await app(store, { storeTimeoutMs: 300, leaseMs: 1000 });
+  try {
+    const t0 = performance.now();
+    const r = await order(srv.url, 'busy-mw-000003');
+    assert.equal(r.status, 503);
+    await r.text();
+    assert.ok(performance.now() - t0 < 2000);
+    await new Promise((res) => setTimeout(res, Math.max(0, 1600 - (performance.now() - t0))));
+    lock.release();
+    await new Promise((res) => setTimeout(res, 300));
+    // Nothing holds the key: the request runs at once, exactly once.
+    const ok = await order(srv.url, 'busy-mw-000003');
     assert.equal(ok.status, 201);
     assert.equal(srv.state.runs, 1);
   } finally {

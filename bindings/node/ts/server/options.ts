@@ -58,7 +58,11 @@ export interface IdempotencyOptions<Req = unknown> {
   inFlightRetryAfterMs?: number;
   /** `Retry-After` for 503 in ms (default 1000). */
   unavailableRetryAfterMs?: number;
-  /** A store call slower than this fails (fail closed, 503). Default 5000 ms. */
+  /**
+   * A store call slower than this fails (fail closed, 503). Default: the store's own call bound
+   * (`store.callTimeoutMs`) plus 250 ms when it declares one, so the store's own error ends a
+   * call and nothing it gave up on applies later; else 5000 ms.
+   */
   storeTimeoutMs?: number;
   /** Event emitter for metrics (one is created when omitted). */
   events?: IdempotencyEvents;
@@ -225,10 +229,19 @@ export function admitRequest<Req>(p: Prepared<Req>, f: RequestFacts): Admitted {
     fingerprint,
     // A transactional session bounds every step itself (statement deadlines, the lock wait): an
     // outer timeout would answer while the step still runs on the transaction's connection.
-    storeTimeoutMs: tx ? 0 : (p.o.storeTimeoutMs ?? 5000),
+    storeTimeoutMs: tx ? 0 : (p.o.storeTimeoutMs ?? defaultStoreTimeoutMs(p.o.store)),
     events: p.events,
     route: f.route,
     ...(tx ? { tx } : {}),
   });
   return { kind: 'session', session, key: k.key };
+}
+
+/** Headroom over a store's own call bound before the host gives up on a call, ms. */
+const STORE_BOUND_HEADROOM_MS = 250;
+
+/** The default `storeTimeoutMs`: the store's own call bound plus headroom, else 5000 ms. */
+export function defaultStoreTimeoutMs(store: IdempotencyStore): number {
+  const own = store.callTimeoutMs;
+  return own !== undefined && Number.isFinite(own) && own >= 0 ? own + STORE_BOUND_HEADROOM_MS : 5000;
 }

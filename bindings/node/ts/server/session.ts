@@ -7,7 +7,7 @@ import { randomBytes } from 'node:crypto';
 import { EventEmitter } from 'node:events';
 import native = require('../native');
 import { fromNative } from '../errors';
-import type { IdempotencyStore, StoreRecord, TransactionSession } from '../stores/types';
+import type { CallOptions, IdempotencyStore, StoreRecord, TransactionSession } from '../stores/types';
 
 /** A response as the host sends it. */
 export interface HttpResponse {
@@ -85,13 +85,19 @@ export function toHttp(h: native.HttpResponseData): HttpResponse {
   return { status: h.status, headers: h.headers as Array<[string, string]>, body: h.body };
 }
 
-function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
-  if (!(ms > 0) || !Number.isFinite(ms)) return p;
+function withTimeout<T>(call: (options: CallOptions) => Promise<T>, ms: number, what: string): Promise<T> {
+  if (!(ms > 0) || !Number.isFinite(ms)) return call({});
+  // The store sees the host give up (its own retries stop: nothing applies after the 503).
+  const giveUp = new AbortController();
   let timer: NodeJS.Timeout | undefined;
   const t = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`store ${what} timed out after ${ms} ms`)), ms);
+    timer = setTimeout(() => {
+      const e = new Error(`store ${what} timed out after ${ms} ms`);
+      giveUp.abort(e);
+      reject(e);
+    }, ms);
   });
-  return Promise.race([p, t]).finally(() => clearTimeout(timer));
+  return Promise.race([call({ signal: giveUp.signal }), t]).finally(() => clearTimeout(timer));
 }
 
 /** Options of one session. */
@@ -156,33 +162,33 @@ export class Session {
     try {
       switch (op) {
         case 'claim': {
-          const r = await withTimeout(s.claim(scope, a.fingerprint as string, a.token as Buffer, a.leaseMs as number, a.ttlMs as number), ms, op);
+          const r = await withTimeout((o) => s.claim(scope, a.fingerprint as string, a.token as Buffer, a.leaseMs as number, a.ttlMs as number, o), ms, op);
           return r.claimed
             ? this.#feed(() => this.#flow.claimed(r.generation, r.nowMs))
             : this.#feed(() => this.#flow.existing(toRow(r.record), r.nowMs));
         }
         case 'get': {
-          const r = await withTimeout(s.get(scope), ms, op);
+          const r = await withTimeout((o) => s.get(scope, o), ms, op);
           return this.#feed(() => this.#flow.got(r.record === null ? null : toRow(r.record), r.nowMs));
         }
         case 'takeover': {
-          const g = await withTimeout(s.takeover(scope, a.seenToken as Buffer, a.newToken as Buffer, a.leaseMs as number), ms, op);
+          const g = await withTimeout((o) => s.takeover(scope, a.seenToken as Buffer, a.newToken as Buffer, a.leaseMs as number, o), ms, op);
           return this.#feed(() => this.#flow.tookOver(g));
         }
         case 'mark_unknown': {
-          const ok = await withTimeout(s.markUnknown(scope, a.seenToken as Buffer, a.ttlMs as number), ms, op);
+          const ok = await withTimeout((o) => s.markUnknown(scope, a.seenToken as Buffer, a.ttlMs as number, o), ms, op);
           return this.#feed(() => this.#flow.markedUnknown(ok));
         }
         case 'complete': {
-          const ok = await withTimeout(s.complete(scope, a.token as Buffer, a.response as Buffer, a.ttlMs as number), ms, op);
+          const ok = await withTimeout((o) => s.complete(scope, a.token as Buffer, a.response as Buffer, a.ttlMs as number, o), ms, op);
           return this.#feed(() => this.#flow.completed(ok));
         }
         case 'release': {
-          const ok = await withTimeout(s.release(scope, a.token as Buffer), ms, op);
+          const ok = await withTimeout((o) => s.release(scope, a.token as Buffer, o), ms, op);
           return this.#feed(() => this.#flow.released(ok));
         }
         case 'renew': {
-          const ok = await withTimeout(s.renew(scope, a.token as Buffer, a.leaseMs as number), ms, op);
+          const ok = await withTimeout((o) => s.renew(scope, a.token as Buffer, a.leaseMs as number, o), ms, op);
           return this.#feed(() => this.#flow.renewed(ok));
         }
         case 'commit': {
@@ -190,7 +196,7 @@ export class Session {
           // answers 503, outcome not_committed).
           const tx = this.#o.tx;
           if (!tx) throw new Error('idempo: core asked for a commit outside a transactional session');
-          await withTimeout(tx.commit(), ms, op);
+          await withTimeout(() => tx.commit(), ms, op);
           return this.#feed(() => this.#flow.committed());
         }
         default:
@@ -248,11 +254,11 @@ export class Session {
       for (;;) {
         let result: boolean | null;
         try {
-          const p =
+          const call = (o: CallOptions): Promise<boolean> =>
             op === 'renew'
-              ? this.#o.store.renew(a.scope as Buffer, a.token as Buffer, a.leaseMs as number)
-              : this.#o.store.release(a.scope as Buffer, a.token as Buffer);
-          result = (await withTimeout(p, this.#o.storeTimeoutMs, op)) === true;
+              ? this.#o.store.renew(a.scope as Buffer, a.token as Buffer, a.leaseMs as number, o)
+              : this.#o.store.release(a.scope as Buffer, a.token as Buffer, o);
+          result = (await withTimeout(call, this.#o.storeTimeoutMs, op)) === true;
         } catch {
           result = null;
         }

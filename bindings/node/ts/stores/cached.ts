@@ -1,5 +1,5 @@
 import type IORedis from 'ioredis';
-import type { ClaimResult, ClockOverride, GetResult, IdempotencyStore, PurgeCounts, PurgeOptions, StoreRecord } from './types';
+import type { CallOptions, ClaimResult, ClockOverride, GetResult, IdempotencyStore, PurgeCounts, PurgeOptions, StoreRecord } from './types';
 import { asBuffer } from './types';
 import { hashToRecord } from './redis';
 import { recipe } from './recipes';
@@ -41,6 +41,10 @@ export interface CachedStoreOptions {
  */
 export class CachedStore implements IdempotencyStore {
   readonly kind = 'cached';
+  /** The authority's call bound (the cache's own calls are best effort). */
+  get callTimeoutMs(): number | undefined {
+    return this.authority.callTimeoutMs;
+  }
   readonly authority: IdempotencyStore;
   readonly #redis: IORedis;
   readonly #prefix: string;
@@ -128,30 +132,30 @@ export class CachedStore implements IdempotencyStore {
     }
   }
 
-  async claim(scopeKey: Uint8Array, fingerprint: string, token: Uint8Array, leaseMs: number, ttlMs: number): Promise<ClaimResult> {
+  async claim(scopeKey: Uint8Array, fingerprint: string, token: Uint8Array, leaseMs: number, ttlMs: number, options?: CallOptions): Promise<ClaimResult> {
     const hit = await this.#lookup(scopeKey);
     if (hit) return { claimed: false, record: hit.record, nowMs: hit.nowMs };
     const asked = this.#mono();
-    const r = await this.authority.claim(scopeKey, fingerprint, token, leaseMs, ttlMs);
+    const r = await this.authority.claim(scopeKey, fingerprint, token, leaseMs, ttlMs, options);
     if (!r.claimed) await this.#fill(scopeKey, r.record, r.nowMs, asked);
     return r;
   }
 
-  async get(scopeKey: Uint8Array): Promise<GetResult> {
+  async get(scopeKey: Uint8Array, options?: CallOptions): Promise<GetResult> {
     const hit = await this.#lookup(scopeKey);
     if (hit) return hit;
     const asked = this.#mono();
-    const r = await this.authority.get(scopeKey);
+    const r = await this.authority.get(scopeKey, options);
     if (r.record) await this.#fill(scopeKey, r.record, r.nowMs, asked);
     return r;
   }
 
-  takeover(scopeKey: Uint8Array, seenToken: Uint8Array, newToken: Uint8Array, leaseMs: number): Promise<number | null> {
-    return this.authority.takeover(scopeKey, seenToken, newToken, leaseMs);
+  takeover(scopeKey: Uint8Array, seenToken: Uint8Array, newToken: Uint8Array, leaseMs: number, options?: CallOptions): Promise<number | null> {
+    return this.authority.takeover(scopeKey, seenToken, newToken, leaseMs, options);
   }
 
-  markUnknown(scopeKey: Uint8Array, seenToken: Uint8Array, ttlMs: number): Promise<boolean> {
-    return this.authority.markUnknown(scopeKey, seenToken, ttlMs);
+  markUnknown(scopeKey: Uint8Array, seenToken: Uint8Array, ttlMs: number, options?: CallOptions): Promise<boolean> {
+    return this.authority.markUnknown(scopeKey, seenToken, ttlMs, options);
   }
 
   /**
@@ -159,15 +163,15 @@ export class CachedStore implements IdempotencyStore {
    * first replay is already a hit), with the TTL computed from the authority's clock at
    * completion. The fill never fails the completion: a cache error is reported and ignored.
    */
-  async complete(scopeKey: Uint8Array, token: Uint8Array, response: Uint8Array, ttlMs: number): Promise<boolean> {
+  async complete(scopeKey: Uint8Array, token: Uint8Array, response: Uint8Array, ttlMs: number, options?: CallOptions): Promise<boolean> {
     if (this.authority.completeRecord) {
       const asked = this.#mono();
-      const done = await this.authority.completeRecord(scopeKey, token, response, ttlMs);
+      const done = await this.authority.completeRecord(scopeKey, token, response, ttlMs, options);
       if (done === null) return false;
       if (done.record) await this.#fill(scopeKey, done.record, done.nowMs, asked);
       return true;
     }
-    const ok = await this.authority.complete(scopeKey, token, response, ttlMs);
+    const ok = await this.authority.complete(scopeKey, token, response, ttlMs, options);
     if (!ok) return false;
     // Without a returning completion, read the committed row back; a failed read only skips the fill.
     try {
@@ -181,12 +185,12 @@ export class CachedStore implements IdempotencyStore {
     return true;
   }
 
-  release(scopeKey: Uint8Array, token: Uint8Array): Promise<boolean> {
-    return this.authority.release(scopeKey, token);
+  release(scopeKey: Uint8Array, token: Uint8Array, options?: CallOptions): Promise<boolean> {
+    return this.authority.release(scopeKey, token, options);
   }
 
-  renew(scopeKey: Uint8Array, token: Uint8Array, leaseMs: number): Promise<boolean> {
-    return this.authority.renew(scopeKey, token, leaseMs);
+  renew(scopeKey: Uint8Array, token: Uint8Array, leaseMs: number, options?: CallOptions): Promise<boolean> {
+    return this.authority.renew(scopeKey, token, leaseMs, options);
   }
 
   purgeExpired(options?: PurgeOptions): Promise<PurgeCounts> {

@@ -128,6 +128,10 @@ export class PostgresStore implements TransactionalStore {
   readonly #schema: string | undefined;
   readonly #clock: ClockOverride | undefined;
   /** Deadline of one operation, ms. */
+  /** The longest one call takes before failing by itself: `timeoutMs` (one deadline per call). */
+  get callTimeoutMs(): number {
+    return this.timeoutMs;
+  }
   readonly timeoutMs: number;
   /** Transactional mode lock wait, ms. */
   readonly lockTimeoutMs: number;

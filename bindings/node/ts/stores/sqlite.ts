@@ -1,7 +1,7 @@
 import { performance } from 'node:perf_hooks';
 import type BetterSqlite3 from 'better-sqlite3';
 import { StoreUnavailableError } from '../errors';
-import type { ClaimResult, ClockOverride, GetResult, PurgeCounts, PurgeOptions, TransactionalStore, TransactionSession } from './types';
+import type { CallOptions, ClaimResult, ClockOverride, GetResult, PurgeCounts, PurgeOptions, TransactionalStore, TransactionSession } from './types';
 import { asBuffer, checkKeyAndToken, lockWaitExpired } from './types';
 import { recipe, recordFromRow } from './recipes';
 import type { RecipeRow } from './recipes';
@@ -58,14 +58,17 @@ class BusyWait {
     return performance.now() - this.#since;
   }
 
-  /** Sleeps before the next attempt; false, at once, when the bound has passed. */
+  /**
+   * Sleeps before the next attempt; false when the bound has passed, at once or after the sleep
+   * (a late timer never starts an attempt past the bound, so the store's callers can rely on it).
+   */
   async pause(): Promise<boolean> {
     const left = this.#boundMs - this.waitedMs;
     if (left <= 0) return false;
     const ms = Math.min(this.#pause, Math.ceil(left));
     this.#pause = Math.min(this.#pause * 2, BUSY_MAX_PAUSE_MS);
     await new Promise<void>((resolve) => setTimeout(resolve, ms));
-    return true;
+    return this.waitedMs < this.#boundMs;
   }
 
   /** The rejection once the bound has passed. */
@@ -133,6 +136,13 @@ interface SqliteInternals {
  */
 export class SqliteStore implements TransactionalStore {
   readonly kind = 'sqlite';
+  /**
+   * The longest one call can take before failing by itself: the lock wait (`busyTimeoutMs`) plus,
+   * when a transactional request of this process holds the connection, `lockTimeoutMs`.
+   */
+  get callTimeoutMs(): number {
+    return this.busyTimeoutMs + this.lockTimeoutMs;
+  }
   readonly db: BetterSqlite3.Database;
   readonly #owned: boolean;
   readonly #stmts: Statements;
@@ -272,21 +282,27 @@ export class SqliteStore implements TransactionalStore {
    * transactional request of this process frees the connection and/or, while another connection
    * holds the write lock, again after each pause of a {@link BusyWait}.
    */
-  #wrap<T>(f: () => T): Promise<T> {
-    if (this.#holder !== null) return this.#wrapLater(f, null, null);
+  #wrap<T>(signal: AbortSignal | undefined, f: () => T): Promise<T> {
+    if (this.#holder !== null) return this.#wrapLater(signal, f, null, null);
     const since = performance.now();
     try {
       return Promise.resolve(this.#noWait(f));
     } catch (e) {
-      if (isBusy(e)) return this.#wrapLater(f, new BusyWait(since, this.busyTimeoutMs), e);
+      if (isBusy(e)) return this.#wrapLater(signal, f, new BusyWait(since, this.busyTimeoutMs), e);
       return Promise.reject(storeError(e));
     }
   }
 
-  /** The slow path of {@link SqliteStore.#wrap}: `busy` is set once an attempt met `SQLITE_BUSY`. */
-  async #wrapLater<T>(f: () => T, busy: BusyWait | null, cause: unknown): Promise<T> {
+  /**
+   * The slow path of {@link SqliteStore.#wrap}: `busy` is set once an attempt met `SQLITE_BUSY`.
+   * Once `signal` aborts (the caller gave up), no further attempt starts.
+   */
+  async #wrapLater<T>(signal: AbortSignal | undefined, f: () => T, busy: BusyWait | null, cause: unknown): Promise<T> {
+    const abandoned = (): StoreUnavailableError =>
+      new StoreUnavailableError('SQLite: the caller gave up on this call; it was not applied', { cause: signal?.reason });
     for (;;) {
       if (busy !== null && !(await busy.pause())) throw busy.expired(cause);
+      if (signal?.aborted) throw abandoned();
       if (this.#holder !== null) {
         // Never run inside a transactional request's transaction: wait until it ends.
         const deadline = Date.now() + this.lockTimeoutMs;
@@ -294,6 +310,7 @@ export class SqliteStore implements TransactionalStore {
           if (!(await this.#waitRelease(deadline))) {
             throw new StoreUnavailableError(`SQLite: a transactional request held the connection for over ${this.lockTimeoutMs} ms`);
           }
+          if (signal?.aborted) throw abandoned();
         }
       }
       const since = performance.now();
@@ -318,8 +335,8 @@ export class SqliteStore implements TransactionalStore {
     });
   }
 
-  claim(scopeKey: Uint8Array, fingerprint: string, token: Uint8Array, leaseMs: number, ttlMs: number): Promise<ClaimResult> {
-    return this.#wrap(() => {
+  claim(scopeKey: Uint8Array, fingerprint: string, token: Uint8Array, leaseMs: number, ttlMs: number, options?: CallOptions): Promise<ClaimResult> {
+    return this.#wrap(options?.signal, () => {
       checkKeyAndToken(scopeKey, token);
       return this.#tx.claim({
         scope: asBuffer(scopeKey),
@@ -332,16 +349,16 @@ export class SqliteStore implements TransactionalStore {
     });
   }
 
-  get(scopeKey: Uint8Array): Promise<GetResult> {
-    return this.#wrap(() => {
+  get(scopeKey: Uint8Array, options?: CallOptions): Promise<GetResult> {
+    return this.#wrap(options?.signal, () => {
       checkKeyAndToken(scopeKey);
       const row = this.#stmts.get.get({ scope: asBuffer(scopeKey), now: this.#now() }) as RecipeRow;
       return { record: recordFromRow(row), nowMs: Number(row.now_ms) };
     });
   }
 
-  takeover(scopeKey: Uint8Array, seenToken: Uint8Array, newToken: Uint8Array, leaseMs: number): Promise<number | null> {
-    return this.#wrap(() => {
+  takeover(scopeKey: Uint8Array, seenToken: Uint8Array, newToken: Uint8Array, leaseMs: number, options?: CallOptions): Promise<number | null> {
+    return this.#wrap(options?.signal, () => {
       checkKeyAndToken(scopeKey, seenToken, newToken);
       const p = { scope: asBuffer(scopeKey), seen: asBuffer(seenToken), new: asBuffer(newToken), lease: leaseMs, now: this.#now() };
       const r = this.db.transaction(() => this.#stmts.takeover.get(p) as { generation: number } | undefined).immediate();
@@ -349,15 +366,15 @@ export class SqliteStore implements TransactionalStore {
     });
   }
 
-  markUnknown(scopeKey: Uint8Array, seenToken: Uint8Array, ttlMs: number): Promise<boolean> {
-    return this.#wrap(() => {
+  markUnknown(scopeKey: Uint8Array, seenToken: Uint8Array, ttlMs: number, options?: CallOptions): Promise<boolean> {
+    return this.#wrap(options?.signal, () => {
       checkKeyAndToken(scopeKey, seenToken);
       return this.#write(this.#stmts.markUnknown, { scope: asBuffer(scopeKey), seen: asBuffer(seenToken), ttl: ttlMs, now: this.#now() }) === 1;
     });
   }
 
-  complete(scopeKey: Uint8Array, token: Uint8Array, response: Uint8Array, ttlMs: number): Promise<boolean> {
-    return this.#wrap(() => {
+  complete(scopeKey: Uint8Array, token: Uint8Array, response: Uint8Array, ttlMs: number, options?: CallOptions): Promise<boolean> {
+    return this.#wrap(options?.signal, () => {
       checkKeyAndToken(scopeKey, token);
       return (
         this.#write(this.#stmts.complete, { scope: asBuffer(scopeKey), token: asBuffer(token), response: asBuffer(response), ttl: ttlMs, now: this.#now() }) === 1
@@ -365,22 +382,22 @@ export class SqliteStore implements TransactionalStore {
     });
   }
 
-  release(scopeKey: Uint8Array, token: Uint8Array): Promise<boolean> {
-    return this.#wrap(() => {
+  release(scopeKey: Uint8Array, token: Uint8Array, options?: CallOptions): Promise<boolean> {
+    return this.#wrap(options?.signal, () => {
       checkKeyAndToken(scopeKey, token);
       return this.#write(this.#stmts.release, { scope: asBuffer(scopeKey), token: asBuffer(token) }) === 1;
     });
   }
 
-  renew(scopeKey: Uint8Array, token: Uint8Array, leaseMs: number): Promise<boolean> {
-    return this.#wrap(() => {
+  renew(scopeKey: Uint8Array, token: Uint8Array, leaseMs: number, options?: CallOptions): Promise<boolean> {
+    return this.#wrap(options?.signal, () => {
       checkKeyAndToken(scopeKey, token);
       return this.#write(this.#stmts.renew, { scope: asBuffer(scopeKey), token: asBuffer(token), lease: leaseMs, now: this.#now() }) === 1;
     });
   }
 
   purgeExpired(options: PurgeOptions = {}): Promise<PurgeCounts> {
-    return this.#wrap(() => this.#tx.purge({ batch: options.batch ?? 1000, now: this.#now() }));
+    return this.#wrap(undefined, () => this.#tx.purge({ batch: options.batch ?? 1000, now: this.#now() }));
   }
 
   close(): Promise<void> {

@@ -51,29 +51,46 @@ export interface PurgeOptions {
  * Every method is one atomic step on the store's clock; errors reject the promise (the flow then
  * fails closed with 503).
  */
+/** Per-call options the host passes to a store primitive. */
+export interface CallOptions {
+  /**
+   * Aborted when the host gave up on the call (its `storeTimeoutMs`). A store that retries on
+   * its own (SQLite waiting for a locked file) stops at once and starts no further attempt, so a
+   * call the host answered `503` for never applies afterwards.
+   */
+  signal?: AbortSignal;
+}
+
 export interface IdempotencyStore {
   /** Adapter name for logs and metrics (`memory`, `sqlite`, `postgres`, `redis`, `cached`). */
   readonly kind: string;
+  /**
+   * Optional: the longest one call of this store can take before it fails by itself (its own
+   * deadline, in ms). The middleware's default `storeTimeoutMs` waits a little longer than this,
+   * so a call the host gave up on can never still apply afterwards (for stores whose calls are
+   * atomic on the client side, as SQLite's are).
+   */
+  readonly callTimeoutMs?: number;
   /** Primitive 1: insert-if-absent (an expired row counts as absent and is replaced). */
-  claim(scopeKey: Uint8Array, fingerprint: string, token: Uint8Array, leaseMs: number, ttlMs: number): Promise<ClaimResult>;
+  claim(scopeKey: Uint8Array, fingerprint: string, token: Uint8Array, leaseMs: number, ttlMs: number, options?: CallOptions): Promise<ClaimResult>;
   /** Primitive 2. */
-  get(scopeKey: Uint8Array): Promise<GetResult>;
+  get(scopeKey: Uint8Array, options?: CallOptions): Promise<GetResult>;
   /** Primitive 3: the generation when applied, else null. */
-  takeover(scopeKey: Uint8Array, seenToken: Uint8Array, newToken: Uint8Array, leaseMs: number): Promise<number | null>;
+  takeover(scopeKey: Uint8Array, seenToken: Uint8Array, newToken: Uint8Array, leaseMs: number, options?: CallOptions): Promise<number | null>;
   /** Primitive 4. */
-  markUnknown(scopeKey: Uint8Array, seenToken: Uint8Array, ttlMs: number): Promise<boolean>;
+  markUnknown(scopeKey: Uint8Array, seenToken: Uint8Array, ttlMs: number, options?: CallOptions): Promise<boolean>;
   /** Primitive 5. */
-  complete(scopeKey: Uint8Array, token: Uint8Array, response: Uint8Array, ttlMs: number): Promise<boolean>;
+  complete(scopeKey: Uint8Array, token: Uint8Array, response: Uint8Array, ttlMs: number, options?: CallOptions): Promise<boolean>;
   /**
    * Optional: primitive 5 answering the completed record and the store's `now` (null when it did
    * not apply) in the same atomic step, so a cache in front can be filled at completion without
    * another read.
    */
-  completeRecord?(scopeKey: Uint8Array, token: Uint8Array, response: Uint8Array, ttlMs: number): Promise<GetResult | null>;
+  completeRecord?(scopeKey: Uint8Array, token: Uint8Array, response: Uint8Array, ttlMs: number, options?: CallOptions): Promise<GetResult | null>;
   /** Primitive 6. */
-  release(scopeKey: Uint8Array, token: Uint8Array): Promise<boolean>;
+  release(scopeKey: Uint8Array, token: Uint8Array, options?: CallOptions): Promise<boolean>;
   /** Primitive 7 (`leaseMs` may be 0). */
-  renew(scopeKey: Uint8Array, token: Uint8Array, leaseMs: number): Promise<boolean>;
+  renew(scopeKey: Uint8Array, token: Uint8Array, leaseMs: number, options?: CallOptions): Promise<boolean>;
   /** Primitive 8: one batch, earliest expiry first. */
   purgeExpired(options?: PurgeOptions): Promise<PurgeCounts>;
   /** Releases connections the store opened itself. */
