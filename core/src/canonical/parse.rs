@@ -1366,11 +1366,8 @@ impl<'a> Parser<'a> {
                 // The first number written out: room for a share of the rest at once.
                 self.tape.strbuf.reserve((input.len() - i) / 4 + 32);
             }
-            let at = self.tape.strbuf.len();
             let text = lit.get(*a..*b).unwrap_or(&[]);
-            if es6_from_literal(d, *digits, text, &mut self.tape.strbuf) {
-                let n = (self.tape.strbuf.len() - at) as u32;
-                self.push(Tag::NumText, at as u32, n, start as u32);
+            if self.push_num_text(start, |out| es6_from_literal(d, *digits, text, out)) {
                 return Ok(false);
             }
         }
@@ -1398,11 +1395,8 @@ impl<'a> Parser<'a> {
                 self.push(Tag::Int, start as u32, len as u32, 0);
                 return Ok(len == i - start);
             }
-            let at = self.tape.strbuf.len();
             let text = lit.get(*a..*b).unwrap_or(&[]);
-            if write_es6_digits(d, *digits, text, &mut self.tape.strbuf) {
-                let n = (self.tape.strbuf.len() - at) as u32;
-                self.push(Tag::NumText, at as u32, n, start as u32);
+            if self.push_num_text(start, |out| write_es6_digits(d, *digits, text, out)) {
                 return Ok(false);
             }
         }
@@ -1413,6 +1407,19 @@ impl<'a> Parser<'a> {
         self.tape.nums.push(Num::new(value, exact));
         self.push(Tag::Float, start as u32, len, idx);
         Ok(false)
+    }
+
+    /// A number whose canonical text `write` appends to the string buffer (returning whether it
+    /// did): pushed as a [`Tag::NumText`] node for the literal at `start`.
+    #[inline]
+    fn push_num_text(&mut self, start: usize, write: impl FnOnce(&mut Vec<u8>) -> bool) -> bool {
+        let at = self.tape.strbuf.len();
+        if !write(&mut self.tape.strbuf) {
+            return false;
+        }
+        let n = (self.tape.strbuf.len() - at) as u32;
+        self.push(Tag::NumText, at as u32, n, start as u32);
+        true
     }
 
     /// Fast path for a member name of at most 7 bytes without escapes at `pos` (which holds
