@@ -7,7 +7,7 @@
 #   make evidence-short   the same two suites, figures printed (alias of test-evidence)
 #   make evidence-long    publishing mode: >= 10^5 trials per store (Python app; the Node app at a
 #                         quarter of the rounds), purge of 10^6 rows, 1-minute soaks whose memory
-#                         is judged after a 15 s warm-up (~30 min)
+#                         is judged after a 15 s warm-up (~26 min)
 #   make bench-peers      one table: idempo vs serde_jcs/rfc8785/json.dumps/canonicalize/json-canonicalize
 #                         (+ SHA-256), same bodies, plus end-to-end requests/s and p50/p99 per store
 EV_PY := $(CURDIR)/.venv/bin/python
