@@ -219,10 +219,8 @@ function serve() {
   const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
   const tagOf = (b) => (b && typeof b === 'object' && !Array.isArray(b) ? String(b.tag ?? '') : '');
 
-  const handle = (route, keyed) => async (request, response) => {
-    const ex = request.idempotency;
-    const key = String(request.headers['idempotency-key'] || '');
-    const tag = tagOf(request.body);
+  /** The harness's faults before the effect (crash, stop, sleep); returns the crash point asked. */
+  const beforeEffect = async (request, key) => {
     const crash = String(request.headers['x-ev-crash'] || '');
     if (crash === 'after_claim') die();
     if (request.headers['x-ev-stop']) {
@@ -232,6 +230,14 @@ function serve() {
     const sleepMs = Number(request.headers['x-ev-sleep-ms'] || 0) || 0;
     if (sleepMs > 0) await sleep(sleepMs);
     if (crash === 'in_handler') die();
+    return crash;
+  };
+
+  const handle = (route, keyed) => async (request, response) => {
+    const ex = request.idempotency;
+    const key = String(request.headers['idempotency-key'] || '');
+    const tag = tagOf(request.body);
+    const crash = await beforeEffect(request, key);
     const [effect, charge] = recordEffect(route, key, ex, tag, keyed);
     if (crash === 'after_effect') die();
     response.status(201).json({ effect, charge, tag, generation: ex.generation, pid: process.pid });
@@ -260,15 +266,7 @@ function serve() {
     const ex = request.idempotency;
     const key = String(request.headers['idempotency-key'] || '');
     const tag = tagOf(request.body);
-    const crash = String(request.headers['x-ev-crash'] || '');
-    if (crash === 'after_claim') die();
-    if (request.headers['x-ev-stop']) {
-      insStarted.run(key, process.pid);
-      await sleep(STOP_SLEEP_MS);
-    }
-    const sleepMs = Number(request.headers['x-ev-sleep-ms'] || 0) || 0;
-    if (sleepMs > 0) await sleep(sleepMs);
-    if (crash === 'in_handler') die();
+    const crash = await beforeEffect(request, key);
     const effect = await insertTx(ex.tx, key, ex.generation, tag);
     if (crash === 'after_effect') die();
     response.status(201).json({ effect, charge: effect, tag, generation: ex.generation, pid: process.pid });
