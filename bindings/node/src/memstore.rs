@@ -1,6 +1,6 @@
 //! The in-memory store: core's pure storage primitives (`idempo_core::machine::store`) applied
 //! to a map, one synchronous call per primitive (atomic in Node's single thread).
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use idempo_core::machine::store as prim;
 use idempo_core::record::{FencingToken, FingerprintText, Record, RecordState, StoredResponse};
@@ -60,6 +60,9 @@ fn body_bytes(r: &Record) -> usize {
 #[napi]
 pub struct MemoryStoreCore {
     map: HashMap<[u8; 32], Record>,
+    /// Every record's (expiry, key), earliest first: sweeps, purges and evictions take from the
+    /// front instead of scanning the map.
+    by_expiry: BTreeSet<(u64, [u8; 32])>,
     max_entries: usize,
     max_bytes: usize,
     bytes: usize,
@@ -80,6 +83,7 @@ impl MemoryStoreCore {
     pub fn new(max_entries: u32, max_bytes: f64) -> Self {
         Self {
             map: HashMap::new(),
+            by_expiry: BTreeSet::new(),
             max_entries: max_entries as usize,
             max_bytes: to_u64(max_bytes, "maxBytes")
                 .ok()
@@ -108,9 +112,19 @@ impl MemoryStoreCore {
     fn with_slot<T>(&mut self, k: [u8; 32], f: impl FnOnce(&mut Option<Record>) -> T) -> T {
         let mut slot = self.map.remove(&k);
         let before = slot.as_ref().map_or(0, body_bytes);
+        let expiry_before = slot.as_ref().map(|r| r.expires_at_ms);
         let out = f(&mut slot);
         let after = slot.as_ref().map_or(0, body_bytes);
         self.bytes = self.bytes - before + after;
+        let expiry_after = slot.as_ref().map(|r| r.expires_at_ms);
+        if expiry_before != expiry_after {
+            if let Some(e) = expiry_before {
+                self.by_expiry.remove(&(e, k));
+            }
+            if let Some(e) = expiry_after {
+                self.by_expiry.insert((e, k));
+            }
+        }
         if let Some(r) = slot {
             self.map.insert(k, r);
         }
@@ -120,24 +134,26 @@ impl MemoryStoreCore {
     fn remove(&mut self, k: &[u8; 32]) -> Option<Record> {
         let r = self.map.remove(k)?;
         self.bytes -= body_bytes(&r);
+        self.by_expiry.remove(&(r.expires_at_ms, *k));
         Some(r)
+    }
+
+    /// The expired records, earliest expiry first, at most `max` of them.
+    fn expired_keys(&self, now: u64, max: usize) -> Vec<[u8; 32]> {
+        self.by_expiry
+            .iter()
+            .take_while(|(e, _)| *e <= now)
+            .take(max)
+            .map(|(_, k)| *k)
+            .collect()
     }
 
     /// Deletes up to [`SWEEP_MAX`] expired records (nothing outlives the process, so this only
     /// bounds memory between purges).
     fn sweep(&mut self, now: u64) {
-        let mut removed = 0usize;
-        let mut freed = 0usize;
-        self.map.retain(|_, r| {
-            if removed < SWEEP_MAX && r.is_expired(now) {
-                removed += 1;
-                freed += body_bytes(r);
-                false
-            } else {
-                true
-            }
-        });
-        self.bytes -= freed;
+        for k in self.expired_keys(now, SWEEP_MAX) {
+            self.remove(&k);
+        }
     }
 
     /// Makes room for `extra` more entries / `extra_bytes` more bytes: expired records first,
@@ -148,22 +164,15 @@ impl MemoryStoreCore {
         if !full(self) {
             return true;
         }
-        let expired: Vec<[u8; 32]> = self
-            .map
-            .iter()
-            .filter(|(_, r)| r.is_expired(now))
-            .map(|(k, _)| *k)
-            .collect();
-        for k in expired {
+        for k in self.expired_keys(now, usize::MAX) {
             self.remove(&k);
         }
         while full(self) {
-            let victim = self
-                .map
-                .iter()
-                .filter(|(_, r)| matches!(r.state, RecordState::Completed { .. }))
-                .min_by_key(|(_, r)| r.expires_at_ms)
-                .map(|(k, _)| *k);
+            let victim = self.by_expiry.iter().map(|(_, k)| *k).find(|k| {
+                self.map
+                    .get(k)
+                    .is_some_and(|r| matches!(r.state, RecordState::Completed { .. }))
+            });
             match victim {
                 Some(k) => {
                     self.remove(&k);
@@ -349,19 +358,17 @@ impl MemoryStoreCore {
         now_ms: f64,
     ) -> napi::Result<PurgeCounts> {
         let now = to_u64(now_ms, "nowMs").map_err(|f| f.throw(&env))?;
-        let mut due: Vec<([u8; 32], u64)> = self
-            .map
-            .iter()
-            .filter(|(_, r)| prim::purgeable(r, now))
-            .map(|(k, r)| (*k, r.expires_at_ms))
+        let due: Vec<[u8; 32]> = self
+            .expired_keys(now, batch as usize)
+            .into_iter()
+            .filter(|k| self.map.get(k).is_some_and(|r| prim::purgeable(r, now)))
             .collect();
-        due.sort_by_key(|(_, e)| *e);
         let mut counts = PurgeCounts {
             in_progress: 0,
             completed: 0,
             outcome_unknown: 0,
         };
-        for (k, _) in due.into_iter().take(batch as usize) {
+        for k in due {
             if let Some(r) = self.remove(&k) {
                 match r.state {
                     RecordState::InProgress { .. } => counts.in_progress += 1,

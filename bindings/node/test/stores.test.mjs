@@ -28,6 +28,41 @@ test('MemoryStore is bounded: evicts expired, then completed (counted), never in
   await assert.rejects(store.claim(k(), FP, t, 1000, 60_000), (e) => e instanceof idempo.StoreUnavailableError && e.reason === 'store_full');
 });
 
+test('MemoryStore evicts completed records earliest expiry first; purges earliest first in batches', async () => {
+  let now = 5_000_000;
+  const store = new idempo.MemoryStore({ maxEntries: 5, clock: () => now });
+  const t = randomBytes(16);
+  const done = {};
+  for (const [name, ttl] of [['late', 50_000], ['early', 10_000], ['middle', 30_000]]) {
+    done[name] = randomBytes(32);
+    await store.claim(done[name], FP, t, 1000, ttl);
+    assert.equal(await store.complete(done[name], t, enc(10), ttl), true);
+  }
+  const busy = [randomBytes(32), randomBytes(32)];
+  for (const b of busy) await store.claim(b, FP, t, 1000, 5_000); // in progress, earliest expiry of all
+  const alive = async (key) => (await store.get(key)).record !== null;
+  for (const gone of ['early', 'middle', 'late']) {
+    assert.equal((await store.claim(randomBytes(32), FP, t, 1000, 60_000)).claimed, true);
+    assert.equal(await alive(done[gone]), false, `${gone} should be the one evicted`);
+  }
+  assert.equal(store.evictedLive, 3);
+  for (const b of busy) assert.equal(await alive(b), true, 'in-progress records are never evicted');
+
+  const purging = new idempo.MemoryStore({ clock: () => now });
+  const keys = [];
+  for (const ttl of [3000, 1000, 2000]) {
+    const key = randomBytes(32);
+    keys.push(key);
+    await purging.claim(key, FP, t, 500, ttl);
+  }
+  now += 10_000;
+  assert.deepEqual(await purging.purgeExpired({ batch: 2 }), { inProgress: 2, completed: 0, outcomeUnknown: 0 });
+  assert.equal((await purging.get(keys[0])).record !== null, true, 'the latest expiry is purged last');
+  assert.equal((await purging.get(keys[1])).record, null);
+  assert.deepEqual(await purging.purgeExpired({ batch: 2 }), { inProgress: 1, completed: 0, outcomeUnknown: 0 });
+  assert.equal(purging.size, 0);
+});
+
 test('MemoryStore bounds stored bytes', async () => {
   const store = new idempo.MemoryStore({ maxBytes: 100 });
   const t = randomBytes(16);
