@@ -20,6 +20,8 @@ pub const DEFAULT_IN_FLIGHT_RETRY_AFTER_MS: u64 = 1_000;
 pub const DEFAULT_UNAVAILABLE_RETRY_AFTER_MS: u64 = 1_000;
 /// Default number of claim/get rounds before answering 503 contention.
 pub const DEFAULT_MAX_STORE_ROUNDS: u8 = 3;
+/// Default time a background cleanup keeps retrying (`spec/PROTOCOL.md` §7.4): 30 s.
+pub const DEFAULT_CLEANUP_BUDGET_MS: u64 = 30_000;
 /// Shortest lease accepted: 1 s (clock steps and store latency make shorter leases unsafe).
 pub const MIN_LEASE_MS: u64 = 1_000;
 
@@ -386,6 +388,11 @@ pub struct Config {
     /// only once its writes committed (or were rolled back with a status that is not stored).
     /// Default false.
     pub transactional: bool,
+    /// How long (ms from its first attempt) the background cleanup of a lost claim or takeover
+    /// keeps retrying (`spec/PROTOCOL.md` §7.4); the effective budget is the larger of this and
+    /// the lease, since a store that froze may apply the lost write only once it resumes.
+    /// Default [`DEFAULT_CLEANUP_BUDGET_MS`] (30 s).
+    pub cleanup_budget_ms: NonZeroU64,
 }
 
 impl Default for Config {
@@ -400,6 +407,7 @@ impl Default for Config {
             unavailable_retry_after_ms: nz64(DEFAULT_UNAVAILABLE_RETRY_AFTER_MS),
             max_store_rounds: NonZeroU8::new(DEFAULT_MAX_STORE_ROUNDS).unwrap_or(NonZeroU8::MIN),
             transactional: false,
+            cleanup_budget_ms: nz64(DEFAULT_CLEANUP_BUDGET_MS),
         }
     }
 }

@@ -78,6 +78,13 @@ fn config(c: &Value) -> Config {
             .expect("> 0"),
         // Optional in scripts: absent means false.
         transactional: c["transactional"].as_bool().unwrap_or(false),
+        // Optional in scripts: absent means the default (30 s).
+        cleanup_budget_ms: NonZeroU64::new(
+            c["cleanup_budget_ms"]
+                .as_u64()
+                .unwrap_or(idempo_core::policy::DEFAULT_CLEANUP_BUDGET_MS),
+        )
+        .expect("> 0"),
     }
 }
 

@@ -74,6 +74,7 @@ impl Config {
         in_flight_retry_after_ms = 1_000,
         unavailable_retry_after_ms = 1_000,
         max_store_rounds = 3,
+        cleanup_budget_ms = policy::DEFAULT_CLEANUP_BUDGET_MS,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -92,6 +93,7 @@ impl Config {
         in_flight_retry_after_ms: u64,
         unavailable_retry_after_ms: u64,
         max_store_rounds: u8,
+        cleanup_budget_ms: u64,
     ) -> PyResult<Self> {
         let lease = match (heartbeat, heartbeat_ms) {
             (false, _) => LeasePolicy::new(lease_ms, None),
@@ -157,6 +159,7 @@ impl Config {
                 )
             })?,
             transactional: false,
+            cleanup_budget_ms: nz("cleanup_budget_ms", cleanup_budget_ms)?,
         };
         Ok(Self {
             inner: Arc::new(inner),
@@ -213,6 +216,13 @@ impl Config {
     #[getter]
     fn redact(&self) -> bool {
         self.inner.response.redaction() == Redaction::HostHook
+    }
+
+    /// How long (ms) the background cleanup of a lost claim or takeover keeps retrying, at
+    /// least the lease.
+    #[getter]
+    fn cleanup_budget_ms(&self) -> u64 {
+        self.inner.cleanup_budget_ms.get()
     }
 }
 
@@ -711,10 +721,17 @@ impl Cleanup {
         self.action.clone_ref(py)
     }
 
-    /// Retries continue while the next attempt starts within this many ms of the first.
+    /// Retries continue while the next attempt starts within this many ms of the first (the
+    /// route's `cleanup_budget_ms` or its lease, whichever is longer).
     #[getter]
     fn budget_ms(&self) -> u64 {
         self.inner.budget_ms()
+    }
+
+    /// The largest delay in ms between two attempts (2000, or half the lease when shorter).
+    #[getter]
+    fn max_delay_ms(&self) -> u64 {
+        self.inner.max_delay_ms()
     }
 
     /// The delay in ms before the next attempt, or `None` to stop, after attempt number
@@ -735,12 +752,13 @@ impl Cleanup {
 
     fn __repr__(&self) -> String {
         format!(
-            "Cleanup({}, budget_ms={})",
+            "Cleanup({}, budget_ms={}, max_delay_ms={})",
             match self.inner.op() {
                 StoreOp::Renew { .. } => "renew",
                 _ => "release",
             },
-            self.inner.budget_ms()
+            self.inner.budget_ms(),
+            self.inner.max_delay_ms()
         )
     }
 }

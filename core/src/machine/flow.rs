@@ -417,9 +417,11 @@ pub enum Action {
     },
 }
 
-/// First delay between cleanup attempts; doubled after each attempt up to [`CLEANUP_MAX_DELAY_MS`].
+/// First delay between cleanup attempts; doubled after each attempt up to
+/// [`Cleanup::max_delay_ms`].
 pub const CLEANUP_FIRST_DELAY_MS: u64 = 100;
-/// Largest delay between cleanup attempts.
+/// Largest delay between cleanup attempts at any lease (at a lease shorter than 4 s the cap is
+/// half the lease, see [`Cleanup::max_delay_ms`]).
 pub const CLEANUP_MAX_DELAY_MS: u64 = 2_000;
 
 /// Undoing a claim or takeover whose answer was lost (`spec/PROTOCOL.md` §7.4).
@@ -444,13 +446,20 @@ pub const CLEANUP_MAX_DELAY_MS: u64 = 2_000;
 /// milliseconds elapsed since the first attempt started (host monotonic clock): it answers
 /// [`CleanupStep::RetryAfter`] (sleep, then run the op again) or [`CleanupStep::Done`]. An
 /// attempt that did not apply is retried too: the lost statement may be applied only later (it
-/// can reach the store after the first cleanup attempt). Attempts stop once the lease the claim
-/// asked for would have run out; a late cleanup would still be safe, only no longer useful enough
-/// to keep retrying. Store errors during cleanup are logged at most, never surfaced.
+/// can reach the store after the first cleanup attempt, e.g. once a frozen server resumes).
+/// Attempts stop once the next one would start after [`budget_ms`](Cleanup::budget_ms): the
+/// larger of the route's [`Config::cleanup_budget_ms`]
+/// (default 30 s) and the lease, so the cleanup outlives a store that stays frozen for longer
+/// than a short lease. The delay between attempts is capped at
+/// [`max_delay_ms`](Cleanup::max_delay_ms) (at most half the lease), so a lost write that lands
+/// while the cleanup still runs is undone before its lease ends and the record never reaches
+/// `outcome-unknown` for a handler that never ran. Store errors during cleanup are logged at
+/// most, never surfaced.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Cleanup {
     op: StoreOp,
     budget_ms: u64,
+    max_delay_ms: u64,
 }
 
 /// What a host does after a cleanup attempt (see [`Cleanup::next`]).
@@ -471,17 +480,37 @@ impl Cleanup {
         &self.op
     }
 
-    /// How long, in milliseconds from the first attempt, retries continue (the lease length).
+    /// How long, in milliseconds from the first attempt, retries continue: the larger of the
+    /// route's [`Config::cleanup_budget_ms`] and its
+    /// lease.
     #[must_use]
     pub fn budget_ms(&self) -> u64 {
         self.budget_ms
     }
 
+    /// The largest delay between two attempts: [`CLEANUP_MAX_DELAY_MS`], or half the lease when
+    /// that is shorter (at least 1 ms).
+    #[must_use]
+    pub fn max_delay_ms(&self) -> u64 {
+        self.max_delay_ms
+    }
+
+    /// The cleanup of a lost write of a flow under `config`: `op` with the route's budget and
+    /// delay cap.
+    fn new(op: StoreOp, config: &Config) -> Self {
+        let lease_ms = config.lease.lease_ms();
+        Self {
+            op,
+            budget_ms: lease_ms.max(config.cleanup_budget_ms.get()),
+            max_delay_ms: CLEANUP_MAX_DELAY_MS.min((lease_ms / 2).max(1)),
+        }
+    }
+
     /// The step after attempt number `attempt` (0 for the first) ended with `result`
     /// ([`Event::Store`] with the op's result, or [`Event::StoreFailed`]), `elapsed_ms` after the
     /// first attempt started. Applied means done; anything else is retried with a doubling delay
-    /// ([`CLEANUP_FIRST_DELAY_MS`] up to [`CLEANUP_MAX_DELAY_MS`]) while the next attempt would
-    /// start within [`budget_ms`](Cleanup::budget_ms).
+    /// ([`CLEANUP_FIRST_DELAY_MS`] up to [`max_delay_ms`](Cleanup::max_delay_ms)) while the next
+    /// attempt would start within [`budget_ms`](Cleanup::budget_ms).
     pub fn next(&self, attempt: u32, elapsed_ms: u64, result: &Event) -> CleanupStep {
         let applied = matches!(
             result,
@@ -492,8 +521,8 @@ impl Cleanup {
         }
         let delay = CLEANUP_FIRST_DELAY_MS
             .checked_shl(attempt.min(32))
-            .unwrap_or(CLEANUP_MAX_DELAY_MS)
-            .min(CLEANUP_MAX_DELAY_MS);
+            .unwrap_or(self.max_delay_ms)
+            .min(self.max_delay_ms);
         if elapsed_ms.saturating_add(delay) <= self.budget_ms {
             CleanupStep::RetryAfter(delay)
         } else {
@@ -895,10 +924,7 @@ impl ServerFlow {
             },
             _ => return None,
         };
-        Some(Cleanup {
-            op,
-            budget_ms: self.config.lease.lease_ms(),
-        })
+        Some(Cleanup::new(op, &self.config))
     }
 
     fn get(&mut self) -> Action {
@@ -1338,7 +1364,12 @@ mod tests {
         };
         assert_eq!(flow.cleanup().map(Cleanup::op), expected.as_ref());
         if let Some(cleanup) = flow.cleanup() {
-            assert_eq!(cleanup.budget_ms(), flow.config.lease.lease_ms());
+            let lease = flow.config.lease.lease_ms();
+            assert_eq!(
+                cleanup.budget_ms(),
+                lease.max(flow.config.cleanup_budget_ms.get())
+            );
+            assert_eq!(cleanup.max_delay_ms(), CLEANUP_MAX_DELAY_MS.min(lease / 2));
             assert!(matches!(
                 end,
                 Action::Respond {
@@ -1351,7 +1382,7 @@ mod tests {
     }
 
     #[test]
-    fn cleanup_retries_with_a_doubling_capped_delay_within_the_lease() {
+    fn cleanup_retries_with_a_doubling_capped_delay_within_the_budget() {
         let (mut flow, _) = ServerFlow::start(
             ScopeId::from_bytes([3; 32]),
             fp('a'),
@@ -1410,6 +1441,136 @@ mod tests {
         // A finished flow keeps its cleanup; events after the end change nothing.
         assert_eq!(flow.handle(Event::StoreFailed), Err(FlowError::Finished));
         assert_eq!(flow.cleanup(), Some(&cleanup));
+    }
+
+    /// The cleanup left by a claim that failed under a route with this lease and cleanup budget.
+    fn lost_claim_cleanup(lease_ms: u64, cleanup_budget_ms: u64) -> Cleanup {
+        let config = Arc::new(Config {
+            lease: crate::policy::LeasePolicy::new(lease_ms, None).expect("valid lease"),
+            cleanup_budget_ms: std::num::NonZeroU64::new(cleanup_budget_ms).expect("positive"),
+            ..Config::default()
+        });
+        let (mut flow, _) =
+            ServerFlow::start(ScopeId::from_bytes([4; 32]), fp('a'), config, MINE.0);
+        let end = flow.handle(Event::StoreFailed).expect("accepted");
+        assert!(matches!(
+            end,
+            Action::Respond {
+                outcome: Outcome::StoreUnavailable,
+                ..
+            }
+        ));
+        flow.cleanup()
+            .expect("a failed claim leaves a cleanup")
+            .clone()
+    }
+
+    /// The attempt start times (ms after the first) of a cleanup whose every attempt misses.
+    fn attempt_times(cleanup: &Cleanup) -> Vec<u64> {
+        let missed = Event::Store(StoreResult::Released(false));
+        let (mut attempt, mut elapsed, mut times) = (0_u32, 0_u64, vec![0_u64]);
+        while let CleanupStep::RetryAfter(delay) = cleanup.next(attempt, elapsed, &missed) {
+            elapsed += delay;
+            attempt += 1;
+            times.push(elapsed);
+        }
+        times
+    }
+
+    #[test]
+    fn cleanup_budget_is_the_route_setting_or_the_lease_whichever_is_longer() {
+        let default_budget = crate::policy::DEFAULT_CLEANUP_BUDGET_MS;
+        assert_eq!(Config::default().cleanup_budget_ms.get(), default_budget);
+        // A short lease keeps the default budget: a store frozen for longer than the lease can
+        // still apply the lost claim while the cleanup runs.
+        assert_eq!(
+            lost_claim_cleanup(1_000, default_budget).budget_ms(),
+            30_000
+        );
+        assert_eq!(lost_claim_cleanup(1_000, 3_000).budget_ms(), 3_000);
+        // A lease longer than the setting extends the budget to the lease.
+        assert_eq!(lost_claim_cleanup(60_000, 5_000).budget_ms(), 60_000);
+        assert_eq!(lost_claim_cleanup(30_000, 1).budget_ms(), 30_000);
+        // The attempts stop within the budget, and the last starts less than a delay before it.
+        for (lease, budget) in [(1_000, 30_000), (1_000, 3_000), (5_000, 12_345)] {
+            let cleanup = lost_claim_cleanup(lease, budget);
+            let times = attempt_times(&cleanup);
+            let last = *times.last().expect("one attempt at least");
+            assert!(last <= budget, "lease {lease} budget {budget}: {last}");
+            assert!(
+                last + cleanup.max_delay_ms() > budget,
+                "lease {lease} budget {budget}: stopped early at {last}"
+            );
+        }
+        // Same rule for the cleanup after a lost takeover.
+        let config = Arc::new(Config {
+            lease: crate::policy::LeasePolicy::new(1_000, None).expect("valid lease"),
+            takeover: TakeoverPolicy::ReRun,
+            ..Config::default()
+        });
+        let (mut flow, _) =
+            ServerFlow::start(ScopeId::from_bytes([5; 32]), fp('a'), config, MINE.0);
+        let expired = Record {
+            fingerprint: fp('a'),
+            generation: 1,
+            token: OTHER,
+            expires_at_ms: NOW + 50_000,
+            state: RecordState::InProgress {
+                lease_until_ms: NOW - 1,
+            },
+        };
+        let action = flow
+            .handle(Event::Store(StoreResult::Existing {
+                record: expired,
+                now_ms: NOW,
+            }))
+            .expect("accepted");
+        assert!(matches!(action, Action::Store(StoreOp::TakeOver { .. })));
+        let _ = flow.handle(Event::StoreFailed).expect("accepted");
+        let cleanup = flow.cleanup().expect("a failed takeover leaves a cleanup");
+        assert!(matches!(cleanup.op(), StoreOp::Renew { lease_ms: 0, .. }));
+        assert_eq!(cleanup.budget_ms(), 30_000);
+        assert_eq!(cleanup.max_delay_ms(), 500);
+    }
+
+    #[test]
+    fn cleanup_delay_is_capped_at_half_a_short_lease() {
+        for (lease, cap) in [
+            (1_000, 500),
+            (1_001, 500),
+            (3_000, 1_500),
+            (4_000, 2_000),
+            (30_000, 2_000),
+            (86_400_000, 2_000),
+        ] {
+            let cleanup = lost_claim_cleanup(lease, 30_000);
+            assert_eq!(cleanup.max_delay_ms(), cap, "lease {lease}");
+            assert!(cap <= CLEANUP_MAX_DELAY_MS);
+        }
+        let cleanup = lost_claim_cleanup(1_000, 30_000);
+        let missed = Event::Store(StoreResult::Released(false));
+        let delays: Vec<_> = (0..6)
+            .map(|attempt| cleanup.next(attempt, 0, &missed))
+            .collect();
+        assert_eq!(
+            delays,
+            [100, 200, 400, 500, 500, 500].map(CleanupStep::RetryAfter)
+        );
+        assert_eq!(
+            cleanup.next(u32::MAX, 0, &Event::StoreFailed),
+            CleanupStep::RetryAfter(500)
+        );
+        // A lost claim that lands at any moment t within the budget holds its lease until
+        // t + lease; some attempt starts in (t, t + lease / 2], so it is released before its
+        // lease ends (never outcome-unknown without a run).
+        let times = attempt_times(&cleanup);
+        assert!(times.windows(2).all(|w| w[1] - w[0] <= 500), "{times:?}");
+        for t in 0..30_000 - 500 {
+            assert!(
+                times.iter().any(|&a| a > t && a <= t + 500),
+                "claim landing at {t} ms is not released before its lease ends"
+            );
+        }
     }
 
     /// Depth-first over every path; returns the number of leaves.
