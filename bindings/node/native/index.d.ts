@@ -64,6 +64,11 @@ export declare class FlowConfig {
   get ttlMs(): number
   /** The largest response body stored. */
   get maxBodyBytes(): number
+  /**
+   * How long (ms) the background cleanup of a lost claim or takeover keeps retrying, at
+   * least the lease.
+   */
+  get cleanupBudgetMs(): number
   /** Whether flows of this policy run in transactional mode. */
   get transactional(): boolean
   /** `Retry-After` (ms) core uses on a 503. */
@@ -325,8 +330,13 @@ export interface FlowAction {
 export interface FlowCleanup {
   /** The token-fenced store action to run. */
   action: FlowAction
-  /** Retries continue while the next attempt starts within this many ms of the first. */
+  /**
+   * Retries continue while the next attempt starts within this many ms of the first (the
+   * route's `cleanupBudgetMs` or its lease, whichever is longer).
+   */
   budgetMs: number
+  /** The largest delay in ms between two attempts (2000, or half the lease when shorter). */
+  maxDelayMs: number
 }
 
 /** Per-route policy; omitted fields take core's defaults. */
@@ -365,6 +375,11 @@ export interface FlowConfigOptions {
    * (`release`) on a handler error, asks for `commit`, and chooses the response accordingly.
    */
   transactional?: boolean
+  /**
+   * How long in ms the background cleanup of a lost claim or takeover keeps retrying (default
+   * 30000); the effective budget is the larger of this and the lease.
+   */
+  cleanupBudgetMs?: number
 }
 
 /** Makes a fresh key from 16 bytes of host entropy. */

@@ -62,6 +62,9 @@ pub struct FlowConfigOptions {
     /// handler's writes in one database transaction; core then asks for no heartbeat, rolls back
     /// (`release`) on a handler error, asks for `commit`, and chooses the response accordingly.
     pub transactional: Option<bool>,
+    /// How long in ms the background cleanup of a lost claim or takeover keeps retrying (default
+    /// 30000); the effective budget is the larger of this and the lease.
+    pub cleanup_budget_ms: Option<f64>,
 }
 
 fn config_fail(e: &impl std::fmt::Display) -> Fail {
@@ -156,6 +159,10 @@ fn build_config(o: FlowConfigOptions) -> Result<Config, Fail> {
         },
         max_store_rounds: rounds,
         transactional: o.transactional == Some(true),
+        cleanup_budget_ms: match ms(o.cleanup_budget_ms, "cleanupBudgetMs")? {
+            None => d.cleanup_budget_ms,
+            Some(v) => nonzero(v, "cleanupBudgetMs")?,
+        },
     })
 }
 
@@ -220,6 +227,14 @@ impl FlowConfig {
     #[must_use]
     pub fn max_body_bytes(&self) -> f64 {
         from_u64(u64::try_from(self.inner.response.max_body_bytes()).unwrap_or(u64::MAX))
+    }
+
+    /// How long (ms) the background cleanup of a lost claim or takeover keeps retrying, at
+    /// least the lease.
+    #[napi(getter)]
+    #[must_use]
+    pub fn cleanup_budget_ms(&self) -> f64 {
+        from_u64(self.inner.cleanup_budget_ms.get())
     }
 
     /// Whether flows of this policy run in transactional mode.
@@ -556,8 +571,11 @@ fn action(a: Action) -> FlowAction {
 pub struct FlowCleanup {
     /// The token-fenced store action to run.
     pub action: FlowAction,
-    /// Retries continue while the next attempt starts within this many ms of the first.
+    /// Retries continue while the next attempt starts within this many ms of the first (the
+    /// route's `cleanupBudgetMs` or its lease, whichever is longer).
     pub budget_ms: f64,
+    /// The largest delay in ms between two attempts (2000, or half the lease when shorter).
+    pub max_delay_ms: f64,
 }
 
 /// The server flow of one request that carries a valid key.
@@ -620,6 +638,7 @@ impl ServerFlow {
         self.inner.cleanup().map(|c| FlowCleanup {
             action: action(Action::Store(c.op().clone())),
             budget_ms: from_u64(c.budget_ms()),
+            max_delay_ms: from_u64(c.max_delay_ms()),
         })
     }
 

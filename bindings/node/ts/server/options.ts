@@ -36,6 +36,12 @@ export interface IdempotencyOptions<Req = unknown> {
   ttlMs?: number;
   /** Lease in ms (default 30 s). */
   leaseMs?: number;
+  /**
+   * How long in ms the background cleanup of a claim whose answer was lost (a store that froze
+   * and applied it later) keeps retrying its token-fenced release (default 30000; the effective
+   * budget is the larger of this and the lease).
+   */
+  cleanupBudgetMs?: number;
   /** Heartbeat in ms (default a third of the lease); `null` disables. */
   heartbeatMs?: number | null;
   /** Expired lease: answer outcome-unknown (`outcome_unknown`, core's default: at most one run) or re-run (`re_run`). */
@@ -94,6 +100,7 @@ export class Prepared<Req> {
     const c: native.FlowConfigOptions = { keyRequired: o.required !== false };
     if (o.takeover) c.takeover = o.takeover;
     if (o.leaseMs !== undefined) c.leaseMs = o.leaseMs;
+    if (o.cleanupBudgetMs !== undefined) c.cleanupBudgetMs = o.cleanupBudgetMs;
     if (o.heartbeatMs === null) c.noHeartbeat = true;
     else if (o.heartbeatMs !== undefined) c.heartbeatMs = o.heartbeatMs;
     if (o.ttlMs !== undefined) c.ttlMs = o.ttlMs;
