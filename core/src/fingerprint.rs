@@ -24,7 +24,7 @@
 
 use std::fmt;
 use std::str::FromStr;
-use std::sync::{Mutex, TryLockError};
+use std::sync::{Arc, Mutex, TryLockError};
 
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::digest::Update;
@@ -185,6 +185,13 @@ pub const FINGERPRINT_TEXT_LEN: usize = 67;
 pub struct FingerprintText([u8; FINGERPRINT_TEXT_LEN]);
 
 impl FingerprintText {
+    /// The text's bytes (ASCII; hosts that build strings from Latin-1 or bytes skip the UTF-8
+    /// check of [`as_str`](Self::as_str)).
+    #[must_use]
+    pub fn as_bytes(&self) -> &[u8; FINGERPRINT_TEXT_LEN] {
+        &self.0
+    }
+
     /// The text (always ASCII).
     #[must_use]
     pub fn as_str(&self) -> &str {
@@ -197,6 +204,20 @@ impl fmt::Debug for FingerprintText {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(self.as_str(), f)
     }
+}
+
+/// Lowercase hex of four bytes, all at once: each byte is spread to a 16-bit lane, its nibbles
+/// to the lane's two bytes (high nibble first), and every nibble turned to ASCII together.
+#[inline(always)]
+fn hex4(bytes: [u8; 4]) -> [u8; 8] {
+    const NIBBLES: u64 = 0x0F0F_0F0F_0F0F_0F0F;
+    let mut x = u64::from(u32::from_le_bytes(bytes));
+    x = (x | (x << 16)) & 0x0000_FFFF_0000_FFFF;
+    x = (x | (x << 8)) & 0x00FF_00FF_00FF_00FF;
+    let nibbles = ((x >> 4) | (x << 8)) & NIBBLES;
+    // 10..=15 reach 16 when 6 is added: those bytes get 'a' - '0' - 10 more.
+    let letters = ((nibbles + 0x0606_0606_0606_0606) >> 4) & 0x0101_0101_0101_0101;
+    (nibbles + 0x3030_3030_3030_3030 + letters * 39).to_le_bytes()
 }
 
 /// A request fingerprint. Displays as `v1:<64 hex>` or `h1:<64 hex>`; parses back with
@@ -230,13 +251,16 @@ impl Fingerprint {
     /// a `String` allocation (bindings turn it into a host string directly).
     #[must_use]
     pub fn text(&self) -> FingerprintText {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
         let mut text = [0u8; FINGERPRINT_TEXT_LEN];
         text[..2].copy_from_slice(self.kind.prefix().as_bytes());
         text[2] = b':';
-        for (pair, b) in text[3..].chunks_exact_mut(2).zip(self.digest) {
-            pair[0] = HEX[usize::from(b >> 4)];
-            pair[1] = HEX[usize::from(b & 0xF)];
+        for (out, bytes) in text[3..]
+            .chunks_exact_mut(8)
+            .zip(self.digest.chunks_exact(4))
+        {
+            let mut four = [0u8; 4];
+            four.copy_from_slice(bytes);
+            out.copy_from_slice(&hex4(four));
         }
         FingerprintText(text)
     }
@@ -433,10 +457,38 @@ impl Fingerprinter {
     /// [`FingerprintError::Body`] when the content type is JSON and the non-empty body is not
     /// acceptable (syntax, duplicates, limits, precision loss, ...).
     pub fn fingerprint(&self, parts: &RequestParts<'_>) -> Result<Fingerprint, FingerprintError> {
+        let json = parts.content_type.is_some_and(is_json_media_type);
+        self.digest(&Head::Parts(parts), json, parts.body)
+    }
+
+    /// Bind this configuration to one method and route template: the per-route hot path
+    /// computes the framing fields before the body once (see [`RouteFingerprinter`]).
+    #[must_use]
+    pub fn for_route(self: &Arc<Self>, method: &str, route: &str) -> RouteFingerprinter {
+        let mut head = Vec::new();
+        self.head(
+            &mut Collect(&mut head),
+            &RequestParts::json(method, route, b""),
+        );
+        RouteFingerprinter {
+            fingerprinter: Arc::clone(self),
+            head,
+        }
+    }
+
+    fn digest(
+        &self,
+        head: &Head<'_>,
+        json: bool,
+        body: &[u8],
+    ) -> Result<Fingerprint, FingerprintError> {
         let digest: [u8; 32] = match &self.hasher {
-            Hasher::Plain => self.frame(Sha256::new(), parts)?.finalize().into(),
+            Hasher::Plain => self
+                .frame(Sha256::new(), head, json, body)?
+                .finalize()
+                .into(),
             Hasher::Keyed(mac) => self
-                .frame(mac.as_ref().clone(), parts)?
+                .frame(mac.as_ref().clone(), head, json, body)?
                 .finalize()
                 .into_bytes()
                 .into(),
@@ -447,26 +499,39 @@ impl Fingerprinter {
         })
     }
 
-    /// Write the v1 framing of `parts` into `d`.
+    /// The framing fields before the content-type class, from the request or precomputed.
+    fn write_head<U: Update>(&self, d: &mut U, head: &Head<'_>) {
+        match head {
+            Head::Parts(parts) => self.head(d, parts),
+            Head::Bytes(bytes) => d.update(bytes),
+        }
+    }
+
+    /// Write the v1 framing of a request (its head fields, then `body`) into `d`.
     ///
     /// Bodies up to [`INLINE_BODY`] bytes: the whole framing is laid out in the kept buffer
     /// (the canonical body written in place) and hashed with one update, which costs less
     /// than many small updates through a zeroed sink buffer. Larger JSON bodies stream into
     /// the hasher through a [`DigestSink`]; raw bodies are hashed where they are.
-    fn frame<D: Update>(&self, mut d: D, parts: &RequestParts<'_>) -> Result<D, FingerprintError> {
-        let json = parts.content_type.is_some_and(is_json_media_type);
+    fn frame<D: Update>(
+        &self,
+        mut d: D,
+        head: &Head<'_>,
+        json: bool,
+        body: &[u8],
+    ) -> Result<D, FingerprintError> {
         let class = if json { CLASS_JSON } else { CLASS_OTHER };
-        if parts.body.is_empty() || !json {
+        if body.is_empty() || !json {
             // No JSON work: the fields go straight into the hasher.
-            self.head(&mut d, parts);
+            self.write_head(&mut d, head);
             d.update(&[class]);
-            if parts.body.is_empty() {
+            if body.is_empty() {
                 d.update(&[BODY_EMPTY]);
                 d.update(&0u64.to_be_bytes());
             } else {
                 d.update(&[BODY_RAW]);
-                d.update(parts.body);
-                d.update(&(parts.body.len() as u64).to_be_bytes());
+                d.update(body);
+                d.update(&(body.len() as u64).to_be_bytes());
             }
             return Ok(d);
         }
@@ -484,20 +549,20 @@ impl Fingerprinter {
         };
         let out = &mut scratch.out;
         out.clear();
-        self.head(&mut Collect(out), parts);
+        self.write_head(&mut Collect(out), head);
         out.push(class);
         out.push(BODY_JSON);
         let (opts, excl) = (&self.opts, &self.exclusions);
-        if parts.body.len() <= INLINE_BODY {
+        if body.len() <= INLINE_BODY {
             let at = out.len();
-            canonicalize_scratch(parts.body, opts, excl, out, &mut scratch.canon)?;
+            canonicalize_scratch(body, opts, excl, out, &mut scratch.canon)?;
             let len = (out.len() - at) as u64;
             out.extend_from_slice(&len.to_be_bytes());
             d.update(out);
         } else {
             d.update(out);
             let mut sink = DigestSink::new(d);
-            canonicalize_scratch(parts.body, opts, excl, &mut sink, &mut scratch.canon)?;
+            canonicalize_scratch(body, opts, excl, &mut sink, &mut scratch.canon)?;
             let (inner, len) = sink.finish();
             d = inner;
             d.update(&len.to_be_bytes());
@@ -540,6 +605,42 @@ impl Fingerprinter {
                 field(d, trim_ows(value).as_bytes());
             }
         }
+    }
+}
+
+/// Where the framing fields before the body come from.
+enum Head<'a> {
+    /// Written from the request.
+    Parts(&'a RequestParts<'a>),
+    /// Precomputed by [`Fingerprinter::for_route`].
+    Bytes(&'a [u8]),
+}
+
+/// A [`Fingerprinter`] bound to one method and route template, for JSON bodies sent without
+/// any of the configured headers: the framing fields before the body are computed once.
+///
+/// `route.fingerprint_json(body)` equals
+/// `fingerprinter.fingerprint(&RequestParts::json(method, route, body))`.
+#[derive(Debug, Clone)]
+pub struct RouteFingerprinter {
+    fingerprinter: Arc<Fingerprinter>,
+    head: Vec<u8>,
+}
+
+impl RouteFingerprinter {
+    /// The fingerprint of a JSON body sent to this route.
+    ///
+    /// # Errors
+    /// [`FingerprintError::Body`] when the non-empty body is not acceptable.
+    pub fn fingerprint_json(&self, body: &[u8]) -> Result<Fingerprint, FingerprintError> {
+        self.fingerprinter
+            .digest(&Head::Bytes(&self.head), true, body)
+    }
+
+    /// The configuration this route uses.
+    #[must_use]
+    pub fn fingerprinter(&self) -> &Arc<Fingerprinter> {
+        &self.fingerprinter
     }
 }
 
@@ -715,6 +816,56 @@ mod tests {
                 &cfg
             )
         );
+    }
+
+    /// A route-bound fingerprinter gives what the full call gives, for every configuration kind
+    /// (plain, header names, HMAC) and body kind (empty, JSON, invalid).
+    #[test]
+    fn route_fingerprinter_matches_the_full_call() {
+        let configs = [
+            FingerprintConfig::default(),
+            FingerprintConfig {
+                header_names: vec!["X-Tenant".into(), "accept".into()],
+                ..FingerprintConfig::default()
+            },
+            FingerprintConfig {
+                hmac_key: Some(b"k".to_vec()),
+                exclude: vec!["/ts".into()],
+                ..FingerprintConfig::default()
+            },
+        ];
+        let long_route = format!("/{}", "r".repeat(300));
+        for cfg in &configs {
+            let fpr = Arc::new(Fingerprinter::new(cfg).expect("config"));
+            for (method, route) in [("post", "/payments"), ("PATCH", long_route.as_str())] {
+                let bound = fpr.for_route(method, route);
+                for body in [&b""[..], b"{}", br#"{"b":1,"a":[1.5,"x"],"ts":3}"#, b"[1,"] {
+                    let full = fpr.fingerprint(&RequestParts::json(method, route, body));
+                    let fast = bound.fingerprint_json(body);
+                    match (full, fast) {
+                        (Ok(a), Ok(b)) => assert_eq!(a.text(), b.text()),
+                        (Err(a), Err(b)) => assert_eq!(a.code(), b.code()),
+                        (a, b) => panic!("{method} {route}: {a:?} vs {b:?}"),
+                    }
+                }
+            }
+        }
+    }
+
+    /// The word-at-a-time hex agrees with a per-byte formatter for every byte value in every
+    /// position.
+    #[test]
+    fn text_hex_matches_per_byte_formatting() {
+        for start in 0..=255u8 {
+            let mut digest = [0u8; 32];
+            for (i, b) in digest.iter_mut().enumerate() {
+                *b = start.wrapping_add((i as u8).wrapping_mul(37));
+            }
+            let f = Fingerprint::from_parts(FingerprintKind::Sha256V1, digest);
+            let want: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+            assert_eq!(f.text().as_str(), format!("v1:{want}"));
+            assert_eq!(f.text().as_bytes(), f.text().as_str().as_bytes());
+        }
     }
 
     #[test]

@@ -14,7 +14,7 @@ use crate::strarg::{STACK_STR, StrArg};
 /// The fingerprint text as a JS string, formatted by core on the stack (no heap allocation).
 fn text<'e>(env: &'e Env, f: &Fingerprint) -> napi::Result<JsString<'e>> {
     // Fingerprint text is ASCII, so latin1 and UTF-8 agree (latin1 is the cheaper copy).
-    env.create_string_latin1(f.text().as_str().as_bytes())
+    env.create_string_latin1(f.text().as_bytes())
 }
 
 /// Fingerprint settings. Every service sharing a store must use the same ones.
@@ -141,9 +141,7 @@ impl Fingerprinter {
     #[must_use]
     pub fn for_route(&self, method: String, route: String) -> RouteFingerprinter {
         RouteFingerprinter {
-            inner: Arc::clone(&self.inner),
-            method,
-            route,
+            inner: self.inner.for_route(&method, &route),
         }
     }
 
@@ -205,9 +203,7 @@ pub fn route_fingerprint<'e>(
 /// A [`Fingerprinter`] bound to one method and route template (JSON bodies, no configured headers).
 #[napi]
 pub struct RouteFingerprinter {
-    inner: Arc<fp::Fingerprinter>,
-    method: String,
-    route: String,
+    inner: fp::RouteFingerprinter,
 }
 
 #[napi]
@@ -215,10 +211,7 @@ impl RouteFingerprinter {
     /// The fingerprint of a JSON body sent to this route.
     #[napi(catch_unwind)]
     pub fn fingerprint<'e>(&self, env: &'e Env, body: &[u8]) -> napi::Result<JsString<'e>> {
-        match self
-            .inner
-            .fingerprint(&RequestParts::json(&self.method, &self.route, body))
-        {
+        match self.inner.fingerprint_json(body) {
             Ok(f) => text(env, &f),
             Err(e) => Err(fingerprint_fail(&e).throw(env)),
         }
