@@ -74,7 +74,7 @@ impl Config {
         in_flight_retry_after_ms = 1_000,
         unavailable_retry_after_ms = 1_000,
         max_store_rounds = 3,
-        cleanup_budget_ms = policy::DEFAULT_CLEANUP_BUDGET_MS,
+        cleanup_budget_ms = 30_000,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
