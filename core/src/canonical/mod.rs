@@ -33,6 +33,7 @@ mod number;
 mod parse;
 mod pointer;
 mod sink;
+mod small;
 
 pub use error::{CanonError, CanonErrorKind};
 pub use number::format_number;
@@ -140,16 +141,7 @@ pub fn canonicalize_excluding_to<S: CanonSink + ?Sized>(
     exclusions: &Exclusions,
     sink: &mut S,
 ) -> Result<(), CanonError> {
-    // No working memory to keep: the tape is dropped, not recycled.
-    let mut scratch = parse::ParseScratch::default();
-    let tape = parse::parse_with(input, &opts.limits, opts.numbers, &mut scratch)?;
-    emit::emit(
-        &tape,
-        opts.numbers,
-        exclusions,
-        sink,
-        &mut emit::EmitScratch::default(),
-    )
+    canonicalize_scratch(input, opts, exclusions, sink, &mut Scratch::default())
 }
 
 /// A canonicalizer that keeps its working memory between calls: once its vectors have grown it
@@ -245,10 +237,32 @@ impl Canonicalizer {
 pub(crate) struct Scratch {
     parse: parse::ParseScratch,
     emit: emit::EmitScratch,
+    small: small::SmallScratch,
 }
 
 /// [`canonicalize_excluding_to`] with reusable working memory.
+#[inline]
 pub(crate) fn canonicalize_scratch<S: CanonSink + ?Sized>(
+    input: &[u8],
+    opts: &CanonOptions,
+    exclusions: &Exclusions,
+    sink: &mut S,
+    scratch: &mut Scratch,
+) -> Result<(), CanonError> {
+    // Small plain documents: one pass without a tape (it gives up, writing nothing, on
+    // anything it does not handle, errors included).
+    if exclusions.is_empty()
+        && scratch
+            .small
+            .canonicalize(input, &opts.limits, |text| sink.write(text))
+    {
+        return Ok(());
+    }
+    canonicalize_full(input, opts, exclusions, sink, scratch)
+}
+
+/// The full parser and emitter, for every input (the fast path's reference).
+pub(crate) fn canonicalize_full<S: CanonSink + ?Sized>(
     input: &[u8],
     opts: &CanonOptions,
     exclusions: &Exclusions,

@@ -377,7 +377,7 @@ pub(crate) fn digit_run(input: &[u8], start: usize) -> usize {
 /// form has the same value (DBL_DIG = 15) as long as the double is normal, which holds at or above
 /// 1e-6; ES6 prints such a value in fixed notation, i.e. as the normalized literal.
 #[inline]
-fn exact_fixed(
+pub(crate) fn exact_fixed(
     input: &[u8],
     start: usize,
     int_start: usize,

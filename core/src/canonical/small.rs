@@ -1,0 +1,691 @@
+//! The fast path for small, plain documents: one recursive pass, no tape.
+//!
+//! Most request bodies are small objects written by `JSON.stringify` or `json.dumps`: member
+//! names without escapes, strings without escapes, integers and short decimals that are already
+//! in canonical form. For those, the canonical form is the input's own tokens, rearranged:
+//! members sorted by name, whitespace dropped. This pass writes exactly that and nothing else.
+//! Anything it does not handle (an escape, an exponent, a number that needs formatting, a
+//! duplicate name, a limit reached, a syntax error) makes it give up, with no output, and the
+//! full parser ([`super::parse`]) runs instead and gives the result or the precise error. So
+//! the fast path never decides an error and never accepts what the full parser refuses: a
+//! differential test checks that it agrees with the full path.
+//!
+//! Output is assembled in one buffer: every container writes its canonical text where it
+//! started, so an array copies its elements in place; an object first reads its members
+//! (nested containers land in the buffer), then sorts them, writes itself after them and
+//! moves that text down over them.
+
+use super::Limits;
+use super::parse::{cmp_utf16, digit_run, exact_fixed, is_utf8, scan_plain};
+
+/// Inputs up to this size try the fast path.
+pub(crate) const SMALL_INPUT: usize = 16 * 1024;
+
+/// Containers nested deeper than this are left to the full parser (it is iterative; this pass
+/// recurses and must bound its stack).
+const MAX_NESTING: usize = 48;
+
+/// Where a value's (or a member's) canonical text is: a run of the input or text already in
+/// the output buffer.
+#[derive(Clone, Copy)]
+enum Text {
+    Input(u32, u32),
+    Buffer(u32, u32),
+}
+
+#[derive(Clone, Copy)]
+struct Member {
+    /// The first eight bytes of the name, big-endian, zero-padded: orders ASCII names.
+    prefix: u64,
+    /// The name's content range in the input.
+    name: (u32, u32),
+    /// `"name":value` as one input run (no whitespace inside, value a token), else the value.
+    text: Text,
+    /// Whether `text` is the whole member or only its value.
+    whole: bool,
+}
+
+/// Working memory kept between calls.
+#[derive(Default)]
+pub(crate) struct SmallScratch {
+    buf: Vec<u8>,
+    members: Vec<Member>,
+}
+
+/// Output buffers larger than this are freed after use rather than kept.
+const KEEP_BYTES: usize = 4 * SMALL_INPUT;
+
+/// Slack past the largest output, for fixed-size copies that write beyond their length.
+const SLACK: usize = 32;
+
+impl SmallScratch {
+    /// The canonical form of `input` when the fast path applies (see the module docs), passed
+    /// to `write`; `false` (nothing written) when the full parser must run.
+    pub(crate) fn canonicalize(
+        &mut self,
+        input: &[u8],
+        limits: &Limits,
+        write: impl FnOnce(&[u8]),
+    ) -> bool {
+        if input.len() > SMALL_INPUT || input.len() > limits.max_input_bytes {
+            return false;
+        }
+        let ascii = input.is_ascii();
+        if !ascii && !is_utf8(input) {
+            return false;
+        }
+        // Every container's canonical text is at most as long as its input text, and is
+        // written once after its children's text: twice the input is room enough.
+        let room = 2 * input.len() + SLACK;
+        if self.buf.len() < room {
+            self.buf.resize(room, 0);
+        }
+        self.members.clear();
+        let mut pass = Pass {
+            input,
+            pos: 0,
+            limits,
+            ascii,
+            buf: &mut self.buf,
+            n: 0,
+            members: &mut self.members,
+        };
+        pass.skip_ws();
+        let done = match pass.value(0) {
+            Some(text) => {
+                pass.skip_ws();
+                (pass.pos == input.len()).then_some(text)
+            }
+            None => None,
+        };
+        let text = match done {
+            Some(Text::Input(a, b)) => input.get(a as usize..b as usize),
+            Some(Text::Buffer(a, b)) => self.buf.get(a as usize..b as usize),
+            None => None,
+        };
+        let ok = text.map(write).is_some();
+        if self.buf.len() > KEEP_BYTES {
+            self.buf = Vec::new();
+        }
+        if self.members.capacity() > KEEP_BYTES / 16 {
+            self.members = Vec::new();
+        }
+        ok
+    }
+}
+
+struct Pass<'a, 's> {
+    input: &'a [u8],
+    pos: usize,
+    limits: &'s Limits,
+    /// The whole input is ASCII (names order by their bytes).
+    ascii: bool,
+    /// Output area (sized once); `n` bytes are written.
+    buf: &'s mut [u8],
+    n: usize,
+    members: &'s mut Vec<Member>,
+}
+
+impl Pass<'_, '_> {
+    #[inline(always)]
+    fn peek(&self) -> Option<u8> {
+        self.input.get(self.pos).copied()
+    }
+
+    #[inline(always)]
+    fn skip_ws(&mut self) {
+        while let Some(b' ' | b'\n' | b'\r' | b'\t') = self.input.get(self.pos) {
+            self.pos += 1;
+        }
+    }
+
+    /// Append one byte (`None` when out of room: the caller gives up).
+    #[inline(always)]
+    fn put(&mut self, b: u8) -> Option<()> {
+        *self.buf.get_mut(self.n)? = b;
+        self.n += 1;
+        Some(())
+    }
+
+    /// Append `input[a..b]`. Short runs are copied as one 16-byte block (the bytes past the run
+    /// are overwritten later or lie beyond the output), which costs less than a sized copy.
+    #[inline(always)]
+    fn copy_input(&mut self, a: usize, b: usize) -> Option<()> {
+        let len = b - a;
+        let n = self.n;
+        if len <= 16
+            && let (Some(src), Some(dst)) = (self.input.get(a..a + 16), self.buf.get_mut(n..n + 16))
+        {
+            dst.copy_from_slice(src);
+        } else {
+            self.buf
+                .get_mut(n..n + len)?
+                .copy_from_slice(self.input.get(a..b)?);
+        }
+        self.n = n + len;
+        Some(())
+    }
+
+    #[inline(always)]
+    fn copy_text(&mut self, text: Text) -> Option<()> {
+        match text {
+            Text::Input(a, b) => self.copy_input(a as usize, b as usize),
+            Text::Buffer(a, b) => {
+                let (a, b) = (a as usize, b as usize);
+                let n = self.n;
+                if n + (b - a) > self.buf.len() || b > n {
+                    return None;
+                }
+                self.buf.copy_within(a..b, n);
+                self.n = n + (b - a);
+                Some(())
+            }
+        }
+    }
+
+    /// A value at `pos` (whitespace skipped), inside `depth` open containers.
+    #[inline(always)]
+    fn value(&mut self, depth: usize) -> Option<Text> {
+        match self.peek()? {
+            b'"' => {
+                let start = self.pos;
+                let end = scan_plain(self.input, start + 1);
+                if self.input.get(end) != Some(&b'"') {
+                    return None;
+                }
+                self.pos = end + 1;
+                Some(Text::Input(start as u32, self.pos as u32))
+            }
+            b'-' | b'0'..=b'9' => self.number(),
+            b't' => self.literal(b"true"),
+            b'f' => self.literal(b"false"),
+            b'n' => self.literal(b"null"),
+            b'{' => self.object(depth + 1),
+            b'[' => self.array(depth + 1),
+            _ => None,
+        }
+    }
+
+    fn literal(&mut self, word: &'static [u8]) -> Option<Text> {
+        let start = self.pos;
+        if !self.input.get(start..)?.starts_with(word) {
+            return None;
+        }
+        self.pos += word.len();
+        Some(Text::Input(start as u32, self.pos as u32))
+    }
+
+    /// A number whose canonical form is a prefix of its literal (see `exact_fixed`), other
+    /// than `-0`.
+    #[inline(always)]
+    fn number(&mut self) -> Option<Text> {
+        let input = self.input;
+        let start = self.pos;
+        let int_start = start + usize::from(input.get(start) == Some(&b'-'));
+        let int_end = match input.get(int_start)? {
+            b'0' => int_start + 1,
+            b'1'..=b'9' => int_start + 1 + digit_run(input, int_start + 1),
+            _ => return None,
+        };
+        let mut end = int_end;
+        let mut frac_end = None;
+        if input.get(end) == Some(&b'.') {
+            let n = digit_run(input, end + 1);
+            if n == 0 {
+                return None;
+            }
+            end += 1 + n;
+            frac_end = Some(end);
+        }
+        if matches!(input.get(end), Some(b'e' | b'E' | b'0'..=b'9')) {
+            return None;
+        }
+        let len = if frac_end.is_none() && int_end - int_start <= 15 && input[int_start] != b'0' {
+            // The common case, decided here: an integer of at most 15 digits is exact and
+            // prints as itself.
+            end - start
+        } else {
+            exact_fixed(input, start, int_start, int_end, frac_end)?
+        };
+        if input.get(start..start + len)? == b"-0" {
+            return None;
+        }
+        self.pos = end;
+        Some(Text::Input(start as u32, (start + len) as u32))
+    }
+
+    fn array(&mut self, depth: usize) -> Option<Text> {
+        if depth > MAX_NESTING || depth > self.limits.max_depth {
+            return None;
+        }
+        let at = self.n;
+        self.put(b'[')?;
+        self.pos += 1;
+        self.skip_ws();
+        if self.peek()? == b']' {
+            self.pos += 1;
+            self.put(b']')?;
+            return Some(Text::Buffer(at as u32, self.n as u32));
+        }
+        let mut count = 0usize;
+        loop {
+            count += 1;
+            if count > self.limits.max_members {
+                return None;
+            }
+            match self.value(depth)? {
+                Text::Input(a, b) => self.copy_input(a as usize, b as usize)?,
+                // A nested container wrote itself in place, right after the elements so far.
+                Text::Buffer(..) => {}
+            }
+            self.skip_ws();
+            match self.peek()? {
+                b',' => {
+                    self.pos += 1;
+                    self.skip_ws();
+                    self.put(b',')?;
+                }
+                b']' => {
+                    self.pos += 1;
+                    self.put(b']')?;
+                    return Some(Text::Buffer(at as u32, self.n as u32));
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    fn object(&mut self, depth: usize) -> Option<Text> {
+        if depth > MAX_NESTING || depth > self.limits.max_depth {
+            return None;
+        }
+        let at = self.n;
+        self.pos += 1;
+        self.skip_ws();
+        if self.peek()? == b'}' {
+            self.pos += 1;
+            self.put(b'{')?;
+            self.put(b'}')?;
+            return Some(Text::Buffer(at as u32, self.n as u32));
+        }
+        let input = self.input;
+        let base = self.members.len();
+        loop {
+            if self.members.len() - base >= self.limits.max_members {
+                return None;
+            }
+            let quote = self.pos;
+            if self.peek()? != b'"' {
+                return None;
+            }
+            let end = scan_plain(input, quote + 1);
+            if input.get(end) != Some(&b'"') {
+                return None;
+            }
+            let mut head = [0u8; 8];
+            match input.get(quote + 1..quote + 9) {
+                Some(w) => head.copy_from_slice(w),
+                None => {
+                    for (h, &b) in head.iter_mut().zip(&input[quote + 1..]) {
+                        *h = b;
+                    }
+                }
+            }
+            // Bytes of the word past the name (its closing quote on) do not belong to it.
+            let len = end - quote - 1;
+            let prefix = match len {
+                0 => 0,
+                1..=7 => u64::from_be_bytes(head) & !(u64::MAX >> (8 * len)),
+                _ => u64::from_be_bytes(head),
+            };
+            self.pos = end + 1;
+            let tight = self.peek() == Some(b':');
+            if !tight {
+                self.skip_ws();
+                if self.peek()? != b':' {
+                    return None;
+                }
+            }
+            self.pos += 1;
+            let value_at = self.pos;
+            self.skip_ws();
+            let tight = tight && self.pos == value_at;
+            let value = self.value(depth)?;
+            let (text, whole) = match value {
+                Text::Input(_, b) if tight => (Text::Input(quote as u32, b), true),
+                other => (other, false),
+            };
+            self.members.push(Member {
+                prefix,
+                name: ((quote + 1) as u32, end as u32),
+                text,
+                whole,
+            });
+            self.skip_ws();
+            match self.peek()? {
+                b',' => {
+                    self.pos += 1;
+                    self.skip_ws();
+                }
+                b'}' => {
+                    self.pos += 1;
+                    break;
+                }
+                _ => return None,
+            }
+        }
+        let name = |m: &Member| &input[m.name.0 as usize..m.name.1 as usize];
+        let members = &mut self.members[base..];
+        let ascii = self.ascii || members.iter().all(|m| name(m).is_ascii());
+        sort_members(members, ascii, &name);
+        if members
+            .windows(2)
+            .any(|w| w[0].prefix == w[1].prefix && name(&w[0]) == name(&w[1]))
+        {
+            // A duplicate name: the full parser reports it.
+            return None;
+        }
+        // Write the object after its nested containers' text, then move it down over them.
+        let end = self.n;
+        self.put(b'{')?;
+        for i in base..self.members.len() {
+            let m = self.members[i];
+            if !m.whole {
+                let (a, b) = m.name;
+                self.copy_input(a as usize - 1, b as usize + 1)?;
+                self.put(b':')?;
+            }
+            self.copy_text(m.text)?;
+            self.put(b',')?;
+        }
+        *self.buf.get_mut(self.n - 1)? = b'}';
+        self.members.truncate(base);
+        let len = self.n - end;
+        if depth == 1 {
+            // The root: read from where it was written.
+            return Some(Text::Buffer(end as u32, self.n as u32));
+        }
+        if end != at {
+            self.buf.copy_within(end..self.n, at);
+            self.n = at + len;
+        }
+        Some(Text::Buffer(at as u32, self.n as u32))
+    }
+}
+
+/// Sort an object's members into canonical (UTF-16) name order: ASCII names by prefix, then
+/// bytes; others as UTF-16. Small objects by insertion.
+fn sort_members<'i>(members: &mut [Member], ascii: bool, name: &impl Fn(&Member) -> &'i [u8]) {
+    let less = |x: &Member, y: &Member| {
+        if ascii {
+            x.prefix < y.prefix || (x.prefix == y.prefix && name(x) < name(y))
+        } else {
+            cmp_utf16(name(x), name(y)) == std::cmp::Ordering::Less
+        }
+    };
+    if members.len() <= 16 {
+        for i in 1..members.len() {
+            let cur = members[i];
+            let mut j = i;
+            while j > 0 && less(&cur, &members[j - 1]) {
+                members[j] = members[j - 1];
+                j -= 1;
+            }
+            members[j] = cur;
+        }
+    } else {
+        members.sort_unstable_by(|x, y| {
+            if less(x, y) {
+                std::cmp::Ordering::Less
+            } else if less(y, x) {
+                std::cmp::Ordering::Greater
+            } else {
+                std::cmp::Ordering::Equal
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::canonical::{
+        CanonError, CanonOptions, Exclusions, NumberMode, Scratch, canonicalize_full,
+    };
+
+    /// The full parser's answer (never the fast path).
+    fn canonicalize_with(input: &[u8], opts: &CanonOptions) -> Result<Vec<u8>, CanonError> {
+        let mut out = Vec::new();
+        canonicalize_full(
+            input,
+            opts,
+            &Exclusions::none(),
+            &mut out,
+            &mut Scratch::default(),
+        )?;
+        Ok(out)
+    }
+
+    fn fast(input: &[u8]) -> Option<Vec<u8>> {
+        let mut s = SmallScratch::default();
+        let mut out = None;
+        s.canonicalize(input, &Limits::default(), |b| out = Some(b.to_vec()))
+            .then_some(())?;
+        out
+    }
+
+    #[test]
+    fn plain_documents_take_the_fast_path() {
+        for (input, want) in [
+            (
+                &br#"{"b":1,"a":[1,2,{"d":true,"c":null}],"c":"x"}"#[..],
+                &br#"{"a":[1,2,{"c":null,"d":true}],"b":1,"c":"x"}"#[..],
+            ),
+            (
+                br#" { "amount" : 1000 , "ratio": 0.10, "n": -2.50, "z": 0.0 } "#,
+                br#"{"amount":1000,"n":-2.5,"ratio":0.1,"z":0}"#,
+            ),
+            (
+                br#"[ "a" , "b", [], {}, [[1]] ]"#,
+                br#"["a","b",[],{},[[1]]]"#,
+            ),
+            (
+                "{\"\u{e9}\":1,\"z\":2,\"\u{1F600}\":3,\"\u{FF61}\":4}".as_bytes(),
+                "{\"z\":2,\"\u{e9}\":1,\"\u{1F600}\":3,\"\u{FF61}\":4}".as_bytes(),
+            ),
+            (b"\"s\"", b"\"s\""),
+            (b"12", b"12"),
+        ] {
+            assert_eq!(
+                fast(input).as_deref(),
+                Some(want),
+                "{}",
+                String::from_utf8_lossy(input)
+            );
+            assert_eq!(
+                canonicalize_with(input, &CanonOptions::default()).expect("valid"),
+                want
+            );
+        }
+    }
+
+    #[test]
+    fn anything_else_is_left_to_the_full_parser() {
+        for input in [
+            &br#"{"a":1,"a":2}"#[..],
+            br#"{"a":"\n"}"#,
+            br#"{"a\u0062":1}"#,
+            b"1e3",
+            b"-0",
+            b"-0.0",
+            b"0.0000001",
+            b"12345678901234567",
+            b"[1,]",
+            b"{\"a\":1,}",
+            b"[1 2]",
+            b"01",
+            b"1.",
+            b"[tru]",
+            b"{} x",
+            b"\xEF\xBB\xBF{}",
+            b"[\"\xFF\"]",
+            b"",
+            b"[",
+        ] {
+            assert_eq!(fast(input), None, "{}", String::from_utf8_lossy(input));
+        }
+        let deep = format!(
+            "{}{}",
+            "[".repeat(MAX_NESTING + 1),
+            "]".repeat(MAX_NESTING + 1)
+        );
+        assert_eq!(fast(deep.as_bytes()), None);
+        let strict = CanonOptions {
+            numbers: NumberMode::RejectPrecisionLoss,
+            ..CanonOptions::default()
+        };
+        assert!(canonicalize_with(b"12345678901234567", &strict).is_err());
+    }
+
+    #[test]
+    fn limits_send_documents_to_the_full_parser() {
+        let mut s = SmallScratch::default();
+        let tight = Limits {
+            max_depth: 2,
+            max_members: 2,
+            ..Limits::default()
+        };
+        for input in [&b"[[[1]]]"[..], b"[1,2,3]", br#"{"a":1,"b":2,"c":3}"#] {
+            assert!(
+                !s.canonicalize(input, &tight, |_| {}),
+                "{}",
+                String::from_utf8_lossy(input)
+            );
+        }
+        assert!(s.canonicalize(b"[[1,2]]", &tight, |_| {}));
+    }
+
+    /// Pieces of JSON text, plain and not, for the differential test.
+    const NAMES: [&str; 14] = [
+        "\"a\"",
+        "\"b\"",
+        "\"amount\"",
+        "\"amount_x\"",
+        "\"amount_y\"",
+        "\"\"",
+        "\"A\"",
+        "\"\u{e9}\"",
+        "\"\u{1F600}\"",
+        "\"\u{FF61}\"",
+        "\"a\\u0062\"",
+        "\"a\\\"\"",
+        "\"longer name 1\"",
+        "\"longer name 2\"",
+    ];
+    const SCALARS: [&str; 30] = [
+        "0",
+        "-0",
+        "1",
+        "-1",
+        "12",
+        "1001",
+        "0.1",
+        "-2.50",
+        "0.0",
+        "-0.0",
+        "1.0",
+        "100.010",
+        "0.000001",
+        "0.0000001",
+        "123456789012345",
+        "1234567890123456",
+        "9007199254740993",
+        "1e3",
+        "1E-7",
+        "01",
+        "1.",
+        "-",
+        "true",
+        "false",
+        "null",
+        "\"x\"",
+        "\"\"",
+        "\"a b \u{e9}\"",
+        "\"tab\\t\"",
+        "\"\u{1F600}\"",
+    ];
+    const SPACE: [&str; 5] = ["", "", "", " ", "\n\t "];
+
+    fn doc(g: &mut impl FnMut(usize) -> usize, depth: usize, out: &mut String) {
+        let ws = |g: &mut dyn FnMut(usize) -> usize, out: &mut String| {
+            out.push_str(SPACE[g(SPACE.len())])
+        };
+        match if depth > 3 { 0 } else { g(4) } {
+            0 | 1 => out.push_str(SCALARS[g(SCALARS.len())]),
+            2 => {
+                out.push('[');
+                let n = g(5);
+                for i in 0..n {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    ws(g, out);
+                    doc(g, depth + 1, out);
+                    ws(g, out);
+                }
+                if g(40) == 0 {
+                    out.push(',');
+                }
+                out.push(']');
+            }
+            _ => {
+                out.push('{');
+                let n = g(6);
+                for i in 0..n {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    ws(g, out);
+                    out.push_str(NAMES[g(NAMES.len())]);
+                    ws(g, out);
+                    if g(60) != 0 {
+                        out.push(':');
+                    }
+                    ws(g, out);
+                    doc(g, depth + 1, out);
+                    ws(g, out);
+                }
+                out.push('}');
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(3000))]
+        /// Whenever the fast path answers, the full parser gives the same bytes in both number
+        /// modes; and it does answer for a good share of documents.
+        #[test]
+        fn fast_path_agrees_with_the_full_parser(seed in proptest::prelude::any::<u64>()) {
+            let mut state = seed | 1;
+            let mut g = |n: usize| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state % n as u64) as usize
+            };
+            let mut taken = 0;
+            for _ in 0..20 {
+                let mut text = String::new();
+                doc(&mut g, 0, &mut text);
+                let Some(fast) = fast(text.as_bytes()) else { continue };
+                taken += 1;
+                for numbers in [NumberMode::Rfc, NumberMode::RejectPrecisionLoss] {
+                    let opts = CanonOptions { numbers, ..CanonOptions::default() };
+                    let full = canonicalize_with(text.as_bytes(), &opts);
+                    proptest::prop_assert_eq!(full.as_deref().ok(), Some(&fast[..]), "{}", text);
+                }
+            }
+            proptest::prop_assert!(taken > 0, "the fast path never answered");
+        }
+    }
+}
