@@ -496,88 +496,10 @@ const HEX_VALUE: [u8; 256] = {
     t
 };
 
-/// The `u32` of the (up to) four bytes at `i`, little-endian, zero-padded past the end.
-#[inline(always)]
-fn load4(s: &[u8], i: usize) -> u32 {
-    match s.get(i..).and_then(<[u8]>::first_chunk::<4>) {
-        Some(c) => u32::from_le_bytes(*c),
-        None => {
-            let mut w = [0u8; 4];
-            for (k, &b) in s.iter().skip(i).take(4).enumerate() {
-                w[k] = b;
-            }
-            u32::from_le_bytes(w)
-        }
-    }
-}
-
-/// True when `s` is valid UTF-8 (as [`std::str::from_utf8`] decides: no overlong forms, no
-/// encoded surrogates, nothing above U+10FFFF). Runs of ASCII are checked eight bytes at a time
-/// from any alignment, multi-byte characters with one 4-byte load and a mask each.
-pub(crate) fn is_utf8(s: &[u8]) -> bool {
-    let mut i = 0;
-    loop {
-        // ASCII, a word at a time, then four words at a time while that lasts.
-        while let Some(c) = s.get(i..).and_then(<[u8]>::first_chunk::<8>) {
-            let h = u64::from_le_bytes(*c) & HI;
-            if h != 0 {
-                i += (h.trailing_zeros() / 8) as usize;
-                break;
-            }
-            i += 8;
-            while let Some(c) = s.get(i..).and_then(<[u8]>::first_chunk::<32>) {
-                let mut any = 0;
-                for k in 0..4 {
-                    let mut w = [0u8; 8];
-                    w.copy_from_slice(&c[8 * k..8 * k + 8]);
-                    any |= u64::from_le_bytes(w);
-                }
-                if any & HI != 0 {
-                    break;
-                }
-                i += 32;
-            }
-        }
-        // Characters one by one until the next ASCII word (or the end).
-        loop {
-            let Some(&b0) = s.get(i) else {
-                return true;
-            };
-            if b0 < 0x80 {
-                i += 1;
-                if s.get(i).is_some_and(|&b| b < 0x80) {
-                    break;
-                }
-                continue;
-            }
-            let w = load4(s, i);
-            if w & 0xC0E0 == 0x80C0 {
-                // 110xxxxx 10xxxxxx: C0 and C1 would be overlong.
-                if b0 < 0xC2 {
-                    return false;
-                }
-                i += 2;
-            } else if w & 0x00C0_C0F0 == 0x0080_80E0 {
-                let cp = ((w & 0x0F) << 12) | ((w >> 2) & 0x0FC0) | ((w >> 16) & 0x3F);
-                // Overlong below U+0800, or a surrogate.
-                if cp < 0x800 || cp & 0xF800 == 0xD800 {
-                    return false;
-                }
-                i += 3;
-            } else if w & 0xC0C0_C0F8 == 0x8080_80F0 {
-                let cp = ((w & 0x07) << 18)
-                    | ((w << 4) & 0x3_F000)
-                    | ((w >> 10) & 0x0FC0)
-                    | ((w >> 24) & 0x3F);
-                if !(0x1_0000..=0x10_FFFF).contains(&cp) {
-                    return false;
-                }
-                i += 4;
-            } else {
-                return false;
-            }
-        }
-    }
+/// True when `input` is valid UTF-8 (as [`std::str::from_utf8`] decides): ASCII input is
+/// settled word by word, anything else with SIMD (`simdutf8`).
+pub(crate) fn valid_utf8(input: &[u8]) -> bool {
+    input.is_ascii() || simdutf8::basic::from_utf8(input).is_ok()
 }
 
 /// Decode the UTF-8 character at `i`, if the bytes there form one.
@@ -710,7 +632,7 @@ pub(crate) fn parse_with<'a>(
         pending: take(&mut scratch.pending, 32),
         shapes,
         ws: 0,
-        utf8_ok: is_utf8(input),
+        utf8_ok: valid_utf8(input),
         strict: numbers == NumberMode::RejectPrecisionLoss,
     };
     let result = p.run();
@@ -1682,7 +1604,7 @@ mod tests {
                 for tail in [0usize, 1, 9] {
                     let mut t = s.clone();
                     t.extend(std::iter::repeat_n(b'z', tail));
-                    assert_eq!(is_utf8(&t), std::str::from_utf8(&t).is_ok(), "{t:x?}");
+                    assert_eq!(valid_utf8(&t), std::str::from_utf8(&t).is_ok(), "{t:x?}");
                 }
             }
         }
@@ -1690,7 +1612,7 @@ mod tests {
             "caf\u{e9} \u{65e5}\u{672c} \u{1F600}\u{10FFFF}\u{FFFF}\u{800}\u{7FF} ok".repeat(5);
         for cut in 0..text.len() {
             let b = &text.as_bytes()[..cut];
-            assert_eq!(is_utf8(b), std::str::from_utf8(b).is_ok(), "cut {cut}");
+            assert_eq!(valid_utf8(b), std::str::from_utf8(b).is_ok(), "cut {cut}");
         }
     }
 

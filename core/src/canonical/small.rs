@@ -18,7 +18,7 @@
 //! moves that text down over them.
 
 use super::emit::EmitScratch;
-use super::parse::{ParseScratch, cmp_utf16, digit_run, exact_fixed, is_utf8, scan_plain};
+use super::parse::{ParseScratch, cmp_utf16, digit_run, exact_fixed, scan_plain, valid_utf8};
 use super::{CanonOptions, Exclusions, Limits, parse_and_emit};
 
 /// Inputs up to this size try the fast path.
@@ -87,7 +87,7 @@ impl SmallScratch {
             return false;
         }
         let ascii = input.is_ascii();
-        if !ascii && !is_utf8(input) {
+        if !ascii && !valid_utf8(input) {
             return false;
         }
         // Every container's canonical text is at most as long as its input text, and is
