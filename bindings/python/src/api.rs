@@ -3,6 +3,7 @@
 use idempo_core::canonical::{self, CanonOptions, Limits, NumberMode};
 use idempo_core::fingerprint::{
     FingerprintConfig, Fingerprinter as CoreFingerprinter, RequestParts,
+    RouteFingerprinter as CoreRouteFingerprinter,
 };
 use idempo_core::key::{self, IdempotencyKey, KeyOptions};
 use idempo_core::retry::{self, AttemptOutcome, Jitter, RetryConfig, RetryDecision, StopReason};
@@ -141,10 +142,11 @@ impl Fingerprinter {
                 "for_route() needs a Fingerprinter without header_names",
             ));
         }
+        let (method, route) = (method.to_cow()?.into_owned(), route.to_cow()?.into_owned());
         Ok(RouteFingerprinter {
-            inner: Arc::clone(&self.inner),
-            method: method.to_cow()?.into_owned(),
-            route: route.to_cow()?.into_owned(),
+            inner: self.inner.for_route(&method, &route),
+            method,
+            route,
         })
     }
 
@@ -175,7 +177,7 @@ impl Fingerprinter {
 /// A [`Fingerprinter`] bound to one method and route template (JSON bodies, no header names).
 #[pyclass(frozen, module = "idempo._idempo")]
 pub(crate) struct RouteFingerprinter {
-    inner: Arc<CoreFingerprinter>,
+    inner: CoreRouteFingerprinter,
     method: String,
     route: String,
 }
@@ -201,11 +203,10 @@ impl RouteFingerprinter {
         body: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyString>> {
         let result = with_bytes(body, |body| {
-            let parts = RequestParts::json(&self.method, &self.route, body);
             if body.len() >= DETACH_THRESHOLD {
-                py.detach(|| self.inner.fingerprint(&parts))
+                py.detach(|| self.inner.fingerprint_json(body))
             } else {
-                self.inner.fingerprint(&parts)
+                self.inner.fingerprint_json(body)
             }
         })?;
         match result {

@@ -22,7 +22,7 @@ use super::parse::{ParseScratch, cmp_utf16, digit_run, exact_fixed, scan_plain, 
 use super::{CanonOptions, Exclusions, Limits, parse_and_emit};
 
 /// Inputs up to this size try the fast path.
-pub(crate) const SMALL_INPUT: usize = 16 * 1024;
+pub(crate) const SMALL_INPUT: usize = 64 * 1024;
 
 /// Containers nested deeper than this are left to the full parser (it is iterative; this pass
 /// recurses and must bound its stack).
