@@ -42,6 +42,9 @@ export interface FingerprintRequest {
 
 const EMPTY = Buffer.alloc(0);
 
+/** Route-bound handles a Fingerprinter keeps for `fingerprint()` (route templates are few). */
+const MAX_ROUTE_HANDLES = 256;
+
 function bodyBytes(body: Uint8Array | string | undefined | null): Uint8Array {
   if (body == null) return EMPTY;
   return typeof body === 'string' ? Buffer.from(body, 'utf8') : body;
@@ -68,6 +71,9 @@ export class Fingerprinter {
   /** The same configuration as a handle: the JSON hot path calls a plain native function. */
   readonly #handle: ExternalObject<'FingerprinterHandle'>;
   readonly #usesHeaders: boolean;
+  /** method -> route template -> route-bound handle: the framing head is computed once. */
+  readonly #routes = new Map<string, Map<string, ExternalObject<'RouteHandle'>>>();
+  #routeHandles = 0;
 
   constructor(options: FingerprinterOptions = {}) {
     const o: native.FingerprinterOptions = {};
@@ -91,6 +97,8 @@ export class Fingerprinter {
   fingerprint(req: FingerprintRequest): string {
     try {
       if (!this.#usesHeaders && req.contentType === undefined && typeof req.body !== 'string') {
+        const route = this.#routeHandle(req.method, req.route);
+        if (route !== undefined) return native.routeFingerprint(route, req.body);
         return native.fingerprintJsonWith(this.#handle, req.method, req.route, req.body);
       }
       return this.#inner.fingerprint(
@@ -103,6 +111,23 @@ export class Fingerprinter {
     } catch (e) {
       throw fromNative(e);
     }
+  }
+
+  /** The kept route-bound handle for (method, route), made on first use; `undefined` when the
+   * arguments are not strings or the cache is full (the caller takes the unbound path). */
+  #routeHandle(method: unknown, route: unknown): ExternalObject<'RouteHandle'> | undefined {
+    if (typeof method !== 'string' || typeof route !== 'string') return undefined;
+    let byRoute = this.#routes.get(method);
+    let handle = byRoute?.get(route);
+    if (handle !== undefined || this.#routeHandles >= MAX_ROUTE_HANDLES) return handle;
+    if (byRoute === undefined) {
+      byRoute = new Map();
+      this.#routes.set(method, byRoute);
+    }
+    handle = this.#inner.routeHandle(method, route);
+    byRoute.set(route, handle);
+    this.#routeHandles += 1;
+    return handle;
   }
 
   /**
