@@ -12,7 +12,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedStr;
 use pyo3::types::{PyBytes, PyString};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::convert::{DETACH_THRESHOLD, header_pairs, strings, text, with_bytes};
 use crate::errors::{canon_error, fingerprint_error, invalid_argument, key_error};
@@ -306,6 +306,81 @@ fn compute<'py>(
     }
 }
 
+/// Route-bound fingerprinters for the all-defaults `fingerprint()` call, keyed by the identity
+/// of its method and route string objects (frameworks pass the same constant objects on every
+/// request): a hit skips reading both strings and computing the framing head.
+struct RouteCache {
+    entries: Mutex<Vec<RouteEntry>>,
+}
+
+struct RouteEntry {
+    /// Strong references: the objects stay alive, so their identity cannot be reused.
+    method: Py<PyString>,
+    route: Py<PyString>,
+    bound: CoreRouteFingerprinter,
+}
+
+/// How many (method, route) objects the cache keeps; past that, new pairs take the plain path.
+const ROUTE_CACHE_SIZE: usize = 32;
+
+static ROUTES: RouteCache = RouteCache {
+    entries: Mutex::new(Vec::new()),
+};
+
+impl RouteCache {
+    /// The fingerprint through a kept route binding, or `None` when the caller must take the
+    /// plain path (a body large enough to release the GIL for, the cache busy in another
+    /// thread, or full).
+    fn fingerprint<'py>(
+        &self,
+        py: Python<'py>,
+        fp: &Arc<CoreFingerprinter>,
+        method: &Bound<'py, PyString>,
+        route: &Bound<'py, PyString>,
+        body: &Bound<'py, PyAny>,
+    ) -> Option<PyResult<Bound<'py, PyString>>> {
+        // Never hold the lock while the GIL is released.
+        if body
+            .cast::<PyBytes>()
+            .is_ok_and(|b| b.as_bytes().len() >= DETACH_THRESHOLD)
+        {
+            return None;
+        }
+        let mut entries = self.entries.try_lock().ok()?;
+        let found = entries.iter().position(|e| {
+            e.method.as_ptr() == method.as_ptr() && e.route.as_ptr() == route.as_ptr()
+        });
+        let index = match found {
+            Some(i) => i,
+            None if entries.len() < ROUTE_CACHE_SIZE => {
+                let (Ok(m), Ok(r)) = (method.to_cow(), route.to_cow()) else {
+                    return None;
+                };
+                entries.push(RouteEntry {
+                    method: method.clone().unbind(),
+                    route: route.clone().unbind(),
+                    bound: fp.for_route(&m, &r),
+                });
+                entries.len() - 1
+            }
+            None => return None,
+        };
+        let bound = &entries[index].bound;
+        // A large body is left to the plain path, which releases the GIL for it (never with
+        // this lock held).
+        let result = match with_bytes(body, |body| {
+            (body.len() < DETACH_THRESHOLD).then(|| bound.fingerprint_json(body))
+        }) {
+            Ok(r) => r?,
+            Err(e) => return Some(Err(e)),
+        };
+        Some(match result {
+            Ok(f) => Ok(PyString::new(py, f.text().as_str())),
+            Err(e) => Err(fingerprint_error(py, &e)),
+        })
+    }
+}
+
 /// Fingerprint of one request. `headers` (a mapping or `(name, value)` pairs) all take part.
 #[pyfunction]
 #[pyo3(signature = (method, route, body, headers = None, exclude = None, content_type = ContentTypeArg::Json, hmac_key = None, numbers = "strict"))]
@@ -330,15 +405,20 @@ pub(crate) fn fingerprint<'py>(
         && hmac_key.is_none()
         && numbers == FingerprintConfig::default().numbers
     {
-        static DEFAULT: OnceLock<CoreFingerprinter> = OnceLock::new();
+        static DEFAULT: OnceLock<Arc<CoreFingerprinter>> = OnceLock::new();
         let fp = match DEFAULT.get() {
             Some(fp) => fp,
             None => {
                 let fp = CoreFingerprinter::new(&FingerprintConfig::default())
                     .map_err(|e| fingerprint_error(py, &e))?;
-                DEFAULT.get_or_init(|| fp)
+                DEFAULT.get_or_init(|| Arc::new(fp))
             }
         };
+        if matches!(content_type, ContentTypeArg::Json)
+            && let Some(answer) = ROUTES.fingerprint(py, fp, method, route, body)
+        {
+            return answer;
+        }
         return compute(py, fp, method, route, body, &pairs, content_type.as_deref());
     }
     let config = FingerprintConfig {
