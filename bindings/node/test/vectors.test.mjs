@@ -210,6 +210,7 @@ function flowConfig(c) {
     unavailableRetryAfterMs: c.unavailable_retry_after_ms,
     maxStoreRounds: c.max_store_rounds,
     transactional: c.transactional === true,
+    ...(c.cleanup_budget_ms === undefined ? {} : { cleanupBudgetMs: c.cleanup_budget_ms }),
   });
 }
 

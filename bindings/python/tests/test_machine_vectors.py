@@ -32,6 +32,7 @@ def config_of(c: Dict[str, Any]) -> Config:
         max_store_rounds=c["max_store_rounds"],
         key_required=c.get("key_required", True),
         redact=c.get("redact", False),
+        cleanup_budget_ms=c.get("cleanup_budget_ms", 30_000),
     )
 
 
