@@ -708,48 +708,37 @@ mod tests {
     ];
     const SPACE: [&str; 5] = ["", "", "", " ", "\n\t "];
 
+    /// A random document: scalars from `SCALARS`, containers with random whitespace, now and
+    /// then a trailing comma or a missing colon.
     fn doc(g: &mut impl FnMut(usize) -> usize, depth: usize, out: &mut String) {
-        let ws = |g: &mut dyn FnMut(usize) -> usize, out: &mut String| {
-            out.push_str(SPACE[g(SPACE.len())])
-        };
-        match if depth > 3 { 0 } else { g(4) } {
-            0 | 1 => out.push_str(SCALARS[g(SCALARS.len())]),
-            2 => {
-                out.push('[');
-                let n = g(5);
-                for i in 0..n {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    ws(g, out);
-                    doc(g, depth + 1, out);
-                    ws(g, out);
-                }
-                if g(40) == 0 {
-                    out.push(',');
-                }
-                out.push(']');
-            }
-            _ => {
-                out.push('{');
-                let n = g(6);
-                for i in 0..n {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    ws(g, out);
-                    out.push_str(NAMES[g(NAMES.len())]);
-                    ws(g, out);
-                    if g(60) != 0 {
-                        out.push(':');
-                    }
-                    ws(g, out);
-                    doc(g, depth + 1, out);
-                    ws(g, out);
-                }
-                out.push('}');
-            }
+        let kind = if depth > 3 { 0 } else { g(4) };
+        if kind < 2 {
+            out.push_str(SCALARS[g(SCALARS.len())]);
+            return;
         }
+        let object = kind == 3;
+        out.push(if object { '{' } else { '[' });
+        let n = g(if object { 6 } else { 5 });
+        for i in 0..n {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push_str(SPACE[g(SPACE.len())]);
+            if object {
+                out.push_str(NAMES[g(NAMES.len())]);
+                out.push_str(SPACE[g(SPACE.len())]);
+                if g(60) != 0 {
+                    out.push(':');
+                }
+                out.push_str(SPACE[g(SPACE.len())]);
+            }
+            doc(g, depth + 1, out);
+            out.push_str(SPACE[g(SPACE.len())]);
+        }
+        if !object && g(40) == 0 {
+            out.push(',');
+        }
+        out.push(if object { '}' } else { ']' });
     }
 
     proptest::proptest! {
