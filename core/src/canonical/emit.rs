@@ -2,7 +2,7 @@
 
 use super::NumberMode;
 use super::error::{CanonError, CanonErrorKind as K};
-use super::number::{at_most_15_digits, decimal_is_exact, format_finite, literal_is_exact};
+use super::number::{Num, at_most_15_digits, decimal_is_exact, format_finite, literal_is_exact};
 use super::parse::{Node, Tag, Tape, scan_plain};
 use super::pointer::{Exclusions, push_token};
 use super::sink::CanonSink;
@@ -79,6 +79,29 @@ fn write_string<S: CanonSink + ?Sized>(tape: &Tape<'_>, n: Node, sink: &mut S) {
     } else {
         write_escaped(sink, tape.str_bytes(n));
     }
+}
+
+/// The ES6 text of a number read as [`NumberForm::Float`](super::parse::NumberForm::Float)
+/// (its literal `lit`), or `None` when the number policy refuses it (precision loss).
+#[inline]
+pub(crate) fn float_text<'b>(
+    num: Option<Num>,
+    lit: &[u8],
+    numbers: NumberMode,
+    buf: &'b mut ryu_js::Buffer,
+) -> Option<&'b str> {
+    let v = num.map_or(0.0, |x| x.value);
+    let s = format_finite(v, buf);
+    if numbers == NumberMode::RejectPrecisionLoss {
+        let exact = match num.and_then(|x| x.exact()) {
+            Some((d, digits)) => decimal_is_exact(&d, digits, lit, v, s),
+            None => (v.is_normal() && at_most_15_digits(lit)) || literal_is_exact(lit, s),
+        };
+        if !exact {
+            return None;
+        }
+    }
+    Some(s)
 }
 
 struct Emitter<'t, 'a, S: CanonSink + ?Sized> {
@@ -160,26 +183,14 @@ impl<S: CanonSink + ?Sized> Emitter<'_, '_, S> {
             Tag::NumText => self.sink.write(self.tape.str_bytes(n)),
             Tag::Float => {
                 let num = self.tape.nums.get(n.c as usize).copied();
-                let v = num.map_or(0.0, |x| x.value);
-                let s = format_finite(v, &mut self.buf);
-                if self.numbers == NumberMode::RejectPrecisionLoss {
-                    let exact = match num.and_then(|x| x.exact()) {
-                        Some((d, digits)) => {
-                            decimal_is_exact(&d, digits, self.tape.literal(n), v, s)
-                        }
-                        None => {
-                            let lit = self.tape.literal(n);
-                            (v.is_normal() && at_most_15_digits(lit)) || literal_is_exact(lit, s)
-                        }
-                    };
-                    if !exact {
-                        return Err(CanonError::new(
-                            K::PrecisionLoss,
-                            n.a as usize,
-                            Some(self.pointer()),
-                        ));
-                    }
-                }
+                let lit = self.tape.literal(n);
+                let Some(s) = float_text(num, lit, self.numbers, &mut self.buf) else {
+                    return Err(CanonError::new(
+                        K::PrecisionLoss,
+                        n.a as usize,
+                        Some(self.pointer()),
+                    ));
+                };
                 self.sink.write(s.as_bytes());
             }
             Tag::Str | Tag::StrOwned => write_string(self.tape, n, self.sink),

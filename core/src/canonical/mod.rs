@@ -251,11 +251,7 @@ pub(crate) fn canonicalize_scratch<S: CanonSink + ?Sized>(
 ) -> Result<(), CanonError> {
     // Small plain documents: one pass without a tape (it gives up, writing nothing, on
     // anything it does not handle, errors included).
-    if exclusions.is_empty()
-        && scratch
-            .small
-            .canonicalize(input, opts, |text| sink.write(text))
-    {
+    if exclusions.is_empty() && scratch.small.canonicalize(input, opts, sink) {
         return Ok(());
     }
     canonicalize_full(input, opts, exclusions, sink, scratch)
@@ -269,28 +265,9 @@ pub(crate) fn canonicalize_full<S: CanonSink + ?Sized>(
     sink: &mut S,
     scratch: &mut Scratch,
 ) -> Result<(), CanonError> {
-    parse_and_emit(
-        input,
-        opts,
-        exclusions,
-        sink,
-        &mut scratch.parse,
-        &mut scratch.emit,
-    )
-}
-
-/// [`canonicalize_full`] on separately kept parser and emitter memory.
-pub(crate) fn parse_and_emit<S: CanonSink + ?Sized>(
-    input: &[u8],
-    opts: &CanonOptions,
-    exclusions: &Exclusions,
-    sink: &mut S,
-    parse_scratch: &mut parse::ParseScratch,
-    emit_scratch: &mut emit::EmitScratch,
-) -> Result<(), CanonError> {
-    let tape = parse::parse_with(input, &opts.limits, opts.numbers, parse_scratch)?;
-    let result = emit::emit(&tape, opts.numbers, exclusions, sink, emit_scratch);
-    parse_scratch.recycle(tape);
+    let tape = parse::parse_with(input, &opts.limits, opts.numbers, &mut scratch.parse)?;
+    let result = emit::emit(&tape, opts.numbers, exclusions, sink, &mut scratch.emit);
+    scratch.parse.recycle(tape);
     result
 }
 

@@ -579,6 +579,128 @@ impl ParseScratch {
     }
 }
 
+/// How a number literal's canonical text is found (see [`read_number`]).
+#[derive(Clone, Copy)]
+pub(crate) enum NumberForm {
+    /// The first `len` bytes of the literal (`-0` is written `0`).
+    Prefix(usize),
+    /// Written into the string buffer, at this range.
+    Text(usize, usize),
+    /// Formatted from the value when written ([`super::emit::float_text`]).
+    Float(Num),
+}
+
+/// Read the number literal at `start` (which holds `-` or a digit): where it ends and how its
+/// canonical text is found, or why it is refused (and where). Canonical text written here goes
+/// to `strbuf`. The full parser and the small-document fast path both read numbers with it.
+#[inline(always)]
+pub(crate) fn read_number(
+    input: &[u8],
+    start: usize,
+    strict: bool,
+    strbuf: &mut Vec<u8>,
+) -> Result<(usize, NumberForm), (K, usize)> {
+    let mut i = start;
+    let digit = |i: usize| matches!(input.get(i), Some(b'0'..=b'9'));
+    if input.get(i) == Some(&b'-') {
+        i += 1;
+        if input[i..].starts_with(b"Infinity") {
+            return Err((K::NonFiniteNumber, start));
+        }
+    }
+    match input.get(i) {
+        Some(b'0') => {
+            i += 1;
+            if digit(i) {
+                return Err((K::LeadingZero, start));
+            }
+        }
+        Some(b'1'..=b'9') => {
+            i += 1 + digit_run(input, i + 1);
+        }
+        None => return Err((K::UnexpectedEnd, i)),
+        _ => return Err((K::InvalidNumber, start)),
+    }
+    let int_end = i;
+    let mut frac_end = None;
+    if input.get(i) == Some(&b'.') {
+        i += 1;
+        let n = digit_run(input, i);
+        if n == 0 {
+            return Err((K::InvalidNumber, start));
+        }
+        i += n;
+        frac_end = Some(i);
+    }
+    let mut has_exp = false;
+    if matches!(input.get(i), Some(b'e' | b'E')) {
+        i += 1;
+        if matches!(input.get(i), Some(b'+' | b'-')) {
+            i += 1;
+        }
+        let n = digit_run(input, i);
+        if n == 0 {
+            return Err((K::InvalidNumber, start));
+        }
+        i += n;
+        has_exp = true;
+    }
+    let int_start = start + usize::from(input[start] == b'-');
+    if !has_exp && let Some(verbatim) = exact_fixed(input, start, int_start, int_end, frac_end) {
+        return Ok((i, NumberForm::Prefix(verbatim)));
+    }
+    let lit = &input[start..i];
+    // A short literal with more than 15 digits gains nothing from being read here unless
+    // its exact value is needed (strict mode): the standard parser reads it as fast.
+    let digit_chars = int_end - int_start + frac_end.map_or(0, |fe| fe - int_end - 1);
+    let read = if strict || digit_chars <= 15 || lit.len() > 32 {
+        read_literal_digits(lit)
+    } else {
+        None
+    };
+    let exact = read.map(|(d, n, _)| (d, n));
+    if let Some((d, digits, (a, b))) = &read {
+        if strbuf.capacity() == 0 {
+            // The first number written out: room for a share of the rest at once.
+            strbuf.reserve((input.len() - i) / 4 + 32);
+        }
+        let text = lit.get(*a..*b).unwrap_or(&[]);
+        let at = strbuf.len();
+        if es6_from_literal(d, *digits, text, strbuf) {
+            return Ok((i, NumberForm::Text(at, strbuf.len())));
+        }
+    }
+    let value = match &read {
+        Some((d, _, (a, b))) => decimal_to_f64(d, lit.get(*a..*b).unwrap_or(&[]), lit),
+        None => std::str::from_utf8(lit)
+            .ok()
+            .and_then(|s| s.parse::<f64>().ok()),
+    };
+    let Some(value) = value else {
+        return Err((K::InvalidNumber, start));
+    };
+    if !value.is_finite() {
+        return Err((K::NumberOutOfRange, start));
+    }
+    // Strict mode accepts a 16-17 digit literal only when it is its double's shortest
+    // form, which then prints from the literal's digits: proven here without the formatter.
+    // Written in fixed notation, the literal is (nearly always) already that text.
+    if let (true, Some((d, digits, (a, b)))) = (strict, &read)
+        && (16..=17).contains(digits)
+        && literal_is_shortest(d, value)
+    {
+        if !has_exp && let Some(form) = fixed_form(input, start, int_start, int_end, frac_end) {
+            return Ok((i, NumberForm::Prefix(form.len)));
+        }
+        let text = lit.get(*a..*b).unwrap_or(&[]);
+        let at = strbuf.len();
+        if write_es6_digits(d, *digits, text, strbuf) {
+            return Ok((i, NumberForm::Text(at, strbuf.len())));
+        }
+    }
+    Ok((i, NumberForm::Float(Num::new(value, exact))))
+}
+
 /// Parse and fully validate `input` into a tape, using (and refilling) `scratch`'s vectors. The
 /// tape's vectors go back with [`ParseScratch::recycle`].
 pub(crate) fn parse_with<'a>(
@@ -1216,132 +1338,32 @@ impl<'a> Parser<'a> {
 
     /// Read a number literal; returns whether it is verbatim (printed exactly as written).
     fn number(&mut self) -> Result<bool, CanonError> {
-        let input = self.input;
         let start = self.pos;
-        let mut i = start;
-        let digit = |i: usize| matches!(input.get(i), Some(b'0'..=b'9'));
-        if input.get(i) == Some(&b'-') {
-            i += 1;
-            if input[i..].starts_with(b"Infinity") {
-                return Err(self.err(K::NonFiniteNumber, start));
-            }
-        }
-        match input.get(i) {
-            Some(b'0') => {
-                i += 1;
-                if digit(i) {
-                    return Err(self.err(K::LeadingZero, start));
-                }
-            }
-            Some(b'1'..=b'9') => {
-                i += 1 + digit_run(input, i + 1);
-            }
-            None => return Err(self.err(K::UnexpectedEnd, i)),
-            _ => return Err(self.err(K::InvalidNumber, start)),
-        }
-        let int_end = i;
-        let mut frac_end = None;
-        if input.get(i) == Some(&b'.') {
-            i += 1;
-            let n = digit_run(input, i);
-            if n == 0 {
-                return Err(self.err(K::InvalidNumber, start));
-            }
-            i += n;
-            frac_end = Some(i);
-        }
-        let mut has_exp = false;
-        if matches!(input.get(i), Some(b'e' | b'E')) {
-            i += 1;
-            if matches!(input.get(i), Some(b'+' | b'-')) {
-                i += 1;
-            }
-            let n = digit_run(input, i);
-            if n == 0 {
-                return Err(self.err(K::InvalidNumber, start));
-            }
-            i += n;
-            has_exp = true;
-        }
-        self.pos = i;
-        let len = (i - start) as u32;
-        let int_start = start + usize::from(input[start] == b'-');
-        if !has_exp {
-            if let Some(verbatim) = exact_fixed(input, start, int_start, int_end, frac_end) {
-                self.push(Tag::Int, start as u32, verbatim as u32, 0);
-                // `-0` prints as `0`; other literals are verbatim unless zeros were trimmed.
-                return Ok(verbatim == i - start && &input[start..i] != b"-0");
-            }
-        }
-        let lit = &input[start..i];
-        // A short literal with more than 15 digits gains nothing from being read here unless
-        // its exact value is needed (strict mode): the standard parser reads it as fast.
-        let digit_chars = int_end - int_start + frac_end.map_or(0, |fe| fe - int_end - 1);
-        let read = if self.strict || digit_chars <= 15 || lit.len() > 32 {
-            read_literal_digits(lit)
-        } else {
-            None
+        let (end, form) = match read_number(self.input, start, self.strict, &mut self.tape.strbuf) {
+            Ok(read) => read,
+            Err((kind, offset)) => return Err(self.err(kind, offset)),
         };
-        let exact = read.map(|(d, n, _)| (d, n));
-        if let Some((d, digits, (a, b))) = &read {
-            if self.tape.strbuf.capacity() == 0 {
-                // The first number written out: room for a share of the rest at once.
-                self.tape.strbuf.reserve((input.len() - i) / 4 + 32);
-            }
-            let text = lit.get(*a..*b).unwrap_or(&[]);
-            if self.push_num_text(start, |out| es6_from_literal(d, *digits, text, out)) {
-                return Ok(false);
-            }
-        }
-        let value = match &read {
-            Some((d, _, (a, b))) => decimal_to_f64(d, lit.get(*a..*b).unwrap_or(&[]), lit),
-            None => std::str::from_utf8(lit)
-                .ok()
-                .and_then(|s| s.parse::<f64>().ok()),
-        };
-        let Some(value) = value else {
-            return Err(self.err(K::InvalidNumber, start));
-        };
-        if !value.is_finite() {
-            return Err(self.err(K::NumberOutOfRange, start));
-        }
-        // Strict mode accepts a 16-17 digit literal only when it is its double's shortest
-        // form, which then prints from the literal's digits: proven here without the formatter.
-        // Written in fixed notation, the literal is (nearly always) already that text.
-        if let (true, Some((d, digits, (a, b)))) = (self.strict, &read)
-            && (16..=17).contains(digits)
-            && literal_is_shortest(d, value)
-        {
-            if !has_exp && let Some(form) = fixed_form(input, start, int_start, int_end, frac_end) {
-                let len = form.len;
+        self.pos = end;
+        Ok(match form {
+            NumberForm::Prefix(len) => {
                 self.push(Tag::Int, start as u32, len as u32, 0);
-                return Ok(len == i - start);
+                // `-0` prints as `0`; other literals are verbatim unless zeros were trimmed.
+                len == end - start && &self.input[start..end] != b"-0"
             }
-            let text = lit.get(*a..*b).unwrap_or(&[]);
-            if self.push_num_text(start, |out| write_es6_digits(d, *digits, text, out)) {
-                return Ok(false);
+            NumberForm::Text(a, b) => {
+                self.push(Tag::NumText, a as u32, (b - a) as u32, start as u32);
+                false
             }
-        }
-        let idx = self.tape.nums.len() as u32;
-        if self.tape.nums.capacity() == 0 {
-            self.tape.nums.reserve((input.len() - i) / 16 + 8);
-        }
-        self.tape.nums.push(Num::new(value, exact));
-        self.push(Tag::Float, start as u32, len, idx);
-        Ok(false)
-    }
-
-    /// A number whose canonical text `write` appends to the string buffer (returning whether it
-    /// did): pushed as a [`Tag::NumText`] node for the literal at `start`.
-    #[inline]
-    fn push_num_text(&mut self, start: usize, write: impl FnOnce(&mut Vec<u8>) -> bool) -> bool {
-        let at = self.tape.strbuf.len();
-        if !write(&mut self.tape.strbuf) {
-            return false;
-        }
-        let n = (self.tape.strbuf.len() - at) as u32;
-        self.push(Tag::NumText, at as u32, n, start as u32);
-        true
+            NumberForm::Float(num) => {
+                let idx = self.tape.nums.len() as u32;
+                if self.tape.nums.capacity() == 0 {
+                    self.tape.nums.reserve((self.input.len() - end) / 16 + 8);
+                }
+                self.tape.nums.push(num);
+                self.push(Tag::Float, start as u32, (end - start) as u32, idx);
+                false
+            }
+        })
     }
 
     /// Fast path for a member name of at most 7 bytes without escapes at `pos` (which holds

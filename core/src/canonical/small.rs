@@ -3,23 +3,22 @@
 //! Most request bodies are small objects written by `JSON.stringify` or `json.dumps`: member
 //! names without escapes, strings without escapes, integers and short decimals that are already
 //! in canonical form. For those, the canonical form is the input's own tokens, rearranged:
-//! members sorted by name, whitespace dropped. This pass writes exactly that. A number that
-//! needs formatting (an exponent, 16-17 digits, `-0`) is handed alone to the full parser, which
-//! formats it (or refuses it) as it would in place; where such numbers are dense the pass gives
-//! up. Anything else it does not handle (an escape, a duplicate name, a limit reached, a syntax
-//! error) makes it give up, with no output, and the full parser ([`super::parse`]) runs instead
-//! and gives the result or the precise error. So the fast path never decides an error and
-//! never accepts what the full parser refuses: a differential test checks that it agrees with
-//! the full path.
+//! members sorted by name, whitespace dropped. This pass writes exactly that; numbers are read
+//! with the full parser's own number reader (`read_number`, `float_text`), so a number that
+//! needs formatting is written as it would be in place. Anything else it does not handle (an
+//! escape, a duplicate name, a limit reached, a syntax error) makes it give up, with no output,
+//! and the full parser ([`super::parse`]) runs instead and gives the result or the precise
+//! error. So the fast path never decides an error and never accepts what the full parser
+//! refuses: a differential test checks that it agrees with the full path.
 //!
 //! Output is assembled in one buffer: every container writes its canonical text where it
 //! started, so an array copies its elements in place; an object first reads its members
 //! (nested containers land in the buffer), then sorts them, writes itself after them and
 //! moves that text down over them.
 
-use super::emit::EmitScratch;
-use super::parse::{ParseScratch, cmp_utf16, digit_run, exact_fixed, scan_plain, valid_utf8};
-use super::{CanonOptions, Exclusions, Limits, parse_and_emit};
+use super::emit::float_text;
+use super::parse::{NumberForm, cmp_utf16, digit_run, read_number, scan_plain, valid_utf8};
+use super::{CanonOptions, CanonSink, Limits, NumberMode};
 
 /// Inputs up to this size try the fast path.
 pub(crate) const SMALL_INPUT: usize = 64 * 1024;
@@ -28,15 +27,15 @@ pub(crate) const SMALL_INPUT: usize = 64 * 1024;
 /// recurses and must bound its stack).
 const MAX_NESTING: usize = 48;
 
-/// Input bytes per number the full parser formats, on average, below which this pass gives up.
-const HARD_NUMBER_SPACING: usize = 256;
-
 /// Where a value's (or a member's) canonical text is: a run of the input or text already in
 /// the output buffer.
 #[derive(Clone, Copy)]
 enum Text {
     Input(u32, u32),
     Buffer(u32, u32),
+    /// The root object, read and sorted: its members are `members`, written out at the end
+    /// straight to the sink (no assembly in the buffer).
+    RootObject,
 }
 
 #[derive(Clone, Copy)]
@@ -59,12 +58,11 @@ pub(crate) struct SmallScratch {
     numbers: NumberScratch,
 }
 
-/// The full parser's memory, for the numbers this pass does not format itself.
+/// Where numbers that are not a prefix of their literal are written.
 #[derive(Default)]
 struct NumberScratch {
-    parse: ParseScratch,
-    emit: EmitScratch,
-    text: Vec<u8>,
+    strbuf: Vec<u8>,
+    ryu: ryu_js::Buffer,
 }
 
 /// Output buffers larger than this are freed after use rather than kept.
@@ -76,11 +74,11 @@ const SLACK: usize = 32;
 impl SmallScratch {
     /// The canonical form of `input` when the fast path applies (see the module docs), passed
     /// to `write`; `false` (nothing written) when the full parser must run.
-    pub(crate) fn canonicalize(
+    pub(crate) fn canonicalize<S: CanonSink + ?Sized>(
         &mut self,
         input: &[u8],
         opts: &CanonOptions,
-        write: impl FnOnce(&[u8]),
+        sink: &mut S,
     ) -> bool {
         let limits = &opts.limits;
         if input.len() > SMALL_INPUT || input.len() > limits.max_input_bytes {
@@ -107,7 +105,7 @@ impl SmallScratch {
             n: 0,
             members: &mut self.members,
             numbers: &mut self.numbers,
-            formatted: 0,
+            strict: opts.numbers == NumberMode::RejectPrecisionLoss,
         };
         pass.skip_ws();
         let done = match pass.value(0) {
@@ -117,12 +115,21 @@ impl SmallScratch {
             }
             None => None,
         };
-        let text = match done {
-            Some(Text::Input(a, b)) => input.get(a as usize..b as usize),
-            Some(Text::Buffer(a, b)) => self.buf.get(a as usize..b as usize),
-            None => None,
+        let ok = match done {
+            Some(Text::Input(a, b)) => {
+                sink.write(&input[a as usize..b as usize]);
+                true
+            }
+            Some(Text::Buffer(a, b)) => {
+                sink.write(&self.buf[a as usize..b as usize]);
+                true
+            }
+            Some(Text::RootObject) => {
+                write_members(input, &self.buf, &self.members, sink);
+                true
+            }
+            None => false,
         };
-        let ok = text.map(write).is_some();
         if self.buf.len() > KEEP_BYTES {
             self.buf = Vec::new();
         }
@@ -131,6 +138,35 @@ impl SmallScratch {
         }
         ok
     }
+}
+
+/// Write a sorted object's members to `sink` as `{"name":value,...}`.
+fn write_members<S: CanonSink + ?Sized>(
+    input: &[u8],
+    buf: &[u8],
+    members: &[Member],
+    sink: &mut S,
+) {
+    sink.write_byte(b'{');
+    for (i, m) in members.iter().enumerate() {
+        if i > 0 {
+            sink.write_byte(b',');
+        }
+        if !m.whole {
+            sink.write_in(
+                input,
+                m.name.0 as usize - 1,
+                (m.name.1 - m.name.0) as usize + 2,
+            );
+            sink.write_byte(b':');
+        }
+        match m.text {
+            Text::Input(a, b) => sink.write_in(input, a as usize, (b - a) as usize),
+            Text::Buffer(a, b) => sink.write(&buf[a as usize..b as usize]),
+            Text::RootObject => {}
+        }
+    }
+    sink.write_byte(b'}');
 }
 
 struct Pass<'a, 's> {
@@ -145,8 +181,8 @@ struct Pass<'a, 's> {
     n: usize,
     members: &'s mut Vec<Member>,
     numbers: &'s mut NumberScratch,
-    /// Numbers formatted by the full parser so far.
-    formatted: usize,
+    /// Precision-loss mode: numbers are read (and refused) as the fingerprint reads them.
+    strict: bool,
 }
 
 impl Pass<'_, '_> {
@@ -192,6 +228,7 @@ impl Pass<'_, '_> {
     #[inline(always)]
     fn copy_text(&mut self, text: Text) -> Option<()> {
         match text {
+            Text::RootObject => None,
             Text::Input(a, b) => self.copy_input(a as usize, b as usize),
             Text::Buffer(a, b) => {
                 let (a, b) = (a as usize, b as usize);
@@ -238,94 +275,46 @@ impl Pass<'_, '_> {
         Some(Text::Input(start as u32, self.pos as u32))
     }
 
-    /// A number: its canonical form is a prefix of its literal (see `exact_fixed`) in the
-    /// common cases, decided here; others are formatted by the full parser, into the buffer.
+    /// A number, read as the full parser reads it: its canonical text is a prefix of the
+    /// literal (most numbers), or written into the buffer here.
     #[inline(always)]
     fn number(&mut self) -> Option<Text> {
         let input = self.input;
         let start = self.pos;
+        // The common case, decided here: an integer of at most 15 digits (not `-0`, no
+        // leading zero) is exact and prints as itself.
         let int_start = start + usize::from(input.get(start) == Some(&b'-'));
-        let int_end = match input.get(int_start)? {
-            b'0' => int_start + 1,
-            b'1'..=b'9' => int_start + 1 + digit_run(input, int_start + 1),
-            _ => return None,
-        };
-        let mut end = int_end;
-        let mut frac_end = None;
-        if input.get(end) == Some(&b'.') {
-            let n = digit_run(input, end + 1);
-            if n == 0 {
-                return None;
+        if let Some(b'1'..=b'9') = input.get(int_start) {
+            let end = int_start + 1 + digit_run(input, int_start + 1);
+            if end - int_start <= 15 && !matches!(input.get(end), Some(b'.' | b'e' | b'E')) {
+                self.pos = end;
+                return Some(Text::Input(start as u32, end as u32));
             }
-            end += 1 + n;
-            frac_end = Some(end);
         }
-        match input.get(end) {
-            Some(b'0'..=b'9') => return None,
-            Some(b'e' | b'E') => return self.formatted_number(start, end),
-            _ => {}
-        }
-        let len = if frac_end.is_none() && int_end - int_start <= 15 && input[int_start] != b'0' {
-            // An integer of at most 15 digits is exact and prints as itself.
-            end - start
-        } else {
-            match exact_fixed(input, start, int_start, int_end, frac_end) {
-                Some(len) => len,
-                None => return self.formatted_number(start, end),
-            }
-        };
-        if input.get(start..start + len)? == b"-0" {
-            return self.formatted_number(start, end);
-        }
+        let strbuf = &mut self.numbers.strbuf;
+        strbuf.clear();
+        let (end, form) = read_number(input, start, self.strict, strbuf).ok()?;
         self.pos = end;
-        Some(Text::Input(start as u32, (start + len) as u32))
-    }
-
-    /// A number the full parser formats (exponents, 16-17 digit literals, `-0`, ...): the
-    /// literal alone is a JSON document with the same canonical text (and refused exactly when
-    /// it would be refused in place). `end` is where its digits (before any exponent) end.
-    #[cold]
-    fn formatted_number(&mut self, start: usize, mut end: usize) -> Option<Text> {
-        // Each costs about twice what it costs the full parser: where they are dense (more
-        // than one per 256 bytes read, after the first two) the full parser is the faster way.
-        self.formatted += 1;
-        if self.formatted * HARD_NUMBER_SPACING > start + 2 * HARD_NUMBER_SPACING {
-            return None;
-        }
-        let input = self.input;
-        if matches!(input.get(end), Some(b'e' | b'E')) {
-            end += 1;
-            if matches!(input.get(end), Some(b'+' | b'-')) {
-                end += 1;
+        let text: &[u8] = match form {
+            NumberForm::Prefix(len) => {
+                let prefix = input.get(start..start + len)?;
+                if prefix != b"-0" {
+                    return Some(Text::Input(start as u32, (start + len) as u32));
+                }
+                b"0"
             }
-            let n = digit_run(input, end);
-            if n == 0 {
-                return None;
-            }
-            end += n;
-        }
-        let lit = input.get(start..end)?;
-        let num = &mut *self.numbers;
-        num.text.clear();
-        let opts = CanonOptions {
-            limits: Limits::default(),
-            numbers: self.opts.numbers,
+            NumberForm::Text(a, b) => strbuf.get(a..b)?,
+            NumberForm::Float(num) => float_text(
+                Some(num),
+                input.get(start..end)?,
+                self.opts.numbers,
+                &mut self.numbers.ryu,
+            )?
+            .as_bytes(),
         };
-        parse_and_emit(
-            lit,
-            &opts,
-            &Exclusions::none(),
-            &mut num.text,
-            &mut num.parse,
-            &mut num.emit,
-        )
-        .ok()?;
         let at = self.n;
-        self.buf
-            .get_mut(at..at + num.text.len())?
-            .copy_from_slice(&num.text);
-        self.n = at + num.text.len();
-        self.pos = end;
+        self.buf.get_mut(at..at + text.len())?.copy_from_slice(text);
+        self.n = at + text.len();
         Some(Text::Buffer(at as u32, self.n as u32))
     }
 
@@ -352,6 +341,7 @@ impl Pass<'_, '_> {
                 Text::Input(a, b) => self.copy_input(a as usize, b as usize)?,
                 // A nested container wrote itself in place, right after the elements so far.
                 Text::Buffer(..) => {}
+                Text::RootObject => return None,
             }
             self.skip_ws();
             match self.peek()? {
@@ -460,6 +450,9 @@ impl Pass<'_, '_> {
             // A duplicate name: the full parser reports it.
             return None;
         }
+        if depth == 1 {
+            return Some(Text::RootObject);
+        }
         // Write the object after its nested containers' text, then move it down over them.
         let end = self.n;
         self.put(b'{')?;
@@ -476,10 +469,6 @@ impl Pass<'_, '_> {
         *self.buf.get_mut(self.n - 1)? = b'}';
         self.members.truncate(base);
         let len = self.n - end;
-        if depth == 1 {
-            // The root: read from where it was written.
-            return Some(Text::Buffer(end as u32, self.n as u32));
-        }
         if end != at {
             self.buf.copy_within(end..self.n, at);
             self.n = at + len;
@@ -543,10 +532,9 @@ mod tests {
 
     fn fast(input: &[u8]) -> Option<Vec<u8>> {
         let mut s = SmallScratch::default();
-        let mut out = None;
-        s.canonicalize(input, &CanonOptions::default(), |b| out = Some(b.to_vec()))
-            .then_some(())?;
-        out
+        let mut out = Vec::new();
+        s.canonicalize(input, &CanonOptions::default(), &mut out)
+            .then_some(out)
     }
 
     #[test]
@@ -629,7 +617,7 @@ mod tests {
             b"[1e]",
         ] {
             assert!(
-                !s.canonicalize(input, &strict, |_| {}),
+                !s.canonicalize(input, &strict, &mut Vec::new()),
                 "{}",
                 String::from_utf8_lossy(input)
             );
@@ -649,12 +637,12 @@ mod tests {
         };
         for input in [&b"[[[1]]]"[..], b"[1,2,3]", br#"{"a":1,"b":2,"c":3}"#] {
             assert!(
-                !s.canonicalize(input, &tight, |_| {}),
+                !s.canonicalize(input, &tight, &mut Vec::new()),
                 "{}",
                 String::from_utf8_lossy(input)
             );
         }
-        assert!(s.canonicalize(b"[[1,2]]", &tight, |_| {}));
+        assert!(s.canonicalize(b"[[1,2]]", &tight, &mut Vec::new()));
     }
 
     /// Pieces of JSON text, plain and not, for the differential test.
@@ -777,10 +765,11 @@ mod tests {
                 }
                 for numbers in [NumberMode::Rfc, NumberMode::RejectPrecisionLoss] {
                     let opts = CanonOptions { numbers, ..CanonOptions::default() };
-                    let mut fast = None;
-                    if !scratch.canonicalize(&bytes, &opts, |b| fast = Some(b.to_vec())) {
+                    let mut out = Vec::new();
+                    if !scratch.canonicalize(&bytes, &opts, &mut out) {
                         continue;
                     }
+                    let fast = Some(out);
                     taken += 1;
                     let full = canonicalize_with(&bytes, &opts);
                     proptest::prop_assert_eq!(
