@@ -1,10 +1,13 @@
 //! Fuzz `idempo_core::canonical` with arbitrary bytes: no panic, no stack overflow, and every
 //! accepted input yields output that is a fixed point, identical through every sink, and
-//! accepted again in both number modes (the shortest ES6 form is always exact).
+//! accepted again in both number modes (the shortest ES6 form is always exact). The small-
+//! document fast path (taken without exclusions) must agree with the full parser (taken with
+//! any exclusion) byte for byte, errors included.
 #![no_main]
 
 use idempo_core::canonical::{
-    CanonError, CanonOptions, DigestSink, Limits, NumberMode, canonicalize_to, canonicalize_with,
+    CanonError, CanonOptions, DigestSink, Exclusions, Limits, NumberMode,
+    canonicalize_excluding_to, canonicalize_to, canonicalize_with,
 };
 use idempo_core::fingerprint::{FingerprintConfig, Fingerprinter, RequestParts};
 use libfuzzer_sys::fuzz_target;
@@ -43,6 +46,17 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Err(e) = canonicalize_with(data, &strict) {
         check_error(&e, data.len());
+    }
+    // An exclusion no document here names sends the same input through the full parser.
+    let never = Exclusions::new(["/\u{10FFFF}idempo-fuzz-never"]).expect("valid pointer");
+    for opts in [&rfc, &strict] {
+        let mut full = Vec::new();
+        let full = canonicalize_excluding_to(data, opts, &never, &mut full).map(|()| full);
+        match (canonicalize_with(data, opts), full) {
+            (Ok(a), Ok(b)) => assert_eq!(a, b, "fast path and full parser differ"),
+            (Err(a), Err(b)) => assert_eq!((a.code(), a.offset), (b.code(), b.offset)),
+            (a, b) => panic!("fast path {a:?} vs full parser {b:?}"),
+        }
     }
     if let Ok(fp) = Fingerprinter::new(&FingerprintConfig {
         exclude: vec!["/a".into(), "/b/0".into()],
