@@ -72,8 +72,8 @@ const KEEP_BYTES: usize = 4 * SMALL_INPUT;
 const SLACK: usize = 32;
 
 impl SmallScratch {
-    /// The canonical form of `input` when the fast path applies (see the module docs), passed
-    /// to `write`; `false` (nothing written) when the full parser must run.
+    /// Write the canonical form of `input` to `sink` when the fast path applies (see the
+    /// module docs); `false` (nothing written) when the full parser must run.
     pub(crate) fn canonicalize<S: CanonSink + ?Sized>(
         &mut self,
         input: &[u8],
@@ -88,8 +88,10 @@ impl SmallScratch {
         if !ascii && !valid_utf8(input) {
             return false;
         }
-        // Every container's canonical text is at most as long as its input text, and is
-        // written once after its children's text: twice the input is room enough.
+        // A container's canonical text is at most as long as its input text (unless a number
+        // prints longer than written, e.g. `1e20`), and is written once after its children's
+        // text: twice the input is room enough. Every write is checked: out of room, the pass
+        // gives up.
         let room = 2 * input.len() + SLACK;
         if self.buf.len() < room {
             self.buf.resize(room, 0);
@@ -609,6 +611,15 @@ mod tests {
             ..CanonOptions::default()
         };
         assert!(canonicalize_with(b"12345678901234567", &strict).is_err());
+        // Numbers that print longer than written may not fit the buffer: the full parser
+        // then answers (the same bytes).
+        let long = format!("[{}]", vec!["1e20"; 64].join(","));
+        let want = format!("[{}]", vec!["100000000000000000000"; 64].join(","));
+        assert_eq!(
+            canonicalize_with(long.as_bytes(), &strict).expect("valid"),
+            want.as_bytes()
+        );
+        assert_eq!(fast(long.as_bytes()), None);
         let mut s = SmallScratch::default();
         for input in [
             &b"12345678901234567"[..],
