@@ -74,6 +74,10 @@ export class Fingerprinter {
   /** method -> route template -> route-bound handle: the framing head is computed once. */
   readonly #routes = new Map<string, Map<string, ExternalObject<'RouteHandle'>>>();
   #routeHandles = 0;
+  /** The last route used, checked before the maps (a service calls one route many times). */
+  #lastMethod: string | undefined;
+  #lastRoute: string | undefined;
+  #lastHandle: ExternalObject<'RouteHandle'> | undefined;
 
   constructor(options: FingerprinterOptions = {}) {
     const o: native.FingerprinterOptions = {};
@@ -116,17 +120,23 @@ export class Fingerprinter {
   /** The kept route-bound handle for (method, route), made on first use; `undefined` when the
    * arguments are not strings or the cache is full (the caller takes the unbound path). */
   #routeHandle(method: unknown, route: unknown): ExternalObject<'RouteHandle'> | undefined {
+    if (method === this.#lastMethod && route === this.#lastRoute) return this.#lastHandle;
     if (typeof method !== 'string' || typeof route !== 'string') return undefined;
     let byRoute = this.#routes.get(method);
     let handle = byRoute?.get(route);
-    if (handle !== undefined || this.#routeHandles >= MAX_ROUTE_HANDLES) return handle;
-    if (byRoute === undefined) {
-      byRoute = new Map();
-      this.#routes.set(method, byRoute);
+    if (handle === undefined) {
+      if (this.#routeHandles >= MAX_ROUTE_HANDLES) return undefined;
+      if (byRoute === undefined) {
+        byRoute = new Map();
+        this.#routes.set(method, byRoute);
+      }
+      handle = this.#inner.routeHandle(method, route);
+      byRoute.set(route, handle);
+      this.#routeHandles += 1;
     }
-    handle = this.#inner.routeHandle(method, route);
-    byRoute.set(route, handle);
-    this.#routeHandles += 1;
+    this.#lastMethod = method;
+    this.#lastRoute = route;
+    this.#lastHandle = handle;
     return handle;
   }
 
