@@ -18,7 +18,7 @@
 
 use super::emit::float_text;
 use super::parse::{NumberForm, cmp_utf16, digit_run, read_number, scan_plain, valid_utf8};
-use super::{CanonOptions, CanonSink, Limits, NumberMode};
+use super::{CanonOptions, CanonSink, NumberMode};
 
 /// Inputs up to this size try the fast path.
 pub(crate) const SMALL_INPUT: usize = 64 * 1024;
@@ -80,8 +80,7 @@ impl SmallScratch {
         opts: &CanonOptions,
         sink: &mut S,
     ) -> bool {
-        let limits = &opts.limits;
-        if input.len() > SMALL_INPUT || input.len() > limits.max_input_bytes {
+        if input.len() > SMALL_INPUT || input.len() > opts.limits.max_input_bytes {
             return false;
         }
         let ascii = input.is_ascii();
@@ -101,13 +100,11 @@ impl SmallScratch {
             input,
             pos: 0,
             opts,
-            limits,
             ascii,
             buf: &mut self.buf,
             n: 0,
             members: &mut self.members,
             numbers: &mut self.numbers,
-            strict: opts.numbers == NumberMode::RejectPrecisionLoss,
         };
         pass.skip_ws();
         let done = match pass.value(0) {
@@ -175,7 +172,6 @@ struct Pass<'a, 's> {
     input: &'a [u8],
     pos: usize,
     opts: &'s CanonOptions,
-    limits: &'s Limits,
     /// The whole input is ASCII (names order by their bytes).
     ascii: bool,
     /// Output area (sized once); `n` bytes are written.
@@ -183,8 +179,6 @@ struct Pass<'a, 's> {
     n: usize,
     members: &'s mut Vec<Member>,
     numbers: &'s mut NumberScratch,
-    /// Precision-loss mode: numbers are read (and refused) as the fingerprint reads them.
-    strict: bool,
 }
 
 impl Pass<'_, '_> {
@@ -295,7 +289,13 @@ impl Pass<'_, '_> {
         }
         let strbuf = &mut self.numbers.strbuf;
         strbuf.clear();
-        let (end, form) = read_number(input, start, self.strict, strbuf).ok()?;
+        let (end, form) = read_number(
+            input,
+            start,
+            self.opts.numbers == NumberMode::RejectPrecisionLoss,
+            strbuf,
+        )
+        .ok()?;
         self.pos = end;
         let text: &[u8] = match form {
             NumberForm::Prefix(len) => {
@@ -321,7 +321,7 @@ impl Pass<'_, '_> {
     }
 
     fn array(&mut self, depth: usize) -> Option<Text> {
-        if depth > MAX_NESTING || depth > self.limits.max_depth {
+        if depth > MAX_NESTING || depth > self.opts.limits.max_depth {
             return None;
         }
         let at = self.n;
@@ -336,7 +336,7 @@ impl Pass<'_, '_> {
         let mut count = 0usize;
         loop {
             count += 1;
-            if count > self.limits.max_members {
+            if count > self.opts.limits.max_members {
                 return None;
             }
             match self.value(depth)? {
@@ -363,7 +363,7 @@ impl Pass<'_, '_> {
     }
 
     fn object(&mut self, depth: usize) -> Option<Text> {
-        if depth > MAX_NESTING || depth > self.limits.max_depth {
+        if depth > MAX_NESTING || depth > self.opts.limits.max_depth {
             return None;
         }
         let at = self.n;
@@ -378,7 +378,7 @@ impl Pass<'_, '_> {
         let input = self.input;
         let base = self.members.len();
         loop {
-            if self.members.len() - base >= self.limits.max_members {
+            if self.members.len() - base >= self.opts.limits.max_members {
                 return None;
             }
             let quote = self.pos;
@@ -516,7 +516,7 @@ fn sort_members<'i>(members: &mut [Member], ascii: bool, name: &impl Fn(&Member)
 mod tests {
     use super::*;
     use crate::canonical::{
-        CanonError, CanonOptions, Exclusions, NumberMode, Scratch, canonicalize_full,
+        CanonError, CanonOptions, Exclusions, Limits, NumberMode, Scratch, canonicalize_full,
     };
 
     /// The full parser's answer (never the fast path).
@@ -740,59 +740,80 @@ mod tests {
         out.push(if object { '}' } else { ']' });
     }
 
-    proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(3000))]
-        /// Whenever the fast path answers, the full parser gives the same bytes in both number
-        /// modes; and it does answer for a good share of documents.
-        #[test]
-        fn fast_path_agrees_with_the_full_parser(seed in proptest::prelude::any::<u64>()) {
-            let mut state = seed | 1;
-            let mut g = |n: usize| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                (state % n as u64) as usize
-            };
-            let mut taken = 0;
-            // One scratch for the whole case: what a call leaves in it must not matter.
-            let mut scratch = SmallScratch::default();
-            for round in 0..20 {
-                let mut text = String::new();
-                doc(&mut g, 0, &mut text);
-                let mut bytes = text.into_bytes();
-                // Every other document gets a byte changed, inserted or removed (syntax
-                // errors, broken UTF-8, cut tokens).
-                if round % 2 == 1 && !bytes.is_empty() {
-                    let at = g(bytes.len());
-                    let set = b"\"{}[],:-.0e \\\x80\xff";
-                    let byte = set[g(set.len())];
-                    match g(3) {
-                        0 => bytes[at] = byte,
-                        1 => bytes.insert(at, byte),
-                        _ => {
-                            bytes.remove(at);
-                        }
+    /// Runs twenty generated documents from `seed` (every other one mutated: a byte changed,
+    /// inserted or removed) through the fast path in both number modes, checking each answer
+    /// against the full parser; returns how many answers there were.
+    fn agree(seed: u64) -> Result<usize, String> {
+        let mut state = seed | 1;
+        let mut g = |n: usize| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % n as u64) as usize
+        };
+        let mut taken = 0;
+        // One scratch for all: what a call leaves in it must not matter.
+        let mut scratch = SmallScratch::default();
+        for round in 0..20 {
+            let mut text = String::new();
+            doc(&mut g, 0, &mut text);
+            let mut bytes = text.into_bytes();
+            if round % 2 == 1 && !bytes.is_empty() {
+                let at = g(bytes.len());
+                let set = b"\"{}[],:-.0e \\\x80\xff";
+                let byte = set[g(set.len())];
+                match g(3) {
+                    0 => bytes[at] = byte,
+                    1 => bytes.insert(at, byte),
+                    _ => {
+                        bytes.remove(at);
                     }
-                }
-                for numbers in [NumberMode::Rfc, NumberMode::RejectPrecisionLoss] {
-                    let opts = CanonOptions { numbers, ..CanonOptions::default() };
-                    let mut out = Vec::new();
-                    if !scratch.canonicalize(&bytes, &opts, &mut out) {
-                        continue;
-                    }
-                    let fast = Some(out);
-                    taken += 1;
-                    let full = canonicalize_with(&bytes, &opts);
-                    proptest::prop_assert_eq!(
-                        full.ok(),
-                        fast,
-                        "{:?} {}",
-                        numbers,
-                        String::from_utf8_lossy(&bytes)
-                    );
                 }
             }
-            proptest::prop_assert!(taken > 0, "the fast path never answered");
+            for numbers in [NumberMode::Rfc, NumberMode::RejectPrecisionLoss] {
+                let opts = CanonOptions {
+                    numbers,
+                    ..CanonOptions::default()
+                };
+                let mut out = Vec::new();
+                if !scratch.canonicalize(&bytes, &opts, &mut out) {
+                    continue;
+                }
+                taken += 1;
+                let full = canonicalize_with(&bytes, &opts);
+                if full.as_ref().ok() != Some(&out) {
+                    return Err(format!(
+                        "{numbers:?} {}: fast {:?}, full {:?}",
+                        String::from_utf8_lossy(&bytes),
+                        String::from_utf8_lossy(&out),
+                        full.map(|f| String::from_utf8_lossy(&f).into_owned())
+                    ));
+                }
+            }
         }
+        Ok(taken)
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(3000))]
+        /// Whenever the fast path answers, the full parser gives the same bytes.
+        #[test]
+        fn fast_path_agrees_with_the_full_parser(seed in proptest::prelude::any::<u64>()) {
+            if let Err(e) = agree(seed) {
+                proptest::prop_assert!(false, "{}", e);
+            }
+        }
+    }
+
+    /// Over fixed seeds the fast path answers for many of the generated documents (the
+    /// agreement test above is not vacuous).
+    #[test]
+    fn fast_path_answers_often() {
+        let taken: usize = (1..=300).map(|seed| agree(seed).expect("agrees")).sum();
+        eprintln!(
+            "fast path answered {taken} of {} document checks",
+            300 * 20 * 2
+        );
+        assert!(taken >= 1_500, "only {taken} answers");
     }
 }
