@@ -33,7 +33,7 @@ const HEX: &[u8; 16] = b"0123456789abcdef";
 /// Write `s` (unescaped, valid UTF-8) as a JSON string with RFC 8785 minimal escaping. Runs
 /// without `"`, `\` or control characters are found eight bytes at a time and copied whole.
 #[inline]
-fn write_escaped<S: CanonSink + ?Sized>(sink: &mut S, s: &[u8]) {
+pub(crate) fn write_escaped<S: CanonSink + ?Sized>(sink: &mut S, s: &[u8]) {
     sink.write_byte(b'"');
     let mut run = 0;
     loop {

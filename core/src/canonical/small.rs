@@ -1,27 +1,31 @@
-//! The fast path for small, plain documents: one recursive pass, no tape.
+//! The fast path for plain documents (up to 1 MiB): one recursive pass, no tape.
 //!
-//! Most request bodies are small objects written by `JSON.stringify` or `json.dumps`: member
-//! names without escapes, strings without escapes, integers and short decimals that are already
+//! Most request bodies are objects written by `JSON.stringify` or `json.dumps`: member names
+//! without escapes, strings mostly without escapes, integers and short decimals that are already
 //! in canonical form. For those, the canonical form is the input's own tokens, rearranged:
-//! members sorted by name, whitespace dropped. This pass writes exactly that; numbers are read
-//! with the full parser's own number reader (`read_number`, `float_text`), so a number that
-//! needs formatting is written as it would be in place. Anything else it does not handle (an
-//! escape, a duplicate name, a limit reached, a syntax error) makes it give up, with no output,
-//! and the full parser ([`super::parse`]) runs instead and gives the result or the precise
-//! error. So the fast path never decides an error and never accepts what the full parser
-//! refuses: a differential test checks that it agrees with the full path.
+//! members sorted by name, whitespace dropped. This pass writes exactly that. Numbers are read
+//! with the full parser's own number reader (`read_number`, `float_text`) and string escapes
+//! with its escape reader (`read_escape`, then the emitter's `write_escaped`), so a number or a
+//! string that needs rewriting is written as it would be in place. Anything else it does not
+//! handle (an escaped member name, a duplicate name, a limit reached, a syntax error) makes it
+//! give up, with no output, and the full parser ([`super::parse`]) runs instead and gives the
+//! result or the precise error. So the fast path never decides an error and never accepts what
+//! the full parser refuses: a differential test and a fuzz target check that it agrees with the
+//! full path.
 //!
 //! Output is assembled in one buffer: every container writes its canonical text where it
 //! started, so an array copies its elements in place; an object first reads its members
 //! (nested containers land in the buffer), then sorts them, writes itself after them and
 //! moves that text down over them.
 
-use super::emit::float_text;
-use super::parse::{NumberForm, cmp_utf16, digit_run, read_number, scan_plain, valid_utf8};
+use super::emit::{float_text, write_escaped};
+use super::parse::{
+    NumberForm, cmp_utf16, digit_run, read_escape, read_number, scan_plain, valid_utf8,
+};
 use super::{CanonOptions, CanonSink, NumberMode};
 
-/// Inputs up to this size try the fast path.
-pub(crate) const SMALL_INPUT: usize = 64 * 1024;
+/// Inputs up to this size try the fast path (its buffer is twice the input while it runs).
+pub(crate) const SMALL_INPUT: usize = 1024 * 1024;
 
 /// Containers nested deeper than this are left to the full parser (it is iterative; this pass
 /// recurses and must bound its stack).
@@ -58,7 +62,7 @@ pub(crate) struct SmallScratch {
     numbers: NumberScratch,
 }
 
-/// Where numbers that are not a prefix of their literal are written.
+/// Where numbers that are not a prefix of their literal, and decoded strings, are written.
 #[derive(Default)]
 struct NumberScratch {
     strbuf: Vec<u8>,
@@ -66,7 +70,7 @@ struct NumberScratch {
 }
 
 /// Output buffers larger than this are freed after use rather than kept.
-const KEEP_BYTES: usize = 4 * SMALL_INPUT;
+const KEEP_BYTES: usize = 256 * 1024;
 
 /// Slack past the largest output, for fixed-size copies that write beyond their length.
 const SLACK: usize = 32;
@@ -168,6 +172,26 @@ fn write_members<S: CanonSink + ?Sized>(
     sink.write_byte(b'}');
 }
 
+/// The output area as a sink (for the emitter's string escaping); `full` once a write did not
+/// fit.
+struct BufSink<'b> {
+    buf: &'b mut [u8],
+    n: usize,
+    full: bool,
+}
+
+impl CanonSink for BufSink<'_> {
+    fn write(&mut self, bytes: &[u8]) {
+        match self.buf.get_mut(self.n..self.n + bytes.len()) {
+            Some(dst) => {
+                dst.copy_from_slice(bytes);
+                self.n += bytes.len();
+            }
+            None => self.full = true,
+        }
+    }
+}
+
 struct Pass<'a, 's> {
     input: &'a [u8],
     pos: usize,
@@ -247,7 +271,7 @@ impl Pass<'_, '_> {
                 let start = self.pos;
                 let end = scan_plain(self.input, start + 1);
                 if self.input.get(end) != Some(&b'"') {
-                    return None;
+                    return self.escaped_string(end);
                 }
                 self.pos = end + 1;
                 Some(Text::Input(start as u32, self.pos as u32))
@@ -260,6 +284,43 @@ impl Pass<'_, '_> {
             b'[' => self.array(depth + 1),
             _ => None,
         }
+    }
+
+    /// A string value at `pos` whose first special byte is at `first` (a backslash, if it is
+    /// one this pass reads): decoded with the full parser's escape reader, then written into the
+    /// buffer with canonical escaping. A control character or a bad escape: `None`.
+    #[cold]
+    fn escaped_string(&mut self, first: usize) -> Option<Text> {
+        let input = self.input;
+        let raw = &mut self.numbers.strbuf;
+        raw.clear();
+        let mut run = self.pos + 1;
+        let mut at = first;
+        loop {
+            match input.get(at)? {
+                b'"' => break,
+                b'\\' => {
+                    raw.extend_from_slice(input.get(run..at)?);
+                    run = read_escape(input, at, raw).ok()?;
+                    at = scan_plain(input, run);
+                }
+                _ => return None,
+            }
+        }
+        raw.extend_from_slice(input.get(run..at)?);
+        self.pos = at + 1;
+        let start = self.n;
+        let mut out = BufSink {
+            buf: self.buf,
+            n: start,
+            full: false,
+        };
+        write_escaped(&mut out, raw);
+        if out.full {
+            return None;
+        }
+        self.n = out.n;
+        Some(Text::Buffer(start as u32, self.n as u32))
     }
 
     fn literal(&mut self, word: &'static [u8]) -> Option<Text> {
@@ -566,6 +627,12 @@ mod tests {
             (b"[12345678901234567, 1E+2]", b"[12345678901234568,100]"),
             (br#"{"b":1.5e1,"a":-0}"#, br#"{"a":0,"b":15}"#),
             (b"-0", b"0"),
+            // Escapes in string values are decoded and written canonically.
+            (
+                br#"{"b":"\n\u00e9\/","a":"\ud83d\ude00 \u001f\""}"#,
+                "{\"a\":\"\u{1F600} \\u001f\\\"\",\"b\":\"\\n\u{e9}/\"}".as_bytes(),
+            ),
+            (br#"["x\\y", "\t"]"#, br#"["x\\y","\t"]"#),
         ] {
             assert_eq!(
                 fast(input).as_deref(),
@@ -584,7 +651,9 @@ mod tests {
     fn anything_else_is_left_to_the_full_parser() {
         for input in [
             &br#"{"a":1,"a":2}"#[..],
-            br#"{"a":"\n"}"#,
+            br#"{"a":"\ud83d"}"#,
+            b"[\"a\tb\"]",
+            br#"["\x"]"#,
             br#"{"a\u0062":1}"#,
             b"[1,]",
             b"{\"a\":1,}",
@@ -673,7 +742,7 @@ mod tests {
         "\"longer name 1\"",
         "\"longer name 2\"",
     ];
-    const SCALARS: [&str; 30] = [
+    const SCALARS: [&str; 34] = [
         "0",
         "-0",
         "1",
@@ -703,6 +772,10 @@ mod tests {
         "\"\"",
         "\"a b \u{e9}\"",
         "\"tab\\t\"",
+        "\"\\u00e9\\n\\\"q\\/\"",
+        "\"\\ud83d\\ude00\"",
+        "\"\\ud83d\"",
+        "\"\\u0000\\u001F\"",
         "\"\u{1F600}\"",
     ];
     const SPACE: [&str; 5] = ["", "", "", " ", "\n\t "];
