@@ -52,6 +52,8 @@ struct Member {
     text: Text,
     /// Whether `text` is the whole member or only its value.
     whole: bool,
+    /// Its position in the object's input order (set when the object is sorted).
+    index: u32,
 }
 
 /// Working memory kept between calls.
@@ -60,6 +62,8 @@ pub(crate) struct SmallScratch {
     buf: Vec<u8>,
     members: Vec<Member>,
     numbers: NumberScratch,
+    shapes: Vec<Shape>,
+    reorder: Vec<Member>,
 }
 
 /// Where numbers that are not a prefix of their literal, and decoded strings, are written.
@@ -100,6 +104,11 @@ impl SmallScratch {
             self.buf.resize(room, 0);
         }
         self.members.clear();
+        for shape in &mut self.shapes {
+            // Ranges of an earlier input mean nothing here.
+            shape.names.clear();
+            shape.perm.clear();
+        }
         let mut pass = Pass {
             input,
             pos: 0,
@@ -109,6 +118,8 @@ impl SmallScratch {
             n: 0,
             members: &mut self.members,
             numbers: &mut self.numbers,
+            shapes: &mut self.shapes,
+            reorder: &mut self.reorder,
         };
         pass.skip_ws();
         let done = match pass.value(0) {
@@ -138,6 +149,8 @@ impl SmallScratch {
         }
         if self.members.capacity() > KEEP_BYTES / 16 {
             self.members = Vec::new();
+            self.reorder = Vec::new();
+            self.shapes = Vec::new();
         }
         ok
     }
@@ -203,6 +216,10 @@ struct Pass<'a, 's> {
     n: usize,
     members: &'s mut Vec<Member>,
     numbers: &'s mut NumberScratch,
+    /// Per depth, the last sorted object's shape.
+    shapes: &'s mut Vec<Shape>,
+    /// Room for reordering members by a kept shape.
+    reorder: &'s mut Vec<Member>,
 }
 
 impl Pass<'_, '_> {
@@ -381,6 +398,60 @@ impl Pass<'_, '_> {
         Some(Text::Buffer(at as u32, self.n as u32))
     }
 
+    /// Put `members[base..]` (one object's, in input order) into canonical order: as the last
+    /// object at this depth was when its names were the same, else by sorting (and refusing
+    /// duplicate names: `None`).
+    fn order_members(&mut self, base: usize, depth: usize) -> Option<()> {
+        let input = self.input;
+        let name = |a: u32, b: u32| &input[a as usize..b as usize];
+        let members = &mut self.members[base..];
+        if let Some(shape) = self.shapes.get(depth)
+            && shape.names.len() == members.len()
+            && shape
+                .names
+                .iter()
+                .zip(members.iter())
+                .all(|(&(p, a, b), m)| {
+                    p == m.prefix
+                        && (b - a == m.name.1 - m.name.0)
+                        && (b - a <= 8 || name(a, b) == name(m.name.0, m.name.1))
+                })
+        {
+            // The same names in the same order: the same permutation, and no duplicates.
+            self.reorder.clear();
+            self.reorder.extend_from_slice(members);
+            for (slot, &from) in members.iter_mut().zip(&shape.perm) {
+                *slot = *self.reorder.get(from as usize)?;
+            }
+            return Some(());
+        }
+        let names_of = |m: &Member| name(m.name.0, m.name.1);
+        let ascii = self.ascii || members.iter().all(|m| names_of(m).is_ascii());
+        for (i, m) in members.iter_mut().enumerate() {
+            m.index = i as u32;
+        }
+        if depth >= self.shapes.len() {
+            self.shapes.resize_with(depth + 1, Shape::default);
+        }
+        let shape = &mut self.shapes[depth];
+        shape.names.clear();
+        shape
+            .names
+            .extend(members.iter().map(|m| (m.prefix, m.name.0, m.name.1)));
+        sort_members(members, ascii, &names_of);
+        shape.perm.clear();
+        if members
+            .windows(2)
+            .any(|w| w[0].prefix == w[1].prefix && names_of(&w[0]) == names_of(&w[1]))
+        {
+            // A duplicate name: the full parser reports it (and this shape is not kept).
+            shape.names.clear();
+            return None;
+        }
+        shape.perm.extend(members.iter().map(|m| m.index));
+        Some(())
+    }
+
     fn array(&mut self, depth: usize) -> Option<Text> {
         if depth > MAX_NESTING || depth > self.opts.limits.max_depth {
             return None;
@@ -488,6 +559,7 @@ impl Pass<'_, '_> {
                 name: ((quote + 1) as u32, end as u32),
                 text,
                 whole,
+                index: 0,
             });
             self.skip_ws();
             match self.peek()? {
@@ -502,17 +574,7 @@ impl Pass<'_, '_> {
                 _ => return None,
             }
         }
-        let name = |m: &Member| &input[m.name.0 as usize..m.name.1 as usize];
-        let members = &mut self.members[base..];
-        let ascii = self.ascii || members.iter().all(|m| name(m).is_ascii());
-        sort_members(members, ascii, &name);
-        if members
-            .windows(2)
-            .any(|w| w[0].prefix == w[1].prefix && name(&w[0]) == name(&w[1]))
-        {
-            // A duplicate name: the full parser reports it.
-            return None;
-        }
+        self.order_members(base, depth)?;
         if depth == 1 {
             return Some(Text::RootObject);
         }
@@ -538,6 +600,16 @@ impl Pass<'_, '_> {
         }
         Some(Text::Buffer(at as u32, self.n as u32))
     }
+}
+
+/// The member names (in input order) of the last object sorted at one depth, and the order
+/// that sorted them: objects in arrays mostly repeat their shape.
+#[derive(Default)]
+struct Shape {
+    /// Prefix and input range of each name.
+    names: Vec<(u64, u32, u32)>,
+    /// `perm[i]`: the input position of the i-th member in canonical order.
+    perm: Vec<u32>,
 }
 
 /// Sort an object's members into canonical (UTF-16) name order: ASCII names by prefix, then
@@ -701,6 +773,36 @@ mod tests {
                 "{}",
                 String::from_utf8_lossy(input)
             );
+        }
+    }
+
+    /// Objects of one shape in a row reuse the order found for the first; anything that differs
+    /// (order, a long name with the same first eight bytes and length, count, a duplicate) is
+    /// sorted afresh, and shapes of an earlier input are never used.
+    #[test]
+    fn repeated_shapes_match_the_full_parser() {
+        let docs: [&[u8]; 6] = [
+            br#"[{"b":1,"a":2,"c":3},{"b":4,"a":5,"c":6},{"b":7,"a":8,"c":9}]"#,
+            br#"[{"b":1,"a":2},{"a":3,"b":4},{"b":5,"a":6}]"#,
+            br#"[{"longname_b":1,"longname_a":2},{"longname_a":3,"longname_c":4}]"#,
+            br#"[{"x":1,"y":2},{"x":1,"y":2,"a":0},{"y":2,"x":1}]"#,
+            br#"{"k":[{"q":1,"p":2}],"j":{"q":3,"p":4},"i":[{"q":5,"p":6}]}"#,
+            br#"[{"b":1,"a":2},{"b":3,"b":4}]"#,
+        ];
+        let mut scratch = SmallScratch::default();
+        for _ in 0..2 {
+            for doc in docs {
+                let mut out = Vec::new();
+                let took = scratch.canonicalize(doc, &CanonOptions::default(), &mut out);
+                let full = canonicalize_with(doc, &CanonOptions::default());
+                match full {
+                    Ok(want) => {
+                        assert!(took, "{}", String::from_utf8_lossy(doc));
+                        assert_eq!(out, want, "{}", String::from_utf8_lossy(doc));
+                    }
+                    Err(_) => assert!(!took, "{}", String::from_utf8_lossy(doc)),
+                }
+            }
         }
     }
 
