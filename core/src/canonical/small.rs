@@ -120,6 +120,7 @@ impl SmallScratch {
             numbers: &mut self.numbers,
             shapes: &mut self.shapes,
             reorder: &mut self.reorder,
+            arrays: 0,
         };
         pass.skip_ws();
         let done = match pass.value(0) {
@@ -220,6 +221,8 @@ struct Pass<'a, 's> {
     shapes: &'s mut Vec<Shape>,
     /// Room for reordering members by a kept shape.
     reorder: &'s mut Vec<Member>,
+    /// Arrays open around the current value (objects in arrays keep their shapes).
+    arrays: usize,
 }
 
 impl Pass<'_, '_> {
@@ -405,7 +408,8 @@ impl Pass<'_, '_> {
         let input = self.input;
         let name = |a: u32, b: u32| &input[a as usize..b as usize];
         let members = &mut self.members[base..];
-        if let Some(shape) = self.shapes.get(depth)
+        if self.arrays > 0
+            && let Some(shape) = self.shapes.get(depth)
             && shape.names.len() == members.len()
             && shape
                 .names
@@ -427,6 +431,11 @@ impl Pass<'_, '_> {
         }
         let names_of = |m: &Member| name(m.name.0, m.name.1);
         let ascii = self.ascii || members.iter().all(|m| names_of(m).is_ascii());
+        if self.arrays == 0 {
+            // Outside arrays shapes rarely repeat: sort only.
+            sort_members(members, ascii, &names_of);
+            return no_duplicates(members, &names_of);
+        }
         for (i, m) in members.iter_mut().enumerate() {
             m.index = i as u32;
         }
@@ -440,11 +449,8 @@ impl Pass<'_, '_> {
             .extend(members.iter().map(|m| (m.prefix, m.name.0, m.name.1)));
         sort_members(members, ascii, &names_of);
         shape.perm.clear();
-        if members
-            .windows(2)
-            .any(|w| w[0].prefix == w[1].prefix && names_of(&w[0]) == names_of(&w[1]))
-        {
-            // A duplicate name: the full parser reports it (and this shape is not kept).
+        if no_duplicates(members, &names_of).is_none() {
+            // The full parser reports it; this shape is not kept.
             shape.names.clear();
             return None;
         }
@@ -471,7 +477,10 @@ impl Pass<'_, '_> {
             if count > self.opts.limits.max_members {
                 return None;
             }
-            match self.value(depth)? {
+            self.arrays += 1;
+            let element = self.value(depth);
+            self.arrays -= 1;
+            match element? {
                 Text::Input(a, b) => self.copy_input(a as usize, b as usize)?,
                 // A nested container wrote itself in place, right after the elements so far.
                 Text::Buffer(..) => {}
@@ -610,6 +619,15 @@ struct Shape {
     names: Vec<(u64, u32, u32)>,
     /// `perm[i]`: the input position of the i-th member in canonical order.
     perm: Vec<u32>,
+}
+
+/// `None` when two adjacent members of a sorted object have the same name (the full parser
+/// then reports it).
+fn no_duplicates<'i>(members: &[Member], name: &impl Fn(&Member) -> &'i [u8]) -> Option<()> {
+    let dup = members
+        .windows(2)
+        .any(|w| w[0].prefix == w[1].prefix && name(&w[0]) == name(&w[1]));
+    (!dup).then_some(())
 }
 
 /// Sort an object's members into canonical (UTF-16) name order: ASCII names by prefix, then
