@@ -246,20 +246,30 @@ impl Pass<'_, '_> {
         Some(())
     }
 
-    /// Append `input[a..b]`. Short runs are copied as one 16-byte block (the bytes past the run
-    /// are overwritten later or lie beyond the output), which costs less than a sized copy.
+    /// Append `input[a..b]`. Runs up to 16 bytes (most tokens) are copied as two overlapping
+    /// words, or byte by byte below four: no call, and nothing written past the run (a block
+    /// copy that wrote past it made later reads of the buffer slow in some memory layouts).
     #[inline(always)]
     fn copy_input(&mut self, a: usize, b: usize) -> Option<()> {
         let len = b - a;
         let n = self.n;
-        if len <= 16
-            && let (Some(src), Some(dst)) = (self.input.get(a..a + 16), self.buf.get_mut(n..n + 16))
-        {
-            dst.copy_from_slice(src);
-        } else {
-            self.buf
-                .get_mut(n..n + len)?
-                .copy_from_slice(self.input.get(a..b)?);
+        let dst = self.buf.get_mut(n..n + len)?;
+        let src = self.input.get(a..b)?;
+        match len {
+            8..=16 => {
+                dst[..8].copy_from_slice(&src[..8]);
+                dst[len - 8..].copy_from_slice(&src[len - 8..]);
+            }
+            4..=7 => {
+                dst[..4].copy_from_slice(&src[..4]);
+                dst[len - 4..].copy_from_slice(&src[len - 4..]);
+            }
+            0..=3 => {
+                for (d, s) in dst.iter_mut().zip(src) {
+                    *d = *s;
+                }
+            }
+            _ => dst.copy_from_slice(src),
         }
         self.n = n + len;
         Some(())
