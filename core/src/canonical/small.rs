@@ -76,7 +76,7 @@ struct NumberScratch {
 /// Output buffers larger than this are freed after use rather than kept.
 const KEEP_BYTES: usize = 256 * 1024;
 
-/// Slack past the largest output, for fixed-size copies that write beyond their length.
+/// Room past twice the input (tiny inputs whose numbers print longer than written).
 const SLACK: usize = 32;
 
 impl SmallScratch {
