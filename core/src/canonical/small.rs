@@ -1013,10 +1013,7 @@ mod tests {
     #[test]
     fn fast_path_answers_often() {
         let taken: usize = (1..=300).map(|seed| agree(seed).expect("agrees")).sum();
-        eprintln!(
-            "fast path answered {taken} of {} document checks",
-            300 * 20 * 2
-        );
-        assert!(taken >= 1_500, "only {taken} answers");
+        // About 4,600 of the 12,000 checks (300 seeds, 20 documents, 2 number modes).
+        assert!(taken >= 1_500, "only {taken} of 12000 answered");
     }
 }
