@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# Throwaway PostgreSQL and Redis servers for the binding test suites.
+# Throwaway PostgreSQL, PgBouncer and Redis servers for the binding test suites.
 #
-#   scripts/test-services.sh start DIR   start both (data in DIR, random free localhost ports), wait until
-#                                        they answer, print IDEMPO_TEST_PG_DSN=... and
-#                                        IDEMPO_TEST_REDIS_URL=... lines, and write them to DIR/env
-#   scripts/test-services.sh stop DIR    stop both (safe to call twice, or after a failed start)
+#   scripts/test-services.sh start DIR   start them (data in DIR, random free localhost ports), wait until
+#                                        they answer, print IDEMPO_TEST_PG_DSN=...,
+#                                        IDEMPO_TEST_PGBOUNCER_DSN=... and IDEMPO_TEST_REDIS_URL=...
+#                                        lines, and write them to DIR/env
+#   scripts/test-services.sh stop DIR    stop them (safe to call twice, or after a failed start)
+#
+# PgBouncer runs in transaction pooling mode in front of the PostgreSQL server (the topology of most
+# managed PostgreSQL offerings): each transaction may run on another server connection, so a store
+# that relies on session state (named prepared statements, SET without LOCAL) breaks behind it.
 #
 # Installs nothing: scripts/setup.d/20-services.sh installs the Debian packages. PostgreSQL refuses to
 # run as root, so as root it runs as the `postgres` OS user (runuser). PostgreSQL listens on 127.0.0.1
@@ -91,6 +96,64 @@ start_pg() {
   echo "postgresql://postgres@127.0.0.1:$port/postgres"
 }
 
+start_pgbouncer() {
+  local pg_port port tries=0 conf
+  command -v pgbouncer >/dev/null 2>&1 || die "pgbouncer not found (run scripts/setup.sh)"
+  pg_port=$(cat "$dir/pg.port")
+  mkdir -p "$dir/pgbouncer"
+  conf="$dir/pgbouncer/pgbouncer.ini"
+  echo '"postgres" ""' >"$dir/pgbouncer/users.txt"
+  if [ "$(id -u)" -eq 0 ]; then
+    chown -R postgres: "$dir/pgbouncer"
+    # As for PostgreSQL: DIR may not be reachable by the postgres user.
+    if ! runuser -u postgres -- test -w "$dir/pgbouncer/users.txt"; then
+      local alt
+      alt=$(mktemp -d /tmp/idempo-pgbouncer.XXXXXX)
+      cp "$dir/pgbouncer/users.txt" "$alt/"
+      chown -R postgres: "$alt"
+      conf="$alt/pgbouncer.ini"
+      echo "$alt" >"$dir/pgbouncer.dir"
+    fi
+  fi
+  local bdir
+  bdir=$(dirname "$conf")
+  while :; do
+    port=$(free_port)
+    cat >"$conf" <<INI
+[databases]
+postgres = host=127.0.0.1 port=$pg_port dbname=postgres user=postgres
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $port
+unix_socket_dir =
+auth_type = trust
+auth_file = $bdir/users.txt
+pool_mode = transaction
+max_client_conn = 400
+default_pool_size = 8
+server_reset_query =
+ignore_startup_parameters = extra_float_digits,options
+logfile = $bdir/pgbouncer.log
+pidfile = $bdir/pgbouncer.pid
+INI
+    [ "$(id -u)" -ne 0 ] || chown postgres: "$conf"
+    if as_pg pgbouncer -d -q "$conf" >"$dir/pgbouncer.start.log" 2>&1; then
+      local i
+      for i in $(seq 1 100); do
+        if as_pg "$(pg_bindir)/pg_isready" -q -h 127.0.0.1 -p "$port" -t 1 2>/dev/null; then
+          echo "$bdir/pgbouncer.pid" >"$dir/pgbouncer.pidfile"
+          echo "postgresql://postgres@127.0.0.1:$port/postgres"
+          return 0
+        fi
+        sleep 0.05
+      done
+    fi
+    tries=$((tries + 1))
+    [ "$tries" -lt 3 ] || die "PgBouncer did not start, see $bdir/pgbouncer.log"
+  done
+}
+
 start_redis() {
   local port tries=0
   command -v redis-server >/dev/null 2>&1 || die "redis-server not found (run scripts/setup.sh)"
@@ -116,6 +179,23 @@ start_redis() {
 
 stop_all() {
   local data bindir
+  if [ -f "$dir/pgbouncer.pidfile" ]; then
+    local bpid
+    bpid=$(cat "$(cat "$dir/pgbouncer.pidfile")" 2>/dev/null || true)
+    if [ -n "$bpid" ] && kill -0 "$bpid" 2>/dev/null; then
+      kill "$bpid" 2>/dev/null || true
+      local j
+      for j in $(seq 1 100); do
+        kill -0 "$bpid" 2>/dev/null || break
+        sleep 0.05
+      done
+    fi
+    rm -f "$dir/pgbouncer.pidfile"
+  fi
+  if [ -f "$dir/pgbouncer.dir" ]; then
+    rm -rf "$(cat "$dir/pgbouncer.dir")"
+    rm -f "$dir/pgbouncer.dir"
+  fi
   data=$(pg_datadir)
   if [ -f "$data/postmaster.pid" ]; then
     bindir=$(pg_bindir)
@@ -148,10 +228,12 @@ start)
   # A failed start must not leave half the servers running.
   trap 'stop_all' ERR
   pg_dsn=$(start_pg)
+  pgbouncer_dsn=$(start_pgbouncer)
   redis_url=$(start_redis)
   trap - ERR
   {
     echo "IDEMPO_TEST_PG_DSN=$pg_dsn"
+    echo "IDEMPO_TEST_PGBOUNCER_DSN=$pgbouncer_dsn"
     echo "IDEMPO_TEST_REDIS_URL=$redis_url"
   } >"$dir/env"
   cat "$dir/env"

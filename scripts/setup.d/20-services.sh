@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Database servers used by the binding test suites (PostgreSQL and Redis from Debian's packages).
+# Database servers used by the binding test suites (PostgreSQL, PgBouncer and Redis from Debian's
+# packages).
 # Nothing is started here: scripts/test-services.sh runs throwaway instances per test run.
 set -euo pipefail
 
@@ -11,6 +12,7 @@ have_pg() {
 missing=()
 have_pg || missing+=(postgresql)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v pgbouncer >/dev/null 2>&1 || missing+=(pgbouncer)
 [ "${#missing[@]}" -eq 0 ] && exit 0
 
 if [ "$(id -u)" -ne 0 ]; then

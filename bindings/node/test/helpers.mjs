@@ -30,12 +30,20 @@ export function loadVector(kind, file) {
 
 export const PG_DSN = process.env.IDEMPO_TEST_PG_DSN;
 export const REDIS_URL = process.env.IDEMPO_TEST_REDIS_URL;
+/** PgBouncer in transaction pooling mode in front of PG_DSN's server (scripts/test-services.sh). */
+export const PGBOUNCER_DSN = process.env.IDEMPO_TEST_PGBOUNCER_DSN;
+
+const SERVICE_ENV = {
+  postgres: ['IDEMPO_TEST_PG_DSN', PG_DSN],
+  redis: ['IDEMPO_TEST_REDIS_URL', REDIS_URL],
+  pgbouncer: ['IDEMPO_TEST_PGBOUNCER_DSN', PGBOUNCER_DSN],
+};
 
 /** Why a server-backed store cannot run, or null. In CI (`CI` set) missing servers fail the run. */
 export function missing(what) {
-  const v = what === 'postgres' ? PG_DSN : REDIS_URL;
+  const [name, v] = SERVICE_ENV[what];
   if (v) return null;
-  const msg = `${what}: IDEMPO_TEST_${what === 'postgres' ? 'PG_DSN' : 'REDIS_URL'} is not set (make test-node starts the servers)`;
+  const msg = `${what}: ${name} is not set (make test-node starts the servers)`;
   if (process.env.CI) throw new Error(msg);
   return msg;
 }
@@ -60,8 +68,18 @@ export function sharedRedis() {
   return redisClient;
 }
 
+let bouncerPool;
+/** A pool of connections to PgBouncer (transaction mode): each query may use another server connection. */
+export function sharedBouncerPool() {
+  const pg = require('pg');
+  bouncerPool ??= new pg.Pool({ connectionString: PGBOUNCER_DSN, max: 20 });
+  return bouncerPool;
+}
+
 export async function closeShared() {
   if (pgPool) await pgPool.end();
+  if (bouncerPool) await bouncerPool.end();
+  bouncerPool = undefined;
   if (redisClient) await redisClient.quit();
   pgPool = undefined;
   redisClient = undefined;
@@ -97,6 +115,16 @@ export const storeKinds = {
     async make(clock) {
       const schema = uniqueName('t');
       const pool = sharedPgPool();
+      const store = new idempo.PostgresStore({ pool, schema, clock });
+      await store.createSchema();
+      return { store, cleanup: async () => pool.query(`DROP SCHEMA "${schema}" CASCADE`) };
+    },
+  },
+  pgbouncer: {
+    skip: () => missing('pgbouncer'),
+    async make(clock) {
+      const schema = uniqueName('b');
+      const pool = sharedBouncerPool();
       const store = new idempo.PostgresStore({ pool, schema, clock });
       await store.createSchema();
       return { store, cleanup: async () => pool.query(`DROP SCHEMA "${schema}" CASCADE`) };

@@ -1,8 +1,9 @@
-"""Shared fixtures: throwaway PostgreSQL and Redis servers, and every store variant.
+"""Shared fixtures: throwaway PostgreSQL, PgBouncer and Redis servers, and every store variant.
 
 The servers come from ``scripts/test-services.sh`` (once per session). Tests that need them are
 skipped only when ``IDEMPO_SKIP_SERVICES=1``; otherwise a failure to start them fails the run.
-If ``IDEMPO_TEST_PG_DSN`` and ``IDEMPO_TEST_REDIS_URL`` are already set, those servers are used.
+If ``IDEMPO_TEST_PG_DSN``, ``IDEMPO_TEST_PGBOUNCER_DSN`` and ``IDEMPO_TEST_REDIS_URL`` are already
+set, those servers are used (PgBouncer runs in transaction pooling mode in front of PostgreSQL).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ VECTORS = REPO / "spec" / "vectors"
 class Services:
     pg_dsn: str
     redis_url: str
+    pgbouncer_dsn: str
+    """PgBouncer in transaction pooling mode in front of ``pg_dsn``'s server."""
 
 
 @pytest.fixture(scope="session")
@@ -32,8 +35,9 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
         pytest.skip("IDEMPO_SKIP_SERVICES=1: PostgreSQL/Redis tests skipped")
     dsn = os.environ.get("IDEMPO_TEST_PG_DSN")
     url = os.environ.get("IDEMPO_TEST_REDIS_URL")
-    if dsn and url:
-        yield Services(dsn, url)
+    bouncer = os.environ.get("IDEMPO_TEST_PGBOUNCER_DSN")
+    if dsn and url and bouncer:
+        yield Services(dsn, url, bouncer)
         return
     work = tmp_path_factory.mktemp("services")
     script = REPO / "scripts" / "test-services.sh"
@@ -47,7 +51,9 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
         )
     env = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
     try:
-        yield Services(env["IDEMPO_TEST_PG_DSN"], env["IDEMPO_TEST_REDIS_URL"])
+        yield Services(
+            env["IDEMPO_TEST_PG_DSN"], env["IDEMPO_TEST_REDIS_URL"], env["IDEMPO_TEST_PGBOUNCER_DSN"]
+        )
     finally:
         subprocess.run(["bash", str(script), "stop", str(work)], capture_output=True, timeout=60)
 

@@ -7,10 +7,26 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Optional
 
-SYNC_KINDS = ["memory", "sqlite", "postgres", "redis", "cached"]
-ASYNC_KINDS = ["async-memory", "async-sqlite", "async-postgres", "async-redis", "async-cached"]
+SYNC_KINDS = ["memory", "sqlite", "postgres", "pgbouncer", "redis", "cached"]
+ASYNC_KINDS = [
+    "async-memory",
+    "async-sqlite",
+    "async-postgres",
+    "async-pgbouncer",
+    "async-redis",
+    "async-cached",
+]
 ALL_KINDS = SYNC_KINDS + ASYNC_KINDS
-SERVICE_KINDS = {"postgres", "redis", "cached", "async-postgres", "async-redis", "async-cached"}
+SERVICE_KINDS = {
+    "postgres",
+    "pgbouncer",
+    "redis",
+    "cached",
+    "async-postgres",
+    "async-pgbouncer",
+    "async-redis",
+    "async-cached",
+}
 
 
 class SyncAsAsync:
@@ -72,6 +88,13 @@ async def open_store(
             yield SyncAsAsync(s)
         finally:
             s.close()
+    elif kind == "pgbouncer":
+        # The same server behind PgBouncer in transaction pooling mode.
+        s = stores.PostgresStore(services.pgbouncer_dsn, clock=clock)
+        try:
+            yield SyncAsAsync(s)
+        finally:
+            s.close()
     elif kind == "redis":
         s = stores.RedisStore(services.redis_url, clock=clock)
         try:
@@ -96,6 +119,12 @@ async def open_store(
             a.close()
     elif kind == "async-postgres":
         a = stores.AsyncPostgresStore(services.pg_dsn, clock=clock)
+        try:
+            yield a
+        finally:
+            await a.close()
+    elif kind == "async-pgbouncer":
+        a = stores.AsyncPostgresStore(services.pgbouncer_dsn, clock=clock)
         try:
             yield a
         finally:

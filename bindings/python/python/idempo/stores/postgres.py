@@ -276,18 +276,26 @@ def _counts(op: _Op) -> "_Plan[PurgeCounts]":
     return PurgeCounts(int(row[0]), int(row[1]), int(row[2]))
 
 
-def _execute(conn: Any, op: _Op, params: Dict[str, Any], commit: bool) -> Any:
-    """Runs one statement on a blocking connection (``commit``: outside autocommit, commit)."""
-    cur = conn.execute(op.sql, params, prepare=True)
+def _execute(
+    conn: Any, op: _Op, params: Dict[str, Any], commit: bool, prepare: bool = False
+) -> Any:
+    """Runs one statement on a blocking connection (``commit``: outside autocommit, commit).
+
+    ``prepare=False`` (the default, ``spec/STORAGE.md`` §4.6) never creates a named server-side
+    statement: psycopg would otherwise prepare one per connection after a few executions, which a
+    pooler in transaction mode (PgBouncer) hands to another server connection mid-session."""
+    cur = conn.execute(op.sql, params, prepare=prepare)
     result = cur.fetchone() if op.fetch == "one" else cur.rowcount
     if commit and not conn.autocommit:
         conn.commit()
     return result
 
 
-async def _execute_async(conn: Any, op: _Op, params: Dict[str, Any], commit: bool) -> Any:
-    """Runs one statement on an asyncio connection."""
-    cur = await conn.execute(op.sql, params, prepare=True)
+async def _execute_async(
+    conn: Any, op: _Op, params: Dict[str, Any], commit: bool, prepare: bool = False
+) -> Any:
+    """Runs one statement on an asyncio connection (``prepare`` as for :func:`_execute`)."""
+    cur = await conn.execute(op.sql, params, prepare=prepare)
     result = await cur.fetchone() if op.fetch == "one" else cur.rowcount
     if commit and not conn.autocommit:
         await conn.commit()
@@ -412,10 +420,14 @@ class _StoreBase(_Plans):
         lock_timeout: float = 2.0,
         idle_in_transaction_timeout: float = 60.0,
         purge_timeout: float = 30.0,
+        prepared_statements: bool = False,
         clock: Optional[Callable[[], int]] = None,
     ) -> None:
         """``clock`` replaces the database clock (conformance tests only)."""
         self._clock = clock
+        if not isinstance(prepared_statements, bool):
+            raise InvalidArgument("prepared_statements must be True or False")
+        self.prepared_statements = prepared_statements
         self._dsn = None
         self._pool = None
         self._single = None
@@ -452,6 +464,12 @@ class PostgresStore(_StoreBase, Primitives):
     must have nothing to read): one the server closed (restart, terminated backend) is replaced
     before any statement is sent, so no request fails after the server is back. A statement that
     failed mid-request is never re-sent.
+
+    Works unchanged directly and behind a pooler in transaction or session mode (PgBouncer): no
+    named server-side statements are created and no session state is relied on (every ``SET`` is
+    ``SET LOCAL`` inside the transaction it belongs to). ``prepared_statements=True`` lets psycopg
+    prepare the statements on each connection (slightly less parsing on a direct connection; never
+    behind a transaction-mode pooler).
 
     ``purge_expired`` (a background batch) has its own deadline, ``purge_timeout`` (default 30 s).
     ``lock_timeout`` and ``idle_in_transaction_timeout`` apply to transactional mode
@@ -569,7 +587,7 @@ class PostgresStore(_StoreBase, Primitives):
     def _op(self, op: _Op) -> Any:
         params = _bind(op, self._clock)
         timeout = self.purge_timeout if op.wait == "purge" else self.timeout
-        return self._run(lambda conn: _execute(conn, op, params, commit=True), timeout)
+        return self._run(lambda conn: _execute(conn, op, params, True, self.prepared_statements), timeout)
 
     @contextmanager
     def _conn(self) -> Iterator[psycopg.Connection[Any]]:
@@ -736,7 +754,7 @@ class AsyncPostgresStore(_StoreBase, AsyncPrimitives):
     async def _op(self, op: _Op) -> Any:
         params = _bind(op, self._clock)
         timeout = self.purge_timeout if op.wait == "purge" else self.timeout
-        return await self._run(lambda conn: _execute_async(conn, op, params, True), timeout)
+        return await self._run(lambda conn: _execute_async(conn, op, params, True, self.prepared_statements), timeout)
 
     @asynccontextmanager
     async def _conn(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
@@ -876,7 +894,7 @@ class PostgresTransaction(_Session, SessionEnds, _Plans, Primitives):
                 raise no_open_transaction(self._what)
             return self.store._op(op)
         params = _bind(op, self.store._clock)
-        return self._call(lambda c: _execute(c, op, params, commit=False), self._timeout(op))
+        return self._call(lambda c: _execute(c, op, params, False, self.store.prepared_statements), self._timeout(op))
 
     @fail_closed(_errors, "PostgreSQL claim failed")
     def claim(
@@ -936,7 +954,8 @@ class AsyncPostgresTransaction(_Session, _Plans, AsyncPrimitives):
             return await self.store._op(op)
         params = _bind(op, self.store._clock)
         return await self._call(
-            lambda c: _execute_async(c, op, params, False), self._timeout(op)
+            lambda c: _execute_async(c, op, params, False, self.store.prepared_statements),
+            self._timeout(op),
         )
 
     @fail_closed_async(_errors, "PostgreSQL claim failed")
