@@ -3,13 +3,15 @@
 #
 #   scripts/test-services.sh start DIR   start them (data in DIR, random free localhost ports), wait until
 #                                        they answer, print IDEMPO_TEST_PG_DSN=...,
-#                                        IDEMPO_TEST_PGBOUNCER_DSN=... and IDEMPO_TEST_REDIS_URL=...
-#                                        lines, and write them to DIR/env
+#                                        IDEMPO_TEST_PGBOUNCER_DSN=..., IDEMPO_TEST_REDIS_URL=... and
+#                                        IDEMPO_TEST_REDIS_CLUSTER_NODES=host:port,... lines, and
+#                                        write them to DIR/env
 #   scripts/test-services.sh stop DIR    stop them (safe to call twice, or after a failed start)
 #
 # PgBouncer runs in transaction pooling mode in front of the PostgreSQL server (the topology of most
 # managed PostgreSQL offerings): each transaction may run on another server connection, so a store
 # that relies on session state (named prepared statements, SET without LOCAL) breaks behind it.
+# The Redis Cluster has three primaries (cluster bus on port + 10000).
 #
 # Installs nothing: scripts/setup.d/20-services.sh installs the Debian packages. PostgreSQL refuses to
 # run as root, so as root it runs as the `postgres` OS user (runuser). PostgreSQL listens on 127.0.0.1
@@ -177,6 +179,72 @@ start_redis() {
   done
 }
 
+# A free port whose cluster bus port (port + 10000) is free too.
+free_cluster_port() {
+  python3 -c 'import socket
+while True:
+    a = socket.socket()
+    a.bind(("127.0.0.1", 0))
+    port = a.getsockname()[1]
+    if port + 10000 > 65535:
+        a.close()
+        continue
+    b = socket.socket()
+    try:
+        b.bind(("127.0.0.1", port + 10000))
+    except OSError:
+        a.close()
+        continue
+    b.close()
+    a.close()
+    print(port)
+    break'
+}
+
+# A Redis Cluster of three primaries (no replicas), slots spread by redis-cli, persistence off,
+# noeviction on every node. Prints the seed nodes as host:port,host:port,host:port.
+start_redis_cluster() {
+  local ports=() i port nodes tries
+  mkdir -p "$dir/redis-cluster"
+  for i in 0 1 2; do
+    tries=0
+    while :; do
+      port=$(free_cluster_port)
+      if redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
+        --maxmemory-policy noeviction --cluster-enabled yes \
+        --cluster-config-file "$dir/redis-cluster/nodes-$port.conf" --cluster-node-timeout 2000 \
+        --daemonize yes --pidfile "$dir/redis-cluster/$port.pid" \
+        --logfile "$dir/redis-cluster/$port.log" --dir "$dir/redis-cluster" >/dev/null 2>&1; then
+        local j
+        for j in $(seq 1 100); do
+          if redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null | grep -q PONG; then
+            break
+          fi
+          sleep 0.05
+        done
+        ports+=("$port")
+        break
+      fi
+      tries=$((tries + 1))
+      [ "$tries" -lt 3 ] || die "Redis Cluster node did not start, see $dir/redis-cluster/"
+    done
+  done
+  nodes=()
+  for port in "${ports[@]}"; do nodes+=("127.0.0.1:$port"); done
+  redis-cli --cluster create "${nodes[@]}" --cluster-replicas 0 --cluster-yes \
+    >"$dir/redis-cluster/create.log" 2>&1 || die "redis-cli --cluster create failed, see $dir/redis-cluster/create.log"
+  for i in $(seq 1 200); do
+    local ok=1
+    for port in "${ports[@]}"; do
+      redis-cli -h 127.0.0.1 -p "$port" cluster info 2>/dev/null | grep -q 'cluster_state:ok' || ok=0
+    done
+    [ "$ok" -eq 1 ] && break
+    sleep 0.05
+  done
+  [ "$ok" -eq 1 ] || die "Redis Cluster did not reach cluster_state:ok, see $dir/redis-cluster/"
+  (IFS=,; echo "${nodes[*]}")
+}
+
 stop_all() {
   local data bindir
   if [ -f "$dir/pgbouncer.pidfile" ]; then
@@ -218,6 +286,21 @@ stop_all() {
     fi
     rm -f "$dir/redis.pid"
   fi
+  if [ -d "$dir/redis-cluster" ]; then
+    local f cpid k
+    for f in "$dir"/redis-cluster/*.pid; do
+      [ -e "$f" ] || continue
+      cpid=$(cat "$f")
+      if [ -n "$cpid" ] && kill -0 "$cpid" 2>/dev/null; then
+        kill "$cpid" 2>/dev/null || true
+        for k in $(seq 1 100); do
+          kill -0 "$cpid" 2>/dev/null || break
+          sleep 0.05
+        done
+      fi
+      rm -f "$f"
+    done
+  fi
 }
 
 case "$cmd" in
@@ -230,11 +313,13 @@ start)
   pg_dsn=$(start_pg)
   pgbouncer_dsn=$(start_pgbouncer)
   redis_url=$(start_redis)
+  redis_cluster=$(start_redis_cluster)
   trap - ERR
   {
     echo "IDEMPO_TEST_PG_DSN=$pg_dsn"
     echo "IDEMPO_TEST_PGBOUNCER_DSN=$pgbouncer_dsn"
     echo "IDEMPO_TEST_REDIS_URL=$redis_url"
+    echo "IDEMPO_TEST_REDIS_CLUSTER_NODES=$redis_cluster"
   } >"$dir/env"
   cat "$dir/env"
   ;;

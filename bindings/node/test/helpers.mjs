@@ -32,11 +32,22 @@ export const PG_DSN = process.env.IDEMPO_TEST_PG_DSN;
 export const REDIS_URL = process.env.IDEMPO_TEST_REDIS_URL;
 /** PgBouncer in transaction pooling mode in front of PG_DSN's server (scripts/test-services.sh). */
 export const PGBOUNCER_DSN = process.env.IDEMPO_TEST_PGBOUNCER_DSN;
+/** A three-primary Redis Cluster: `host:port,host:port,host:port` (scripts/test-services.sh). */
+export const REDIS_CLUSTER_NODES = process.env.IDEMPO_TEST_REDIS_CLUSTER_NODES;
+
+/** The cluster's nodes as `{ host, port }`. */
+export function clusterNodes() {
+  return (REDIS_CLUSTER_NODES ?? '').split(',').filter(Boolean).map((n) => {
+    const [host, port] = n.split(':');
+    return { host, port: Number(port) };
+  });
+}
 
 const SERVICE_ENV = {
   postgres: ['IDEMPO_TEST_PG_DSN', PG_DSN],
   redis: ['IDEMPO_TEST_REDIS_URL', REDIS_URL],
   pgbouncer: ['IDEMPO_TEST_PGBOUNCER_DSN', PGBOUNCER_DSN],
+  'redis-cluster': ['IDEMPO_TEST_REDIS_CLUSTER_NODES', REDIS_CLUSTER_NODES],
 };
 
 /** Why a server-backed store cannot run, or null. In CI (`CI` set) missing servers fail the run. */
@@ -76,7 +87,17 @@ export function sharedBouncerPool() {
   return bouncerPool;
 }
 
+let clusterClient;
+/** One ioredis Cluster client for the test cluster. */
+export function sharedCluster() {
+  const Redis = require('ioredis');
+  clusterClient ??= new Redis.Cluster(clusterNodes(), { redisOptions: { maxRetriesPerRequest: 1 } });
+  return clusterClient;
+}
+
 export async function closeShared() {
+  if (clusterClient) await clusterClient.quit();
+  clusterClient = undefined;
   if (pgPool) await pgPool.end();
   if (bouncerPool) await bouncerPool.end();
   bouncerPool = undefined;
@@ -142,6 +163,24 @@ export const storeKinds = {
         cleanup: async () => {
           const keys = await client.keys(`${prefix}*`);
           if (keys.length) await client.del(...keys);
+        },
+      };
+    },
+  },
+  'redis-cluster': {
+    skip: () => missing('redis-cluster'),
+    noPurge: true,
+    async make(clock) {
+      const prefix = `${uniqueName('idempo_cluster')}:`;
+      const client = sharedCluster();
+      const store = new idempo.RedisStore({ client, prefix, clock });
+      return {
+        store,
+        cleanup: async () => {
+          for (const node of client.nodes('master')) {
+            // One DEL per key: keys of different slots cannot share a command (CROSSSLOT).
+            for (const key of await node.keys(`${prefix}*`)) await node.del(key);
+          }
         },
       };
     },

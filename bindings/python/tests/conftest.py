@@ -2,8 +2,9 @@
 
 The servers come from ``scripts/test-services.sh`` (once per session). Tests that need them are
 skipped only when ``IDEMPO_SKIP_SERVICES=1``; otherwise a failure to start them fails the run.
-If ``IDEMPO_TEST_PG_DSN``, ``IDEMPO_TEST_PGBOUNCER_DSN`` and ``IDEMPO_TEST_REDIS_URL`` are already
-set, those servers are used (PgBouncer runs in transaction pooling mode in front of PostgreSQL).
+If ``IDEMPO_TEST_PG_DSN``, ``IDEMPO_TEST_PGBOUNCER_DSN``, ``IDEMPO_TEST_REDIS_URL`` and
+``IDEMPO_TEST_REDIS_CLUSTER_NODES`` are already set, those servers are used (PgBouncer runs in
+transaction pooling mode in front of PostgreSQL; the Redis Cluster has three primaries).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ class Services:
     redis_url: str
     pgbouncer_dsn: str
     """PgBouncer in transaction pooling mode in front of ``pg_dsn``'s server."""
+    redis_cluster_nodes: str
+    """A three-primary Redis Cluster: its nodes as ``host:port,host:port,host:port``."""
 
 
 @pytest.fixture(scope="session")
@@ -36,8 +39,9 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
     dsn = os.environ.get("IDEMPO_TEST_PG_DSN")
     url = os.environ.get("IDEMPO_TEST_REDIS_URL")
     bouncer = os.environ.get("IDEMPO_TEST_PGBOUNCER_DSN")
-    if dsn and url and bouncer:
-        yield Services(dsn, url, bouncer)
+    cluster = os.environ.get("IDEMPO_TEST_REDIS_CLUSTER_NODES")
+    if dsn and url and bouncer and cluster:
+        yield Services(dsn, url, bouncer, cluster)
         return
     work = tmp_path_factory.mktemp("services")
     script = REPO / "scripts" / "test-services.sh"
@@ -52,7 +56,10 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
     env = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
     try:
         yield Services(
-            env["IDEMPO_TEST_PG_DSN"], env["IDEMPO_TEST_REDIS_URL"], env["IDEMPO_TEST_PGBOUNCER_DSN"]
+            env["IDEMPO_TEST_PG_DSN"],
+            env["IDEMPO_TEST_REDIS_URL"],
+            env["IDEMPO_TEST_PGBOUNCER_DSN"],
+            env["IDEMPO_TEST_REDIS_CLUSTER_NODES"],
         )
     finally:
         subprocess.run(["bash", str(script), "stop", str(work)], capture_output=True, timeout=60)

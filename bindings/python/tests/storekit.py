@@ -7,13 +7,14 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Optional
 
-SYNC_KINDS = ["memory", "sqlite", "postgres", "pgbouncer", "redis", "cached"]
+SYNC_KINDS = ["memory", "sqlite", "postgres", "pgbouncer", "redis", "redis-cluster", "cached"]
 ASYNC_KINDS = [
     "async-memory",
     "async-sqlite",
     "async-postgres",
     "async-pgbouncer",
     "async-redis",
+    "async-redis-cluster",
     "async-cached",
 ]
 ALL_KINDS = SYNC_KINDS + ASYNC_KINDS
@@ -25,7 +26,9 @@ SERVICE_KINDS = {
     "async-postgres",
     "async-pgbouncer",
     "async-redis",
+    "async-redis-cluster",
     "async-cached",
+    "redis-cluster",
 }
 
 
@@ -53,6 +56,20 @@ def _flush_redis(url: str) -> None:
     client.close()
 
 
+def cluster_url(services: Any) -> str:
+    """A URL of one node of the test Redis Cluster (any node seeds a cluster client)."""
+    return "redis://" + str(services.redis_cluster_nodes).split(",")[0]
+
+
+def _flush_cluster(services: Any) -> None:
+    import redis
+
+    for node in str(services.redis_cluster_nodes).split(","):
+        client = redis.Redis.from_url("redis://" + node)
+        client.flushall()
+        client.close()
+
+
 def _truncate_pg(dsn: str) -> None:
     from idempo.stores import PostgresStore
 
@@ -74,6 +91,8 @@ async def open_store(
         assert services is not None
         _truncate_pg(services.pg_dsn)
         _flush_redis(services.redis_url)
+        if "cluster" in kind:
+            _flush_cluster(services)
     if kind == "memory":
         yield SyncAsAsync(stores.MemoryStore(clock=clock))
     elif kind == "sqlite":
@@ -97,6 +116,12 @@ async def open_store(
             s.close()
     elif kind == "redis":
         s = stores.RedisStore(services.redis_url, clock=clock)
+        try:
+            yield SyncAsAsync(s)
+        finally:
+            s.close()
+    elif kind == "redis-cluster":
+        s = stores.RedisStore(cluster_url(services), cluster=True, clock=clock)
         try:
             yield SyncAsAsync(s)
         finally:
@@ -131,6 +156,12 @@ async def open_store(
             await a.close()
     elif kind == "async-redis":
         a = stores.AsyncRedisStore(services.redis_url, clock=clock)
+        try:
+            yield a
+        finally:
+            await a.close()
+    elif kind == "async-redis-cluster":
+        a = stores.AsyncRedisStore(cluster_url(services), cluster=True, clock=clock)
         try:
             yield a
         finally:

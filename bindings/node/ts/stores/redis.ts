@@ -1,5 +1,6 @@
 import type IORedis from 'ioredis';
-import { ConfigError, StoreUnavailableError } from '../errors';
+import type { Cluster } from 'ioredis';
+import { ConfigError, InvalidArgumentError, StoreUnavailableError } from '../errors';
 import type { ClaimResult, ClockOverride, GetResult, IdempotencyStore, PurgeCounts, StoreRecord } from './types';
 import { asBuffer, checkKeyAndToken } from './types';
 import { recipe } from './recipes';
@@ -20,10 +21,19 @@ type ScriptFn = (key: string, ...args: Array<string | Buffer | number>) => Promi
 
 /** Options of {@link RedisStore}. */
 export interface RedisStoreOptions {
-  /** An ioredis client (the store defines its scripts on it and does not quit it). */
-  client?: IORedis;
-  /** A Redis URL; the store creates and owns a client. */
+  /**
+   * An ioredis client, single node (`Redis`) or `Cluster` (the store defines its scripts on it
+   * and does not quit it).
+   */
+  client?: IORedis | Cluster;
+  /** A Redis URL; the store creates and owns a client (a `Cluster` seeded by it with `cluster`). */
   url?: string;
+  /**
+   * The URL names a node of a Redis Cluster: the store creates an ioredis `Cluster` client
+   * (`spec/STORAGE.md` §5.3). A single-node client pointed at a cluster node is refused by
+   * {@link RedisStore.ready} (it would get MOVED for most keys).
+   */
+  cluster?: boolean;
   /** Key prefix (default `idempo:`). */
   prefix?: string;
   /**
@@ -55,31 +65,79 @@ export function hashToRecord(flat: Buffer[]): StoreRecord | null {
   };
 }
 
+/** True for an ioredis `Cluster` client. */
+function isCluster(client: IORedis | Cluster): client is Cluster {
+  return (client as { isCluster?: unknown }).isCluster === true;
+}
+
+/** The `host:port` names of a cluster client's primaries, sorted. */
+function primaries(client: Cluster): string {
+  return client
+    .nodes('master')
+    .map((n) => `${String(n.options.host)}:${String(n.options.port)}`)
+    .sort()
+    .join(',');
+}
+
+/** Refuses the policies that are not `noeviction` (`where` names the node). */
+function refusePolicies(policies: Array<[string, unknown]>): void {
+  const wrong = policies.filter(([, p]) => p !== 'noeviction');
+  if (wrong.length === 0) return;
+  const where = wrong.map(([node, p]) => `${node} has ${String(p)}`).join(', ');
+  throw new ConfigError(
+    `Redis maxmemory-policy must be noeviction on every node (${where}): evicting a claim is a double execution`,
+  );
+}
+
+async function policyOf(client: IORedis): Promise<unknown> {
+  const r = (await client.config('GET', 'maxmemory-policy')) as string[];
+  return r[1];
+}
+
 /**
  * Redis store (ioredis): one hash per record, each primitive one Lua script over that key, the
  * clock from `TIME`, logical expiry with physical cleanup a minute later. Requires
- * `maxmemory-policy noeviction`. Not the authority for money on its own (see `spec/STORAGE.md` §5).
+ * `maxmemory-policy noeviction` (on every primary of a cluster). Redis Cluster is supported by
+ * design: each script touches its record's one key, so a record lives in one slot and records
+ * spread over the slots by scope key (`spec/STORAGE.md` §5.3). Not the authority for money on its
+ * own (see `spec/STORAGE.md` §5).
  */
 export class RedisStore implements IdempotencyStore {
   readonly kind = 'redis';
-  readonly client: IORedis;
+  readonly client: IORedis | Cluster;
   readonly #owned: boolean;
   readonly #prefix: string;
   readonly #clock: ClockOverride | undefined;
-  #checked: Promise<void> | undefined;
+  #checking: Promise<void> | undefined;
+  /** The primaries the last check covered (`''` for a single node); undefined before it. */
+  #checkedNodes: string | undefined;
   readonly #skipCheck: boolean;
 
   constructor(options: RedisStoreOptions) {
+    if (options.cluster !== undefined && typeof options.cluster !== 'boolean') {
+      throw new InvalidArgumentError('RedisStore: `cluster` must be true or false');
+    }
     if (options.client) {
+      if (options.cluster === true && !isCluster(options.client)) {
+        throw new InvalidArgumentError('RedisStore: `cluster: true` needs a url or an ioredis Cluster client');
+      }
       this.client = options.client;
       this.#owned = false;
     } else if (options.url) {
       // eslint-disable-next-line @typescript-eslint/no-require-imports
       const Redis = require('ioredis') as typeof IORedis;
-      this.client = new Redis(options.url, { maxRetriesPerRequest: 1, enableOfflineQueue: true });
+      this.client = options.cluster
+        ? new Redis.Cluster([options.url], { redisOptions: { maxRetriesPerRequest: 1 }, enableOfflineQueue: true })
+        : new Redis(options.url, { maxRetriesPerRequest: 1, enableOfflineQueue: true });
       this.#owned = true;
     } else {
       throw new TypeError('RedisStore needs a client or a url');
+    }
+    const keyPrefix = (this.client.options as { keyPrefix?: unknown }).keyPrefix;
+    if (typeof keyPrefix === 'string' && keyPrefix !== '') {
+      throw new InvalidArgumentError(
+        "RedisStore: the client's keyPrefix would move records away from the names every binding reads (spec/STORAGE.md §5.1); use the store's `prefix` option instead",
+      );
     }
     this.#prefix = options.prefix ?? 'idempo:';
     this.#clock = options.clock;
@@ -89,19 +147,57 @@ export class RedisStore implements IdempotencyStore {
     }
   }
 
-  /** Verifies `maxmemory-policy noeviction` (once). Throws `ConfigError` otherwise. */
+  /** Whether the client is a Redis Cluster client. */
+  get cluster(): boolean {
+    return isCluster(this.client);
+  }
+
+  /**
+   * Checks the server (call it at start-up; every primitive runs it first): a single-node client
+   * must not point at a cluster node, and `maxmemory-policy` must be `noeviction` on the server or
+   * on every primary of a cluster (checked again whenever the cluster's primaries change). Throws
+   * `ConfigError` otherwise.
+   */
   ready(): Promise<void> {
-    this.#checked ??= (async () => {
-      if (this.#skipCheck) return;
-      const r = (await this.client.config('GET', 'maxmemory-policy')) as string[];
-      const policy = r[1];
-      if (policy !== 'noeviction') {
-        throw new ConfigError(
-          `Redis maxmemory-policy is ${String(policy)}; idempo requires noeviction (evicting a claim is a double execution)`,
+    if (this.#checkedNodes !== undefined) {
+      const client = this.client;
+      if (!isCluster(client) || primaries(client) === this.#checkedNodes) return Promise.resolve();
+      this.#checking = undefined;
+    }
+    this.#checking ??= this.#check().catch((e: unknown) => {
+      this.#checking = undefined;
+      throw e;
+    });
+    return this.#checking;
+  }
+
+  async #check(): Promise<void> {
+    const client = this.client;
+    if (isCluster(client)) {
+      await client.ping();
+      const nodes = client.nodes('master');
+      if (!this.#skipCheck) {
+        const policies = await Promise.all(
+          nodes.map(async (n): Promise<[string, unknown]> => [`${String(n.options.host)}:${String(n.options.port)}`, await policyOf(n)]),
         );
+        refusePolicies(policies);
       }
-    })();
-    return this.#checked;
+      this.#checkedNodes = primaries(client);
+      return;
+    }
+    let info = '';
+    try {
+      info = await client.info('cluster');
+    } catch {
+      // INFO disabled: nothing to learn.
+    }
+    if (/^cluster_enabled:1\s*$/m.test(info)) {
+      throw new ConfigError(
+        'this Redis server is a Redis Cluster node: a single-node client gets MOVED for most keys; pass `cluster: true` with the url, or an ioredis Cluster client',
+      );
+    }
+    if (!this.#skipCheck) refusePolicies([['the server', await policyOf(client)]]);
+    this.#checkedNodes = '';
   }
 
   /** The Redis key of a record. */

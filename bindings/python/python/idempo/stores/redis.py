@@ -11,15 +11,36 @@ one key each (Cluster-safe) and run by ``EVALSHA`` with an ``EVAL`` fallback on 
 are core's (``idempo_core::recipes``, ``spec/STORAGE.md`` §5.2), shared with the Node binding.
 
 Redis must run with ``maxmemory-policy noeviction`` (``volatile-*`` policies evict exactly these
-keys): the store checks ``CONFIG GET`` on first use and refuses otherwise, unless
-``allow_eviction=True``; where ``CONFIG`` is disabled, pass ``assume_noeviction=True`` after
-checking it yourself. ``clock`` replaces Redis ``TIME`` (conformance tests only). Redis alone (asynchronous replication, ``appendfsync everysec``) is not the
+keys): the store checks ``CONFIG GET`` on first use (on every primary of a cluster, again whenever
+the cluster's set of primaries changes) and refuses otherwise, unless ``allow_eviction=True``;
+where ``CONFIG`` is disabled, pass ``assume_noeviction=True`` after checking it yourself. Call
+:meth:`RedisStore.check` at startup to have a misconfiguration refused before the first request.
+
+Redis Cluster is supported by design (``spec/STORAGE.md`` §5.3): pass a
+``redis.cluster.RedisCluster`` (``redis.asyncio.cluster.RedisCluster``) client, or a URL of any
+node with ``cluster=True``. Every script touches the one key of its record, so a record lives in
+one slot and records spread over the slots by their scope key. A single-node client or URL pointed
+at a cluster node is refused with :class:`~idempo.InvalidArgument` naming the fix (it would get
+``MOVED`` for about two thirds of the keys). ``clock`` replaces Redis ``TIME`` (conformance tests only). Redis alone (asynchronous replication, ``appendfsync everysec``) is not the
 authority for money; use PostgreSQL there, with :class:`~idempo.stores.CachedStore` for hot replays.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Type, Union
+import threading
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    FrozenSet,
+    List,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+    Type,
+    Union,
+)
 
 from idempo._idempo import InvalidArgument
 from idempo.stores._base import (
@@ -39,6 +60,8 @@ from idempo.stores._recipes import PRIMITIVES, family
 try:
     import redis
     import redis.asyncio
+    import redis.asyncio.cluster
+    import redis.cluster
 except ImportError as exc:  # pragma: no cover - import guard for the optional dependency
     raise ImportError("idempo.stores.redis needs redis-py: pip install redis") from exc
 
@@ -90,28 +113,124 @@ def _is_record_key(key: bytes, prefix: bytes) -> bool:
     return len(rest) == 64 and all(c in b"0123456789abcdef" for c in rest)
 
 
-def _check_client(client: Any) -> None:
+_CLUSTER_TYPES: Tuple[type, ...] = (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster)
+
+
+def _is_cluster(client: Any) -> bool:
+    return isinstance(client, _CLUSTER_TYPES)
+
+
+def _decodes_responses(client: Any) -> bool:
+    """True when the client decodes replies to ``str`` (any client type: single node, cluster,
+    sync or asyncio)."""
+    get_encoder = getattr(client, "get_encoder", None)
+    if callable(get_encoder):
+        try:
+            return bool(getattr(get_encoder(), "decode_responses", False))
+        except Exception:  # noqa: BLE001 - fall back to the pool's options
+            pass
     kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
-    if kwargs.get("decode_responses"):
-        raise InvalidArgument("the Redis client must use decode_responses=False (binary keys)")
+    return bool(kwargs.get("decode_responses"))
 
 
-class _PolicyCheck:
+def _check_client(client: Any) -> None:
+    if _decodes_responses(client):
+        raise InvalidArgument(
+            "the Redis client must use decode_responses=False: records hold binary tokens and "
+            "responses (create the client without decode_responses, or pass a URL)"
+        )
+
+
+def _policy(reply: Any) -> Optional[str]:
+    """``maxmemory-policy`` from one node's ``CONFIG GET`` reply."""
+    policy = reply.get(b"maxmemory-policy") or reply.get("maxmemory-policy")
+    if isinstance(policy, bytes):
+        policy = policy.decode()
+    return None if policy is None else str(policy)
+
+
+def _node_policies(reply: Any) -> Dict[str, Optional[str]]:
+    """Per node, from a cluster's ``CONFIG GET`` sent to every primary (redis-py answers a dict
+    keyed by node name, or the plain reply when one node answered)."""
+    if reply and all(isinstance(v, dict) for v in reply.values()):
+        return {str(node): _policy(r) for node, r in reply.items()}
+    return {"the cluster": _policy(reply)}
+
+
+def _refuse_policies(policies: Dict[str, Optional[str]]) -> None:
+    wrong = {node: p for node, p in policies.items() if p != "noeviction"}
+    if wrong:
+        where = ", ".join(f"{node} has {p!r}" for node, p in sorted(wrong.items()))
+        raise InvalidArgument(
+            f"Redis maxmemory-policy must be 'noeviction' on every node ({where}): an evicted "
+            "claim is a double execution; fix the server or pass allow_eviction=True"
+        )
+
+
+def _refuse_cluster_node(info: Any) -> None:
+    """Refuses a single-node client whose server is a cluster node (``INFO cluster``)."""
+    if int(info.get("cluster_enabled", 0) or 0) == 1:
+        raise InvalidArgument(
+            "this Redis server is a Redis Cluster node: a single-node client gets MOVED for "
+            "most keys; pass cluster=True with the URL, or a redis.cluster.RedisCluster client"
+        )
+
+
+def _primaries(client: Any) -> FrozenSet[str]:
+    return frozenset(str(n.name) for n in client.get_primaries())
+
+
+class _ServerCheck:
+    """The start-up checks of the server (or of every cluster primary): not a cluster node behind
+    a single-node client, and ``noeviction``. Cluster checks run again whenever the client's set
+    of primaries changes (a failover or a resharding that added a node)."""
+
     def __init__(self, allow_eviction: bool, assume_noeviction: bool) -> None:
-        self.allow_eviction = allow_eviction
-        self.assume_noeviction = assume_noeviction
-        self.done = allow_eviction or assume_noeviction
+        self.check_policy = not (allow_eviction or assume_noeviction)
+        self.checked: Optional[FrozenSet[str]] = None
 
-    def verify(self, reply: Any) -> None:
-        policy = reply.get(b"maxmemory-policy") or reply.get("maxmemory-policy")
-        if isinstance(policy, bytes):
-            policy = policy.decode()
-        if policy != "noeviction":
-            raise InvalidArgument(
-                f"Redis maxmemory-policy is {policy!r}: idempo needs 'noeviction' (an evicted "
-                "claim is a double execution); fix the server or pass allow_eviction=True"
-            )
-        self.done = True
+    def due(self, client: Any) -> bool:
+        if self.checked is None:
+            return True
+        return _is_cluster(client) and _primaries(client) != self.checked
+
+    def run(self, client: Any) -> None:
+        if _is_cluster(client):
+            nodes = _primaries(client)
+            if self.check_policy:
+                target = redis.cluster.RedisCluster.PRIMARIES
+                _refuse_policies(
+                    _node_policies(client.config_get("maxmemory-policy", target_nodes=target))
+                )
+            self.checked = nodes
+            return
+        try:
+            info = client.info("cluster")
+        except redis.ResponseError:
+            info = {}  # INFO disabled: nothing to learn
+        _refuse_cluster_node(info)
+        if self.check_policy:
+            _refuse_policies({"the server": _policy(client.config_get("maxmemory-policy"))})
+        self.checked = frozenset()
+
+    async def run_async(self, client: Any) -> None:
+        if _is_cluster(client):
+            nodes = _primaries(client)
+            if self.check_policy:
+                target = redis.asyncio.cluster.RedisCluster.PRIMARIES
+                reply = await client.config_get("maxmemory-policy", target_nodes=target)
+                _refuse_policies(_node_policies(reply))
+            self.checked = nodes
+            return
+        try:
+            info = await client.info("cluster")
+        except redis.ResponseError:
+            info = {}
+        _refuse_cluster_node(info)
+        if self.check_policy:
+            reply = await client.config_get("maxmemory-policy")
+            _refuse_policies({"the server": _policy(reply)})
+        self.checked = frozenset()
 
 
 class _Call(NamedTuple):
@@ -162,6 +281,7 @@ class _Plans(PlanHooks):
     _what = "Redis"
 
     _from_url: Callable[[str], Any]
+    _cluster_from_url: Callable[[str], Any]
 
     def __init__(
         self,
@@ -171,19 +291,33 @@ class _Plans(PlanHooks):
         grace_ms: int = 60_000,
         allow_eviction: bool = False,
         assume_noeviction: bool = False,
+        cluster: bool = False,
         clock: Optional[Callable[[], int]] = None,
     ) -> None:
-        """A URL (the store creates and owns a client) or a redis-py client of the store's
-        kind; ``grace_ms`` replaces the spec's 60000 ms of physical expiry after the logical
+        """A URL (the store creates and owns a client; ``cluster=True`` makes it a Redis Cluster
+        client seeded by that node) or a redis-py client of the store's kind, single-node or
+        cluster; ``grace_ms`` replaces the spec's 60000 ms of physical expiry after the logical
         one; ``clock`` replaces Redis ``TIME`` (conformance tests only)."""
+        if not isinstance(cluster, bool):
+            raise InvalidArgument("cluster must be True or False")
         owned = isinstance(url_or_client, str)
-        client = self._from_url(url_or_client) if owned else url_or_client
+        if owned:
+            make = self._cluster_from_url if cluster else self._from_url
+            client = make(url_or_client)
+        else:
+            client = url_or_client
+            if cluster and not _is_cluster(client):
+                raise InvalidArgument(
+                    "cluster=True needs a URL or a redis.cluster.RedisCluster client, not "
+                    f"{type(client).__name__}"
+                )
         self.client = client
         self._owned = owned
         _check_client(client)
+        self.cluster = _is_cluster(client)
         self.prefix = bytes(prefix)
         self.grace_ms = check_ms("grace_ms", grace_ms)
-        self._policy = _PolicyCheck(allow_eviction, assume_noeviction)
+        self._check = _ServerCheck(allow_eviction, assume_noeviction)
         self._clock = clock
         self._scripts = {
             name: client.register_script(src) for name, src in _scripts(self.grace_ms).items()
@@ -268,14 +402,25 @@ class RedisStore(_Plans, Primitives):
     """The storage contract on Redis (redis-py, sync)."""
 
     _from_url = staticmethod(redis.Redis.from_url)
+    _cluster_from_url = staticmethod(redis.cluster.RedisCluster.from_url)
+
+    _check_lock = threading.Lock()
+
+    def check(self) -> None:
+        """Runs the server checks now (call it at startup): raises
+        :class:`~idempo.InvalidArgument` for a policy other than ``noeviction`` on any node, or a
+        single-node client pointed at a cluster node."""
+        self._check.run(self.client)
 
     def _op(self, op: _Op) -> Any:
         if isinstance(op, _Scan):
             return list(self.client.scan_iter(match=op.match, count=1000))
         if isinstance(op, _HGet):
             return self.client.hget(op.key, op.field)
-        if not self._policy.done:
-            self._policy.verify(self.client.config_get("maxmemory-policy"))
+        if self._check.due(self.client):
+            with self._check_lock:  # one check at a time, not one per waiting thread
+                if self._check.due(self.client):
+                    self._check.run(self.client)
         return self._scripts[op.script](keys=[op.key], args=[*op.args, self._override()])
 
     def close(self) -> None:
@@ -288,14 +433,19 @@ class AsyncRedisStore(_Plans, AsyncPrimitives):
     """The storage contract on Redis with ``redis.asyncio``."""
 
     _from_url = staticmethod(redis.asyncio.Redis.from_url)
+    _cluster_from_url = staticmethod(redis.asyncio.cluster.RedisCluster.from_url)
+
+    async def check(self) -> None:
+        """As :meth:`RedisStore.check`."""
+        await self._check.run_async(self.client)
 
     async def _op(self, op: _Op) -> Any:
         if isinstance(op, _Scan):
             return [key async for key in self.client.scan_iter(match=op.match, count=1000)]
         if isinstance(op, _HGet):
             return await self.client.hget(op.key, op.field)
-        if not self._policy.done:
-            self._policy.verify(await self.client.config_get("maxmemory-policy"))
+        if self._check.due(self.client):
+            await self._check.run_async(self.client)
         return await self._scripts[op.script](keys=[op.key], args=[*op.args, self._override()])
 
     async def close(self) -> None:
