@@ -6,6 +6,10 @@
 #                                        IDEMPO_TEST_PGBOUNCER_DSN=..., IDEMPO_TEST_REDIS_URL=... and
 #                                        IDEMPO_TEST_REDIS_CLUSTER_NODES=host:port,... lines, and
 #                                        write them to DIR/env
+#   scripts/test-services.sh start-pair DIR   a PostgreSQL primary and a synchronous streaming standby
+#                                        (pg_basebackup -R): IDEMPO_TEST_PG_PRIMARY_DSN=...,
+#                                        IDEMPO_TEST_PG_STANDBY_DSN=..., IDEMPO_TEST_PG_MULTIHOST_DSN=...
+#   scripts/test-services.sh promote DIR   stop the pair's primary at once and promote the standby
 #   scripts/test-services.sh stop DIR    stop them (safe to call twice, or after a failed start)
 #
 # PgBouncer runs in transaction pooling mode in front of the PostgreSQL server (the topology of most
@@ -25,7 +29,7 @@ die() {
 }
 
 usage() {
-  echo "usage: $0 start|stop DIR" >&2
+  echo "usage: $0 start|start-pair|promote|stop DIR" >&2
   exit 2
 }
 
@@ -96,6 +100,54 @@ start_pg() {
   as_pg "$bindir/pg_isready" -q -h 127.0.0.1 -p "$port" -t 10 || die "PostgreSQL not ready on port $port"
   echo "$port" >"$dir/pg.port"
   echo "postgresql://postgres@127.0.0.1:$port/postgres"
+}
+
+# A streaming standby of the server start_pg started (pg_basebackup -R), with synchronous
+# replication on the primary, so a promotion loses no committed record. Prints its port.
+start_standby() {
+  local bindir data port primary tries=0
+  bindir=$(pg_bindir)
+  primary=$(cat "$dir/pg.port")
+  data=$(mktemp -d /tmp/idempo-pg-standby.XXXXXX)
+  echo "$data" >"$dir/pgstandby"
+  if [ "$(id -u)" -eq 0 ]; then chown postgres: "$data"; fi
+  chmod 700 "$data"
+  as_pg "$bindir/pg_basebackup" -h 127.0.0.1 -p "$primary" -U postgres -D "$data" -R -X stream \
+    >"$dir/basebackup.log" 2>&1 || die "pg_basebackup failed, see $dir/basebackup.log"
+  while :; do
+    port=$(free_port)
+    if as_pg "$bindir/pg_ctl" -D "$data" -l "$data/server.log" -w -t 30 \
+      -o "-p $port -k $data -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off -c max_connections=200" \
+      start >"$dir/pg_ctl.standby.log" 2>&1; then
+      break
+    fi
+    tries=$((tries + 1))
+    [ "$tries" -lt 3 ] || die "the standby did not start, see $data/server.log"
+  done
+  as_pg "$bindir/pg_isready" -q -h 127.0.0.1 -p "$port" -t 10 || die "standby not ready on port $port"
+  as_pg "$bindir/psql" -qAt -h 127.0.0.1 -p "$primary" -U postgres -c \
+    "ALTER SYSTEM SET synchronous_standby_names = '*'" -c "SELECT pg_reload_conf()" >/dev/null
+  local i
+  for i in $(seq 1 200); do
+    if [ "$(as_pg "$bindir/psql" -qAt -h 127.0.0.1 -p "$primary" -U postgres -c \
+      "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'")" = 1 ]; then
+      echo "$port" >"$dir/pgstandby.port"
+      echo "$port"
+      return 0
+    fi
+    sleep 0.05
+  done
+  die "the standby did not become a synchronous standby"
+}
+
+# Stops the primary at once (as a crash would) and promotes the standby.
+promote_standby() {
+  local bindir
+  bindir=$(pg_bindir)
+  as_pg "$bindir/pg_ctl" -D "$(pg_datadir)" -m immediate -w stop >/dev/null 2>&1 ||
+    die "could not stop the primary"
+  as_pg "$bindir/pg_ctl" -D "$(cat "$dir/pgstandby")" -w -t 60 promote >/dev/null 2>&1 ||
+    die "could not promote the standby"
 }
 
 start_pgbouncer() {
@@ -247,6 +299,15 @@ start_redis_cluster() {
 
 stop_all() {
   local data bindir
+  if [ -f "$dir/pgstandby" ]; then
+    local sdata
+    sdata=$(cat "$dir/pgstandby")
+    if [ -f "$sdata/postmaster.pid" ]; then
+      as_pg "$(pg_bindir)/pg_ctl" -D "$sdata" -m immediate -w stop >/dev/null 2>&1 || true
+    fi
+    rm -rf "$sdata"
+    rm -f "$dir/pgstandby" "$dir/pgstandby.port"
+  fi
   if [ -f "$dir/pgbouncer.pidfile" ]; then
     local bpid
     bpid=$(cat "$(cat "$dir/pgbouncer.pidfile")" 2>/dev/null || true)
@@ -322,6 +383,28 @@ start)
     echo "IDEMPO_TEST_REDIS_CLUSTER_NODES=$redis_cluster"
   } >"$dir/env"
   cat "$dir/env"
+  ;;
+start-pair)
+  # A PostgreSQL primary with a synchronous streaming standby, for failover tests.
+  mkdir -p "$dir"
+  dir=$(cd "$dir" && pwd)
+  [ ! -e "$dir/env" ] || die "$dir already holds running services (run: $0 stop $dir)"
+  trap 'stop_all' ERR
+  primary_dsn=$(start_pg)
+  standby_port=$(start_standby)
+  trap - ERR
+  primary_port=$(cat "$dir/pg.port")
+  {
+    echo "IDEMPO_TEST_PG_PRIMARY_DSN=$primary_dsn"
+    echo "IDEMPO_TEST_PG_STANDBY_DSN=postgresql://postgres@127.0.0.1:$standby_port/postgres"
+    echo "IDEMPO_TEST_PG_MULTIHOST_DSN=postgresql://postgres@127.0.0.1:$primary_port,127.0.0.1:$standby_port/postgres?target_session_attrs=read-write"
+  } >"$dir/env"
+  cat "$dir/env"
+  ;;
+promote)
+  [ -f "$dir/pgstandby" ] || die "$dir holds no standby (start it with: $0 start-pair $dir)"
+  dir=$(cd "$dir" && pwd)
+  promote_standby
   ;;
 stop)
   [ -d "$dir" ] || exit 0
