@@ -180,6 +180,25 @@ SELECT count(*) FILTER (WHERE state = 1) AS in_progress,
   FROM gone"
 );
 
+/// §4.7 stats (metrics of the purge process): `$1` now override. One row: `in_progress`,
+/// `completed`, `outcome_unknown` (records by state), `expired` (records due for purge),
+/// `purge_lag_ms` (age of the oldest expired record, NULL when none), `size_bytes` (table and
+/// indexes) and `now_ms`. Counting by state reads the whole table; the lag uses the expiry index.
+pub const POSTGRES_STATS: &str = concat!(
+    "WITH c AS (SELECT coalesce($1::bigint, ",
+    pg_clock!(),
+    ") AS now)
+SELECT count(r.state) FILTER (WHERE r.state = 1) AS in_progress,
+       count(r.state) FILTER (WHERE r.state = 2) AS completed,
+       count(r.state) FILTER (WHERE r.state = 3) AS outcome_unknown,
+       count(r.state) FILTER (WHERE r.expires_at <= c.now) AS expired,
+       c.now - min(r.expires_at) FILTER (WHERE r.expires_at <= c.now) AS purge_lag_ms,
+       pg_total_relation_size('idempo_record'::regclass) AS size_bytes,
+       c.now AS now_ms
+  FROM c LEFT JOIN idempo_record r ON true
+ GROUP BY c.now"
+);
+
 // ---------------------------------------------------------------------------------------------
 // SQLite (spec/STORAGE.md §7); each runs inside `BEGIN IMMEDIATE … COMMIT`
 // ---------------------------------------------------------------------------------------------
@@ -287,6 +306,23 @@ pub const SQLITE_PURGE: &str = concat!(
     "
    ORDER BY expires_at LIMIT :batch)
 RETURNING state"
+);
+
+/// §7 stats (metrics of the purge process): `:now`. One row as [`POSTGRES_STATS`]; `size_bytes`
+/// is the whole database file (`page_count × page_size`).
+pub const SQLITE_STATS: &str = concat!(
+    "WITH c AS (SELECT ",
+    sqlite_clock!(),
+    " AS now)
+SELECT count(CASE WHEN r.state = 1 THEN 1 END) AS in_progress,
+       count(CASE WHEN r.state = 2 THEN 1 END) AS completed,
+       count(CASE WHEN r.state = 3 THEN 1 END) AS outcome_unknown,
+       count(CASE WHEN r.expires_at <= c.now THEN 1 END) AS expired,
+       c.now - min(CASE WHEN r.expires_at <= c.now THEN r.expires_at END) AS purge_lag_ms,
+       (SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()) AS size_bytes,
+       c.now AS now_ms
+  FROM c LEFT JOIN idempo_record r ON 1
+ GROUP BY c.now"
 );
 
 // ---------------------------------------------------------------------------------------------
@@ -440,6 +476,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("postgres_release", POSTGRES_RELEASE),
     ("postgres_renew", POSTGRES_RENEW),
     ("postgres_purge", POSTGRES_PURGE),
+    ("postgres_stats", POSTGRES_STATS),
     ("sqlite_now", SQLITE_NOW),
     ("sqlite_schema", SQLITE_SCHEMA),
     ("sqlite_claim", SQLITE_CLAIM),
@@ -450,6 +487,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("sqlite_release", SQLITE_RELEASE),
     ("sqlite_renew", SQLITE_RENEW),
     ("sqlite_purge", SQLITE_PURGE),
+    ("sqlite_stats", SQLITE_STATS),
     ("redis_prelude", REDIS_PRELUDE),
     ("redis_claim", REDIS_CLAIM),
     ("redis_get", REDIS_GET),
@@ -555,6 +593,7 @@ mod tests {
             ("postgres_release", POSTGRES_RELEASE),
             ("postgres_renew", POSTGRES_RENEW),
             ("postgres_purge", POSTGRES_PURGE),
+            ("postgres_stats", POSTGRES_STATS),
         ] {
             assert_in_spec(name, text);
         }
@@ -568,6 +607,7 @@ mod tests {
     fn sqlite_recipes_the_spec_prints_are_the_spec_text() {
         assert_in_spec("sqlite_claim", SQLITE_CLAIM);
         assert_in_spec("sqlite_purge", SQLITE_PURGE);
+        assert_in_spec("sqlite_stats", SQLITE_STATS);
         assert_in_spec("sqlite_now", SQLITE_NOW);
     }
 

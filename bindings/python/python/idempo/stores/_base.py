@@ -71,6 +71,41 @@ ClaimResult = Union[Claimed, Existing]
 
 
 @dataclass(frozen=True)
+class StoreStats:
+    """A store's figures for operations (``store.stats()``, ``spec/STORAGE.md`` §4.7): records by
+    state, records past their expiry not purged yet, the age of the oldest of those (the purge
+    lag), the size in bytes where the store can tell, and the store's clock."""
+
+    in_progress: int
+    completed: int
+    outcome_unknown: int
+    expired: int
+    purge_lag_ms: Optional[int]
+    """Age of the oldest expired record not purged yet; None when there is none."""
+    size_bytes: Optional[int]
+    """Table and indexes (PostgreSQL), database file (SQLite); None where not measurable."""
+    now_ms: int
+
+    @property
+    def total(self) -> int:
+        """All records."""
+        return self.in_progress + self.completed + self.outcome_unknown
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> StoreStats:
+        """From the row of the ``postgres_stats`` / ``sqlite_stats`` recipe."""
+        return cls(
+            in_progress=int(row[0]),
+            completed=int(row[1]),
+            outcome_unknown=int(row[2]),
+            expired=int(row[3]),
+            purge_lag_ms=None if row[4] is None else max(0, int(row[4])),
+            size_bytes=None if row[5] is None else int(row[5]),
+            now_ms=int(row[6]),
+        )
+
+
+@dataclass(frozen=True)
 class PurgeCounts:
     """Records deleted by ``purge_expired``, per state."""
 

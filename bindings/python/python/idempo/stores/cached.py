@@ -26,6 +26,7 @@ from idempo.stores._base import (
     Existing,
     PurgeCounts,
     StoredRecord,
+    StoreStats,
     check_key,
 )
 from idempo.stores._plan import AsyncPrimitives, Plan, PlanHooks, Primitives
@@ -263,6 +264,10 @@ class CachedStore(_Plans, Primitives):
     _from_url = staticmethod(redis.Redis.from_url)
     postgres: PostgresStore
 
+    def stats(self) -> "StoreStats":
+        """The authority's figures (cache entries expire no later than their records)."""
+        return self.postgres.stats()
+
     def _op(self, op: _Op) -> Any:
         if isinstance(op, _Authority):
             return getattr(self.postgres, op.method)(*op.args)
@@ -279,6 +284,10 @@ class AsyncCachedStore(_Plans, AsyncPrimitives):
 
     _from_url = staticmethod(redis.asyncio.Redis.from_url)
     postgres: AsyncPostgresStore
+
+    async def stats(self) -> "StoreStats":
+        """As :meth:`CachedStore.stats`."""
+        return await self.postgres.stats()
 
     async def _op(self, op: _Op) -> Any:
         if isinstance(op, _Authority):

@@ -52,6 +52,7 @@ from idempo.stores._base import (
     Claimed,
     Existing,
     PurgeCounts,
+    StoreStats,
     StoredRecord,
     check_batch,
     check_key,
@@ -97,6 +98,7 @@ SQL_COMPLETE_RETURNING = pyformat(recipe("postgres_complete_returning"))
 SQL_RELEASE = pyformat(recipe("postgres_release"))
 SQL_RENEW = pyformat(recipe("postgres_renew"))
 SQL_PURGE = pyformat(recipe("postgres_purge"))
+SQL_STATS = pyformat(recipe("postgres_stats"))
 SQL_NOW = pyformat(f"SELECT coalesce($1::bigint, {NOW})")
 
 _errors: Tuple[Type[BaseException], ...] = (psycopg.Error,)
@@ -269,6 +271,11 @@ def _renew(scope_key: bytes, token: bytes, lease_ms: int) -> "_Plan[bool]":
 
 def _purge(batch: int) -> "_Plan[PurgeCounts]":
     return _counts(_stmt(SQL_PURGE, check_batch(batch), wait="purge"))
+
+
+def _stats() -> "_Plan[StoreStats]":
+    row = yield _stmt(SQL_STATS, wait="purge")
+    return StoreStats.from_row(row)
 
 
 def _counts(op: _Op) -> "_Plan[PurgeCounts]":
@@ -617,6 +624,11 @@ class PostgresStore(_StoreBase, Primitives):
             )
 
     @fail_closed(_errors, "PostgreSQL create_schema failed")
+    def stats(self) -> StoreStats:
+        """The table's figures for metrics (``spec/STORAGE.md`` §4.7): records by state, expired
+        records and the purge lag, size in bytes. Reads the whole table."""
+        return self._drive("stats", _stats())
+
     def create_schema(self) -> None:
         """Creates the table and its expiry index if missing (see :data:`SCHEMA_STATEMENTS`)."""
         with self._conn() as conn:
@@ -781,6 +793,10 @@ class AsyncPostgresStore(_StoreBase, AsyncPrimitives):
             )
 
     @fail_closed_async(_errors, "PostgreSQL create_schema failed")
+    async def stats(self) -> StoreStats:
+        """As :meth:`PostgresStore.stats`."""
+        return await self._drive("stats", _stats())
+
     async def create_schema(self) -> None:
         """Creates the table and its expiry index if missing."""
         async with self._conn() as conn:

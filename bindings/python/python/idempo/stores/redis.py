@@ -49,6 +49,7 @@ from idempo.stores._base import (
     Existing,
     PurgeCounts,
     StoredRecord,
+    StoreStats,
     check_batch,
     check_key,
     check_ms,
@@ -254,7 +255,11 @@ class _HGet(NamedTuple):
     field: str
 
 
-_Op = Union[_Call, _Scan, _HGet]
+class _Time(NamedTuple):
+    """The server's clock in unix ms (``TIME``, or the override)."""
+
+
+_Op = Union[_Call, _Scan, _HGet, _Time]
 
 
 def _then(op: _Op, decode: Callable[[Any], Any]) -> "Plan[_Op, Any]":
@@ -397,6 +402,41 @@ class _Plans(PlanHooks):
                 states.append(state)
         return PurgeCounts.from_states(states)
 
+    def _plan_stats(self) -> "Plan[_Op, StoreStats]":
+        """``SCAN`` of the prefix and two fields per record (O(records)); Redis keeps no size
+        per prefix, so ``size_bytes`` is None."""
+        now = yield _Time()
+        keys = yield _Scan(self.prefix + b"*")
+        records: List[Tuple[int, int]] = []
+        for key in keys:
+            if not _is_record_key(key, self.prefix):
+                continue
+            state = yield _HGet(key, "state")
+            exp = yield _HGet(key, "expires_at")
+            if state is not None and exp is not None:
+                records.append((int(state), int(exp)))
+        return _stats_from(int(now), records)
+
+
+def _stats_from(now: int, records: "List[Tuple[int, int]]") -> StoreStats:
+    """Stats from (state, expires_at) of every record at ``now`` (a hash within its grace after
+    expiry still counts as expired)."""
+    expired = [exp for _state, exp in records if exp <= now]
+    return StoreStats(
+        in_progress=sum(1 for st, _ in records if st == 1),
+        completed=sum(1 for st, _ in records if st == 2),
+        outcome_unknown=sum(1 for st, _ in records if st == 3),
+        expired=len(expired),
+        purge_lag_ms=(now - min(expired)) if expired else None,
+        size_bytes=None,
+        now_ms=now,
+    )
+
+
+def _time_ms(reply: Any) -> int:
+    seconds, micros = reply
+    return int(seconds) * 1000 + int(micros) // 1000
+
 
 class RedisStore(_Plans, Primitives):
     """The storage contract on Redis (redis-py, sync)."""
@@ -412,7 +452,13 @@ class RedisStore(_Plans, Primitives):
         single-node client pointed at a cluster node."""
         self._check.run(self.client)
 
+    def stats(self) -> StoreStats:
+        """The keyspace's figures for metrics (``spec/STORAGE.md`` §4.7), by ``SCAN``."""
+        return self._drive("stats", self._plan_stats())
+
     def _op(self, op: _Op) -> Any:
+        if isinstance(op, _Time):
+            return self._clock() if self._clock is not None else _time_ms(self.client.time())
         if isinstance(op, _Scan):
             return list(self.client.scan_iter(match=op.match, count=1000))
         if isinstance(op, _HGet):
@@ -439,7 +485,15 @@ class AsyncRedisStore(_Plans, AsyncPrimitives):
         """As :meth:`RedisStore.check`."""
         await self._check.run_async(self.client)
 
+    async def stats(self) -> StoreStats:
+        """As :meth:`RedisStore.stats`."""
+        return await self._drive("stats", self._plan_stats())
+
     async def _op(self, op: _Op) -> Any:
+        if isinstance(op, _Time):
+            if self._clock is not None:
+                return self._clock()
+            return _time_ms(await self.client.time())
         if isinstance(op, _Scan):
             return [key async for key in self.client.scan_iter(match=op.match, count=1000)]
         if isinstance(op, _HGet):

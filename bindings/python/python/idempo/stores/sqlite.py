@@ -37,6 +37,7 @@ from idempo.stores._base import (
     Claimed,
     Existing,
     PurgeCounts,
+    StoreStats,
     StoredRecord,
     check_batch,
     check_key,
@@ -71,6 +72,7 @@ SCHEMA = recipe("sqlite_schema")
 # production).
 _SQL = family("sqlite", (*PRIMITIVES, "purge"))
 SQL_NOW = f"SELECT {_NOW}"
+SQL_STATS = recipe("sqlite_stats")
 CLAIM_ATTEMPTS = 3
 
 _errors: Tuple[Type[BaseException], ...] = (sqlite3.Error,)
@@ -205,6 +207,11 @@ class _Plans(PlanHooks):
         return _purge_counts(_Op(_SQL["purge"], {"batch": check_batch(batch)}))
 
 
+def _stats() -> "_Plan[StoreStats]":
+    rows = yield _Op(SQL_STATS, {})
+    return StoreStats.from_row(rows[0])
+
+
 class SQLiteStore(_Plans, PrimitivesBase):
     """The storage contract on one SQLite database file (one connection per thread)."""
 
@@ -303,7 +310,7 @@ class SQLiteStore(_Plans, PrimitivesBase):
     def _drive(self, name: str, plan: "Plan[Any, T]") -> T:
         """Runs a primitive's plan in one ``BEGIN IMMEDIATE`` (a ``get`` reads without it)."""
         try:
-            if name == "get":
+            if name in ("get", "stats"):  # reads: no write lock
                 return drive(plan, lambda op: _execute(self._conn(), op, self._clock))
             with self._immediate() as conn:
                 return drive(plan, lambda op: _execute(conn, op, self._clock))
@@ -313,6 +320,11 @@ class SQLiteStore(_Plans, PrimitivesBase):
     def transaction(self) -> "SQLiteTransaction":
         """A transactional session for one request (see :class:`SQLiteTransaction`)."""
         return SQLiteTransaction(self)
+
+    def stats(self) -> StoreStats:
+        """The database's figures for metrics (``spec/STORAGE.md`` §4.7): records by state,
+        expired records and the purge lag, the file's size in bytes."""
+        return self._drive("stats", _stats())
 
     @fail_closed(_errors, "SQLite create_schema failed")
     def create_schema(self) -> None:
@@ -337,6 +349,10 @@ class AsyncSQLiteStore(_Plans, AsyncPrimitivesBase):
 
     async def _drive(self, name: str, plan: "Plan[Any, T]") -> T:
         return await asyncio.to_thread(self.sync._drive, name, plan)
+
+    async def stats(self) -> StoreStats:
+        """As :meth:`SQLiteStore.stats`."""
+        return await asyncio.to_thread(self.sync.stats)
 
     def transaction(self) -> ThreadedSession:
         """A transactional session for one request (a :class:`SQLiteTransaction` on a thread of
