@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Database servers used by the binding test suites (PostgreSQL, PgBouncer and Redis from Debian's
-# packages).
+# packages), and promtool for the alert rules in deploy/.
 # Nothing is started here: scripts/test-services.sh runs throwaway instances per test run.
 set -euo pipefail
 
@@ -13,6 +13,8 @@ missing=()
 have_pg || missing+=(postgresql)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v pgbouncer >/dev/null 2>&1 || missing+=(pgbouncer)
+# promtool (in Debian's prometheus package) checks and unit-tests deploy/prometheus/.
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 [ "${#missing[@]}" -eq 0 ] && exit 0
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -23,3 +25,7 @@ echo "setup: installing ${missing[*]} from Debian"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq >/dev/null
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# The prometheus package may start its own server; the tests need only promtool.
+if printf '%s\n' "${missing[@]}" | grep -qx prometheus; then
+  service prometheus stop >/dev/null 2>&1 || pkill -x prometheus >/dev/null 2>&1 || true
+fi
