@@ -43,7 +43,7 @@ test('cached: complete writes the record through to Redis (returning completion 
     assert.equal(key, undefined, 'an in-progress record is never cached');
     const response = idempo.encodeResponse({ status: 201, headers: [['content-type', 'application/json']], body: Buffer.from('{"id":1}') });
     assert.equal(await store.complete(scope, token, response, 60_000), true);
-    assert.equal(store.stats.fills, 1);
+    assert.equal(store.cacheStats.fills, 1);
     // The hash exists before any get, with the authority's fields.
     const cachedKey = (await redis.keys(`*${scope.toString('hex')}`))[0];
     assert.ok(cachedKey, 'filled at completion');
@@ -59,13 +59,13 @@ test('cached: complete writes the record through to Redis (returning completion 
     assert.equal(h.expires_at.toString(), String(authorityRow.record.expiresAt));
     // A completion that does not apply (wrong token) fills nothing.
     assert.equal(await store.complete(scope, randomBytes(16), response, 60_000), false);
-    assert.equal(store.stats.fills, 1);
+    assert.equal(store.cacheStats.fills, 1);
     // The first read is already a hit.
-    const misses = store.stats.misses;
+    const misses = store.cacheStats.misses;
     const got = await store.get(scope);
     assert.equal(got.record.state, 2);
-    assert.equal(store.stats.hits, 1);
-    assert.equal(store.stats.misses, misses);
+    assert.equal(store.cacheStats.hits, 1);
+    assert.equal(store.cacheStats.misses, misses);
   } finally {
     await cleanup();
   }
@@ -114,7 +114,7 @@ test('cached: behind Express, the first replay is served from Redis (the authori
     const a = await post();
     assert.equal(a.status, 201);
     const first = await a.json();
-    assert.equal(store.stats.fills, 1);
+    assert.equal(store.cacheStats.fills, 1);
     assert.equal((await redis.keys(`${prefix}*`)).length, 1, 'the hash exists before any replay');
     const before = { ...calls };
     const b = await post();
@@ -122,7 +122,7 @@ test('cached: behind Express, the first replay is served from Redis (the authori
     assert.equal(b.headers.get('idempotent-replayed'), 'true');
     assert.deepEqual(await b.json(), first);
     assert.equal(runs, 1);
-    assert.equal(store.stats.hits, 1);
+    assert.equal(store.cacheStats.hits, 1);
     assert.deepEqual(calls, before, 'the replay never reached PostgreSQL');
   } finally {
     srv.closeAllConnections();
@@ -175,10 +175,10 @@ test('cached: a delayed fill gets a shorter PX; nothing left, no SET (spec/STORA
     // Later than the whole cache TTL: no SET at all.
     await redis.del(entry);
     delay = 60_000;
-    const fills = store.stats.fills;
+    const fills = store.cacheStats.fills;
     assert.equal((await store.get(scope)).record.state, 2);
     assert.equal(await redis.exists(entry), 0);
-    assert.equal(store.stats.fills, fills);
+    assert.equal(store.cacheStats.fills, fills);
   } finally {
     await pool.query(`DROP SCHEMA "${schema}" CASCADE`);
     const keys = await redis.keys(`${prefix}*`);

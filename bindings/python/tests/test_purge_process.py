@@ -304,11 +304,26 @@ def test_configuration_errors_exit_2_before_anything_runs(args: List[str], messa
     assert message in p.stderr, p.stderr
 
 
-def test_a_failed_run_is_reported_and_once_exits_1(tmp_path: Path) -> None:
-    # No table in this file: the run fails (logged), --once exits 1; nothing is created.
+@pytest.mark.parametrize("make", ["missing", "no-table"])
+def test_a_sqlite_url_that_names_no_idempo_database_exits_2(tmp_path: Path, make: str) -> None:
+    path = tmp_path / "wrong.sqlite3"
+    if make == "no-table":
+        sqlite3.connect(path).close()
+    p = subprocess.run([sys.executable, "-m", "idempo.purge", "--once", "--store-url",
+                        f"sqlite://{path}"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, p.stderr
+    assert "is this the service's file?" in p.stderr
+    assert path.exists() == (make == "no-table")  # nothing was created
+
+
+def test_a_failed_run_is_reported_and_once_exits_1(services: Any) -> None:
+    # A PostgreSQL server that does not answer: the run fails (logged), --once exits 1.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     p = subprocess.run(
         [sys.executable, "-m", "idempo.purge", "--once", "--store-url",
-         f"sqlite://{tmp_path / 'empty.sqlite3'}"],
+         f"postgresql://postgres@127.0.0.1:{port}/postgres"],
         capture_output=True, text=True, timeout=60,
     )
     assert p.returncode == 1, p.stderr

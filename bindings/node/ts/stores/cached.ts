@@ -3,6 +3,7 @@ import type { CallOptions, ClaimResult, ClockOverride, GetResult, IdempotencySto
 import { asBuffer } from './types';
 import { hashToRecord } from './redis';
 import { recipe } from './recipes';
+import type { StoreStats } from './types';
 
 /** The cache scripts (from core, shared with the Python binding): read with the clock, fill. */
 const CACHE_SCRIPTS = {
@@ -52,8 +53,8 @@ export class CachedStore implements IdempotencyStore {
   readonly #onError: (err: unknown) => void;
   readonly #clock: ClockOverride | undefined;
   readonly #mono: () => number;
-  /** Cache hits, misses and errors, for metrics. */
-  readonly stats = { hits: 0, misses: 0, errors: 0, fills: 0 };
+  /** Cache hits, misses, errors and fills, for metrics (`stats()` gives the records' figures). */
+  readonly cacheStats = { hits: 0, misses: 0, errors: 0, fills: 0 };
 
   constructor(options: CachedStoreOptions) {
     this.authority = options.authority;
@@ -84,19 +85,19 @@ export class CachedStore implements IdempotencyStore {
       const [time, flat] = (await this.#script('idempoCacheGet', scopeKey, override)) as [Buffer, Buffer[]];
       const record = hashToRecord(flat);
       if (record === null || record.state !== 2) {
-        this.stats.misses++;
+        this.cacheStats.misses++;
         return null;
       }
       const nowMs = Number(time.toString('latin1'));
       if (record.expiresAt <= nowMs) {
         // Never serve an expired record from the cache (clock skew, or a virtual clock).
-        this.stats.misses++;
+        this.cacheStats.misses++;
         return null;
       }
-      this.stats.hits++;
+      this.cacheStats.hits++;
       return { record, nowMs };
     } catch (e) {
-      this.stats.errors++;
+      this.cacheStats.errors++;
       this.#onError(e);
       return null;
     }
@@ -125,9 +126,9 @@ export class CachedStore implements IdempotencyStore {
         asBuffer(record.response),
         String(px),
       );
-      this.stats.fills++;
+      this.cacheStats.fills++;
     } catch (e) {
-      this.stats.errors++;
+      this.cacheStats.errors++;
       this.#onError(e);
     }
   }
@@ -179,7 +180,7 @@ export class CachedStore implements IdempotencyStore {
       const r = await this.authority.get(scopeKey);
       if (r.record && asBuffer(token).equals(r.record.token)) await this.#fill(scopeKey, r.record, r.nowMs, asked);
     } catch (e) {
-      this.stats.errors++;
+      this.cacheStats.errors++;
       this.#onError(e);
     }
     return true;
@@ -195,6 +196,12 @@ export class CachedStore implements IdempotencyStore {
 
   purgeExpired(options?: PurgeOptions): Promise<PurgeCounts> {
     return this.authority.purgeExpired(options);
+  }
+
+  /** The authority's figures (cache entries expire no later than their records). */
+  stats(): Promise<StoreStats> {
+    if (!this.authority.stats) return Promise.reject(new TypeError(`the ${this.authority.kind} authority has no stats()`));
+    return this.authority.stats();
   }
 
   close(): Promise<void> {

@@ -4,6 +4,8 @@ import type { ClaimResult, ClockOverride, GetResult, PurgeCounts, PurgeOptions, 
 import { asBuffer, checkKeyAndToken, lockWaitExpired } from './types';
 import { recipe, recordFromRow } from './recipes';
 import type { RecipeRow } from './recipes';
+import { statsFromRow } from './types';
+import type { StoreStats } from './types';
 
 /** The table and index names of the recipes, replaced as whole words. */
 const NAMES = /\bidempo_record(_expires_at)?\b/g;
@@ -36,6 +38,7 @@ function recipes(t: string) {
     release: q('release'),
     renew: q('renew'),
     purge: q('purge'),
+    stats: q('stats'),
   };
 }
 
@@ -399,6 +402,17 @@ export class PostgresStore implements TransactionalStore {
         completed: Number(c?.completed ?? 0),
         outcomeUnknown: Number(c?.outcome_unknown ?? 0),
       };
+    });
+  }
+
+  /**
+   * The table's figures for metrics (`spec/STORAGE.md` §4.7): records by state, expired records
+   * and the purge lag, size in bytes. Reads the whole table.
+   */
+  stats(): Promise<StoreStats> {
+    return this.#q(async () => {
+      const r = await this.#rows<Record<string, unknown>>(this.#sql.stats, [this.#now()]);
+      return statsFromRow(r.rows[0] ?? {});
     });
   }
 

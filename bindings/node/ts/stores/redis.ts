@@ -4,6 +4,7 @@ import { ConfigError, InvalidArgumentError, StoreUnavailableError } from '../err
 import type { ClaimResult, ClockOverride, GetResult, IdempotencyStore, PurgeCounts, StoreRecord } from './types';
 import { asBuffer, checkKeyAndToken } from './types';
 import { recipe } from './recipes';
+import type { StoreStats } from './types';
 
 /** The scripts of `spec/STORAGE.md` §5.2 from core (each is the prelude followed by its body). */
 export const REDIS_SCRIPTS = {
@@ -266,6 +267,49 @@ export class RedisStore implements IdempotencyStore {
   async renew(scopeKey: Uint8Array, token: Uint8Array, leaseMs: number): Promise<boolean> {
     checkKeyAndToken(scopeKey, token);
     return (await this.#run('idempoRenew', scopeKey, asBuffer(token), String(leaseMs))) === 1;
+  }
+
+  /**
+   * The keyspace's figures for metrics (`spec/STORAGE.md` §4.7): a `SCAN` of the prefix on the
+   * server (on every primary of a cluster) reading two fields per record, O(records). Redis keeps
+   * no size per prefix: `sizeBytes` is null.
+   */
+  async stats(): Promise<StoreStats> {
+    try {
+      await this.ready();
+      const client = this.client;
+      const nodes: IORedis[] = isCluster(client) ? client.nodes('master') : [client];
+      const time = (await nodes[0]!.time()) as unknown as [string, string];
+      const now = this.#clock ? Math.floor(this.#clock()) : Number(time[0]) * 1000 + Math.floor(Number(time[1]) / 1000);
+      const s: StoreStats = { inProgress: 0, completed: 0, outcomeUnknown: 0, expired: 0, purgeLagMs: null, sizeBytes: null, nowMs: now };
+      let oldest = Infinity;
+      const record = new RegExp(`^${this.#prefix.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}[0-9a-f]{64}$`);
+      for (const node of nodes) {
+        let cursor = '0';
+        do {
+          const [next, keys] = await node.scan(cursor, 'MATCH', `${this.#prefix}*`, 'COUNT', 1000);
+          cursor = next;
+          const mine = keys.filter((k) => record.test(k));
+          const fields = await Promise.all(mine.map((k) => node.hmget(k, 'state', 'expires_at')));
+          for (const [state, exp] of fields) {
+            if (state === null || exp === null) continue;
+            if (state === '1') s.inProgress++;
+            else if (state === '2') s.completed++;
+            else if (state === '3') s.outcomeUnknown++;
+            const e = Number(exp);
+            if (e <= now) {
+              s.expired++;
+              oldest = Math.min(oldest, e);
+            }
+          }
+        } while (cursor !== '0');
+      }
+      if (s.expired > 0) s.purgeLagMs = now - oldest;
+      return s;
+    } catch (e) {
+      if (e instanceof ConfigError) throw e;
+      throw new StoreUnavailableError(`Redis error: ${(e as Error).message}`, { cause: e });
+    }
   }
 
   /** Redis expires records itself (`PEXPIRE`); nothing to purge. */

@@ -5,6 +5,8 @@ import type { CallOptions, ClaimResult, ClockOverride, GetResult, PurgeCounts, P
 import { asBuffer, checkKeyAndToken, lockWaitExpired } from './types';
 import { recipe, recordFromRow } from './recipes';
 import type { RecipeRow } from './recipes';
+import { statsFromRow } from './types';
+import type { StoreStats } from './types';
 
 /** The SQLite schema of `spec/STORAGE.md` §7 (§4.1 with SQLite types, `WITHOUT ROWID`). */
 export const SQLITE_SCHEMA = recipe('sqlite_schema');
@@ -19,6 +21,7 @@ const SQL = {
   release: recipe('sqlite_release'),
   renew: recipe('sqlite_renew'),
   purge: recipe('sqlite_purge'),
+  stats: recipe('sqlite_stats'),
 } as const;
 
 /** First pause before retrying a statement refused with `SQLITE_BUSY`, ms (doubles per retry). */
@@ -398,6 +401,14 @@ export class SqliteStore implements TransactionalStore {
 
   purgeExpired(options: PurgeOptions = {}): Promise<PurgeCounts> {
     return this.#wrap(undefined, () => this.#tx.purge({ batch: options.batch ?? 1000, now: this.#now() }));
+  }
+
+  /**
+   * The database's figures for metrics (`spec/STORAGE.md` §4.7): records by state, expired
+   * records and the purge lag, the file's size in bytes. A read: takes no write lock.
+   */
+  stats(): Promise<StoreStats> {
+    return this.#wrap(undefined, () => statsFromRow(this.#stmts.stats.get({ now: this.#now() }) as Record<string, unknown>));
   }
 
   close(): Promise<void> {

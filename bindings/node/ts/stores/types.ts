@@ -40,6 +40,40 @@ export interface PurgeCounts {
   outcomeUnknown: number;
 }
 
+/**
+ * A store's figures for operations (`store.stats()`, `spec/STORAGE.md` §4.7): records by state,
+ * records past their expiry not purged yet, the age of the oldest of those, the size in bytes
+ * where the store can tell, and the store's clock.
+ */
+export interface StoreStats {
+  inProgress: number;
+  completed: number;
+  outcomeUnknown: number;
+  /** Records past `expires_at`, not purged yet. */
+  expired: number;
+  /** Age of the oldest expired record not purged yet, ms; null when there is none. */
+  purgeLagMs: number | null;
+  /** Table and indexes (PostgreSQL), database file (SQLite); null where not measurable. */
+  sizeBytes: number | null;
+  nowMs: number;
+}
+
+/** The row of core's `postgres_stats` / `sqlite_stats` recipe as a {@link StoreStats}. */
+export function statsFromRow(row: Record<string, unknown>): StoreStats {
+  const n = (v: unknown): number => Number(v ?? 0);
+  const maybe = (v: unknown): number | null => (v === null || v === undefined ? null : Number(v));
+  const lag = maybe(row.purge_lag_ms);
+  return {
+    inProgress: n(row.in_progress),
+    completed: n(row.completed),
+    outcomeUnknown: n(row.outcome_unknown),
+    expired: n(row.expired),
+    purgeLagMs: lag === null ? null : Math.max(0, lag),
+    sizeBytes: maybe(row.size_bytes),
+    nowMs: n(row.now_ms),
+  };
+}
+
 /** Options of `purgeExpired`. */
 export interface PurgeOptions {
   /** Rows per batch (default 1000). */
@@ -93,6 +127,8 @@ export interface IdempotencyStore {
   renew(scopeKey: Uint8Array, token: Uint8Array, leaseMs: number, options?: CallOptions): Promise<boolean>;
   /** Primitive 8: one batch, earliest expiry first. */
   purgeExpired(options?: PurgeOptions): Promise<PurgeCounts>;
+  /** Optional: the figures the purge process exports (`spec/STORAGE.md` §4.7). */
+  stats?(): Promise<StoreStats>;
   /** Releases connections the store opened itself. */
   close(): Promise<void>;
 }

@@ -56,6 +56,7 @@ def store_from_url(url: str) -> Any:
         path = url[len("sqlite://"):]
         if not path:
             raise PurgeConfigError("a sqlite URL needs a path: sqlite:///var/lib/app/idempo.sqlite3")
+        _check_sqlite(path)
         return SQLiteStore(path, create_schema=False)
     if url.startswith(("postgresql://", "postgres://")):
         from idempo.stores import PostgresStore
@@ -74,6 +75,23 @@ def store_from_url(url: str) -> Any:
         f"unknown store URL scheme {scheme!r}: use sqlite://, postgresql://, redis:// or "
         "redis+cluster://"
     )
+
+
+def _check_sqlite(path: str) -> None:
+    """A wrong path would silently create an empty database: the file and its table must exist."""
+    import sqlite3
+
+    if not os.path.isfile(path):
+        raise PurgeConfigError(f"no SQLite database at {path!r} (is this the service's file?)")
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        found = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'idempo_record'"
+        ).fetchone()
+    finally:
+        conn.close()
+    if found is None:
+        raise PurgeConfigError(f"{path!r} has no idempo_record table (is this the service's file?)")
 
 
 class Metrics:
