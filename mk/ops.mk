@@ -1,12 +1,11 @@
-# Operations files (deploy/): the Prometheus alert rules for the purge process's metrics.
+# Operations files (deploy/): Prometheus alert rules, nginx/Envoy/Istio/Linkerd retry settings.
 #
-#   make test-ops   promtool check rules + the rules' unit test (promtool test rules)
-PROMTOOL ?= promtool
+#   make test-ops   promtool check + unit test of the alert rules, nginx -t of the nginx snippet,
+#                   YAML parse of the mesh files (scripts/check-deploy.sh)
 
 TEST_TARGETS += test-ops
 
 .PHONY: test-ops
 
-test-ops:
-	$(PROMTOOL) check rules deploy/prometheus/idempo-alerts.yml
-	cd deploy/prometheus && $(PROMTOOL) test rules idempo-alerts.test.yml
+test-ops: python-setup
+	./scripts/check-deploy.sh

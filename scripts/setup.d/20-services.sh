@@ -15,6 +15,8 @@ command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v pgbouncer >/dev/null 2>&1 || missing+=(pgbouncer)
 # promtool (in Debian's prometheus package) checks and unit-tests deploy/prometheus/.
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+# nginx -t checks deploy/nginx/.
+command -v nginx >/dev/null 2>&1 || missing+=(nginx)
 [ "${#missing[@]}" -eq 0 ] && exit 0
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -25,7 +27,9 @@ echo "setup: installing ${missing[*]} from Debian"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq >/dev/null
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-# The prometheus package may start its own server; the tests need only promtool.
-if printf '%s\n' "${missing[@]}" | grep -qx prometheus; then
-  service prometheus stop >/dev/null 2>&1 || pkill -x prometheus >/dev/null 2>&1 || true
-fi
+# The prometheus and nginx packages may start their servers; the tests need only the tools.
+for daemon in prometheus nginx; do
+  if printf '%s\n' "${missing[@]}" | grep -qx "$daemon"; then
+    service "$daemon" stop >/dev/null 2>&1 || pkill -x "$daemon" >/dev/null 2>&1 || true
+  fi
+done
