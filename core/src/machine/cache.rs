@@ -134,10 +134,7 @@ mod tests {
             answer(&r, &fp("v1:aa"), 1_000, &cfg),
             CacheAnswer::Replay(_)
         ));
-        assert_eq!(
-            answer(&r, &fp("v1:bb"), 1_000, &cfg),
-            CacheAnswer::Mismatch
-        );
+        assert_eq!(answer(&r, &fp("v1:bb"), 1_000, &cfg), CacheAnswer::Mismatch);
         assert_eq!(
             answer(&r, &fp("v1:aa"), 2_000, &cfg),
             CacheAnswer::FallThrough
@@ -146,10 +143,22 @@ mod tests {
 
     #[test]
     fn fill_never_outlives_the_record() {
-        assert_eq!(fill_px_ms(STATE_COMPLETED, 10_000, 60_000, 4_000, 0), Some(6_000));
-        assert_eq!(fill_px_ms(STATE_COMPLETED, 100_000, 60_000, 0, 0), Some(60_000));
-        assert_eq!(fill_px_ms(STATE_COMPLETED, 10_000, 60_000, 4_000, 250), Some(5_750));
-        assert_eq!(fill_px_ms(STATE_COMPLETED, 10_000, 60_000, 4_000, 6_000), None);
+        assert_eq!(
+            fill_px_ms(STATE_COMPLETED, 10_000, 60_000, 4_000, 0),
+            Some(6_000)
+        );
+        assert_eq!(
+            fill_px_ms(STATE_COMPLETED, 100_000, 60_000, 0, 0),
+            Some(60_000)
+        );
+        assert_eq!(
+            fill_px_ms(STATE_COMPLETED, 10_000, 60_000, 4_000, 250),
+            Some(5_750)
+        );
+        assert_eq!(
+            fill_px_ms(STATE_COMPLETED, 10_000, 60_000, 4_000, 6_000),
+            None
+        );
         assert_eq!(fill_px_ms(STATE_COMPLETED, 10_000, 60_000, 10_000, 0), None);
         assert_eq!(fill_px_ms(STATE_COMPLETED, 10_000, 0, 0, 0), None);
         assert_eq!(fill_px_ms(STATE_IN_PROGRESS, 10_000, 60_000, 0, 0), None);

@@ -128,9 +128,7 @@ pub enum MemoryError {
         retry_after_ms: u64,
     },
     /// The claim's partition holds its quota of unexpired records (entries or bytes).
-    #[error(
-        "this principal's share of the memory store is full (retry after {retry_after_ms} ms)"
-    )]
+    #[error("this principal's share of the memory store is full (retry after {retry_after_ms} ms)")]
     QuotaExceeded {
         /// Time until the partition's earliest unexpired record expires (≥ 1).
         retry_after_ms: u64,
@@ -444,7 +442,9 @@ impl MemoryStore {
         if !self.records.contains_key(&scope) {
             return None;
         }
-        self.with_slot(scope, None, |s| prim::takeover(s, seen, new, lease_ms, now_ms))
+        self.with_slot(scope, None, |s| {
+            prim::takeover(s, seen, new, lease_ms, now_ms)
+        })
     }
 
     /// Primitive 4, mark_unknown.
@@ -578,8 +578,14 @@ mod tests {
             Partition::of_principal("alice"),
             Partition::of_principal("alice")
         );
-        assert_ne!(Partition::of_principal("alice"), Partition::of_principal("bob"));
-        assert_ne!(Partition::of_principal(""), Partition::of_principal("alice"));
+        assert_ne!(
+            Partition::of_principal("alice"),
+            Partition::of_principal("bob")
+        );
+        assert_ne!(
+            Partition::of_principal(""),
+            Partition::of_principal("alice")
+        );
     }
 
     #[test]
@@ -589,7 +595,10 @@ mod tests {
         let _ = m.claim(scope(0), victim, &fp(), A, 1_000, 10_000, 0);
         assert_eq!(m.complete(scope(0), A, resp(), 10_000, 10), Ok(true));
         let attacker = Some(Partition::of_principal("attacker"));
-        assert!(m.claim(scope(1), attacker, &fp(), A, 1_000, 10_000, 20).is_ok());
+        assert!(
+            m.claim(scope(1), attacker, &fp(), A, 1_000, 10_000, 20)
+                .is_ok()
+        );
         let refused = m.claim(scope(2), attacker, &fp(), A, 1_000, 10_000, 30);
         assert_eq!(
             refused,
@@ -602,7 +611,10 @@ mod tests {
             Some(RecordState::Completed { .. })
         ));
         // Once the victim's record expired, its room is reused.
-        assert!(m.claim(scope(2), attacker, &fp(), A, 1_000, 10_000, 10_010).is_ok());
+        assert!(
+            m.claim(scope(2), attacker, &fp(), A, 1_000, 10_000, 10_010)
+                .is_ok()
+        );
         assert!(m.get(&scope(0)).is_none());
     }
 
