@@ -91,7 +91,7 @@ export declare class MemoryStoreCore {
   /** Number of records held (expired ones included until removed). */
   get size(): number
   /** Bytes held (160 per record plus its fingerprint and stored response). */
-  get bytes(): number
+  get bytesUsed(): number
   /** The per-partition entry quota in force. */
   get maxEntriesPerPartition(): number
   /**
