@@ -1,5 +1,5 @@
 //! The in-memory store: a thin wrapper of core's bounded memory store
-//! (`idempo_core::machine::memory`, `spec/STORAGE.md` §11), one synchronous call per primitive
+//! (`idempo_core::machine::memory`, `spec/STORAGE.md` §8), one synchronous call per primitive
 //! (atomic in Node's single thread). Capacity, eviction (expired records only) and the
 //! per-partition quotas are core's; this file only converts arguments and results.
 use idempo_core::machine::memory::{

@@ -1,4 +1,4 @@
-//! Core's bounded memory store (`idempo_core::machine::memory`, `spec/STORAGE.md` §11) and the
+//! Core's bounded memory store (`idempo_core::machine::memory`, `spec/STORAGE.md` §8) and the
 //! cache rule (`idempo_core::machine::cache`, §9) for `idempo.stores`.
 //!
 //! `MemoryStoreCore` converts arguments and results only: capacity, eviction (expired records

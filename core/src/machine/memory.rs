@@ -1,4 +1,4 @@
-//! The bounded in-memory store (`spec/STORAGE.md` §11): core's storage primitives
+//! The bounded in-memory store (`spec/STORAGE.md` §8): core's storage primitives
 //! ([`super::store`]) applied to a map, with capacity, eviction and per-partition quotas written
 //! once here and wrapped by every binding (Python's `MemoryStore`, Node's `MemoryStore`) and by
 //! the Rust test suite's reference store.

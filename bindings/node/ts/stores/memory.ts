@@ -49,7 +49,7 @@ export function memoryPartition(principal: string): Buffer {
 
 /**
  * In-process store for tests and one process: core's bounded memory store (`spec/STORAGE.md`
- * §11), one synchronous native call per primitive (so nothing interleaves). A full store never
+ * §8), one synchronous native call per primitive (so nothing interleaves). A full store never
  * evicts an unexpired record (completed, in progress or outcome-unknown) to make room for another
  * key: it removes expired records only, holds each partition (the request's principal, passed by
  * the middleware as `options.partition`) to its quota, and refuses a claim that does not fit with

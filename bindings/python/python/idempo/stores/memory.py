@@ -1,7 +1,7 @@
 """In-process store: tests, demos and single-process services only.
 
 The records live in core's bounded memory store (``idempo_core::machine::memory``,
-``spec/STORAGE.md`` §11) through the ``MemoryStoreCore`` extension class, the same store Node's
+``spec/STORAGE.md`` §8) through the ``MemoryStoreCore`` extension class, the same store Node's
 ``MemoryStore`` wraps: capacity, eviction and quotas are written once, in Rust. A lock makes every
 primitive one atomic step for threads; the async wrapper never awaits inside a primitive.
 
