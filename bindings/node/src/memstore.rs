@@ -201,7 +201,10 @@ impl MemoryStoreCore {
     #[napi(catch_unwind)]
     pub fn get(&self, env: Env, scope: &[u8]) -> napi::Result<Option<RecordRowData>> {
         let run = || -> Result<Option<RecordRowData>, Fail> {
-            self.inner.get(&scope_key(scope)?).map(from_record).transpose()
+            self.inner
+                .get(&scope_key(scope)?)
+                .map(from_record)
+                .transpose()
         };
         run().map_err(|f| f.throw(&env))
     }

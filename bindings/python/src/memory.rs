@@ -50,7 +50,10 @@ fn refused(py: Python<'_>, e: MemoryError) -> PyErr {
     with_attrs::<StoreUnavailable>(
         py,
         e.to_string(),
-        &[("reason", to_py(py, reason)), ("retry_after", to_py(py, seconds))],
+        &[
+            ("reason", to_py(py, reason)),
+            ("retry_after", to_py(py, seconds)),
+        ],
     )
 }
 
@@ -186,7 +189,11 @@ impl MemoryStoreCore {
             }
             ClaimOutcome::Existing(r) => PyTuple::new(
                 py,
-                [to_py(py, false), to_py(py, 0), row(py, &r)?.into_any().unbind()],
+                [
+                    to_py(py, false),
+                    to_py(py, 0),
+                    row(py, &r)?.into_any().unbind(),
+                ],
             ),
         }
     }

@@ -641,7 +641,7 @@ mod tests {
     fn refused_claim_keeps_the_expired_record_of_its_own_scope() {
         let mut m = MemoryStore::new(limits(1, 1));
         let _ = m.claim(scope(0), None, &fp(), A, 1_000, 1_000, 0);
-        assert_eq!(m.release(scope(0), FencingToken([1; 16])), false);
+        assert!(!m.release(scope(0), FencingToken([1; 16])));
         // The record of scope 0 expired: a new claim replaces it with generation 2.
         assert_eq!(
             m.claim(scope(0), None, &fp(), A, 1_000, 1_000, 5_000),
