@@ -2,50 +2,48 @@
 //! primitives in `idempo_core::machine::store`, with an explicit clock.
 //!
 //! It runs the store conformance scenarios (`spec/vectors/store/`) and drives the server flow in
-//! the machine tests. Not a product store: single-threaded, unbounded, no eviction.
-use std::collections::BTreeMap;
-
-use idempo_core::machine::store::{self, ClaimOutcome};
+//! the machine tests. It is core's memory store (`idempo_core::machine::memory`) without limits,
+//! plus a manual clock and a "down" switch.
+use idempo_core::machine::memory::{MemoryLimits, MemoryStore};
+use idempo_core::machine::store::ClaimOutcome;
 use idempo_core::machine::{Event, StoreOp, StoreResult};
 use idempo_core::record::{FencingToken, FingerprintText, Record, StoredResponse};
 use idempo_core::scope::ScopeId;
 
 /// Deleted record counts per state, as `purge_expired` reports them.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PurgeCounts {
-    /// In-progress records deleted.
-    pub in_progress: u64,
-    /// Completed records deleted.
-    pub completed: u64,
-    /// Outcome-unknown records deleted.
-    pub outcome_unknown: u64,
-}
+pub use idempo_core::machine::memory::PurgeCounts;
 
-impl PurgeCounts {
-    /// Sum of all states.
-    pub fn total(&self) -> u64 {
-        self.in_progress + self.completed + self.outcome_unknown
-    }
-}
-
-/// The in-memory reference store.
-#[derive(Clone, Debug, Default)]
+/// The in-memory reference store: core's memory store without limits, with a clock.
+#[derive(Clone, Debug)]
 pub struct MemStore {
-    records: BTreeMap<ScopeId, Record>,
+    inner: MemoryStore,
     now_ms: u64,
     /// When true every operation fails (the "store down" scenarios).
     pub down: bool,
+}
+
+impl Default for MemStore {
+    fn default() -> Self {
+        Self::new(0)
+    }
 }
 
 /// A store error (only raised while [`MemStore::down`] is set or a response cannot be decoded).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoreDown;
 
+const UNBOUNDED: MemoryLimits = MemoryLimits {
+    max_entries: usize::MAX,
+    max_bytes: usize::MAX,
+    max_entries_per_partition: usize::MAX,
+    max_bytes_per_partition: usize::MAX,
+};
+
 impl MemStore {
     /// An empty store whose clock reads `now_ms`.
     pub fn new(now_ms: u64) -> Self {
         Self {
-            records: BTreeMap::new(),
+            inner: MemoryStore::new(UNBOUNDED),
             now_ms,
             down: false,
         }
@@ -63,30 +61,21 @@ impl MemStore {
 
     /// The raw record, expired or not (for assertions).
     pub fn peek(&self, scope: &ScopeId) -> Option<&Record> {
-        self.records.get(scope)
+        self.inner.get(scope)
     }
 
     /// Number of rows held, expired ones included.
     pub fn len(&self) -> usize {
-        self.records.len()
+        self.inner.len()
     }
 
     /// True when no row is held.
     pub fn is_empty(&self) -> bool {
-        self.records.is_empty()
+        self.inner.is_empty()
     }
 
     fn check(&self) -> Result<(), StoreDown> {
         if self.down { Err(StoreDown) } else { Ok(()) }
-    }
-
-    fn with_slot<T>(&mut self, scope: ScopeId, f: impl FnOnce(&mut Option<Record>) -> T) -> T {
-        let mut slot = self.records.remove(&scope);
-        let out = f(&mut slot);
-        if let Some(r) = slot {
-            self.records.insert(scope, r);
-        }
-        out
     }
 
     /// Primitive 1.
@@ -100,16 +89,17 @@ impl MemStore {
     ) -> Result<(ClaimOutcome, u64), StoreDown> {
         self.check()?;
         let now = self.now_ms;
-        let out = self.with_slot(scope, |s| {
-            store::claim(s, fingerprint, token, lease_ms, ttl_ms, now)
-        });
+        let out = self
+            .inner
+            .claim(scope, None, fingerprint, token, lease_ms, ttl_ms, now)
+            .map_err(|_| StoreDown)?;
         Ok((out, now))
     }
 
     /// Primitive 2 (expired records are returned as they are; core treats them as absent).
     pub fn get(&self, scope: &ScopeId) -> Result<(Option<Record>, u64), StoreDown> {
         self.check()?;
-        Ok((self.records.get(scope).cloned(), self.now_ms))
+        Ok((self.inner.get(scope).cloned(), self.now_ms))
     }
 
     /// Primitive 3.
@@ -121,8 +111,7 @@ impl MemStore {
         lease_ms: u64,
     ) -> Result<Option<u32>, StoreDown> {
         self.check()?;
-        let now = self.now_ms;
-        Ok(self.with_slot(scope, |s| store::takeover(s, seen, new, lease_ms, now)))
+        Ok(self.inner.takeover(scope, seen, new, lease_ms, self.now_ms))
     }
 
     /// Primitive 4.
@@ -133,8 +122,7 @@ impl MemStore {
         ttl_ms: u64,
     ) -> Result<bool, StoreDown> {
         self.check()?;
-        let now = self.now_ms;
-        Ok(self.with_slot(scope, |s| store::mark_unknown(s, seen, ttl_ms, now)))
+        Ok(self.inner.mark_unknown(scope, seen, ttl_ms, self.now_ms))
     }
 
     /// Primitive 5.
@@ -146,14 +134,15 @@ impl MemStore {
         ttl_ms: u64,
     ) -> Result<bool, StoreDown> {
         self.check()?;
-        let now = self.now_ms;
-        Ok(self.with_slot(scope, |s| store::complete(s, token, response, ttl_ms, now)))
+        self.inner
+            .complete(scope, token, response, ttl_ms, self.now_ms)
+            .map_err(|_| StoreDown)
     }
 
     /// Primitive 6.
     pub fn release(&mut self, scope: ScopeId, token: FencingToken) -> Result<bool, StoreDown> {
         self.check()?;
-        Ok(self.with_slot(scope, |s| store::release(s, token)))
+        Ok(self.inner.release(scope, token))
     }
 
     /// Primitive 7.
@@ -164,32 +153,13 @@ impl MemStore {
         lease_ms: u64,
     ) -> Result<bool, StoreDown> {
         self.check()?;
-        let now = self.now_ms;
-        Ok(self.with_slot(scope, |s| store::renew(s, token, lease_ms, now)))
+        Ok(self.inner.renew(scope, token, lease_ms, self.now_ms))
     }
 
     /// Primitive 8: deletes up to `batch` records with `expires_at <= now`, earliest expiry first.
     pub fn purge_expired(&mut self, batch: usize) -> Result<PurgeCounts, StoreDown> {
         self.check()?;
-        let now = self.now_ms;
-        let mut due: Vec<(u64, ScopeId)> = self
-            .records
-            .iter()
-            .filter(|(_, r)| store::purgeable(r, now))
-            .map(|(k, r)| (r.expires_at_ms, *k))
-            .collect();
-        due.sort();
-        let mut counts = PurgeCounts::default();
-        for (_, k) in due.into_iter().take(batch) {
-            if let Some(r) = self.records.remove(&k) {
-                match r.state.code() {
-                    1 => counts.in_progress += 1,
-                    2 => counts.completed += 1,
-                    _ => counts.outcome_unknown += 1,
-                }
-            }
-        }
-        Ok(counts)
+        Ok(self.inner.purge_expired(batch, self.now_ms))
     }
 
     /// Executes a flow's [`StoreOp`] and returns the event to feed back (`StoreFailed` when down

@@ -80,16 +80,26 @@ export declare class FlowConfig {
   missingKeyResponse(): HttpResponseData | null
 }
 
-/** A bounded map of records; the clock is supplied by the caller on every call. */
+/** Core's bounded memory store; the clock is supplied by the caller on every call. */
 export declare class MemoryStoreCore {
-  /** A store holding at most `maxEntries` records and `maxBytes` of stored responses. */
-  constructor(maxEntries: number, maxBytes: number)
-  /** Number of records held (expired ones included until purged or evicted). */
+  /**
+   * A store holding at most `maxEntries` records and `maxBytes` bytes, each partition at
+   * most `maxEntriesPerPartition` / `maxBytesPerPartition` (default: a tenth of the global
+   * limit, at least 1).
+   */
+  constructor(maxEntries: number, maxBytes: number, maxEntriesPerPartition?: number | undefined | null, maxBytesPerPartition?: number | undefined | null)
+  /** Number of records held (expired ones included until removed). */
   get size(): number
-  /** Completed records evicted before their expiry (retention cut short). */
-  get evictedLive(): number
-  /** Primitive 1 (positional arguments keep the JS call allocation-free). Throws `STORE_UNAVAILABLE` (reason `store_full`) when no room can be made. */
-  claim(scope: Uint8Array, fingerprint: string, tokenBytes: Uint8Array, leaseMs: number, ttlMs: number, nowMs: number): MemoryClaim
+  /** Bytes held (160 per record plus its fingerprint and stored response). */
+  get bytesUsed(): number
+  /** The per-partition entry quota in force. */
+  get maxEntriesPerPartition(): number
+  /**
+   * Primitive 1 (positional arguments keep the JS call allocation-free); `partition` (8
+   * bytes, see `memoryPartition`) is held to its quota. Throws `STORE_UNAVAILABLE` (reason
+   * `store_full` or `partition_quota`, with `retryAfterMs`) when the record does not fit.
+   */
+  claim(scope: Uint8Array, fingerprint: string, tokenBytes: Uint8Array, leaseMs: number, ttlMs: number, nowMs: number, partitionBytes?: Uint8Array | undefined | null): MemoryClaim
   /** Primitive 2 (may return an expired record). */
   get(scope: Uint8Array): RecordRowData | null
   /** Primitive 3. */
@@ -98,7 +108,8 @@ export declare class MemoryStoreCore {
   markUnknown(scope: Uint8Array, seen: Uint8Array, ttlMs: number, nowMs: number): boolean
   /**
    * Primitive 5. `response` is the encoded column (decoded by core; a malformed value throws
-   * `RECORD_CORRUPT`). Throws `STORE_UNAVAILABLE` (`store_full`) when the bytes do not fit.
+   * `RECORD_CORRUPT`). Throws `STORE_UNAVAILABLE` (`store_full` / `partition_quota`) when the
+   * response does not fit.
    */
   complete(scope: Uint8Array, tokenBytes: Uint8Array, response: Uint8Array, ttlMs: number, nowMs: number): boolean
   /** Primitive 6. */
@@ -226,6 +237,19 @@ export interface BodyProblem {
   /** Core's `invalid_body` problem response (code, byte offset and JSON Pointer in the detail). */
   response: HttpResponseData
 }
+
+/**
+ * The `PX` of a cache fill: `min(cacheTtlMs, expiresAt − readNowMs)` (the authority's time of
+ * the read) less `elapsedMs` (host monotonic time from sending the read to sending the `SET`,
+ * rounded up); `null`: send no `SET`.
+ */
+export declare function cacheFillPx(state: number, expiresAt: number, cacheTtlMs: number, readNowMs: number, elapsedMs: number): number | null
+
+/**
+ * True when a cached entry (record `state` 1|2|3, `expiresAt` unix ms) may be served at the
+ * cache's time `nowMs`: completed and unexpired.
+ */
+export declare function cacheServable(state: number, expiresAt: number, nowMs: number): boolean
 
 /** Canonicalizes a JSON text given as bytes (UTF-8) into its RFC 8785 form. */
 export declare function canonicalizeBytes(data: Uint8Array, options?: CanonicalizeOptions | undefined | null): Buffer
@@ -420,6 +444,9 @@ export interface MemoryClaim {
   /** The live record (when not claimed). */
   record?: RecordRowData
 }
+
+/** The memory store's partition of a principal (8 bytes): what `claim` takes as `partition`. */
+export declare function memoryPartition(principal: string): Buffer
 
 /** The version of the native addon (the workspace version). */
 export declare function nativeVersion(): string

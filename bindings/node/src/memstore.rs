@@ -1,14 +1,19 @@
-//! The in-memory store: core's pure storage primitives (`idempo_core::machine::store`) applied
-//! to a map, one synchronous call per primitive (atomic in Node's single thread).
-use std::collections::{BTreeSet, HashMap};
-
-use idempo_core::machine::store as prim;
-use idempo_core::record::{FencingToken, FingerprintText, Record, RecordState, StoredResponse};
+//! The in-memory store: a thin wrapper of core's bounded memory store
+//! (`idempo_core::machine::memory`, `spec/STORAGE.md` §8), one synchronous call per primitive
+//! (atomic in Node's single thread). Capacity, eviction (expired records only) and the
+//! per-partition quotas are core's; this file only converts arguments and results.
+use idempo_core::machine::memory::{
+    self, MemoryError, MemoryLimits, MemoryStore, Partition, default_partition_share,
+};
+use idempo_core::machine::store::ClaimOutcome;
+use idempo_core::record::{FencingToken, FingerprintText, StoredResponse};
+use idempo_core::scope::ScopeId;
 use napi::Env;
+use napi::bindgen_prelude::Buffer;
 use napi_derive::napi;
 
-use crate::error::{Fail, code};
-use crate::num::to_u64;
+use crate::error::{Detail, Fail, code};
+use crate::num::{from_u64, to_u64};
 use crate::record::{RecordRowData, from_record};
 
 /// Claim's answer: `claimed` with the generation, or the live record.
@@ -33,158 +38,121 @@ pub struct PurgeCounts {
     pub outcome_unknown: u32,
 }
 
-fn scope_key(b: &[u8]) -> Result<[u8; 32], Fail> {
-    b.try_into()
-        .map_err(|_| Fail::new(code::INVALID_ARGUMENT, "a scope key is 32 bytes"))
+/// The memory store's partition of a principal (8 bytes): what `claim` takes as `partition`.
+#[napi(catch_unwind)]
+#[must_use]
+pub fn memory_partition(principal: String) -> Buffer {
+    Buffer::from(Partition::of_principal(&principal).as_bytes().to_vec())
+}
+
+fn scope_key(b: &[u8]) -> Result<ScopeId, Fail> {
+    let bytes: [u8; 32] = b
+        .try_into()
+        .map_err(|_| Fail::new(code::INVALID_ARGUMENT, "a scope key is 32 bytes"))?;
+    Ok(ScopeId::from_bytes(bytes))
 }
 
 fn token(b: &[u8]) -> Result<FencingToken, Fail> {
     FencingToken::from_slice(b).map_err(|e| Fail::new(code::INVALID_ARGUMENT, e.to_string()))
 }
 
-fn body_bytes(r: &Record) -> usize {
-    match &r.state {
-        RecordState::Completed { response } => {
-            response.body.len()
-                + response
-                    .headers
-                    .iter()
-                    .map(|(n, v)| n.len() + v.len())
-                    .sum::<usize>()
-        }
-        _ => 0,
-    }
+fn partition(b: Option<&[u8]>) -> Result<Option<Partition>, Fail> {
+    b.map(|b| {
+        b.try_into()
+            .map(Partition)
+            .map_err(|_| Fail::new(code::INVALID_ARGUMENT, "a partition is 8 bytes"))
+    })
+    .transpose()
 }
 
-/// A bounded map of records; the clock is supplied by the caller on every call.
+fn limit(v: f64, name: &str) -> Result<usize, Fail> {
+    let n = usize::try_from(to_u64(v, name)?).unwrap_or(usize::MAX);
+    if n == 0 {
+        return Err(Fail::new(
+            code::INVALID_ARGUMENT,
+            format!("{name} must be positive"),
+        ));
+    }
+    Ok(n)
+}
+
+/// A refusal of core's store as `STORE_UNAVAILABLE` (reason `store_full` or
+/// `partition_quota`, `retryAfterMs` set).
+fn refused(e: MemoryError) -> Fail {
+    let reason = match e {
+        MemoryError::Full { .. } => "store_full",
+        MemoryError::QuotaExceeded { .. } => "partition_quota",
+    };
+    Fail::new(code::STORE_UNAVAILABLE, e.to_string())
+        .reason(reason)
+        .with("retryAfterMs", Detail::Num(from_u64(e.retry_after_ms())))
+}
+
+/// Core's bounded memory store; the clock is supplied by the caller on every call.
 #[napi]
 pub struct MemoryStoreCore {
-    map: HashMap<[u8; 32], Record>,
-    /// Every record's (expiry, key), earliest first: sweeps, purges and evictions take from the
-    /// front instead of scanning the map.
-    by_expiry: BTreeSet<(u64, [u8; 32])>,
-    max_entries: usize,
-    max_bytes: usize,
-    bytes: usize,
-    evicted_live: u32,
-    ops: u32,
+    inner: MemoryStore,
 }
-
-/// Claims between two lazy sweeps of expired records.
-const SWEEP_EVERY: u32 = 128;
-/// Most expired records one sweep deletes.
-const SWEEP_MAX: usize = 64;
 
 #[napi]
 impl MemoryStoreCore {
-    /// A store holding at most `maxEntries` records and `maxBytes` of stored responses.
+    /// A store holding at most `maxEntries` records and `maxBytes` bytes, each partition at
+    /// most `maxEntriesPerPartition` / `maxBytesPerPartition` (default: a tenth of the global
+    /// limit, at least 1).
     #[napi(constructor)]
-    #[must_use]
-    pub fn new(max_entries: u32, max_bytes: f64) -> Self {
-        Self {
-            map: HashMap::new(),
-            by_expiry: BTreeSet::new(),
-            max_entries: max_entries as usize,
-            max_bytes: to_u64(max_bytes, "maxBytes")
-                .ok()
-                .and_then(|v| usize::try_from(v).ok())
-                .unwrap_or(usize::MAX),
-            bytes: 0,
-            evicted_live: 0,
-            ops: 0,
-        }
+    pub fn new(
+        env: Env,
+        max_entries: f64,
+        max_bytes: f64,
+        max_entries_per_partition: Option<f64>,
+        max_bytes_per_partition: Option<f64>,
+    ) -> napi::Result<Self> {
+        let run = || -> Result<Self, Fail> {
+            let entries = limit(max_entries, "maxEntries")?;
+            let bytes = limit(max_bytes, "maxBytes")?;
+            let limits = MemoryLimits {
+                max_entries: entries,
+                max_bytes: bytes,
+                max_entries_per_partition: match max_entries_per_partition {
+                    Some(v) => limit(v, "maxEntriesPerPartition")?,
+                    None => default_partition_share(entries),
+                },
+                max_bytes_per_partition: match max_bytes_per_partition {
+                    Some(v) => limit(v, "maxBytesPerPartition")?,
+                    None => default_partition_share(bytes),
+                },
+            };
+            Ok(Self {
+                inner: MemoryStore::new(limits),
+            })
+        };
+        run().map_err(|f| f.throw(&env))
     }
 
-    /// Number of records held (expired ones included until purged or evicted).
+    /// Number of records held (expired ones included until removed).
     #[napi(getter)]
     #[must_use]
     pub fn size(&self) -> u32 {
-        u32::try_from(self.map.len()).unwrap_or(u32::MAX)
+        u32::try_from(self.inner.len()).unwrap_or(u32::MAX)
     }
 
-    /// Completed records evicted before their expiry (retention cut short).
+    /// Bytes held (160 per record plus its fingerprint and stored response).
     #[napi(getter)]
     #[must_use]
-    pub fn evicted_live(&self) -> u32 {
-        self.evicted_live
+    pub fn bytes_used(&self) -> f64 {
+        from_u64(self.inner.bytes() as u64)
     }
 
-    fn with_slot<T>(&mut self, k: [u8; 32], f: impl FnOnce(&mut Option<Record>) -> T) -> T {
-        let mut slot = self.map.remove(&k);
-        let before = slot.as_ref().map_or(0, body_bytes);
-        let expiry_before = slot.as_ref().map(|r| r.expires_at_ms);
-        let out = f(&mut slot);
-        let after = slot.as_ref().map_or(0, body_bytes);
-        self.bytes = self.bytes - before + after;
-        let expiry_after = slot.as_ref().map(|r| r.expires_at_ms);
-        if expiry_before != expiry_after {
-            if let Some(e) = expiry_before {
-                self.by_expiry.remove(&(e, k));
-            }
-            if let Some(e) = expiry_after {
-                self.by_expiry.insert((e, k));
-            }
-        }
-        if let Some(r) = slot {
-            self.map.insert(k, r);
-        }
-        out
+    /// The per-partition entry quota in force.
+    #[napi(getter)]
+    #[must_use]
+    pub fn max_entries_per_partition(&self) -> f64 {
+        from_u64(self.inner.limits().max_entries_per_partition as u64)
     }
 
-    fn remove(&mut self, k: &[u8; 32]) -> Option<Record> {
-        let r = self.map.remove(k)?;
-        self.bytes -= body_bytes(&r);
-        self.by_expiry.remove(&(r.expires_at_ms, *k));
-        Some(r)
-    }
-
-    /// The expired records, earliest expiry first, at most `max` of them.
-    fn expired_keys(&self, now: u64, max: usize) -> Vec<[u8; 32]> {
-        self.by_expiry
-            .iter()
-            .take_while(|(e, _)| *e <= now)
-            .take(max)
-            .map(|(_, k)| *k)
-            .collect()
-    }
-
-    /// Deletes up to [`SWEEP_MAX`] expired records (nothing outlives the process, so this only
-    /// bounds memory between purges).
-    fn sweep(&mut self, now: u64) {
-        for k in self.expired_keys(now, SWEEP_MAX) {
-            self.remove(&k);
-        }
-    }
-
-    /// Makes room for `extra` more entries / `extra_bytes` more bytes: expired records first,
-    /// then completed ones with the earliest expiry. Never in-progress or outcome-unknown ones.
-    fn make_room(&mut self, extra: usize, extra_bytes: usize, now: u64) -> bool {
-        let full =
-            |s: &Self| s.map.len() + extra > s.max_entries || s.bytes + extra_bytes > s.max_bytes;
-        if !full(self) {
-            return true;
-        }
-        for k in self.expired_keys(now, usize::MAX) {
-            self.remove(&k);
-        }
-        while full(self) {
-            let victim = self.by_expiry.iter().map(|(_, k)| *k).find(|k| {
-                self.map
-                    .get(k)
-                    .is_some_and(|r| matches!(r.state, RecordState::Completed { .. }))
-            });
-            match victim {
-                Some(k) => {
-                    self.remove(&k);
-                    self.evicted_live = self.evicted_live.saturating_add(1);
-                }
-                None => return false,
-            }
-        }
-        true
-    }
-
-    /// Primitive 1 (positional arguments keep the JS call allocation-free). Throws `STORE_UNAVAILABLE` (reason `store_full`) when no room can be made.
+    /// Primitive 1 (positional arguments keep the JS call allocation-free); `partition` (8
+    /// bytes, see `memoryPartition`) is held to its quota. Throws `STORE_UNAVAILABLE` (reason
+    /// `store_full` or `partition_quota`, with `retryAfterMs`) when the record does not fit.
     #[napi(catch_unwind)]
     #[allow(clippy::too_many_arguments)]
     pub fn claim(
@@ -196,35 +164,30 @@ impl MemoryStoreCore {
         lease_ms: f64,
         ttl_ms: f64,
         now_ms: f64,
+        partition_bytes: Option<&[u8]>,
     ) -> napi::Result<MemoryClaim> {
         let run = |s: &mut Self| -> Result<MemoryClaim, Fail> {
             let k = scope_key(scope)?;
             let fp = FingerprintText::new(fingerprint)
                 .map_err(|e| Fail::new(code::INVALID_ARGUMENT, e.to_string()))?;
             let t = token(token_bytes)?;
+            let p = partition(partition_bytes)?;
             let (lease, ttl, now) = (
                 to_u64(lease_ms, "leaseMs")?,
                 to_u64(ttl_ms, "ttlMs")?,
                 to_u64(now_ms, "nowMs")?,
             );
-            s.ops = s.ops.wrapping_add(1);
-            if s.ops.is_multiple_of(SWEEP_EVERY) {
-                s.sweep(now);
-            }
-            let live = s.map.get(&k).is_some_and(|r| !r.is_expired(now));
-            if !live && !s.map.contains_key(&k) && !s.make_room(1, 0, now) {
-                return Err(
-                    Fail::new(code::STORE_UNAVAILABLE, "the memory store is full")
-                        .reason("store_full"),
-                );
-            }
-            match s.with_slot(k, |slot| prim::claim(slot, &fp, t, lease, ttl, now)) {
-                prim::ClaimOutcome::Claimed { generation } => Ok(MemoryClaim {
+            match s
+                .inner
+                .claim(k, p, &fp, t, lease, ttl, now)
+                .map_err(refused)?
+            {
+                ClaimOutcome::Claimed { generation } => Ok(MemoryClaim {
                     claimed: true,
                     generation: Some(generation),
                     record: None,
                 }),
-                prim::ClaimOutcome::Existing(r) => Ok(MemoryClaim {
+                ClaimOutcome::Existing(r) => Ok(MemoryClaim {
                     claimed: false,
                     generation: None,
                     record: Some(from_record(&r)?),
@@ -238,7 +201,7 @@ impl MemoryStoreCore {
     #[napi(catch_unwind)]
     pub fn get(&self, env: Env, scope: &[u8]) -> napi::Result<Option<RecordRowData>> {
         let run = || -> Result<Option<RecordRowData>, Fail> {
-            self.map
+            self.inner
                 .get(&scope_key(scope)?)
                 .map(from_record)
                 .transpose()
@@ -260,7 +223,7 @@ impl MemoryStoreCore {
         let run = |s: &mut Self| -> Result<Option<u32>, Fail> {
             let (k, seen, new) = (scope_key(scope)?, token(seen)?, token(new_token)?);
             let (lease, now) = (to_u64(lease_ms, "leaseMs")?, to_u64(now_ms, "nowMs")?);
-            Ok(s.with_slot(k, |slot| prim::takeover(slot, seen, new, lease, now)))
+            Ok(s.inner.takeover(k, seen, new, lease, now))
         };
         run(self).map_err(|f| f.throw(&env))
     }
@@ -278,13 +241,14 @@ impl MemoryStoreCore {
         let run = |s: &mut Self| -> Result<bool, Fail> {
             let (k, seen) = (scope_key(scope)?, token(seen)?);
             let (ttl, now) = (to_u64(ttl_ms, "ttlMs")?, to_u64(now_ms, "nowMs")?);
-            Ok(s.with_slot(k, |slot| prim::mark_unknown(slot, seen, ttl, now)))
+            Ok(s.inner.mark_unknown(k, seen, ttl, now))
         };
         run(self).map_err(|f| f.throw(&env))
     }
 
     /// Primitive 5. `response` is the encoded column (decoded by core; a malformed value throws
-    /// `RECORD_CORRUPT`). Throws `STORE_UNAVAILABLE` (`store_full`) when the bytes do not fit.
+    /// `RECORD_CORRUPT`). Throws `STORE_UNAVAILABLE` (`store_full` / `partition_quota`) when the
+    /// response does not fit.
     #[napi(catch_unwind)]
     pub fn complete(
         &mut self,
@@ -300,23 +264,7 @@ impl MemoryStoreCore {
             let (ttl, now) = (to_u64(ttl_ms, "ttlMs")?, to_u64(now_ms, "nowMs")?);
             let resp = StoredResponse::decode(response)
                 .map_err(|e| Fail::new(code::RECORD_CORRUPT, e.to_string()))?;
-            let size = resp.body.len()
-                + resp
-                    .headers
-                    .iter()
-                    .map(|(n, v)| n.len() + v.len())
-                    .sum::<usize>();
-            let owned = s
-                .map
-                .get(&k)
-                .is_some_and(|r| r.token == t && matches!(r.state, RecordState::InProgress { .. }));
-            if owned && !s.make_room(0, size, now) {
-                return Err(
-                    Fail::new(code::STORE_UNAVAILABLE, "the memory store is full")
-                        .reason("store_full"),
-                );
-            }
-            Ok(s.with_slot(k, |slot| prim::complete(slot, t, resp, ttl, now)))
+            s.inner.complete(k, t, resp, ttl, now).map_err(refused)
         };
         run(self).map_err(|f| f.throw(&env))
     }
@@ -325,8 +273,7 @@ impl MemoryStoreCore {
     #[napi(catch_unwind)]
     pub fn release(&mut self, env: Env, scope: &[u8], token_bytes: &[u8]) -> napi::Result<bool> {
         let run = |s: &mut Self| -> Result<bool, Fail> {
-            let (k, t) = (scope_key(scope)?, token(token_bytes)?);
-            Ok(s.with_slot(k, |slot| prim::release(slot, t)))
+            Ok(s.inner.release(scope_key(scope)?, token(token_bytes)?))
         };
         run(self).map_err(|f| f.throw(&env))
     }
@@ -344,7 +291,7 @@ impl MemoryStoreCore {
         let run = |s: &mut Self| -> Result<bool, Fail> {
             let (k, t) = (scope_key(scope)?, token(token_bytes)?);
             let (lease, now) = (to_u64(lease_ms, "leaseMs")?, to_u64(now_ms, "nowMs")?);
-            Ok(s.with_slot(k, |slot| prim::renew(slot, t, lease, now)))
+            Ok(s.inner.renew(k, t, lease, now))
         };
         run(self).map_err(|f| f.throw(&env))
     }
@@ -358,25 +305,12 @@ impl MemoryStoreCore {
         now_ms: f64,
     ) -> napi::Result<PurgeCounts> {
         let now = to_u64(now_ms, "nowMs").map_err(|f| f.throw(&env))?;
-        let due: Vec<[u8; 32]> = self
-            .expired_keys(now, batch as usize)
-            .into_iter()
-            .filter(|k| self.map.get(k).is_some_and(|r| prim::purgeable(r, now)))
-            .collect();
-        let mut counts = PurgeCounts {
-            in_progress: 0,
-            completed: 0,
-            outcome_unknown: 0,
-        };
-        for k in due {
-            if let Some(r) = self.remove(&k) {
-                match r.state {
-                    RecordState::InProgress { .. } => counts.in_progress += 1,
-                    RecordState::Completed { .. } => counts.completed += 1,
-                    RecordState::OutcomeUnknown => counts.outcome_unknown += 1,
-                }
-            }
-        }
-        Ok(counts)
+        let c: memory::PurgeCounts = self.inner.purge_expired(batch as usize, now);
+        let n = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
+        Ok(PurgeCounts {
+            in_progress: n(c.in_progress),
+            completed: n(c.completed),
+            outcome_unknown: n(c.outcome_unknown),
+        })
     }
 }

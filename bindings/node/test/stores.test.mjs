@@ -7,9 +7,9 @@ import { idempo } from './helpers.mjs';
 const FP = `v1:${'ab'.repeat(32)}`;
 const enc = (n) => idempo.encodeResponse({ status: 200, headers: [], body: Buffer.alloc(n, 0x61) });
 
-test('MemoryStore is bounded: evicts expired, then completed (counted), never in-progress', async () => {
+test('MemoryStore is bounded: a full store reuses expired room only, never evicts a live record', async () => {
   let now = 1_000_000;
-  const store = new idempo.MemoryStore({ maxEntries: 3, clock: () => now });
+  const store = new idempo.MemoryStore({ maxEntries: 3, maxEntriesPerPartition: 3, clock: () => now });
   const k = () => randomBytes(32);
   const [a, b, c] = [k(), k(), k()];
   const t = randomBytes(16);
@@ -20,33 +20,28 @@ test('MemoryStore is bounded: evicts expired, then completed (counted), never in
   assert.equal(store.size, 3);
   now += 2000; // a expired
   assert.equal((await store.claim(k(), FP, t, 1000, 60_000)).claimed, true, 'the expired record made room');
-  assert.equal(store.evictedLive, 0);
-  assert.equal((await store.claim(k(), FP, t, 1000, 60_000)).claimed, true, 'the completed record was evicted');
-  assert.equal(store.evictedLive, 1);
-  assert.equal((await store.get(b)).record, null);
+  await assert.rejects(
+    store.claim(k(), FP, t, 1000, 60_000),
+    (e) => e instanceof idempo.StoreUnavailableError && e.reason === 'store_full' && e.retryAfterMs === 58_000,
+  );
+  assert.equal((await store.get(b)).record?.state, 2, 'the completed record is never evicted');
   assert.ok((await store.get(c)).record, 'in-progress records are never evicted');
-  await assert.rejects(store.claim(k(), FP, t, 1000, 60_000), (e) => e instanceof idempo.StoreUnavailableError && e.reason === 'store_full');
 });
 
-test('MemoryStore evicts completed records earliest expiry first; purges earliest first in batches', async () => {
+test('MemoryStore holds each partition to its quota; purges earliest first in batches', async () => {
   let now = 5_000_000;
-  const store = new idempo.MemoryStore({ maxEntries: 5, clock: () => now });
+  const store = new idempo.MemoryStore({ maxEntries: 10, clock: () => now });
+  assert.equal(store.maxEntriesPerPartition, 1, 'a tenth of maxEntries by default');
   const t = randomBytes(16);
-  const done = {};
-  for (const [name, ttl] of [['late', 50_000], ['early', 10_000], ['middle', 30_000]]) {
-    done[name] = randomBytes(32);
-    await store.claim(done[name], FP, t, 1000, ttl);
-    assert.equal(await store.complete(done[name], t, enc(10), ttl), true);
-  }
-  const busy = [randomBytes(32), randomBytes(32)];
-  for (const b of busy) await store.claim(b, FP, t, 1000, 5_000); // in progress, earliest expiry of all
-  const alive = async (key) => (await store.get(key)).record !== null;
-  for (const gone of ['early', 'middle', 'late']) {
-    assert.equal((await store.claim(randomBytes(32), FP, t, 1000, 60_000)).claimed, true);
-    assert.equal(await alive(done[gone]), false, `${gone} should be the one evicted`);
-  }
-  assert.equal(store.evictedLive, 3);
-  for (const b of busy) assert.equal(await alive(b), true, 'in-progress records are never evicted');
+  const alice = idempo.memoryPartition('alice');
+  assert.equal(alice.length, 8);
+  assert.equal((await store.claim(randomBytes(32), FP, t, 1000, 5000, { partition: alice })).claimed, true);
+  await assert.rejects(
+    store.claim(randomBytes(32), FP, t, 1000, 5000, { partition: alice }),
+    (e) => e instanceof idempo.StoreUnavailableError && e.reason === 'partition_quota' && e.retryAfterMs === 5000,
+  );
+  const bob = idempo.memoryPartition('bob');
+  assert.equal((await store.claim(randomBytes(32), FP, t, 1000, 5000, { partition: bob })).claimed, true);
 
   const purging = new idempo.MemoryStore({ clock: () => now });
   const keys = [];
@@ -64,7 +59,7 @@ test('MemoryStore evicts completed records earliest expiry first; purges earlies
 });
 
 test('MemoryStore bounds stored bytes', async () => {
-  const store = new idempo.MemoryStore({ maxBytes: 100 });
+  const store = new idempo.MemoryStore({ maxBytes: 400, maxBytesPerPartition: 400 });
   const t = randomBytes(16);
   const a = randomBytes(32);
   await store.claim(a, FP, t, 1000, 60_000);
@@ -100,13 +95,4 @@ test('stores reject malformed scope keys and tokens', async () => {
   await s.close();
   const m = new idempo.MemoryStore();
   await assert.rejects(m.claim(Buffer.alloc(31), FP, Buffer.alloc(16), 1000, 1000), (e) => e.code === 'INVALID_ARGUMENT');
-});
-
-test('MemoryStore sweeps expired records lazily as claims arrive', async () => {
-  let now = 9_000_000;
-  const store = new idempo.MemoryStore({ clock: () => now });
-  for (let i = 0; i < 60; i++) await store.claim(randomBytes(32), FP, randomBytes(16), 1000, 1000);
-  now += 5000;
-  for (let i = 0; i < 200; i++) await store.claim(randomBytes(32), FP, randomBytes(16), 1000, 60_000);
-  assert.ok(store.size < 260, `expired records were swept (size ${store.size})`);
 });

@@ -186,6 +186,7 @@ interface NativeErrorShape {
   reason?: unknown;
   offset?: unknown;
   pointer?: unknown;
+  retryAfterMs?: unknown;
 }
 
 /**
@@ -200,6 +201,7 @@ export function fromNative(err: unknown): unknown {
   if (typeof e.reason === 'string') details.reason = e.reason;
   if (typeof e.offset === 'number') details.offset = e.offset;
   if (typeof e.pointer === 'string' || e.pointer === null) details.pointer = e.pointer;
+  if (typeof e.retryAfterMs === 'number') details.retryAfterMs = e.retryAfterMs;
   switch (e.code) {
     case 'IDEMPOTENCY_KEY_INVALID':
       return new IdempotencyKeyInvalidError(message, details);

@@ -10,6 +10,7 @@ mod api;
 mod convert;
 mod errors;
 mod flow;
+mod memory;
 mod recipes;
 
 use pyo3::prelude::*;
@@ -34,6 +35,9 @@ fn _idempo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(flow::body_too_large, m)?)?;
     m.add_function(wrap_pyfunction!(flow::unavailable_problem, m)?)?;
     m.add_function(wrap_pyfunction!(recipes::recipes, m)?)?;
+    m.add_function(wrap_pyfunction!(memory::memory_partition, m)?)?;
+    m.add_function(wrap_pyfunction!(memory::cache_servable, m)?)?;
+    m.add_function(wrap_pyfunction!(memory::cache_fill_px, m)?)?;
     m.add_class::<flow::Config>()?;
     m.add_class::<flow::ServerFlow>()?;
     m.add_class::<flow::Action>()?;
@@ -42,5 +46,6 @@ fn _idempo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<api::RouteFingerprinter>()?;
     m.add_class::<api::RetryPolicy>()?;
     m.add_class::<api::RetryAdvice>()?;
+    m.add_class::<memory::MemoryStoreCore>()?;
     Ok(())
 }

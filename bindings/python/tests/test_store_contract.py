@@ -29,6 +29,11 @@ FP = "v1:" + "ab" * 32
 FP2 = "v1:" + "cd" * 32
 
 
+def r(body: bytes) -> bytes:
+    """A ``response`` column value (core's encoding; the memory store decodes what it keeps)."""
+    return idempo.encode_response(200, [], body)
+
+
 def run(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest, body: Callable[[Any], Awaitable[None]]
 ) -> None:
@@ -74,18 +79,18 @@ def test_complete_checks_token(kind: str, tmp_path: Path, request: pytest.Fixtur
 
     async def body(s: Any) -> None:
         await s.claim(key(1), FP, tok(1), 10_000, 60_000)
-        assert await s.complete(key(1), tok(9), b"stale", 60_000) is False
-        assert await s.complete(key(1), tok(1), payload, 120_000) is True
+        assert await s.complete(key(1), tok(9), r(b"stale"), 60_000) is False
+        assert await s.complete(key(1), tok(1), r(payload), 120_000) is True
         rec, now = await s.get(key(1))
-        assert rec is not None and rec.state == COMPLETED and rec.response == payload
+        assert rec is not None and rec.state == COMPLETED and rec.response == r(payload)
         assert rec.lease_until is None and rec.token == tok(1)
         assert now <= rec.expires_at <= now + 120_000
-        assert await s.complete(key(1), tok(1), b"again", 60_000) is False
+        assert await s.complete(key(1), tok(1), r(b"again"), 60_000) is False
         assert await s.release(key(1), tok(1)) is False
         assert await s.renew(key(1), tok(1), 1_000) is False
         existing = await s.claim(key(1), FP, tok(2), 10_000, 60_000)
-        assert isinstance(existing, Existing) and existing.record.response == payload
-        assert await s.complete(key(7), tok(1), b"x", 1_000) is False  # no record at all
+        assert isinstance(existing, Existing) and existing.record.response == r(payload)
+        assert await s.complete(key(7), tok(1), r(b"x"), 1_000) is False  # no record at all
 
     run(kind, tmp_path, request, body)
 
@@ -119,13 +124,13 @@ def test_takeover_after_lease_and_stale_owner(
         assert rec.lease_until is not None and now < rec.lease_until <= now + 10_000
         assert rec.expires_at >= rec.lease_until
         # The paused former owner wakes up: every write of its is refused.
-        assert await s.complete(key(1), tok(1), b"late", 60_000) is False
+        assert await s.complete(key(1), tok(1), r(b"late"), 60_000) is False
         assert await s.renew(key(1), tok(1), 10_000) is False
         assert await s.release(key(1), tok(1)) is False
         assert await s.takeover(key(1), tok(1), tok(3), 10_000) is None
-        assert await s.complete(key(1), tok(2), b"ok", 60_000) is True
+        assert await s.complete(key(1), tok(2), r(b"ok"), 60_000) is True
         rec, _ = await s.get(key(1))
-        assert rec is not None and rec.response == b"ok"
+        assert rec is not None and rec.response == r(b"ok")
 
     run(kind, tmp_path, request, body)
 
@@ -141,7 +146,7 @@ def test_mark_unknown(kind: str, tmp_path: Path, request: pytest.FixtureRequest)
         rec, now = await s.get(key(1))
         assert rec is not None and rec.state == OUTCOME_UNKNOWN and rec.lease_until is None
         assert now <= rec.expires_at <= now + 90_000
-        assert await s.complete(key(1), tok(1), b"late", 60_000) is False
+        assert await s.complete(key(1), tok(1), r(b"late"), 60_000) is False
         assert await s.takeover(key(1), tok(1), tok(3), 1_000) is None
         res = await s.claim(key(1), FP, tok(4), 1_000, 60_000)
         assert isinstance(res, Existing) and res.record.state == OUTCOME_UNKNOWN
@@ -173,7 +178,7 @@ def test_renew_extends_lease(kind: str, tmp_path: Path, request: pytest.FixtureR
 def test_expired_record_is_replaced(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     async def body(s: Any) -> None:
         await s.claim(key(1), FP, tok(1), LEASE, LEASE)
-        assert await s.complete(key(1), tok(1), b"first", LEASE) is True
+        assert await s.complete(key(1), tok(1), r(b"first"), LEASE) is True
         await asyncio.sleep(SLEEP)
         res = await s.claim(key(1), FP2, tok(2), 10_000, 60_000)
         assert isinstance(res, Claimed) and res.generation == 2
@@ -192,13 +197,13 @@ def test_purge_expired_counts(kind: str, tmp_path: Path, request: pytest.Fixture
             await s.claim(key(n), FP, tok(n), 1, LEASE)
         for n in (3, 4, 5):
             await s.claim(key(n), FP, tok(n), 10_000, 60_000)
-            assert await s.complete(key(n), tok(n), b"r", LEASE)
+            assert await s.complete(key(n), tok(n), r(b"r"), LEASE)
         await s.claim(key(6), FP, tok(6), 1, 60_000)
         await asyncio.sleep(0.01)
         assert await s.mark_unknown(key(6), tok(6), LEASE)
         for n in (7, 8):
             await s.claim(key(n), FP, tok(n), 10_000, 60_000)
-        await s.complete(key(8), tok(8), b"live", 60_000)
+        await s.complete(key(8), tok(8), r(b"live"), 60_000)
         await asyncio.sleep(SLEEP)
         first = await s.purge_expired(batch=2)
         assert first.total == 2  # one batch per call
@@ -294,21 +299,32 @@ def test_redis_refuses_evicting_policy(services: Any) -> None:
 
 
 def test_memory_store_bounds_and_fork_guard() -> None:
-    from idempo.stores import MemoryStore
+    from idempo.stores import MemoryStore, memory_partition
 
-    s = MemoryStore(max_entries=3)
+    now = [1_000_000]
+    s = MemoryStore(max_entries=3, clock=lambda: now[0])
+    assert s.max_entries_per_partition == 1  # a tenth of max_entries, at least 1
     for n in (1, 2):
         s.claim(key(n), FP, tok(n), 10_000, 60_000)
-        assert s.complete(key(n), tok(n), b"x", 60_000 + n)
-    s.claim(key(3), FP, tok(3), 10_000, 60_000)
-    # Full: the completed record with the earliest expiry goes, never an in-progress one.
+        assert s.complete(key(n), tok(n), r(b"x"), 60_000 + n)
+    s.claim(key(3), FP, tok(3), 10_000, 120_000)
+    # Full of unexpired records: nothing is evicted, the claim is refused with a hint.
+    with pytest.raises(idempo.StoreUnavailable, match="full") as info:
+        s.claim(key(4), FP, tok(4), 10_000, 60_000)
+    assert info.value.reason == "store_full" and info.value.retry_after == 60.001  # type: ignore[attr-defined]
+    assert {s.get(key(n))[0].state for n in (1, 2)} == {COMPLETED}  # type: ignore[union-attr]
+    now[0] += 60_001  # the first record expired: its room is reused
     assert isinstance(s.claim(key(4), FP, tok(4), 10_000, 60_000), Claimed)
-    assert s.get(key(1))[0] is None and s.evicted_live == 1
-    assert isinstance(s.claim(key(5), FP, tok(5), 10_000, 60_000), Claimed)
-    assert s.get(key(2))[0] is None and s.evicted_live == 2
-    with pytest.raises(idempo.StoreUnavailable, match="full"):
-        s.claim(key(6), FP, tok(6), 10_000, 60_000)
-    assert {s.get(key(n))[0].state for n in (3, 4, 5)} == {IN_PROGRESS}  # type: ignore[union-attr]
+    assert s.get(key(1))[0] is None and s.get(key(2))[0] is not None
+    # One partition is held to its quota.
+    q = MemoryStore(max_entries=10, max_entries_per_partition=1, clock=lambda: now[0])
+    alice = memory_partition("alice")
+    q.claim(key(1), FP, tok(1), 10_000, 60_000, partition=alice)
+    with pytest.raises(idempo.StoreUnavailable) as info:
+        q.claim(key(2), FP, tok(2), 10_000, 60_000, partition=alice)
+    assert info.value.reason == "partition_quota"  # type: ignore[attr-defined]
+    assert isinstance(q.claim(key(2), FP, tok(2), 10_000, 60_000, partition=memory_partition("bob")), Claimed)
+    assert len(q) == 2 and q.bytes_used == 2 * (160 + len(FP))
 
     forked = MemoryStore()
     forked._pid = os.getpid() + 1  # what a forked child sees  # noqa: SLF001

@@ -8,10 +8,15 @@
 //! - [`ServerFlow`]: the sans-IO server flow. The host feeds [`Event`]s (store results, handler
 //!   results, heartbeat timers) and executes the [`Action`]s it gets back (store operations,
 //!   "run the handler", "respond").
+//! - [`memory`]: the bounded in-memory store (capacity, eviction, per-partition quotas) every
+//!   binding wraps.
+//! - [`cache`]: the cache rule: when a cached record may be served and how long a fill lives.
 //! - [`problem`]: RFC 9457 problem+json responses for every non-handler answer.
 //!
 //! The normative description is `spec/PROTOCOL.md`.
+pub mod cache;
 mod flow;
+pub mod memory;
 pub mod problem;
 pub mod store;
 

@@ -19,11 +19,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use idempo_core::fingerprint::{FingerprintConfig, RequestParts, fingerprint};
+use idempo_core::machine::cache::{self, CacheAnswer};
 use idempo_core::machine::problem::{ProblemKind, problem_response};
 use idempo_core::machine::store::{self, ClaimOutcome};
 use idempo_core::machine::{
-    Action, Decision, DownstreamKey, Event, HandlerResponse, HttpResponse, Outcome, ServerFlow,
-    StoreOp, StoreResult, decide, replay_response,
+    Action, DownstreamKey, Event, HandlerResponse, HttpResponse, Outcome, ServerFlow, StoreOp,
+    StoreResult, replay_response,
 };
 use idempo_core::policy::{Config, LeasePolicy, TakeoverPolicy};
 use idempo_core::record::{FencingToken, FingerprintText, Record, RecordState, StoredResponse};
@@ -33,6 +34,7 @@ use stateright::{Model, Property};
 
 mod flowkey;
 pub mod harness;
+mod mutated;
 pub mod props;
 
 pub use flowkey::FlowKey;
@@ -97,13 +99,15 @@ pub enum Variant {
     /// handler's writes in the transaction and commits them with the completion, but core does not
     /// know, so a failed completion is answered with the handler's response (`completion_failed`).
     TransactionalFlagOff,
-    /// The cache entry's TTL is the cache TTL alone, not bounded by the record's `expires_at`.
+    /// Core's `cache::fill_budget_ms` replaced by a copy that returns the cache TTL alone, not
+    /// bounded by the record's `expires_at`.
     CacheTtlUnbounded,
-    /// The cache fill sets the `PX` the authority computed at the read, without subtracting the
-    /// time that passed until the `SET`: a delayed fill outlives the record.
+    /// Core's `cache::shrink_ms` replaced by a copy that keeps the budget computed at the read,
+    /// without subtracting the time that passed until the `SET`: a delayed fill outlives the
+    /// record.
     CacheFillDelayIgnored,
-    /// A cache hit replays the cached response without running `decide` on the cached record
-    /// (no fingerprint comparison).
+    /// Core's `cache::answer` replaced by a copy that replays any servable cached record
+    /// without running `decide` on it (no fingerprint comparison).
     CacheSkipsDecide,
     /// The host ignores `ServerFlow::cleanup` (the hosts before it existed): a lost claim holds
     /// the key until its lease ends. No safety property changes; the cleanup witness is lost.
@@ -805,8 +809,9 @@ impl IdempoModel {
     }
 
     /// The host looks the request up in the cache before starting a flow (`spec/STORAGE.md` §9):
-    /// `decide` on the cached copy; a replay or a mismatch is answered from the cache, anything
-    /// else (no entry, entry expired) falls through. Returns true when the cache answered.
+    /// core's [`cache::answer`] (`decide` on the cached copy; a replay or a mismatch is answered
+    /// from the cache, anything else falls through), or its mutated copy under
+    /// [`Variant::CacheSkipsDecide`]. Returns true when the cache answered.
     fn cache_answers(&self, w: &mut World, c: u8, token: u8) -> bool {
         let s = usize::from(self.scope_of(c));
         let Some(Some(entry)) = w.cache.get(s).cloned() else {
@@ -814,19 +819,18 @@ impl IdempoModel {
         };
         let now_ms = Self::now_ms(w);
         let fp = &self.fingerprints[usize::from(self.fp_of(c))];
-        let decision = match (&entry.record.state, self.variant) {
-            (RecordState::Completed { response }, Variant::CacheSkipsDecide) => {
-                Decision::Replay(response)
-            }
-            _ => decide(&entry.record, fp, now_ms, &self.config),
+        let answer = if self.variant == Variant::CacheSkipsDecide {
+            mutated::answer_skipping_decide(&entry.record, now_ms)
+        } else {
+            cache::answer(&entry.record, fp, now_ms, &self.config)
         };
-        let (response, outcome) = match decision {
-            Decision::Replay(stored) => (replay_response(stored), Outcome::Replayed),
-            Decision::Mismatch => (
+        let (response, outcome) = match answer {
+            CacheAnswer::Replay(stored) => (replay_response(stored), Outcome::Replayed),
+            CacheAnswer::Mismatch => (
                 problem_response(ProblemKind::Mismatch, None, None, None),
                 Outcome::Mismatch,
             ),
-            _ => return false,
+            CacheAnswer::FallThrough => return false,
         };
         let seen = if outcome == Outcome::Replayed {
             props::check_cache_replay(w, s, &entry, body_of(&response.body), now_ms);
@@ -847,9 +851,10 @@ impl IdempoModel {
         true
     }
 
-    /// Fill, step one: the host reads the completed record of scope `s` from the authority,
-    /// which computes `PX = min(cache TTL, expires_at − now)` on its clock (the cache TTL alone
-    /// under [`Variant::CacheTtlUnbounded`]).
+    /// Fill, step one: the host reads the completed record of scope `s` from the authority and
+    /// computes the fill's budget with core's [`cache::fill_budget_ms`], `min(cache TTL,
+    /// expires_at − now)` on the authority's clock (its mutated copy under
+    /// [`Variant::CacheTtlUnbounded`]).
     fn cache_read(&self, w: &mut World, s: usize) {
         let now_ms = Self::now_ms(w);
         let Some(ttl) = self.bounds.cache else { return };
@@ -857,11 +862,14 @@ impl IdempoModel {
             return;
         };
         let cache_ms = u64::from(ttl) * TICK_MS;
-        let px_ms = if self.variant == Variant::CacheTtlUnbounded {
-            cache_ms
+        let (state, expires_at) = (record.state.code(), record.expires_at_ms);
+        let budget = if self.variant == Variant::CacheTtlUnbounded {
+            mutated::fill_budget_unbounded(state, expires_at, cache_ms, now_ms)
         } else {
-            cache_ms.min(record.expires_at_ms.saturating_sub(now_ms))
+            cache::fill_budget_ms(state, expires_at, cache_ms, now_ms)
         };
+        // No budget: the write sends no `SET` (a zero budget is never written).
+        let px_ms = budget.unwrap_or(0);
         let entry = Cached {
             record: Record {
                 token: FencingToken([0; 16]),
@@ -879,24 +887,22 @@ impl IdempoModel {
         }
     }
 
-    /// Fill, step two, any time later: `SET … PX`. The host subtracts the time that passed since
-    /// the read (its own monotonic clock) from the authority's `PX`, so the entry dies no later
-    /// than the record (not under [`Variant::CacheFillDelayIgnored`]); an entry with no time
-    /// left is not written.
+    /// Fill, step two, any time later: `SET … PX`, with core's [`cache::shrink_ms`]: the time
+    /// that passed since the read (the host's monotonic clock) is subtracted from the budget, so
+    /// the entry dies no later than the record (its mutated copy under
+    /// [`Variant::CacheFillDelayIgnored`]); an entry with no time left is not written.
     fn cache_write(&self, w: &mut World, s: usize) {
         let now_ms = Self::now_ms(w);
         let Some(fill) = w.filling.get_mut(s).and_then(Option::take) else {
             return;
         };
         let elapsed_ms = u64::from(w.now.saturating_sub(fill.read_at)) * TICK_MS;
-        let px_ms = if self.variant == Variant::CacheFillDelayIgnored {
-            fill.px_ms
+        let px = if self.variant == Variant::CacheFillDelayIgnored {
+            mutated::shrink_ignoring_delay(fill.px_ms, elapsed_ms)
         } else {
-            fill.px_ms.saturating_sub(elapsed_ms)
+            cache::shrink_ms(fill.px_ms, elapsed_ms)
         };
-        if px_ms == 0 {
-            return;
-        }
+        let Some(px_ms) = px else { return };
         let mut entry = fill.entry;
         entry.record.expires_at_ms = now_ms.saturating_add(px_ms);
         if let Some(slot) = w.cache.get_mut(s) {

@@ -240,6 +240,8 @@ export function admitRequest<Req>(p: Prepared<Req>, f: RequestFacts): Admitted {
     events: p.events,
     route: f.route,
     ...(tx ? { tx } : {}),
+    // A store with per-partition quotas (the memory store) gets the principal's partition.
+    ...(p.o.store.partitioned === true ? { partition: native.memoryPartition(f.principal) } : {}),
   });
   return { kind: 'session', session, key: k.key };
 }

@@ -111,6 +111,8 @@ export interface SessionOptions {
   route: string;
   /** Transactional mode: this request's session (it replaces `store` for every primitive). */
   tx?: TransactionSession;
+  /** The request's partition for a store that holds partitions to quotas (`store.partitioned`). */
+  partition?: Buffer;
 }
 
 /**
@@ -162,7 +164,12 @@ export class Session {
     try {
       switch (op) {
         case 'claim': {
-          const r = await withTimeout((o) => s.claim(scope, a.fingerprint as string, a.token as Buffer, a.leaseMs as number, a.ttlMs as number, o), ms, op);
+          const partition = this.#o.partition;
+          const r = await withTimeout(
+            (o) => s.claim(scope, a.fingerprint as string, a.token as Buffer, a.leaseMs as number, a.ttlMs as number, partition ? { ...o, partition } : o),
+            ms,
+            op,
+          );
           return r.claimed
             ? this.#feed(() => this.#flow.claimed(r.generation, r.nowMs))
             : this.#feed(() => this.#flow.existing(toRow(r.record), r.nowMs));

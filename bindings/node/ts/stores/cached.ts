@@ -1,4 +1,5 @@
 import type IORedis from 'ioredis';
+import native = require('../native');
 import type { CallOptions, ClaimResult, ClockOverride, GetResult, IdempotencyStore, PurgeCounts, PurgeOptions, StoreRecord } from './types';
 import { asBuffer } from './types';
 import { hashToRecord } from './redis';
@@ -46,6 +47,10 @@ export class CachedStore implements IdempotencyStore {
   get callTimeoutMs(): number | undefined {
     return this.authority.callTimeoutMs;
   }
+  /** The authority's partitioning (see `IdempotencyStore.partitioned`). */
+  get partitioned(): boolean {
+    return this.authority.partitioned === true;
+  }
   readonly authority: IdempotencyStore;
   readonly #redis: IORedis;
   readonly #prefix: string;
@@ -84,13 +89,10 @@ export class CachedStore implements IdempotencyStore {
       const override = this.#clock ? String(Math.floor(this.#clock())) : '';
       const [time, flat] = (await this.#script('idempoCacheGet', scopeKey, override)) as [Buffer, Buffer[]];
       const record = hashToRecord(flat);
-      if (record === null || record.state !== 2) {
-        this.cacheStats.misses++;
-        return null;
-      }
+      // Core's serve rule: only a completed record, unexpired on the cache's clock (whatever the
+      // two clocks say); anything else falls through to the authority.
       const nowMs = Number(time.toString('latin1'));
-      if (record.expiresAt <= nowMs) {
-        // Never serve an expired record from the cache (clock skew, or a virtual clock).
+      if (record === null || !native.cacheServable(record.state, record.expiresAt, nowMs)) {
         this.cacheStats.misses++;
         return null;
       }
@@ -105,16 +107,15 @@ export class CachedStore implements IdempotencyStore {
 
   /**
    * Caches a completed record read at `nowMs` (the authority's clock) by a request sent at `asked`
-   * (host monotonic ms): the entry must be gone `min(cacheTtl, expiresAt - nowMs)` after `asked`,
-   * so the PX is what is left of that when the `SET` is sent (none left: no `SET`).
+   * (host monotonic ms), with core's `PX` (`spec/STORAGE.md` §9): `min(cacheTtl, expiresAt -
+   * nowMs)` less the time since `asked`, rounded up (none left: no `SET`).
    */
   async #fill(scopeKey: Uint8Array, record: StoreRecord, nowMs: number, asked: number): Promise<void> {
-    if (record.state !== 2 || record.response === null) return;
-    const left = Math.min(this.#cacheTtl, record.expiresAt - nowMs);
-    if (left <= 0) return;
-    const px = Math.floor(asked + left - this.#mono());
-    if (px <= 0) return;
+    if (record.response === null) return;
     try {
+      // Core's fill rule: min(cacheTtl, expiresAt - nowMs) shrunk by this fill's own delay.
+      const px = native.cacheFillPx(record.state, record.expiresAt, this.#cacheTtl, nowMs, Math.max(0, Math.ceil(this.#mono() - asked)));
+      if (px === null) return;
       await this.#script(
         'idempoCachePut',
         scopeKey,

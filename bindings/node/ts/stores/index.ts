@@ -1,5 +1,5 @@
 export * from './types';
-export { MemoryStore } from './memory';
+export { MemoryStore, memoryPartition } from './memory';
 export type { MemoryStoreOptions } from './memory';
 export { SqliteStore, SqliteTransaction, SQLITE_SCHEMA } from './sqlite';
 export type { SqliteStoreOptions } from './sqlite';

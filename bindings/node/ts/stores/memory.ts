@@ -1,14 +1,21 @@
 import { performance } from 'node:perf_hooks';
 import native = require('../native');
 import { ConfigError, fromNative } from '../errors';
-import type { ClaimResult, ClockOverride, GetResult, IdempotencyStore, PurgeCounts, PurgeOptions, StoreRecord } from './types';
+import type { CallOptions, ClaimResult, ClockOverride, GetResult, IdempotencyStore, PurgeCounts, PurgeOptions, StoreRecord } from './types';
 
 /** Options of {@link MemoryStore}. */
 export interface MemoryStoreOptions {
   /** Maximum records held (default 100000). */
   maxEntries?: number;
-  /** Maximum bytes of stored responses (default 64 MiB). */
+  /** Maximum bytes held: 160 per record plus its fingerprint and stored response (default 64 MiB). */
   maxBytes?: number;
+  /**
+   * Most records one partition (the principal of the request, see {@link memoryPartition}) holds
+   * (default a tenth of `maxEntries`, at least 1): one principal cannot fill the store for everyone.
+   */
+  maxEntriesPerPartition?: number;
+  /** Most bytes one partition holds (default a tenth of `maxBytes`). */
+  maxBytesPerPartition?: number;
   /**
    * The memory store protects one process only; with `NODE_ENV=production` it refuses to start
    * unless this is true (several workers would each run duplicates).
@@ -35,14 +42,23 @@ export function rowToRecord(r: native.RecordRowData): StoreRecord {
   };
 }
 
+/** The memory store's partition (8 bytes) of a principal: what the host passes as `partition`. */
+export function memoryPartition(principal: string): Buffer {
+  return native.memoryPartition(principal);
+}
+
 /**
- * In-process store: core's pure storage primitives applied to a bounded map, one synchronous
- * native call per primitive (so nothing interleaves). Bounded in entries and bytes; evicts expired
- * records, then completed ones with the earliest expiry; never an in-progress or outcome-unknown
- * record (a full store fails claims with `StoreUnavailableError`, answered 503).
+ * In-process store for tests and one process: core's bounded memory store (`spec/STORAGE.md`
+ * §8), one synchronous native call per primitive (so nothing interleaves). A full store never
+ * evicts an unexpired record (completed, in progress or outcome-unknown) to make room for another
+ * key: it removes expired records only, holds each partition (the request's principal, passed by
+ * the middleware as `options.partition`) to its quota, and refuses a claim that does not fit with
+ * `StoreUnavailableError` (reason `store_full` or `partition_quota`), which the middleware
+ * answers 503 with `Retry-After` without running the handler.
  */
 export class MemoryStore implements IdempotencyStore {
   readonly kind = 'memory';
+  readonly partitioned = true;
   readonly #core: native.MemoryStoreCore;
   readonly #clock: () => number;
 
@@ -52,7 +68,16 @@ export class MemoryStore implements IdempotencyStore {
         'MemoryStore protects a single process only; pass allowInProduction: true to use it with NODE_ENV=production',
       );
     }
-    this.#core = new native.MemoryStoreCore(options.maxEntries ?? 100_000, options.maxBytes ?? 64 * 1024 * 1024);
+    try {
+      this.#core = new native.MemoryStoreCore(
+        options.maxEntries ?? 100_000,
+        options.maxBytes ?? 64 * 1024 * 1024,
+        options.maxEntriesPerPartition,
+        options.maxBytesPerPartition,
+      );
+    } catch (e) {
+      throw fromNative(e);
+    }
     this.#clock = options.clock ?? monotonicMs;
   }
 
@@ -61,9 +86,14 @@ export class MemoryStore implements IdempotencyStore {
     return this.#core.size;
   }
 
-  /** Completed records evicted before expiry (retention cut short). */
-  get evictedLive(): number {
-    return this.#core.evictedLive;
+  /** Bytes held (160 per record plus its fingerprint and stored response). */
+  get bytesUsed(): number {
+    return this.#core.bytesUsed;
+  }
+
+  /** The per-partition record quota in force. */
+  get maxEntriesPerPartition(): number {
+    return this.#core.maxEntriesPerPartition;
   }
 
   #call<T>(f: () => T): Promise<T> {
@@ -74,10 +104,10 @@ export class MemoryStore implements IdempotencyStore {
     }
   }
 
-  claim(scopeKey: Uint8Array, fingerprint: string, token: Uint8Array, leaseMs: number, ttlMs: number): Promise<ClaimResult> {
+  claim(scopeKey: Uint8Array, fingerprint: string, token: Uint8Array, leaseMs: number, ttlMs: number, options?: CallOptions): Promise<ClaimResult> {
     return this.#call(() => {
       const now = this.#clock();
-      const r = this.#core.claim(scopeKey, fingerprint, token, leaseMs, ttlMs, now);
+      const r = this.#core.claim(scopeKey, fingerprint, token, leaseMs, ttlMs, now, options?.partition);
       return r.claimed
         ? { claimed: true as const, generation: r.generation ?? 1, nowMs: now }
         : { claimed: false as const, record: rowToRecord(r.record as native.RecordRowData), nowMs: now };

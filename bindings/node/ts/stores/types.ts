@@ -93,6 +93,12 @@ export interface CallOptions {
    * call the host answered `503` for never applies afterwards.
    */
   signal?: AbortSignal;
+  /**
+   * `claim` only: the request's partition (8 bytes, {@link memoryPartition} of the principal),
+   * set by the middleware; the memory store holds each partition to its quota, other stores
+   * ignore it.
+   */
+  partition?: Uint8Array;
 }
 
 export interface IdempotencyStore {
@@ -105,6 +111,11 @@ export interface IdempotencyStore {
    * atomic on the client side, as SQLite's are).
    */
   readonly callTimeoutMs?: number;
+  /**
+   * True for a store that holds each partition (principal) to a quota and takes
+   * `options.partition` on `claim` (the memory store); the middleware then passes it.
+   */
+  readonly partitioned?: boolean;
   /** Primitive 1: insert-if-absent (an expired row counts as absent and is replaced). */
   claim(scopeKey: Uint8Array, fingerprint: string, token: Uint8Array, leaseMs: number, ttlMs: number, options?: CallOptions): Promise<ClaimResult>;
   /** Primitive 2. */

@@ -239,6 +239,14 @@ def _store_step(run: _Run, store: Any, action: Action) -> Action:
     return drive(_store_plan(run, action), lambda op: _execute(store, op))
 
 
+def _for_partition(store: Any, partition: Optional[bytes]) -> Any:
+    """The store whose claims count against ``partition`` (the principal's), for a store with
+    per-partition quotas (``store.partitioned``, the memory store); else the store itself."""
+    if partition is None or getattr(store, "partitioned", False) is not True:
+        return store
+    return store.with_partition(partition)
+
+
 def run_sync(
     *,
     store: Any,
@@ -250,6 +258,7 @@ def run_sync(
     handler: Callable[[Execution], HandlerResult],
     hooks: Hooks,
     transactional: bool = False,
+    partition: Optional[bytes] = None,
 ) -> Response:
     """Drives one request through the flow with a synchronous store and handler.
 
@@ -262,7 +271,7 @@ def run_sync(
     """
     request = _Request(config, scope, fingerprint, key, route, hooks)
     if not transactional:
-        return _run_sync(store, request, handler, None)
+        return _run_sync(_for_partition(store, partition), request, handler, None)
     require_transactions(store)
     session = store.transaction()
     try:
@@ -429,6 +438,7 @@ async def run_async(
     handler: Callable[[Execution], Awaitable[HandlerResult]],
     hooks: Hooks,
     transactional: bool = False,
+    partition: Optional[bytes] = None,
 ) -> Response:
     """Drives one request through the flow from asyncio (sync stores run in worker threads).
 
@@ -436,7 +446,7 @@ async def run_async(
     """
     request = _Request(config, scope, fingerprint, key, route, hooks)
     if not transactional:
-        return await _run_async(store, request, handler, None)
+        return await _run_async(_for_partition(store, partition), request, handler, None)
     require_transactions(store)
     session = store.transaction()
     if not is_async_store(session):

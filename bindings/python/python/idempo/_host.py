@@ -18,6 +18,7 @@ from idempo._idempo import (
     admit_key,
     body_problem,
     body_too_large,
+    memory_partition,
     scope_id,
 )
 
@@ -97,6 +98,8 @@ class Prepared:
     scope: bytes = b""
     fingerprint: str = ""
     unprotected: bool = False
+    partition: Optional[bytes] = None
+    """The principal's partition, for a store with per-partition quotas (``store.partitioned``)."""
 
 
 class HostCore:
@@ -242,7 +245,15 @@ class HostCore:
             answer = response_of(body_problem(exc))
             self.hooks.outcome(route, answer.outcome)
             return Prepared(answer=answer)
-        return Prepared(key=key, scope=scope_id(principal, method, route, key), fingerprint=fp)
+        partition = (
+            memory_partition(principal) if getattr(self.store, "partitioned", False) is True else None
+        )
+        return Prepared(
+            key=key,
+            scope=scope_id(principal, method, route, key),
+            fingerprint=fp,
+            partition=partition,
+        )
 
 
 def with_content_length(headers: List[Tuple[str, str]], body: bytes) -> List[Tuple[str, str]]:

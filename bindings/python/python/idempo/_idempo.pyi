@@ -15,6 +15,7 @@ __all__ = [
     "InvalidKey",
     "KeyInUse",
     "KeyReusedWithDifferentRequest",
+    "MemoryStoreCore",
     "LeaseLost",
     "MissingKey",
     "OutcomeUnknown",
@@ -28,12 +29,15 @@ __all__ = [
     "admit_key",
     "body_problem",
     "body_too_large",
+    "cache_fill_px",
+    "cache_servable",
     "canonicalize",
     "decode_response",
     "encode_response",
     "fingerprint",
     "generate_key",
     "key_header_value",
+    "memory_partition",
     "parse_key",
     "parse_key_details",
     "parse_retry_after",
@@ -145,6 +149,49 @@ def scope_id(principal: str, method: str, route: str, key: str | bytes) -> bytes
 def parse_retry_after(value: str | bytes, now_ms: int) -> int | None: ...
 def response_body_needed(status: int, content_type: str | None = None) -> bool: ...
 def recipes() -> dict[str, str]: ...
+def memory_partition(principal: str) -> bytes: ...
+def cache_servable(state: int, expires_at: int, now_ms: int) -> bool: ...
+def cache_fill_px(
+    state: int, expires_at: int, cache_ttl_ms: int, read_now_ms: int, elapsed_ms: int
+) -> int | None: ...
+
+_Row = tuple[str, int, bytes, int, int | None, int, bytes | None]
+
+@final
+class MemoryStoreCore:
+    def __new__(
+        cls,
+        max_entries: int,
+        max_bytes: int,
+        max_entries_per_partition: int | None = None,
+        max_bytes_per_partition: int | None = None,
+    ) -> MemoryStoreCore: ...
+    def __len__(self) -> int: ...
+    @property
+    def bytes_used(self) -> int: ...
+    @property
+    def max_entries_per_partition(self) -> int: ...
+    def claim(
+        self,
+        scope_key: bytes,
+        fingerprint: str,
+        token: bytes,
+        lease_ms: int,
+        ttl_ms: int,
+        now_ms: int,
+        partition: bytes | None = None,
+    ) -> tuple[bool, int, _Row | None]: ...
+    def get(self, scope_key: bytes) -> _Row | None: ...
+    def takeover(
+        self, scope_key: bytes, seen_token: bytes, new_token: bytes, lease_ms: int, now_ms: int
+    ) -> int | None: ...
+    def mark_unknown(self, scope_key: bytes, seen_token: bytes, ttl_ms: int, now_ms: int) -> bool: ...
+    def complete(
+        self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int, now_ms: int
+    ) -> bool: ...
+    def release(self, scope_key: bytes, token: bytes) -> bool: ...
+    def renew(self, scope_key: bytes, token: bytes, lease_ms: int, now_ms: int) -> bool: ...
+    def purge_expired(self, batch: int, now_ms: int) -> tuple[int, int, int]: ...
 @final
 class RetryAdvice:
     @property

@@ -246,6 +246,7 @@ class IdempotencyMiddleware:
             store=core.store,
             config=opts.config,
             scope=prepared.scope,
+            partition=prepared.partition,
             fingerprint=prepared.fingerprint,
             key=prepared.key,
             route=route,

@@ -37,7 +37,7 @@ from idempo.stores._base import (
     purge_all,
     purge_all_async,
 )
-from idempo.stores.memory import AsyncMemoryStore, MemoryStore
+from idempo.stores.memory import AsyncMemoryStore, MemoryStore, memory_partition
 from idempo.stores.sqlite import AsyncSQLiteStore, SQLiteStore, SQLiteTransaction
 from idempo.stores._tx import ThreadedSession, Transaction
 
@@ -86,6 +86,7 @@ __all__ = [
     "Claimed",
     "Existing",
     "MemoryStore",
+    "memory_partition",
     "PostgresStore",
     "PostgresTransaction",
     "PurgeCounts",

@@ -2,10 +2,11 @@
 
 PostgreSQL stays the authority for every write. Only completed records are cached (never an
 in-progress one), with their fingerprint and generation, so a different body still gets 422 and
-never a replay. The cache entry lives ``min(cache_ttl_ms, expires_at - now)`` with both times from
-PostgreSQL, less the time elapsed (host monotonic clock) from when that read was sent to when the
-cache ``SET`` is sent, and no ``SET`` is sent when nothing is left (``spec/STORAGE.md`` §9): it
-never outlives the record (a longer one, or a delayed fill, would replay a dead generation after
+never a replay. Both rules are core's (``idempo_core::machine::cache``): a cached entry is served
+only when completed and unexpired on the cache's clock, and a fill lives ``min(cache_ttl_ms,
+expires_at - now)`` with both times from PostgreSQL, less the time elapsed (host monotonic clock)
+from when that read was sent to when the cache ``SET`` is sent, and no ``SET`` is sent when
+nothing is left (``spec/STORAGE.md`` §9): it never outlives the record (a longer one, or a delayed fill, would replay a dead generation after
 a new one was claimed). The cache is filled after the completion committed, and on reads that find
 a completed record; a miss or any Redis error falls through to PostgreSQL and never fails the
 request (``on_cache_error`` sees the error). ``clock`` replaces Redis ``TIME`` for cache reads
@@ -20,6 +21,7 @@ import math
 import time
 from typing import Any, Callable, List, NamedTuple, Optional, Tuple, Union
 
+from idempo._idempo import cache_fill_px, cache_servable
 from idempo.stores._base import (
     COMPLETED,
     ClaimResult,
@@ -77,14 +79,19 @@ class _CacheGet(NamedTuple):
 
 
 class _CachePut(NamedTuple):
-    """Write a cache entry (``LUA_CACHE_PUT``) that must be gone by ``deadline``."""
+    """Write a cache entry (``LUA_CACHE_PUT``) of a record read at ``now_ms`` by a request sent
+    at ``asked``: the PX is core's (:func:`~idempo._idempo.cache_fill_px`) when the ``SET`` is
+    sent."""
 
     scope_key: bytes
     args: List[Any]
     """The script's arguments but ``px``."""
-    deadline: float
-    """Host monotonic ms at which the entry must be gone: the PX is what is left of it when the
-    ``SET`` is sent."""
+    state: int
+    expires_at: int
+    now_ms: int
+    """The authority's time of the read."""
+    asked: float
+    """Host monotonic ms at which the read was sent."""
 
 
 class _Authority(NamedTuple):
@@ -168,8 +175,8 @@ class _Plans(PlanHooks):
             self.on_cache_error(exc)
             return None
         now = int(reply[0])
-        # Never answer from the cache past the record's expiry, whatever the two clocks say.
-        if record is None or record.state != COMPLETED or record.expires_at <= now:
+        # Core's serve rule: only a completed record, unexpired on the cache's clock.
+        if record is None or not cache_servable(record.state, record.expires_at, now):
             self.misses += 1
             return None
         self.hits += 1
@@ -177,20 +184,22 @@ class _Plans(PlanHooks):
 
     def _fill(self, record: StoredRecord, now_ms: int, asked: float) -> "Plan[_Op, None]":
         """Caches a completed record read at ``now_ms`` (the authority's clock) by a request
-        sent at ``asked`` (host monotonic ms): the entry must be gone ``min(cache_ttl,
-        expires_at - now)`` after ``asked``."""
-        left = min(self.cache_ttl_ms, record.expires_at - now_ms)
-        if record.state != COMPLETED or left <= 0:
+        sent at ``asked`` (host monotonic ms), for core's PX (``spec/STORAGE.md`` §9)."""
+        if cache_fill_px(record.state, record.expires_at, self.cache_ttl_ms, now_ms, 0) is None:
             return
         try:
-            yield _CachePut(record.scope_key, _put_args(record), asked + left)
+            yield _CachePut(
+                record.scope_key, _put_args(record), record.state, record.expires_at, now_ms, asked
+            )
         except redis.RedisError as exc:
             self.on_cache_error(exc)
 
     def _put_px(self, op: _CachePut) -> Optional[List[Any]]:
-        """The put's arguments with the PX left now (None: nothing is left, skip the ``SET``)."""
-        px = math.floor(op.deadline - self._monotonic())
-        if px <= 0:
+        """The put's arguments with core's PX now: ``min(cache_ttl, expires_at - now)`` less the
+        time since the read was sent, rounded up (None: nothing is left, skip the ``SET``)."""
+        elapsed = max(0, math.ceil(self._monotonic() - op.asked))
+        px = cache_fill_px(op.state, op.expires_at, self.cache_ttl_ms, op.now_ms, elapsed)
+        if px is None:
             return None
         return [*op.args, px]
 

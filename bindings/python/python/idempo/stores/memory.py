@@ -1,28 +1,30 @@
 """In-process store: tests, demos and single-process services only.
 
-Records live in a dict keyed by the 32-byte scope key (Python's per-process randomized hashing, so
-clients cannot steer buckets). A lock makes every primitive one atomic step for threads; the async
-wrapper never awaits inside a primitive. The store is bounded by entries and bytes: it evicts
-expired records first, then *completed* records with the earliest expiry (``evicted_live``), and
-never an in-progress or outcome-unknown record (losing a claim would be a double execution); when
-nothing can be evicted a new claim fails closed with :class:`~idempo.StoreUnavailable`.
+The records live in core's bounded memory store (``idempo_core::machine::memory``,
+``spec/STORAGE.md`` §8) through the ``MemoryStoreCore`` extension class, the same store Node's
+``MemoryStore`` wraps: capacity, eviction and quotas are written once, in Rust. A lock makes every
+primitive one atomic step for threads; the async wrapper never awaits inside a primitive.
+
+What a full store does: it never evicts an unexpired record (completed, in progress or
+outcome-unknown) to make room for another key, so nobody can flush a victim's completed record
+with fresh keys and make the victim's retry run the handler again. It removes expired records only;
+each partition (the request's principal, passed by the middleware) is held to a quota
+(``max_entries_per_partition``, ``max_bytes_per_partition``: a tenth of the store by default), so
+one principal cannot fill it for everyone; and a claim that does not fit raises
+:class:`~idempo.StoreUnavailable` (``reason`` ``"store_full"`` or ``"partition_quota"``), which
+the middleware answers 503 with ``Retry-After`` without running the handler.
 """
 
 from __future__ import annotations
 
-import heapq
 import os
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import replace
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterator, Optional, Tuple
 
-from idempo._idempo import InvalidArgument, StoreUnavailable
+from idempo._idempo import InvalidArgument, MemoryStoreCore, StoreUnavailable, memory_partition
 from idempo.stores._base import (
-    COMPLETED,
-    IN_PROGRESS,
-    OUTCOME_UNKNOWN,
     ClaimResult,
     Claimed,
     Existing,
@@ -34,51 +36,78 @@ from idempo.stores._base import (
     check_token,
 )
 
-_RECORD_OVERHEAD = 160
+__all__ = ["AsyncMemoryStore", "MemoryStore", "memory_partition"]
 
 
 def _monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
-def _size(record: StoredRecord) -> int:
-    return _RECORD_OVERHEAD + len(record.fingerprint) + len(record.response or b"")
+def _record(scope_key: bytes, row: Tuple[Any, ...]) -> StoredRecord:
+    fingerprint, state, token, generation, lease_until, expires_at, response = row
+    return StoredRecord(
+        scope_key=scope_key,
+        fingerprint=fingerprint,
+        state=state,
+        token=token,
+        generation=generation,
+        lease_until=lease_until,
+        expires_at=expires_at,
+        response=response,
+    )
 
 
 class MemoryStore:
-    """A bounded in-memory store for one process.
+    """A bounded in-memory store for one process (core's memory store).
 
+    ``max_entries`` records and ``max_bytes`` bytes at most (160 per record plus its fingerprint
+    and stored response); each partition at most ``max_entries_per_partition`` records and
+    ``max_bytes_per_partition`` bytes (default: a tenth of the global limit, at least 1).
     ``allow_multiprocess=True`` is required to use it after a ``fork`` (gunicorn workers, a
-    multiprocessing pool): separate processes hold separate dicts, so duplicates on different
+    multiprocessing pool): separate processes hold separate stores, so duplicates on different
     workers would both run. ``clock`` returns milliseconds (default: the monotonic clock).
     """
+
+    partitioned = True
+    """Claims take a ``partition`` (:func:`memory_partition` of the principal); the middleware
+    passes it."""
 
     def __init__(
         self,
         *,
         max_entries: int = 100_000,
         max_bytes: int = 64 * 1024 * 1024,
+        max_entries_per_partition: Optional[int] = None,
+        max_bytes_per_partition: Optional[int] = None,
         allow_multiprocess: bool = False,
         clock: Optional[Callable[[], int]] = None,
     ) -> None:
         if max_entries <= 0 or max_bytes <= 0:
             raise InvalidArgument("max_entries and max_bytes must be positive")
-        self._max_entries = max_entries
-        self._max_bytes = max_bytes
+        self._core = MemoryStoreCore(
+            max_entries, max_bytes, max_entries_per_partition, max_bytes_per_partition
+        )
         self._allow_multiprocess = allow_multiprocess
         self._clock = clock or _monotonic_ms
         self._pid = os.getpid()
         self._lock = threading.Lock()
-        self._records: Dict[bytes, StoredRecord] = {}
-        self._bytes = 0
-        # (expires_at, seq, scope_key); stale entries are skipped when popped.
-        self._heap: List[Tuple[int, int, bytes]] = []
-        self._seq = 0
-        self.evicted_live = 0
-        """Completed records evicted before their expiry to make room (shortened retention)."""
 
     def __len__(self) -> int:
-        return len(self._records)
+        return len(self._core)
+
+    @property
+    def bytes_used(self) -> int:
+        """Bytes held (160 per record plus its fingerprint and stored response)."""
+        return self._core.bytes_used
+
+    @property
+    def max_entries_per_partition(self) -> int:
+        """The per-partition record quota in force."""
+        return self._core.max_entries_per_partition
+
+    def with_partition(self, partition: bytes) -> "MemoryStore":
+        """This store with every ``claim`` made for ``partition`` (the middleware's view)."""
+        return _PartitionView(self, partition)  # type: ignore[return-value]
 
     def _check_process(self) -> None:
         if not self._allow_multiprocess and os.getpid() != self._pid:
@@ -98,99 +127,38 @@ class MemoryStore:
             self._check_process()
             yield self._clock()
 
-    def _put(self, record: StoredRecord) -> None:
-        old = self._records.get(record.scope_key)
-        if old is not None:
-            self._bytes -= _size(old)
-        self._records[record.scope_key] = record
-        self._bytes += _size(record)
-        self._seq += 1
-        heapq.heappush(self._heap, (record.expires_at, self._seq, record.scope_key))
-
-    def _delete(self, scope_key: bytes) -> StoredRecord:
-        record = self._records.pop(scope_key)
-        self._bytes -= _size(record)
-        return record
-
-    def _make_room(self, now: int, incoming: int) -> None:
-        """Evicts expired, then completed records (earliest expiry first) until one more fits."""
-        kept: List[Tuple[int, int, bytes]] = []
-
-        def full() -> bool:
-            return (
-                len(self._records) + 1 > self._max_entries
-                or self._bytes + incoming > self._max_bytes
-            )
-
-        while full() and self._heap:
-            expires_at, seq, key = heapq.heappop(self._heap)
-            record = self._records.get(key)
-            if record is None or record.expires_at != expires_at:
-                continue  # stale heap entry
-            if expires_at <= now:
-                self._delete(key)
-            elif record.state == COMPLETED:
-                self._delete(key)
-                self.evicted_live += 1
-            else:
-                kept.append((expires_at, seq, key))
-        for entry in kept:
-            heapq.heappush(self._heap, entry)
-        if full():
-            err = StoreUnavailable(
-                "MemoryStore is full of in-progress and outcome-unknown records"
-            )
-            err.retry_after = 1.0
-            raise err
-
     def claim(
-        self, scope_key: bytes, fingerprint: str, token: bytes, lease_ms: int, ttl_ms: int
+        self,
+        scope_key: bytes,
+        fingerprint: str,
+        token: bytes,
+        lease_ms: int,
+        ttl_ms: int,
+        partition: Optional[bytes] = None,
     ) -> ClaimResult:
-        """Primitive 1: insert-if-absent (an expired record counts as absent)."""
+        """Primitive 1: insert-if-absent (an expired record counts as absent); ``partition`` is
+        held to its quota. Raises :class:`~idempo.StoreUnavailable` when the record does not
+        fit."""
         key = check_key(scope_key)
         tok = check_token(token)
         check_ms("lease_ms", lease_ms)
         check_ms("ttl_ms", ttl_ms)
         with self._atomic() as now:
-            current = self._records.get(key)
-            if current is not None and current.expires_at > now:
-                return Existing(current, now)
-            generation = 1 if current is None else min(current.generation + 1, 2**31 - 1)
-            record = StoredRecord(
-                scope_key=key,
-                fingerprint=fingerprint,
-                state=IN_PROGRESS,
-                token=tok,
-                generation=generation,
-                lease_until=now + lease_ms,
-                expires_at=now + max(ttl_ms, lease_ms),
-                response=None,
+            claimed, generation, row = self._core.claim(
+                key, fingerprint, tok, lease_ms, ttl_ms, now, partition
             )
-            if current is not None:
-                self._delete(key)
-            self._make_room(now, _size(record))
-            self._put(record)
+        if claimed:
             return Claimed(generation, now)
+        if row is None:  # not reachable: core answers the live record with every refusal-free
+            raise StoreUnavailable("the memory store answered neither a claim nor a record")
+        return Existing(_record(key, row), now)
 
     def get(self, scope_key: bytes) -> Tuple[Optional[StoredRecord], int]:
         """Primitive 2: the record (expired ones included) and the store's now."""
         key = check_key(scope_key)
         with self._atomic() as now:
-            return self._records.get(key), now
-
-    def _owned(self, key: bytes, token: bytes) -> Optional[StoredRecord]:
-        """The in-progress record ``token`` holds, if any."""
-        record = self._records.get(key)
-        if record is None or record.state != IN_PROGRESS or record.token != token:
-            return None
-        return record
-
-    def _lapsed(self, key: bytes, token: bytes, now: int) -> Optional[StoredRecord]:
-        """The in-progress record ``token`` holds, if its lease has run out by ``now``."""
-        record = self._owned(key, token)
-        if record is None or record.lease_until is None or record.lease_until > now:
-            return None
-        return record
+            row = self._core.get(key)
+        return (None if row is None else _record(key, row)), now
 
     def takeover(
         self, scope_key: bytes, seen_token: bytes, new_token: bytes, lease_ms: int
@@ -201,19 +169,7 @@ class MemoryStore:
         new = check_token(new_token)
         check_ms("lease_ms", lease_ms)
         with self._atomic() as now:
-            record = self._lapsed(key, seen, now)
-            if record is None:
-                return None
-            until = now + lease_ms
-            self._put(
-                replace(
-                    record,
-                    token=new,
-                    lease_until=until,
-                    expires_at=max(record.expires_at, until),
-                )
-            )
-            return record.generation
+            return self._core.takeover(key, seen, new, lease_ms, now)
 
     def mark_unknown(self, scope_key: bytes, seen_token: bytes, ttl_ms: int) -> bool:
         """Primitive 4: an abandoned in-progress record becomes outcome-unknown."""
@@ -221,44 +177,24 @@ class MemoryStore:
         seen = check_token(seen_token)
         check_ms("ttl_ms", ttl_ms)
         with self._atomic() as now:
-            record = self._lapsed(key, seen, now)
-            if record is None:
-                return False
-            self._put(
-                replace(record, state=OUTCOME_UNKNOWN, lease_until=None, expires_at=now + ttl_ms)
-            )
-            return True
+            return self._core.mark_unknown(key, seen, ttl_ms, now)
 
     def complete(self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int) -> bool:
-        """Primitive 5: store the response, only while still holding the token."""
+        """Primitive 5: store the response, only while still holding the token. Raises
+        :class:`~idempo.StoreUnavailable` when the response does not fit."""
         key = check_key(scope_key)
         tok = check_token(token)
         check_ms("ttl_ms", ttl_ms)
         body = bytes(response)
         with self._atomic() as now:
-            record = self._owned(key, tok)
-            if record is None:
-                return False
-            self._put(
-                replace(
-                    record,
-                    state=COMPLETED,
-                    response=body,
-                    lease_until=None,
-                    expires_at=now + ttl_ms,
-                )
-            )
-            return True
+            return self._core.complete(key, tok, body, ttl_ms, now)
 
     def release(self, scope_key: bytes, token: bytes) -> bool:
         """Primitive 6: delete the caller's own in-progress record."""
         key = check_key(scope_key)
         tok = check_token(token)
         with self._atomic():
-            if self._owned(key, tok) is None:
-                return False
-            self._delete(key)
-            return True
+            return self._core.release(key, tok)
 
     def renew(self, scope_key: bytes, token: bytes, lease_ms: int) -> bool:
         """Primitive 7: extend the caller's lease (heartbeat)."""
@@ -266,37 +202,66 @@ class MemoryStore:
         tok = check_token(token)
         check_ms("lease_ms", lease_ms)
         with self._atomic() as now:
-            record = self._owned(key, tok)
-            if record is None:
-                return False
-            until = now + lease_ms
-            self._put(replace(record, lease_until=until, expires_at=max(record.expires_at, until)))
-            return True
+            return self._core.renew(key, tok, lease_ms, now)
 
     def purge_expired(self, batch: int = 1000) -> PurgeCounts:
         """Primitive 8: delete up to ``batch`` expired records (earliest expiry first), per state."""
         check_batch(batch)
-        states: List[int] = []
         with self._atomic() as now:
-            while self._heap and len(states) < batch and self._heap[0][0] <= now:
-                expires_at, _seq, key = heapq.heappop(self._heap)
-                record = self._records.get(key)
-                if record is None or record.expires_at != expires_at:
-                    continue
-                states.append(self._delete(key).state)
-        return PurgeCounts.from_states(states)
+            in_progress, completed, unknown = self._core.purge_expired(batch, now)
+        return PurgeCounts(in_progress, completed, unknown)
+
+
+class _PartitionView:
+    """A store whose claims are made for one partition; everything else is the store's."""
+
+    def __init__(self, store: Any, partition: bytes) -> None:
+        self._store = store
+        self._partition = partition
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def claim(
+        self, scope_key: bytes, fingerprint: str, token: bytes, lease_ms: int, ttl_ms: int
+    ) -> ClaimResult:
+        return self._store.claim(  # type: ignore[no-any-return]
+            scope_key, fingerprint, token, lease_ms, ttl_ms, partition=self._partition
+        )
+
+
+class _AsyncPartitionView(_PartitionView):
+    async def claim(  # type: ignore[override]
+        self, scope_key: bytes, fingerprint: str, token: bytes, lease_ms: int, ttl_ms: int
+    ) -> ClaimResult:
+        return self._store.sync.claim(  # type: ignore[no-any-return]
+            scope_key, fingerprint, token, lease_ms, ttl_ms, partition=self._partition
+        )
 
 
 class AsyncMemoryStore:
     """The asyncio face of :class:`MemoryStore` (primitives never await inside their step)."""
 
+    partitioned = True
+    """As :attr:`MemoryStore.partitioned`."""
+
     def __init__(self, store: Optional[MemoryStore] = None, **kwargs: Any) -> None:
         self.sync = store if store is not None else MemoryStore(**kwargs)
 
+    def with_partition(self, partition: bytes) -> "AsyncMemoryStore":
+        """This store with every ``claim`` made for ``partition`` (the middleware's view)."""
+        return _AsyncPartitionView(self, partition)  # type: ignore[return-value]
+
     async def claim(
-        self, scope_key: bytes, fingerprint: str, token: bytes, lease_ms: int, ttl_ms: int
+        self,
+        scope_key: bytes,
+        fingerprint: str,
+        token: bytes,
+        lease_ms: int,
+        ttl_ms: int,
+        partition: Optional[bytes] = None,
     ) -> ClaimResult:
-        return self.sync.claim(scope_key, fingerprint, token, lease_ms, ttl_ms)
+        return self.sync.claim(scope_key, fingerprint, token, lease_ms, ttl_ms, partition)
 
     async def get(self, scope_key: bytes) -> Tuple[Optional[StoredRecord], int]:
         return self.sync.get(scope_key)

@@ -1,0 +1,664 @@
+//! The bounded in-memory store (`spec/STORAGE.md` §8): core's storage primitives
+//! ([`super::store`]) applied to a map, with capacity, eviction and per-partition quotas written
+//! once here and wrapped by every binding (Python's `MemoryStore`, Node's `MemoryStore`) and by
+//! the Rust test suite's reference store.
+//!
+//! It is for tests, demos and services of **one process**: nothing survives the process and two
+//! processes never see each other's records.
+//!
+//! # What a full store does
+//!
+//! The store never evicts an unexpired record (in progress, completed or outcome-unknown) to make
+//! room for another key: doing so would let any client flush a victim's completed record with
+//! fresh keys, and the victim's retry would run the handler again. Only expired records are
+//! removed to make room. A write that still does not fit is refused with a typed
+//! [`MemoryError`] (the hosts raise their `StoreUnavailable` error, so the flow answers 503 with
+//! `Retry-After` and the handler never runs):
+//!
+//! - [`MemoryError::Full`]: the store holds `max_entries` records, or `max_bytes` bytes, of
+//!   unexpired records;
+//! - [`MemoryError::QuotaExceeded`]: the claim's partition holds its own quota
+//!   (`max_entries_per_partition` / `max_bytes_per_partition`), so one principal cannot fill the
+//!   store for everyone. The partition is an opaque 8-byte tag the host derives from the
+//!   request's principal with [`Partition::of_principal`]; a claim without a partition (direct
+//!   use of the store, the conformance scenarios) is held only to the global limits.
+//!
+//! The store is pure: no clock (every call takes `now_ms`, the store's time), no randomness, and
+//! its maps are ordered (`BTreeMap` by scope id, which is already a SHA-256 digest), so the same
+//! calls always give the same results.
+use std::collections::{BTreeMap, BTreeSet};
+
+use sha2::{Digest, Sha256};
+use thiserror::Error;
+
+use super::store::{self as prim, ClaimOutcome};
+use crate::record::{FencingToken, FingerprintText, Record, RecordState, StoredResponse};
+use crate::scope::ScopeId;
+
+/// Bytes counted for every record on top of its fingerprint and stored response (the map's and
+/// indexes' own memory, roughly).
+pub const RECORD_OVERHEAD_BYTES: usize = 160;
+
+/// Default `max_entries`.
+pub const DEFAULT_MAX_ENTRIES: usize = 100_000;
+
+/// Default `max_bytes` (64 MiB).
+pub const DEFAULT_MAX_BYTES: usize = 64 * 1024 * 1024;
+
+/// The default per-partition quota is this fraction of the global limits: `1 / 10`
+/// (at least one record, at least one record's worth of bytes).
+pub const DEFAULT_PARTITION_SHARE: usize = 10;
+
+/// The tag of the partition derivation: `SHA-256(tag || principal)`, first 8 bytes.
+pub const PARTITION_TAG: &str = "idempo-partition-v1:";
+
+/// An opaque quota tag: the first 8 bytes of `SHA-256("idempo-partition-v1:" || principal)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Partition(pub [u8; 8]);
+
+impl Partition {
+    /// The partition of a principal (the same principal string the host hands to
+    /// [`ScopeId::new`]; `""` for none).
+    #[must_use]
+    pub fn of_principal(principal: &str) -> Self {
+        let mut h = Sha256::new();
+        h.update(PARTITION_TAG.as_bytes());
+        h.update(principal.as_bytes());
+        let digest: [u8; 32] = h.finalize().into();
+        let mut out = [0; 8];
+        out.copy_from_slice(&digest[..8]);
+        Partition(out)
+    }
+
+    /// The 8 bytes.
+    #[must_use]
+    pub fn as_bytes(&self) -> &[u8; 8] {
+        &self.0
+    }
+}
+
+/// The capacity of a [`MemoryStore`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MemoryLimits {
+    /// Most records held (expired ones included until removed).
+    pub max_entries: usize,
+    /// Most bytes held, counted as [`record_bytes`].
+    pub max_bytes: usize,
+    /// Most records one partition holds.
+    pub max_entries_per_partition: usize,
+    /// Most bytes one partition holds.
+    pub max_bytes_per_partition: usize,
+}
+
+impl MemoryLimits {
+    /// Limits of `max_entries` and `max_bytes`, each partition held to
+    /// [`DEFAULT_PARTITION_SHARE`]'s fraction of them.
+    #[must_use]
+    pub fn new(max_entries: usize, max_bytes: usize) -> Self {
+        Self {
+            max_entries,
+            max_bytes,
+            max_entries_per_partition: default_partition_share(max_entries),
+            max_bytes_per_partition: default_partition_share(max_bytes),
+        }
+    }
+}
+
+impl Default for MemoryLimits {
+    fn default() -> Self {
+        Self::new(DEFAULT_MAX_ENTRIES, DEFAULT_MAX_BYTES)
+    }
+}
+
+/// The default quota for a global limit: `limit / DEFAULT_PARTITION_SHARE`, at least 1.
+#[must_use]
+pub fn default_partition_share(limit: usize) -> usize {
+    (limit / DEFAULT_PARTITION_SHARE).max(1)
+}
+
+/// Why the memory store refused a write (nothing was written).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Error)]
+#[must_use]
+pub enum MemoryError {
+    /// The store is full of unexpired records (entries or bytes); none may be evicted.
+    #[error("the memory store is full of unexpired records (retry after {retry_after_ms} ms)")]
+    Full {
+        /// Time until the earliest unexpired record expires (≥ 1): room may be free by then
+        /// (sooner, when an in-progress record is released).
+        retry_after_ms: u64,
+    },
+    /// The claim's partition holds its quota of unexpired records (entries or bytes).
+    #[error("this principal's share of the memory store is full (retry after {retry_after_ms} ms)")]
+    QuotaExceeded {
+        /// Time until the partition's earliest unexpired record expires (≥ 1).
+        retry_after_ms: u64,
+    },
+}
+
+impl MemoryError {
+    /// The hint carried by the refusal, ms.
+    #[must_use]
+    pub fn retry_after_ms(&self) -> u64 {
+        match *self {
+            Self::Full { retry_after_ms } | Self::QuotaExceeded { retry_after_ms } => {
+                retry_after_ms
+            }
+        }
+    }
+
+    /// Stable name: `"full"` or `"quota_exceeded"`.
+    #[must_use]
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Full { .. } => "full",
+            Self::QuotaExceeded { .. } => "quota_exceeded",
+        }
+    }
+}
+
+/// Records deleted by one [`MemoryStore::purge_expired`], per state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PurgeCounts {
+    /// In-progress records deleted.
+    pub in_progress: u64,
+    /// Completed records deleted.
+    pub completed: u64,
+    /// Outcome-unknown records deleted.
+    pub outcome_unknown: u64,
+}
+
+impl PurgeCounts {
+    /// All records deleted.
+    #[must_use]
+    pub fn total(&self) -> u64 {
+        self.in_progress + self.completed + self.outcome_unknown
+    }
+}
+
+/// Bytes a record counts for: [`RECORD_OVERHEAD_BYTES`] + fingerprint + stored response (body,
+/// header names and values).
+#[must_use]
+pub fn record_bytes(record: &Record) -> usize {
+    RECORD_OVERHEAD_BYTES
+        + record.fingerprint.as_str().len()
+        + match &record.state {
+            RecordState::Completed { response } => response_bytes(response),
+            _ => 0,
+        }
+}
+
+fn response_bytes(r: &StoredResponse) -> usize {
+    r.body.len()
+        + r.headers
+            .iter()
+            .map(|(n, v)| n.len() + v.len())
+            .sum::<usize>()
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Entry {
+    record: Record,
+    partition: Option<Partition>,
+    bytes: usize,
+}
+
+/// What one partition holds (the unpartitioned records are under `None`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Usage {
+    entries: usize,
+    bytes: usize,
+    by_expiry: BTreeSet<(u64, ScopeId)>,
+}
+
+/// The bounded in-memory store (see the module documentation).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemoryStore {
+    limits: MemoryLimits,
+    records: BTreeMap<ScopeId, Entry>,
+    /// Every record's (expiry, scope), earliest first.
+    by_expiry: BTreeSet<(u64, ScopeId)>,
+    usage: BTreeMap<Option<Partition>, Usage>,
+    bytes: usize,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new(MemoryLimits::default())
+    }
+}
+
+/// A write's demand on the limits.
+#[derive(Clone, Copy)]
+struct Demand {
+    entries: usize,
+    bytes: usize,
+    partition: Option<Partition>,
+}
+
+impl MemoryStore {
+    /// An empty store with these limits.
+    #[must_use]
+    pub fn new(limits: MemoryLimits) -> Self {
+        Self {
+            limits,
+            records: BTreeMap::new(),
+            by_expiry: BTreeSet::new(),
+            usage: BTreeMap::new(),
+            bytes: 0,
+        }
+    }
+
+    /// The limits.
+    #[must_use]
+    pub fn limits(&self) -> MemoryLimits {
+        self.limits
+    }
+
+    /// Records held (expired ones included until removed).
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// True when no record is held.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// Bytes held, counted as [`record_bytes`].
+    #[must_use]
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Records held by a partition (`None`: the unpartitioned ones).
+    #[must_use]
+    pub fn partition_len(&self, partition: Option<Partition>) -> usize {
+        self.usage.get(&partition).map_or(0, |u| u.entries)
+    }
+
+    /// Primitive 2, get: the record as stored (an expired one included: core treats it as
+    /// absent).
+    #[must_use]
+    pub fn get(&self, scope: &ScopeId) -> Option<&Record> {
+        self.records.get(scope).map(|e| &e.record)
+    }
+
+    fn detach(&mut self, scope: &ScopeId) -> Option<Entry> {
+        let e = self.records.remove(scope)?;
+        self.by_expiry.remove(&(e.record.expires_at_ms, *scope));
+        self.bytes -= e.bytes;
+        if let Some(u) = self.usage.get_mut(&e.partition) {
+            u.entries -= 1;
+            u.bytes -= e.bytes;
+            u.by_expiry.remove(&(e.record.expires_at_ms, *scope));
+            if u.entries == 0 {
+                self.usage.remove(&e.partition);
+            }
+        }
+        Some(e)
+    }
+
+    fn attach(&mut self, scope: ScopeId, record: Record, partition: Option<Partition>) {
+        let bytes = record_bytes(&record);
+        let at = (record.expires_at_ms, scope);
+        self.by_expiry.insert(at);
+        self.bytes += bytes;
+        let u = self.usage.entry(partition).or_default();
+        u.entries += 1;
+        u.bytes += bytes;
+        u.by_expiry.insert(at);
+        self.records.insert(
+            scope,
+            Entry {
+                record,
+                partition,
+                bytes,
+            },
+        );
+    }
+
+    /// Runs `f` on the slot of `scope`, keeping the indexes right.
+    fn with_slot<T>(
+        &mut self,
+        scope: ScopeId,
+        partition: Option<Partition>,
+        f: impl FnOnce(&mut Option<Record>) -> T,
+    ) -> T {
+        let old = self.detach(&scope);
+        let keep = old.as_ref().map_or(partition, |e| e.partition);
+        let mut slot = old.map(|e| e.record);
+        let out = f(&mut slot);
+        if let Some(r) = slot {
+            self.attach(scope, r, keep);
+        }
+        out
+    }
+
+    /// The refusal, if `demand` does not fit beside what is held now.
+    fn refusal(&self, d: Demand, now_ms: u64) -> Option<MemoryError> {
+        let wait = |set: &BTreeSet<(u64, ScopeId)>| {
+            set.iter()
+                .find(|(e, _)| *e > now_ms)
+                .map_or(1, |(e, _)| (e - now_ms).max(1))
+        };
+        if self.records.len() + d.entries > self.limits.max_entries
+            || self.bytes + d.bytes > self.limits.max_bytes
+        {
+            return Some(MemoryError::Full {
+                retry_after_ms: wait(&self.by_expiry),
+            });
+        }
+        if d.partition.is_some() {
+            let u = self.usage.get(&d.partition);
+            let (entries, bytes) = u.map_or((0, 0), |u| (u.entries, u.bytes));
+            if entries + d.entries > self.limits.max_entries_per_partition
+                || bytes + d.bytes > self.limits.max_bytes_per_partition
+            {
+                return Some(MemoryError::QuotaExceeded {
+                    retry_after_ms: u.map_or(1, |u| wait(&u.by_expiry)),
+                });
+            }
+        }
+        None
+    }
+
+    /// Makes room for `demand`: removes expired records (never `except`, never an unexpired
+    /// one) while it does not fit, earliest expiry first.
+    fn make_room(&mut self, d: Demand, except: ScopeId, now_ms: u64) -> Result<(), MemoryError> {
+        if self.refusal(d, now_ms).is_none() {
+            return Ok(());
+        }
+        let expired: Vec<ScopeId> = self
+            .by_expiry
+            .iter()
+            .take_while(|(e, _)| *e <= now_ms)
+            .map(|(_, k)| *k)
+            .filter(|k| *k != except)
+            .collect();
+        for k in expired {
+            self.detach(&k);
+            if self.refusal(d, now_ms).is_none() {
+                return Ok(());
+            }
+        }
+        self.refusal(d, now_ms).map_or(Ok(()), Err)
+    }
+
+    /// Primitive 1, claim, for a request of `partition` ([`Partition::of_principal`]; `None`:
+    /// held to the global limits only).
+    ///
+    /// A live record answers [`ClaimOutcome::Existing`] whatever the limits. A new record (or
+    /// one replacing an expired record of the same scope) must fit: expired records of other
+    /// scopes are removed to make room, and if it still does not fit the claim is refused and
+    /// nothing is written.
+    #[allow(clippy::too_many_arguments)]
+    pub fn claim(
+        &mut self,
+        scope: ScopeId,
+        partition: Option<Partition>,
+        fingerprint: &FingerprintText,
+        token: FencingToken,
+        lease_ms: u64,
+        ttl_ms: u64,
+        now_ms: u64,
+    ) -> Result<ClaimOutcome, MemoryError> {
+        if let Some(e) = self.records.get(&scope) {
+            if !e.record.is_expired(now_ms) {
+                return Ok(ClaimOutcome::Existing(e.record.clone()));
+            }
+        }
+        let old = self.detach(&scope);
+        let demand = Demand {
+            entries: 1,
+            bytes: RECORD_OVERHEAD_BYTES + fingerprint.as_str().len(),
+            partition,
+        };
+        if let Err(refused) = self.make_room(demand, scope, now_ms) {
+            if let Some(e) = old {
+                self.attach(scope, e.record, e.partition);
+            }
+            return Err(refused);
+        }
+        let mut slot = old.map(|e| e.record);
+        let out = prim::claim(&mut slot, fingerprint, token, lease_ms, ttl_ms, now_ms);
+        if let Some(r) = slot {
+            self.attach(scope, r, partition);
+        }
+        Ok(out)
+    }
+
+    /// Primitive 3, takeover.
+    #[must_use]
+    pub fn takeover(
+        &mut self,
+        scope: ScopeId,
+        seen: FencingToken,
+        new: FencingToken,
+        lease_ms: u64,
+        now_ms: u64,
+    ) -> Option<u32> {
+        if !self.records.contains_key(&scope) {
+            return None;
+        }
+        self.with_slot(scope, None, |s| {
+            prim::takeover(s, seen, new, lease_ms, now_ms)
+        })
+    }
+
+    /// Primitive 4, mark_unknown.
+    #[must_use]
+    pub fn mark_unknown(
+        &mut self,
+        scope: ScopeId,
+        seen: FencingToken,
+        ttl_ms: u64,
+        now_ms: u64,
+    ) -> bool {
+        if !self.records.contains_key(&scope) {
+            return false;
+        }
+        self.with_slot(scope, None, |s| prim::mark_unknown(s, seen, ttl_ms, now_ms))
+    }
+
+    /// Primitive 5, complete. The stored response must fit (globally and in the record's
+    /// partition) once expired records of other scopes are removed; else the completion is
+    /// refused, nothing is written and the record stays in progress.
+    pub fn complete(
+        &mut self,
+        scope: ScopeId,
+        mine: FencingToken,
+        response: StoredResponse,
+        ttl_ms: u64,
+        now_ms: u64,
+    ) -> Result<bool, MemoryError> {
+        let Some(e) = self.records.get(&scope) else {
+            return Ok(false);
+        };
+        let owned =
+            e.record.token == mine && matches!(e.record.state, RecordState::InProgress { .. });
+        if !owned {
+            return Ok(false);
+        }
+        let demand = Demand {
+            entries: 0,
+            bytes: response_bytes(&response),
+            partition: e.partition,
+        };
+        self.make_room(demand, scope, now_ms)?;
+        Ok(self.with_slot(scope, None, |s| {
+            prim::complete(s, mine, response, ttl_ms, now_ms)
+        }))
+    }
+
+    /// Primitive 6, release.
+    #[must_use]
+    pub fn release(&mut self, scope: ScopeId, mine: FencingToken) -> bool {
+        if !self.records.contains_key(&scope) {
+            return false;
+        }
+        self.with_slot(scope, None, |s| prim::release(s, mine))
+    }
+
+    /// Primitive 7, renew.
+    #[must_use]
+    pub fn renew(
+        &mut self,
+        scope: ScopeId,
+        mine: FencingToken,
+        lease_ms: u64,
+        now_ms: u64,
+    ) -> bool {
+        if !self.records.contains_key(&scope) {
+            return false;
+        }
+        self.with_slot(scope, None, |s| prim::renew(s, mine, lease_ms, now_ms))
+    }
+
+    /// Primitive 8, purge: deletes at most `batch` records with `expires_at <= now`, earliest
+    /// expiry first, and counts them per state.
+    pub fn purge_expired(&mut self, batch: usize, now_ms: u64) -> PurgeCounts {
+        let due: Vec<ScopeId> = self
+            .by_expiry
+            .iter()
+            .take_while(|(e, _)| *e <= now_ms)
+            .take(batch)
+            .map(|(_, k)| *k)
+            .collect();
+        let mut counts = PurgeCounts::default();
+        for k in due {
+            if let Some(e) = self.detach(&k) {
+                debug_assert!(prim::purgeable(&e.record, now_ms));
+                match e.record.state {
+                    RecordState::InProgress { .. } => counts.in_progress += 1,
+                    RecordState::Completed { .. } => counts.completed += 1,
+                    RecordState::OutcomeUnknown => counts.outcome_unknown += 1,
+                }
+            }
+        }
+        counts
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: FencingToken = FencingToken([0xa; 16]);
+
+    fn fp() -> FingerprintText {
+        FingerprintText::new("v1:aa").expect("valid")
+    }
+
+    fn scope(i: u32) -> ScopeId {
+        ScopeId::from_parts("p", "POST", "/r", &i.to_string())
+    }
+
+    fn resp() -> StoredResponse {
+        StoredResponse {
+            status: 200,
+            headers: vec![],
+            body: b"ok".to_vec(),
+        }
+    }
+
+    fn limits(entries: usize, per: usize) -> MemoryLimits {
+        MemoryLimits {
+            max_entries: entries,
+            max_bytes: usize::MAX,
+            max_entries_per_partition: per,
+            max_bytes_per_partition: usize::MAX,
+        }
+    }
+
+    #[test]
+    fn partition_of_principal_is_stable_and_distinct() {
+        assert_eq!(
+            Partition::of_principal("alice"),
+            Partition::of_principal("alice")
+        );
+        assert_ne!(
+            Partition::of_principal("alice"),
+            Partition::of_principal("bob")
+        );
+        assert_ne!(
+            Partition::of_principal(""),
+            Partition::of_principal("alice")
+        );
+    }
+
+    #[test]
+    fn full_store_never_evicts_a_live_completed_record() {
+        let mut m = MemoryStore::new(limits(2, 2));
+        let victim = Some(Partition::of_principal("victim"));
+        let _ = m.claim(scope(0), victim, &fp(), A, 1_000, 10_000, 0);
+        assert_eq!(m.complete(scope(0), A, resp(), 10_000, 10), Ok(true));
+        let attacker = Some(Partition::of_principal("attacker"));
+        assert!(
+            m.claim(scope(1), attacker, &fp(), A, 1_000, 10_000, 20)
+                .is_ok()
+        );
+        let refused = m.claim(scope(2), attacker, &fp(), A, 1_000, 10_000, 30);
+        assert_eq!(
+            refused,
+            Err(MemoryError::Full {
+                retry_after_ms: 9_980
+            })
+        );
+        assert!(matches!(
+            m.get(&scope(0)).map(|r| &r.state),
+            Some(RecordState::Completed { .. })
+        ));
+        // Once the victim's record expired, its room is reused.
+        assert!(
+            m.claim(scope(2), attacker, &fp(), A, 1_000, 10_000, 10_010)
+                .is_ok()
+        );
+        assert!(m.get(&scope(0)).is_none());
+    }
+
+    #[test]
+    fn quota_refuses_one_partition_only() {
+        let mut m = MemoryStore::new(limits(10, 1));
+        let a = Some(Partition::of_principal("a"));
+        let b = Some(Partition::of_principal("b"));
+        assert!(m.claim(scope(0), a, &fp(), A, 1_000, 5_000, 0).is_ok());
+        assert_eq!(
+            m.claim(scope(1), a, &fp(), A, 1_000, 5_000, 100),
+            Err(MemoryError::QuotaExceeded {
+                retry_after_ms: 4_900
+            })
+        );
+        assert!(m.claim(scope(1), b, &fp(), A, 1_000, 5_000, 100).is_ok());
+        // Unpartitioned claims are held to the global limits only.
+        assert!(m.claim(scope(2), None, &fp(), A, 1_000, 5_000, 100).is_ok());
+        assert!(m.claim(scope(3), None, &fp(), A, 1_000, 5_000, 100).is_ok());
+        assert_eq!(m.partition_len(None), 2);
+    }
+
+    #[test]
+    fn refused_claim_keeps_the_expired_record_of_its_own_scope() {
+        let mut m = MemoryStore::new(limits(1, 1));
+        let _ = m.claim(scope(0), None, &fp(), A, 1_000, 1_000, 0);
+        assert!(!m.release(scope(0), FencingToken([1; 16])));
+        // The record of scope 0 expired: a new claim replaces it with generation 2.
+        assert_eq!(
+            m.claim(scope(0), None, &fp(), A, 1_000, 1_000, 5_000),
+            Ok(ClaimOutcome::Claimed { generation: 2 })
+        );
+        assert_eq!(m.len(), 1);
+    }
+
+    #[test]
+    fn bytes_are_accounted_and_released() {
+        let mut m = MemoryStore::new(MemoryLimits::new(10, 10_000));
+        let _ = m.claim(scope(0), None, &fp(), A, 1_000, 5_000, 0);
+        assert_eq!(m.bytes(), RECORD_OVERHEAD_BYTES + 5);
+        assert_eq!(m.complete(scope(0), A, resp(), 5_000, 1), Ok(true));
+        assert_eq!(m.bytes(), RECORD_OVERHEAD_BYTES + 7);
+        let counts = m.purge_expired(10, 5_001);
+        assert_eq!(counts.completed, 1);
+        assert_eq!((m.bytes(), m.len(), m.partition_len(None)), (0, 0, 0));
+    }
+}
