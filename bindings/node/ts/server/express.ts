@@ -212,6 +212,11 @@ function capture(
       const p = plan(res.statusCode, headerPairs());
       mode = p.kind;
       if (p.limit !== null) counter = new native.BodyCapture(p.limit);
+      if (mode !== 'buffer') {
+        // Sending now: node writes the head through `writeHead` (implicitly, on the first write).
+        r.writeHead = orig.writeHead;
+        r.flushHeaders = orig.flushHeaders;
+      }
     }
     const b = chunk !== undefined && chunk !== null ? toBuf(chunk, enc) : Buffer.alloc(0);
     record(b);
