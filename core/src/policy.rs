@@ -358,7 +358,12 @@ impl ResponsePolicy {
 
     /// The verdict for a response of `status` from `origin` whose stored body has `body_len`
     /// bytes (`spec/PROTOCOL.md` §9).
-    pub fn verdict_from(&self, status: u16, origin: ResponseOrigin, body_len: usize) -> StoreVerdict {
+    pub fn verdict_from(
+        &self,
+        status: u16,
+        origin: ResponseOrigin,
+        body_len: usize,
+    ) -> StoreVerdict {
         if !self.stores(status, origin) {
             StoreVerdict::Release
         } else if body_len > self.max_body_bytes {
@@ -531,7 +536,10 @@ mod tests {
         for s in [200, 201, 204, 303, 400, 402, 404, 410, 422] {
             assert!(p.stores_status(s), "{s} stored");
             assert!(p.stores(s, ResponseOrigin::Handler), "{s} stored");
-            assert!(!p.stores(s, ResponseOrigin::Framework), "framework {s} released");
+            assert!(
+                !p.stores(s, ResponseOrigin::Framework),
+                "framework {s} released"
+            );
         }
         for s in [
             100, 101, 401, 403, 407, 408, 409, 425, 429, 500, 502, 503, 504, 600,

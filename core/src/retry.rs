@@ -899,10 +899,18 @@ mod tests {
             (422, Some("application/json"), &app422[..]),
             (422, PJ, br#"{"type":"https://example.com/validation"}"#),
             (422, PJ, br#"{"type":"urn:idempo:problem:in-flight"}"#),
-            (409, Some("application/json"), br#"{"error":"already paid"}"#),
+            (
+                409,
+                Some("application/json"),
+                br#"{"error":"already paid"}"#,
+            ),
             (409, PJ, br#"{"type":"urn:idempo:problem:key-reused"}"#),
             (500, PJ, br#"{"type":"urn:idempo:problem:key-reused"}"#),
-            (201, PJ, br#"{"type":"urn:idempo:problem:response-not-retained"}"#),
+            (
+                201,
+                PJ,
+                br#"{"type":"urn:idempo:problem:response-not-retained"}"#,
+            ),
         ] {
             assert_eq!(
                 AttemptOutcome::from_response(status, None, ct, body),

@@ -174,7 +174,11 @@ fn outcome_vectors() {
             other => panic!("{name}: unknown expectation {other}"),
         };
         assert_eq!(got, want, "{name}");
-        assert_eq!(got.kind(), case["expect"].as_str().expect("expect"), "{name}");
+        assert_eq!(
+            got.kind(),
+            case["expect"].as_str().expect("expect"),
+            "{name}"
+        );
         if !matches!(got, AttemptOutcome::Response { .. }) {
             assert!(AttemptOutcome::body_needed(status, content_type), "{name}");
         }

@@ -225,17 +225,15 @@ impl BodyCapture {
     #[napi(catch_unwind)]
     pub fn accept(&mut self, env: Env, length: f64) -> napi::Result<String> {
         let length = to_u64(length, "length").map_err(|f| f.throw(&env))?;
-        Ok(
-            match self
-                .inner
-                .accept(usize::try_from(length).unwrap_or(usize::MAX))
-            {
-                machine::CaptureStep::Record => "record",
-                machine::CaptureStep::Discard => "discard",
-                machine::CaptureStep::Skip => "skip",
-            }
-            .to_owned(),
-        )
+        Ok(match self
+            .inner
+            .accept(usize::try_from(length).unwrap_or(usize::MAX))
+        {
+            machine::CaptureStep::Record => "record",
+            machine::CaptureStep::Discard => "discard",
+            machine::CaptureStep::Skip => "skip",
+        }
+        .to_owned())
     }
 
     /// True once the body went past the limit.

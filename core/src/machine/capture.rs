@@ -197,12 +197,18 @@ mod tests {
     fn plans() {
         let c = config(10, false);
         let h = ResponseOrigin::Handler;
-        assert_eq!(capture_plan(&c, 401, h, &[], true), CapturePlan::PassThrough);
+        assert_eq!(
+            capture_plan(&c, 401, h, &[], true),
+            CapturePlan::PassThrough
+        );
         assert_eq!(
             capture_plan(&c, 422, ResponseOrigin::Framework, &len("3"), false),
             CapturePlan::PassThrough
         );
-        assert_eq!(capture_plan(&c, 500, h, &[], false), CapturePlan::PassThrough);
+        assert_eq!(
+            capture_plan(&c, 500, h, &[], false),
+            CapturePlan::PassThrough
+        );
         assert_eq!(
             capture_plan(&c, 201, h, &len("10"), false),
             CapturePlan::Buffer { limit: 10 }

@@ -1696,8 +1696,7 @@ mod tests {
                         Action::RunHandler(_)
                     ));
                     // Too large by length, or a small prefix the host stopped recording.
-                    let mut response =
-                        HandlerResponse::new(201, vec![], b"far too large".to_vec());
+                    let mut response = HandlerResponse::new(201, vec![], b"far too large".to_vec());
                     if truncated {
                         response.body = b"far".to_vec();
                         response.body_truncated = true;
