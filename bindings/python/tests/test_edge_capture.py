@@ -12,6 +12,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from flask import Flask
+from flask import Response as FlaskResponse
 from flask import request as flask_request
 from pydantic import BaseModel
 from starlette.middleware.gzip import GZipMiddleware
@@ -220,6 +221,16 @@ def flask_app(runs: List[str], **options: Any) -> Flask:
         runs.append("big")
         return "z" * 500, 200, {"Content-Type": "text/plain"}
 
+    @app.post("/stream")
+    def stream() -> Any:
+        runs.append("stream")
+
+        def parts() -> Any:
+            for p in (b"aaaa", b"bbbb", b"cccc"):
+                yield p
+
+        return FlaskResponse(parts(), mimetype="text/plain")
+
     @app.post("/gzip")
     def zipped() -> Any:
         runs.append("gzip")
@@ -268,3 +279,14 @@ def test_wsgi_gzip_response_replays_with_its_content_encoding() -> None:
     assert second.headers["Content-Encoding"] == "gzip" and second.headers["Vary"] == "Accept-Encoding"
     assert gzip.decompress(second.data) == gzip.decompress(first.data) == b"compress me " * 100
     assert runs == ["gzip"]
+
+
+def test_wsgi_streamed_response_is_replayed_exactly() -> None:
+    runs: List[str] = []
+    c = flask_app(runs).test_client()
+    h = {"Idempotency-Key": "stream-key-01"}
+    first = c.post("/stream", json={"a": 1}, headers=h)
+    second = c.post("/stream", json={"a": 1}, headers=h)
+    assert first.data == second.data == b"aaaabbbbcccc"
+    assert second.headers["Idempotent-Replayed"] == "true"
+    assert runs == ["stream"]

@@ -5,6 +5,7 @@ from typing import Literal, final
 
 __all__ = [
     "Action",
+    "BodyCapture",
     "CanonicalizationError",
     "Cleanup",
     "Config",
