@@ -375,18 +375,37 @@ mod tests {
 
     #[test]
     fn conflict_with_retry_after_waits_at_least_that_long() {
-        let d = retry_decide(default_retry_config(), 1, 0, response(409, Some(2000)), 0.0).unwrap();
+        let in_flight = AttemptOutcome::InFlight {
+            retry_after_ms: Some(2000),
+        };
+        let d = retry_decide(default_retry_config(), 1, 0, in_flight, 0.0).unwrap();
         assert_eq!(d, RetryDecision::Retry { delay_ms: 2000 });
+        // An application's own 409 is its answer: not retried.
+        let d = retry_decide(default_retry_config(), 1, 0, response(409, Some(2000)), 0.0).unwrap();
+        assert_eq!(
+            d,
+            RetryDecision::Stop {
+                reason: StopReason::ClientError { status: 409 }
+            }
+        );
     }
 
     #[test]
     fn unprocessable_and_client_errors_stop() {
         let cfg = default_retry_config();
-        let d = retry_decide(cfg, 1, 0, response(422, None), 0.5).unwrap();
+        let d = retry_decide(cfg, 1, 0, AttemptOutcome::KeyReused, 0.5).unwrap();
         assert_eq!(
             d,
             RetryDecision::Stop {
                 reason: StopReason::KeyReusedWithDifferentRequest
+            }
+        );
+        // An application's own 422 is a client error, never key reuse.
+        let d = retry_decide(cfg, 1, 0, response(422, None), 0.5).unwrap();
+        assert_eq!(
+            d,
+            RetryDecision::Stop {
+                reason: StopReason::ClientError { status: 422 }
             }
         );
         let d = retry_decide(cfg, 1, 0, response(404, None), 0.5).unwrap();
