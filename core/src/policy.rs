@@ -284,7 +284,8 @@ pub enum StoreVerdict {
     Store,
     /// Not stored: release the key so a retry runs the handler again.
     Release,
-    /// Storable by status but the body exceeds the size cap: the outcome cannot be retained.
+    /// Storable by status but the body exceeds the size cap: the record is completed with the
+    /// `response-not-retained` problem instead (`spec/PROTOCOL.md` §7.5.1).
     TooLarge,
 }
 
