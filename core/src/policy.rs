@@ -58,9 +58,16 @@ pub const FORBIDDEN_STORED_HEADERS: &[&str] = &[
     "idempotent-replayed",
 ];
 
-/// Statuses never stored by default: transient answers a retry should re-run
-/// (408 Request Timeout, 409 Conflict, 425 Too Early, 429 Too Many Requests).
-pub const DEFAULT_TRANSIENT_STATUSES: &[u16] = &[408, 409, 425, 429];
+/// Statuses never stored by default (`spec/PROTOCOL.md` §9): answers that say the request did
+/// not run, so a retry (typically the fixed request, same key) runs it: 401 Unauthorized,
+/// 403 Forbidden, 407 Proxy Authentication Required, 408 Request Timeout, 409 Conflict,
+/// 425 Too Early, 429 Too Many Requests.
+pub const DEFAULT_TRANSIENT_STATUSES: &[u16] = &[401, 403, 407, 408, 409, 425, 429];
+
+/// Headers stored with a recorded body whatever the allowlist: they change what the stored bytes
+/// mean (`spec/PROTOCOL.md` §9), so a replay without them could not be decoded as the first
+/// client decoded it.
+pub const ALWAYS_STORED_HEADERS: &[&str] = &["content-encoding", "content-type", "vary"];
 
 /// An invalid policy value.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -236,6 +243,29 @@ impl Default for HeaderAllowlist {
     }
 }
 
+/// Who produced a response the host hands to the flow.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ResponseOrigin {
+    /// The route's handler ran and returned it (the default).
+    #[default]
+    Handler,
+    /// The web framework rejected the request before the handler ran (e.g. FastAPI's request
+    /// validation 422, Fastify's schema validation 400). Never stored, whatever its status: the
+    /// request did not run, so the corrected request with the same key must run.
+    Framework,
+}
+
+impl ResponseOrigin {
+    /// Stable snake_case name (`handler`, `framework`).
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Handler => "handler",
+            Self::Framework => "framework",
+        }
+    }
+}
+
 /// Which handler responses are stored for replays, and how.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ResponsePolicy {
@@ -254,7 +284,8 @@ pub enum StoreVerdict {
     Store,
     /// Not stored: release the key so a retry runs the handler again.
     Release,
-    /// Storable by status but the body exceeds the size cap: the outcome cannot be retained.
+    /// Storable by status but the body exceeds the size cap: the record is completed with the
+    /// `response-not-retained` problem instead (`spec/PROTOCOL.md` §7.5.1).
     TooLarge,
 }
 
@@ -304,9 +335,37 @@ impl ResponsePolicy {
         }
     }
 
-    /// The verdict for a response of `status` whose stored body has `body_len` bytes.
+    /// True when a response of `status` from `origin` is stored (size aside): never for a
+    /// [`ResponseOrigin::Framework`] response, else [`ResponsePolicy::stores_status`].
+    #[must_use]
+    pub fn stores(&self, status: u16, origin: ResponseOrigin) -> bool {
+        origin == ResponseOrigin::Handler && self.stores_status(status)
+    }
+
+    /// True when a response header of this name is stored with the body: allow-listed, or one of
+    /// [`ALWAYS_STORED_HEADERS`] (case-insensitive).
+    #[must_use]
+    pub fn stores_header(&self, name: &str) -> bool {
+        self.headers.allows(name)
+            || ALWAYS_STORED_HEADERS
+                .iter()
+                .any(|h| h.eq_ignore_ascii_case(name))
+    }
+
+    /// The verdict for a handler response of `status` whose stored body has `body_len` bytes.
     pub fn verdict(&self, status: u16, body_len: usize) -> StoreVerdict {
-        if !self.stores_status(status) {
+        self.verdict_from(status, ResponseOrigin::Handler, body_len)
+    }
+
+    /// The verdict for a response of `status` from `origin` whose stored body has `body_len`
+    /// bytes (`spec/PROTOCOL.md` §9).
+    pub fn verdict_from(
+        &self,
+        status: u16,
+        origin: ResponseOrigin,
+        body_len: usize,
+    ) -> StoreVerdict {
+        if !self.stores(status, origin) {
             StoreVerdict::Release
         } else if body_len > self.max_body_bytes {
             StoreVerdict::TooLarge
@@ -347,8 +406,8 @@ impl ResponsePolicy {
 }
 
 impl Default for ResponsePolicy {
-    /// 2xx–4xx except 408/409/425/429 stored, 5xx released, 1 MiB cap, default header allowlist,
-    /// no redaction.
+    /// 2xx–4xx except 401/403/407/408/409/425/429 stored, 5xx released, 1 MiB cap, default
+    /// header allowlist, no redaction.
     fn default() -> Self {
         Self {
             transient: DEFAULT_TRANSIENT_STATUSES.to_vec(),
@@ -475,12 +534,27 @@ mod tests {
     #[test]
     fn default_status_policy() {
         let p = ResponsePolicy::default();
-        for s in [200, 201, 204, 303, 400, 404, 410, 422] {
+        for s in [200, 201, 204, 303, 400, 402, 404, 410, 422] {
             assert!(p.stores_status(s), "{s} stored");
+            assert!(p.stores(s, ResponseOrigin::Handler), "{s} stored");
+            assert!(
+                !p.stores(s, ResponseOrigin::Framework),
+                "framework {s} released"
+            );
         }
-        for s in [100, 101, 408, 409, 425, 429, 500, 502, 503, 504, 600] {
+        for s in [
+            100, 101, 401, 403, 407, 408, 409, 425, 429, 500, 502, 503, 504, 600,
+        ] {
             assert!(!p.stores_status(s), "{s} not stored");
         }
+        assert_eq!(
+            p.verdict_from(422, ResponseOrigin::Framework, 0),
+            StoreVerdict::Release
+        );
+        for h in ["Content-Encoding", "vary", "content-type"] {
+            assert!(p.stores_header(h), "{h}");
+        }
+        assert!(!p.stores_header("x-trace"));
         assert_eq!(p.verdict(201, DEFAULT_MAX_BODY_BYTES), StoreVerdict::Store);
         assert_eq!(
             p.verdict(201, DEFAULT_MAX_BODY_BYTES + 1),

@@ -5,13 +5,16 @@
 //! - A retry always reuses the **same** `Idempotency-Key`: that is what makes it safe. A new
 //!   key is only for a new user intent (and after a 422, which says the key was used for a
 //!   different request).
-//! - **Retried**: timeouts, connection errors, 408, 409 (the first request is still in flight),
-//!   425, 429 and every 5xx except those that say a repeat cannot succeed (501, 505, 506, 508,
-//!   510, 511).
-//! - **Stopped**: 1xx, 2xx, 3xx, 422 ([`StopReason::KeyReusedWithDifferentRequest`]), every
-//!   other 4xx, and idempo's `outcome-unknown` 500 ([`AttemptOutcome::OutcomeUnknown`], told
-//!   apart from other 500s by [`AttemptOutcome::from_response`]): retrying that key cannot change
-//!   the answer.
+//! - **Retried**: timeouts, connection errors, idempo's `in-flight` 409 (the first request is
+//!   still in flight; [`AttemptOutcome::InFlight`]), 408, 425, 429 and every 5xx except those
+//!   that say a repeat cannot succeed (501, 505, 506, 508, 510, 511).
+//! - **Stopped**: 1xx, 2xx, 3xx, idempo's `key-reused` 422
+//!   ([`StopReason::KeyReusedWithDifferentRequest`]), every other 4xx (an application's own 409
+//!   or 422 included: it is the application's answer, [`StopReason::ClientError`]), idempo's
+//!   `outcome-unknown` 500 ([`AttemptOutcome::OutcomeUnknown`]) and `response-not-retained` 500
+//!   ([`AttemptOutcome::ResponseNotRetained`]): retrying that key cannot change the answer.
+//!   idempo's problems are told apart from the application's responses by
+//!   [`AttemptOutcome::from_response`] (status, `application/problem+json`, problem `type`).
 //! - **Backoff**: exponential with *equal jitter* by default: `cap = min(max_delay, base·2^(n-1))`
 //!   after attempt `n`, then `delay = ⌊cap/2⌋ + ⌊jitter·(cap - ⌊cap/2⌋)⌋` (never more than `cap`).
 //!   Equal jitter keeps at least half the backoff, so a 409 storm is never retried at once;
@@ -31,10 +34,13 @@
 use thiserror::Error;
 
 use crate::canonical::{CanonOptions, Limits, canonicalize_with};
-use crate::machine::problem::{OUTCOME_UNKNOWN_TYPE, PROBLEM_CONTENT_TYPE};
+use crate::machine::problem::{
+    IN_FLIGHT_TYPE, KEY_REUSED_TYPE, OUTCOME_UNKNOWN_TYPE, PROBLEM_CONTENT_TYPE,
+    RESPONSE_NOT_RETAINED_TYPE,
+};
 
 /// The most bytes of a response body [`AttemptOutcome::from_response`] looks at; a longer body
-/// is never read as the outcome-unknown problem (idempo's own is a few hundred bytes).
+/// is never read as one of idempo's problems (idempo's own are a few hundred bytes).
 pub const OUTCOME_UNKNOWN_BODY_LIMIT: usize = 4096;
 /// The status idempo answers the outcome-unknown problem with.
 pub const OUTCOME_UNKNOWN_STATUS: u16 = 500;
@@ -161,13 +167,34 @@ pub enum AttemptOutcome {
     /// effect and its outcome was not recorded. Retrying this key cannot change the answer; the
     /// caller must reconcile (check the resource's state), NOT mint a new key blindly.
     OutcomeUnknown,
+    /// The server answered idempo's key-reused problem (`422`, type
+    /// `urn:idempo:problem:key-reused`): the key was used for a different request. Stopped with
+    /// [`StopReason::KeyReusedWithDifferentRequest`].
+    KeyReused,
+    /// The server answered idempo's in-flight problem (`409`, type
+    /// `urn:idempo:problem:in-flight`): an earlier attempt with this key is still running.
+    /// Retried (the `Retry-After` is a floor for the delay).
+    InFlight {
+        /// The response's `Retry-After` in ms, if it had a usable one.
+        retry_after_ms: Option<u64>,
+    },
+    /// The server answered idempo's response-not-retained problem (`500`, type
+    /// `urn:idempo:problem:response-not-retained`): the request was processed, but its response
+    /// was too large to keep. Stopped with [`StopReason::ResponseNotRetained`]; the caller looks
+    /// the resource up.
+    ResponseNotRetained,
 }
 
 impl AttemptOutcome {
-    /// Classifies a response that arrived: [`AttemptOutcome::OutcomeUnknown`] when `status` is
-    /// 500, `content_type` is `application/problem+json` (parameters and case ignored) and
-    /// `body` is a JSON object, at most [`OUTCOME_UNKNOWN_BODY_LIMIT`] bytes, whose top-level
-    /// `type` member is [`OUTCOME_UNKNOWN_TYPE`]; otherwise [`AttemptOutcome::Response`].
+    /// Classifies a response that arrived (`spec/KEYS.md` §3.5). When `content_type` is
+    /// `application/problem+json` (parameters and case ignored) and `body` is a JSON object, at
+    /// most [`OUTCOME_UNKNOWN_BODY_LIMIT`] bytes, whose top-level `type` member is idempo's for
+    /// that status, the outcome is idempo's problem: 500 [`OUTCOME_UNKNOWN_TYPE`] →
+    /// [`AttemptOutcome::OutcomeUnknown`], 500 [`RESPONSE_NOT_RETAINED_TYPE`] →
+    /// [`AttemptOutcome::ResponseNotRetained`], 422 [`KEY_REUSED_TYPE`] →
+    /// [`AttemptOutcome::KeyReused`], 409 [`IN_FLIGHT_TYPE`] → [`AttemptOutcome::InFlight`].
+    /// Anything else (an application's own 409 or 422, a JSON validation error...) is
+    /// [`AttemptOutcome::Response`]: the application's answer.
     ///
     /// The body is parsed with core's canonical JSON parser, so whitespace, member order and
     /// escapes do not matter, and a body that is not valid JSON (or has duplicate members) is an
@@ -179,22 +206,48 @@ impl AttemptOutcome {
         content_type: Option<&str>,
         body: &[u8],
     ) -> AttemptOutcome {
-        if Self::body_needed(status, content_type) && is_outcome_unknown_problem(body) {
-            AttemptOutcome::OutcomeUnknown
-        } else {
-            AttemptOutcome::Response {
-                status,
-                retry_after_ms,
+        let response = AttemptOutcome::Response {
+            status,
+            retry_after_ms,
+        };
+        if !Self::body_needed(status, content_type) {
+            return response;
+        }
+        let is = |type_uri: &str| has_problem_type(body, type_uri);
+        match status {
+            OUTCOME_UNKNOWN_STATUS if is(OUTCOME_UNKNOWN_TYPE) => AttemptOutcome::OutcomeUnknown,
+            OUTCOME_UNKNOWN_STATUS if is(RESPONSE_NOT_RETAINED_TYPE) => {
+                AttemptOutcome::ResponseNotRetained
             }
+            422 if is(KEY_REUSED_TYPE) => AttemptOutcome::KeyReused,
+            409 if is(IN_FLIGHT_TYPE) => AttemptOutcome::InFlight { retry_after_ms },
+            _ => response,
         }
     }
 
     /// Whether [`AttemptOutcome::from_response`] would look at the body of a response with this
-    /// status and content type (a 500 `application/problem+json`). A client whose bodies are
-    /// streams reads the body only when this is true, and passes an empty body otherwise.
+    /// status and content type (a 409, 422 or 500 `application/problem+json`). A client whose
+    /// bodies are streams reads the body only when this is true, and passes an empty body
+    /// otherwise.
     #[must_use]
     pub fn body_needed(status: u16, content_type: Option<&str>) -> bool {
-        status == OUTCOME_UNKNOWN_STATUS && content_type.is_some_and(is_problem_json)
+        matches!(status, 409 | 422 | OUTCOME_UNKNOWN_STATUS)
+            && content_type.is_some_and(is_problem_json)
+    }
+
+    /// Stable snake_case name of the kind (`response`, `timeout`, `connection_error`,
+    /// `outcome_unknown`, `key_reused`, `in_flight`, `response_not_retained`).
+    #[must_use]
+    pub fn kind(&self) -> &'static str {
+        match self {
+            AttemptOutcome::Response { .. } => "response",
+            AttemptOutcome::Timeout => "timeout",
+            AttemptOutcome::ConnectionError => "connection_error",
+            AttemptOutcome::OutcomeUnknown => "outcome_unknown",
+            AttemptOutcome::KeyReused => "key_reused",
+            AttemptOutcome::InFlight { .. } => "in_flight",
+            AttemptOutcome::ResponseNotRetained => "response_not_retained",
+        }
     }
 }
 
@@ -204,12 +257,13 @@ fn is_problem_json(content_type: &str) -> bool {
     essence.eq_ignore_ascii_case(PROBLEM_CONTENT_TYPE)
 }
 
-/// True when `body` is a JSON object whose top-level `type` member is [`OUTCOME_UNKNOWN_TYPE`].
+/// True when `body` is a JSON object whose top-level `type` member is `type_uri` (one of
+/// idempo's problem types, which canonical JSON writes unescaped).
 ///
 /// The body is canonicalized first (RFC 8785: no whitespace, minimal string escapes, sorted
 /// members, duplicates refused), then the top-level members are walked byte by byte. The type
 /// URI has only characters canonical JSON writes unescaped, so a byte comparison is exact.
-fn is_outcome_unknown_problem(body: &[u8]) -> bool {
+fn has_problem_type(body: &[u8], type_uri: &str) -> bool {
     if body.len() > OUTCOME_UNKNOWN_BODY_LIMIT {
         return false;
     }
@@ -226,9 +280,9 @@ fn is_outcome_unknown_problem(body: &[u8]) -> bool {
     if canon.first() != Some(&b'{') {
         return false;
     }
-    let mut wanted = Vec::with_capacity(OUTCOME_UNKNOWN_TYPE.len() + 10);
+    let mut wanted = Vec::with_capacity(type_uri.len() + 10);
     wanted.extend_from_slice(b"\"type\":\"");
-    wanted.extend_from_slice(OUTCOME_UNKNOWN_TYPE.as_bytes());
+    wanted.extend_from_slice(type_uri.as_bytes());
     wanted.push(b'"');
     let member_is_wanted = |start: usize| {
         canon
@@ -275,10 +329,11 @@ pub enum StopReason {
     Redirection,
     /// A 1xx as a final status: unexpected, not retried.
     Informational,
-    /// A 422: this key was already used with a different request. Retrying cannot help; a new
-    /// intent needs a new key.
+    /// idempo's 422 `key-reused` problem: this key was already used with a different request.
+    /// Retrying cannot help; a new intent needs a new key.
     KeyReusedWithDifferentRequest,
-    /// Another 4xx: the request itself is wrong (e.g. 400 for a missing or invalid key).
+    /// Another 4xx: the request itself is wrong (e.g. 400 for a missing or invalid key), or the
+    /// application's own answer (a business 409 conflict, a 422 validation error).
     ClientError {
         /// The status received.
         status: u16,
@@ -298,6 +353,9 @@ pub enum StopReason {
     /// The server answered idempo's outcome-unknown problem: an earlier attempt may have taken
     /// effect. Retrying this key cannot change the answer; reconcile before any new key.
     OutcomeUnknown,
+    /// The server answered idempo's response-not-retained problem: the request was processed
+    /// but its response was too large to keep. Retrying cannot return it; look the resource up.
+    ResponseNotRetained,
 }
 
 impl StopReason {
@@ -315,6 +373,7 @@ impl StopReason {
             StopReason::TimeBudgetExhausted => "time_budget_exhausted",
             StopReason::RetryAfterBeyondBudget => "retry_after_beyond_budget",
             StopReason::OutcomeUnknown => "outcome_unknown",
+            StopReason::ResponseNotRetained => "response_not_retained",
         }
     }
 }
@@ -464,6 +523,17 @@ impl RetryPolicy {
                     reason: StopReason::OutcomeUnknown,
                 });
             }
+            AttemptOutcome::ResponseNotRetained => {
+                return Ok(RetryDecision::Stop {
+                    reason: StopReason::ResponseNotRetained,
+                });
+            }
+            AttemptOutcome::KeyReused => {
+                return Ok(RetryDecision::Stop {
+                    reason: StopReason::KeyReusedWithDifferentRequest,
+                });
+            }
+            AttemptOutcome::InFlight { retry_after_ms } => retry_after_ms,
             AttemptOutcome::Timeout | AttemptOutcome::ConnectionError => None,
         };
         let stop = |reason| Ok(RetryDecision::Stop { reason });
@@ -505,8 +575,9 @@ fn classify_status(status: u16) -> Result<Option<StopReason>, RetryInputError> {
         100..=199 => Some(StopReason::Informational),
         200..=299 => Some(StopReason::Success),
         300..=399 => Some(StopReason::Redirection),
-        408 | 409 | 425 | 429 => None,
-        422 => Some(StopReason::KeyReusedWithDifferentRequest),
+        // 409 and 422 from the application are its answer; idempo's own are classified by
+        // AttemptOutcome::from_response (InFlight, KeyReused).
+        408 | 425 | 429 => None,
         400..=499 => Some(StopReason::ClientError { status }),
         501 | 505 | 506 | 508 | 510 | 511 => Some(StopReason::ServerErrorNotRetryable { status }),
         500..=599 => None,
@@ -742,11 +813,32 @@ mod tests {
             }
         );
         assert_eq!(
-            d(resp(422, None)),
+            d(AttemptOutcome::KeyReused),
             RetryDecision::Stop {
                 reason: StopReason::KeyReusedWithDifferentRequest
             }
         );
+        // The application's own 409 and 422 are its answer: stopped, never "key reused".
+        for s in [409, 422] {
+            assert_eq!(
+                d(resp(s, Some(1000))),
+                RetryDecision::Stop {
+                    reason: StopReason::ClientError { status: s }
+                }
+            );
+        }
+        assert_eq!(
+            d(AttemptOutcome::ResponseNotRetained),
+            RetryDecision::Stop {
+                reason: StopReason::ResponseNotRetained
+            }
+        );
+        assert!(matches!(
+            d(AttemptOutcome::InFlight {
+                retry_after_ms: None
+            }),
+            RetryDecision::Retry { .. }
+        ));
         assert_eq!(
             d(resp(400, None)),
             RetryDecision::Stop {
@@ -759,7 +851,7 @@ mod tests {
                 reason: StopReason::ServerErrorNotRetryable { status: 501 }
             }
         );
-        for s in [408, 409, 425, 429, 500, 502, 503, 504, 599] {
+        for s in [408, 425, 429, 500, 502, 503, 504, 599] {
             assert!(
                 matches!(d(resp(s, None)), RetryDecision::Retry { .. }),
                 "{s}"
@@ -778,6 +870,59 @@ mod tests {
     const OU_BODY: &str =
         r#"{"type":"urn:idempo:problem:outcome-unknown","title":"Outcome unknown","status":500}"#;
     const PJ: Option<&str> = Some("application/problem+json");
+
+    #[test]
+    fn from_response_tells_idempo_problems_from_the_applications_answers() {
+        use crate::machine::problem::{ProblemKind, problem_response};
+        let server = |kind: ProblemKind| {
+            let r = problem_response(kind, None, None, Some(2_000));
+            let ct = r
+                .headers
+                .iter()
+                .find(|(n, _)| n == "content-type")
+                .map(|(_, v)| v.clone());
+            AttemptOutcome::from_response(r.status, Some(2_000), ct.as_deref(), &r.body)
+        };
+        assert_eq!(server(ProblemKind::Mismatch), AttemptOutcome::KeyReused);
+        assert_eq!(
+            server(ProblemKind::InFlight),
+            AttemptOutcome::InFlight {
+                retry_after_ms: Some(2_000)
+            }
+        );
+        assert_eq!(
+            server(ProblemKind::ResponseNotRetained),
+            AttemptOutcome::ResponseNotRetained
+        );
+        let app422 = br#"{"detail":[{"loc":["body","amount"],"msg":"field required"}]}"#;
+        for (status, ct, body) in [
+            (422, Some("application/json"), &app422[..]),
+            (422, PJ, br#"{"type":"https://example.com/validation"}"#),
+            (422, PJ, br#"{"type":"urn:idempo:problem:in-flight"}"#),
+            (
+                409,
+                Some("application/json"),
+                br#"{"error":"already paid"}"#,
+            ),
+            (409, PJ, br#"{"type":"urn:idempo:problem:key-reused"}"#),
+            (500, PJ, br#"{"type":"urn:idempo:problem:key-reused"}"#),
+            (
+                201,
+                PJ,
+                br#"{"type":"urn:idempo:problem:response-not-retained"}"#,
+            ),
+        ] {
+            assert_eq!(
+                AttemptOutcome::from_response(status, None, ct, body),
+                resp(status, None),
+                "{status} {ct:?}"
+            );
+        }
+        assert!(AttemptOutcome::body_needed(422, PJ));
+        assert!(AttemptOutcome::body_needed(409, PJ));
+        assert!(!AttemptOutcome::body_needed(422, Some("application/json")));
+        assert!(!AttemptOutcome::body_needed(201, PJ));
+    }
 
     #[test]
     fn from_response_recognises_the_outcome_unknown_problem() {
@@ -928,7 +1073,14 @@ mod tests {
     fn retry_after_is_a_floor_bounded_by_budget() {
         let p = RetryPolicy::default();
         assert_eq!(
-            p.decide(1, 0, &resp(409, Some(2000)), 0.0),
+            p.decide(
+                1,
+                0,
+                &AttemptOutcome::InFlight {
+                    retry_after_ms: Some(2000)
+                },
+                0.0
+            ),
             Ok(RetryDecision::Retry { delay_ms: 2000 })
         );
         assert_eq!(

@@ -36,7 +36,7 @@ fn ok(body: &str) -> HandlerResponse {
             ("Location".into(), "/payments/1".into()),
         ],
         body: body.as_bytes().to_vec(),
-        body_to_store: None,
+        ..HandlerResponse::new(201, vec![], vec![])
     }
 }
 
@@ -387,8 +387,14 @@ fn oversized_response_is_not_retained() {
         (status, body.len(), outcome),
         (201, big.len(), Outcome::NotRetained)
     );
-    let (_, act) = start(&mut store, &c, "v1:aa", 2);
-    assert_eq!(respond(act).3, Outcome::OutcomeUnknown);
+    // Under either policy every retry replays the response-not-retained problem.
+    for policy in [TakeoverPolicy::OutcomeUnknown, TakeoverPolicy::ReRun] {
+        let (_, act) = start(&mut store, &cfg(policy), "v1:aa", 2);
+        let (status, _, body, outcome) = respond(act);
+        assert_eq!((status, outcome), (500, Outcome::Replayed));
+        let problem: serde_json::Value = serde_json::from_slice(&body).expect("problem JSON");
+        assert_eq!(problem["type"], "urn:idempo:problem:response-not-retained");
+    }
 }
 
 #[test]

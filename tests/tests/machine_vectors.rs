@@ -8,7 +8,8 @@ use idempo_core::machine::{
     StoreResult,
 };
 use idempo_core::policy::{
-    Config, HeaderAllowlist, KeyRequirement, LeasePolicy, Redaction, ResponsePolicy, TakeoverPolicy,
+    Config, HeaderAllowlist, KeyRequirement, LeasePolicy, Redaction, ResponseOrigin,
+    ResponsePolicy, TakeoverPolicy,
 };
 use idempo_core::record::{FencingToken, FingerprintText, Record, RecordState, StoredResponse};
 use idempo_core::scope::ScopeId;
@@ -156,12 +157,22 @@ fn event(v: &Value) -> Event {
         "released" => Event::Store(StoreResult::Released(applied())),
         "renewed" => Event::Store(StoreResult::Renewed(applied())),
         "committed" => Event::Store(StoreResult::Committed),
+        "locked" => Event::Store(StoreResult::Locked {
+            now_ms: n(v, "now_ms"),
+        }),
         "store_failed" => Event::StoreFailed,
         "handler_finished" => Event::HandlerFinished(HandlerResponse {
             status: u16::try_from(n(v, "status")).expect("u16"),
             headers: headers(&v["headers"]),
             body: v["body"].as_str().expect("body").as_bytes().to_vec(),
             body_to_store: v["body_to_store"].as_str().map(|s| s.as_bytes().to_vec()),
+            // Optional in scripts: absent means "handler" and false.
+            origin: match v["origin"].as_str().unwrap_or("handler") {
+                "handler" => ResponseOrigin::Handler,
+                "framework" => ResponseOrigin::Framework,
+                other => panic!("unknown origin {other}"),
+            },
+            body_truncated: v["body_truncated"].as_bool().unwrap_or(false),
         }),
         "handler_failed" => Event::HandlerFailed {
             maybe_side_effect: v["maybe_side_effect"].as_bool().expect("bool"),

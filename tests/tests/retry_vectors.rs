@@ -37,6 +37,13 @@ fn outcome(v: &Value) -> AttemptOutcome {
         "timeout" => AttemptOutcome::Timeout,
         "connection_error" => AttemptOutcome::ConnectionError,
         "outcome_unknown" => AttemptOutcome::OutcomeUnknown,
+        "key_reused" => AttemptOutcome::KeyReused,
+        "response_not_retained" => AttemptOutcome::ResponseNotRetained,
+        "in_flight" => AttemptOutcome::InFlight {
+            retry_after_ms: v
+                .get("retry_after_ms")
+                .map(|r| r.as_u64().expect("retry_after_ms")),
+        },
         other => panic!("unknown outcome kind {other}"),
     }
 }
@@ -161,10 +168,18 @@ fn outcome_vectors() {
                 status,
                 retry_after_ms,
             },
+            "key_reused" => AttemptOutcome::KeyReused,
+            "response_not_retained" => AttemptOutcome::ResponseNotRetained,
+            "in_flight" => AttemptOutcome::InFlight { retry_after_ms },
             other => panic!("{name}: unknown expectation {other}"),
         };
         assert_eq!(got, want, "{name}");
-        if got == AttemptOutcome::OutcomeUnknown {
+        assert_eq!(
+            got.kind(),
+            case["expect"].as_str().expect("expect"),
+            "{name}"
+        );
+        if !matches!(got, AttemptOutcome::Response { .. }) {
             assert!(AttemptOutcome::body_needed(status, content_type), "{name}");
         }
     }

@@ -16,6 +16,19 @@ export declare class ExternalObject<T> {
  */
 export declare const __napiBindingTarget: 'native' | 'wasm32-wasi' | 'wasm32-wasip1'
 
+/** Counts a response body's bytes against the recording limit (core's `BodyCapture`). */
+export declare class BodyCapture {
+  /** A capture recording at most `limit` bytes. */
+  constructor(limit: number)
+  /**
+   * Counts a chunk of `length` bytes: `"record"` (append it), `"discard"` (drop what was
+   * recorded and record nothing more) or `"skip"`.
+   */
+  accept(length: number): string
+  /** True once the body went past the limit. */
+  get truncated(): boolean
+}
+
 /** A prepared fingerprint configuration (pointers compiled, HMAC key schedule computed once). */
 export declare class Fingerprinter {
   /** Validates and prepares the settings (throws `FINGERPRINT_ERROR` or `INVALID_ARGUMENT`). */
@@ -64,6 +77,12 @@ export declare class FlowConfig {
   get ttlMs(): number
   /** The largest response body stored. */
   get maxBodyBytes(): number
+  /**
+   * Core's capture plan for a response (`spec/PROTOCOL.md` §7.5): `kind` `"pass_through"`,
+   * `"buffer"` or `"tee"`, with the recording `limit` for the last two. `streaming`: the body
+   * arrives in several parts; `framework`: the framework produced it before the handler ran.
+   */
+  capturePlan(status: number, headers: Array<Array<string>>, streaming?: boolean | undefined | null, framework?: boolean | undefined | null): CapturePlanOutput
   /**
    * How long (ms) the background cleanup of a lost claim or takeover keeps retrying, at
    * least the lease.
@@ -175,14 +194,24 @@ export declare class ServerFlow {
   released(applied: boolean): FlowAction
   /** Renew's answer. */
   renewed(applied: boolean): FlowAction
+  /**
+   * Claim's answer in transactional mode when the record's row stayed locked past the lock
+   * timeout: another request's uncommitted claim is in flight (core answers 409).
+   */
+  locked(nowMs: number): FlowAction
   /** Commit's answer: the transaction committed (a failed commit is `storeFailed()`). */
   committed(): FlowAction
   /** The last store action failed (error, timeout). */
   storeFailed(): FlowAction
   /** The heartbeat timer fired. */
   heartbeatDue(): FlowAction
-  /** The handler returned a response (`bodyToStore`: the redaction hook's output, if any). */
-  handlerFinished(status: number, headers: Array<Array<string>>, body: Uint8Array, bodyToStore?: Uint8Array | undefined | null): FlowAction
+  /**
+   * The handler returned a response (`bodyToStore`: the redaction hook's output, if any;
+   * `framework`: the framework rejected the request before the handler ran, never stored;
+   * `bodyTruncated`: the host stopped recording the body at the capture limit, so the record
+   * becomes the response-not-retained problem).
+   */
+  handlerFinished(status: number, headers: Array<Array<string>>, body: Uint8Array, bodyToStore?: Uint8Array | undefined | null, framework?: boolean | undefined | null, bodyTruncated?: boolean | undefined | null): FlowAction
   /** The handler threw; `maybeSideEffect` false only when it certainly did nothing. */
   handlerFailed(maybeSideEffect: boolean): FlowAction
 }
@@ -192,7 +221,11 @@ export declare function admitKey(value: Uint8Array, options?: ParseKeyOptions | 
 
 /** How an attempt ended. */
 export interface AttemptOutcomeInput {
-  /** `"response"`, `"timeout"`, `"connection_error"` or `"outcome_unknown"`. */
+  /**
+   * `"response"`, `"timeout"`, `"connection_error"`, `"outcome_unknown"`, `"key_reused"`,
+   * `"in_flight"` or `"response_not_retained"` (the last three are idempo's own problems;
+   * a `"response"` with a content type and body is classified by core).
+   */
   kind: string
   /** HTTP status (for `"response"`). */
   status?: number
@@ -270,6 +303,14 @@ export interface CanonicalizeOptions {
 
 /** Canonicalizes a JSON text given as a string into its RFC 8785 form. */
 export declare function canonicalizeString(data: string, options?: CanonicalizeOptions | undefined | null): Buffer
+
+/** Core's capture plan for one response. */
+export interface CapturePlanOutput {
+  /** `"pass_through"`, `"buffer"` or `"tee"`. */
+  kind: string
+  /** Largest recorded body (absent for `"pass_through"`). */
+  limit?: number
+}
 
 /**
  * Checks a row against the storage contract (throws `RECORD_CORRUPT`) and returns it in
@@ -377,7 +418,7 @@ export interface FlowConfigOptions {
   ttlMs?: number
   /** Whether a request without a key is refused (default true). */
   keyRequired?: boolean
-  /** Statuses never stored (a retry re-runs). Default 408, 409, 425, 429. */
+  /** Statuses never stored (a retry re-runs). Default 401, 403, 407, 408, 409, 425, 429. */
   transientStatuses?: Array<number>
   /** Store 5xx responses (except 503) instead of releasing the key (default false). */
   storeServerErrors?: boolean
@@ -532,7 +573,7 @@ export interface RecordRowData {
 
 /**
  * Whether core looks at the body of a response with this status and `Content-Type` to
- * recognise idempo's outcome-unknown problem (a 500 `application/problem+json`).
+ * recognise idempo's own problems (a 409, 422 or 500 `application/problem+json`).
  */
 export declare function responseBodyNeeded(status: number, contentType?: string | undefined | null): boolean
 

@@ -835,6 +835,7 @@ function __napiStampBindingTarget(exportsObject, target) {
 // linked import resolves to `undefined`.
 module.exports.__napiBindingTarget = __napiStampBindingTarget(nativeBinding, __napiLoadedBindingTarget)
 module.exports = nativeBinding
+module.exports.BodyCapture = nativeBinding.BodyCapture
 module.exports.Fingerprinter = nativeBinding.Fingerprinter
 module.exports.FlowConfig = nativeBinding.FlowConfig
 module.exports.MemoryStoreCore = nativeBinding.MemoryStoreCore

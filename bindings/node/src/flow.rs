@@ -12,7 +12,8 @@ use idempo_core::machine::{
     ServerFlow as CoreFlow, StoreOp, StoreResult,
 };
 use idempo_core::policy::{
-    Config, HeaderAllowlist, KeyRequirement, LeasePolicy, Redaction, ResponsePolicy, TakeoverPolicy,
+    Config, HeaderAllowlist, KeyRequirement, LeasePolicy, Redaction, ResponseOrigin,
+    ResponsePolicy, TakeoverPolicy,
 };
 use idempo_core::record::FingerprintText;
 use idempo_core::scope::ScopeId;
@@ -42,7 +43,7 @@ pub struct FlowConfigOptions {
     pub ttl_ms: Option<f64>,
     /// Whether a request without a key is refused (default true).
     pub key_required: Option<bool>,
-    /// Statuses never stored (a retry re-runs). Default 408, 409, 425, 429.
+    /// Statuses never stored (a retry re-runs). Default 401, 403, 407, 408, 409, 425, 429.
     pub transient_statuses: Option<Vec<u32>>,
     /// Store 5xx responses (except 503) instead of releasing the key (default false).
     pub store_server_errors: Option<bool>,
@@ -185,6 +186,64 @@ fn http(r: HttpResponse) -> HttpResponseData {
     }
 }
 
+/// Core's capture plan for one response.
+#[napi(object)]
+pub struct CapturePlanOutput {
+    /// `"pass_through"`, `"buffer"` or `"tee"`.
+    pub kind: String,
+    /// Largest recorded body (absent for `"pass_through"`).
+    pub limit: Option<f64>,
+}
+
+fn origin(framework: Option<bool>) -> ResponseOrigin {
+    if framework.unwrap_or(false) {
+        ResponseOrigin::Framework
+    } else {
+        ResponseOrigin::Handler
+    }
+}
+
+/// Counts a response body's bytes against the recording limit (core's `BodyCapture`).
+#[napi]
+pub struct BodyCapture {
+    inner: machine::BodyCapture,
+}
+
+#[napi]
+impl BodyCapture {
+    /// A capture recording at most `limit` bytes.
+    #[napi(constructor, catch_unwind)]
+    pub fn new(env: Env, limit: f64) -> napi::Result<Self> {
+        let limit = to_u64(limit, "limit").map_err(|f| f.throw(&env))?;
+        Ok(Self {
+            inner: machine::BodyCapture::new(usize::try_from(limit).unwrap_or(usize::MAX)),
+        })
+    }
+
+    /// Counts a chunk of `length` bytes: `"record"` (append it), `"discard"` (drop what was
+    /// recorded and record nothing more) or `"skip"`.
+    #[napi(catch_unwind)]
+    pub fn accept(&mut self, env: Env, length: f64) -> napi::Result<String> {
+        let length = to_u64(length, "length").map_err(|f| f.throw(&env))?;
+        Ok(match self
+            .inner
+            .accept(usize::try_from(length).unwrap_or(usize::MAX))
+        {
+            machine::CaptureStep::Record => "record",
+            machine::CaptureStep::Discard => "discard",
+            machine::CaptureStep::Skip => "skip",
+        }
+        .to_owned())
+    }
+
+    /// True once the body went past the limit.
+    #[napi(getter)]
+    #[must_use]
+    pub fn truncated(&self) -> bool {
+        self.inner.truncated()
+    }
+}
+
 /// A validated per-route configuration, shared by every request of the route.
 #[napi]
 pub struct FlowConfig {
@@ -227,6 +286,35 @@ impl FlowConfig {
     #[must_use]
     pub fn max_body_bytes(&self) -> f64 {
         from_u64(u64::try_from(self.inner.response.max_body_bytes()).unwrap_or(u64::MAX))
+    }
+
+    /// Core's capture plan for a response (`spec/PROTOCOL.md` §7.5): `kind` `"pass_through"`,
+    /// `"buffer"` or `"tee"`, with the recording `limit` for the last two. `streaming`: the body
+    /// arrives in several parts; `framework`: the framework produced it before the handler ran.
+    #[napi(catch_unwind)]
+    pub fn capture_plan(
+        &self,
+        env: Env,
+        status: u32,
+        headers: Vec<Vec<String>>,
+        streaming: Option<bool>,
+        framework: Option<bool>,
+    ) -> napi::Result<CapturePlanOutput> {
+        let status = to_status(status).map_err(|f| f.throw(&env))?;
+        let headers = header_pairs(headers).map_err(|f| f.throw(&env))?;
+        let plan = machine::capture_plan(
+            &self.inner,
+            status,
+            origin(framework),
+            &headers,
+            streaming.unwrap_or(false),
+        );
+        Ok(CapturePlanOutput {
+            kind: plan.as_str().to_owned(),
+            limit: plan
+                .limit()
+                .map(|l| from_u64(u64::try_from(l).unwrap_or(u64::MAX))),
+        })
     }
 
     /// How long (ms) the background cleanup of a lost claim or takeover keeps retrying, at
@@ -769,6 +857,14 @@ impl ServerFlow {
         self.feed(&env, Event::Store(StoreResult::Renewed(applied)))
     }
 
+    /// Claim's answer in transactional mode when the record's row stayed locked past the lock
+    /// timeout: another request's uncommitted claim is in flight (core answers 409).
+    #[napi(catch_unwind)]
+    pub fn locked(&mut self, env: Env, now_ms: f64) -> napi::Result<FlowAction> {
+        let now_ms = to_u64(now_ms, "nowMs").map_err(|f| f.throw(&env))?;
+        self.feed(&env, Event::Store(StoreResult::Locked { now_ms }))
+    }
+
     /// Commit's answer: the transaction committed (a failed commit is `storeFailed()`).
     #[napi(catch_unwind)]
     pub fn committed(&mut self, env: Env) -> napi::Result<FlowAction> {
@@ -787,8 +883,12 @@ impl ServerFlow {
         self.feed(&env, Event::HeartbeatDue)
     }
 
-    /// The handler returned a response (`bodyToStore`: the redaction hook's output, if any).
+    /// The handler returned a response (`bodyToStore`: the redaction hook's output, if any;
+    /// `framework`: the framework rejected the request before the handler ran, never stored;
+    /// `bodyTruncated`: the host stopped recording the body at the capture limit, so the record
+    /// becomes the response-not-retained problem).
     #[napi(catch_unwind)]
+    #[allow(clippy::too_many_arguments)]
     pub fn handler_finished(
         &mut self,
         env: Env,
@@ -796,6 +896,8 @@ impl ServerFlow {
         headers: Vec<Vec<String>>,
         body: &[u8],
         body_to_store: Option<&[u8]>,
+        framework: Option<bool>,
+        body_truncated: Option<bool>,
     ) -> napi::Result<FlowAction> {
         let status = to_status(status).map_err(|f| f.throw(&env))?;
         let headers = header_pairs(headers).map_err(|f| f.throw(&env))?;
@@ -806,6 +908,8 @@ impl ServerFlow {
                 headers,
                 body: body.to_vec(),
                 body_to_store: body_to_store.map(<[u8]>::to_vec),
+                origin: origin(framework),
+                body_truncated: body_truncated.unwrap_or(false),
             }),
         )
     }

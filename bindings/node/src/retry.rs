@@ -26,7 +26,9 @@ pub struct RetryPolicyOptions {
 /// How an attempt ended.
 #[napi(object)]
 pub struct AttemptOutcomeInput {
-    /// `"response"`, `"timeout"`, `"connection_error"` or `"outcome_unknown"`.
+    /// `"response"`, `"timeout"`, `"connection_error"`, `"outcome_unknown"`, `"key_reused"`,
+    /// `"in_flight"` or `"response_not_retained"` (the last three are idempo's own problems;
+    /// a `"response"` with a content type and body is classified by core).
     pub kind: String,
     /// HTTP status (for `"response"`).
     pub status: Option<u32>,
@@ -95,10 +97,18 @@ fn outcome(o: &AttemptOutcomeInput) -> Result<AttemptOutcome, Fail> {
         "timeout" => Ok(AttemptOutcome::Timeout),
         "connection_error" => Ok(AttemptOutcome::ConnectionError),
         "outcome_unknown" => Ok(AttemptOutcome::OutcomeUnknown),
+        "key_reused" => Ok(AttemptOutcome::KeyReused),
+        "response_not_retained" => Ok(AttemptOutcome::ResponseNotRetained),
+        "in_flight" => Ok(AttemptOutcome::InFlight {
+            retry_after_ms: o
+                .retry_after_ms
+                .map(|v| to_u64(v, "retryAfterMs"))
+                .transpose()?,
+        }),
         other => Err(Fail::new(
             code::INVALID_ARGUMENT,
             format!(
-                "outcome kind must be response, timeout, connection_error or outcome_unknown, got {other:?}"
+                "outcome kind must be response, timeout, connection_error, outcome_unknown, key_reused, in_flight or response_not_retained, got {other:?}"
             ),
         )),
     }
@@ -167,7 +177,7 @@ impl RetryPolicy {
 }
 
 /// Whether core looks at the body of a response with this status and `Content-Type` to
-/// recognise idempo's outcome-unknown problem (a 500 `application/problem+json`).
+/// recognise idempo's own problems (a 409, 422 or 500 `application/problem+json`).
 #[napi(catch_unwind)]
 pub fn response_body_needed(status: u32, content_type: Option<String>) -> bool {
     u16::try_from(status).is_ok_and(|s| AttemptOutcome::body_needed(s, content_type.as_deref()))

@@ -33,11 +33,33 @@ async function scripted(script) {
 }
 
 const fast = { baseDelayMs: 1, maxDelayMs: 20, maxAttempts: 5 };
+const IN_FLIGHT = '{"type":"urn:idempo:problem:in-flight","title":"Request in progress","status":409,"detail":"busy"}';
+const KEY_REUSED = '{"type":"urn:idempo:problem:key-reused","title":"Idempotency-Key reused","status":422,"detail":"x"}';
+
+test("an application's 422 is its answer, idempo's 422 is key reuse, an application's 409 is not retried", async () => {
+  const cases = [
+    [{ status: 422, headers: { 'content-type': 'application/json' }, body: '{"detail":[{"loc":["body","amount"],"msg":"Field required"}]}' }, { reason: 'client_error', status: 422 }],
+    [{ status: 422, headers: { 'content-type': 'application/problem+json' }, body: KEY_REUSED }, { reason: 'key_reused_with_different_request', status: null }],
+    [{ status: 409, headers: { 'content-type': 'application/json', 'retry-after': '0' }, body: '{"error":"already shipped"}' }, { reason: 'client_error', status: 409 }],
+  ];
+  for (const [step, want] of cases) {
+    const srv = await scripted([step, { status: 201, body: '{}' }]);
+    try {
+      const stops = [];
+      const r = await idempo.idempotentFetch(srv.url, { method: 'POST', body: 'x', retry: fast, onStop: (i) => stops.push(i) });
+      assert.equal(r.status, step.status);
+      assert.equal(srv.seen.length, 1, 'stopped at once');
+      assert.deepEqual(stops.map((s) => ({ reason: s.reason, status: s.status })), [want]);
+    } finally {
+      await srv.close();
+    }
+  }
+});
 
 test('retries 503 and 409 with the same key, then returns the success', async () => {
   const srv = await scripted([
     { status: 503, headers: { 'retry-after': '0' } },
-    { status: 409, headers: { 'retry-after': '0' } },
+    { status: 409, headers: { 'retry-after': '0', 'content-type': 'application/problem+json' }, body: IN_FLIGHT },
     { status: 201, body: '{"ok":true}' },
   ]);
   try {

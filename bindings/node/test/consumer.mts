@@ -37,7 +37,7 @@ const store: IdempotencyStore = new MemoryStore();
 const store2: IdempotencyStore = new SqliteStore({ filename: ':memory:' });
 async function use(st: IdempotencyStore): Promise<number> {
   const r: ClaimResult = await st.claim(s, fp, Buffer.alloc(16), 30_000, 60_000);
-  return r.claimed ? r.generation : r.record.generation;
+  return r.claimed ? r.generation : 'record' in r ? r.record.generation : 0;
 }
 try {
   canonicalize('{');

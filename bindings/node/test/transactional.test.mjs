@@ -158,10 +158,10 @@ for (const [name, kind] of Object.entries(kinds)) {
     }
   });
 
-  test(`${name}: a response too large to keep commits as outcome-unknown, even under re_run`, { skip: kind.skip }, async () => {
-    // Core's transactional flow: the record is marked outcome-unknown and committed with the
-    // write (never left in progress, where re_run would run the committed write again), and the
-    // handler's response is sent after the commit.
+  test(`${name}: a response too large to keep commits as response-not-retained, even under re_run`, { skip: kind.skip }, async () => {
+    // Core's transactional flow: the record is completed with the response-not-retained problem
+    // and committed with the write (never left in progress, where re_run would run the committed
+    // write again), and the handler's response is sent after the commit.
     const k = await kind.make();
     const { state, srv } = await expressApp(k, { maxStoredBodyBytes: 4, takeover: 're_run' });
     try {
@@ -172,7 +172,8 @@ for (const [name, kind] of Object.entries(kinds)) {
       assert.equal(await k.records(), 1);
       const again = await post(srv.url, 'tx-large-00001', { k: 'l' });
       assert.equal(again.status, 500);
-      assert.equal((await again.json()).type, 'urn:idempo:problem:outcome-unknown');
+      assert.equal(again.headers.get('idempotent-replayed'), 'true');
+      assert.equal((await again.json()).type, 'urn:idempo:problem:response-not-retained');
       assert.equal(state.runs, 1);
       assert.equal(await k.count('l'), 1);
     } finally {

@@ -86,7 +86,12 @@ test('retry/decide.json', () => {
     const policy = new idempo.RetryPolicy(policyOpts(g.policy));
     for (const c of g.cases) {
       n++;
-      const o = c.outcome.kind === 'response' ? { kind: 'response', status: c.outcome.status, retryAfterMs: c.outcome.retry_after_ms } : { kind: c.outcome.kind };
+      const o =
+        c.outcome.kind === 'response'
+          ? { kind: 'response', status: c.outcome.status, retryAfterMs: c.outcome.retry_after_ms }
+          : c.outcome.kind === 'in_flight'
+            ? { kind: 'in_flight', retryAfterMs: c.outcome.retry_after_ms }
+            : { kind: c.outcome.kind };
       const where = `${g.name}/${c.name}`;
       if (c.expect.error) {
         assert.throws(() => policy.decide(c.attempt, c.elapsed_ms, o, jitterValue(c.jitter)), (e) => e.reason === c.expect.error, where);
@@ -111,10 +116,17 @@ test('retry/outcome.json', () => {
   for (const c of cases) {
     const body = new TextEncoder().encode(c.body);
     const d = policy.decide(1, 0, { kind: 'response', status: c.status, retryAfterMs: c.retry_after_ms, contentType: c.content_type, body }, 0.5);
-    if (c.expect === 'outcome_unknown') {
+    const stops = { outcome_unknown: 'outcome_unknown', key_reused: 'key_reused_with_different_request', response_not_retained: 'response_not_retained' };
+    if (stops[c.expect]) {
       assert.equal(idempo.responseBodyNeeded(c.status, c.content_type), true, c.name);
-      assert.deepEqual(d, { retry: false, reason: 'outcome_unknown' }, c.name);
+      assert.deepEqual(d, { retry: false, reason: stops[c.expect] }, c.name);
+    } else if (c.expect === 'in_flight') {
+      assert.equal(idempo.responseBodyNeeded(c.status, c.content_type), true, c.name);
+      const bare = policy.decide(1, 0, { kind: 'in_flight', retryAfterMs: c.retry_after_ms }, 0.5);
+      assert.equal(bare.retry, true, c.name);
+      assert.deepEqual(d, bare, c.name);
     } else {
+      assert.equal(c.expect, 'response', c.name);
       const bare = policy.decide(1, 0, { kind: 'response', status: c.status, retryAfterMs: c.retry_after_ms }, 0.5);
       assert.deepEqual(d, bare, c.name);
     }
@@ -235,10 +247,18 @@ function feed(flow, e) {
     case 'released': return flow.released(e.applied);
     case 'renewed': return flow.renewed(e.applied);
     case 'committed': return flow.committed();
+    case 'locked': return flow.locked(e.now_ms);
     case 'store_failed': return flow.storeFailed();
     case 'heartbeat_due': return flow.heartbeatDue();
     case 'handler_finished':
-      return flow.handlerFinished(e.status, e.headers, Buffer.from(e.body, 'utf8'), e.body_to_store === null ? null : Buffer.from(e.body_to_store, 'utf8'));
+      return flow.handlerFinished(
+        e.status,
+        e.headers,
+        Buffer.from(e.body, 'utf8'),
+        e.body_to_store === null ? null : Buffer.from(e.body_to_store, 'utf8'),
+        (e.origin ?? 'handler') === 'framework',
+        e.body_truncated ?? false,
+      );
     case 'handler_failed': return flow.handlerFailed(e.maybe_side_effect);
     default: throw new Error(`unknown event ${e.type}`);
   }

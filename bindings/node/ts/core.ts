@@ -122,7 +122,8 @@ export type AttemptOutcome =
       kind: 'response';
       status: number;
       retryAfterMs?: number | null;
-      /** The response's `Content-Type`; with `body`, core recognises idempo's outcome-unknown problem. */
+      /** The response's `Content-Type`; with `body`, core recognises idempo's own problems
+       * (409 in-flight, 422 key-reused, 500 outcome-unknown and response-not-retained). */
       contentType?: string | null;
       /** The response body; needed only when {@link responseBodyNeeded} is true. */
       body?: Uint8Array | null;
@@ -130,7 +131,13 @@ export type AttemptOutcome =
   | { kind: 'timeout' }
   | { kind: 'connection_error' }
   /** idempo's outcome-unknown answer: core stops with reason `outcome_unknown`. */
-  | { kind: 'outcome_unknown' };
+  | { kind: 'outcome_unknown' }
+  /** idempo's key-reused 422: core stops with `key_reused_with_different_request`. */
+  | { kind: 'key_reused' }
+  /** idempo's response-not-retained 500: core stops with `response_not_retained`. */
+  | { kind: 'response_not_retained' }
+  /** idempo's in-flight 409: retried (its `Retry-After` is a floor). */
+  | { kind: 'in_flight'; retryAfterMs?: number | null };
 
 /** Core's answer after an attempt. */
 export type RetryDecision =
@@ -160,6 +167,8 @@ export class RetryPolicy {
       if (outcome.retryAfterMs != null) input.retryAfterMs = outcome.retryAfterMs;
       if (outcome.contentType != null) input.contentType = outcome.contentType;
       if (outcome.body != null) input.body = Buffer.from(outcome.body.buffer, outcome.body.byteOffset, outcome.body.byteLength);
+    } else if (outcome.kind === 'in_flight' && outcome.retryAfterMs != null) {
+      input.retryAfterMs = outcome.retryAfterMs;
     }
     let d: native.RetryDecisionOutput;
     try {

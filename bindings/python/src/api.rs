@@ -619,11 +619,13 @@ impl RetryPolicy {
 
     /// Decides after attempt `attempt` (1-based), `elapsed_ms` after the first attempt started.
     ///
-    /// `outcome` is an HTTP status (int), `"timeout"`, `"connection_error"` or
-    /// `"outcome_unknown"`; `retry_after_ms` is the response's `Retry-After` already converted
-    /// (see `parse_retry_after`); `jitter` is a uniform sample in [0, 1) from the host. For a
-    /// status, `content_type` and `body` let core recognise idempo's outcome-unknown problem
-    /// (stop `"outcome_unknown"`); the body matters only when `response_body_needed` is true.
+    /// `outcome` is an HTTP status (int), `"timeout"`, `"connection_error"`,
+    /// `"outcome_unknown"`, `"key_reused"`, `"in_flight"` or `"response_not_retained"`;
+    /// `retry_after_ms` is the response's `Retry-After` already converted (see
+    /// `parse_retry_after`); `jitter` is a uniform sample in [0, 1) from the host. For a status,
+    /// `content_type` and `body` let core tell idempo's own problems (409 in-flight, 422
+    /// key-reused, 500 outcome-unknown and response-not-retained) from the application's
+    /// answers; the body matters only when `response_body_needed` is true.
     #[pyo3(signature = (attempt, elapsed_ms, outcome, jitter, retry_after_ms = None, *, content_type = None, body = None))]
     #[allow(clippy::too_many_arguments)]
     fn decide(
@@ -642,11 +644,14 @@ impl RetryPolicy {
                 "timeout" => AttemptOutcome::Timeout,
                 "connection_error" => AttemptOutcome::ConnectionError,
                 "outcome_unknown" => AttemptOutcome::OutcomeUnknown,
+                "key_reused" => AttemptOutcome::KeyReused,
+                "response_not_retained" => AttemptOutcome::ResponseNotRetained,
+                "in_flight" => AttemptOutcome::InFlight { retry_after_ms },
                 other => {
                     return Err(invalid_argument(
                         py,
                         format!(
-                            "outcome must be a status, 'timeout', 'connection_error' or 'outcome_unknown', got {other:?}"
+                            "outcome must be a status, 'timeout', 'connection_error', 'outcome_unknown', 'key_reused', 'in_flight' or 'response_not_retained', got {other:?}"
                         ),
                         "invalid_outcome",
                     ));
@@ -682,7 +687,7 @@ impl RetryPolicy {
 }
 
 /// Whether core looks at the body of a response with this status and `Content-Type` to
-/// recognise idempo's outcome-unknown problem (a 500 `application/problem+json`): a client reads
+/// recognise idempo's own problems (a 409, 422 or 500 `application/problem+json`): a client reads
 /// a streamed body only then and passes it to `RetryPolicy.decide(..., body=...)`.
 #[pyfunction]
 #[pyo3(signature = (status, content_type = None))]

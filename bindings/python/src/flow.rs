@@ -15,9 +15,10 @@ use idempo_core::machine::{
     Action as CoreAction, Cleanup as CoreCleanup, CleanupStep, Event, FlowError, HandlerResponse,
     HttpResponse, MissingKey, ServerFlow as CoreFlow, StoreOp, StoreResult, missing_key,
 };
+use idempo_core::machine::{BodyCapture as CoreBodyCapture, CaptureStep, capture_plan};
 use idempo_core::policy::{
     self, Config as CoreConfig, HeaderAllowlist, KeyRequirement, LeasePolicy, Redaction,
-    ResponsePolicy, TakeoverPolicy,
+    ResponseOrigin, ResponsePolicy, TakeoverPolicy,
 };
 use idempo_core::record::{FencingToken, FingerprintText, Record, RecordRow, StoredResponse};
 use idempo_core::scope::ScopeId;
@@ -223,6 +224,67 @@ impl Config {
     #[getter]
     fn cleanup_budget_ms(&self) -> u64 {
         self.inner.cleanup_budget_ms.get()
+    }
+
+    /// Core's capture plan for a response (`spec/PROTOCOL.md` §7.5): `("pass_through", None)`,
+    /// `("buffer", limit)` or `("tee", limit)`. `streaming`: the body arrives in several parts;
+    /// `framework`: the framework produced it before the handler ran.
+    #[pyo3(signature = (status, headers, *, streaming = false, framework = false, transactional = false))]
+    fn capture_plan(
+        &self,
+        status: u16,
+        headers: &Bound<'_, PyAny>,
+        streaming: bool,
+        framework: bool,
+        transactional: bool,
+    ) -> PyResult<(&'static str, Option<usize>)> {
+        let headers = header_pairs(Some(headers))?;
+        let origin = if framework {
+            ResponseOrigin::Framework
+        } else {
+            ResponseOrigin::Handler
+        };
+        let plan = capture_plan(
+            &self.for_mode(transactional),
+            status,
+            origin,
+            &headers,
+            streaming,
+        );
+        Ok((plan.as_str(), plan.limit()))
+    }
+}
+
+/// Counts a response body's bytes against the recording limit (core's `BodyCapture`).
+#[pyclass(module = "idempo._idempo")]
+pub(crate) struct BodyCapture {
+    inner: CoreBodyCapture,
+}
+
+#[pymethods]
+impl BodyCapture {
+    /// A capture recording at most `limit` bytes.
+    #[new]
+    fn new(limit: usize) -> Self {
+        Self {
+            inner: CoreBodyCapture::new(limit),
+        }
+    }
+
+    /// Counts a chunk of `length` bytes: `"record"` (append it), `"discard"` (drop what was
+    /// recorded and record nothing more) or `"skip"`.
+    fn accept(&mut self, length: usize) -> &'static str {
+        match self.inner.accept(length) {
+            CaptureStep::Record => "record",
+            CaptureStep::Discard => "discard",
+            CaptureStep::Skip => "skip",
+        }
+    }
+
+    /// True once the body went past the limit.
+    #[getter]
+    fn truncated(&self) -> bool {
+        self.inner.truncated()
     }
 }
 
@@ -569,7 +631,10 @@ impl ServerFlow {
         let event = match op {
             "claim" => {
                 let now_ms: u64 = result.getattr("now_ms")?.extract()?;
-                if result.hasattr("record")? {
+                if result.hasattr("locked")? && result.getattr("locked")?.is_truthy()? {
+                    // idempo.stores.Locked: the lock wait timed out (spec/PROTOCOL.md §7.6).
+                    Event::Store(StoreResult::Locked { now_ms })
+                } else if result.hasattr("record")? {
                     match record_from_py(&result.getattr("record")?)? {
                         Ok(record) => Event::Store(StoreResult::Existing { record, now_ms }),
                         Err(why) => {
@@ -624,8 +689,12 @@ impl ServerFlow {
         self.feed(py, Event::StoreFailed)
     }
 
-    /// The handler returned a response. `body_to_store` is the redaction hook's output.
-    #[pyo3(signature = (status, headers, body, body_to_store = None))]
+    /// The handler returned a response. `body_to_store` is the redaction hook's output;
+    /// `framework=True` when the framework rejected the request before the handler ran (never
+    /// stored); `body_truncated=True` when the host stopped recording the body at the capture
+    /// limit (`BodyCapture`), so the record becomes the response-not-retained problem.
+    #[pyo3(signature = (status, headers, body, body_to_store = None, *, framework = false, body_truncated = false))]
+    #[allow(clippy::too_many_arguments)]
     fn handler_finished(
         &mut self,
         py: Python<'_>,
@@ -633,6 +702,8 @@ impl ServerFlow {
         headers: &Bound<'_, PyAny>,
         body: &Bound<'_, PyAny>,
         body_to_store: Option<&Bound<'_, PyAny>>,
+        framework: bool,
+        body_truncated: bool,
     ) -> PyResult<Action> {
         let headers = header_pairs(Some(headers))?;
         let body = with_bytes(body, <[u8]>::to_vec)?;
@@ -647,6 +718,12 @@ impl ServerFlow {
                 headers,
                 body,
                 body_to_store,
+                origin: if framework {
+                    ResponseOrigin::Framework
+                } else {
+                    ResponseOrigin::Handler
+                },
+                body_truncated,
             }),
         )
     }

@@ -42,6 +42,7 @@ fn _idempo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<flow::ServerFlow>()?;
     m.add_class::<flow::Action>()?;
     m.add_class::<flow::Cleanup>()?;
+    m.add_class::<flow::BodyCapture>()?;
     m.add_class::<api::Fingerprinter>()?;
     m.add_class::<api::RouteFingerprinter>()?;
     m.add_class::<api::RetryPolicy>()?;

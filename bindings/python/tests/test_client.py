@@ -244,3 +244,56 @@ def test_async_transport(server: tuple[str, Seen]) -> None:
 
     r = asyncio.run(main())
     assert r.status_code == 201 and r.extensions["idempo_attempts"] == 3
+
+
+def _scripted(answers: List[httpx.Response]) -> "tuple[IdempotentTransport, List[str]]":
+    """A transport over a mock that answers ``answers`` in order (the last one repeats)."""
+    seen: List[str] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers["idempotency-key"])
+        return answers[min(len(seen) - 1, len(answers) - 1)]
+
+    policy = idempo.RetryPolicy(max_attempts=4, base_delay_ms=1, max_delay_ms=2)
+    return IdempotentTransport(httpx.MockTransport(handle), policy=policy), seen
+
+
+def test_an_applications_422_is_its_answer_and_idempos_422_is_key_reuse() -> None:
+    app_422 = httpx.Response(422, json={"detail": [{"loc": ["body", "amount"], "msg": "Field required"}]})
+    transport, seen = _scripted([app_422, httpx.Response(201)])
+    with httpx.Client(transport=transport) as c:
+        r = c.post("http://api/pay", json={})
+    assert r.status_code == 422 and len(seen) == 1
+    assert r.extensions["idempo_stop"] == "client_error", "an application's 422 is not key reuse"
+    reused = httpx.Response(
+        422, headers={"content-type": "application/problem+json"},
+        content=b'{"type":"urn:idempo:problem:key-reused","title":"t","status":422,"detail":"d"}')
+    transport, seen = _scripted([reused, httpx.Response(201)])
+    with httpx.Client(transport=transport) as c:
+        r = c.post("http://api/pay", json={})
+    assert r.status_code == 422 and len(seen) == 1
+    assert r.extensions["idempo_stop"] == "key_reused_with_different_request"
+
+
+def test_an_applications_409_is_not_retried_and_idempos_409_is() -> None:
+    conflict = httpx.Response(409, json={"error": "already shipped"}, headers={"retry-after": "0"})
+    transport, seen = _scripted([conflict, httpx.Response(201)])
+    with httpx.Client(transport=transport) as c:
+        r = c.post("http://api/pay", json={})
+    assert r.status_code == 409 and len(seen) == 1
+    assert r.extensions["idempo_stop"] == "client_error"
+    in_flight = httpx.Response(
+        409, headers={"content-type": "application/problem+json", "retry-after": "0"},
+        content=b'{"type":"urn:idempo:problem:in-flight","title":"t","status":409,"detail":"d"}')
+    transport, seen = _scripted([in_flight, httpx.Response(201)])
+    with httpx.Client(transport=transport) as c:
+        r = c.post("http://api/pay", json={})
+    assert r.status_code == 201 and len(seen) == 2 and len(set(seen)) == 1
+    not_retained = httpx.Response(
+        500, headers={"content-type": "application/problem+json"},
+        content=b'{"type":"urn:idempo:problem:response-not-retained","title":"t","status":500}')
+    transport, seen = _scripted([not_retained, httpx.Response(201)])
+    with httpx.Client(transport=transport) as c:
+        r = c.post("http://api/pay", json={})
+    assert r.status_code == 500 and len(seen) == 1
+    assert r.extensions["idempo_stop"] == "response_not_retained"

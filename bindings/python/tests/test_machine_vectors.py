@@ -11,7 +11,7 @@ from conftest import VECTORS
 
 import idempo
 from idempo._idempo import Action, Config, ServerFlow
-from idempo.stores import Claimed, Existing, StoredRecord
+from idempo.stores import Claimed, Existing, Locked, StoredRecord
 
 SCRIPTS = sorted((VECTORS / "machine").glob("*.json"))
 
@@ -71,13 +71,17 @@ def feed(flow: ServerFlow, ev: Dict[str, Any], scope: bytes) -> Action:
         return flow.store_event(ops[t], ev["applied"])
     if t == "committed":
         return flow.store_event("commit", None)
+    if t == "locked":
+        return flow.store_event("claim", Locked(ev["now_ms"]))
     if t == "store_failed":
         return flow.store_failed()
     if t == "handler_finished":
         bts = ev.get("body_to_store")
         return flow.handler_finished(
             ev["status"], [tuple(h) for h in ev["headers"]], ev["body"].encode("utf-8"),
-            None if bts is None else bts.encode("utf-8"))
+            None if bts is None else bts.encode("utf-8"),
+            framework=ev.get("origin", "handler") == "framework",
+            body_truncated=ev.get("body_truncated", False))
     if t == "handler_failed":
         return flow.handler_failed(ev["maybe_side_effect"])
     if t == "heartbeat_due":

@@ -222,12 +222,13 @@ def test_status_not_stored_rolls_the_writes_back(
     asyncio.run(scenario())
 
 
-def test_too_large_response_commits_as_outcome_unknown_even_under_re_run(
+def test_too_large_response_commits_as_not_retained_even_under_re_run(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """Core's transactional flow: a response too large to keep is committed with the record
-    marked outcome-unknown (never left in progress, where re_run would run the committed write
-    again), and the live client gets the handler's response only after the commit."""
+    completed as the response-not-retained problem (never left in progress, where re_run would
+    run the committed write again), and the live client gets the handler's response only after
+    the commit."""
 
     async def scenario() -> None:
         bench = Bench(kind, tmp_path, dsn_for(kind, request))
@@ -240,9 +241,10 @@ def test_too_large_response_commits_as_outcome_unknown_even_under_re_run(
             assert bench.counts() == (1, 1)
             again = await post(c, "large-key-01", {"note": "too long to keep"})
             assert again.status_code == 500
-            assert again.json()["type"] == "urn:idempo:problem:outcome-unknown"
+            assert again.headers["idempotent-replayed"] == "true"
+            assert again.json()["type"] == "urn:idempo:problem:response-not-retained"
             assert bench.counts() == (1, 1)
-        assert outcomes == ["not_retained", "outcome_unknown"]
+        assert outcomes == ["not_retained", "replayed"]
         await bench.close()
 
     asyncio.run(scenario())

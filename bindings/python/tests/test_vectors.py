@@ -168,10 +168,17 @@ def test_retry_outcome(case: Dict[str, Any]) -> None:
     status, ct, body = case["status"], case["content_type"], case["body"].encode()
     ra = case.get("retry_after_ms")
     advice = p.decide(1, 0, status, 0.5, retry_after_ms=ra, content_type=ct, body=body)
-    if case["expect"] == "outcome_unknown":
+    stops = {"outcome_unknown": "outcome_unknown", "key_reused": "key_reused_with_different_request",
+             "response_not_retained": "response_not_retained"}
+    if case["expect"] in stops:
         assert idempo.response_body_needed(status, ct)
-        assert not advice.retry and advice.reason == "outcome_unknown"
+        assert not advice.retry and advice.reason == stops[case["expect"]]
+    elif case["expect"] == "in_flight":
+        assert idempo.response_body_needed(status, ct)
+        bare = p.decide(1, 0, "in_flight", 0.5, retry_after_ms=ra)
+        assert bare.retry and (advice.retry, advice.delay_ms) == (True, bare.delay_ms)
     else:
+        assert case["expect"] == "response", case["name"]
         bare = p.decide(1, 0, status, 0.5, retry_after_ms=ra)
         assert (advice.retry, advice.delay_ms, advice.reason, advice.status) == (
             bare.retry, bare.delay_ms, bare.reason, bare.status)

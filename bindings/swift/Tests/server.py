@@ -16,6 +16,8 @@ Test controls (request headers, not part of the fingerprint):
   X-Test-Outcome-Unknown: 1 the record is in idempo's "outcome unknown" state: every request
                             with this key gets idempo's 500 outcome-unknown problem and does not
                             run the handler
+  X-Test-App-Status: N      the application answers N itself (application/json, not an idempo
+                            problem type; e.g. a validation 422 or a business 409)
 
 GET /stats?key=K  -> {"executions": n, "requests": m, "header_values": [...]} for key K.
 
@@ -56,8 +58,8 @@ def parse_key(value):
     return None
 
 
-def problem(status, title, detail):
-    return status, {"type": "about:blank", "title": title, "status": status, "detail": detail}
+def problem(status, title, detail, type_="about:blank"):
+    return status, {"type": type_, "title": title, "status": status, "detail": detail}
 
 
 LOG = os.environ.get("IDEMPO_TEST_SERVER_LOG")
@@ -126,7 +128,10 @@ class Handler(BaseHTTPRequestHandler):
             if lose:
                 s["lost"] += 1
             record = RECORDS.get(key)
-            if self.headers.get("X-Test-Outcome-Unknown") == "1":
+            app_status = int(self.headers.get("X-Test-App-Status") or 0)
+            if app_status:
+                outcome = "app"
+            elif self.headers.get("X-Test-Outcome-Unknown") == "1":
                 outcome = "outcome_unknown"
             elif fail:
                 outcome = "fail"
@@ -152,7 +157,12 @@ class Handler(BaseHTTPRequestHandler):
             # The work is done (or replayed) but the answer never reaches the client.
             self.close_connection = True
             return
-        if outcome == "outcome_unknown":
+        if outcome == "app":
+            # The application's own answer (a validation error, a business conflict): JSON, not
+            # one of idempo's problem types.
+            self.answer(app_status, {"detail": [{"loc": ["body", "amount"], "msg": "invalid"}]},
+                        headers={"Retry-After": "0"})
+        elif outcome == "outcome_unknown":
             self.answer(500, {"type": "urn:idempo:problem:outcome-unknown", "title": "Outcome unknown",
                               "status": 500,
                               "detail": "An earlier attempt may have taken effect; check before a new key."},
@@ -161,10 +171,12 @@ class Handler(BaseHTTPRequestHandler):
             self.answer(*problem(503, "Service Unavailable", "try again"),
                         headers={"Retry-After": "0"}, content_type="application/problem+json")
         elif outcome == "mismatch":
-            self.answer(*problem(422, "Idempotency-Key reused", "this key was used with another request"),
+            self.answer(*problem(422, "Idempotency-Key reused", "this key was used with another request",
+                                 "urn:idempo:problem:key-reused"),
                         content_type="application/problem+json")
         elif outcome == "in_flight":
-            self.answer(*problem(409, "Request in progress", "retry after the Retry-After delay"),
+            self.answer(*problem(409, "Request in progress", "retry after the Retry-After delay",
+                                 "urn:idempo:problem:in-flight"),
                         headers={"Retry-After": "1"}, content_type="application/problem+json")
         else:
             with LOCK:

@@ -43,6 +43,16 @@ pub enum AttemptOutcome {
     /// [`attempt_outcome_from_response`]): retrying this key cannot change the answer; the
     /// caller must reconcile, not mint a new key blindly.
     OutcomeUnknown,
+    /// idempo's 422 key-reused problem: the key was used for a different request.
+    KeyReused,
+    /// idempo's 409 in-flight problem: an earlier attempt is still running (retried).
+    InFlight {
+        /// The `Retry-After` delay from [`parse_retry_after`], if any.
+        retry_after_ms: Option<u64>,
+    },
+    /// idempo's 500 response-not-retained problem: the request was processed but its response
+    /// was too large to keep; look the resource up.
+    ResponseNotRetained,
 }
 
 /// Why the client should stop retrying (core `StopReason`).
@@ -54,9 +64,10 @@ pub enum StopReason {
     Redirection,
     /// A 1xx as a final status.
     Informational,
-    /// A 422: the key was used with a different request; a new intent needs a new key.
+    /// idempo's 422 key-reused problem: the key was used with a different request; a new intent
+    /// needs a new key.
     KeyReusedWithDifferentRequest,
-    /// Another 4xx.
+    /// Another 4xx (the application's own 409 or 422 included: its answer, not key reuse).
     ClientError {
         /// The status received.
         status: u16,
@@ -75,6 +86,9 @@ pub enum StopReason {
     /// The server answered idempo's outcome-unknown problem: an earlier attempt may have taken
     /// effect. Retrying cannot help; reconcile before any new key.
     OutcomeUnknown,
+    /// The server answered idempo's response-not-retained problem: the request was processed
+    /// but its response was too large to keep. Look the resource up.
+    ResponseNotRetained,
 }
 
 /// What the client should do after an attempt (core `RetryDecision`).
@@ -195,6 +209,11 @@ impl From<AttemptOutcome> for core::AttemptOutcome {
             AttemptOutcome::Timeout => core::AttemptOutcome::Timeout,
             AttemptOutcome::ConnectionError => core::AttemptOutcome::ConnectionError,
             AttemptOutcome::OutcomeUnknown => core::AttemptOutcome::OutcomeUnknown,
+            AttemptOutcome::KeyReused => core::AttemptOutcome::KeyReused,
+            AttemptOutcome::InFlight { retry_after_ms } => {
+                core::AttemptOutcome::InFlight { retry_after_ms }
+            }
+            AttemptOutcome::ResponseNotRetained => core::AttemptOutcome::ResponseNotRetained,
         }
     }
 }
@@ -212,6 +231,11 @@ impl From<core::AttemptOutcome> for AttemptOutcome {
             core::AttemptOutcome::Timeout => AttemptOutcome::Timeout,
             core::AttemptOutcome::ConnectionError => AttemptOutcome::ConnectionError,
             core::AttemptOutcome::OutcomeUnknown => AttemptOutcome::OutcomeUnknown,
+            core::AttemptOutcome::KeyReused => AttemptOutcome::KeyReused,
+            core::AttemptOutcome::InFlight { retry_after_ms } => {
+                AttemptOutcome::InFlight { retry_after_ms }
+            }
+            core::AttemptOutcome::ResponseNotRetained => AttemptOutcome::ResponseNotRetained,
         }
     }
 }
@@ -233,6 +257,7 @@ impl From<core::StopReason> for StopReason {
             core::StopReason::TimeBudgetExhausted => StopReason::TimeBudgetExhausted,
             core::StopReason::RetryAfterBeyondBudget => StopReason::RetryAfterBeyondBudget,
             core::StopReason::OutcomeUnknown => StopReason::OutcomeUnknown,
+            core::StopReason::ResponseNotRetained => StopReason::ResponseNotRetained,
         }
     }
 }
@@ -254,6 +279,7 @@ impl From<StopReason> for core::StopReason {
             StopReason::TimeBudgetExhausted => core::StopReason::TimeBudgetExhausted,
             StopReason::RetryAfterBeyondBudget => core::StopReason::RetryAfterBeyondBudget,
             StopReason::OutcomeUnknown => core::StopReason::OutcomeUnknown,
+            StopReason::ResponseNotRetained => core::StopReason::ResponseNotRetained,
         }
     }
 }
@@ -349,18 +375,37 @@ mod tests {
 
     #[test]
     fn conflict_with_retry_after_waits_at_least_that_long() {
-        let d = retry_decide(default_retry_config(), 1, 0, response(409, Some(2000)), 0.0).unwrap();
+        let in_flight = AttemptOutcome::InFlight {
+            retry_after_ms: Some(2000),
+        };
+        let d = retry_decide(default_retry_config(), 1, 0, in_flight, 0.0).unwrap();
         assert_eq!(d, RetryDecision::Retry { delay_ms: 2000 });
+        // An application's own 409 is its answer: not retried.
+        let d = retry_decide(default_retry_config(), 1, 0, response(409, Some(2000)), 0.0).unwrap();
+        assert_eq!(
+            d,
+            RetryDecision::Stop {
+                reason: StopReason::ClientError { status: 409 }
+            }
+        );
     }
 
     #[test]
     fn unprocessable_and_client_errors_stop() {
         let cfg = default_retry_config();
-        let d = retry_decide(cfg, 1, 0, response(422, None), 0.5).unwrap();
+        let d = retry_decide(cfg, 1, 0, AttemptOutcome::KeyReused, 0.5).unwrap();
         assert_eq!(
             d,
             RetryDecision::Stop {
                 reason: StopReason::KeyReusedWithDifferentRequest
+            }
+        );
+        // An application's own 422 is a client error, never key reuse.
+        let d = retry_decide(cfg, 1, 0, response(422, None), 0.5).unwrap();
+        assert_eq!(
+            d,
+            RetryDecision::Stop {
+                reason: StopReason::ClientError { status: 422 }
             }
         );
         let d = retry_decide(cfg, 1, 0, response(404, None), 0.5).unwrap();

@@ -41,9 +41,10 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
+use super::capture::not_retained_response;
 use super::problem::{ProblemKind, problem_response};
 use super::{Decision, decide};
-use crate::policy::{Config, KeyRequirement, StoreVerdict, TakeoverPolicy};
+use crate::policy::{Config, KeyRequirement, ResponseOrigin, StoreVerdict, TakeoverPolicy};
 use crate::record::{FencingToken, FingerprintText, Record, RecordState, StoredResponse, hex};
 use crate::scope::ScopeId;
 
@@ -77,9 +78,31 @@ pub struct HandlerResponse {
     /// The redaction hook's output: when `Some`, this body is stored and replayed instead of
     /// `body` (see [`Redaction::HostHook`](crate::policy::Redaction::HostHook)).
     pub body_to_store: Option<Vec<u8>>,
+    /// Who produced the response: [`ResponseOrigin::Framework`] when the framework rejected the
+    /// request before the handler ran (never stored, `spec/PROTOCOL.md` §9).
+    pub origin: ResponseOrigin,
+    /// True when the host stopped recording the body at the capture limit
+    /// ([`BodyCapture::truncated`](super::BodyCapture::truncated)): `body` is then not the whole
+    /// body (the client got it streamed), and a storable response is completed with the
+    /// `response-not-retained` problem (`spec/PROTOCOL.md` §7.5).
+    pub body_truncated: bool,
 }
 
 impl HandlerResponse {
+    /// A handler's response with the whole body, no redacted copy, origin
+    /// [`ResponseOrigin::Handler`].
+    #[must_use]
+    pub fn new(status: u16, headers: Vec<(String, String)>, body: Vec<u8>) -> Self {
+        Self {
+            status,
+            headers,
+            body,
+            body_to_store: None,
+            origin: ResponseOrigin::Handler,
+            body_truncated: false,
+        }
+    }
+
     fn into_http(self) -> HttpResponse {
         HttpResponse {
             status: self.status,
@@ -284,6 +307,14 @@ pub enum StoreResult {
     Renewed(bool),
     /// Commit's answer: the transaction committed.
     Committed,
+    /// Transactional mode: the claim (or get) waited for the record's row lock past the store's
+    /// lock timeout. The lock belongs to another request's uncommitted claim, in flight by
+    /// definition: answered 409 `in-flight` with `Retry-After` (`spec/PROTOCOL.md` §7.6). Nothing
+    /// was written.
+    Locked {
+        /// The store's clock.
+        now_ms: u64,
+    },
 }
 
 /// An input to the flow.
@@ -325,8 +356,8 @@ pub enum Outcome {
     Stored,
     /// Handler ran; status not stored by policy; key released.
     NotStored,
-    /// Handler ran; response too large (or not encodable) to retain; record left to the
-    /// takeover policy (outcome-unknown under the default policy).
+    /// Handler ran; its response was sent but is too large (or not encodable) to retain: the
+    /// record was completed with the `response-not-retained` problem, which retries replay.
     NotRetained,
     /// Handler ran; the lease was lost to a takeover, so nothing was written.
     LeaseLost,
@@ -564,7 +595,8 @@ enum Phase {
         renewing: bool,
         lease_lost: bool,
     },
-    Completing(HttpResponse),
+    /// Completing; the outcome once it applied (`Stored`, or `NotRetained` for the problem).
+    Completing(HttpResponse, Outcome),
     Releasing(Finish),
     Expiring(Finish),
     Abandoning(Finish),
@@ -585,7 +617,7 @@ impl Phase {
             Self::MarkingUnknown => "marking_unknown",
             Self::Running { renewing: true, .. } => "running_renewing",
             Self::Running { .. } => "running",
-            Self::Completing(_) => "completing",
+            Self::Completing(..) => "completing",
             Self::Releasing(_) => "releasing",
             Self::Expiring(_) => "expiring",
             Self::Abandoning(_) => "abandoning",
@@ -606,6 +638,7 @@ fn event_name(e: &Event) -> &'static str {
         Event::Store(StoreResult::Released(_)) => "released",
         Event::Store(StoreResult::Renewed(_)) => "renewed",
         Event::Store(StoreResult::Committed) => "committed",
+        Event::Store(StoreResult::Locked { .. }) => "locked",
         Event::StoreFailed => "store_failed",
         Event::HandlerFinished(_) => "handler_finished",
         Event::HandlerFailed { .. } => "handler_failed",
@@ -700,6 +733,15 @@ impl ServerFlow {
             ) => Ok(self.on_record(record, now_ms)),
             (Phase::Reading, Event::Store(StoreResult::Got { record: None, .. })) => {
                 Ok(self.claim())
+            }
+            (Phase::Claiming | Phase::Reading, Event::Store(StoreResult::Locked { .. })) => {
+                // Another request's uncommitted claim holds the row: it is in flight. Nothing
+                // was written, so there is nothing to clean up.
+                Ok(self.problem(
+                    ProblemKind::InFlight,
+                    Some(self.config.in_flight_retry_after_ms.get()),
+                    Outcome::InFlight,
+                ))
             }
             (Phase::TakingOver, Event::Store(StoreResult::TookOver(None)))
             | (Phase::MarkingUnknown, Event::Store(StoreResult::MarkedUnknown(false))) => {
@@ -805,41 +847,22 @@ impl ServerFlow {
             }),
 
             // After the handler, transactional mode.
-            (Phase::Completing(response), Event::Store(StoreResult::Completed(true)))
+            (Phase::Completing(response, outcome), Event::Store(StoreResult::Completed(true)))
                 if self.config.transactional =>
             {
                 let failed = self.not_committed();
-                Ok(self.commit(Finish::Respond(response, Outcome::Stored), failed))
+                Ok(self.commit(Finish::Respond(response, outcome), failed))
             }
-            (Phase::Completing(_), Event::Store(StoreResult::Completed(false)))
-            | (Phase::Expiring(_), Event::Store(StoreResult::Renewed(false)))
-            | (Phase::Abandoning(_), Event::Store(StoreResult::MarkedUnknown(false)))
+            (Phase::Completing(..), Event::Store(StoreResult::Completed(false)))
                 if self.config.transactional =>
             {
                 // The record is not ours: roll back, never commit the handler's writes.
                 let fin = self.not_committed();
                 Ok(self.release(fin))
             }
-            (
-                Phase::Completing(_) | Phase::Expiring(_) | Phase::Abandoning(_),
-                Event::StoreFailed,
-            ) if self.config.transactional => {
+            (Phase::Completing(..), Event::StoreFailed) if self.config.transactional => {
                 let fin = self.not_committed();
                 Ok(self.finish(fin))
-            }
-            (Phase::Expiring(fin), Event::Store(StoreResult::Renewed(true)))
-                if self.config.transactional =>
-            {
-                // Whatever the takeover policy: a committed in-progress record with an expired
-                // lease would let a takeover run the committed writes again.
-                self.phase = Phase::Abandoning(fin);
-                Ok(self.mark_own_unknown())
-            }
-            (Phase::Abandoning(fin), Event::Store(StoreResult::MarkedUnknown(true)))
-                if self.config.transactional =>
-            {
-                let failed = self.not_committed();
-                Ok(self.commit(fin, failed))
             }
             (Phase::Committing { ok, .. }, Event::Store(StoreResult::Committed)) => {
                 Ok(self.finish(ok))
@@ -847,15 +870,11 @@ impl ServerFlow {
             (Phase::Committing { failed, .. }, Event::StoreFailed) => Ok(self.finish(failed)),
 
             // After the handler.
-            (Phase::Completing(response), Event::Store(StoreResult::Completed(ok))) => {
-                let outcome = if ok {
-                    Outcome::Stored
-                } else {
-                    Outcome::LeaseLost
-                };
+            (Phase::Completing(response, outcome), Event::Store(StoreResult::Completed(ok))) => {
+                let outcome = if ok { outcome } else { Outcome::LeaseLost };
                 Ok(self.finish(Finish::Respond(response, outcome)))
             }
-            (Phase::Completing(response), Event::StoreFailed) => {
+            (Phase::Completing(response, _), Event::StoreFailed) => {
                 Ok(self.finish(Finish::Respond(response, Outcome::CompletionFailed)))
             }
             (
@@ -1062,43 +1081,58 @@ impl ServerFlow {
             .body_to_store
             .as_ref()
             .map_or(response.body.len(), Vec::len);
-        match policy.verdict(response.status, stored_len) {
+        let verdict = if response.body_truncated && policy.stores(response.status, response.origin)
+        {
+            StoreVerdict::TooLarge
+        } else {
+            policy.verdict_from(response.status, response.origin, stored_len)
+        };
+        let encoded = match verdict {
             StoreVerdict::Release => {
-                self.release(Finish::Respond(response.into_http(), Outcome::NotStored))
+                return self.release(Finish::Respond(response.into_http(), Outcome::NotStored));
             }
-            StoreVerdict::TooLarge => {
-                self.abandon(Finish::Respond(response.into_http(), Outcome::NotRetained))
+            StoreVerdict::TooLarge => None,
+            StoreVerdict::Store => StoredResponse {
+                status: response.status,
+                headers: response
+                    .headers
+                    .iter()
+                    .filter(|(n, _)| policy.stores_header(n))
+                    .map(|(n, v)| (n.to_ascii_lowercase(), v.clone()))
+                    .collect(),
+                body: response
+                    .body_to_store
+                    .clone()
+                    .unwrap_or_else(|| response.body.clone()),
             }
-            StoreVerdict::Store => {
-                let stored = StoredResponse {
-                    status: response.status,
-                    headers: response
-                        .headers
-                        .iter()
-                        .filter(|(n, _)| policy.headers().allows(n))
-                        .map(|(n, v)| (n.to_ascii_lowercase(), v.clone()))
-                        .collect(),
-                    body: response
-                        .body_to_store
-                        .clone()
-                        .unwrap_or_else(|| response.body.clone()),
-                };
-                match stored.encode() {
-                    Ok(bytes) => {
-                        self.phase = Phase::Completing(response.into_http());
-                        Action::Store(StoreOp::Complete {
-                            scope: self.scope,
-                            token: self.token,
-                            response: bytes,
-                            ttl_ms: self.config.ttl_ms.get(),
-                        })
-                    }
-                    Err(_) => {
-                        self.abandon(Finish::Respond(response.into_http(), Outcome::NotRetained))
-                    }
+            .encode()
+            .ok(),
+        };
+        let (bytes, outcome) = match encoded {
+            Some(bytes) => (bytes, Outcome::Stored),
+            // Too large or not encodable: the request ran and its client gets the response;
+            // retries replay the response-not-retained problem (§7.5).
+            None => match not_retained_response().encode() {
+                Ok(bytes) => (bytes, Outcome::NotRetained),
+                // The problem record always encodes; if it ever did not, fall back to the
+                // takeover policy rather than leave the key in flight.
+                Err(_) if self.config.transactional => {
+                    let fin = self.not_committed();
+                    return self.release(fin);
                 }
-            }
-        }
+                Err(_) => {
+                    return self
+                        .abandon(Finish::Respond(response.into_http(), Outcome::NotRetained));
+                }
+            },
+        };
+        self.phase = Phase::Completing(response.into_http(), outcome);
+        Action::Store(StoreOp::Complete {
+            scope: self.scope,
+            token: self.token,
+            response: bytes,
+            ttl_ms: self.config.ttl_ms.get(),
+        })
     }
 
     fn release(&mut self, fin: Finish) -> Action {
@@ -1196,12 +1230,7 @@ mod tests {
     }
 
     fn handler(status: u16, body: &[u8]) -> Event {
-        Event::HandlerFinished(HandlerResponse {
-            status,
-            headers: vec![],
-            body: body.to_vec(),
-            body_to_store: None,
-        })
+        Event::HandlerFinished(HandlerResponse::new(status, vec![], body.to_vec()))
     }
 
     /// The events a host may feed after `action`.
@@ -1221,6 +1250,7 @@ mod tests {
                     record,
                     now_ms: NOW,
                 }));
+                r.push(StoreResult::Locked { now_ms: NOW });
                 store(r)
             }
             Action::Store(StoreOp::Get { .. }) => {
@@ -1232,6 +1262,7 @@ mod tests {
                     record: Some(record),
                     now_ms: NOW,
                 }));
+                r.push(StoreResult::Locked { now_ms: NOW });
                 store(r)
             }
             Action::Store(StoreOp::TakeOver { .. }) => store(vec![
@@ -1260,6 +1291,14 @@ mod tests {
                 handler(201, b"small"),
                 handler(201, b"far too large"),
                 handler(500, b"boom"),
+                Event::HandlerFinished(HandlerResponse {
+                    body_truncated: true,
+                    ..HandlerResponse::new(201, vec![], b"far".to_vec())
+                }),
+                Event::HandlerFinished(HandlerResponse {
+                    origin: ResponseOrigin::Framework,
+                    ..HandlerResponse::new(422, vec![], b"{}".to_vec())
+                }),
                 Event::HandlerFailed {
                     maybe_side_effect: true,
                 },
@@ -1311,7 +1350,8 @@ mod tests {
                 }
                 Outcome::NotStored => {
                     assert!(matches!(t.last_op(), Some(StoreOp::Release { .. })));
-                    assert_eq!(response.status, 500);
+                    // The only not-stored answers fed: a 500, and a framework's 422.
+                    assert!(matches!(response.status, 500 | 422), "{}", response.status);
                 }
                 _ => assert!(is_503_not_committed(response, *outcome), "{outcome:?}"),
             },
@@ -1633,46 +1673,102 @@ mod tests {
     }
 
     #[test]
-    fn a_too_large_response_commits_marked_unknown_under_either_policy() {
-        for takeover in [TakeoverPolicy::ReRun, TakeoverPolicy::OutcomeUnknown] {
+    fn a_too_large_response_commits_the_not_retained_problem_under_either_policy() {
+        let problem = not_retained_response().encode().expect("encodes");
+        for transactional in [true, false] {
+            for takeover in [TakeoverPolicy::ReRun, TakeoverPolicy::OutcomeUnknown] {
+                for truncated in [false, true] {
+                    let (mut flow, _) = ServerFlow::start(
+                        ScopeId::from_bytes([3; 32]),
+                        fp('a'),
+                        config(transactional, takeover),
+                        MINE.0,
+                    );
+                    let feed = |flow: &mut ServerFlow, e: Event| flow.handle(e).expect("accepted");
+                    assert!(matches!(
+                        feed(
+                            &mut flow,
+                            Event::Store(StoreResult::Claimed {
+                                generation: 1,
+                                now_ms: NOW
+                            })
+                        ),
+                        Action::RunHandler(_)
+                    ));
+                    // Too large by length, or a small prefix the host stopped recording.
+                    let mut response = HandlerResponse::new(201, vec![], b"far too large".to_vec());
+                    if truncated {
+                        response.body = b"far".to_vec();
+                        response.body_truncated = true;
+                    }
+                    let action = feed(&mut flow, Event::HandlerFinished(response));
+                    assert!(
+                        matches!(
+                            &action,
+                            Action::Store(StoreOp::Complete { response, token, .. })
+                                if *response == problem && *token == MINE
+                        ),
+                        "{action:?}"
+                    );
+                    let mut end = feed(&mut flow, Event::Store(StoreResult::Completed(true)));
+                    if transactional {
+                        assert!(matches!(end, Action::Store(StoreOp::Commit { .. })));
+                        end = feed(&mut flow, Event::Store(StoreResult::Committed));
+                    }
+                    let want: &[u8] = if truncated { b"far" } else { b"far too large" };
+                    assert!(matches!(
+                        end,
+                        Action::Respond { ref response, outcome: Outcome::NotRetained }
+                            if response.body == want && response.status == 201
+                    ));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_framework_rejection_is_released_whatever_its_status() {
+        for status in [201, 400, 422] {
             let (mut flow, _) = ServerFlow::start(
                 ScopeId::from_bytes([3; 32]),
                 fp('a'),
-                config(true, takeover),
+                config(false, TakeoverPolicy::OutcomeUnknown),
                 MINE.0,
             );
-            let feed = |flow: &mut ServerFlow, e: Event| flow.handle(e).expect("accepted");
+            let _ = flow
+                .handle(Event::Store(StoreResult::Claimed {
+                    generation: 1,
+                    now_ms: NOW,
+                }))
+                .expect("accepted");
+            let mut response = HandlerResponse::new(status, vec![], b"{}".to_vec());
+            response.origin = ResponseOrigin::Framework;
             assert!(matches!(
-                feed(
-                    &mut flow,
-                    Event::Store(StoreResult::Claimed {
-                        generation: 1,
-                        now_ms: NOW
-                    })
-                ),
-                Action::RunHandler(RunHandler {
-                    heartbeat_ms: None,
-                    ..
-                })
+                flow.handle(Event::HandlerFinished(response)),
+                Ok(Action::Store(StoreOp::Release { .. }))
             ));
-            assert!(matches!(
-                feed(&mut flow, handler(201, b"far too large")),
-                Action::Store(StoreOp::Renew { lease_ms: 0, .. })
-            ));
-            assert!(matches!(
-                feed(&mut flow, Event::Store(StoreResult::Renewed(true))),
-                Action::Store(StoreOp::MarkUnknown { seen_token, .. }) if seen_token == MINE
-            ));
-            assert!(matches!(
-                feed(&mut flow, Event::Store(StoreResult::MarkedUnknown(true))),
-                Action::Store(StoreOp::Commit { .. })
-            ));
-            let end = feed(&mut flow, Event::Store(StoreResult::Committed));
+        }
+    }
+
+    #[test]
+    fn a_lock_wait_is_in_flight_and_leaves_no_cleanup() {
+        for transactional in [true, false] {
+            let (mut flow, _) = ServerFlow::start(
+                ScopeId::from_bytes([3; 32]),
+                fp('a'),
+                config(transactional, TakeoverPolicy::OutcomeUnknown),
+                MINE.0,
+            );
+            let end = flow
+                .handle(Event::Store(StoreResult::Locked { now_ms: NOW }))
+                .expect("accepted");
             assert!(matches!(
                 end,
-                Action::Respond { ref response, outcome: Outcome::NotRetained }
-                    if response.body == b"far too large"
+                Action::Respond { ref response, outcome: Outcome::InFlight }
+                    if response.status == 409
+                        && response.headers.iter().any(|(n, v)| n == "retry-after" && v == "1")
             ));
+            assert_eq!(flow.cleanup(), None);
         }
     }
 }

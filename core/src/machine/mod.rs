@@ -15,11 +15,13 @@
 //!
 //! The normative description is `spec/PROTOCOL.md`.
 pub mod cache;
+pub mod capture;
 mod flow;
 pub mod memory;
 pub mod problem;
 pub mod store;
 
+pub use capture::{BodyCapture, CapturePlan, CaptureStep, capture_plan, not_retained_response};
 pub use flow::{
     Action, CLEANUP_FIRST_DELAY_MS, CLEANUP_MAX_DELAY_MS, Cleanup, CleanupStep, DownstreamKey,
     Event, FlowError, HandlerResponse, HttpResponse, MissingKey, Outcome, REPLAYED_HEADER,

@@ -16,6 +16,13 @@ pub const PROBLEM_CONTENT_TYPE: &str = "application/problem+json";
 /// `ProblemKind::OutcomeUnknown.type_uri()`. Clients match it to stop retrying (see
 /// [`crate::retry::AttemptOutcome::from_response`]).
 pub const OUTCOME_UNKNOWN_TYPE: &str = "urn:idempo:problem:outcome-unknown";
+/// Type URI of the response-not-retained problem (`500`, `spec/PROTOCOL.md` §7.5): equal to
+/// `ProblemKind::ResponseNotRetained.type_uri()`.
+pub const RESPONSE_NOT_RETAINED_TYPE: &str = "urn:idempo:problem:response-not-retained";
+/// Type URI of the key-reused problem (`422`): equal to `ProblemKind::Mismatch.type_uri()`.
+pub const KEY_REUSED_TYPE: &str = "urn:idempo:problem:key-reused";
+/// Type URI of the in-flight problem (`409`): equal to `ProblemKind::InFlight.type_uri()`.
+pub const IN_FLIGHT_TYPE: &str = "urn:idempo:problem:in-flight";
 
 /// The problems idempo answers with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -40,6 +47,9 @@ pub enum ProblemKind {
     StoreUnavailable,
     /// 503: the record kept changing under concurrent requests; the handler did not run.
     Contention,
+    /// 500, stored as the record's response: the request was processed, but its response was
+    /// too large (or could not be encoded) to keep for replays (`spec/PROTOCOL.md` §7.5).
+    ResponseNotRetained,
 }
 
 impl ProblemKind {
@@ -51,7 +61,7 @@ impl ProblemKind {
             Self::BodyTooLarge => 413,
             Self::InFlight => 409,
             Self::Mismatch => 422,
-            Self::OutcomeUnknown => 500,
+            Self::OutcomeUnknown | Self::ResponseNotRetained => 500,
             Self::StoreUnavailable | Self::Contention => 503,
         }
     }
@@ -69,6 +79,7 @@ impl ProblemKind {
             Self::OutcomeUnknown => "outcome-unknown",
             Self::StoreUnavailable => "store-unavailable",
             Self::Contention => "contention",
+            Self::ResponseNotRetained => "response-not-retained",
         }
     }
 
@@ -91,6 +102,7 @@ impl ProblemKind {
             Self::OutcomeUnknown => "Outcome unknown",
             Self::StoreUnavailable => "Idempotency store unavailable",
             Self::Contention => "Idempotency key contended",
+            Self::ResponseNotRetained => "Response not retained",
         }
     }
 
@@ -116,6 +128,9 @@ impl ProblemKind {
             }
             Self::Contention => {
                 "The idempotency record changed repeatedly under concurrent requests; the request was not processed. Retry with the same key."
+            }
+            Self::ResponseNotRetained => {
+                "The request with this Idempotency-Key was processed, but its response was too large to keep for replays. Look the resource up instead of retrying; do not send it again with a new key."
             }
         }
     }
@@ -248,6 +263,12 @@ mod tests {
     #[test]
     fn outcome_unknown_type_constant_matches_the_kind() {
         assert_eq!(ProblemKind::OutcomeUnknown.type_uri(), OUTCOME_UNKNOWN_TYPE);
+        assert_eq!(
+            ProblemKind::ResponseNotRetained.type_uri(),
+            RESPONSE_NOT_RETAINED_TYPE
+        );
+        assert_eq!(ProblemKind::Mismatch.type_uri(), KEY_REUSED_TYPE);
+        assert_eq!(ProblemKind::InFlight.type_uri(), IN_FLIGHT_TYPE);
     }
 
     #[test]
@@ -296,6 +317,7 @@ mod tests {
             (OutcomeUnknown, 500),
             (StoreUnavailable, 503),
             (Contention, 503),
+            (ResponseNotRetained, 500),
         ];
         for (k, s) in all {
             assert_eq!(k.status(), s);

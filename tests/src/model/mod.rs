@@ -1478,7 +1478,7 @@ impl Model for IdempoModel {
                             status: 201,
                             headers: vec![("content-type".into(), "application/json".into())],
                             body: vec![body.0, body.1],
-                            body_to_store: None,
+                            ..HandlerResponse::new(201, vec![], vec![])
                         };
                         self.feed(&mut w, b, Event::HandlerFinished(response), None);
                     }

@@ -1,8 +1,11 @@
 /**
  * A `fetch` wrapper for one logical operation: one `Idempotency-Key` for every attempt, retries
- * exactly when core's retry policy says so (409, 429, 5xx except 501, timeouts, connection
- * errors; never after a 422 or idempo's outcome-unknown 500), honouring `Retry-After`,
- * cancellable with an `AbortSignal`.
+ * exactly when core's retry policy says so (idempo's 409 in-flight, 408, 425, 429, 5xx except
+ * 501, timeouts, connection errors; never after a 422, an application's own 409, or idempo's
+ * outcome-unknown or response-not-retained 500), honouring `Retry-After`, cancellable with an
+ * `AbortSignal`. Core tells idempo's problems from the application's answers
+ * (`spec/KEYS.md` §3.5): an application's 422 (e.g. a validation error) is its answer, reported as
+ * `client_error`, never as key reuse.
  */
 import { generateKey, keyHeaderValue, parseRetryAfter, responseBodyNeeded, RetryPolicy } from '../core';
 import type { AttemptOutcome, RetryDecision, RetryPolicyOptions } from '../core';
@@ -32,6 +35,10 @@ export interface IdempotentFetchOptions extends RequestInit {
   onRetry?: (info: { attempt: number; delayMs: number; key: string; outcome: AttemptOutcome }) => void;
   /** Uniform [0, 1) samples for the backoff jitter (default `Math.random`). */
   random?: () => number;
+  /** Called once when the policy stops with a response: core's stop reason (`success`,
+   * `client_error` with `status`, `key_reused_with_different_request`, `response_not_retained`,
+   * ...). */
+  onStop?: (info: { reason: string; status: number | null; attempts: number; key: string }) => void;
 }
 
 /** Thrown when the policy stops after a timeout or a connection error. */
@@ -107,7 +114,7 @@ function replayableBody(body: RequestInit['body']): RequestInit['body'] {
  * aborted.
  */
 export async function idempotentFetch(input: string | URL, init: IdempotentFetchOptions = {}): Promise<Response> {
-  const { key: givenKey, headerName, retry, attemptTimeoutMs, fetch: fetchImpl, onRetry, random, signal, ...req } = init;
+  const { key: givenKey, headerName, retry, attemptTimeoutMs, fetch: fetchImpl, onRetry, onStop, random, signal, ...req } = init;
   const doFetch = fetchImpl ?? globalThis.fetch;
   const policy = retry instanceof RetryPolicy ? retry : new RetryPolicy(retry ?? {});
   const key = givenKey ?? generateKey();
@@ -136,7 +143,7 @@ export async function idempotentFetch(input: string | URL, init: IdempotentFetch
       response = await doFetch(input, { ...req, body, headers, signal: ctrl.signal });
       const ra = response.headers.get('retry-after');
       const contentType = response.headers.get('content-type');
-      // Core needs the body only to recognise the outcome-unknown problem; read a clone then.
+      // Core needs the body only to recognise idempo's own problems; read a clone then.
       const responseBody = responseBodyNeeded(response.status, contentType)
         ? new Uint8Array(await response.clone().arrayBuffer())
         : null;
@@ -158,7 +165,10 @@ export async function idempotentFetch(input: string | URL, init: IdempotentFetch
     const decision: RetryDecision = policy.decide(attempt, Date.now() - started, outcome, rand());
     if (!decision.retry) {
       if (response && decision.reason === 'outcome_unknown') throw new FetchOutcomeUnknownError(key, attempt, response);
-      if (response) return response;
+      if (response) {
+        onStop?.({ reason: decision.reason, status: decision.status ?? null, attempts: attempt, key });
+        return response;
+      }
       throw new RetriesExhaustedError(key, attempt, decision.reason, error);
     }
     // Free the connection of a response we will not read.

@@ -21,7 +21,8 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import { ConfigError } from '../errors';
 import { admitRequest, Prepared } from './options';
 import type { IdempotencyOptions } from './options';
-import type { ExecutionContext, FlowEnd, HttpResponse, Session } from './session';
+import native = require('../native');
+import type { ExecutionContext, FlowEnd, HandlerResult, HttpResponse, Session } from './session';
 import { IdempotencyEvents } from './session';
 import { txStorage } from './tx';
 import type { TxHolder } from './tx';
@@ -99,6 +100,8 @@ interface RequestState {
   holder?: TxHolder;
   /** The handler's response was captured: the flow already has the handler's end. */
   captured: boolean;
+  /** The response was teed or passed through: the client already has it. */
+  sent?: boolean;
 }
 
 /** Reads the whole request body, at most `limit` bytes (`null`: over the limit). */
@@ -157,13 +160,46 @@ function send(res: Res, r: HttpResponse): void {
 }
 
 /** Captures what the handler writes, without sending it. */
-function capture(res: Res, onEnd: (r: HttpResponse) => void): () => void {
+/**
+ * Captures the handler's response. A body written whole with `res.end(body)` (`res.send`,
+ * `res.json`) is held until the flow answers. A body streamed with `res.write` follows core's
+ * capture plan (`spec/PROTOCOL.md` §7.5.1), asked at the first write: `tee` sends every chunk to the
+ * client at once and records at most the plan's limit (`bodyTruncated` past it), `pass_through`
+ * sends and records nothing, `buffer` holds it. `onEnd` gets `sent: true` when the client already
+ * has the response.
+ */
+function capture(
+  res: Res,
+  plan: (status: number, headers: Array<[string, string]>) => { kind: string; limit: number | null },
+  onEnd: (r: HandlerResult, sent: boolean) => void,
+): () => void {
   const orig = { write: res.write, end: res.end, writeHead: res.writeHead, flushHeaders: res.flushHeaders };
-  const chunks: Buffer[] = [];
+  let chunks: Buffer[] = [];
   const toBuf = (c: unknown, enc?: unknown): Buffer =>
     Buffer.isBuffer(c) ? c : c instanceof Uint8Array ? Buffer.from(c) : Buffer.from(String(c), (typeof enc === 'string' ? enc : 'utf8') as BufferEncoding);
   let ended = false;
+  let mode: string | null = null;
+  let counter: native.BodyCapture | null = null;
+  let truncated = false;
   const r = res as unknown as Record<string, unknown>;
+  const headerPairs = (): Array<[string, string]> => {
+    const headers: Array<[string, string]> = [];
+    for (const [n, v] of Object.entries(res.getHeaders())) {
+      if (v === undefined) continue;
+      for (const one of Array.isArray(v) ? v : [v]) headers.push([n.toLowerCase(), String(one)]);
+    }
+    return headers;
+  };
+  const record = (b: Buffer) => {
+    if (mode === 'buffer' || mode === null) return void chunks.push(b);
+    if (counter === null) return;
+    const step = counter.accept(b.length);
+    if (step === 'record') chunks.push(b);
+    else if (step === 'discard') {
+      chunks = [];
+      truncated = true;
+    }
+  };
   r.writeHead = function (status: number, ...rest: unknown[]) {
     res.statusCode = status;
     const headers = rest.find((x) => typeof x === 'object' && x !== null) as Record<string, string> | undefined;
@@ -172,7 +208,19 @@ function capture(res: Res, onEnd: (r: HttpResponse) => void): () => void {
   };
   r.flushHeaders = () => undefined;
   r.write = function (chunk: unknown, enc?: unknown, cb?: unknown) {
-    if (chunk !== undefined && chunk !== null) chunks.push(toBuf(chunk, enc));
+    if (mode === null) {
+      const p = plan(res.statusCode, headerPairs());
+      mode = p.kind;
+      if (p.limit !== null) counter = new native.BodyCapture(p.limit);
+      if (mode !== 'buffer') {
+        // Sending now: node writes the head through `writeHead` (implicitly, on the first write).
+        r.writeHead = orig.writeHead;
+        r.flushHeaders = orig.flushHeaders;
+      }
+    }
+    const b = chunk !== undefined && chunk !== null ? toBuf(chunk, enc) : Buffer.alloc(0);
+    record(b);
+    if (mode !== 'buffer') return (orig.write as (...a: unknown[]) => boolean).call(res, chunk, enc, cb);
     const done = typeof enc === 'function' ? enc : cb;
     if (typeof done === 'function') process.nextTick(done as () => void);
     return true;
@@ -180,13 +228,19 @@ function capture(res: Res, onEnd: (r: HttpResponse) => void): () => void {
   r.end = function (chunk?: unknown, enc?: unknown, cb?: unknown) {
     if (ended) return res;
     ended = true;
-    if (chunk !== undefined && chunk !== null && typeof chunk !== 'function') chunks.push(toBuf(chunk, enc));
-    const headers: Array<[string, string]> = [];
-    for (const [n, v] of Object.entries(res.getHeaders())) {
-      if (v === undefined) continue;
-      for (const one of Array.isArray(v) ? v : [v]) headers.push([n.toLowerCase(), String(one)]);
+    const hasChunk = chunk !== undefined && chunk !== null && typeof chunk !== 'function';
+    if (hasChunk) record(toBuf(chunk, enc));
+    const headers = headerPairs();
+    const sent = mode !== null && mode !== 'buffer';
+    const result: HandlerResult = { status: res.statusCode, headers, body: Buffer.concat(chunks) };
+    if (truncated) result.bodyTruncated = true;
+    if (sent) {
+      // The client has the head and the chunks written so far: finish the response as is.
+      (orig.end as (...a: unknown[]) => unknown).call(res, chunk, enc, cb);
+      onEnd(result, true);
+      return res;
     }
-    onEnd({ status: res.statusCode, headers, body: Buffer.concat(chunks) });
+    onEnd(result, false);
     const done = [chunk, enc, cb].find((x) => typeof x === 'function');
     if (done) process.nextTick(done as () => void);
     return res;
@@ -218,7 +272,8 @@ export function idempotency(options: IdempotencyOptions<IncomingMessage>): Idemp
     if (st.holder) st.holder.tx = null;
     if (end.kind === 'respond') {
       emitOutcome(st.method, st.route, end.outcome, end.response.status, st.started);
-      send(res, end.response);
+      // A teed or passed-through response is already with the client.
+      if (!st.sent) send(res, end.response);
     } else {
       emitOutcome(st.method, st.route, end.outcome, 500, st.started);
       next(err);
@@ -310,9 +365,10 @@ export function idempotency(options: IdempotencyOptions<IncomingMessage>): Idemp
     };
     req[IDEMPO] = st;
     installErrorTap(req);
-    st.restore = capture(res, (handled) => {
+    st.restore = capture(res, (status, headers) => session.capturePlan(status, headers, true), (handled, sent) => {
       st.captured = true;
-      const redacted = options.redact?.(handled);
+      st.sent = sent;
+      const redacted = handled.bodyTruncated ? undefined : options.redact?.(handled);
       const result = redacted ? { ...handled, bodyToStore: redacted } : handled;
       session
         .finish(result)

@@ -8,7 +8,10 @@
  * mode the handler finds its open transaction in `request.idempotency.tx` or
  * `currentTransaction()`, and the reply is sent after `COMMIT`.
  */
+import { PassThrough } from 'node:stream';
+import type { Readable } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import native = require('../native');
 import { admitRequest, Prepared } from './options';
 import type { IdempotencyOptions } from './options';
 import type { ExecutionContext, FlowEnd, HttpResponse, Session } from './session';
@@ -32,12 +35,27 @@ type Req = FastifyRequest & { rawBody?: Buffer; idempotency?: ExecutionContext; 
 
 const BAD_JSON = Symbol('idempo.fastify.badJson');
 
+function isStream(payload: unknown): payload is Readable {
+  return typeof payload === 'object' && payload !== null && typeof (payload as { pipe?: unknown }).pipe === 'function';
+}
+
 function payloadBytes(payload: unknown): Buffer {
   if (payload === null || payload === undefined) return Buffer.alloc(0);
   if (Buffer.isBuffer(payload)) return payload;
   if (typeof payload === 'string') return Buffer.from(payload, 'utf8');
   if (payload instanceof Uint8Array) return Buffer.from(payload);
-  throw new TypeError('idempotency: streamed replies cannot be recorded; send a string or Buffer');
+  return Buffer.from(String(payload), 'utf8');
+}
+
+function chunkBytes(c: unknown): Buffer {
+  return Buffer.isBuffer(c) ? c : c instanceof Uint8Array ? Buffer.from(c) : Buffer.from(String(c), 'utf8');
+}
+
+/** Reads a stream whole (transactional mode: the reply is sent only after `COMMIT`). */
+async function readAll(stream: Readable): Promise<Buffer> {
+  const parts: Buffer[] = [];
+  for await (const c of stream) parts.push(chunkBytes(c));
+  return Buffer.concat(parts);
 }
 
 function replyHeaders(reply: FastifyReply): Array<[string, string]> {
@@ -146,6 +164,15 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
     if (!st || st.done) return payload;
     st.done = true;
     let end = st.end;
+    if (!end && isStream(payload)) {
+      const headers = replyHeaders(reply);
+      const plan = st.session.capturePlan(reply.statusCode, headers, true);
+      if (plan.kind === 'buffer') {
+        payload = await readAll(payload);
+      } else {
+        return tee(st, reply.statusCode, headers, payload, plan.limit);
+      }
+    }
     if (!end) {
       const live: HttpResponse = { status: reply.statusCode, headers: replyHeaders(reply), body: payloadBytes(payload) };
       const redacted = options.redact?.(live);
@@ -159,6 +186,52 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
     emit(st, end.outcome, end.response.status);
     return apply(reply, end.response);
   });
+
+  /**
+   * Core's `tee` (or `pass_through`) plan for a streamed reply (`spec/PROTOCOL.md` §7.5.1): the
+   * client gets every chunk as it streams; at most `limit` bytes are recorded (past it the record
+   * is the response-not-retained problem), and the flow finishes when the stream ends (a stream
+   * error is a handler failure), so the key never stays in flight.
+   */
+  function tee(st: State, status: number, headers: Array<[string, string]>, source: Readable, limit: number | null): PassThrough {
+    const counter = limit === null ? null : new native.BodyCapture(limit);
+    let chunks: Buffer[] = [];
+    let truncated = false;
+    const out = new PassThrough();
+    source.on('data', (c: unknown) => {
+      const b = chunkBytes(c);
+      if (counter !== null) {
+        const step = counter.accept(b.length);
+        if (step === 'record') chunks.push(b);
+        else if (step === 'discard') {
+          chunks = [];
+          truncated = true;
+        }
+      }
+      if (!out.write(b)) {
+        source.pause();
+        out.once('drain', () => source.resume());
+      }
+    });
+    const settle = (end: Promise<FlowEnd>) =>
+      end.then(
+        (e) => {
+          if (st.holder) st.holder.tx = null;
+          emit(st, e.outcome, e.kind === 'respond' ? e.response.status : 500);
+        },
+        () => undefined,
+      );
+    source.once('end', () => {
+      out.end();
+      const result = { status, headers, body: Buffer.concat(chunks), bodyTruncated: truncated };
+      void settle(st.session.finish(result));
+    });
+    source.once('error', (err: unknown) => {
+      out.destroy(err as Error);
+      void settle(st.session.fail(!p.isSideEffectFree(err)));
+    });
+    return out;
+  }
 }
 
 // Like fastify-plugin: the hooks apply to the context that registers the plugin.

@@ -48,7 +48,7 @@ export interface IdempotencyOptions<Req = unknown> {
   takeover?: 're_run' | 'outcome_unknown';
   /** Store 5xx responses (except 503) like Stripe (default false: release the key). */
   storeServerErrors?: boolean;
-  /** Statuses never stored (default 408, 409, 425, 429). */
+  /** Statuses never stored (default 401, 403, 407, 408, 409, 425, 429: the request never ran). */
   transientStatuses?: number[];
   /** Response headers stored and replayed (default core's allowlist). */
   replayHeaders?: string[];

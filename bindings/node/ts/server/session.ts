@@ -20,6 +20,12 @@ export interface HttpResponse {
 export interface HandlerResult extends HttpResponse {
   /** The redaction hook's output: stored and replayed instead of `body`. */
   bodyToStore?: Buffer;
+  /** The framework rejected the request before the handler ran (e.g. Fastify's schema
+   * validation): never stored, whatever the status (`spec/PROTOCOL.md` §9). */
+  framework?: boolean;
+  /** The host stopped recording the body at core's capture limit (`BodyCapture`): `body` is a
+   * prefix and the record becomes the response-not-retained problem (§7.5). */
+  bodyTruncated?: boolean;
 }
 
 /** Given to the handler while it runs. */
@@ -170,9 +176,9 @@ export class Session {
             ms,
             op,
           );
-          return r.claimed
-            ? this.#feed(() => this.#flow.claimed(r.generation, r.nowMs))
-            : this.#feed(() => this.#flow.existing(toRow(r.record), r.nowMs));
+          if (r.claimed) return this.#feed(() => this.#flow.claimed(r.generation, r.nowMs));
+          if ('locked' in r) return this.#feed(() => this.#flow.locked(r.nowMs));
+          return this.#feed(() => this.#flow.existing(toRow(r.record), r.nowMs));
         }
         case 'get': {
           const r = await withTimeout((o) => s.get(scope, o), ms, op);
@@ -331,13 +337,30 @@ export class Session {
     this.#timer = undefined;
   }
 
+  /**
+   * Core's capture plan for the handler's response (`spec/PROTOCOL.md` §7.5.1): `pass_through`
+   * (send as it comes, record nothing), `buffer` (hold it until the flow answers) or `tee` (send
+   * as it streams, record at most `limit` bytes with a {@link BodyCapture}).
+   */
+  capturePlan(status: number, headers: Array<[string, string]>, streaming: boolean): { kind: string; limit: number | null } {
+    const plan = this.#o.config.capturePlan(status, headers, streaming, false);
+    return { kind: plan.kind, limit: plan.limit ?? null };
+  }
+
   /** The handler returned: record it (per core's policy) and get the response to send. */
   finish(result: HandlerResult): Promise<FlowEnd> {
     this.#stopHeartbeat();
     return this.#serial(() =>
       this.#guarded(async () => {
         const a = this.#feed(() =>
-          this.#flow.handlerFinished(result.status, result.headers, result.body, result.bodyToStore ?? null),
+          this.#flow.handlerFinished(
+            result.status,
+            result.headers,
+            result.body,
+            result.bodyToStore ?? null,
+            result.framework ?? false,
+            result.bodyTruncated ?? false,
+          ),
         );
         return this.#end(await this.#settle(a));
       }),

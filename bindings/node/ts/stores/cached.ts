@@ -139,7 +139,7 @@ export class CachedStore implements IdempotencyStore {
     if (hit) return { claimed: false, record: hit.record, nowMs: hit.nowMs };
     const asked = this.#mono();
     const r = await this.authority.claim(scopeKey, fingerprint, token, leaseMs, ttlMs, options);
-    if (!r.claimed) await this.#fill(scopeKey, r.record, r.nowMs, asked);
+    if (!r.claimed && 'record' in r) await this.#fill(scopeKey, r.record, r.nowMs, asked);
     return r;
   }
 

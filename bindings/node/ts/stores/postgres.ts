@@ -1,7 +1,7 @@
 import type * as PG from 'pg';
 import { StoreUnavailableError } from '../errors';
 import type { ClaimResult, ClockOverride, GetResult, PurgeCounts, PurgeOptions, TransactionalStore, TransactionSession } from './types';
-import { asBuffer, checkKeyAndToken, lockWaitExpired } from './types';
+import { asBuffer, checkKeyAndToken } from './types';
 import { recipe, recordFromRow } from './recipes';
 import type { RecipeRow } from './recipes';
 import { statsFromRow } from './types';
@@ -528,7 +528,7 @@ export class PostgresTransaction implements TransactionSession {
         } catch (e) {
           if ((e as { code?: unknown }).code === '55P03') {
             // lock_timeout: a duplicate's transaction holds the row (the transaction already ended).
-            return lockWaitExpired(fingerprint, s.nowOverride() ?? Date.now(), s.lockTimeoutMs);
+            return { claimed: false, locked: true, nowMs: s.nowOverride() ?? Date.now() };
           }
           throw e;
         }

@@ -2,7 +2,7 @@ import { performance } from 'node:perf_hooks';
 import type BetterSqlite3 from 'better-sqlite3';
 import { StoreUnavailableError } from '../errors';
 import type { CallOptions, ClaimResult, ClockOverride, GetResult, PurgeCounts, PurgeOptions, TransactionalStore, TransactionSession } from './types';
-import { asBuffer, checkKeyAndToken, lockWaitExpired } from './types';
+import { asBuffer, checkKeyAndToken } from './types';
 import { recipe, recordFromRow } from './recipes';
 import type { RecipeRow } from './recipes';
 import { statsFromRow } from './types';
@@ -486,7 +486,7 @@ export class SqliteTransaction implements TransactionSession {
       const deadline = Date.now() + this.store.lockTimeoutMs;
       let busy: BusyWait | null = null;
       for (;;) {
-        if (!(await this.#i.hold(this, deadline))) return lockWaitExpired(fingerprint, now(), this.store.lockTimeoutMs);
+        if (!(await this.#i.hold(this, deadline))) return { claimed: false, locked: true, nowMs: now() };
         const since = performance.now();
         try {
           this.#i.noWait(() => this.store.db.exec('BEGIN IMMEDIATE'));
@@ -495,7 +495,7 @@ export class SqliteTransaction implements TransactionSession {
           this.#i.free(this);
           if (!isBusy(e)) throw new StoreUnavailableError(`SQLite error: ${(e as Error).message}`, { cause: e });
           busy ??= new BusyWait(since, this.store.busyTimeoutMs);
-          if (!(await busy.pause())) return lockWaitExpired(fingerprint, now(), this.store.lockTimeoutMs);
+          if (!(await busy.pause())) return { claimed: false, locked: true, nowMs: now() };
         }
       }
       this.#open = true;

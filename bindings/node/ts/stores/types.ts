@@ -22,10 +22,15 @@ export interface StoreRecord {
   response: Buffer | null;
 }
 
-/** Claim's answer. */
+/**
+ * Claim's answer. `locked`: a transactional claim waited for the record's row lock past the lock
+ * timeout (another request's uncommitted claim holds it, so it is in flight; nothing was written
+ * or read); core answers 409 `in-flight` with `Retry-After` (`spec/PROTOCOL.md` §7.6).
+ */
 export type ClaimResult =
   | { claimed: true; generation: number; nowMs: number }
-  | { claimed: false; record: StoreRecord; nowMs: number };
+  | { claimed: false; record: StoreRecord; nowMs: number }
+  | { claimed: false; locked: true; nowMs: number };
 
 /** Get's answer (an expired record may be returned; core treats it as absent). */
 export interface GetResult {
@@ -151,8 +156,8 @@ export interface IdempotencyStore {
  * only write inside the transaction, and it ends where core's transactional flow says
  * (`spec/PROTOCOL.md` §7.6): `commit()` runs `COMMIT` for core's `commit` operation, `release` is
  * `ROLLBACK` (never a delete outside the transaction). A claim that waits on a duplicate's
- * uncommitted row longer than the lock timeout reports a live in-progress record (core answers
- * 409 with `Retry-After`). The host calls `close()` in every case (rolls back what is still open
+ * uncommitted row longer than the lock timeout reports `{ claimed: false, locked: true }` (core
+ * answers 409 with `Retry-After`). The host calls `close()` in every case (rolls back what is still open
  * and gives the connection back).
  */
 export interface TransactionSession extends IdempotencyStore {
@@ -175,22 +180,6 @@ export interface TransactionalStore extends IdempotencyStore {
 /** True when `store` supports transactional mode. */
 export function supportsTransactions(store: IdempotencyStore): store is TransactionalStore {
   return typeof (store as Partial<TransactionalStore>).transaction === 'function';
-}
-
-/**
- * What a transactional claim reports when the record's row stayed locked past the lock timeout:
- * the lock belongs to an uncommitted claim, in flight by definition, so it is reported as a live
- * in-progress record under the caller's fingerprint with a lease ending `waitMs` after `nowMs`.
- * Core answers 409 with `Retry-After` as for any in-flight request (a different body learns 422
- * once it can read the committed row).
- */
-export function lockWaitExpired(fingerprint: string, nowMs: number, waitMs: number): ClaimResult {
-  const until = nowMs + Math.max(1, Math.ceil(waitMs));
-  return {
-    claimed: false,
-    record: { fingerprint, state: 1, token: Buffer.alloc(16), generation: 1, leaseUntil: until, expiresAt: until, response: null },
-    nowMs,
-  };
 }
 
 /**

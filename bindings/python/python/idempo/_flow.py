@@ -68,6 +68,10 @@ class HandlerResult:
     headers: Headers
     body: bytes
     body_to_store: Optional[bytes] = None
+    framework: bool = False
+    """The framework rejected the request before the handler ran (never stored, PROTOCOL §9)."""
+    body_truncated: bool = False
+    """The host stopped recording the body at core's capture limit (PROTOCOL §7.5)."""
 
 
 @dataclass(frozen=True)
@@ -198,7 +202,12 @@ def _execution(request: _Request, action: Action, session: Any) -> Execution:
 def _handler_finished(run: _Run, result: HandlerResult) -> Action:
     """Tells the flow what the handler answered."""
     return run.flow.handler_finished(
-        result.status, result.headers, result.body, result.body_to_store
+        result.status,
+        result.headers,
+        result.body,
+        result.body_to_store,
+        framework=result.framework,
+        body_truncated=result.body_truncated,
     )
 
 

@@ -5,6 +5,7 @@ from typing import Literal, final
 
 __all__ = [
     "Action",
+    "BodyCapture",
     "CanonicalizationError",
     "Cleanup",
     "Config",
@@ -222,7 +223,15 @@ class RetryPolicy:
         self,
         attempt: int,
         elapsed_ms: int,
-        outcome: int | Literal["timeout", "connection_error", "outcome_unknown"],
+        outcome: int
+        | Literal[
+            "timeout",
+            "connection_error",
+            "outcome_unknown",
+            "key_reused",
+            "in_flight",
+            "response_not_retained",
+        ],
         jitter: float,
         retry_after_ms: int | None = None,
         *,
@@ -269,6 +278,15 @@ class Config:
     def redact(self) -> bool: ...
     @property
     def cleanup_budget_ms(self) -> int: ...
+    def capture_plan(
+        self,
+        status: int,
+        headers: _Headers,
+        *,
+        streaming: bool = False,
+        framework: bool = False,
+        transactional: bool = False,
+    ) -> tuple[str, int | None]: ...
 
 @final
 class Action:
@@ -317,6 +335,9 @@ class ServerFlow:
         headers: _Headers,
         body: _Bytes,
         body_to_store: _Bytes | None = None,
+        *,
+        framework: bool = False,
+        body_truncated: bool = False,
     ) -> Action: ...
     def handler_failed(self, maybe_side_effect: bool = True) -> Action: ...
     def heartbeat_due(self) -> Action: ...
@@ -330,6 +351,13 @@ class ServerFlow:
     def corrupt_record(self) -> str | None: ...
     @property
     def cleanup(self) -> Cleanup | None: ...
+
+@final
+class BodyCapture:
+    def __new__(cls, limit: int) -> BodyCapture: ...
+    def accept(self, length: int) -> Literal["record", "discard", "skip"]: ...
+    @property
+    def truncated(self) -> bool: ...
 
 @final
 class Cleanup:

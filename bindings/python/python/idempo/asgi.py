@@ -12,8 +12,13 @@
     )
 
 Per route, mark the endpoint with :func:`idempo.idempotent` (its own ``Config``, fingerprint
-headers, excluded JSON pointers, scope function; ``enabled=False`` to exempt it). The handler's
-response is buffered until core decided what to store; replays carry
+headers, excluded JSON pointers, scope function; ``enabled=False`` to exempt it). How the
+handler's response is captured is core's plan (``spec/PROTOCOL.md`` §7.5): a small response is
+buffered until core decided what to store; a streamed one (``more_body``) is teed to the client as
+it streams while at most ``max_body_bytes`` of it are recorded (past that the record is the
+``response-not-retained`` problem); a status that is not stored passes straight through. FastAPI's
+request validation errors (``RequestValidationError``) are marked as the framework's rejection and
+never stored, so the corrected request with the same key runs. Replays carry
 ``Idempotent-Replayed: true``; problems are RFC 9457 ``application/problem+json``. The running
 handler finds its execution (key, generation, downstream key) in ``scope["state"]["idempotency"]``
 (``request.state.idempotency`` in Starlette).
@@ -25,7 +30,12 @@ from typing import Any, Awaitable, Callable, Dict, Iterable, List, MutableMappin
 
 from idempo._flow import Execution, HandlerResult, Hooks, Response, run_async
 from idempo._host import HostCore, RouteOptions, with_content_length
-from idempo._idempo import Config
+from idempo._idempo import BodyCapture, Config
+
+#: ``scope["state"]`` member set when the framework rejected the request before the handler ran.
+FRAMEWORK_REJECTION = "idempo.framework_rejection"
+
+_FRAMEWORK_EXCEPTIONS = ("RequestValidationError",)
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -156,7 +166,27 @@ class IdempotencyMiddleware:
             transactional=transactional,
         )
 
+    def _mark_framework_rejections(self) -> None:
+        """Wraps the exception handlers of the framework's own request validation (FastAPI's
+        ``RequestValidationError``) in the exception middleware below this one, so that their
+        responses are marked as the framework's rejection (never stored, PROTOCOL §9)."""
+        self._marked = True
+        app: Any = self.app
+        for _ in range(32):
+            handlers = getattr(app, "_exception_handlers", None)
+            if isinstance(handlers, dict):
+                for exc_type, handler in list(handlers.items()):
+                    name = getattr(exc_type, "__name__", "")
+                    if name in _FRAMEWORK_EXCEPTIONS and not getattr(handler, "_idempo", False):
+                        handlers[exc_type] = _marking(handler)
+                return
+            app = getattr(app, "app", None)
+            if app is None:
+                return
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not getattr(self, "_marked", False):
+            self._mark_framework_rejections()
         if scope["type"] != "http" or scope["method"].upper() not in self.core.methods:
             await self.app(scope, receive, send)
             return
@@ -229,18 +259,22 @@ class IdempotencyMiddleware:
             return
         assert prepared.key is not None
 
+        captured = _Capture(opts.config, opts.transactional, send)
+
         async def handler(execution: Execution) -> HandlerResult:
             inner = dict(scope)
             state = dict(scope.get("state") or {})
             state["idempotency"] = execution
             inner["state"] = state
-            captured = _Capture()
+            captured.state = state
             await self.app(inner, _replay(body, receive), captured.send)
             status, out_headers, out_body = captured.result()
             stored = None
-            if opts.redact is not None:
+            if opts.redact is not None and not captured.truncated:
                 stored = opts.redact(status, out_headers, out_body)
-            return HandlerResult(status, out_headers, out_body, stored)
+            return HandlerResult(
+                status, out_headers, out_body, stored,
+                framework=captured.framework, body_truncated=captured.truncated)
 
         response = await run_async(
             store=core.store,
@@ -254,7 +288,24 @@ class IdempotencyMiddleware:
             hooks=core.hooks,
             transactional=opts.transactional,
         )
-        await _send(send, response)
+        if not captured.sent:
+            await _send(send, response)
+
+
+def _marking(handler: Any) -> Any:
+    """An exception handler that marks its response as the framework's rejection."""
+
+    async def marked(request: Any, exc: BaseException) -> Any:
+        state = request.scope.get("state")
+        if isinstance(state, dict):
+            state[FRAMEWORK_REJECTION] = True
+        result = handler(request, exc)
+        if hasattr(result, "__await__"):
+            result = await result
+        return result
+
+    marked._idempo = True  # type: ignore[attr-defined]
+    return marked
 
 
 def _target(scope: Scope) -> str:
@@ -280,24 +331,74 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 
 
 class _Capture:
-    def __init__(self) -> None:
+    """Captures the application's response as core's capture plan says (PROTOCOL §7.5).
+
+    The plan is asked at the first body message (when ``more_body`` tells whether the body
+    streams): ``buffer`` holds the response for the flow to answer with; ``tee`` and
+    ``pass_through`` send every message to the client at once (``sent``), ``tee`` recording at
+    most the limit (``truncated`` past it), ``pass_through`` recording nothing.
+    """
+
+    def __init__(self, config: Config, transactional: bool, client: Send) -> None:
+        self.config = config
+        self.transactional = transactional
+        self.client = client
+        self.state: Dict[str, Any] = {}
         self.status: Optional[int] = None
         self.headers: List[Tuple[str, str]] = []
+        self.start: Optional[Message] = None
         self.chunks: List[bytes] = []
+        self.plan: Optional[str] = None
+        self.capture: Optional[BodyCapture] = None
+        self.sent = False
+        self.truncated = False
+
+    @property
+    def framework(self) -> bool:
+        return bool(self.state.get(FRAMEWORK_REJECTION, False))
 
     async def send(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             self.status = int(message["status"])
+            self.start = message
             self.headers = [
                 (bytes(n).decode("latin-1"), bytes(v).decode("latin-1"))
                 for n, v in message.get("headers", [])
             ]
-        elif message["type"] == "http.response.body":
-            self.chunks.append(bytes(message.get("body", b"")))
+            return
+        if message["type"] != "http.response.body":
+            return
+        chunk = bytes(message.get("body", b""))
+        if self.plan is None:
+            assert self.status is not None, "body before http.response.start"
+            plan, limit = self.config.capture_plan(
+                self.status, self.headers, streaming=bool(message.get("more_body", False)),
+                framework=self.framework, transactional=self.transactional)
+            self.plan = plan
+            if limit is not None:
+                self.capture = BodyCapture(limit)
+            if plan != "buffer":
+                self.sent = True
+                assert self.start is not None
+                await self.client(self.start)
+        if self.plan == "buffer":
+            # Held for the live response (sent once the flow answers); the flow bounds the record.
+            self.chunks.append(chunk)
+            return
+        if self.capture is not None:
+            step = self.capture.accept(len(chunk))
+            if step == "record":
+                self.chunks.append(chunk)
+            elif step == "discard":
+                self.chunks = []
+                self.truncated = True
+        await self.client(message)
 
     def result(self) -> Tuple[int, List[Tuple[str, str]], bytes]:
         if self.status is None:
             raise RuntimeError("the application finished without starting a response")
+        if self.plan is None and self.start is not None:
+            self.plan = "buffer"  # started without a body message: an empty body
         return self.status, self.headers, b"".join(self.chunks)
 
 

@@ -12,10 +12,14 @@
 Each request with a protected method (default ``POST`` and ``PATCH``) that has no
 ``Idempotency-Key`` gets a fresh key (16 bytes of ``os.urandom`` through core); a request that
 already carries one keeps it (a key that must survive a restart of your process is yours to
-persist). Core's retry policy decides after every attempt: 409/425/429/408/5xx, timeouts and
-connection errors are retried with exponential backoff and jitter (``random``), honouring
-``Retry-After``; 2xx, 422 (key reused for another request: a new intent needs a new key) and other
-4xx stop. When the policy gives up after an exception, that exception is raised.
+persist). Core's retry policy decides after every attempt: idempo's 409 in-flight, 425/429/408/5xx,
+timeouts and connection errors are retried with exponential backoff and jitter (``random``),
+honouring ``Retry-After``; 2xx, idempo's 422 key-reused (a new intent needs a new key) and other
+4xx stop. An application's own 409 or 422 (not idempo's problem type) is its answer: returned at
+once, never retried and never reported as key reuse. The final response carries
+``extensions["idempo_stop"]``: core's stop reason (``"success"``, ``"client_error"``,
+``"key_reused_with_different_request"``, ``"response_not_retained"``, ...). When the policy gives
+up after an exception, that exception is raised.
 
 idempo's outcome-unknown answer (a 500 ``application/problem+json`` of type
 ``urn:idempo:problem:outcome-unknown``, recognised by core) is never retried: retrying that key
@@ -129,6 +133,7 @@ class _Attempts:
         """The final response, or :class:`OutcomeUnknownError` for the outcome-unknown answer."""
         response.extensions["idempo_key"] = key
         response.extensions["idempo_attempts"] = attempt
+        response.extensions["idempo_stop"] = reason
         if reason == OUTCOME_UNKNOWN_REASON:
             raise OutcomeUnknownError(key, attempt, response)
         return response

@@ -5,7 +5,8 @@ import FoundationNetworking
 
 /// The server's final answer to an idempotent request.
 public struct IdempotentResponse: Sendable {
-    /// The response (its status may be any final status other than 422; see
+    /// The response (any final status other than idempo's key-reused 422, an application's own
+    /// 422 or 409 included, with ``stopReason`` `.clientError`; see
     /// ``IdempotentClient/send(_:intent:key:)``).
     public let response: HTTPResponse
     /// The key that was sent with every attempt.
@@ -28,7 +29,8 @@ public struct IdempotentResponse: Sendable {
 
 /// Why ``IdempotentClient/send(_:intent:key:)`` did not return a final answer.
 public enum IdempotentClientError: Error, Sendable, CustomStringConvertible {
-    /// 422: the server saw this key with a different request. Retrying cannot help; the pending
+    /// idempo's 422 key-reused problem: the server saw this key with a different request (an
+    /// application's own 422 is returned as its answer instead). Retrying cannot help; the pending
     /// key was dropped, and a new intent needs a new key.
     case keyReusedWithDifferentRequest(key: IdempotencyKey, response: HTTPResponse)
     /// The outcome is still unknown: every attempt was retryable (timeouts, connectivity loss,
@@ -84,8 +86,10 @@ public enum IdempotentClientError: Error, Sendable, CustomStringConvertible {
 /// For each call: the key is the one you pass, else the intent's pending key from the
 /// ``PendingKeyStore``, else a fresh one; it is saved before the first attempt, sent with every
 /// attempt (core's sf-string form), and removed once the server gives a definitive answer.
-/// Between attempts it follows core's ``RetryPolicy`` (409 + `Retry-After`, 5xx, timeouts and
-/// connectivity loss are retried; 422, other 4xx and idempo's outcome-unknown 500 stop).
+/// Between attempts it follows core's ``RetryPolicy`` (idempo's 409 in-flight + `Retry-After`,
+/// 5xx, timeouts and connectivity loss are retried; 422, other 4xx, an application's own 409, and
+/// idempo's outcome-unknown and response-not-retained 500s stop). Core tells idempo's problems from
+/// the application's answers by their problem `type`.
 ///
 /// ```swift
 /// let client = IdempotentClient(keyStore: FilePendingKeyStore(fileURL: url))

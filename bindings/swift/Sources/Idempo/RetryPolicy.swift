@@ -18,10 +18,11 @@ extension IdempoBindings.StopReason {
 
 /// idempo's client retry policy, decided by core (the same algorithm in every binding).
 ///
-/// Retried: timeouts, connection errors, 408, 409 (the first request is still running), 425,
-/// 429 and 5xx except 501/505/506/508/510/511. Stopped: 1xx-3xx, 422 (key used with another
-/// request), other 4xx, and idempo's outcome-unknown 500 (retrying that key cannot change the
-/// answer). Backoff is exponential with jitter; a server's `Retry-After` is a floor;
+/// Retried: timeouts, connection errors, idempo's 409 in-flight problem (the first request is
+/// still running), 408, 425, 429 and 5xx except 501/505/506/508/510/511. Stopped: 1xx-3xx,
+/// idempo's 422 key-reused problem (key used with another request), other 4xx (an application's
+/// own 409 or 422 included: its answer), and idempo's outcome-unknown and response-not-retained
+/// 500s (retrying that key cannot change the answer). Backoff is exponential with jitter; a server's `Retry-After` is a floor;
 /// attempts and total time are bounded.
 public struct RetryPolicy: Sendable, Hashable {
     /// Attempts in all, the first included.

@@ -1279,6 +1279,23 @@ public enum AttemptOutcome: Equatable, Hashable {
      * caller must reconcile, not mint a new key blindly.
      */
     case outcomeUnknown
+    /**
+     * idempo's 422 key-reused problem: the key was used for a different request.
+     */
+    case keyReused
+    /**
+     * idempo's 409 in-flight problem: an earlier attempt is still running (retried).
+     */
+    case inFlight(
+        /**
+         * The `Retry-After` delay from [`parse_retry_after`], if any.
+         */retryAfterMs: UInt64?
+    )
+    /**
+     * idempo's 500 response-not-retained problem: the request was processed but its response
+     * was too large to keep; look the resource up.
+     */
+    case responseNotRetained
 
 
 
@@ -1309,6 +1326,13 @@ public struct FfiConverterTypeAttemptOutcome: FfiConverterRustBuffer {
         
         case 4: return .outcomeUnknown
         
+        case 5: return .keyReused
+        
+        case 6: return .inFlight(retryAfterMs: try FfiConverterOptionUInt64.read(from: &buf)
+        )
+        
+        case 7: return .responseNotRetained
+        
         default: throw UniffiInternalError.unexpectedEnumCase
         }
     }
@@ -1333,6 +1357,19 @@ public struct FfiConverterTypeAttemptOutcome: FfiConverterRustBuffer {
         
         case .outcomeUnknown:
             writeInt(&buf, Int32(4))
+        
+        
+        case .keyReused:
+            writeInt(&buf, Int32(5))
+        
+        
+        case let .inFlight(retryAfterMs):
+            writeInt(&buf, Int32(6))
+            FfiConverterOptionUInt64.write(retryAfterMs, into: &buf)
+            
+        
+        case .responseNotRetained:
+            writeInt(&buf, Int32(7))
         
         }
     }
@@ -2288,11 +2325,12 @@ public enum StopReason: Equatable, Hashable {
      */
     case informational
     /**
-     * A 422: the key was used with a different request; a new intent needs a new key.
+     * idempo's 422 key-reused problem: the key was used with a different request; a new intent
+     * needs a new key.
      */
     case keyReusedWithDifferentRequest
     /**
-     * Another 4xx.
+     * Another 4xx (the application's own 409 or 422 included: its answer, not key reuse).
      */
     case clientError(
         /**
@@ -2324,6 +2362,11 @@ public enum StopReason: Equatable, Hashable {
      * effect. Retrying cannot help; reconcile before any new key.
      */
     case outcomeUnknown
+    /**
+     * The server answered idempo's response-not-retained problem: the request was processed
+     * but its response was too large to keep. Look the resource up.
+     */
+    case responseNotRetained
 
 
 
@@ -2366,6 +2409,8 @@ public struct FfiConverterTypeStopReason: FfiConverterRustBuffer {
         case 9: return .retryAfterBeyondBudget
         
         case 10: return .outcomeUnknown
+        
+        case 11: return .responseNotRetained
         
         default: throw UniffiInternalError.unexpectedEnumCase
         }
@@ -2415,6 +2460,10 @@ public struct FfiConverterTypeStopReason: FfiConverterRustBuffer {
         
         case .outcomeUnknown:
             writeInt(&buf, Int32(10))
+        
+        
+        case .responseNotRetained:
+            writeInt(&buf, Int32(11))
         
         }
     }

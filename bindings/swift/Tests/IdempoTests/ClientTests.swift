@@ -112,6 +112,26 @@ final class ClientTests: XCTestCase {
         XCTAssertNil(pending, "a new intent needs a new key")
     }
 
+    func testAnApplications422IsItsAnswerNotKeyReuse() async throws {
+        let store = InMemoryPendingKeyStore()
+        let answer = try await client(store: store).send(
+            server.paymentRequest(amount: 5, controls: ["X-Test-App-Status": "422"]), intent: "checkout-app-422")
+        XCTAssertEqual(answer.status, 422)
+        XCTAssertEqual(answer.attempts, 1)
+        XCTAssertEqual(answer.stopReason, .clientError(status: 422), "the application's 422 is not key reuse")
+        let pending = await store.pendingKey(for: "checkout-app-422")
+        XCTAssertNil(pending, "a definitive answer clears the pending key")
+    }
+
+    func testAnApplications409IsNotRetried() async throws {
+        let answer = try await client().send(server.paymentRequest(amount: 5, controls: ["X-Test-App-Status": "409"]))
+        XCTAssertEqual(answer.status, 409)
+        XCTAssertEqual(answer.attempts, 1, "an application's conflict is its answer: no retry")
+        XCTAssertEqual(answer.stopReason, .clientError(status: 409))
+        let stats = try await server.stats(for: answer.key)
+        XCTAssertEqual(stats.requests, 1)
+    }
+
     func testOtherClientErrorsStopWithoutRetry() async throws {
         var request = server.paymentRequest(amount: 1)
         request.httpBody = Data("not json".utf8)

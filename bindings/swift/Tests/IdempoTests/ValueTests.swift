@@ -124,10 +124,17 @@ final class ValueTests: XCTestCase {
             XCTAssertEqual(($0 as? RetryPolicyError)?.code, "zero_attempts")
         }
         let policy = RetryPolicy.standard
-        XCTAssertEqual(try policy.decide(attempt: 1, elapsedMilliseconds: 0, outcome: .response(status: 409, retryAfterMs: 2000), jitter: 0),
+        XCTAssertEqual(try policy.decide(attempt: 1, elapsedMilliseconds: 0, outcome: .inFlight(retryAfterMs: 2000), jitter: 0),
                        .retry(delayMs: 2000))
-        XCTAssertEqual(try policy.decide(attempt: 1, elapsedMilliseconds: 0, outcome: .response(status: 422, retryAfterMs: nil), jitter: 0),
+        XCTAssertEqual(try policy.decide(attempt: 1, elapsedMilliseconds: 0, outcome: .keyReused, jitter: 0),
                        .stop(reason: .keyReusedWithDifferentRequest))
+        // The application's own 409 and 422 are its answers: stopped as client errors.
+        XCTAssertEqual(try policy.decide(attempt: 1, elapsedMilliseconds: 0, outcome: .response(status: 409, retryAfterMs: 2000), jitter: 0),
+                       .stop(reason: .clientError(status: 409)))
+        XCTAssertEqual(try policy.decide(attempt: 1, elapsedMilliseconds: 0, outcome: .response(status: 422, retryAfterMs: nil), jitter: 0),
+                       .stop(reason: .clientError(status: 422)))
+        XCTAssertEqual(try policy.decide(attempt: 1, elapsedMilliseconds: 0, outcome: .responseNotRetained, jitter: 0),
+                       .stop(reason: .responseNotRetained))
         XCTAssertEqual(StopReason.keyReusedWithDifferentRequest.code, "key_reused_with_different_request")
         XCTAssertThrowsError(try policy.decide(attempt: 1, elapsedMilliseconds: 0, outcome: .timeout, jitter: .nan)) {
             XCTAssertEqual(($0 as? RetryPolicyError)?.code, "invalid_jitter")

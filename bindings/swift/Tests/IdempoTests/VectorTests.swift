@@ -124,6 +124,9 @@ final class VectorTests: XCTestCase {
         case "timeout": return .timeout
         case "connection_error": return .connectionError
         case "outcome_unknown": return .outcomeUnknown
+        case "key_reused": return .keyReused
+        case "response_not_retained": return .responseNotRetained
+        case "in_flight": return .inFlight(retryAfterMs: uint64(o["retry_after_ms"]))
         default: throw TestFailure("bad outcome \(o)")
         }
     }
@@ -207,6 +210,12 @@ final class VectorTests: XCTestCase {
             switch expect {
             case "outcome_unknown":
                 XCTAssertEqual(got, .outcomeUnknown, name)
+            case "key_reused":
+                XCTAssertEqual(got, .keyReused, name)
+            case "response_not_retained":
+                XCTAssertEqual(got, .responseNotRetained, name)
+            case "in_flight":
+                XCTAssertEqual(got, .inFlight(retryAfterMs: retryAfter), name)
             case "response":
                 XCTAssertEqual(got, .response(status: UInt16(clamping: status), retryAfterMs: retryAfter), name)
             default:

@@ -67,7 +67,19 @@ class Existing:
     now_ms: int
 
 
-ClaimResult = Union[Claimed, Existing]
+@dataclass(frozen=True)
+class Locked:
+    """A transactional ``claim`` waited for the record's row lock past the lock timeout.
+
+    The lock belongs to another request's uncommitted claim; nothing was written or read.
+    Core answers it 409 ``in-flight`` with ``Retry-After`` (``spec/PROTOCOL.md`` §7.6).
+    """
+
+    now_ms: int
+    locked: bool = True
+
+
+ClaimResult = Union[Claimed, Existing, Locked]
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Tuple, Type
 
 from idempo._idempo import IdempotencyError, InvalidArgument
-from idempo.stores._base import IN_PROGRESS, TOKEN_LEN, Existing, StoredRecord, unavailable
+from idempo.stores._base import unavailable
 
 
 class TransactionalUnsupported(InvalidArgument):
@@ -92,29 +92,6 @@ def require_transactions(store: Any) -> None:
     check = getattr(store, "check_transactional", None)
     if callable(check):
         check()
-
-
-def lock_wait_expired(scope_key: bytes, fingerprint: str, now_ms: int, wait_ms: int) -> Existing:
-    """What ``claim`` reports when the record's row stayed locked past the lock timeout.
-
-    The lock belongs to an uncommitted transactional claim, which is in flight by definition;
-    its row cannot be read, so it is reported as a live in-progress record under the caller's
-    fingerprint (lease ending ``wait_ms`` from now). Core then answers 409 with ``Retry-After``
-    exactly as for any in-flight request; a mismatching body is told 422 once it can read the
-    committed row.
-    """
-    until = now_ms + max(1, wait_ms)
-    record = StoredRecord(
-        scope_key=scope_key,
-        fingerprint=fingerprint,
-        state=IN_PROGRESS,
-        token=bytes(TOKEN_LEN),
-        generation=1,
-        lease_until=until,
-        expires_at=until,
-        response=None,
-    )
-    return Existing(record, now_ms)
 
 
 class ThreadedSession:

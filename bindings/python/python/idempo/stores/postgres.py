@@ -44,13 +44,13 @@ from idempo.stores._tx import (
     SessionEnds,
     Transaction,
     TransactionalUnsupported,
-    lock_wait_expired,
     no_open_transaction,
 )
 from idempo.stores._base import (
     ClaimResult,
     Claimed,
     Existing,
+    Locked,
     PurgeCounts,
     StoreStats,
     StoredRecord,
@@ -203,7 +203,7 @@ def _claim_steps(claim: _Op, lock_wait_ms: Optional[int]) -> "_Plan[ClaimResult]
             if lock_wait_ms is None:
                 raise
             now = yield _stmt(SQL_NOW)
-            return lock_wait_expired(key, claim.params["p2"], int(now[0]), lock_wait_ms)
+            return Locked(int(now[0]))
         if row is not None:
             return Claimed(int(row[0]), int(row[1]))
         record, now_ms = yield from _get_steps(key)

@@ -36,6 +36,7 @@ from idempo.stores._base import (
     ClaimResult,
     Claimed,
     Existing,
+    Locked,
     PurgeCounts,
     StoreStats,
     StoredRecord,
@@ -53,7 +54,6 @@ from idempo.stores._tx import (
     SessionEnds,
     ThreadedSession,
     Transaction,
-    lock_wait_expired,
     no_open_transaction,
 )
 
@@ -434,7 +434,7 @@ class SQLiteTransaction(SessionEnds, _Plans, PrimitivesBase):
                 now = self.store._now(conn)
                 self.store._give_back(conn, True)
                 key = check_key(scope_key)
-                return lock_wait_expired(key, fingerprint, now, self.store._busy_timeout_ms)
+                return Locked(now)
             except BaseException:
                 self.store._give_back(conn, False)
                 raise
