@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, List
 
 import pytest
-from storekit import SERVICE_KINDS, SYNC_KINDS
+from storekit import SERVICE_KINDS, SYNC_KINDS, _flush_cluster, cluster_url
 
 import idempo
 from idempo._flow import Execution, HandlerResult, Hooks, run_sync
@@ -27,12 +27,19 @@ def make(kind: str, tmp_path: Path, services: Any) -> Any:
     client.close()
     if kind == "redis":
         return stores.RedisStore(services.redis_url)
+    if kind == "redis-cluster":
+        _flush_cluster(services)
+        return stores.RedisStore(cluster_url(services), cluster=True)
     pg = stores.PostgresStore(services.pg_dsn)
     pg.create_schema()
     with pg._conn() as conn:  # noqa: SLF001 - test setup
         conn.execute("TRUNCATE idempo_record")
     if kind == "postgres":
         return pg
+    if kind == "pgbouncer":
+        pg.close()
+        return stores.PostgresStore(services.pgbouncer_dsn)
+    assert kind == "cached", kind
     return stores.CachedStore(services.redis_url, pg)
 
 
