@@ -9,11 +9,19 @@
 //!   results, heartbeat timers) and executes the [`Action`]s it gets back (store operations,
 //!   "run the handler", "respond").
 //! - [`problem`]: RFC 9457 problem+json responses for every non-handler answer.
+//! - [`admit`]: admission before the flow (key, body size, fingerprint, scope), in the order of
+//!   `spec/PROTOCOL.md` §7.2.
 //!
 //! The normative description is `spec/PROTOCOL.md`.
+pub mod admit;
 mod flow;
 pub mod problem;
 pub mod store;
+
+pub use admit::{
+    Admitted, AwaitingBody, AwaitingScope, BodyRead, BodyStage, FingerprintFailed, KeyStage,
+    Refusal, ScopeResolution, ScopeRule, ScopeRuleError, ScopeStage, admit,
+};
 
 pub use flow::{
     Action, CLEANUP_FIRST_DELAY_MS, CLEANUP_MAX_DELAY_MS, Cleanup, CleanupStep, DownstreamKey,

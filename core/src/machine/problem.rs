@@ -40,6 +40,10 @@ pub enum ProblemKind {
     StoreUnavailable,
     /// 503: the record kept changing under concurrent requests; the handler did not run.
     Contention,
+    /// 500: the route's scope (principal) function gave nothing usable for this request, so the
+    /// request was refused rather than filed under a namespace other users share
+    /// (`spec/PROTOCOL.md` §7.2).
+    ScopeUnresolved,
 }
 
 impl ProblemKind {
@@ -51,7 +55,7 @@ impl ProblemKind {
             Self::BodyTooLarge => 413,
             Self::InFlight => 409,
             Self::Mismatch => 422,
-            Self::OutcomeUnknown => 500,
+            Self::OutcomeUnknown | Self::ScopeUnresolved => 500,
             Self::StoreUnavailable | Self::Contention => 503,
         }
     }
@@ -69,6 +73,7 @@ impl ProblemKind {
             Self::OutcomeUnknown => "outcome-unknown",
             Self::StoreUnavailable => "store-unavailable",
             Self::Contention => "contention",
+            Self::ScopeUnresolved => "scope-unresolved",
         }
     }
 
@@ -91,6 +96,7 @@ impl ProblemKind {
             Self::OutcomeUnknown => "Outcome unknown",
             Self::StoreUnavailable => "Idempotency store unavailable",
             Self::Contention => "Idempotency key contended",
+            Self::ScopeUnresolved => "Idempotency scope unresolved",
         }
     }
 
@@ -116,6 +122,9 @@ impl ProblemKind {
             }
             Self::Contention => {
                 "The idempotency record changed repeatedly under concurrent requests; the request was not processed. Retry with the same key."
+            }
+            Self::ScopeUnresolved => {
+                "The server could not tell whose request this is (its idempotency scope function gave no principal); the request was not processed."
             }
         }
     }
@@ -296,6 +305,7 @@ mod tests {
             (OutcomeUnknown, 500),
             (StoreUnavailable, 503),
             (Contention, 503),
+            (ScopeUnresolved, 500),
         ];
         for (k, s) in all {
             assert_eq!(k.status(), s);
