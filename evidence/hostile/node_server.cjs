@@ -48,7 +48,7 @@ const guard = idempo.idempotency({
   store,
   takeover: 'outcome_unknown',
   leaseMs: 1000,
-  bodyLimit: 1024 * 1024,
+  maxRequestBodyBytes: 1024 * 1024,
   scope: (r) => String(r.headers['x-tenant'] || ''),
 });
 

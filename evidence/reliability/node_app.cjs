@@ -212,7 +212,7 @@ function serve() {
       leaseMs: LEASE_MS,
       ttlMs,
       storeTimeoutMs: STORE_TIMEOUT_MS,
-      bodyLimit: int('EV_MAX_BODY', 1024 * 1024),
+      maxRequestBodyBytes: int('EV_MAX_BODY', 1024 * 1024),
       scope: (r) => String(r.headers['x-tenant'] || ''),
     });
 
@@ -320,7 +320,7 @@ function serve() {
       leaseMs: LEASE_MS,
       ttlMs: TTL_MS,
       storeTimeoutMs: STORE_TIMEOUT_MS,
-      bodyLimit: int('EV_MAX_BODY', 1024 * 1024),
+      maxRequestBodyBytes: int('EV_MAX_BODY', 1024 * 1024),
       scope: (r) => String(r.headers['x-tenant'] || ''),
       transactional: true,
     });
