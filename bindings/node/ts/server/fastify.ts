@@ -36,7 +36,11 @@ type Req = FastifyRequest & {
   [STATE]?: State;
   [BAD_JSON]?: Error;
   [OVER]?: boolean;
+  [ADMISSION]?: native.Admission;
 };
+
+/** Stage 1 of core's admission, run when the body arrives (so a pass-through reads it whole). */
+const ADMISSION = Symbol('idempo.fastify.admission');
 
 const BAD_JSON = Symbol('idempo.fastify.badJson');
 /** The body was longer than core's `maxRequestBodyBytes`: reading stopped at the first chunk past it. */
@@ -114,9 +118,27 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
 
   app.decorate('idempotencyEvents', p.events);
   app.removeContentTypeParser(['application/json']);
-  const limit = p.config.maxRequestBodyBytes;
+  const fastifyLimit = app.initialConfig.bodyLimit ?? 1024 * 1024;
+  /** Runs core's key stage for a protected request and reads the body as far as it says: not at
+   * all for a refusal, up to core's limit for a request with a key, and as Fastify would (its
+   * `bodyLimit`) for a request idempo does not protect. */
+  const readFor = (req: Req, payload: NodeJS.ReadableStream, done: (err: Error | null, body: Buffer | null) => void) => {
+    const method = req.method.toUpperCase();
+    const adm = p.methods.has(method) ? admitKey(p, req.headers[p.header], req.headers['content-length']) : undefined;
+    if (adm !== undefined) req[ADMISSION] = adm;
+    if (adm?.kind === 'refuse') {
+      req[OVER] = true; // unread: the connection closes after the answer
+      return done(null, null);
+    }
+    const guarded = adm?.kind === 'read_body';
+    readLimited(req, payload, guarded ? (adm.bodyLimit as number) : fastifyLimit, (raw) => {
+      if (raw === null && !guarded) return done(tooLarge(), null);
+      done(null, raw);
+    });
+  };
   app.addContentTypeParser(/^application\/(json|[^;]+\+json)/, (req, payload, done) => {
-    readLimited(req as Req, payload, limit, (raw) => {
+    readFor(req as Req, payload, (err, raw) => {
+      if (err) return done(err, undefined);
       if (raw === null) return done(null, undefined);
       (req as Req).rawBody = raw;
       if (raw.length === 0) return done(null, undefined);
@@ -131,7 +153,8 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
     });
   });
   app.addContentTypeParser('*', (req, payload, done) => {
-    readLimited(req as Req, payload, limit, (raw) => {
+    readFor(req as Req, payload, (err, raw) => {
+      if (err) return done(err, undefined);
       if (raw === null) return done(null, undefined);
       (req as Req).rawBody = raw;
       done(null, raw);
@@ -143,7 +166,6 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
     const method = req.method.toUpperCase();
     const badJson = req[BAD_JSON];
     if (!p.methods.has(method)) {
-      if (req[OVER]) throw tooLarge();
       if (badJson) throw badJson;
       return;
     }
@@ -155,10 +177,10 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
       if (req[OVER]) reply.header('connection', 'close');
       return reply.send(apply(reply, response));
     };
-    // Core's admission, in core's order: the key first, then the body, then the scope.
-    const adm = admitKey(p, req.headers[p.header], req.headers['content-length']);
+    // Core's admission, in core's order: the key first (when the body arrived, else now), then
+    // the body, then the scope.
+    const adm = req[ADMISSION] ?? admitKey(p, req.headers[p.header], req.headers['content-length']);
     if (adm.kind === 'pass_through') {
-      if (req[OVER]) throw tooLarge();
       if (badJson) throw badJson;
       return;
     }
