@@ -50,6 +50,7 @@ const guard = idempo.idempotency({
   leaseMs: 1000,
   maxRequestBodyBytes: 1024 * 1024,
   scope: (r) => String(r.headers['x-tenant'] || ''),
+  emptyScopeIsAnonymous: true, // requests without X-Tenant share the anonymous namespace
 });
 
 app.post('/pay/ou', guard, (request, response) => {

@@ -214,6 +214,7 @@ function serve() {
       storeTimeoutMs: STORE_TIMEOUT_MS,
       maxRequestBodyBytes: int('EV_MAX_BODY', 1024 * 1024),
       scope: (r) => String(r.headers['x-tenant'] || ''),
+      emptyScopeIsAnonymous: true, // requests without X-Tenant share the anonymous namespace
     });
 
   const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -322,6 +323,7 @@ function serve() {
       storeTimeoutMs: STORE_TIMEOUT_MS,
       maxRequestBodyBytes: int('EV_MAX_BODY', 1024 * 1024),
       scope: (r) => String(r.headers['x-tenant'] || ''),
+      emptyScopeIsAnonymous: true, // requests without X-Tenant share the anonymous namespace
       transactional: true,
     });
     app.post('/pay/tx', txGuard, handleTx);
