@@ -5,6 +5,7 @@ from typing import Literal, final
 
 __all__ = [
     "Action",
+    "Admission",
     "CanonicalizationError",
     "Cleanup",
     "Config",
@@ -23,11 +24,10 @@ __all__ = [
     "RetryAdvice",
     "RetryPolicy",
     "RouteFingerprinter",
+    "ScopeRule",
     "ServerFlow",
     "StoreUnavailable",
-    "admit_key",
     "body_problem",
-    "body_too_large",
     "canonicalize",
     "decode_response",
     "encode_response",
