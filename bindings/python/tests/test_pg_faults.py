@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from idempo import StoreUnavailable
+from idempo import Config, StoreUnavailable
 from idempo.asgi import IdempotencyMiddleware
 from idempo.stores import AsyncPostgresStore, PostgresStore
 

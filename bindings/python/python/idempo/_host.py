@@ -174,9 +174,11 @@ class HostCore:
             return None if self.only_marked else self.defaults
         if not overrides["enabled"]:
             return None
-        public = (
-            self.defaults.public if overrides.get("public") is None else bool(overrides["public"])
-        )
+        # A route's own scope function or public flag replaces the middleware's declaration.
+        if overrides.get("public") is not None:
+            public = bool(overrides["public"])
+        else:
+            public = False if overrides["scope"] is not None else self.defaults.public
         anonymous = overrides.get("empty_scope_is_anonymous")
         opts = replace(
             self.defaults,

@@ -8,7 +8,9 @@
     app.add_middleware(
         IdempotencyMiddleware,
         store=SQLiteStore("idempo.sqlite3"),
-        scope=lambda request_scope: request_scope["state"]["user_id"],  # principal
+        # The principal, read when the middleware runs (before the endpoint): here the user an
+        # authentication middleware that runs earlier put in the ASGI scope.
+        scope=lambda request_scope: request_scope["user"].display_name,
     )
 
 Per route, mark the endpoint with :func:`idempo.idempotent` (its own ``Config``, fingerprint
