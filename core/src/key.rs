@@ -32,7 +32,7 @@ pub const MAX_LEN_LIMIT: usize = 255;
 pub const PREVIEW_BYTES: usize = 24;
 
 /// Validated options for [`parse_key`]. Build with [`KeyOptions::new`] or take the default.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct KeyOptions {
     min_len: usize,
     max_len: usize,

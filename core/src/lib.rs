@@ -24,6 +24,7 @@
 //! - [`recipes`]: the store recipes of `spec/STORAGE.md` (SQL and Lua texts) every binding runs.
 //! - [`policy`]: per-route lease, takeover, response-caching and retention policy.
 //! - [`machine`]: the key state machine: `decide`, completion, takeover and the sans-IO server flow.
+//! - [`vocab`]: the stable names of core's enumerations (`FromStr`, `as_str`, `Display`).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -36,3 +37,4 @@ pub mod recipes;
 pub mod record;
 pub mod retry;
 pub mod scope;
+pub mod vocab;

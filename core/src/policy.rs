@@ -2,11 +2,13 @@
 //!
 //! Every value has a documented default ([`Config::default`]); the values that have invariants
 //! are built through validating constructors, so an invalid policy cannot exist at run time.
-use std::num::{NonZeroU8, NonZeroU64};
+use std::num::{NonZeroU8, NonZeroU64, NonZeroUsize};
 
 use thiserror::Error;
 
+use crate::key::{KeyConfigError, KeyOptions};
 use crate::record::is_valid_header_name;
+use crate::vocab::ParseNameError;
 
 /// Default lease: 30 s.
 pub const DEFAULT_LEASE_MS: u64 = 30_000;
@@ -14,6 +16,9 @@ pub const DEFAULT_LEASE_MS: u64 = 30_000;
 pub const DEFAULT_TTL_MS: u64 = 24 * 60 * 60 * 1000;
 /// Default largest stored body: 1 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
+/// Default largest request body a host reads for a protected request: 1 MiB
+/// (`spec/PROTOCOL.md` §7.2; larger bodies are answered 413).
+pub const DEFAULT_MAX_REQUEST_BODY_BYTES: usize = 1024 * 1024;
 /// Default `Retry-After` hint for a 409 while another request holds the key: 1 s.
 pub const DEFAULT_IN_FLIGHT_RETRY_AFTER_MS: u64 = 1_000;
 /// Default `Retry-After` for a 503 (store unavailable or contention): 1 s.
@@ -93,6 +98,43 @@ pub enum ConfigError {
     /// A status outside 100..=599 was listed.
     #[error("status {0} is outside 100..=599")]
     InvalidStatus(u16),
+    /// An option that must be positive is zero.
+    #[error("{0} must be positive")]
+    NotPositive(&'static str),
+    /// An option is larger than its type or its bound allows.
+    #[error("{option} must be at most {max}, got {value}")]
+    TooLarge {
+        /// The option's name (snake_case, as in [`ConfigOptions`]).
+        option: &'static str,
+        /// The value given.
+        value: u64,
+        /// The largest accepted value.
+        max: u64,
+    },
+    /// The key syntax options are inconsistent.
+    #[error("key options: {0}")]
+    Key(#[from] KeyConfigError),
+    /// A named value (takeover policy, ...) is not one of the accepted names.
+    #[error(transparent)]
+    Name(#[from] ParseNameError),
+}
+
+impl ConfigError {
+    /// Stable snake_case code.
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::LeaseTooShort(_) => "lease_too_short",
+            Self::BadHeartbeat { .. } => "bad_heartbeat",
+            Self::InvalidHeaderName(_) => "invalid_header_name",
+            Self::ForbiddenHeader(_) => "forbidden_header",
+            Self::InvalidStatus(_) => "invalid_status",
+            Self::NotPositive(_) => "not_positive",
+            Self::TooLarge { .. } => "too_large",
+            Self::Key(e) => e.code(),
+            Self::Name(_) => "invalid_name",
+        }
+    }
 }
 
 /// Lease length and heartbeat of in-progress records.
@@ -452,6 +494,12 @@ pub struct Config {
     /// the lease, since a store that froze may apply the lost write only once it resumes.
     /// Default [`DEFAULT_CLEANUP_BUDGET_MS`] (30 s).
     pub cleanup_budget_ms: NonZeroU64,
+    /// Key syntax (lengths, strict sf-string form) used by admission (`spec/KEYS.md` §1).
+    /// Default [`KeyOptions::default`].
+    pub key_options: KeyOptions,
+    /// Largest request body admission accepts (`spec/PROTOCOL.md` §7.2): a longer body is
+    /// answered 413 `body-too-large`. Default [`DEFAULT_MAX_REQUEST_BODY_BYTES`] (1 MiB).
+    pub max_request_body_bytes: NonZeroUsize,
 }
 
 impl Default for Config {
@@ -467,6 +515,9 @@ impl Default for Config {
             max_store_rounds: NonZeroU8::new(DEFAULT_MAX_STORE_ROUNDS).unwrap_or(NonZeroU8::MIN),
             transactional: false,
             cleanup_budget_ms: nz64(DEFAULT_CLEANUP_BUDGET_MS),
+            key_options: KeyOptions::default(),
+            max_request_body_bytes: NonZeroUsize::new(DEFAULT_MAX_REQUEST_BODY_BYTES)
+                .unwrap_or(NonZeroUsize::MIN),
         }
     }
 }
@@ -475,9 +526,210 @@ fn nz64(v: u64) -> NonZeroU64 {
     NonZeroU64::new(v).unwrap_or(NonZeroU64::MIN)
 }
 
+/// The flat option set every binding exposes, verbatim (snake_case in Rust and Python, the
+/// mechanical camelCase in Node): each `None` takes [`Config::default`]'s value, and
+/// [`ConfigOptions::build`] validates the whole set into a [`Config`].
+///
+/// `heartbeat_ms = Some(0)` turns heartbeats off (the handler must then finish within the lease);
+/// `None` renews every third of the lease.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ConfigOptions {
+    /// Lease length in ms (at least [`MIN_LEASE_MS`]).
+    pub lease_ms: Option<u64>,
+    /// Heartbeat interval in ms, below the lease; 0: no heartbeat; default a third of the lease.
+    pub heartbeat_ms: Option<u64>,
+    /// What an expired lease leads to (named `"outcome_unknown"` or `"re_run"`).
+    pub takeover: Option<TakeoverPolicy>,
+    /// Record retention in ms.
+    pub ttl_ms: Option<u64>,
+    /// Whether a request without a key is refused (400); false runs it unprotected.
+    pub key_required: Option<bool>,
+    /// Shortest key accepted, in characters.
+    pub key_min_len: Option<usize>,
+    /// Longest key accepted, in characters (at most 255).
+    pub key_max_len: Option<usize>,
+    /// Accept only the draft sf-string key form.
+    pub key_strict: Option<bool>,
+    /// Statuses never stored (a retry re-runs).
+    pub transient_statuses: Option<Vec<u16>>,
+    /// Store 5xx responses (except 503) instead of releasing the key.
+    pub store_server_errors: Option<bool>,
+    /// Largest response body stored for replays, bytes.
+    pub max_stored_body_bytes: Option<usize>,
+    /// Response headers stored and replayed.
+    pub stored_headers: Option<Vec<String>>,
+    /// The host's redaction hook supplies the stored body.
+    pub redact: Option<bool>,
+    /// `Retry-After` hint on a 409, ms.
+    pub in_flight_retry_after_ms: Option<u64>,
+    /// `Retry-After` on a 503, ms.
+    pub unavailable_retry_after_ms: Option<u64>,
+    /// Store rounds before 503 contention (1..=255).
+    pub max_store_rounds: Option<u64>,
+    /// How long the background cleanup of a lost claim keeps retrying, ms.
+    pub cleanup_budget_ms: Option<u64>,
+    /// Largest request body admission accepts, bytes.
+    pub max_request_body_bytes: Option<usize>,
+    /// Transactional mode (`spec/PROTOCOL.md` §7.6).
+    pub transactional: Option<bool>,
+}
+
+impl ConfigOptions {
+    /// The option names, snake_case, in declaration order (bindings derive their spelling).
+    pub const NAMES: &'static [&'static str] = &[
+        "lease_ms",
+        "heartbeat_ms",
+        "takeover",
+        "ttl_ms",
+        "key_required",
+        "key_min_len",
+        "key_max_len",
+        "key_strict",
+        "transient_statuses",
+        "store_server_errors",
+        "max_stored_body_bytes",
+        "stored_headers",
+        "redact",
+        "in_flight_retry_after_ms",
+        "unavailable_retry_after_ms",
+        "max_store_rounds",
+        "cleanup_budget_ms",
+        "max_request_body_bytes",
+        "transactional",
+    ];
+
+    /// Validates the options; every absent one takes [`Config::default`]'s value.
+    ///
+    /// # Errors
+    /// The first invalid option, as a [`ConfigError`].
+    pub fn build(&self) -> Result<Config, ConfigError> {
+        let d = Config::default();
+        let lease_ms = self.lease_ms.unwrap_or(d.lease.lease_ms());
+        let lease = match self.heartbeat_ms {
+            None => LeasePolicy::with_default_heartbeat(lease_ms),
+            Some(0) => LeasePolicy::new(lease_ms, None),
+            Some(hb) => LeasePolicy::new(lease_ms, Some(hb)),
+        }?;
+        let headers = match &self.stored_headers {
+            None => d.response.headers().clone(),
+            Some(names) => HeaderAllowlist::new(names)?,
+        };
+        let response = ResponsePolicy::new(
+            self.transient_statuses
+                .as_deref()
+                .unwrap_or(d.response.transient()),
+            self.store_server_errors
+                .unwrap_or(d.response.store_server_errors()),
+            self.max_stored_body_bytes
+                .unwrap_or(d.response.max_body_bytes()),
+            headers,
+            if self.redact.unwrap_or(false) {
+                Redaction::HostHook
+            } else {
+                Redaction::None
+            },
+        )?;
+        let key_options = KeyOptions::new(
+            self.key_min_len.unwrap_or(d.key_options.min_len()),
+            self.key_max_len.unwrap_or(d.key_options.max_len()),
+        )?
+        .with_strict(self.key_strict.unwrap_or(d.key_options.is_strict()));
+        let pos = |v: Option<u64>, name: &'static str, default: NonZeroU64| match v {
+            None => Ok(default),
+            Some(v) => NonZeroU64::new(v).ok_or(ConfigError::NotPositive(name)),
+        };
+        let max_store_rounds = match self.max_store_rounds {
+            None => d.max_store_rounds,
+            Some(v) => {
+                let small = u8::try_from(v).map_err(|_| ConfigError::TooLarge {
+                    option: "max_store_rounds",
+                    value: v,
+                    max: u64::from(u8::MAX),
+                })?;
+                NonZeroU8::new(small).ok_or(ConfigError::NotPositive("max_store_rounds"))?
+            }
+        };
+        Ok(Config {
+            lease,
+            takeover: self.takeover.unwrap_or(d.takeover),
+            response,
+            ttl_ms: pos(self.ttl_ms, "ttl_ms", d.ttl_ms)?,
+            key: match self.key_required {
+                None => d.key,
+                Some(true) => KeyRequirement::Required,
+                Some(false) => KeyRequirement::Optional,
+            },
+            in_flight_retry_after_ms: pos(
+                self.in_flight_retry_after_ms,
+                "in_flight_retry_after_ms",
+                d.in_flight_retry_after_ms,
+            )?,
+            unavailable_retry_after_ms: pos(
+                self.unavailable_retry_after_ms,
+                "unavailable_retry_after_ms",
+                d.unavailable_retry_after_ms,
+            )?,
+            max_store_rounds,
+            transactional: self.transactional.unwrap_or(d.transactional),
+            cleanup_budget_ms: pos(
+                self.cleanup_budget_ms,
+                "cleanup_budget_ms",
+                d.cleanup_budget_ms,
+            )?,
+            key_options,
+            max_request_body_bytes: match self.max_request_body_bytes {
+                None => d.max_request_body_bytes,
+                Some(v) => NonZeroUsize::new(v)
+                    .ok_or(ConfigError::NotPositive("max_request_body_bytes"))?,
+            },
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn empty_options_build_the_default_config() {
+        assert_eq!(ConfigOptions::default().build(), Ok(Config::default()));
+    }
+
+    #[test]
+    fn options_validate_with_typed_errors() {
+        let o = |f: fn(&mut ConfigOptions)| {
+            let mut o = ConfigOptions::default();
+            f(&mut o);
+            o.build()
+        };
+        assert_eq!(
+            o(|o| o.ttl_ms = Some(0)),
+            Err(ConfigError::NotPositive("ttl_ms"))
+        );
+        assert_eq!(
+            o(|o| o.max_request_body_bytes = Some(0)),
+            Err(ConfigError::NotPositive("max_request_body_bytes"))
+        );
+        assert!(matches!(
+            o(|o| o.max_store_rounds = Some(256)),
+            Err(ConfigError::TooLarge { .. })
+        ));
+        assert!(matches!(
+            o(|o| {
+                o.key_min_len = Some(20);
+                o.key_max_len = Some(10);
+            }),
+            Err(ConfigError::Key(_))
+        ));
+        let c = o(|o| {
+            o.heartbeat_ms = Some(0);
+            o.key_strict = Some(true);
+            o.transactional = Some(true);
+        })
+        .expect("valid");
+        assert_eq!(c.lease.heartbeat_ms(), None);
+        assert!(c.key_options.is_strict() && c.transactional);
+    }
 
     #[test]
     fn lease_validation() {

@@ -62,16 +62,7 @@ pub enum Jitter {
     Full,
 }
 
-impl Jitter {
-    /// Stable snake_case name (`equal`, `full`).
-    #[must_use]
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Jitter::Equal => "equal",
-            Jitter::Full => "full",
-        }
-    }
-}
+// `Jitter::as_str`, `FromStr` and `Display` live in `crate::vocab`.
 
 /// The tunable numbers of a [`RetryPolicy`], checked by [`RetryPolicy::new`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

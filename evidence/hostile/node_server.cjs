@@ -48,8 +48,9 @@ const guard = idempo.idempotency({
   store,
   takeover: 'outcome_unknown',
   leaseMs: 1000,
-  bodyLimit: 1024 * 1024,
+  maxRequestBodyBytes: 1024 * 1024,
   scope: (r) => String(r.headers['x-tenant'] || ''),
+  emptyScopeIsAnonymous: true, // requests without X-Tenant share the anonymous namespace
 });
 
 app.post('/pay/ou', guard, (request, response) => {

@@ -214,8 +214,12 @@ async def _handle(request: Request, route: str, keyed: bool) -> Response:
     )
 
 
-def _cfg(takeover: str, ttl_ms: int = TTL_MS) -> idempo.Config:
-    return idempo.Config(lease_ms=LEASE_MS, ttl_ms=ttl_ms, takeover=takeover)  # type: ignore[arg-type]
+def _cfg(takeover: str, ttl_ms: int = TTL_MS, transactional: bool = False) -> idempo.Config:
+    return idempo.Config(
+        lease_ms=LEASE_MS, ttl_ms=ttl_ms, takeover=takeover,  # type: ignore[arg-type]
+        max_request_body_bytes=int(os.environ.get("EV_MAX_BODY", str(1024 * 1024))),
+        transactional=transactional,
+    )
 
 
 @idempo.idempotent(config=_cfg("outcome_unknown"))
@@ -238,7 +242,7 @@ async def pay_ttl(request: Request) -> Response:
     return await _handle(request, "ttl", keyed=False)
 
 
-@idempo.idempotent(config=_cfg("outcome_unknown"), transactional=True)
+@idempo.idempotent(config=_cfg("outcome_unknown", transactional=True))
 async def pay_tx(request: Request) -> Response:
     """Transactional mode: the execution row is written in idempo's own transaction."""
     ex: idempo.Execution = request.state.idempotency
@@ -328,7 +332,7 @@ def _tenant(scope: Any) -> Optional[str]:
     for n, v in scope.get("headers", []):
         if n == b"x-tenant":
             return str(v.decode("latin-1"))
-    return None
+    return ""  # anonymous (empty_scope_is_anonymous below)
 
 
 init_effects()
@@ -349,7 +353,7 @@ _inner.add_middleware(
     store=CrashingStore(store),
     config=_cfg("outcome_unknown"),
     scope=_tenant,
-    max_body_bytes=int(os.environ.get("EV_MAX_BODY", str(1024 * 1024))),
+    empty_scope_is_anonymous=True,  # requests without X-Tenant share the anonymous namespace
     warn_unscoped=False,
 )
 app = CrashContext(_inner)

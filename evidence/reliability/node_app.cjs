@@ -212,8 +212,9 @@ function serve() {
       leaseMs: LEASE_MS,
       ttlMs,
       storeTimeoutMs: STORE_TIMEOUT_MS,
-      bodyLimit: int('EV_MAX_BODY', 1024 * 1024),
+      maxRequestBodyBytes: int('EV_MAX_BODY', 1024 * 1024),
       scope: (r) => String(r.headers['x-tenant'] || ''),
+      emptyScopeIsAnonymous: true, // requests without X-Tenant share the anonymous namespace
     });
 
   const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -320,8 +321,9 @@ function serve() {
       leaseMs: LEASE_MS,
       ttlMs: TTL_MS,
       storeTimeoutMs: STORE_TIMEOUT_MS,
-      bodyLimit: int('EV_MAX_BODY', 1024 * 1024),
+      maxRequestBodyBytes: int('EV_MAX_BODY', 1024 * 1024),
       scope: (r) => String(r.headers['x-tenant'] || ''),
+      emptyScopeIsAnonymous: true, // requests without X-Tenant share the anonymous namespace
       transactional: true,
     });
     app.post('/pay/tx', txGuard, handleTx);

@@ -86,6 +86,7 @@ fn config(c: &Value) -> Config {
                 .unwrap_or(idempo_core::policy::DEFAULT_CLEANUP_BUDGET_MS),
         )
         .expect("> 0"),
+        ..Config::default()
     }
 }
 

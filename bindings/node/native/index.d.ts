@@ -16,6 +16,58 @@ export declare class ExternalObject<T> {
  */
 export declare const __napiBindingTarget: 'native' | 'wasm32-wasi' | 'wasm32-wasip1'
 
+/**
+ * One request's admission. `kind`: `pass_through` (run the handler unprotected), `refuse`
+ * (send `problem`; log `log` when set), `read_body` (read at most `bodyLimit` bytes, then
+ * `body()`), `resolve_scope` (call the scope function when the rule has one, then `scope()`)
+ * or `admitted` (`key`, `scopeId`, `fingerprint`, `partition` set; emit `warning` when set).
+ */
+export declare class Admission {
+  /**
+   * Stage 1: the raw `Idempotency-Key` field values (in order; empty: no key) and the
+   * declared body length (`Content-Length`, null when unknown).
+   */
+  static start(config: FlowConfig, keyFields: Array<Buffer>, declaredLength?: number | undefined | null): Admission
+  /**
+   * Stage 2: the body as read (`overLimit`: the host stopped reading past `bodyLimit`; `body`
+   * is then ignored), with the route's fingerprinter handle, the method, the concrete request
+   * target (path and query), the `Content-Type` and the headers as a flat
+   * `[name, value, ...]` list.
+   */
+  body(fingerprinter: ExternalObject<'FingerprinterHandle'>, method: string, target: string, body: Uint8Array, contentType: string | undefined | null, headers: Array<string> | undefined | null, overLimit: boolean): void
+  /**
+   * Stage 3: what the route's scope function gave under `rule`, whether the request is
+   * authenticated, the method and the route template.
+   */
+  scope(rule: ScopeRule, method: string, route: string, authenticated: boolean, returned: ScopeReturn): void
+  /** The stage: `pass_through`, `refuse`, `read_body`, `resolve_scope` or `admitted`. */
+  get kind(): string
+  /** The problem response (`refuse`). */
+  get problem(): HttpResponseData | null
+  /**
+   * The outcome name for metrics (`refuse`): `missing_key`, `invalid_key`, `body_too_large`,
+   * `invalid_body` or `scope_unresolved`.
+   */
+  get outcome(): string | null
+  /** The line to log (`refuse` with `scope_unresolved`). */
+  get log(): string | null
+  /** The warning to emit (`admitted` without a scope function, authenticated request). */
+  get warning(): string | null
+  /** How many body bytes to read at most (`read_body`). */
+  get bodyLimit(): number | null
+  /** The parsed key. */
+  get key(): string | null
+  /** The record key (`admitted`). */
+  get scopeId(): Buffer | null
+  /** The request fingerprint. */
+  get fingerprint(): string | null
+  /**
+   * The principal's quota partition (8 bytes, `admitted`), for a store with per-partition
+   * quotas (the memory store).
+   */
+  get partition(): Buffer | null
+}
+
 /** Counts a response body's bytes against the recording limit (core's `BodyCapture`). */
 export declare class BodyCapture {
   /** A capture recording at most `limit` bytes. */
@@ -76,13 +128,21 @@ export declare class FlowConfig {
   /** The record retention in ms. */
   get ttlMs(): number
   /** The largest response body stored. */
-  get maxBodyBytes(): number
+  get maxStoredBodyBytes(): number
   /**
    * Core's capture plan for a response (`spec/PROTOCOL.md` §7.5): `kind` `"pass_through"`,
    * `"buffer"` or `"tee"`, with the recording `limit` for the last two. `streaming`: the body
    * arrives in several parts; `framework`: the framework produced it before the handler ran.
    */
   capturePlan(status: number, headers: Array<Array<string>>, streaming?: boolean | undefined | null, framework?: boolean | undefined | null): CapturePlanOutput
+  /** The largest request body admitted (larger: 413). */
+  get maxRequestBodyBytes(): number
+  /** Whether a request without a key is refused. */
+  get keyRequired(): boolean
+  /** `"outcome_unknown"` or `"re_run"`. */
+  get takeover(): string
+  /** Whether the host's redaction hook supplies the stored body. */
+  get redact(): boolean
   /**
    * How long (ms) the background cleanup of a lost claim or takeover keeps retrying, at
    * least the lease.
@@ -92,11 +152,6 @@ export declare class FlowConfig {
   get transactional(): boolean
   /** `Retry-After` (ms) core uses on a 503. */
   get unavailableRetryAfterMs(): number
-  /**
-   * The answer for a request without a key: a 400 problem, or null when the key is optional
-   * (run the handler unprotected).
-   */
-  missingKeyResponse(): HttpResponseData | null
 }
 
 /** Core's bounded memory store; the clock is supplied by the caller on every call. */
@@ -154,6 +209,18 @@ export declare class RetryPolicy {
 export declare class RouteFingerprinter {
   /** The fingerprint of a JSON body sent to this route. */
   fingerprint(body: Uint8Array): string
+}
+
+/**
+ * What a route declares about its scope (principal), validated by core: a scope function, or
+ * `public` (keys shared by every caller), or neither (shared, with a warning for authenticated
+ * requests); `emptyScopeIsAnonymous` accepts an empty principal from the function.
+ */
+export declare class ScopeRule {
+  /** Validates the declaration (throws `CONFIG_INVALID` for a contradiction). */
+  constructor(hasFunction: boolean, public: boolean, emptyScopeIsAnonymous: boolean)
+  /** Whether the route has a scope function (the host calls it). */
+  get hasFunction(): boolean
 }
 
 /** The server flow of one request that carries a valid key. */
@@ -215,9 +282,6 @@ export declare class ServerFlow {
   /** The handler threw; `maybeSideEffect` false only when it certainly did nothing. */
   handlerFailed(maybeSideEffect: boolean): FlowAction
 }
-
-/** Parses a raw `Idempotency-Key` header value; an invalid one yields core's 400 problem. */
-export declare function admitKey(value: Uint8Array, options?: ParseKeyOptions | undefined | null): KeyAdmission
 
 /** How an attempt ended. */
 export interface AttemptOutcomeInput {
@@ -318,6 +382,9 @@ export interface CapturePlanOutput {
  */
 export declare function checkRecordRow(row: RecordRowData): RecordRowData
 
+/** The names of core's `Config` options in camelCase (what `FlowConfigOptions` accepts). */
+export declare function configOptionNames(): Array<string>
+
 /** Decodes a `response` column (throws `RECORD_CORRUPT` on malformed bytes). */
 export declare function decodeResponse(encoded: Uint8Array): ResponseData
 
@@ -404,47 +471,59 @@ export interface FlowCleanup {
   maxDelayMs: number
 }
 
-/** Per-route policy; omitted fields take core's defaults. */
+/**
+ * Per-route policy: core's flat option set (`ConfigOptions`), in camelCase; every omitted field
+ * takes core's `Config::default()` value.
+ */
 export interface FlowConfigOptions {
-  /** `"outcome_unknown"` (core's default) or `"re_run"`: what an expired lease leads to. */
-  takeover?: string
-  /** Lease length in ms (default 30000, at least 1000). */
+  /** Lease length in ms (at least 1000). */
   leaseMs?: number
-  /** Heartbeat interval in ms; `null` disables; default a third of the lease. */
+  /**
+   * Heartbeat interval in ms, below the lease; 0 turns heartbeats off; default a third of
+   * the lease.
+   */
   heartbeatMs?: number
-  /** Disable the heartbeat (overrides `heartbeatMs`). */
-  noHeartbeat?: boolean
-  /** Retention of a record in ms (default 24 h). */
+  /** `"outcome_unknown"` or `"re_run"`: what an expired lease leads to. */
+  takeover?: string
+  /** Retention of a record in ms. */
   ttlMs?: number
-  /** Whether a request without a key is refused (default true). */
+  /** Whether a request without a key is refused (400); false runs it unprotected. */
   keyRequired?: boolean
+  /** Shortest key accepted, in characters. */
+  keyMinLen?: number
+  /** Longest key accepted, in characters (at most 255). */
+  keyMaxLen?: number
+  /** Accept only the draft sf-string key form. */
+  keyStrict?: boolean
   /** Statuses never stored (a retry re-runs). Default 401, 403, 407, 408, 409, 425, 429. */
   transientStatuses?: Array<number>
-  /** Store 5xx responses (except 503) instead of releasing the key (default false). */
+  /** Store 5xx responses (except 503) instead of releasing the key. */
   storeServerErrors?: boolean
-  /** Largest body stored for replays (default 1 MiB). */
-  maxBodyBytes?: number
-  /** Response headers stored and replayed (default: core's allowlist). */
+  /** Largest response body stored for replays, bytes. */
+  maxStoredBodyBytes?: number
+  /** Response headers stored and replayed. */
   storedHeaders?: Array<string>
-  /** Whether the host supplies a redacted body to store (default false). */
-  redactionHook?: boolean
-  /** `Retry-After` hint for 409 in ms (default 1000). */
+  /** The host's redaction hook supplies the stored body. */
+  redact?: boolean
+  /** `Retry-After` hint for 409 in ms. */
   inFlightRetryAfterMs?: number
-  /** `Retry-After` for 503 in ms (default 1000). */
+  /** `Retry-After` for 503 in ms. */
   unavailableRetryAfterMs?: number
-  /** Store rounds before 503 contention (default 3). */
+  /** Store rounds before 503 contention (1..=255). */
   maxStoreRounds?: number
   /**
-   * Transactional mode (default false): the host runs the flow's store operations and the
-   * handler's writes in one database transaction; core then asks for no heartbeat, rolls back
-   * (`release`) on a handler error, asks for `commit`, and chooses the response accordingly.
-   */
-  transactional?: boolean
-  /**
-   * How long in ms the background cleanup of a lost claim or takeover keeps retrying (default
-   * 30000); the effective budget is the larger of this and the lease.
+   * How long in ms the background cleanup of a lost claim or takeover keeps retrying; the
+   * effective budget is the larger of this and the lease.
    */
   cleanupBudgetMs?: number
+  /** Largest request body admitted, bytes (larger: 413). */
+  maxRequestBodyBytes?: number
+  /**
+   * Transactional mode: the host runs the flow's store operations and the handler's writes in
+   * one database transaction; core then asks for no heartbeat, rolls back (`release`) on a
+   * handler error, asks for `commit`, and chooses the response accordingly.
+   */
+  transactional?: boolean
 }
 
 /** Makes a fresh key from 16 bytes of host entropy. */
@@ -458,16 +537,6 @@ export interface HttpResponseData {
   headers: Array<Array<string>>
   /** Body bytes. */
   body: Buffer
-}
-
-/** Result of `admitKey`: the key, or the 400 problem to answer. */
-export interface KeyAdmission {
-  /** The parsed key, when valid. */
-  key?: string
-  /** The problem response, when invalid. */
-  response?: HttpResponseData
-  /** Core's reason code, when invalid. */
-  reason?: string
 }
 
 /**
@@ -624,3 +693,17 @@ export declare function scopeId(principal: string, method: string, route: string
 
 /** The scope id as 64 lowercase hex characters. */
 export declare function scopeIdHex(principal: string, method: string, route: string, key: string): string
+
+/** What the route's scope function gave, as the host saw it. */
+export interface ScopeReturn {
+  /**
+   * `not_called` (no function), `string`, `nothing` (`undefined`/`null`), `other` (not a
+   * string) or `raised`.
+   */
+  kind: string
+  /**
+   * The string (`string`), the value's name (`nothing`: `undefined` or `null`), a description
+   * (`other`, e.g. `number 42`) or the error's message (`raised`).
+   */
+  text?: string
+}

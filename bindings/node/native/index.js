@@ -835,20 +835,22 @@ function __napiStampBindingTarget(exportsObject, target) {
 // linked import resolves to `undefined`.
 module.exports.__napiBindingTarget = __napiStampBindingTarget(nativeBinding, __napiLoadedBindingTarget)
 module.exports = nativeBinding
+module.exports.Admission = nativeBinding.Admission
 module.exports.BodyCapture = nativeBinding.BodyCapture
 module.exports.Fingerprinter = nativeBinding.Fingerprinter
 module.exports.FlowConfig = nativeBinding.FlowConfig
 module.exports.MemoryStoreCore = nativeBinding.MemoryStoreCore
 module.exports.RetryPolicy = nativeBinding.RetryPolicy
 module.exports.RouteFingerprinter = nativeBinding.RouteFingerprinter
+module.exports.ScopeRule = nativeBinding.ScopeRule
 module.exports.ServerFlow = nativeBinding.ServerFlow
-module.exports.admitKey = nativeBinding.admitKey
 module.exports.bodyProblem = nativeBinding.bodyProblem
 module.exports.cacheFillPx = nativeBinding.cacheFillPx
 module.exports.cacheServable = nativeBinding.cacheServable
 module.exports.canonicalizeBytes = nativeBinding.canonicalizeBytes
 module.exports.canonicalizeString = nativeBinding.canonicalizeString
 module.exports.checkRecordRow = nativeBinding.checkRecordRow
+module.exports.configOptionNames = nativeBinding.configOptionNames
 module.exports.decodeResponse = nativeBinding.decodeResponse
 module.exports.encodeResponse = nativeBinding.encodeResponse
 module.exports.fingerprintJsonWith = nativeBinding.fingerprintJsonWith

@@ -22,17 +22,13 @@ pub struct CanonicalizeOptions {
     pub exclude: Option<Vec<String>>,
 }
 
-/// Parses a number mode name.
+/// Parses a number mode name (core's vocabulary: `NumberMode: FromStr`).
 pub(crate) fn number_mode(name: Option<&str>) -> Result<Option<NumberMode>, Fail> {
-    match name {
-        None => Ok(None),
-        Some("rfc") => Ok(Some(NumberMode::Rfc)),
-        Some("reject_precision_loss") => Ok(Some(NumberMode::RejectPrecisionLoss)),
-        Some(other) => Err(Fail::new(
-            code::INVALID_ARGUMENT,
-            format!("numbers must be \"rfc\" or \"reject_precision_loss\", got {other:?}"),
-        )),
-    }
+    name.map(|n| {
+        n.parse::<NumberMode>()
+            .map_err(|e| Fail::new(code::INVALID_ARGUMENT, e.to_string()))
+    })
+    .transpose()
 }
 
 /// Builds core limits from optional overrides.

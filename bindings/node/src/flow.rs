@@ -2,19 +2,15 @@
 //!
 //! The JS host loop executes the store operations and runs the handler; every decision (claim,
 //! replay, 409, 422, takeover, what to store, which problem to answer) is core's.
-use std::num::{NonZeroU8, NonZeroU64};
 use std::sync::Arc;
 
 use idempo_core::fingerprint::{FingerprintConfig, FingerprintError, RequestParts};
 use idempo_core::machine::problem::{self, ProblemKind};
 use idempo_core::machine::{
-    self, Action, CleanupStep, Event, HandlerResponse, HttpResponse, MissingKey,
-    ServerFlow as CoreFlow, StoreOp, StoreResult,
+    self, Action, CleanupStep, Event, HandlerResponse, HttpResponse, ServerFlow as CoreFlow,
+    StoreOp, StoreResult,
 };
-use idempo_core::policy::{
-    Config, HeaderAllowlist, KeyRequirement, LeasePolicy, Redaction, ResponseOrigin,
-    ResponsePolicy, TakeoverPolicy,
-};
+use idempo_core::policy::{Config, ConfigError, ConfigOptions, ResponseOrigin, TakeoverPolicy};
 use idempo_core::record::FingerprintText;
 use idempo_core::scope::ScopeId;
 use napi::Env;
@@ -23,148 +19,135 @@ use napi_derive::napi;
 
 use crate::canonical::{limits, number_mode};
 use crate::error::{Fail, code};
-use crate::key::{ParseKeyOptions, key_options};
 use crate::num::{from_u64, to_status, to_u64};
 use crate::record::{RecordRowData, header_pairs, to_record};
 
-/// Per-route policy; omitted fields take core's defaults.
+/// Per-route policy: core's flat option set (`ConfigOptions`), in camelCase; every omitted field
+/// takes core's `Config::default()` value.
 #[napi(object)]
 #[derive(Default)]
 pub struct FlowConfigOptions {
-    /// `"outcome_unknown"` (core's default) or `"re_run"`: what an expired lease leads to.
-    pub takeover: Option<String>,
-    /// Lease length in ms (default 30000, at least 1000).
+    /// Lease length in ms (at least 1000).
     pub lease_ms: Option<f64>,
-    /// Heartbeat interval in ms; `null` disables; default a third of the lease.
+    /// Heartbeat interval in ms, below the lease; 0 turns heartbeats off; default a third of
+    /// the lease.
     pub heartbeat_ms: Option<f64>,
-    /// Disable the heartbeat (overrides `heartbeatMs`).
-    pub no_heartbeat: Option<bool>,
-    /// Retention of a record in ms (default 24 h).
+    /// `"outcome_unknown"` or `"re_run"`: what an expired lease leads to.
+    pub takeover: Option<String>,
+    /// Retention of a record in ms.
     pub ttl_ms: Option<f64>,
-    /// Whether a request without a key is refused (default true).
+    /// Whether a request without a key is refused (400); false runs it unprotected.
     pub key_required: Option<bool>,
+    /// Shortest key accepted, in characters.
+    pub key_min_len: Option<u32>,
+    /// Longest key accepted, in characters (at most 255).
+    pub key_max_len: Option<u32>,
+    /// Accept only the draft sf-string key form.
+    pub key_strict: Option<bool>,
     /// Statuses never stored (a retry re-runs). Default 401, 403, 407, 408, 409, 425, 429.
     pub transient_statuses: Option<Vec<u32>>,
-    /// Store 5xx responses (except 503) instead of releasing the key (default false).
+    /// Store 5xx responses (except 503) instead of releasing the key.
     pub store_server_errors: Option<bool>,
-    /// Largest body stored for replays (default 1 MiB).
-    pub max_body_bytes: Option<f64>,
-    /// Response headers stored and replayed (default: core's allowlist).
+    /// Largest response body stored for replays, bytes.
+    pub max_stored_body_bytes: Option<f64>,
+    /// Response headers stored and replayed.
     pub stored_headers: Option<Vec<String>>,
-    /// Whether the host supplies a redacted body to store (default false).
-    pub redaction_hook: Option<bool>,
-    /// `Retry-After` hint for 409 in ms (default 1000).
+    /// The host's redaction hook supplies the stored body.
+    pub redact: Option<bool>,
+    /// `Retry-After` hint for 409 in ms.
     pub in_flight_retry_after_ms: Option<f64>,
-    /// `Retry-After` for 503 in ms (default 1000).
+    /// `Retry-After` for 503 in ms.
     pub unavailable_retry_after_ms: Option<f64>,
-    /// Store rounds before 503 contention (default 3).
+    /// Store rounds before 503 contention (1..=255).
     pub max_store_rounds: Option<u32>,
-    /// Transactional mode (default false): the host runs the flow's store operations and the
-    /// handler's writes in one database transaction; core then asks for no heartbeat, rolls back
-    /// (`release`) on a handler error, asks for `commit`, and chooses the response accordingly.
-    pub transactional: Option<bool>,
-    /// How long in ms the background cleanup of a lost claim or takeover keeps retrying (default
-    /// 30000); the effective budget is the larger of this and the lease.
+    /// How long in ms the background cleanup of a lost claim or takeover keeps retrying; the
+    /// effective budget is the larger of this and the lease.
     pub cleanup_budget_ms: Option<f64>,
+    /// Largest request body admitted, bytes (larger: 413).
+    pub max_request_body_bytes: Option<f64>,
+    /// Transactional mode: the host runs the flow's store operations and the handler's writes in
+    /// one database transaction; core then asks for no heartbeat, rolls back (`release`) on a
+    /// handler error, asks for `commit`, and chooses the response accordingly.
+    pub transactional: Option<bool>,
 }
 
 fn config_fail(e: &impl std::fmt::Display) -> Fail {
     Fail::new(code::CONFIG, e.to_string())
 }
 
-fn nonzero(v: u64, name: &str) -> Result<NonZeroU64, Fail> {
-    NonZeroU64::new(v).ok_or_else(|| Fail::new(code::CONFIG, format!("{name} must be positive")))
+fn build_config(o: FlowConfigOptions) -> Result<Config, Fail> {
+    let ms = |v: Option<f64>, name: &str| v.map(|x| to_u64(x, name)).transpose();
+    let size = |v: Option<f64>, name: &str| -> Result<Option<usize>, Fail> {
+        ms(v, name)?
+            .map(|x| {
+                usize::try_from(x).map_err(|_| Fail::new(code::CONFIG, format!("{name} too large")))
+            })
+            .transpose()
+    };
+    let options = ConfigOptions {
+        lease_ms: ms(o.lease_ms, "leaseMs")?,
+        heartbeat_ms: ms(o.heartbeat_ms, "heartbeatMs")?,
+        takeover: o
+            .takeover
+            .as_deref()
+            .map(str::parse::<TakeoverPolicy>)
+            .transpose()
+            .map_err(|e| config_fail(&e))?,
+        ttl_ms: ms(o.ttl_ms, "ttlMs")?,
+        key_required: o.key_required,
+        key_min_len: o.key_min_len.map(|v| v as usize),
+        key_max_len: o.key_max_len.map(|v| v as usize),
+        key_strict: o.key_strict,
+        transient_statuses: o
+            .transient_statuses
+            .map(|v| v.into_iter().map(to_status).collect::<Result<_, _>>())
+            .transpose()?,
+        store_server_errors: o.store_server_errors,
+        max_stored_body_bytes: size(o.max_stored_body_bytes, "maxStoredBodyBytes")?,
+        stored_headers: o.stored_headers,
+        redact: o.redact,
+        in_flight_retry_after_ms: ms(o.in_flight_retry_after_ms, "inFlightRetryAfterMs")?,
+        unavailable_retry_after_ms: ms(o.unavailable_retry_after_ms, "unavailableRetryAfterMs")?,
+        max_store_rounds: o.max_store_rounds.map(u64::from),
+        cleanup_budget_ms: ms(o.cleanup_budget_ms, "cleanupBudgetMs")?,
+        max_request_body_bytes: size(o.max_request_body_bytes, "maxRequestBodyBytes")?,
+        transactional: o.transactional,
+    };
+    options.build().map_err(|e| match e {
+        // Name the option as Node spells it.
+        ConfigError::NotPositive(name) => {
+            Fail::new(code::CONFIG, format!("{} must be positive", camel(name)))
+        }
+        ConfigError::TooLarge { option, value, max } => Fail::new(
+            code::CONFIG,
+            format!("{} must be at most {max}, got {value}", camel(option)),
+        ),
+        other => config_fail(&other),
+    })
 }
 
-fn build_config(o: FlowConfigOptions) -> Result<Config, Fail> {
-    let d = Config::default();
-    let ms = |v: Option<f64>, name: &str| v.map(|x| to_u64(x, name)).transpose();
-    let lease_ms = ms(o.lease_ms, "leaseMs")?.unwrap_or(d.lease.lease_ms());
-    let lease = if o.no_heartbeat == Some(true) {
-        LeasePolicy::new(lease_ms, None)
-    } else if let Some(hb) = ms(o.heartbeat_ms, "heartbeatMs")? {
-        LeasePolicy::new(lease_ms, Some(hb))
-    } else {
-        LeasePolicy::with_default_heartbeat(lease_ms)
-    }
-    .map_err(|e| config_fail(&e))?;
-    let takeover = match o.takeover.as_deref() {
-        None => d.takeover,
-        Some("re_run") => TakeoverPolicy::ReRun,
-        Some("outcome_unknown") => TakeoverPolicy::OutcomeUnknown,
-        Some(other) => {
-            return Err(Fail::new(
-                code::CONFIG,
-                format!("takeover must be \"re_run\" or \"outcome_unknown\", got {other:?}"),
-            ));
-        }
-    };
-    let transient: Vec<u16> = match o.transient_statuses {
-        None => d.response.transient().to_vec(),
-        Some(v) => v.into_iter().map(to_status).collect::<Result<_, _>>()?,
-    };
-    let headers = match o.stored_headers {
-        None => d.response.headers().clone(),
-        Some(names) => HeaderAllowlist::new(names).map_err(|e| config_fail(&e))?,
-    };
-    let max_body = match ms(o.max_body_bytes, "maxBodyBytes")? {
-        None => d.response.max_body_bytes(),
-        Some(v) => {
-            usize::try_from(v).map_err(|_| Fail::new(code::CONFIG, "maxBodyBytes too large"))?
-        }
-    };
-    let redaction = if o.redaction_hook == Some(true) {
-        Redaction::HostHook
-    } else {
-        Redaction::None
-    };
-    let response = ResponsePolicy::new(
-        &transient,
-        o.store_server_errors
-            .unwrap_or(d.response.store_server_errors()),
-        max_body,
-        headers,
-        redaction,
-    )
-    .map_err(|e| config_fail(&e))?;
-    let rounds = match o.max_store_rounds {
-        None => d.max_store_rounds,
-        Some(v) => u8::try_from(v)
-            .ok()
-            .and_then(NonZeroU8::new)
-            .ok_or_else(|| Fail::new(code::CONFIG, "maxStoreRounds must be 1..=255"))?,
-    };
-    Ok(Config {
-        lease,
-        takeover,
-        response,
-        ttl_ms: match ms(o.ttl_ms, "ttlMs")? {
-            None => d.ttl_ms,
-            Some(v) => nonzero(v, "ttlMs")?,
-        },
-        key: if o.key_required == Some(false) {
-            KeyRequirement::Optional
+/// The mechanical camelCase of a snake_case option name.
+fn camel(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    let mut upper = false;
+    for c in name.chars() {
+        if c == '_' {
+            upper = true;
+        } else if upper {
+            out.push(c.to_ascii_uppercase());
+            upper = false;
         } else {
-            KeyRequirement::Required
-        },
-        in_flight_retry_after_ms: match ms(o.in_flight_retry_after_ms, "inFlightRetryAfterMs")? {
-            None => d.in_flight_retry_after_ms,
-            Some(v) => nonzero(v, "inFlightRetryAfterMs")?,
-        },
-        unavailable_retry_after_ms: match ms(
-            o.unavailable_retry_after_ms,
-            "unavailableRetryAfterMs",
-        )? {
-            None => d.unavailable_retry_after_ms,
-            Some(v) => nonzero(v, "unavailableRetryAfterMs")?,
-        },
-        max_store_rounds: rounds,
-        transactional: o.transactional == Some(true),
-        cleanup_budget_ms: match ms(o.cleanup_budget_ms, "cleanupBudgetMs")? {
-            None => d.cleanup_budget_ms,
-            Some(v) => nonzero(v, "cleanupBudgetMs")?,
-        },
-    })
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The names of core's `Config` options in camelCase (what `FlowConfigOptions` accepts).
+#[napi(catch_unwind)]
+#[must_use]
+pub fn config_option_names() -> Vec<String> {
+    ConfigOptions::NAMES.iter().map(|n| camel(n)).collect()
 }
 
 /// An HTTP response to send.
@@ -178,7 +161,7 @@ pub struct HttpResponseData {
     pub body: Buffer,
 }
 
-fn http(r: HttpResponse) -> HttpResponseData {
+pub(crate) fn http(r: HttpResponse) -> HttpResponseData {
     HttpResponseData {
         status: u32::from(r.status),
         headers: r.headers.into_iter().map(|(n, v)| vec![n, v]).collect(),
@@ -247,7 +230,7 @@ impl BodyCapture {
 /// A validated per-route configuration, shared by every request of the route.
 #[napi]
 pub struct FlowConfig {
-    inner: Arc<Config>,
+    pub(crate) inner: Arc<Config>,
 }
 
 #[napi]
@@ -284,7 +267,7 @@ impl FlowConfig {
     /// The largest response body stored.
     #[napi(getter)]
     #[must_use]
-    pub fn max_body_bytes(&self) -> f64 {
+    pub fn max_stored_body_bytes(&self) -> f64 {
         from_u64(u64::try_from(self.inner.response.max_body_bytes()).unwrap_or(u64::MAX))
     }
 
@@ -317,6 +300,34 @@ impl FlowConfig {
         })
     }
 
+    /// The largest request body admitted (larger: 413).
+    #[napi(getter)]
+    #[must_use]
+    pub fn max_request_body_bytes(&self) -> f64 {
+        from_u64(u64::try_from(self.inner.max_request_body_bytes.get()).unwrap_or(u64::MAX))
+    }
+
+    /// Whether a request without a key is refused.
+    #[napi(getter)]
+    #[must_use]
+    pub fn key_required(&self) -> bool {
+        self.inner.key == idempo_core::policy::KeyRequirement::Required
+    }
+
+    /// `"outcome_unknown"` or `"re_run"`.
+    #[napi(getter)]
+    #[must_use]
+    pub fn takeover(&self) -> String {
+        self.inner.takeover.as_str().to_owned()
+    }
+
+    /// Whether the host's redaction hook supplies the stored body.
+    #[napi(getter)]
+    #[must_use]
+    pub fn redact(&self) -> bool {
+        self.inner.response.redaction() == idempo_core::policy::Redaction::HostHook
+    }
+
     /// How long (ms) the background cleanup of a lost claim or takeover keeps retrying, at
     /// least the lease.
     #[napi(getter)]
@@ -338,50 +349,6 @@ impl FlowConfig {
     pub fn unavailable_retry_after_ms(&self) -> f64 {
         from_u64(self.inner.unavailable_retry_after_ms.get())
     }
-
-    /// The answer for a request without a key: a 400 problem, or null when the key is optional
-    /// (run the handler unprotected).
-    #[napi(catch_unwind)]
-    #[must_use]
-    pub fn missing_key_response(&self) -> Option<HttpResponseData> {
-        match machine::missing_key(&self.inner) {
-            MissingKey::Reject(r) => Some(http(r)),
-            MissingKey::RunUnprotected => None,
-        }
-    }
-}
-
-/// Result of `admitKey`: the key, or the 400 problem to answer.
-#[napi(object)]
-pub struct KeyAdmission {
-    /// The parsed key, when valid.
-    pub key: Option<String>,
-    /// The problem response, when invalid.
-    pub response: Option<HttpResponseData>,
-    /// Core's reason code, when invalid.
-    pub reason: Option<String>,
-}
-
-/// Parses a raw `Idempotency-Key` header value; an invalid one yields core's 400 problem.
-#[napi(catch_unwind)]
-pub fn admit_key(
-    env: Env,
-    value: &[u8],
-    options: Option<ParseKeyOptions>,
-) -> napi::Result<KeyAdmission> {
-    let opts = key_options(options.as_ref()).map_err(|f| f.throw(&env))?;
-    Ok(match idempo_core::key::parse_key_bytes(value, &opts) {
-        Ok(k) => KeyAdmission {
-            key: Some(k.as_str().to_owned()),
-            response: None,
-            reason: None,
-        },
-        Err(e) => KeyAdmission {
-            key: None,
-            response: Some(http(problem::invalid_key(&e))),
-            reason: Some(e.code().to_owned()),
-        },
-    })
 }
 
 /// A problem+json response of core: `kind` is one of `missing_key`, `invalid_key`,
@@ -405,6 +372,7 @@ pub fn problem_response(
         "outcome_unknown" => ProblemKind::OutcomeUnknown,
         "store_unavailable" => ProblemKind::StoreUnavailable,
         "contention" => ProblemKind::Contention,
+        "scope_unresolved" => ProblemKind::ScopeUnresolved,
         other => {
             return Err(Fail::new(
                 code::INVALID_ARGUMENT,

@@ -8,6 +8,7 @@
 // napi-derive registers exports only outside `cfg(test)`; clippy's test build sees them unused.
 #![cfg_attr(test, allow(dead_code))]
 
+mod admit;
 mod cache;
 mod canonical;
 mod error;

@@ -58,14 +58,9 @@ fn config(o: &RetryPolicyOptions) -> Result<RetryConfig, Fail> {
     let d = RetryConfig::default();
     let jitter = match o.jitter.as_deref() {
         None => d.jitter,
-        Some("equal") => Jitter::Equal,
-        Some("full") => Jitter::Full,
-        Some(other) => {
-            return Err(Fail::new(
-                code::CONFIG,
-                format!("jitter must be \"equal\" or \"full\", got {other:?}"),
-            ));
-        }
+        Some(name) => name
+            .parse::<Jitter>()
+            .map_err(|e| Fail::new(code::CONFIG, e.to_string()))?,
     };
     let opt = |v: Option<f64>, name: &str, default: u64| v.map_or(Ok(default), |x| to_u64(x, name));
     Ok(RetryConfig {

@@ -57,7 +57,7 @@ for (const [name, start] of Object.entries({ express: startExpress, fastify: sta
   test(`${name}: refused bodies get core's invalid_body problem`, async () => {
     const runs = { n: 0 };
     const store = new idempo.MemoryStore();
-    const srv = await start({ store, heartbeatMs: null }, runs);
+    const srv = await start({ store, heartbeatMs: 0 }, runs);
     const outcomes = [];
     srv.events.on('outcome', (e) => outcomes.push(e.outcome));
     try {

@@ -100,7 +100,7 @@ test('cached: behind Express, the first replay is served from Redis (the authori
   const store = new idempo.CachedStore({ authority, redis, prefix });
   const app = express();
   let runs = 0;
-  app.post('/orders', idempo.idempotency({ store, heartbeatMs: null }), (req, res) => {
+  app.post('/orders', idempo.idempotency({ store, heartbeatMs: 0 }), (req, res) => {
     runs++;
     res.status(201).json({ order: req.body.n, run: runs });
   });

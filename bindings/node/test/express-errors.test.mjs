@@ -63,7 +63,7 @@ for (const [flavour, express] of Object.entries(flavours)) {
   for (const [how, make] of Object.entries(failingHandlers(flavour))) {
     test(`${flavour} ${how}: no error handler mounted; clean errors release, others are outcome-unknown`, async () => {
       const st = { runs: 0 };
-      const mw = idempo.idempotency({ store: new idempo.MemoryStore(), heartbeatMs: null });
+      const mw = idempo.idempotency({ store: new idempo.MemoryStore(), heartbeatMs: 0 });
       const outcomes = [];
       mw.events.on('outcome', (e) => outcomes.push(e.outcome));
       const app = express();
@@ -111,7 +111,7 @@ for (const [flavour, express] of Object.entries(flavours)) {
     const st = { runs: 0 };
     const app = express();
     app.set('env', 'test');
-    app.use(idempo.idempotency({ store: new idempo.MemoryStore(), heartbeatMs: null }));
+    app.use(idempo.idempotency({ store: new idempo.MemoryStore(), heartbeatMs: 0 }));
     app.post('/p', (req) => {
       st.runs++;
       throw boom(true);
@@ -134,7 +134,7 @@ for (const [flavour, express] of Object.entries(flavours)) {
     test(`${flavour}: a 5xx rendered by your error handler follows the caching policy (storeServerErrors ${storeServerErrors})`, async () => {
       const st = { runs: 0 };
       const app = express();
-      app.use(idempo.idempotency({ store: new idempo.MemoryStore(), heartbeatMs: null, storeServerErrors }));
+      app.use(idempo.idempotency({ store: new idempo.MemoryStore(), heartbeatMs: 0, storeServerErrors }));
       app.post('/p', () => {
         st.runs++;
         throw new Error('boom');
@@ -167,7 +167,7 @@ for (const [flavour, express] of Object.entries(flavours)) {
     const st = { runs: 0 };
     const app = express();
     app.set('env', 'test');
-    app.post('/p', idempo.idempotency({ store: new idempo.MemoryStore(), heartbeatMs: null }), (req, res) => {
+    app.post('/p', idempo.idempotency({ store: new idempo.MemoryStore(), heartbeatMs: 0 }), (req, res) => {
       st.runs++;
       res.status(201).json({ run: st.runs });
       throw new Error('after the response');
@@ -191,7 +191,7 @@ for (const [flavour, express] of Object.entries(flavours)) {
     const st = { runs: 0 };
     const app = express();
     app.set('env', 'test');
-    app.post('/p', idempo.idempotency({ store: new idempo.MemoryStore(), heartbeatMs: null }), () => {
+    app.post('/p', idempo.idempotency({ store: new idempo.MemoryStore(), heartbeatMs: 0 }), () => {
       st.runs++;
       throw boom(false);
     });

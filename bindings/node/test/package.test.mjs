@@ -57,7 +57,7 @@ test('hostile input never crashes the process', () => {
   let threw = 0;
   for (const a of junk) {
     for (const b of junk) {
-      for (const fn of [native.canonicalizeBytes, native.parseKeyBytes, native.generateKey, native.decodeResponse, native.scopeId, native.admitKey, native.checkRecordRow, native.parseRetryAfter]) {
+      for (const fn of [native.canonicalizeBytes, native.parseKeyBytes, native.generateKey, native.decodeResponse, native.scopeId, native.Admission.start, native.checkRecordRow, native.parseRetryAfter]) {
         try {
           fn(a, b, a, b);
         } catch (e) {

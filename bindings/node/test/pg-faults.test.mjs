@@ -25,7 +25,7 @@ after(() => server?.stop());
 async function app(store) {
   const state = { runs: 0 };
   const a = express();
-  a.post('/pay', idempo.idempotency({ store, heartbeatMs: null, unavailableRetryAfterMs: 2000 }), (req, res) => {
+  a.post('/pay', idempo.idempotency({ store, heartbeatMs: 0, unavailableRetryAfterMs: 2000 }), (req, res) => {
     state.runs++;
     res.status(201).json({ run: state.runs });
   });
@@ -181,7 +181,7 @@ test('through the middleware, core\'s cleanup releases a claim refused by the de
   events.on('cleanup', (e) => cleanups.push(e));
   const state = { runs: 0 };
   const a = express();
-  a.post('/pay', idempo.idempotency({ store, heartbeatMs: null, events, scope: () => 'orphan-test' }), (req, res) => {
+  a.post('/pay', idempo.idempotency({ store, heartbeatMs: 0, events, scope: () => 'orphan-test' }), (req, res) => {
     state.runs++;
     res.status(201).json({ run: state.runs });
   });

@@ -167,7 +167,7 @@ for (const [name, start] of Object.entries(servers)) {
 
   test(`${name}: store down fails closed (503, handler not run); body limit 413`, async () => {
     const state = makeHandlerState();
-    const srv = await start({ store: new DownStore(), bodyLimit: 64 }, state);
+    const srv = await start({ store: new DownStore(), maxRequestBodyBytes: 64 }, state);
     try {
       const r = await post(`${srv.url}/payments/1`, idempo.generateKey(), { amount: 5 });
       assert.equal(r.status, 503);
@@ -242,7 +242,7 @@ test('heartbeats renew the lease of a long handler; a takeover after lease expir
   const state2 = makeHandlerState();
   let open2;
   state2.gate = new Promise((r) => (open2 = r));
-  const srv2 = await startExpress({ store: new idempo.MemoryStore(), leaseMs: 1000, heartbeatMs: null, takeover: 're_run' }, state2);
+  const srv2 = await startExpress({ store: new idempo.MemoryStore(), leaseMs: 1000, heartbeatMs: 0, takeover: 're_run' }, state2);
   const outcomes = [];
   srv2.events.on('outcome', (e) => outcomes.push(e.outcome));
   try {
@@ -267,7 +267,7 @@ test('heartbeats renew the lease of a long handler; a takeover after lease expir
 
 test('fastify: invalid JSON on routes the plugin does not protect still gets 400', async () => {
   const app = Fastify({ forceCloseConnections: true });
-  await app.register(idempo.idempotencyPlugin, { store: new idempo.MemoryStore(), required: false });
+  await app.register(idempo.idempotencyPlugin, { store: new idempo.MemoryStore(), keyRequired: false });
   app.post('/free', async (req) => ({ got: req.body }));
   app.put('/put', async (req) => ({ got: req.body }));
   await app.listen({ port: 0, host: '127.0.0.1' });

@@ -212,11 +212,11 @@ function flowConfig(c) {
   return new native.FlowConfig({
     takeover: c.takeover,
     leaseMs: c.lease_ms,
-    ...(c.heartbeat_ms === null ? { noHeartbeat: true } : { heartbeatMs: c.heartbeat_ms }),
+    heartbeatMs: c.heartbeat_ms === null ? 0 : c.heartbeat_ms,
     ttlMs: c.ttl_ms,
     transientStatuses: c.transient_statuses,
     storeServerErrors: c.store_server_errors,
-    maxBodyBytes: c.max_body_bytes,
+    maxStoredBodyBytes: c.max_body_bytes,
     storedHeaders: c.stored_headers,
     inFlightRetryAfterMs: c.in_flight_retry_after_ms,
     unavailableRetryAfterMs: c.unavailable_retry_after_ms,

@@ -50,7 +50,8 @@ function bodyBytes(body: Uint8Array | string | undefined | null): Uint8Array {
   return typeof body === 'string' ? Buffer.from(body, 'utf8') : body;
 }
 
-function flatHeaders(headers: HeaderInput | undefined): string[] {
+/** Headers as the flat `[name, value, ...]` list native calls take. */
+export function flatHeaders(headers: HeaderInput | undefined): string[] {
   const out: string[] = [];
   if (headers == null) return out;
   if (Symbol.iterator in headers) {
@@ -95,6 +96,11 @@ export class Fingerprinter {
     }
     this.#usesHeaders = this.#inner.usesHeaders;
     this.#handle = this.#inner.handle();
+  }
+
+  /** The native handle of this configuration (for core's admission; internal). */
+  get nativeHandle(): ExternalObject<'FingerprinterHandle'> {
+    return this.#handle;
   }
 
   /** The fingerprint text of one request. A bad JSON body throws `CanonicalizationError`. */

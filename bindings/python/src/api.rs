@@ -20,16 +20,12 @@ use crate::errors::{canon_error, fingerprint_error, invalid_argument, key_error}
 // The Python signatures spell the key length defaults out (so stubs can check them).
 const _: () = assert!(key::DEFAULT_MIN_LEN == 8 && key::DEFAULT_MAX_LEN == 128);
 
-fn number_mode(py: Python<'_>, numbers: &str) -> PyResult<NumberMode> {
-    match numbers {
-        "strict" | "reject_precision_loss" => Ok(NumberMode::RejectPrecisionLoss),
-        "rfc" => Ok(NumberMode::Rfc),
-        other => Err(invalid_argument(
-            py,
-            format!("numbers must be 'strict' or 'rfc', got {other:?}"),
-            "invalid_number_mode",
-        )),
-    }
+/// Core's number mode named `numbers` (core's vocabulary), or `default` when None.
+fn number_mode(py: Python<'_>, numbers: Option<&str>, default: NumberMode) -> PyResult<NumberMode> {
+    numbers.map_or(Ok(default), |n| {
+        n.parse::<NumberMode>()
+            .map_err(|e| invalid_argument(py, e.to_string(), "invalid_number_mode"))
+    })
 }
 
 fn limits(
@@ -53,11 +49,11 @@ fn limits(
 /// RFC 8785 canonical form of a JSON text (`bytes` or `str`), as bytes; `exclude` lists JSON
 /// pointers of values left out.
 #[pyfunction]
-#[pyo3(signature = (data, *, numbers = "rfc", exclude = None, max_input_bytes = None, max_depth = None, max_members = None))]
+#[pyo3(signature = (data, *, numbers = None, exclude = None, max_input_bytes = None, max_depth = None, max_members = None))]
 pub(crate) fn canonicalize<'py>(
     py: Python<'py>,
     data: &Bound<'py, PyAny>,
-    numbers: &str,
+    numbers: Option<&str>,
     exclude: Option<&Bound<'py, PyAny>>,
     max_input_bytes: Option<usize>,
     max_depth: Option<usize>,
@@ -65,7 +61,7 @@ pub(crate) fn canonicalize<'py>(
 ) -> PyResult<Bound<'py, PyBytes>> {
     let opts = CanonOptions {
         limits: limits(max_input_bytes, max_depth, max_members),
-        numbers: number_mode(py, numbers)?,
+        numbers: number_mode(py, numbers, NumberMode::default())?,
     };
     let exclusions = canonical::Exclusions::new(strings(exclude)?)
         .map_err(|e| invalid_argument(py, e.to_string(), e.code()))?;
@@ -93,17 +89,24 @@ pub(crate) struct Fingerprinter {
     header_names: Vec<String>,
 }
 
+impl Fingerprinter {
+    /// Core's prepared fingerprinter (for admission).
+    pub(crate) fn core(&self) -> &CoreFingerprinter {
+        &self.inner
+    }
+}
+
 #[pymethods]
 impl Fingerprinter {
     #[new]
-    #[pyo3(signature = (*, header_names = None, exclude = None, hmac_key = None, numbers = "strict", max_input_bytes = None, max_depth = None, max_members = None))]
+    #[pyo3(signature = (*, header_names = None, exclude = None, hmac_key = None, numbers = None, max_input_bytes = None, max_depth = None, max_members = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         header_names: Option<&Bound<'_, PyAny>>,
         exclude: Option<&Bound<'_, PyAny>>,
         hmac_key: Option<Vec<u8>>,
-        numbers: &str,
+        numbers: Option<&str>,
         max_input_bytes: Option<usize>,
         max_depth: Option<usize>,
         max_members: Option<usize>,
@@ -112,7 +115,7 @@ impl Fingerprinter {
         let config = FingerprintConfig {
             header_names: header_names.clone(),
             exclude: strings(exclude)?,
-            numbers: number_mode(py, numbers)?,
+            numbers: number_mode(py, numbers, FingerprintConfig::default().numbers)?,
             limits: limits(max_input_bytes, max_depth, max_members),
             hmac_key,
         };
@@ -383,7 +386,7 @@ impl RouteCache {
 
 /// Fingerprint of one request. `headers` (a mapping or `(name, value)` pairs) all take part.
 #[pyfunction]
-#[pyo3(signature = (method, route, body, headers = None, exclude = None, content_type = ContentTypeArg::Json, hmac_key = None, numbers = "strict"))]
+#[pyo3(signature = (method, route, body, headers = None, exclude = None, content_type = ContentTypeArg::Json, hmac_key = None, numbers = None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn fingerprint<'py>(
     py: Python<'py>,
@@ -394,11 +397,11 @@ pub(crate) fn fingerprint<'py>(
     exclude: Option<&Bound<'py, PyAny>>,
     content_type: ContentTypeArg,
     hmac_key: Option<Vec<u8>>,
-    numbers: &str,
+    numbers: Option<&str>,
 ) -> PyResult<Bound<'py, PyString>> {
     let pairs = header_pairs(headers)?;
     let exclude = strings(exclude)?;
-    let numbers = number_mode(py, numbers)?;
+    let numbers = number_mode(py, numbers, FingerprintConfig::default().numbers)?;
     // The all-defaults call (the common one) reuses one prepared configuration.
     if pairs.is_empty()
         && exclude.is_empty()
@@ -583,17 +586,9 @@ impl RetryPolicy {
         max_elapsed_ms: u64,
         jitter: &str,
     ) -> PyResult<Self> {
-        let jitter = match jitter {
-            "equal" => Jitter::Equal,
-            "full" => Jitter::Full,
-            other => {
-                return Err(invalid_argument(
-                    py,
-                    format!("jitter must be 'equal' or 'full', got {other:?}"),
-                    "invalid_jitter_mode",
-                ));
-            }
-        };
+        let jitter = jitter
+            .parse::<Jitter>()
+            .map_err(|e| invalid_argument(py, e.to_string(), "invalid_jitter_mode"))?;
         let inner = retry::RetryPolicy::new(RetryConfig {
             max_attempts,
             base_delay_ms,

@@ -5,20 +5,17 @@
 //! is made by `idempo_core::machine::ServerFlow`. This module only converts values: store results
 //! from the Python store objects into core's `StoreResult`, and core's actions into [`Action`].
 
-use std::num::{NonZeroU8, NonZeroU64};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use idempo_core::canonical::{CanonError, CanonErrorKind};
-use idempo_core::key::{self, KeyOptions};
-use idempo_core::machine::problem::{ProblemKind, invalid_body, invalid_key, problem_response};
+use idempo_core::machine::problem::{ProblemKind, problem_response};
 use idempo_core::machine::{
     Action as CoreAction, Cleanup as CoreCleanup, CleanupStep, Event, FlowError, HandlerResponse,
-    HttpResponse, MissingKey, ServerFlow as CoreFlow, StoreOp, StoreResult, missing_key,
+    HttpResponse, ServerFlow as CoreFlow, StoreOp, StoreResult,
 };
 use idempo_core::machine::{BodyCapture as CoreBodyCapture, CaptureStep, capture_plan};
 use idempo_core::policy::{
-    self, Config as CoreConfig, HeaderAllowlist, KeyRequirement, LeasePolicy, Redaction,
-    ResponseOrigin, ResponsePolicy, TakeoverPolicy,
+    self, Config as CoreConfig, ConfigOptions, KeyRequirement, Redaction, ResponseOrigin,
+    TakeoverPolicy,
 };
 use idempo_core::record::{FencingToken, FingerprintText, Record, RecordRow, StoredResponse};
 use idempo_core::scope::ScopeId;
@@ -28,28 +25,12 @@ use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 use crate::convert::{header_pairs, strings, with_bytes};
 use crate::errors::{CanonicalizationError, invalid_argument};
 
-/// Per-route idempotency policy (core's `Config`), validated on construction.
+/// Per-route idempotency policy (core's `Config`), validated on construction by core's
+/// `ConfigOptions::build`. Every keyword is an option of core's flat option set, spelled as in
+/// core; `None` (the default of each) takes core's `Config::default()` value.
 #[pyclass(frozen, module = "idempo._idempo")]
 pub(crate) struct Config {
     pub(crate) inner: Arc<CoreConfig>,
-    /// The same policy in transactional mode, made on first use (a route's transactional flag is
-    /// a host option, so one `Config` may serve both modes).
-    transactional: OnceLock<Arc<CoreConfig>>,
-}
-
-impl Config {
-    /// The core policy for a flow in the given mode.
-    fn for_mode(&self, transactional: bool) -> Arc<CoreConfig> {
-        if transactional == self.inner.transactional {
-            return Arc::clone(&self.inner);
-        }
-        Arc::clone(self.transactional.get_or_init(|| {
-            Arc::new(CoreConfig {
-                transactional,
-                ..CoreConfig::clone(&self.inner)
-            })
-        }))
-    }
 }
 
 fn config_error(py: Python<'_>, e: &policy::ConfigError) -> PyErr {
@@ -61,110 +42,81 @@ impl Config {
     #[new]
     #[pyo3(signature = (
         *,
-        lease_ms = 30_000,
-        heartbeat = true,
+        lease_ms = None,
         heartbeat_ms = None,
-        takeover = "outcome_unknown",
-        ttl_ms = 86_400_000,
-        key_required = true,
+        takeover = None,
+        ttl_ms = None,
+        key_required = None,
+        key_min_len = None,
+        key_max_len = None,
+        key_strict = None,
         transient_statuses = None,
-        store_server_errors = false,
-        max_body_bytes = 1_048_576,
-        replay_headers = None,
-        redact = false,
-        in_flight_retry_after_ms = 1_000,
-        unavailable_retry_after_ms = 1_000,
-        max_store_rounds = 3,
-        cleanup_budget_ms = 30_000,
+        store_server_errors = None,
+        max_stored_body_bytes = None,
+        stored_headers = None,
+        redact = None,
+        in_flight_retry_after_ms = None,
+        unavailable_retry_after_ms = None,
+        max_store_rounds = None,
+        cleanup_budget_ms = None,
+        max_request_body_bytes = None,
+        transactional = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        lease_ms: u64,
-        heartbeat: bool,
+        lease_ms: Option<u64>,
         heartbeat_ms: Option<u64>,
-        takeover: &str,
-        ttl_ms: u64,
-        key_required: bool,
+        takeover: Option<&str>,
+        ttl_ms: Option<u64>,
+        key_required: Option<bool>,
+        key_min_len: Option<usize>,
+        key_max_len: Option<usize>,
+        key_strict: Option<bool>,
         transient_statuses: Option<Vec<u16>>,
-        store_server_errors: bool,
-        max_body_bytes: usize,
-        replay_headers: Option<&Bound<'_, PyAny>>,
-        redact: bool,
-        in_flight_retry_after_ms: u64,
-        unavailable_retry_after_ms: u64,
-        max_store_rounds: u8,
-        cleanup_budget_ms: u64,
+        store_server_errors: Option<bool>,
+        max_stored_body_bytes: Option<usize>,
+        stored_headers: Option<&Bound<'_, PyAny>>,
+        redact: Option<bool>,
+        in_flight_retry_after_ms: Option<u64>,
+        unavailable_retry_after_ms: Option<u64>,
+        max_store_rounds: Option<u64>,
+        cleanup_budget_ms: Option<u64>,
+        max_request_body_bytes: Option<usize>,
+        transactional: Option<bool>,
     ) -> PyResult<Self> {
-        let lease = match (heartbeat, heartbeat_ms) {
-            (false, _) => LeasePolicy::new(lease_ms, None),
-            (true, None) => LeasePolicy::with_default_heartbeat(lease_ms),
-            (true, Some(hb)) => LeasePolicy::new(lease_ms, Some(hb)),
-        }
-        .map_err(|e| config_error(py, &e))?;
-        let takeover = match takeover {
-            "outcome_unknown" => TakeoverPolicy::OutcomeUnknown,
-            "re_run" => TakeoverPolicy::ReRun,
-            other => {
-                return Err(invalid_argument(
-                    py,
-                    format!("takeover must be 'outcome_unknown' or 're_run', got {other:?}"),
-                    "invalid_config",
-                ));
-            }
+        let takeover = takeover
+            .map(str::parse::<TakeoverPolicy>)
+            .transpose()
+            .map_err(|e| invalid_argument(py, e.to_string(), "invalid_config"))?;
+        let stored_headers = match stored_headers {
+            Some(obj) if !obj.is_none() => Some(strings(Some(obj))?),
+            _ => None,
         };
-        let headers = match replay_headers {
-            Some(obj) if !obj.is_none() => HeaderAllowlist::new(strings(Some(obj))?),
-            _ => Ok(HeaderAllowlist::default()),
-        }
-        .map_err(|e| config_error(py, &e))?;
-        let transient =
-            transient_statuses.unwrap_or_else(|| policy::DEFAULT_TRANSIENT_STATUSES.to_vec());
-        let response = ResponsePolicy::new(
-            &transient,
-            store_server_errors,
-            max_body_bytes,
-            headers,
-            if redact {
-                Redaction::HostHook
-            } else {
-                Redaction::None
-            },
-        )
-        .map_err(|e| config_error(py, &e))?;
-        let nz = |name: &str, v: u64| {
-            NonZeroU64::new(v).ok_or_else(|| {
-                invalid_argument(py, format!("{name} must be positive"), "invalid_config")
-            })
-        };
-        let inner = CoreConfig {
-            lease,
+        let options = ConfigOptions {
+            lease_ms,
+            heartbeat_ms,
             takeover,
-            response,
-            ttl_ms: nz("ttl_ms", ttl_ms)?,
-            key: if key_required {
-                KeyRequirement::Required
-            } else {
-                KeyRequirement::Optional
-            },
-            in_flight_retry_after_ms: nz("in_flight_retry_after_ms", in_flight_retry_after_ms)?,
-            unavailable_retry_after_ms: nz(
-                "unavailable_retry_after_ms",
-                unavailable_retry_after_ms,
-            )?,
-            max_store_rounds: NonZeroU8::new(max_store_rounds).ok_or_else(|| {
-                invalid_argument(
-                    py,
-                    "max_store_rounds must be positive".to_owned(),
-                    "invalid_config",
-                )
-            })?,
-            transactional: false,
-            cleanup_budget_ms: nz("cleanup_budget_ms", cleanup_budget_ms)?,
+            ttl_ms,
+            key_required,
+            key_min_len,
+            key_max_len,
+            key_strict,
+            transient_statuses,
+            store_server_errors,
+            max_stored_body_bytes,
+            stored_headers,
+            redact,
+            in_flight_retry_after_ms,
+            unavailable_retry_after_ms,
+            max_store_rounds,
+            cleanup_budget_ms,
+            max_request_body_bytes,
+            transactional,
         };
+        let inner = options.build().map_err(|e| config_error(py, &e))?;
         Ok(Self {
             inner: Arc::new(inner),
-            transactional: OnceLock::new(),
         })
     }
 
@@ -192,31 +144,82 @@ impl Config {
         self.inner.key == KeyRequirement::Required
     }
 
+    /// Shortest key accepted, in characters.
+    #[getter]
+    fn key_min_len(&self) -> usize {
+        self.inner.key_options.min_len()
+    }
+
+    /// Longest key accepted, in characters.
+    #[getter]
+    fn key_max_len(&self) -> usize {
+        self.inner.key_options.max_len()
+    }
+
+    /// Whether only the draft sf-string key form is accepted.
+    #[getter]
+    fn key_strict(&self) -> bool {
+        self.inner.key_options.is_strict()
+    }
+
     /// `"outcome_unknown"` or `"re_run"`.
     #[getter]
     fn takeover(&self) -> &'static str {
-        match self.inner.takeover {
-            TakeoverPolicy::OutcomeUnknown => "outcome_unknown",
-            TakeoverPolicy::ReRun => "re_run",
-        }
+        self.inner.takeover.as_str()
+    }
+
+    /// Statuses never stored.
+    #[getter]
+    fn transient_statuses(&self) -> Vec<u16> {
+        self.inner.response.transient().to_vec()
+    }
+
+    /// Whether 5xx responses (except 503) are stored.
+    #[getter]
+    fn store_server_errors(&self) -> bool {
+        self.inner.response.store_server_errors()
     }
 
     /// Header names stored for replays.
     #[getter]
-    fn replay_headers(&self) -> Vec<String> {
+    fn stored_headers(&self) -> Vec<String> {
         self.inner.response.headers().names().to_vec()
     }
 
-    /// Largest stored body in bytes.
+    /// Largest stored response body in bytes.
     #[getter]
-    fn max_body_bytes(&self) -> usize {
+    fn max_stored_body_bytes(&self) -> usize {
         self.inner.response.max_body_bytes()
+    }
+
+    /// Largest request body admitted in bytes (larger: 413).
+    #[getter]
+    fn max_request_body_bytes(&self) -> usize {
+        self.inner.max_request_body_bytes.get()
     }
 
     /// Whether a redaction hook supplies the stored body.
     #[getter]
     fn redact(&self) -> bool {
         self.inner.response.redaction() == Redaction::HostHook
+    }
+
+    /// `Retry-After` hint on a 409, ms.
+    #[getter]
+    fn in_flight_retry_after_ms(&self) -> u64 {
+        self.inner.in_flight_retry_after_ms.get()
+    }
+
+    /// `Retry-After` on a 503, ms.
+    #[getter]
+    fn unavailable_retry_after_ms(&self) -> u64 {
+        self.inner.unavailable_retry_after_ms.get()
+    }
+
+    /// Store rounds before 503 contention.
+    #[getter]
+    fn max_store_rounds(&self) -> u8 {
+        self.inner.max_store_rounds.get()
     }
 
     /// How long (ms) the background cleanup of a lost claim or takeover keeps retrying, at
@@ -226,17 +229,23 @@ impl Config {
         self.inner.cleanup_budget_ms.get()
     }
 
+    /// Transactional mode: the claim, the handler's writes and the completion commit in one
+    /// database transaction of the store.
+    #[getter]
+    fn transactional(&self) -> bool {
+        self.inner.transactional
+    }
+
     /// Core's capture plan for a response (`spec/PROTOCOL.md` §7.5): `("pass_through", None)`,
     /// `("buffer", limit)` or `("tee", limit)`. `streaming`: the body arrives in several parts;
     /// `framework`: the framework produced it before the handler ran.
-    #[pyo3(signature = (status, headers, *, streaming = false, framework = false, transactional = false))]
+    #[pyo3(signature = (status, headers, *, streaming = false, framework = false))]
     fn capture_plan(
         &self,
         status: u16,
         headers: &Bound<'_, PyAny>,
         streaming: bool,
         framework: bool,
-        transactional: bool,
     ) -> PyResult<(&'static str, Option<usize>)> {
         let headers = header_pairs(Some(headers))?;
         let origin = if framework {
@@ -244,13 +253,7 @@ impl Config {
         } else {
             ResponseOrigin::Handler
         };
-        let plan = capture_plan(
-            &self.for_mode(transactional),
-            status,
-            origin,
-            &headers,
-            streaming,
-        );
+        let plan = capture_plan(&self.inner, status, origin, &headers, streaming);
         Ok((plan.as_str(), plan.limit()))
     }
 }
@@ -576,18 +579,16 @@ impl ServerFlow {
 impl ServerFlow {
     /// Starts a flow; returns it with its first action (always a claim).
     ///
-    /// `transactional`: the host runs the flow's store operations and the handler's writes in one
-    /// database transaction (core's transactional mode: no heartbeat, `"release"` is the
-    /// rollback, `"commit"` asked for where the outcome is kept).
+    /// With `config.transactional` the host runs the flow's store operations and the handler's
+    /// writes in one database transaction (core's transactional mode: no heartbeat, `"release"`
+    /// is the rollback, `"commit"` asked for where the outcome is kept).
     #[staticmethod]
-    #[pyo3(signature = (scope, fingerprint, config, entropy, *, transactional = false))]
     fn start(
         py: Python<'_>,
         scope: &[u8],
         fingerprint: &Bound<'_, PyString>,
         config: &Config,
         entropy: &[u8],
-        transactional: bool,
     ) -> PyResult<(Self, Action)> {
         let scope =
             ScopeId::try_from(scope).map_err(|e| invalid_argument(py, e.to_string(), e.code()))?;
@@ -597,7 +598,7 @@ impl ServerFlow {
             invalid_argument(py, "entropy must be 16 bytes".to_owned(), "invalid_entropy")
         })?;
         let (inner, first) =
-            CoreFlow::start(scope, fingerprint, config.for_mode(transactional), entropy);
+            CoreFlow::start(scope, fingerprint, Arc::clone(&config.inner), entropy);
         let action = to_action(py, &first)?;
         Ok((
             Self {
@@ -840,41 +841,6 @@ impl Cleanup {
     }
 }
 
-/// Admission of the `Idempotency-Key` header: the key text, or the action to take instead.
-///
-/// Returns `(key, None)` for a valid key, `(None, action)` with a 400 `"respond"` action for a
-/// missing (required) or invalid key, and `(None, None)` when the key is missing on a route
-/// where it is optional (run the handler unprotected).
-#[pyfunction]
-#[pyo3(signature = (value, config, *, strict = false, min_len = 8, max_len = 128))]
-pub(crate) fn admit_key(
-    py: Python<'_>,
-    value: Option<&Bound<'_, PyAny>>,
-    config: &Config,
-    strict: bool,
-    min_len: usize,
-    max_len: usize,
-) -> PyResult<(Option<String>, Option<Action>)> {
-    let Some(value) = value.filter(|v| !v.is_none()) else {
-        return match missing_key(&config.inner) {
-            MissingKey::Reject(resp) => {
-                Ok((None, Some(respond(py, &resp, Some("missing_key"), false)?)))
-            }
-            MissingKey::RunUnprotected => Ok((None, None)),
-        };
-    };
-    let opts = KeyOptions::new(min_len, max_len)
-        .map(|o| o.with_strict(strict))
-        .map_err(|e| invalid_argument(py, e.to_string(), e.code()))?;
-    match with_bytes(value, |raw| key::parse_key_bytes(raw, &opts))? {
-        Ok(k) => Ok((Some(k.as_str().to_owned()), None)),
-        Err(e) => Ok((
-            None,
-            Some(respond(py, &invalid_key(&e), Some("invalid_key"), false)?),
-        )),
-    }
-}
-
 /// The problem answer (400 or 413, chosen by core) for a body that could not be fingerprinted:
 /// the `problem` a `CanonicalizationError` raised by idempo carries.
 #[pyfunction]
@@ -896,18 +862,6 @@ pub(crate) fn body_problem(py: Python<'_>, error: &Bound<'_, PyAny>) -> PyResult
             "invalid_argument",
         )),
     }
-}
-
-/// The 413 problem answer for a body longer than the host's limit of `limit` bytes (core's
-/// answer for an `input_too_large` body, the same one the canonicalizer's own limit gets).
-#[pyfunction]
-pub(crate) fn body_too_large(py: Python<'_>, limit: usize) -> PyResult<Action> {
-    let err = CanonError {
-        kind: CanonErrorKind::InputTooLarge { limit },
-        offset: limit,
-        pointer: None,
-    };
-    respond(py, &invalid_body(&err), Some("invalid_body"), false)
 }
 
 /// The 503 problem answer for a failure before the flow could start (e.g. the store could not

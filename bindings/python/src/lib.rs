@@ -6,6 +6,7 @@
 //! every core error becomes a typed Python exception.
 #![forbid(unsafe_code)]
 
+mod admit;
 mod api;
 mod convert;
 mod errors;
@@ -28,17 +29,17 @@ fn _idempo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(api::scope_id, m)?)?;
     m.add_function(wrap_pyfunction!(api::parse_retry_after, m)?)?;
     m.add_function(wrap_pyfunction!(api::response_body_needed, m)?)?;
-    m.add_function(wrap_pyfunction!(flow::admit_key, m)?)?;
     m.add_function(wrap_pyfunction!(flow::encode_response, m)?)?;
     m.add_function(wrap_pyfunction!(flow::decode_response, m)?)?;
     m.add_function(wrap_pyfunction!(flow::body_problem, m)?)?;
-    m.add_function(wrap_pyfunction!(flow::body_too_large, m)?)?;
     m.add_function(wrap_pyfunction!(flow::unavailable_problem, m)?)?;
     m.add_function(wrap_pyfunction!(recipes::recipes, m)?)?;
     m.add_function(wrap_pyfunction!(memory::memory_partition, m)?)?;
     m.add_function(wrap_pyfunction!(memory::cache_servable, m)?)?;
     m.add_function(wrap_pyfunction!(memory::cache_fill_px, m)?)?;
     m.add_class::<flow::Config>()?;
+    m.add_class::<admit::Admission>()?;
+    m.add_class::<admit::ScopeRule>()?;
     m.add_class::<flow::ServerFlow>()?;
     m.add_class::<flow::Action>()?;
     m.add_class::<flow::Cleanup>()?;

@@ -148,7 +148,7 @@ def test_route_marks_and_optional_key() -> None:
 
 def test_body_limit_413() -> None:
     effects = Effects()
-    app = make_app(MemoryStore(), effects, max_body_bytes=64)
+    app = make_app(MemoryStore(), effects, config=idempo.Config(max_request_body_bytes=64))
 
     async def main() -> None:
         async with client(app) as c:

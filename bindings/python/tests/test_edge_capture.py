@@ -57,7 +57,7 @@ def fastapi_app(runs: List[str], **options: Any) -> FastAPI:
         return StreamingResponse(parts(), media_type="text/plain")
 
     app.add_middleware(IdempotencyMiddleware, store=AsyncMemoryStore(),
-                       config=idempo.Config(max_body_bytes=LIMIT * 20),
+                       config=idempo.Config(max_stored_body_bytes=LIMIT * 20),
                        scope=lambda s: "tenant-1", **options)
     return app
 
@@ -152,7 +152,7 @@ def test_asgi_buffered_body_over_the_limit_is_not_retained() -> None:
         return Response(b"y" * 500, media_type="text/plain")
 
     app.add_middleware(IdempotencyMiddleware, store=AsyncMemoryStore(),
-                       config=idempo.Config(max_body_bytes=100))
+                       config=idempo.Config(max_stored_body_bytes=100))
 
     async def go(c: httpx.AsyncClient) -> None:
         h = {"Idempotency-Key": "big-key-0001"}
@@ -238,7 +238,7 @@ def flask_app(runs: List[str], **options: Any) -> Flask:
         return body, 200, {"Content-Type": "text/plain", "Content-Encoding": "gzip",
                            "Vary": "Accept-Encoding"}
 
-    FlaskIdempotency(app, store=MemoryStore(), config=idempo.Config(max_body_bytes=100),
+    FlaskIdempotency(app, store=MemoryStore(), config=idempo.Config(max_stored_body_bytes=100),
                      scope=lambda environ: "tenant-1", **options)
     return app
 

@@ -19,20 +19,20 @@ SCRIPTS = sorted((VECTORS / "machine").glob("*.json"))
 def config_of(c: Dict[str, Any]) -> Config:
     return Config(
         lease_ms=c["lease_ms"],
-        heartbeat=c["heartbeat_ms"] is not None,
-        heartbeat_ms=c["heartbeat_ms"],
+        heartbeat_ms=0 if c["heartbeat_ms"] is None else c["heartbeat_ms"],
         takeover=c["takeover"],
         ttl_ms=c["ttl_ms"],
         transient_statuses=c["transient_statuses"],
         store_server_errors=c["store_server_errors"],
-        max_body_bytes=c["max_body_bytes"],
-        replay_headers=c["stored_headers"],
+        max_stored_body_bytes=c["max_body_bytes"],
+        stored_headers=c["stored_headers"],
         in_flight_retry_after_ms=c["in_flight_retry_after_ms"],
         unavailable_retry_after_ms=c["unavailable_retry_after_ms"],
         max_store_rounds=c["max_store_rounds"],
         key_required=c.get("key_required", True),
         redact=c.get("redact", False),
         cleanup_budget_ms=c.get("cleanup_budget_ms", 30_000),
+        transactional=c.get("transactional", False),
     )
 
 
@@ -140,8 +140,7 @@ def test_machine_script(path: Path) -> None:
     sc = json.loads(path.read_text(encoding="utf-8"))
     scope = bytes.fromhex(sc["scope"])
     flow, first = ServerFlow.start(
-        scope, sc["fingerprint"], config_of(sc["config"]), bytes.fromhex(sc["entropy"]),
-        transactional=sc["config"].get("transactional", False))
+        scope, sc["fingerprint"], config_of(sc["config"]), bytes.fromhex(sc["entropy"]))
     steps: List[Dict[str, Any]] = sc["steps"]
     check(first, steps[0]["expect"], scope, "start")
     for i, step in enumerate(steps[1:], 1):

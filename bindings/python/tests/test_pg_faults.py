@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from idempo import StoreUnavailable
+from idempo import Config, StoreUnavailable
 from idempo.asgi import IdempotencyMiddleware
 from idempo.stores import AsyncPostgresStore, PostgresStore
 
@@ -280,7 +280,7 @@ def test_transactional_frozen_before_commit_is_503_and_nothing_commits(server: P
     async def scenario() -> None:
         store = AsyncPostgresStore(server.dsn, timeout=TIMEOUT)
         app = Starlette(routes=[Route("/pay", pay, methods=["POST"])])
-        app.add_middleware(IdempotencyMiddleware, store=store, transactional=True)
+        app.add_middleware(IdempotencyMiddleware, store=store, config=Config(transactional=True))
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
             try:

@@ -143,7 +143,8 @@ def make_app(bench: Bench, **options: Any) -> Starlette:
         return JSONResponse({"note": body.get("note")}, status_code=int(body.get("status", 201)))
 
     app = Starlette(routes=[Route("/pay", pay, methods=["POST"])])
-    app.add_middleware(IdempotencyMiddleware, store=bench.store, transactional=True, **options)
+    options.setdefault("config", idempo.Config(transactional=True))
+    app.add_middleware(IdempotencyMiddleware, store=bench.store, **options)
     return app
 
 
@@ -234,7 +235,7 @@ def test_too_large_response_commits_as_not_retained_even_under_re_run(
         bench = Bench(kind, tmp_path, dsn_for(kind, request))
         outcomes: List[str] = []
         hooks = idempo.Hooks(on_outcome=lambda route, outcome: outcomes.append(outcome))
-        config = idempo.Config(max_body_bytes=4, takeover="re_run")
+        config = idempo.Config(max_stored_body_bytes=4, takeover="re_run", transactional=True)
         async with client(make_app(bench, config=config, hooks=hooks)) as c:
             first = await post(c, "large-key-01", {"note": "too long to keep"})
             assert first.status_code == 201 and first.json() == {"note": "too long to keep"}
@@ -368,7 +369,7 @@ def test_lock_wait_past_the_timeout_is_409_then_replay(
 def test_stores_without_transactions_are_refused() -> None:
     app = Starlette(routes=[])
     with pytest.raises(idempo.TransactionalUnsupported):
-        IdempotencyMiddleware(app, store=MemoryStore(), transactional=True)
+        IdempotencyMiddleware(app, store=MemoryStore(), config=idempo.Config(transactional=True))
     assert isinstance(idempo.TransactionalUnsupported("x"), idempo.InvalidArgument)
     with pytest.raises(idempo.NoTransaction):
         idempo.current_transaction()
@@ -378,7 +379,7 @@ def test_per_route_transactional_mark(tmp_path: Path) -> None:
     bench = Bench("sqlite", tmp_path, "")
     seen: List[bool] = []
 
-    @idempo.idempotent(transactional=True)
+    @idempo.idempotent(config=idempo.Config(transactional=True))
     async def tx_route(request: Request) -> Response:
         await insert("marked")
         return JSONResponse({}, status_code=201)
@@ -426,7 +427,7 @@ CHILD = textwrap.dedent(
         start_response("201 Created", [("content-type", "application/json")])
         return [b'{"ok": true}']
 
-    client = Client(IdempotencyMiddleware(app, store=store, transactional=True))
+    client = Client(IdempotencyMiddleware(app, store=store, config=idempo.Config(transactional=True)))
     started = time.monotonic()
     r = client.post("/pay", json={"n": 1}, headers={"Idempotency-Key": "kill-key-01"})
     print(json.dumps({"status": r.status_code, "replayed": r.headers.get("idempotent-replayed"),
@@ -503,7 +504,7 @@ def test_concurrent_duplicates_in_threads_through_wsgi(
         start_response("201 Created", [("content-type", "application/json")])
         return [b'{"ok": true}']
 
-    wsgi = WsgiMiddleware(app, store=bench.store, transactional=True)
+    wsgi = WsgiMiddleware(app, store=bench.store, config=idempo.Config(transactional=True))
     barrier = threading.Barrier(8)
     answers: List[Tuple[int, Any]] = []
     lock = threading.Lock()
@@ -531,7 +532,7 @@ def test_single_connection_postgres_store_is_refused(request: pytest.FixtureRequ
     services = request.getfixturevalue("services")
     with psycopg.connect(services.pg_dsn, autocommit=True) as conn:
         with pytest.raises(idempo.TransactionalUnsupported, match="single connection"):
-            IdempotencyMiddleware(Starlette(routes=[]), store=PostgresStore(conn), transactional=True)
+            IdempotencyMiddleware(Starlette(routes=[]), store=PostgresStore(conn), config=idempo.Config(transactional=True))
 
 
 def test_a_session_outside_its_transaction_writes_nothing(tmp_path: Path) -> None:

@@ -55,7 +55,7 @@ def test_flask_replay_mismatch_and_problems() -> None:
 
 def test_flask_body_limit() -> None:
     runs: List[Any] = []
-    app = make_app(MemoryStore(), runs, max_body_bytes=32)
+    app = make_app(MemoryStore(), runs, config=idempo.Config(max_request_body_bytes=32))
     r = app.test_client().post("/orders/1/pay", json={"pad": "x" * 64},
                                headers={"Idempotency-Key": "k-12345678"})
     assert r.status_code == 413 and runs == []

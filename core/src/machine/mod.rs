@@ -12,8 +12,11 @@
 //!   binding wraps.
 //! - [`cache`]: the cache rule: when a cached record may be served and how long a fill lives.
 //! - [`problem`]: RFC 9457 problem+json responses for every non-handler answer.
+//! - [`admit`]: admission before the flow (key, body size, fingerprint, scope), in the order of
+//!   `spec/PROTOCOL.md` §7.2.
 //!
 //! The normative description is `spec/PROTOCOL.md`.
+pub mod admit;
 pub mod cache;
 pub mod capture;
 mod flow;
@@ -21,7 +24,12 @@ pub mod memory;
 pub mod problem;
 pub mod store;
 
+pub use admit::{
+    Admitted, AwaitingBody, AwaitingScope, BodyRead, BodyStage, FingerprintFailed, KeyStage,
+    Refusal, ScopeResolution, ScopeRule, ScopeRuleError, ScopeStage, admit,
+};
 pub use capture::{BodyCapture, CapturePlan, CaptureStep, capture_plan, not_retained_response};
+
 pub use flow::{
     Action, CLEANUP_FIRST_DELAY_MS, CLEANUP_MAX_DELAY_MS, Cleanup, CleanupStep, DownstreamKey,
     Event, FlowError, HandlerResponse, HttpResponse, MissingKey, Outcome, REPLAYED_HEADER,

@@ -50,6 +50,10 @@ pub enum ProblemKind {
     /// 500, stored as the record's response: the request was processed, but its response was
     /// too large (or could not be encoded) to keep for replays (`spec/PROTOCOL.md` §7.5).
     ResponseNotRetained,
+    /// 500: the route's scope (principal) function gave nothing usable for this request, so the
+    /// request was refused rather than filed under a namespace other users share
+    /// (`spec/PROTOCOL.md` §7.2).
+    ScopeUnresolved,
 }
 
 impl ProblemKind {
@@ -61,7 +65,7 @@ impl ProblemKind {
             Self::BodyTooLarge => 413,
             Self::InFlight => 409,
             Self::Mismatch => 422,
-            Self::OutcomeUnknown | Self::ResponseNotRetained => 500,
+            Self::OutcomeUnknown | Self::ResponseNotRetained | Self::ScopeUnresolved => 500,
             Self::StoreUnavailable | Self::Contention => 503,
         }
     }
@@ -80,6 +84,7 @@ impl ProblemKind {
             Self::StoreUnavailable => "store-unavailable",
             Self::Contention => "contention",
             Self::ResponseNotRetained => "response-not-retained",
+            Self::ScopeUnresolved => "scope-unresolved",
         }
     }
 
@@ -103,6 +108,7 @@ impl ProblemKind {
             Self::StoreUnavailable => "Idempotency store unavailable",
             Self::Contention => "Idempotency key contended",
             Self::ResponseNotRetained => "Response not retained",
+            Self::ScopeUnresolved => "Idempotency scope unresolved",
         }
     }
 
@@ -131,6 +137,9 @@ impl ProblemKind {
             }
             Self::ResponseNotRetained => {
                 "The request with this Idempotency-Key was processed, but its response was too large to keep for replays. Look the resource up instead of retrying; do not send it again with a new key."
+            }
+            Self::ScopeUnresolved => {
+                "The server could not tell whose request this is (its idempotency scope function gave no principal); the request was not processed."
             }
         }
     }
@@ -318,6 +327,7 @@ mod tests {
             (StoreUnavailable, 503),
             (Contention, 503),
             (ResponseNotRetained, 500),
+            (ScopeUnresolved, 500),
         ];
         for (k, s) in all {
             assert_eq!(k.status(), s);

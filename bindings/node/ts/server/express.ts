@@ -19,11 +19,11 @@
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { ConfigError } from '../errors';
-import { admitRequest, Prepared } from './options';
+import { admitKey, admitRest, Prepared } from './options';
 import type { IdempotencyOptions } from './options';
 import native = require('../native');
 import type { ExecutionContext, FlowEnd, HandlerResult, HttpResponse, Session } from './session';
-import { IdempotencyEvents } from './session';
+import { IdempotencyEvents, toHttp } from './session';
 import { txStorage } from './tx';
 import type { TxHolder } from './tx';
 
@@ -284,55 +284,62 @@ export function idempotency(options: IdempotencyOptions<IncomingMessage>): Idemp
     const started = Date.now();
     const method = (req.method ?? 'GET').toUpperCase();
     if (!p.methods.has(method)) return next();
+    const route = options.route ? options.route(req) : (req.baseUrl ?? '') + (req.route?.path ?? req.path ?? req.url ?? '/');
+    // Core's admission, in core's order: the key first, then the body, then the scope.
+    const adm = admitKey(p, req.headers[p.header], req.headers['content-length']);
+    if (adm.kind === 'pass_through') return next();
+    const consumed = req.readableEnded || req._body === true;
+    const refuse = (response: HttpResponse, outcome: string) => {
+      emitOutcome(method, route, outcome, response.status, started);
+      if (!consumed && !req.readableEnded) {
+        // The rest of the upload is never read: close the connection once the answer is out.
+        res.on('finish', () => req.destroy());
+        return send(res, { ...response, headers: [...response.headers, ['connection', 'close']] });
+      }
+      return send(res, response);
+    };
+    if (adm.kind === 'refuse') return refuse(toHttp(adm.problem as native.HttpResponseData), adm.outcome ?? 'refused');
+    const limit = adm.bodyLimit as number;
     let body: Buffer | null;
-    if (req.readableEnded || req._body) {
+    if (consumed) {
       if (!Buffer.isBuffer(req.rawBody)) {
         return next(
           new ConfigError('idempotency(): mount it before body parsers (or keep the raw bytes in req.rawBody) so the fingerprint sees the exact body'),
         );
       }
-      body = req.rawBody;
+      body = req.rawBody.length > limit ? null : req.rawBody;
     } else {
-      body = await readBody(req, p.bodyLimit);
+      body = await readBody(req, limit);
     }
-    const route = options.route ? options.route(req) : (req.baseUrl ?? '') + (req.route?.path ?? req.path ?? req.url ?? '/');
-    if (body === null) {
-      const r = p.problem('body_too_large');
-      emitOutcome(method, route, 'body_too_large', r.status, started);
-      // The rest of the upload is never read: close the connection once the 413 is out.
-      res.on('finish', () => req.destroy());
-      return send(res, { ...r, headers: [...r.headers, ['connection', 'close']] });
-    }
-    req.rawBody = body;
     const ct = req.headers['content-type'];
-    if (!req._body) {
-      if (isJson(ct) && body.length > 0) {
-        try {
-          req.body = JSON.parse(body.toString('utf8'));
-        } catch {
-          req.body = undefined;
+    if (body !== null) {
+      req.rawBody = body;
+      if (!req._body) {
+        if (isJson(ct) && body.length > 0) {
+          try {
+            req.body = JSON.parse(body.toString('utf8'));
+          } catch {
+            req.body = undefined;
+          }
+        } else if (req.body === undefined) {
+          req.body = body;
         }
-      } else if (req.body === undefined) {
-        req.body = body;
+        req._body = true;
       }
-      req._body = true;
     }
-    const principal = await p.principal(req as IncomingMessage & { user?: unknown });
-    const admitted = admitRequest(p, {
+    const user = (req as Req & { user?: unknown }).user;
+    const admitted = await admitRest(p, adm, {
+      req,
       method,
       route,
       target: req.originalUrl ?? req.url ?? '/',
-      principal,
-      keyHeader: req.headers[p.header],
       contentType: ct,
       headers: req.headers,
       body,
+      authenticated: req.headers.authorization !== undefined || (user !== undefined && user !== null),
     });
     if (admitted.kind === 'unprotected') return next();
-    if (admitted.kind === 'respond') {
-      emitOutcome(method, route, admitted.outcome, admitted.response.status, started);
-      return send(res, admitted.response);
-    }
+    if (admitted.kind === 'respond') return refuse(admitted.response, admitted.outcome);
     const session = admitted.session;
     const a = await session.admit();
     if (a.kind === 'respond') {

@@ -12,9 +12,10 @@ import { PassThrough } from 'node:stream';
 import type { Readable } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import native = require('../native');
-import { admitRequest, Prepared } from './options';
+import { admitKey, admitRest, Prepared } from './options';
 import type { IdempotencyOptions } from './options';
 import type { ExecutionContext, FlowEnd, HttpResponse, Session } from './session';
+import { toHttp } from './session';
 import { txStorage } from './tx';
 import type { TxHolder } from './tx';
 
@@ -31,9 +32,57 @@ interface State {
   holder?: TxHolder;
 }
 
-type Req = FastifyRequest & { rawBody?: Buffer; idempotency?: ExecutionContext; [STATE]?: State; [BAD_JSON]?: Error };
+type Req = FastifyRequest & {
+  rawBody?: Buffer;
+  idempotency?: ExecutionContext;
+  [STATE]?: State;
+  [BAD_JSON]?: Error;
+  [OVER]?: boolean;
+  [ADMISSION]?: native.Admission;
+};
+
+/** Stage 1 of core's admission, run when the body arrives (so a pass-through reads it whole). */
+const ADMISSION = Symbol('idempo.fastify.admission');
 
 const BAD_JSON = Symbol('idempo.fastify.badJson');
+/** The body was longer than core's `maxRequestBodyBytes`: reading stopped at the first chunk past it. */
+const OVER = Symbol('idempo.fastify.over');
+
+/** Fastify's own answer for a body over the limit, for requests idempo does not protect. */
+function tooLarge(): Error {
+  return Object.assign(new Error('Request body is too large'), { statusCode: 413, code: 'FST_ERR_CTP_BODY_TOO_LARGE' });
+}
+
+/**
+ * Reads a request body up to `limit` bytes. Past it, reading stops (the request is marked and its
+ * connection closed after the answer): core's admission then answers in its order (a missing or
+ * invalid key before the size), which Fastify's own `bodyLimit` check could not.
+ */
+function readLimited(req: Req, payload: NodeJS.ReadableStream, limit: number, done: (body: Buffer | null) => void): void {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  let finished = false;
+  const finish = (body: Buffer | null) => {
+    if (finished) return;
+    finished = true;
+    payload.removeListener('data', onData);
+    payload.removeListener('end', onEnd);
+    done(body);
+  };
+  const onData = (c: Buffer) => {
+    size += c.length;
+    if (size > limit) {
+      req[OVER] = true;
+      payload.pause();
+      return finish(null);
+    }
+    chunks.push(c);
+  };
+  const onEnd = () => finish(Buffer.concat(chunks));
+  payload.on('data', onData);
+  payload.on('end', onEnd);
+  payload.on('error', () => finish(null));
+}
 
 function isStream(payload: unknown): payload is Readable {
   return typeof payload === 'object' && payload !== null && typeof (payload as { pipe?: unknown }).pipe === 'function';
@@ -86,22 +135,47 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
 
   app.decorate('idempotencyEvents', p.events);
   app.removeContentTypeParser(['application/json']);
-  app.addContentTypeParser(/^application\/(json|[^;]+\+json)/, { parseAs: 'buffer', bodyLimit: p.bodyLimit }, (req, body, done) => {
-    const raw = body as unknown as Buffer;
-    (req as Req).rawBody = raw;
-    if (raw.length === 0) return done(null, undefined);
-    try {
-      done(null, JSON.parse(raw.toString('utf8')));
-    } catch (e) {
-      // Protected requests: core's fingerprint answers 400 invalid_body with the exact reason.
-      // Others get this error (400) in preHandler, as Fastify's own parser would answer.
-      (req as Req)[BAD_JSON] = Object.assign(new Error(`Body is not valid JSON: ${(e as Error).message}`), { statusCode: 400 });
-      done(null, undefined);
+  const fastifyLimit = app.initialConfig.bodyLimit ?? 1024 * 1024;
+  /** Runs core's key stage for a protected request and reads the body as far as it says: not at
+   * all for a refusal, up to core's limit for a request with a key, and as Fastify would (its
+   * `bodyLimit`) for a request idempo does not protect. */
+  const readFor = (req: Req, payload: NodeJS.ReadableStream, done: (err: Error | null, body: Buffer | null) => void) => {
+    const method = req.method.toUpperCase();
+    const adm = p.methods.has(method) ? admitKey(p, req.headers[p.header], req.headers['content-length']) : undefined;
+    if (adm !== undefined) req[ADMISSION] = adm;
+    if (adm?.kind === 'refuse') {
+      req[OVER] = true; // unread: the connection closes after the answer
+      return done(null, null);
     }
+    const guarded = adm?.kind === 'read_body';
+    readLimited(req, payload, guarded ? (adm.bodyLimit as number) : fastifyLimit, (raw) => {
+      if (raw === null && !guarded) return done(tooLarge(), null);
+      done(null, raw);
+    });
+  };
+  app.addContentTypeParser(/^application\/(json|[^;]+\+json)/, (req, payload, done) => {
+    readFor(req as Req, payload, (err, raw) => {
+      if (err) return done(err, undefined);
+      if (raw === null) return done(null, undefined);
+      (req as Req).rawBody = raw;
+      if (raw.length === 0) return done(null, undefined);
+      try {
+        done(null, JSON.parse(raw.toString('utf8')));
+      } catch (e) {
+        // Protected requests: core's fingerprint answers 400 invalid_body with the exact reason.
+        // Others get this error (400) in preHandler, as Fastify's own parser would answer.
+        (req as Req)[BAD_JSON] = Object.assign(new Error(`Body is not valid JSON: ${(e as Error).message}`), { statusCode: 400 });
+        done(null, undefined);
+      }
+    });
   });
-  app.addContentTypeParser('*', { parseAs: 'buffer', bodyLimit: p.bodyLimit }, (req, body, done) => {
-    (req as Req).rawBody = body as unknown as Buffer;
-    done(null, body);
+  app.addContentTypeParser('*', (req, payload, done) => {
+    readFor(req as Req, payload, (err, raw) => {
+      if (err) return done(err, undefined);
+      if (raw === null) return done(null, undefined);
+      (req as Req).rawBody = raw;
+      done(null, raw);
+    });
   });
 
   app.addHook('preHandler', async (request, reply) => {
@@ -114,25 +188,36 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
     }
     const started = Date.now();
     const route = options.route ? options.route(req) : (req.routeOptions.url ?? req.url);
-    const principal = await p.principal(req as FastifyRequest & { user?: unknown });
-    const admitted = admitRequest(p, {
+    const answer = (response: HttpResponse, outcome: string) => {
+      emit({ method, route, started }, outcome, response.status);
+      // An upload that was not read to its end: close the connection once the answer is out.
+      if (req[OVER]) reply.header('connection', 'close');
+      return reply.send(apply(reply, response));
+    };
+    // Core's admission, in core's order: the key first (when the body arrived, else now), then
+    // the body, then the scope.
+    const adm = req[ADMISSION] ?? admitKey(p, req.headers[p.header], req.headers['content-length']);
+    if (adm.kind === 'pass_through') {
+      if (badJson) throw badJson;
+      return;
+    }
+    if (adm.kind === 'refuse') return answer(toHttp(adm.problem as native.HttpResponseData), adm.outcome ?? 'refused');
+    const user = (req as FastifyRequest & { user?: unknown }).user;
+    const admitted = await admitRest(p, adm, {
+      req,
       method,
       route,
       target: req.url,
-      principal,
-      keyHeader: req.headers[p.header],
       contentType: req.headers['content-type'],
       headers: req.headers,
-      body: req.rawBody ?? Buffer.alloc(0),
+      body: req[OVER] ? null : (req.rawBody ?? Buffer.alloc(0)),
+      authenticated: req.headers.authorization !== undefined || (user !== undefined && user !== null),
     });
     if (admitted.kind === 'unprotected') {
       if (badJson) throw badJson;
       return;
     }
-    if (admitted.kind === 'respond') {
-      emit({ method, route, started }, admitted.outcome, admitted.response.status);
-      return reply.send(apply(reply, admitted.response));
-    }
+    if (admitted.kind === 'respond') return answer(admitted.response, admitted.outcome);
     const a = await admitted.session.admit();
     if (a.kind === 'respond') {
       emit({ method, route, started }, a.outcome, a.response.status);

@@ -1,77 +1,57 @@
 /** Options shared by the Express middleware and the Fastify plugin, and the request admission. */
 import native = require('../native');
-import { CanonicalizationError, fromNative, TransactionalUnsupportedError } from '../errors';
-import { Fingerprinter } from '../fingerprint';
+import { ConfigError, fromNative, TransactionalUnsupportedError } from '../errors';
+import { Fingerprinter, flatHeaders } from '../fingerprint';
 import type { NumberMode } from '../core';
 import type { IdempotencyStore } from '../stores/types';
 import { supportsTransactions } from '../stores/types';
 import { IdempotencyEvents, Session, toHttp } from './session';
 import type { HttpResponse } from './session';
 
-/** Options of `idempotency()` (Express) and `idempotencyPlugin` (Fastify). */
-export interface IdempotencyOptions<Req = unknown> {
-  /** The record store (e.g. `new SqliteStore()` or a `PostgresStore`). */
-  store: IdempotencyStore;
-  /** Refuse requests without a key with 400 (default true); false runs them unprotected. */
-  required?: boolean;
-  /** Request header carrying the key (default `Idempotency-Key`). */
-  headerName?: string;
-  /** HTTP methods protected (default `['POST', 'PATCH']`); other methods pass through. */
-  methods?: string[];
-  /** Key syntax: lengths and strict sf-string mode. */
-  key?: { minLen?: number; maxLen?: number; strict?: boolean };
-  /** The principal (user, tenant, API client) a key belongs to; default `''` (shared). */
-  scope?: (req: Req) => string | Promise<string>;
-  /** The route template (e.g. `/payments/:id`); default the framework's matched route. */
-  route?: (req: Req) => string;
-  /** Request headers that take part in the fingerprint. */
-  fingerprintHeaders?: string[];
-  /** JSON Pointers left out of the fingerprint (e.g. `/client_timestamp`). */
-  exclude?: string[];
-  /** HMAC key for `h1:` fingerprints. */
-  hmacKey?: Uint8Array | string;
-  /** Number handling for the fingerprint (default `reject_precision_loss`). */
-  numbers?: NumberMode;
+/**
+ * Core's `Config` options, in camelCase (core's flat option set, `spec/PROTOCOL.md`). Every omitted
+ * option takes core's default (`Config::default()`, read through the native addon; none is copied
+ * here).
+ */
+export interface ConfigOptions {
+  /** Lease in ms (core's default 30 s, at least 1000). */
+  leaseMs?: number;
+  /** Heartbeat in ms, below the lease; `0` disables; default a third of the lease. */
+  heartbeatMs?: number;
+  /** Expired lease: answer outcome-unknown (`outcome_unknown`, core's default: at most one run) or re-run (`re_run`). */
+  takeover?: 're_run' | 'outcome_unknown';
   /** Record retention in ms (default 24 h). */
   ttlMs?: number;
-  /** Lease in ms (default 30 s). */
-  leaseMs?: number;
+  /** Refuse requests without a key with 400 (default true); false runs them unprotected. */
+  keyRequired?: boolean;
+  /** Shortest key accepted, characters (default 8). */
+  keyMinLen?: number;
+  /** Longest key accepted, characters (default 128, at most 255). */
+  keyMaxLen?: number;
+  /** Accept only the draft sf-string key form (default false). */
+  keyStrict?: boolean;
+  /** Statuses never stored (default 401, 403, 407, 408, 409, 425, 429: the request never ran). */
+  transientStatuses?: number[];
+  /** Store 5xx responses (except 503) like Stripe (default false: release the key). */
+  storeServerErrors?: boolean;
+  /** Largest response body stored for replays (default 1 MiB). */
+  maxStoredBodyBytes?: number;
+  /** Response headers stored and replayed (default core's allowlist). */
+  storedHeaders?: string[];
+  /** `Retry-After` for 409 in ms (default 1000). */
+  inFlightRetryAfterMs?: number;
+  /** `Retry-After` for 503 in ms (default 1000). */
+  unavailableRetryAfterMs?: number;
+  /** Store rounds before 503 contention (default 3). */
+  maxStoreRounds?: number;
   /**
    * How long in ms the background cleanup of a claim whose answer was lost (a store that froze
    * and applied it later) keeps retrying its token-fenced release (default 30000; the effective
    * budget is the larger of this and the lease).
    */
   cleanupBudgetMs?: number;
-  /** Heartbeat in ms (default a third of the lease); `null` disables. */
-  heartbeatMs?: number | null;
-  /** Expired lease: answer outcome-unknown (`outcome_unknown`, core's default: at most one run) or re-run (`re_run`). */
-  takeover?: 're_run' | 'outcome_unknown';
-  /** Store 5xx responses (except 503) like Stripe (default false: release the key). */
-  storeServerErrors?: boolean;
-  /** Statuses never stored (default 401, 403, 407, 408, 409, 425, 429: the request never ran). */
-  transientStatuses?: number[];
-  /** Response headers stored and replayed (default core's allowlist). */
-  replayHeaders?: string[];
-  /** Largest response body stored for replays (default 1 MiB). */
-  maxStoredBodyBytes?: number;
   /** Largest request body accepted, bytes (default 1 MiB; larger: 413 problem). */
-  bodyLimit?: number;
-  /** Redaction hook: the body to store instead of the live one. */
-  redact?: (res: HttpResponse) => Buffer | undefined;
-  /** True when a handler error certainly had no side effect (default: errors with `noSideEffect: true`). */
-  isSideEffectFree?: (err: unknown) => boolean;
-  /** `Retry-After` for 409 in ms (default 1000). */
-  inFlightRetryAfterMs?: number;
-  /** `Retry-After` for 503 in ms (default 1000). */
-  unavailableRetryAfterMs?: number;
-  /**
-   * A store call slower than this fails (fail closed, 503). Default: the store's own call bound
-   * (`store.callTimeoutMs`) plus 250 ms when it declares one, so the store's own error ends a
-   * call and nothing it gave up on applies later; else 5000 ms.
-   */
-  storeTimeoutMs?: number;
-  /** Event emitter for metrics (one is created when omitted). */
-  events?: IdempotencyEvents;
+  maxRequestBodyBytes?: number;
   /**
    * Transactional mode (`spec/STORAGE.md` §4.4): the claim, the handler's writes (through
    * `req.idempotency.tx` or `currentTransaction()`) and the completion commit in one database
@@ -83,45 +63,108 @@ export interface IdempotencyOptions<Req = unknown> {
   transactional?: boolean;
 }
 
+/** Options of `idempotency()` (Express) and `idempotencyPlugin` (Fastify): core's `Config`
+ * options plus the host's own. An unknown or renamed option throws `ConfigError`. */
+export interface IdempotencyOptions<Req = unknown> extends ConfigOptions {
+  /** The record store (e.g. `new SqliteStore()` or a `PostgresStore`). */
+  store: IdempotencyStore;
+  /** Request header carrying the key (default `Idempotency-Key`). */
+  headerName?: string;
+  /** HTTP methods protected (default `['POST', 'PATCH']`); other methods pass through. */
+  methods?: string[];
+  /**
+   * The principal (user, tenant, API client) a key belongs to. It runs before the handler: it
+   * must read what exists then (`req.user` set by an earlier middleware, a header, a token). One
+   * that returns `undefined`, `null`, `''` (unless `emptyScopeIsAnonymous`), a non-string, or
+   * throws refuses the request with 500 `scope-unresolved` (the `scope_unresolved` event carries
+   * the log line); the handler does not run.
+   */
+  scope?: (req: Req) => unknown;
+  /** The route's keys are shared by every caller (no principal, no warning). Not with `scope`. */
+  public?: boolean;
+  /** An empty string from `scope` is the anonymous principal instead of a refusal. */
+  emptyScopeIsAnonymous?: boolean;
+  /** The route template (e.g. `/payments/:id`); default the framework's matched route. */
+  route?: (req: Req) => string;
+  /** Request headers that take part in the fingerprint. */
+  fingerprintHeaders?: string[];
+  /** JSON Pointers left out of the fingerprint (e.g. `/client_timestamp`). */
+  exclude?: string[];
+  /** HMAC key for `h1:` fingerprints. */
+  hmacKey?: Uint8Array | string;
+  /** Number handling for the fingerprint (default `reject_precision_loss`). */
+  numbers?: NumberMode;
+  /** Redaction hook: the body to store instead of the live one (sets core's `redact`). */
+  redact?: (res: HttpResponse) => Buffer | undefined;
+  /** True when a handler error certainly had no side effect (default: errors with `noSideEffect: true`). */
+  isSideEffectFree?: (err: unknown) => boolean;
+  /**
+   * A store call slower than this fails (fail closed, 503). Default: the store's own call bound
+   * (`store.callTimeoutMs`) plus 250 ms when it declares one, so the store's own error ends a
+   * call and nothing it gave up on applies later; else 5000 ms.
+   */
+  storeTimeoutMs?: number;
+  /** Event emitter for metrics (one is created when omitted). */
+  events?: IdempotencyEvents;
+}
+
+/** The host's own option names (the rest are core's `Config` options). */
+const HOST_OPTIONS = [
+  'store', 'headerName', 'methods', 'scope', 'public', 'emptyScopeIsAnonymous', 'route',
+  'fingerprintHeaders', 'exclude', 'hmacKey', 'numbers', 'redact', 'isSideEffectFree',
+  'storeTimeoutMs', 'events',
+];
+
+/** Former option names and what replaced them. */
+const RENAMED: Record<string, string> = {
+  required: '`required` is now `keyRequired`',
+  bodyLimit: '`bodyLimit` is now `maxRequestBodyBytes`',
+  replayHeaders: '`replayHeaders` is now `storedHeaders`',
+  key: '`key: { minLen, maxLen, strict }` is now `keyMinLen`, `keyMaxLen`, `keyStrict`',
+};
+
+/** Refuses unknown and renamed option names (a typo must not silently take a default). */
+function checkNames(o: object): void {
+  const known = new Set([...HOST_OPTIONS, ...native.configOptionNames()]);
+  for (const name of Object.keys(o)) {
+    if (RENAMED[name] !== undefined) throw new ConfigError(`idempotency(): ${RENAMED[name]}`);
+    if (!known.has(name)) {
+      throw new ConfigError(`idempotency(): unknown option \`${name}\` (known: ${[...known].join(', ')})`);
+    }
+  }
+  if ((o as { heartbeatMs?: unknown }).heartbeatMs === null) {
+    throw new ConfigError('idempotency(): `heartbeatMs: null` is now `heartbeatMs: 0` (no heartbeat)');
+  }
+}
+
 /** The prepared configuration of one integration. */
 export class Prepared<Req> {
   readonly o: IdempotencyOptions<Req>;
   readonly config: native.FlowConfig;
   readonly fingerprinter: Fingerprinter;
+  readonly scopeRule: native.ScopeRule;
   readonly events: IdempotencyEvents;
   readonly header: string;
   readonly methods: Set<string>;
-  readonly bodyLimit: number;
-  readonly keyOptions: native.ParseKeyOptions;
 
   constructor(o: IdempotencyOptions<Req>) {
     if (!o || !o.store) throw new TypeError('idempotency: the `store` option is required');
+    checkNames(o);
     this.o = o;
-    const c: native.FlowConfigOptions = { keyRequired: o.required !== false };
-    if (o.takeover) c.takeover = o.takeover;
-    if (o.leaseMs !== undefined) c.leaseMs = o.leaseMs;
-    if (o.cleanupBudgetMs !== undefined) c.cleanupBudgetMs = o.cleanupBudgetMs;
-    if (o.heartbeatMs === null) c.noHeartbeat = true;
-    else if (o.heartbeatMs !== undefined) c.heartbeatMs = o.heartbeatMs;
-    if (o.ttlMs !== undefined) c.ttlMs = o.ttlMs;
-    if (o.transientStatuses) c.transientStatuses = o.transientStatuses;
-    if (o.storeServerErrors !== undefined) c.storeServerErrors = o.storeServerErrors;
-    if (o.maxStoredBodyBytes !== undefined) c.maxBodyBytes = o.maxStoredBodyBytes;
-    if (o.replayHeaders) c.storedHeaders = o.replayHeaders;
-    if (o.redact) c.redactionHook = true;
-    if (o.inFlightRetryAfterMs !== undefined) c.inFlightRetryAfterMs = o.inFlightRetryAfterMs;
-    if (o.unavailableRetryAfterMs !== undefined) c.unavailableRetryAfterMs = o.unavailableRetryAfterMs;
-    if (o.transactional) {
-      if (!supportsTransactions(o.store)) {
-        throw new TransactionalUnsupportedError(
-          `transactional: true needs a store that runs the handler in its transaction (PostgresStore or SqliteStore), not ${o.store.kind}`,
-        );
-      }
-      // Core's transactional flow: no heartbeat, rollback on errors, commit, response after it.
-      c.transactional = true;
+    const c: native.FlowConfigOptions = {};
+    for (const name of native.configOptionNames()) {
+      const v = (o as unknown as Record<string, unknown>)[name];
+      if (v !== undefined && name !== 'redact') (c as Record<string, unknown>)[name] = v;
+    }
+    if (o.redact) c.redact = true;
+    if (o.transactional && !supportsTransactions(o.store)) {
+      throw new TransactionalUnsupportedError(
+        `transactional: true needs a store that runs the handler in its transaction (PostgresStore or SqliteStore), not ${o.store.kind}`,
+      );
     }
     try {
       this.config = new native.FlowConfig(c);
+      this.scopeRule = new native.ScopeRule(o.scope !== undefined, o.public === true, o.emptyScopeIsAnonymous === true);
     } catch (e) {
       throw fromNative(e);
     }
@@ -134,38 +177,25 @@ export class Prepared<Req> {
     this.events = o.events ?? new IdempotencyEvents();
     this.header = (o.headerName ?? 'idempotency-key').toLowerCase();
     this.methods = new Set((o.methods ?? ['POST', 'PATCH']).map((m) => m.toUpperCase()));
-    this.bodyLimit = o.bodyLimit ?? 1024 * 1024;
-    this.keyOptions = o.key ?? {};
   }
 
   problem(kind: string, detail?: string, reason?: string, retryAfterMs?: number): HttpResponse {
     return toHttp(native.problemResponse(kind, detail ?? null, reason ?? null, retryAfterMs ?? null));
   }
 
-  #warnedScope = false;
+  #warned = new Set<string>();
 
-  /** The principal of a request; warns once when requests carry a user but no scope is set. */
-  async principal(req: Req & { user?: unknown }): Promise<string> {
-    if (this.o.scope) return this.o.scope(req);
-    if (!this.#warnedScope && req.user !== undefined && req.user !== null) {
-      this.#warnedScope = true;
-      this.events.emit('warning', {
-        message: 'requests carry req.user but no `scope` option is set: keys are shared by every user; pass scope: (req) => req.user.id',
-      });
-    }
-    return '';
+  /** Emits core's warning once per route. */
+  warnOnce(route: string, message: string): void {
+    if (this.#warned.has(route)) return;
+    this.#warned.add(route);
+    this.events.emit('warning', { message });
   }
 
-  /** Core's problem for a JSON body the fingerprint refuses (null: the body is acceptable). */
-  bodyProblem(body: Buffer): native.BodyProblem | null {
-    const o: native.BodyCheckOptions = {};
-    if (this.o.numbers) o.numbers = this.o.numbers;
-    if (this.o.exclude) o.exclude = this.o.exclude;
-    try {
-      return native.bodyProblem(body, o);
-    } catch (e) {
-      throw fromNative(e);
-    }
+  /** Core's log line for a refused scope: the `scope_unresolved` event, else stderr. */
+  logScopeUnresolved(route: string, method: string, message: string): void {
+    if (this.events.listenerCount('scope_unresolved') > 0) this.events.emit('scope_unresolved', { route, method, message });
+    else console.error(message);
   }
 
   isSideEffectFree(err: unknown): boolean {
@@ -174,20 +204,38 @@ export class Prepared<Req> {
   }
 }
 
-/** The request parts admission needs. */
-export interface RequestFacts {
+/** Raw key field values as bytes (Node gives header values as latin1 strings). */
+export function keyFields(raw: string | string[] | undefined): Buffer[] {
+  if (raw === undefined) return [];
+  return (Array.isArray(raw) ? raw : [raw]).map((v) => Buffer.from(v, 'latin1'));
+}
+
+/** The body length a `Content-Length` value declares (null: absent or unreadable). */
+export function declaredLength(raw: string | string[] | undefined): number | null {
+  const v = Array.isArray(raw) ? raw[0] : raw;
+  return v !== undefined && /^\s*\d+\s*$/.test(v) ? Number(v) : null;
+}
+
+/** Stage 1 of core's admission: the key fields and the declared body length. */
+export function admitKey<Req>(p: Prepared<Req>, keyHeader: string | string[] | undefined, contentLength: string | string[] | undefined): native.Admission {
+  return native.Admission.start(p.config, keyFields(keyHeader), declaredLength(contentLength));
+}
+
+/** The request parts admission needs after the key. */
+export interface RequestFacts<Req> {
+  req: Req;
   method: string;
   /** The route template: names the scope (spec/KEYS.md §2). */
   route: string;
   /** The request target as received (raw path and query): fingerprinted (spec/CANONICAL.md §2.1),
    * so one key sent to two resources under one template is a mismatch, never a replay. */
   target: string;
-  principal: string;
-  /** Raw header values of the key header (Node gives them as latin1 strings). */
-  keyHeader: string | string[] | undefined;
   contentType: string | undefined;
   headers: Record<string, string | string[] | undefined>;
-  body: Buffer;
+  /** The body as read; `null` when the host stopped reading past `admission.bodyLimit`. */
+  body: Buffer | null;
+  /** The request carries credentials (an `Authorization` field or a framework user). */
+  authenticated: boolean;
 }
 
 /** Admission result: a session to run, an answer to send now, or "not protected". */
@@ -196,44 +244,54 @@ export type Admitted =
   | { kind: 'respond'; response: HttpResponse; outcome: string }
   | { kind: 'unprotected' };
 
-/** Parses the key, fingerprints the body and builds the session (no store call yet). */
-export function admitRequest<Req>(p: Prepared<Req>, f: RequestFacts): Admitted {
-  const raw = f.keyHeader;
-  if (raw === undefined || (Array.isArray(raw) && raw.length === 0)) {
-    const r = p.config.missingKeyResponse();
-    return r ? { kind: 'respond', response: toHttp(r), outcome: 'missing_key' } : { kind: 'unprotected' };
-  }
-  // Several Idempotency-Key fields are joined with ", ", which core then rejects as invalid.
-  const value = Array.isArray(raw) ? raw.join(', ') : raw;
-  const k = native.admitKey(Buffer.from(value, 'latin1'), p.keyOptions);
-  if (k.key === undefined) return { kind: 'respond', response: toHttp(k.response as native.HttpResponseData), outcome: 'invalid_key' };
-  if (f.body.length > p.bodyLimit) {
-    return { kind: 'respond', response: p.problem('body_too_large'), outcome: 'body_too_large' };
-  }
-  let fingerprint: string;
+/** How a scope function's return value looks to core (a description, never a decision). */
+function describe(v: unknown): native.ScopeReturn {
+  if (typeof v === 'string') return { kind: 'string', text: v };
+  if (v === undefined || v === null) return { kind: 'nothing', text: String(v) };
+  let text: string;
   try {
-    fingerprint = p.fingerprinter.fingerprint({
-      method: f.method,
-      route: f.target,
-      body: f.body,
-      headers: f.headers,
-      contentType: f.contentType ?? null,
-    });
-  } catch (e) {
-    if (e instanceof CanonicalizationError) {
-      // Core maps the refused body to its problem (400 invalid_body or 413), never this binding.
-      const bp = p.bodyProblem(f.body);
-      if (bp) return { kind: 'respond', response: toHttp(bp.response), outcome: bp.outcome };
-    }
-    throw e;
+    text = `${typeof v} ${typeof v === 'object' ? JSON.stringify(v) : String(v)}`;
+  } catch {
+    text = typeof v;
   }
-  const scope = native.scopeId(f.principal, f.method, f.route, k.key);
+  return { kind: 'other', text };
+}
+
+function refused<Req>(p: Prepared<Req>, a: native.Admission, route: string, method: string): Admitted {
+  if (a.log) p.logScopeUnresolved(route, method, a.log);
+  return { kind: 'respond', response: toHttp(a.problem as native.HttpResponseData), outcome: a.outcome ?? 'refused' };
+}
+
+/** Stages 2 and 3 of core's admission (body and fingerprint, then scope), then the session (no
+ * store call yet). The order is core's; this function only gathers the inputs. */
+export async function admitRest<Req>(p: Prepared<Req>, a: native.Admission, f: RequestFacts<Req>): Promise<Admitted> {
+  a.body(
+    p.fingerprinter.nativeHandle,
+    f.method,
+    f.target,
+    f.body ?? Buffer.alloc(0),
+    f.contentType ?? null,
+    flatHeaders(f.headers),
+    f.body === null,
+  );
+  if (a.kind === 'refuse') return refused(p, a, f.route, f.method);
+  let returned: native.ScopeReturn = { kind: 'not_called' };
+  if (p.o.scope) {
+    try {
+      returned = describe(await p.o.scope(f.req));
+    } catch (e) {
+      returned = { kind: 'raised', text: e instanceof Error ? `${e.name}: ${e.message}` : String(e) };
+    }
+  }
+  a.scope(p.scopeRule, f.method, f.route, f.authenticated, returned);
+  if (a.kind === 'refuse') return refused(p, a, f.route, f.method);
+  if (a.warning) p.warnOnce(f.route, a.warning);
   const tx = p.o.transactional && supportsTransactions(p.o.store) ? p.o.store.transaction() : undefined;
   const session = new Session({
     store: p.o.store,
     config: p.config,
-    scope,
-    fingerprint,
+    scope: a.scopeId as Buffer,
+    fingerprint: a.fingerprint as string,
     // A transactional session bounds every step itself (statement deadlines, the lock wait): an
     // outer timeout would answer while the step still runs on the transaction's connection.
     storeTimeoutMs: tx ? 0 : (p.o.storeTimeoutMs ?? defaultStoreTimeoutMs(p.o.store)),
@@ -241,9 +299,9 @@ export function admitRequest<Req>(p: Prepared<Req>, f: RequestFacts): Admitted {
     route: f.route,
     ...(tx ? { tx } : {}),
     // A store with per-partition quotas (the memory store) gets the principal's partition.
-    ...(p.o.store.partitioned === true ? { partition: native.memoryPartition(f.principal) } : {}),
+    ...(p.o.store.partitioned === true ? { partition: a.partition as Buffer } : {}),
   });
-  return { kind: 'session', session, key: k.key };
+  return { kind: 'session', session, key: a.key as string };
 }
 
 /** Headroom over a store's own call bound before the host gives up on a call, ms. */

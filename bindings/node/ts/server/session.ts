@@ -53,8 +53,11 @@ export interface IdempotencyEventMap {
   corrupt_record: [{ message: string }];
   /** The lease was lost to a takeover while the handler ran. */
   lease_lost: [{ route: string }];
-  /** A configuration smell, reported once (e.g. authenticated requests but no `scope`). */
+  /** A configuration smell, reported once per route (e.g. authenticated requests but no `scope`). */
   warning: [{ message: string }];
+  /** A request refused with 500 `scope-unresolved`: core's log line (written to stderr when
+   * nothing listens). */
+  scope_unresolved: [{ route: string; method: string; message: string }];
   /**
    * The background cleanup of a claim whose answer was lost ended (see `Session`): `applied`
    * when it released the claim (or expired the taken-over lease), after `attempts` tries.

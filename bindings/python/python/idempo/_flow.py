@@ -187,7 +187,6 @@ def _start(request: _Request, session: Any) -> Tuple[_Run, Action]:
         request.fingerprint,
         request.config,
         os.urandom(16),
-        transactional=session is not None,
     )
     return _Run(flow, request.route, request.hooks), action
 
@@ -266,20 +265,19 @@ def run_sync(
     route: str,
     handler: Callable[[Execution], HandlerResult],
     hooks: Hooks,
-    transactional: bool = False,
     partition: Optional[bytes] = None,
 ) -> Response:
     """Drives one request through the flow with a synchronous store and handler.
 
     The handler runs in the calling thread; heartbeats (lease renewals) run in a helper thread
     while it does. A handler exception is re-raised after core decided what to record.
-    ``transactional``: the store's session runs the claim, the handler and the completion in
+    With ``config.transactional`` the store's session runs the claim, the handler and the completion in
     one database transaction (see :mod:`idempo.stores._tx`); core's transactional flow says
     when to roll back (``release``) and commit, and which response may be sent. The session is
     closed (rolling back whatever is still open) when the request ends.
     """
     request = _Request(config, scope, fingerprint, key, route, hooks)
-    if not transactional:
+    if not config.transactional:
         return _run_sync(_for_partition(store, partition), request, handler, None)
     require_transactions(store)
     session = store.transaction()
@@ -446,15 +444,14 @@ async def run_async(
     route: str,
     handler: Callable[[Execution], Awaitable[HandlerResult]],
     hooks: Hooks,
-    transactional: bool = False,
     partition: Optional[bytes] = None,
 ) -> Response:
     """Drives one request through the flow from asyncio (sync stores run in worker threads).
 
-    ``transactional``: as for :func:`run_sync`.
+    ``config.transactional``: as for :func:`run_sync`.
     """
     request = _Request(config, scope, fingerprint, key, route, hooks)
-    if not transactional:
+    if not config.transactional:
         return await _run_async(_for_partition(store, partition), request, handler, None)
     require_transactions(store)
     session = store.transaction()

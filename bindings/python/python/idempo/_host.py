@@ -1,5 +1,6 @@
-"""Request preparation shared by the ASGI and WSGI integrations: options, per-route overrides,
-key admission, fingerprint and scope. Core makes every decision; this module gathers its inputs."""
+"""Request preparation shared by the ASGI, WSGI and Django integrations: options, per-route
+overrides, and the inputs of core's admission. Core makes every decision (``Admission``, the
+order of ``spec/PROTOCOL.md`` §7.2.1); this module gathers its inputs and emits what it returns."""
 
 from __future__ import annotations
 
@@ -8,26 +9,21 @@ import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar
 
-from idempo._flow import Hooks, Response, response_of
+from idempo._flow import Hooks, Response, log, response_of
 from idempo.stores._tx import require_transactions
 from idempo._idempo import (
-    CanonicalizationError,
+    Admission,
     Config,
     Fingerprinter,
     InvalidArgument,
-    admit_key,
-    body_problem,
-    body_too_large,
-    memory_partition,
-    scope_id,
+    ScopeRule,
 )
-
-DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 
 
 class UnscopedKeyWarning(UserWarning):
     """An authenticated request hit an idempotent route that has no scope function: keys of
-    different users share one namespace. Pass ``scope=`` (principal from the request)."""
+    different users share one namespace. Pass ``scope=`` (principal from the request), or
+    declare the route ``public=True``."""
 
 
 @dataclass(frozen=True)
@@ -40,7 +36,8 @@ class RouteOptions:
     scope: Optional[Callable[[Any], Optional[str]]] = None
     redact: Optional[Callable[[int, List[Tuple[str, str]], bytes], Optional[bytes]]] = None
     enabled: bool = True
-    transactional: bool = False
+    public: bool = False
+    empty_scope_is_anonymous: bool = False
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -56,14 +53,18 @@ def idempotent(
     scope: Optional[Callable[[Any], Optional[str]]] = None,
     redact: Optional[Callable[[int, List[Tuple[str, str]], bytes], Optional[bytes]]] = None,
     enabled: bool = True,
-    transactional: Optional[bool] = None,
+    public: Optional[bool] = None,
+    empty_scope_is_anonymous: Optional[bool] = None,
 ) -> Callable[[F], F]:
     """Marks an endpoint (Starlette/FastAPI endpoint or Flask view) with its own options.
 
     The function itself is returned unchanged (no wrapper, so FastAPI's dependency injection
     and signatures are untouched); the middleware reads the mark when the route matches.
-    ``enabled=False`` exempts the route. ``transactional=True`` runs this route's handler in
-    the store's transaction (:func:`idempo.current_transaction`); None keeps the middleware's
+    ``enabled=False`` exempts the route. ``config=Config(transactional=True)`` runs this route's
+    handler in the store's transaction (:func:`idempo.current_transaction`). ``public=True``
+    declares that the route's keys are shared by every caller (no principal; the middleware's
+    scope function is not called for it); ``empty_scope_is_anonymous=True`` accepts an empty
+    string from the scope function as the anonymous principal. None keeps the middleware's
     setting.
     """
     overrides: Dict[str, Any] = {
@@ -73,7 +74,8 @@ def idempotent(
         "scope": scope,
         "redact": redact,
         "enabled": enabled,
-        "transactional": transactional,
+        "public": public,
+        "empty_scope_is_anonymous": empty_scope_is_anonymous,
     }
 
     def mark(fn: F) -> F:
@@ -97,7 +99,6 @@ class Prepared:
     key: Optional[str] = None
     scope: bytes = b""
     fingerprint: str = ""
-    unprotected: bool = False
     partition: Optional[bytes] = None
     """The principal's partition, for a store with per-partition quotas (``store.partitioned``)."""
 
@@ -116,28 +117,21 @@ class HostCore:
         fingerprint_headers: Iterable[str],
         exclude: Iterable[str],
         hmac_key: Optional[bytes],
-        numbers: str,
-        max_body_bytes: int,
-        strict_key: bool,
-        key_min_len: int,
-        key_max_len: int,
+        numbers: Optional[str],
         redact: Optional[Callable[[int, List[Tuple[str, str]], bytes], Optional[bytes]]],
         hooks: Optional[Hooks],
         only_marked: bool,
         warn_unscoped: bool,
-        transactional: bool = False,
+        public: bool = False,
+        empty_scope_is_anonymous: bool = False,
     ) -> None:
         if store is None:
             raise InvalidArgument("an idempotency store is required")
-        if max_body_bytes <= 0:
-            raise InvalidArgument("max_body_bytes must be positive")
         self.store = store
         self.methods = frozenset(m.upper() for m in methods)
         self.header_name = header_name.lower()
         self.hmac_key = hmac_key
         self.numbers = numbers
-        self.max_body_bytes = max_body_bytes
-        self.key_opts = {"strict": strict_key, "min_len": key_min_len, "max_len": key_max_len}
         self.hooks = hooks or Hooks()
         self.only_marked = only_marked
         self.warn_unscoped = warn_unscoped
@@ -147,18 +141,33 @@ class HostCore:
             exclude=tuple(exclude),
             scope=scope,
             redact=redact,
-            transactional=transactional,
+            public=public,
+            empty_scope_is_anonymous=empty_scope_is_anonymous,
         )
-        self._check(self.defaults)
+        self._rules: Dict[Tuple[bool, bool, bool], ScopeRule] = {}
         self._fingerprinters: Dict[Tuple[Tuple[str, ...], Tuple[str, ...]], Fingerprinter] = {}
         self._warned: set[str] = set()
         self._lock = threading.Lock()
+        self._check(self.defaults)
+
+    def _rule(self, opts: RouteOptions) -> ScopeRule:
+        """Core's validated scope rule of a route (a contradiction raises InvalidArgument)."""
+        key = (opts.scope is not None, opts.public, opts.empty_scope_is_anonymous)
+        with self._lock:
+            rule = self._rules.get(key)
+            if rule is None:
+                rule = ScopeRule(
+                    function=key[0], public=key[1], empty_scope_is_anonymous=key[2]
+                )
+                self._rules[key] = rule
+            return rule
 
     def _check(self, opts: RouteOptions) -> None:
         if opts.redact is not None and not opts.config.redact:
             raise InvalidArgument("a redact hook needs Config(redact=True)")
-        if opts.transactional:
+        if opts.config.transactional:
             require_transactions(self.store)
+        self._rule(opts)
 
     def options_for(self, endpoint: Any) -> Optional[RouteOptions]:
         """The options for a matched endpoint; None when the route is not protected."""
@@ -167,17 +176,25 @@ class HostCore:
             return None if self.only_marked else self.defaults
         if not overrides["enabled"]:
             return None
+        # A route's own scope function or public flag replaces the middleware's declaration.
+        if overrides.get("public") is not None:
+            public = bool(overrides["public"])
+        else:
+            public = False if overrides["scope"] is not None else self.defaults.public
+        anonymous = overrides.get("empty_scope_is_anonymous")
         opts = replace(
             self.defaults,
             config=overrides["config"] or self.defaults.config,
             fingerprint_headers=overrides["fingerprint_headers"]
             or self.defaults.fingerprint_headers,
             exclude=overrides["exclude"] or self.defaults.exclude,
-            scope=overrides["scope"] or self.defaults.scope,
+            # A route declared public has no principal: the middleware's function is not its.
+            scope=overrides["scope"] or (None if overrides.get("public") else self.defaults.scope),
             redact=overrides["redact"] or self.defaults.redact,
-            transactional=self.defaults.transactional
-            if overrides.get("transactional") is None
-            else bool(overrides["transactional"]),
+            public=public,
+            empty_scope_is_anonymous=self.defaults.empty_scope_is_anonymous
+            if anonymous is None
+            else bool(anonymous),
         )
         self._check(opts)
         return opts
@@ -196,64 +213,101 @@ class HostCore:
                 self._fingerprinters[cache_key] = fp
             return fp
 
-    def too_large(self) -> Response:
-        return response_of(body_too_large(self.max_body_bytes))
+    def refused(self, route: str, admission: Admission) -> Response:
+        """Core's refusal: logs core's line (if any), reports the outcome, returns the answer."""
+        if admission.log is not None:
+            log.error("%s", admission.log)
+        assert admission.problem is not None
+        answer = response_of(admission.problem)
+        self.hooks.outcome(route, answer.outcome)
+        return answer
 
-    def prepare(
+    def admit_key(
         self,
+        opts: RouteOptions,
+        route: str,
+        key_fields: List[bytes],
+        declared_length: Optional[int],
+    ) -> Tuple[Optional[Admission], Optional[Response]]:
+        """Stage 1 of core's admission: ``(None, None)`` to pass the request through
+        unprotected, ``(None, answer)`` to answer now, or ``(admission, None)``: read at most
+        ``admission.body_limit`` bytes of body and call :meth:`admit_body`."""
+        admission = Admission.start(opts.config, key_fields, declared_length)
+        if admission.kind == "pass_through":
+            return None, None
+        if admission.kind == "refuse":
+            return None, self.refused(route, admission)
+        return admission, None
+
+    def admit_body(
+        self,
+        admission: Admission,
         *,
         opts: RouteOptions,
         request: Any,
         method: str,
         route: str,
         target: str,
-        key_value: Optional[bytes],
         headers: List[Tuple[str, str]],
         content_type: Optional[str],
         body: bytes,
+        over_limit: bool,
         authenticated: bool,
     ) -> Prepared:
-        """Admits the key, computes the principal, fingerprint and scope id.
+        """Stages 2 and 3 of core's admission: the body and its fingerprint, then the scope.
 
         The scope uses the route *template* (one record namespace per endpoint); the fingerprint
         covers the concrete ``target`` (path and query), so the same key sent to
         ``/accounts/1/payments`` and ``/accounts/2/payments`` is a 422, never a replay.
         """
-        key, problem = admit_key(key_value, opts.config, **self.key_opts)  # type: ignore[arg-type]
-        if problem is not None:
-            answer = response_of(problem)
-            self.hooks.outcome(route, answer.outcome)
-            return Prepared(answer=answer)
-        if key is None:
-            return Prepared(unprotected=True)
-        principal = opts.scope(request) if opts.scope is not None else None
-        if principal is None:
-            if authenticated and self.warn_unscoped and route not in self._warned:
-                self._warned.add(route)
-                warnings.warn(
-                    f"idempotent route {method} {route} has no scope function but the request is "
-                    "authenticated: all users share one key namespace (pass scope=...)",
-                    UnscopedKeyWarning,
-                    stacklevel=2,
+        admission.body(
+            self.fingerprinter(opts),
+            method,
+            target,
+            body,
+            headers,
+            content_type,
+            over_limit=over_limit,
+        )
+        if admission.kind == "refuse":
+            return Prepared(answer=self.refused(route, admission))
+        rule = self._rule(opts)
+        if opts.scope is not None:
+            try:
+                returned = opts.scope(request)
+            except Exception as exc:  # noqa: BLE001 - core refuses the request (scope-unresolved)
+                admission.scope(
+                    rule, method, route, authenticated=authenticated,
+                    raised=f"{type(exc).__name__}: {exc}",
                 )
-            principal = ""
-        try:
-            fp = self.fingerprinter(opts).fingerprint(
-                method, target, body, headers, content_type=content_type
-            )
-        except CanonicalizationError as exc:
-            answer = response_of(body_problem(exc))
-            self.hooks.outcome(route, answer.outcome)
-            return Prepared(answer=answer)
-        partition = (
-            memory_partition(principal) if getattr(self.store, "partitioned", False) is True else None
-        )
+            else:
+                admission.scope(
+                    rule, method, route, authenticated=authenticated, returned=returned
+                )
+        else:
+            admission.scope(rule, method, route, authenticated=authenticated)
+        if admission.kind == "refuse":
+            return Prepared(answer=self.refused(route, admission))
+        if admission.warning is not None and self.warn_unscoped and route not in self._warned:
+            self._warned.add(route)
+            warnings.warn(admission.warning, UnscopedKeyWarning, stacklevel=2)
+        assert admission.key is not None and admission.scope_id is not None
+        assert admission.fingerprint is not None
+        partitioned = getattr(self.store, "partitioned", False) is True
         return Prepared(
-            key=key,
-            scope=scope_id(principal, method, route, key),
-            fingerprint=fp,
-            partition=partition,
+            key=admission.key,
+            scope=admission.scope_id,
+            fingerprint=admission.fingerprint,
+            partition=admission.partition if partitioned else None,
         )
+
+
+def declared_length(value: Optional[str]) -> Optional[int]:
+    """The body length a ``Content-Length`` value declares (None: absent or unreadable)."""
+    if value is None:
+        return None
+    text = value.strip()
+    return int(text) if text.isdigit() else None
 
 
 def with_content_length(headers: List[Tuple[str, str]], body: bytes) -> List[Tuple[str, str]]:

@@ -5,6 +5,7 @@ from typing import Literal, final
 
 __all__ = [
     "Action",
+    "Admission",
     "BodyCapture",
     "CanonicalizationError",
     "Cleanup",
@@ -25,11 +26,10 @@ __all__ = [
     "RetryAdvice",
     "RetryPolicy",
     "RouteFingerprinter",
+    "ScopeRule",
     "ServerFlow",
     "StoreUnavailable",
-    "admit_key",
     "body_problem",
-    "body_too_large",
     "cache_fill_px",
     "cache_servable",
     "canonicalize",
@@ -50,7 +50,7 @@ __all__ = [
 
 _Bytes = bytes | bytearray | str
 _Headers = Mapping[str, str] | Iterable[tuple[str | bytes, str | bytes]]
-_Numbers = Literal["strict", "reject_precision_loss", "rfc"]
+_Numbers = Literal["reject_precision_loss", "rfc"]
 
 class IdempotencyError(Exception): ...
 
@@ -88,7 +88,7 @@ class InvalidArgument(IdempotencyError):
 def canonicalize(
     data: _Bytes,
     *,
-    numbers: _Numbers = "rfc",
+    numbers: _Numbers | None = None,
     exclude: Iterable[str] | None = None,
     max_input_bytes: int | None = None,
     max_depth: int | None = None,
@@ -102,7 +102,7 @@ def fingerprint(
     exclude: Iterable[str] | None = None,
     content_type: str | None = ...,
     hmac_key: bytes | None = None,
-    numbers: _Numbers = "strict",
+    numbers: _Numbers | None = None,
 ) -> str: ...
 @final
 class Fingerprinter:
@@ -112,7 +112,7 @@ class Fingerprinter:
         header_names: Iterable[str] | None = None,
         exclude: Iterable[str] | None = None,
         hmac_key: bytes | None = None,
-        numbers: _Numbers = "strict",
+        numbers: _Numbers | None = None,
         max_input_bytes: int | None = None,
         max_depth: int | None = None,
         max_members: int | None = None,
@@ -241,24 +241,34 @@ class RetryPolicy:
 
 @final
 class Config:
+    """Core's per-route policy. Every option is one of core's flat option set; ``None`` (each
+    default) means core's default (``Config.default()`` in core: lease 30 s, heartbeat every
+    third of the lease, ``heartbeat_ms=0`` turns it off; takeover ``"outcome_unknown"``; TTL 24 h;
+    key required, 8..128 characters, both forms; transient statuses 408/409/425/429; 1 MiB
+    stored bodies; 1 MiB request bodies; ...)."""
+
     def __new__(
         cls,
         *,
-        lease_ms: int = 30000,
-        heartbeat: bool = True,
+        lease_ms: int | None = None,
         heartbeat_ms: int | None = None,
-        takeover: Literal["outcome_unknown", "re_run"] = "outcome_unknown",
-        ttl_ms: int = 86400000,
-        key_required: bool = True,
+        takeover: Literal["outcome_unknown", "re_run"] | None = None,
+        ttl_ms: int | None = None,
+        key_required: bool | None = None,
+        key_min_len: int | None = None,
+        key_max_len: int | None = None,
+        key_strict: bool | None = None,
         transient_statuses: list[int] | None = None,
-        store_server_errors: bool = False,
-        max_body_bytes: int = 1048576,
-        replay_headers: Iterable[str] | None = None,
-        redact: bool = False,
-        in_flight_retry_after_ms: int = 1000,
-        unavailable_retry_after_ms: int = 1000,
-        max_store_rounds: int = 3,
-        cleanup_budget_ms: int = 30000,
+        store_server_errors: bool | None = None,
+        max_stored_body_bytes: int | None = None,
+        stored_headers: Iterable[str] | None = None,
+        redact: bool | None = None,
+        in_flight_retry_after_ms: int | None = None,
+        unavailable_retry_after_ms: int | None = None,
+        max_store_rounds: int | None = None,
+        cleanup_budget_ms: int | None = None,
+        max_request_body_bytes: int | None = None,
+        transactional: bool | None = None,
     ) -> Config: ...
     @property
     def lease_ms(self) -> int: ...
@@ -269,15 +279,36 @@ class Config:
     @property
     def key_required(self) -> bool: ...
     @property
+    def key_min_len(self) -> int: ...
+    @property
+    def key_max_len(self) -> int: ...
+    @property
+    def key_strict(self) -> bool: ...
+    @property
     def takeover(self) -> str: ...
     @property
-    def replay_headers(self) -> list[str]: ...
+    def transient_statuses(self) -> list[int]: ...
     @property
-    def max_body_bytes(self) -> int: ...
+    def store_server_errors(self) -> bool: ...
+    @property
+    def stored_headers(self) -> list[str]: ...
+    @property
+    def max_stored_body_bytes(self) -> int: ...
+    @property
+    def max_request_body_bytes(self) -> int: ...
     @property
     def redact(self) -> bool: ...
     @property
+    def in_flight_retry_after_ms(self) -> int: ...
+    @property
+    def unavailable_retry_after_ms(self) -> int: ...
+    @property
+    def max_store_rounds(self) -> int: ...
+    @property
     def cleanup_budget_ms(self) -> int: ...
+    @property
+    def transactional(self) -> bool: ...
+
     def capture_plan(
         self,
         status: int,
@@ -285,8 +316,60 @@ class Config:
         *,
         streaming: bool = False,
         framework: bool = False,
-        transactional: bool = False,
     ) -> tuple[str, int | None]: ...
+@final
+class ScopeRule:
+    def __new__(
+        cls, *, function: bool, public: bool = False, empty_scope_is_anonymous: bool = False
+    ) -> ScopeRule: ...
+    @property
+    def function(self) -> bool: ...
+
+@final
+class Admission:
+    @staticmethod
+    def start(
+        config: Config, key_fields: list[bytes], declared_length: int | None = None
+    ) -> Admission: ...
+    def body(
+        self,
+        fingerprinter: Fingerprinter,
+        method: str,
+        target: str,
+        body: bytes,
+        headers: _Headers | None = None,
+        content_type: str | None = None,
+        *,
+        over_limit: bool = False,
+    ) -> None: ...
+    def scope(
+        self,
+        rule: ScopeRule,
+        method: str,
+        route: str,
+        *,
+        authenticated: bool,
+        returned: object | None = None,
+        raised: str | None = None,
+    ) -> None: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def problem(self) -> Action | None: ...
+    @property
+    def log(self) -> str | None: ...
+    @property
+    def warning(self) -> str | None: ...
+    @property
+    def body_limit(self) -> int | None: ...
+    @property
+    def key(self) -> str | None: ...
+    @property
+    def scope_id(self) -> bytes | None: ...
+    @property
+    def fingerprint(self) -> str | None: ...
+    @property
+    def partition(self) -> bytes | None: ...
 
 @final
 class Action:
@@ -323,8 +406,6 @@ class ServerFlow:
         fingerprint: str,
         config: Config,
         entropy: bytes,
-        *,
-        transactional: bool = False,
     ) -> tuple[ServerFlow, Action]: ...
     def store_result(self, result: object) -> Action: ...
     def store_event(self, op: str, result: object) -> Action: ...
@@ -369,16 +450,7 @@ class Cleanup:
     def max_delay_ms(self) -> int: ...
     def next(self, attempt: int, elapsed_ms: int, applied: bool | None) -> int | None: ...
 
-def admit_key(
-    value: _Bytes | None,
-    config: Config,
-    *,
-    strict: bool = False,
-    min_len: int = 8,
-    max_len: int = 128,
-) -> tuple[str | None, Action | None]: ...
 def body_problem(error: CanonicalizationError) -> Action: ...
-def body_too_large(limit: int) -> Action: ...
 def unavailable_problem(config: Config) -> Action: ...
 def encode_response(status: int, headers: _Headers, body: _Bytes) -> bytes: ...
 def decode_response(data: bytes) -> tuple[int, list[tuple[str, str]], bytes]: ...

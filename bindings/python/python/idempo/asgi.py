@@ -8,7 +8,9 @@
     app.add_middleware(
         IdempotencyMiddleware,
         store=SQLiteStore("idempo.sqlite3"),
-        scope=lambda request_scope: request_scope["state"]["user_id"],  # principal
+        # The principal, read when the middleware runs (before the endpoint): here the user an
+        # authentication middleware that runs earlier put in the ASGI scope.
+        scope=lambda request_scope: request_scope["user"].display_name,
     )
 
 Per route, mark the endpoint with :func:`idempo.idempotent` (its own ``Config``, fingerprint
@@ -29,7 +31,7 @@ from __future__ import annotations
 from typing import Any, Awaitable, Callable, Dict, Iterable, List, MutableMapping, Optional, Sequence, Tuple
 
 from idempo._flow import Execution, HandlerResult, Hooks, Response, run_async
-from idempo._host import HostCore, RouteOptions, with_content_length
+from idempo._host import HostCore, RouteOptions, declared_length, with_content_length
 from idempo._idempo import BodyCapture, Config
 
 #: ``scope["state"]`` member set when the framework rejected the request before the handler ran.
@@ -102,18 +104,27 @@ class IdempotencyMiddleware:
       :class:`~idempo.UnscopedKeyWarning` once per route.
     - ``route``: ``fn(asgi_scope) -> template | None``; default: the matching Starlette route's
       path template, else the raw path.
+    - ``public``: the routes' keys are shared by every caller (no principal); per route with
+      ``idempotent(public=True)``. A route with neither ``scope`` nor ``public`` uses the shared
+      namespace and warns once for authenticated requests. A ``scope`` function that returns
+      ``None``, ``""`` (unless ``empty_scope_is_anonymous=True``), a non-string, or raises gets
+      the request refused with 500 ``scope-unresolved`` (logged on the ``idempo`` logger); the
+      handler does not run. The function runs in the middleware, before the handler: it must
+      read what exists at that point (a header, a token, ``scope["user"]`` set by an
+      authentication middleware that runs earlier), not state an endpoint dependency sets.
     - ``fingerprint_headers`` / ``exclude``: request headers and JSON pointers (left out) of the
-      fingerprint; ``hmac_key`` makes fingerprints HMACs; ``numbers``: ``"strict"`` or ``"rfc"``.
-    - ``max_body_bytes``: larger request bodies get 413 (after reading at most this much plus
-      one chunk).
-    - ``strict_key``, ``key_min_len``, ``key_max_len``: key syntax options.
+      fingerprint; ``hmac_key`` makes fingerprints HMACs; ``numbers``: ``"reject_precision_loss"``
+      or ``"rfc"`` (None: core's default, ``"reject_precision_loss"``).
+    - Key syntax (``key_min_len``, ``key_max_len``, ``key_strict``), the request body limit
+      (``max_request_body_bytes``: larger bodies get 413 after reading at most this much plus one
+      chunk) and transactional mode are :class:`idempo.Config` options.
     - ``redact``: ``fn(status, headers, body) -> bytes | None``, the body to store instead
       (needs ``Config(redact=True)``).
     - ``hooks``: :class:`idempo.Hooks` callbacks for metrics.
     - ``only_marked``: protect only endpoints marked with :func:`idempo.idempotent`.
-    - ``transactional``: run the claim, the handler and the completion in one database
-      transaction of the store (PostgreSQL or SQLite; per route with
-      ``idempotent(transactional=...)``); the handler writes through
+    - ``Config(transactional=True)``: run the claim, the handler and the completion in one
+      database transaction of the store (PostgreSQL or SQLite; per route with
+      ``idempotent(config=Config(transactional=True))``); the handler writes through
       :func:`idempo.current_transaction` ``().connection`` (also
       ``request.state.idempotency.transaction``). Other stores raise
       :class:`idempo.TransactionalUnsupported`.
@@ -132,16 +143,13 @@ class IdempotencyMiddleware:
         fingerprint_headers: Iterable[str] = (),
         exclude: Iterable[str] = (),
         hmac_key: Optional[bytes] = None,
-        numbers: str = "strict",
-        max_body_bytes: int = 1024 * 1024,
-        strict_key: bool = False,
-        key_min_len: int = 8,
-        key_max_len: int = 128,
+        numbers: Optional[str] = None,
         redact: Optional[Callable[[int, List[Tuple[str, str]], bytes], Optional[bytes]]] = None,
         hooks: Optional[Hooks] = None,
         only_marked: bool = False,
         warn_unscoped: bool = True,
-        transactional: bool = False,
+        public: bool = False,
+        empty_scope_is_anonymous: bool = False,
     ) -> None:
         self.app = app
         self.route_fn = route
@@ -155,15 +163,12 @@ class IdempotencyMiddleware:
             exclude=exclude,
             hmac_key=hmac_key,
             numbers=numbers,
-            max_body_bytes=max_body_bytes,
-            strict_key=strict_key,
-            key_min_len=key_min_len,
-            key_max_len=key_max_len,
             redact=redact,
             hooks=hooks,
             only_marked=only_marked,
             warn_unscoped=warn_unscoped,
-            transactional=transactional,
+            public=public,
+            empty_scope_is_anonymous=empty_scope_is_anonymous,
         )
 
     def _mark_framework_rejections(self) -> None:
@@ -203,8 +208,9 @@ class IdempotencyMiddleware:
         route = template or scope["path"]
         await self._protected(scope, receive, send, opts, route)
 
-    async def _read_body(self, receive: Receive) -> Tuple[Optional[bytes], bool]:
-        """(body, too_large); body None when the client went away."""
+    async def _read_body(self, receive: Receive, limit: int) -> Tuple[Optional[bytes], bool]:
+        """(body, over_limit); stops at the first chunk past ``limit``; body None when the
+        client went away."""
         chunks: List[bytes] = []
         size = 0
         while True:
@@ -215,7 +221,7 @@ class IdempotencyMiddleware:
                 continue
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > self.core.max_body_bytes:
+            if size > limit:
                 return b"", True
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -225,41 +231,44 @@ class IdempotencyMiddleware:
         self, scope: Scope, receive: Receive, send: Send, opts: RouteOptions, route: str
     ) -> None:
         core = self.core
-        body, too_large = await self._read_body(receive)
-        if body is None:
-            return
-        if too_large:
-            answer = core.too_large()
-            core.hooks.outcome(route, answer.outcome)
-            await _send(send, answer)
-            return
         raw_headers: List[Tuple[bytes, bytes]] = list(scope.get("headers", []))
         headers = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in raw_headers]
         lower = {n.lower(): v for n, v in headers}
-        key_values = [v for n, v in raw_headers if n.lower() == core.header_name.encode()]
-        key_value = b", ".join(key_values) if key_values else None
+        name = core.header_name.encode()
+        key_fields = [bytes(v) for n, v in raw_headers if n.lower() == name]
+        admission, answer = core.admit_key(
+            opts, route, key_fields, declared_length(lower.get("content-length"))
+        )
+        if answer is not None:
+            await _send(send, answer)
+            return
+        if admission is None:
+            await self.app(scope, receive, send)  # no key, key optional: unprotected
+            return
+        assert admission.body_limit is not None
+        body, over_limit = await self._read_body(receive, admission.body_limit)
+        if body is None:
+            return
         method = scope["method"].upper()
-        prepared = core.prepare(
+        prepared = core.admit_body(
+            admission,
             opts=opts,
             request=scope,
             method=method,
             route=route,
             target=_target(scope),
-            key_value=key_value,
             headers=headers,
             content_type=lower.get("content-type"),
             body=body,
+            over_limit=over_limit,
             authenticated=_authenticated(scope, lower),
         )
         if prepared.answer is not None:
             await _send(send, prepared.answer)
             return
-        if prepared.unprotected:
-            await self.app(scope, _replay(body, receive), send)
-            return
         assert prepared.key is not None
 
-        captured = _Capture(opts.config, opts.transactional, send)
+        captured = _Capture(opts.config, send)
 
         async def handler(execution: Execution) -> HandlerResult:
             inner = dict(scope)
@@ -286,7 +295,6 @@ class IdempotencyMiddleware:
             route=route,
             handler=handler,
             hooks=core.hooks,
-            transactional=opts.transactional,
         )
         if not captured.sent:
             await _send(send, response)
@@ -339,9 +347,8 @@ class _Capture:
     most the limit (``truncated`` past it), ``pass_through`` recording nothing.
     """
 
-    def __init__(self, config: Config, transactional: bool, client: Send) -> None:
+    def __init__(self, config: Config, client: Send) -> None:
         self.config = config
-        self.transactional = transactional
         self.client = client
         self.state: Dict[str, Any] = {}
         self.status: Optional[int] = None
@@ -373,7 +380,7 @@ class _Capture:
             assert self.status is not None, "body before http.response.start"
             plan, limit = self.config.capture_plan(
                 self.status, self.headers, streaming=bool(message.get("more_body", False)),
-                framework=self.framework, transactional=self.transactional)
+                framework=self.framework)
             self.plan = plan
             if limit is not None:
                 self.capture = BodyCapture(limit)

@@ -12,6 +12,7 @@
     IDEMPO = {
         "STORE": "myproject.idempotency.make_store",   # a store, or a dotted path to it/its factory
         "SCOPE": "idempo.django.user_scope",           # principal: the authenticated user's pk
+        "EMPTY_SCOPE_IS_ANONYMOUS": True,              # anonymous requests: user_scope gives ""
         "CONFIG": {"ttl_ms": 86_400_000, "lease_ms": 30_000},   # or an idempo.Config
     }
 
@@ -19,9 +20,13 @@ Option names are the keyword arguments of :class:`idempo.wsgi.IdempotencyMiddlew
 ``STORE``, ``CONFIG`` (an :class:`idempo.Config` or a dict of its keyword arguments: TTL, lease and
 heartbeat, required key, caching policy, replay header allowlist, ...), ``METHODS``,
 ``HEADER_NAME``, ``SCOPE``, ``FINGERPRINT_HEADERS``, ``EXCLUDE`` (JSON pointers), ``HMAC_KEY``,
-``NUMBERS``, ``MAX_BODY_BYTES`` (413 above it), ``STRICT_KEY``, ``KEY_MIN_LEN``, ``KEY_MAX_LEN``,
-``REDACT``, ``HOOKS``, ``ONLY_MARKED``, ``WARN_UNSCOPED`` and ``TRANSACTIONAL`` (the view runs in
-the SQL store's transaction, :func:`idempo.current_transaction`). Callables (``SCOPE``, ``REDACT``,
+``NUMBERS``, ``REDACT``, ``HOOKS``, ``ONLY_MARKED``, ``WARN_UNSCOPED``, ``PUBLIC`` (keys shared by
+every caller, no principal) and ``EMPTY_SCOPE_IS_ANONYMOUS``. The request body limit
+(``max_request_body_bytes``, 413 above it), the key syntax (``key_min_len``, ``key_max_len``,
+``key_strict``) and transactional mode (``transactional``: the view runs in the SQL store's
+transaction, :func:`idempo.current_transaction`) are ``CONFIG`` options. A ``SCOPE`` function that
+returns ``None``, ``""`` (unless ``EMPTY_SCOPE_IS_ANONYMOUS``), a non-string or raises refuses the
+request with 500 ``scope-unresolved``. Callables (``SCOPE``, ``REDACT``,
 ``HOOKS``) may be given as dotted paths. An unknown name is an ``ImproperlyConfigured`` error.
 
 The route template is the URL pattern Django resolved (``/orders/<int:order>/pay``); a view
@@ -52,19 +57,18 @@ from idempo._flow import (
     HandlerResult,
     Hooks,
     Response,
-    response_of,
     run_async,
     run_sync,
 )
 from idempo._host import (
-    DEFAULT_MAX_BODY_BYTES,
     HostCore,
     Prepared,
     RouteOptions,
+    declared_length,
     idempotent,
     route_overrides,
 )
-from idempo._idempo import Config, InvalidArgument, body_too_large
+from idempo._idempo import Config, InvalidArgument
 
 __all__ = ["IdempotencyMiddleware", "idempotent", "user_scope"]
 
@@ -79,15 +83,21 @@ OPTIONS = {
     "EXCLUDE": "exclude",
     "HMAC_KEY": "hmac_key",
     "NUMBERS": "numbers",
-    "MAX_BODY_BYTES": "max_body_bytes",
-    "STRICT_KEY": "strict_key",
-    "KEY_MIN_LEN": "key_min_len",
-    "KEY_MAX_LEN": "key_max_len",
     "REDACT": "redact",
     "HOOKS": "hooks",
     "ONLY_MARKED": "only_marked",
     "WARN_UNSCOPED": "warn_unscoped",
-    "TRANSACTIONAL": "transactional",
+    "PUBLIC": "public",
+    "EMPTY_SCOPE_IS_ANONYMOUS": "empty_scope_is_anonymous",
+}
+
+#: Former setting names and where each went (``CONFIG`` keys are :class:`idempo.Config` options).
+RENAMED = {
+    "MAX_BODY_BYTES": "CONFIG['max_request_body_bytes']",
+    "STRICT_KEY": "CONFIG['key_strict']",
+    "KEY_MIN_LEN": "CONFIG['key_min_len']",
+    "KEY_MAX_LEN": "CONFIG['key_max_len']",
+    "TRANSACTIONAL": "CONFIG['transactional']",
 }
 
 _DEFAULTS: Dict[str, Any] = {
@@ -98,25 +108,26 @@ _DEFAULTS: Dict[str, Any] = {
     "fingerprint_headers": (),
     "exclude": (),
     "hmac_key": None,
-    "numbers": "strict",
-    "max_body_bytes": DEFAULT_MAX_BODY_BYTES,
-    "strict_key": False,
-    "key_min_len": 8,
-    "key_max_len": 128,
+    "numbers": None,
     "redact": None,
     "hooks": None,
     "only_marked": False,
     "warn_unscoped": True,
-    "transactional": False,
+    "public": False,
+    "empty_scope_is_anonymous": False,
 }
 
 
 def user_scope(request: Any) -> Optional[str]:
-    """The principal of a request: the primary key of ``request.user`` when authenticated
-    (``None`` for anonymous requests, which then share the anonymous namespace)."""
+    """The principal of a request: the primary key of ``request.user`` when authenticated, ``""``
+    for anonymous requests (accepted as the anonymous namespace with
+    ``EMPTY_SCOPE_IS_ANONYMOUS``, else refused with 500 ``scope-unresolved``). ``None`` when no
+    authentication middleware set ``request.user`` (refused: the middleware order is wrong)."""
     user = getattr(request, "user", None)
-    if user is None or not user.is_authenticated:
+    if user is None:
         return None
+    if not user.is_authenticated:
+        return ""
     return str(user.pk)
 
 
@@ -135,6 +146,12 @@ def options_from_settings(raw: Any) -> Dict[str, Any]:
     """The middleware options from a ``settings.IDEMPO`` mapping (see the module docs)."""
     if not isinstance(raw, dict):
         raise ImproperlyConfigured("settings.IDEMPO must be a dict (at least {'STORE': ...})")
+    renamed = sorted(str(k) for k in raw if k in RENAMED)
+    if renamed:
+        raise ImproperlyConfigured(
+            "settings.IDEMPO: "
+            + "; ".join(f"{k} is now {RENAMED[k]}" for k in renamed)
+        )
     unknown = sorted(str(k) for k in raw if k not in OPTIONS)
     if unknown:
         raise ImproperlyConfigured(
@@ -220,7 +237,6 @@ class IdempotencyMiddleware:
             route=step.route,
             handler=handler,
             hooks=self.core.hooks,
-            transactional=step.opts.transactional,
         )
         return _answer(answer, live)
 
@@ -252,7 +268,6 @@ class IdempotencyMiddleware:
             route=step.route,
             handler=handler,
             hooks=self.core.hooks,
-            transactional=step.opts.transactional,
         )
         return _answer(answer, live)
 
@@ -270,56 +285,51 @@ class IdempotencyMiddleware:
         if opts is None:
             return None
         route = _template(match.route, request.path_info)
-        body, too_large = self._read_body(request)
-        if too_large is not None:
-            answer = response_of(body_too_large(too_large))
-            core.hooks.outcome(route, answer.outcome)
-            return _to_django(answer)
         meta = request.META
-        headers = [(str(n).lower(), str(v)) for n, v in request.headers.items()]
         raw_key = meta.get(self._meta_key)
-        authenticated = False
-        if opts.scope is None and core.warn_unscoped:
-            user = getattr(request, "user", None)
-            authenticated = "HTTP_AUTHORIZATION" in meta or bool(
-                user is not None and user.is_authenticated
-            )
-        prepared = core.prepare(
+        key_fields = [] if raw_key is None else [_header_bytes(str(raw_key))]
+        admission, answer = core.admit_key(
+            opts, route, key_fields, declared_length(meta.get("CONTENT_LENGTH") or None)
+        )
+        if answer is not None:
+            return _to_django(answer)
+        if admission is None:
+            return None  # no key, key optional: unprotected
+        assert admission.body_limit is not None
+        body, over_limit = self._read_body(request, admission.body_limit)
+        headers = [(str(n).lower(), str(v)) for n, v in request.headers.items()]
+        user = getattr(request, "user", None)
+        authenticated = "HTTP_AUTHORIZATION" in meta or bool(
+            user is not None and user.is_authenticated
+        )
+        prepared = core.admit_body(
+            admission,
             opts=opts,
             request=request,
             method=method,
             route=route,
             target=_target(request),
-            key_value=None if raw_key is None else _header_bytes(str(raw_key)),
             headers=headers,
             content_type=meta.get("CONTENT_TYPE") or None,
             body=body,
+            over_limit=over_limit,
             authenticated=authenticated,
         )
         if prepared.answer is not None:
             return _to_django(prepared.answer)
-        if prepared.unprotected:
-            return None
-        assert prepared.key is not None  # admitted: neither answered nor unprotected
+        assert prepared.key is not None  # admitted
         return _Ready(opts, route, prepared, prepared.key)
 
-    def _read_body(self, request: Any) -> Tuple[bytes, Optional[int]]:
-        """(body, None), or (b"", limit) when the declared or actual length is above a limit
-        (this middleware's, or Django's ``DATA_UPLOAD_MAX_MEMORY_SIZE``); such a body is not read."""
-        limit = self.core.max_body_bytes
-        try:
-            declared = int(request.META.get("CONTENT_LENGTH") or 0)
-        except ValueError:
-            declared = 0
-        if declared > limit:
-            return b"", limit
+    def _read_body(self, request: Any, limit: int) -> Tuple[bytes, bool]:
+        """(body, over_limit): over the limit when longer than ``limit`` or than Django's
+        ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (such a body is not read)."""
         try:
             body: bytes = request.body
         except RequestDataTooBig:
-            return b"", int(settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
+            return b"", True
         if len(body) > limit:
-            return b"", limit
-        return body, None
+            return b"", True
+        return body, False
 
     @staticmethod
     def _result(opts: RouteOptions, response: Any, body: bytes) -> HandlerResult:

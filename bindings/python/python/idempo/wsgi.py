@@ -7,7 +7,12 @@
     from idempo.wsgi import FlaskIdempotency
 
     app = Flask(__name__)
-    FlaskIdempotency(app, store=SQLiteStore("idempo.sqlite3"), scope=lambda environ: current_user_id())
+    FlaskIdempotency(app, store=SQLiteStore("idempo.sqlite3"), scope=lambda environ: environ.get("REMOTE_USER"))
+
+The scope function runs in the middleware, before the view: it must read what exists there (the
+WSGI environ: ``REMOTE_USER``, a header, a token). One that returns ``None``, ``""``, a non-string
+or raises refuses the request with 500 ``scope-unresolved``; ``public=True`` declares that a
+route's keys are shared by every caller.
 
 The running view finds its execution (key, generation, downstream key) in
 ``environ["idempo.execution"]`` (``flask.request.environ``).
@@ -18,7 +23,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from idempo._flow import Execution, HandlerResult, Hooks, Response, run_sync
-from idempo._host import HostCore, with_content_length
+from idempo._host import HostCore, declared_length, with_content_length
 from idempo._idempo import Config
 
 Environ = Dict[str, Any]
@@ -53,16 +58,13 @@ class IdempotencyMiddleware:
         fingerprint_headers: Iterable[str] = (),
         exclude: Iterable[str] = (),
         hmac_key: Optional[bytes] = None,
-        numbers: str = "strict",
-        max_body_bytes: int = 1024 * 1024,
-        strict_key: bool = False,
-        key_min_len: int = 8,
-        key_max_len: int = 128,
+        numbers: Optional[str] = None,
         redact: Optional[Callable[[int, List[Tuple[str, str]], bytes], Optional[bytes]]] = None,
         hooks: Optional[Hooks] = None,
         only_marked: bool = False,
         warn_unscoped: bool = True,
-        transactional: bool = False,
+        public: bool = False,
+        empty_scope_is_anonymous: bool = False,
     ) -> None:
         self.app = app
         self.resolve = resolve
@@ -76,15 +78,12 @@ class IdempotencyMiddleware:
             exclude=exclude,
             hmac_key=hmac_key,
             numbers=numbers,
-            max_body_bytes=max_body_bytes,
-            strict_key=strict_key,
-            key_min_len=key_min_len,
-            key_max_len=key_max_len,
             redact=redact,
             hooks=hooks,
             only_marked=only_marked,
             warn_unscoped=warn_unscoped,
-            transactional=transactional,
+            public=public,
+            empty_scope_is_anonymous=empty_scope_is_anonymous,
         )
         self._env_key = "HTTP_" + header_name.upper().replace("-", "_")
 
@@ -100,32 +99,36 @@ class IdempotencyMiddleware:
             return self.app(environ, start_response)
         route = template or str(environ.get("PATH_INFO", "/"))
         core = self.core
-        body, too_large = self._read_body(environ)
-        if too_large:
-            answer = core.too_large()
-            core.hooks.outcome(route, answer.outcome)
+        raw_key = environ.get(self._env_key)
+        key_fields = [] if raw_key is None else [str(raw_key).encode("latin-1")]
+        admission, answer = core.admit_key(
+            opts, route, key_fields, declared_length(environ.get("CONTENT_LENGTH") or None)
+        )
+        if answer is not None:
             return _send(start_response, answer)
+        if admission is None:
+            return self.app(environ, start_response)  # no key, key optional: unprotected
+        assert admission.body_limit is not None
+        body, over_limit = self._read_body(environ, admission.body_limit)
         headers = _headers(environ)
         lower = {n.lower(): v for n, v in headers}
-        raw_key = environ.get(self._env_key)
-        prepared = core.prepare(
+        prepared = core.admit_body(
+            admission,
             opts=opts,
             request=environ,
             method=method,
             route=route,
             target=_target(environ),
-            key_value=None if raw_key is None else str(raw_key).encode("latin-1"),
             headers=headers,
             content_type=lower.get("content-type"),
             body=body,
+            over_limit=over_limit,
             authenticated="authorization" in lower or bool(environ.get("REMOTE_USER")),
         )
         environ["wsgi.input"] = _Input(body)
         environ["CONTENT_LENGTH"] = str(len(body))
         if prepared.answer is not None:
             return _send(start_response, prepared.answer)
-        if prepared.unprotected:
-            return self.app(environ, start_response)
         assert prepared.key is not None
 
         def handler(execution: Execution) -> HandlerResult:
@@ -159,21 +162,15 @@ class IdempotencyMiddleware:
             route=route,
             handler=handler,
             hooks=core.hooks,
-            transactional=opts.transactional,
         )
         return _send(start_response, response)
 
-    def _read_body(self, environ: Environ) -> Tuple[bytes, bool]:
+    def _read_body(self, environ: Environ, limit: int) -> Tuple[bytes, bool]:
+        """(body, over_limit): at most ``limit`` + 1 bytes are read."""
         stream = environ.get("wsgi.input")
         if stream is None:
             return b"", False
-        limit = self.core.max_body_bytes
-        try:
-            length = int(environ.get("CONTENT_LENGTH") or 0)
-        except ValueError:
-            length = 0
-        if length > limit:
-            return b"", True
+        length = declared_length(environ.get("CONTENT_LENGTH") or None)
         data = stream.read(min(length, limit + 1)) if length else stream.read(limit + 1)
         if len(data) > limit:
             return b"", True

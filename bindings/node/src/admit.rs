@@ -1,0 +1,318 @@
+//! Core's staged request admission (`idempo_core::machine::admit`, `spec/PROTOCOL.md` §7.2.1),
+//! for the Node hosts.
+//!
+//! An [`Admission`] holds the stage core's types allow next; each method feeds one stage and
+//! throws `INVALID_ARGUMENT` for a call out of order, so a host cannot skip or reorder a check.
+//! The host only reads the key fields, the body and the scope function's return value.
+use std::sync::Arc;
+
+use idempo_core::fingerprint::{Fingerprinter, RequestParts};
+use idempo_core::machine::HttpResponse;
+use idempo_core::machine::admit::{
+    self as core_admit, AwaitingBody, AwaitingScope, BodyRead, BodyStage, KeyStage, Refusal,
+    ScopeResolution, ScopeRule as CoreScopeRule, ScopeStage,
+};
+use napi::Env;
+use napi::bindgen_prelude::{Buffer, External};
+use napi_derive::napi;
+
+use crate::error::{Fail, code};
+use crate::flow::{FlowConfig, HttpResponseData, http};
+
+/// What a route declares about its scope (principal), validated by core: a scope function, or
+/// `public` (keys shared by every caller), or neither (shared, with a warning for authenticated
+/// requests); `emptyScopeIsAnonymous` accepts an empty principal from the function.
+#[napi]
+pub struct ScopeRule {
+    inner: CoreScopeRule,
+}
+
+#[napi]
+impl ScopeRule {
+    /// Validates the declaration (throws `CONFIG_INVALID` for a contradiction).
+    #[napi(constructor, catch_unwind)]
+    pub fn new(
+        env: Env,
+        has_function: bool,
+        public: bool,
+        empty_scope_is_anonymous: bool,
+    ) -> napi::Result<Self> {
+        CoreScopeRule::new(has_function, public, empty_scope_is_anonymous)
+            .map(|inner| Self { inner })
+            .map_err(|e| Fail::new(code::CONFIG, e.to_string()).throw(&env))
+    }
+
+    /// Whether the route has a scope function (the host calls it).
+    #[napi(getter)]
+    #[must_use]
+    pub fn has_function(&self) -> bool {
+        matches!(self.inner, CoreScopeRule::Function { .. })
+    }
+}
+
+/// What the route's scope function gave, as the host saw it.
+#[napi(object)]
+pub struct ScopeReturn {
+    /// `not_called` (no function), `string`, `nothing` (`undefined`/`null`), `other` (not a
+    /// string) or `raised`.
+    pub kind: String,
+    /// The string (`string`), the value's name (`nothing`: `undefined` or `null`), a description
+    /// (`other`, e.g. `number 42`) or the error's message (`raised`).
+    pub text: Option<String>,
+}
+
+enum Stage {
+    Body(AwaitingBody),
+    Scope(AwaitingScope),
+    Done,
+}
+
+/// One request's admission. `kind`: `pass_through` (run the handler unprotected), `refuse`
+/// (send `problem`; log `log` when set), `read_body` (read at most `bodyLimit` bytes, then
+/// `body()`), `resolve_scope` (call the scope function when the rule has one, then `scope()`)
+/// or `admitted` (`key`, `scopeId`, `fingerprint`, `partition` set; emit `warning` when set).
+#[napi]
+pub struct Admission {
+    stage: Stage,
+    kind: &'static str,
+    problem: Option<HttpResponse>,
+    outcome: Option<&'static str>,
+    log: Option<String>,
+    warning: Option<String>,
+    body_limit: Option<usize>,
+    key: Option<String>,
+    scope_id: Option<[u8; 32]>,
+    fingerprint: Option<String>,
+    partition: Option<[u8; 8]>,
+}
+
+impl Admission {
+    fn refused(&mut self, r: Refusal) {
+        self.stage = Stage::Done;
+        self.kind = "refuse";
+        self.outcome = Some(r.outcome());
+        self.log = r.log;
+        self.problem = Some(r.response);
+    }
+
+    fn out_of_order(&self, call: &str) -> Fail {
+        Fail::new(
+            code::INVALID_ARGUMENT,
+            format!("Admission.{call}() called in stage {:?}", self.kind),
+        )
+    }
+}
+
+#[napi]
+impl Admission {
+    /// Stage 1: the raw `Idempotency-Key` field values (in order; empty: no key) and the
+    /// declared body length (`Content-Length`, null when unknown).
+    #[napi(factory, catch_unwind)]
+    #[must_use]
+    pub fn start(
+        config: &FlowConfig,
+        key_fields: Vec<Buffer>,
+        declared_length: Option<f64>,
+    ) -> Self {
+        let fields: Vec<&[u8]> = key_fields.iter().map(|b| &b[..]).collect();
+        // A length that is not a non-negative integer is no usable declaration.
+        let declared = declared_length
+            .filter(|v| v.is_finite() && *v >= 0.0 && v.fract() == 0.0)
+            .map(|v| {
+                if v >= 18_446_744_073_709_551_615.0 {
+                    u64::MAX
+                } else {
+                    v as u64
+                }
+            });
+        let mut a = Self {
+            stage: Stage::Done,
+            kind: "pass_through",
+            problem: None,
+            outcome: None,
+            log: None,
+            warning: None,
+            body_limit: None,
+            key: None,
+            scope_id: None,
+            fingerprint: None,
+            partition: None,
+        };
+        match core_admit::admit(&config.inner, &fields, declared) {
+            KeyStage::PassThrough => {}
+            KeyStage::Refuse(r) => a.refused(r),
+            KeyStage::Continue(w) => {
+                a.kind = "read_body";
+                a.body_limit = Some(w.body_limit());
+                a.key = Some(w.key().as_str().to_owned());
+                a.stage = Stage::Body(w);
+            }
+        }
+        a
+    }
+
+    /// Stage 2: the body as read (`overLimit`: the host stopped reading past `bodyLimit`; `body`
+    /// is then ignored), with the route's fingerprinter handle, the method, the concrete request
+    /// target (path and query), the `Content-Type` and the headers as a flat
+    /// `[name, value, ...]` list.
+    #[napi(catch_unwind)]
+    #[allow(clippy::too_many_arguments)]
+    pub fn body(
+        &mut self,
+        env: Env,
+        #[napi(ts_arg_type = "ExternalObject<'FingerprinterHandle'>")] fingerprinter: &External<
+            Arc<Fingerprinter>,
+        >,
+        method: String,
+        target: String,
+        body: &[u8],
+        content_type: Option<String>,
+        headers: Option<Vec<String>>,
+        over_limit: bool,
+    ) -> napi::Result<()> {
+        let Stage::Body(w) = std::mem::replace(&mut self.stage, Stage::Done) else {
+            return Err(self.out_of_order("body").throw(&env));
+        };
+        let flat = headers.unwrap_or_default();
+        let pairs: Vec<(&str, &str)> = flat
+            .chunks_exact(2)
+            .map(|c| (c[0].as_str(), c[1].as_str()))
+            .collect();
+        let read = if over_limit {
+            BodyRead::OverLimit {
+                read: u64::try_from(body.len()).unwrap_or(u64::MAX),
+            }
+        } else {
+            BodyRead::Complete(RequestParts {
+                method: &method,
+                route: &target,
+                headers: &pairs,
+                content_type: content_type.as_deref(),
+                body,
+            })
+        };
+        match w
+            .body(read, fingerprinter)
+            .map_err(|e| Fail::new(code::FINGERPRINT, e.to_string()).throw(&env))?
+        {
+            BodyStage::Refuse(r) => self.refused(r),
+            BodyStage::Continue(s) => {
+                self.kind = "resolve_scope";
+                self.fingerprint = Some(s.fingerprint().as_str().to_owned());
+                self.stage = Stage::Scope(s);
+            }
+        }
+        Ok(())
+    }
+
+    /// Stage 3: what the route's scope function gave under `rule`, whether the request is
+    /// authenticated, the method and the route template.
+    #[napi(catch_unwind)]
+    pub fn scope(
+        &mut self,
+        env: Env,
+        rule: &ScopeRule,
+        method: String,
+        route: String,
+        authenticated: bool,
+        returned: ScopeReturn,
+    ) -> napi::Result<()> {
+        let Stage::Scope(s) = std::mem::replace(&mut self.stage, Stage::Done) else {
+            return Err(self.out_of_order("scope").throw(&env));
+        };
+        let text = returned.text.as_deref().unwrap_or("");
+        let resolution = match returned.kind.as_str() {
+            "not_called" => ScopeResolution::NotCalled,
+            "string" => ScopeResolution::Principal(text),
+            "nothing" => ScopeResolution::Nothing(if text.is_empty() { "undefined" } else { text }),
+            "raised" => ScopeResolution::Raised(text),
+            // Anything else is a value core cannot use as a principal: fail closed.
+            _ => ScopeResolution::NotAString(text),
+        };
+        match s.scope(rule.inner, resolution, authenticated, &method, &route) {
+            ScopeStage::Refuse(r) => self.refused(r),
+            ScopeStage::Admitted(a) => {
+                self.kind = "admitted";
+                self.key = Some(a.key.as_str().to_owned());
+                self.scope_id = Some(*a.scope.as_bytes());
+                self.partition = Some(*a.partition.as_bytes());
+                self.fingerprint = Some(a.fingerprint.as_str().to_owned());
+                self.warning = a.warning;
+            }
+        }
+        Ok(())
+    }
+
+    /// The stage: `pass_through`, `refuse`, `read_body`, `resolve_scope` or `admitted`.
+    #[napi(getter)]
+    #[must_use]
+    pub fn kind(&self) -> String {
+        self.kind.to_owned()
+    }
+
+    /// The problem response (`refuse`).
+    #[napi(getter)]
+    #[must_use]
+    pub fn problem(&self) -> Option<HttpResponseData> {
+        self.problem.clone().map(http)
+    }
+
+    /// The outcome name for metrics (`refuse`): `missing_key`, `invalid_key`, `body_too_large`,
+    /// `invalid_body` or `scope_unresolved`.
+    #[napi(getter)]
+    #[must_use]
+    pub fn outcome(&self) -> Option<String> {
+        self.outcome.map(str::to_owned)
+    }
+
+    /// The line to log (`refuse` with `scope_unresolved`).
+    #[napi(getter)]
+    #[must_use]
+    pub fn log(&self) -> Option<String> {
+        self.log.clone()
+    }
+
+    /// The warning to emit (`admitted` without a scope function, authenticated request).
+    #[napi(getter)]
+    #[must_use]
+    pub fn warning(&self) -> Option<String> {
+        self.warning.clone()
+    }
+
+    /// How many body bytes to read at most (`read_body`).
+    #[napi(getter)]
+    #[must_use]
+    pub fn body_limit(&self) -> Option<f64> {
+        self.body_limit
+            .map(|v| crate::num::from_u64(u64::try_from(v).unwrap_or(u64::MAX)))
+    }
+
+    /// The parsed key.
+    #[napi(getter)]
+    #[must_use]
+    pub fn key(&self) -> Option<String> {
+        self.key.clone()
+    }
+
+    /// The record key (`admitted`).
+    #[napi(getter)]
+    #[must_use]
+    pub fn scope_id(&self) -> Option<Buffer> {
+        self.scope_id.map(|b| Buffer::from(b.to_vec()))
+    }
+
+    /// The request fingerprint.
+    #[napi(getter)]
+    #[must_use]
+    pub fn fingerprint(&self) -> Option<String> {
+        self.fingerprint.clone()
+    }
+
+    /// The principal's quota partition (8 bytes, `admitted`), for a store with per-partition
+    /// quotas (the memory store).
+    #[napi(getter)]
+    #[must_use]
+    pub fn partition(&self) -> Option<Buffer> {
+        self.partition.map(|b| Buffer::from(b.to_vec()))
+    }
+}

@@ -1,0 +1,253 @@
+//! Core's staged request admission (`idempo_core::machine::admit`, `spec/PROTOCOL.md` §7.2.1),
+//! for Python hosts.
+//!
+//! An [`Admission`] holds the stage core's types allow next; each method feeds one stage and
+//! refuses (with `InvalidArgument`) a call out of order, so a host cannot skip or reorder a
+//! check. The host only reads the key fields, the body and the scope function's return value.
+use idempo_core::fingerprint::RequestParts;
+use idempo_core::machine::admit::{
+    self as core_admit, AwaitingBody, AwaitingScope, BodyRead, BodyStage, KeyStage, Refusal,
+    ScopeResolution, ScopeRule as CoreScopeRule, ScopeStage,
+};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyString};
+
+use crate::api::Fingerprinter;
+use crate::convert::header_pairs;
+use crate::errors::invalid_argument;
+use crate::flow::{Action, Config, respond};
+
+/// What a route declares about its scope (principal), validated: a scope function, or
+/// `public=True` (keys shared by every caller), or neither (shared, with a warning for
+/// authenticated requests); `empty_scope_is_anonymous=True` accepts an empty principal from the
+/// function as the anonymous one.
+#[pyclass(frozen, module = "idempo._idempo")]
+pub(crate) struct ScopeRule {
+    inner: CoreScopeRule,
+}
+
+#[pymethods]
+impl ScopeRule {
+    #[new]
+    #[pyo3(signature = (*, function, public = false, empty_scope_is_anonymous = false))]
+    fn new(
+        py: Python<'_>,
+        function: bool,
+        public: bool,
+        empty_scope_is_anonymous: bool,
+    ) -> PyResult<Self> {
+        CoreScopeRule::new(function, public, empty_scope_is_anonymous)
+            .map(|inner| Self { inner })
+            .map_err(|e| invalid_argument(py, e.to_string(), "invalid_scope_rule"))
+    }
+
+    /// Whether the route has a scope function (the host calls it).
+    #[getter]
+    fn function(&self) -> bool {
+        matches!(self.inner, CoreScopeRule::Function { .. })
+    }
+}
+
+enum Stage {
+    Body(AwaitingBody),
+    Scope(AwaitingScope),
+    Done,
+}
+
+/// One request's admission (see the module docs).
+///
+/// `kind` is `"pass_through"` (run the handler unprotected), `"refuse"` (send `problem`; log
+/// `log` when set), `"read_body"` (read at most `body_limit` bytes, then call `body`),
+/// `"resolve_scope"` (call the scope function when `rule.function`, then `scope`) or
+/// `"admitted"` (`key`, `scope_id`, `fingerprint`, `partition` are set; emit `warning` when set).
+#[pyclass(module = "idempo._idempo")]
+pub(crate) struct Admission {
+    stage: Stage,
+    #[pyo3(get)]
+    kind: &'static str,
+    #[pyo3(get)]
+    problem: Option<Py<Action>>,
+    #[pyo3(get)]
+    log: Option<String>,
+    #[pyo3(get)]
+    warning: Option<String>,
+    #[pyo3(get)]
+    body_limit: Option<usize>,
+    #[pyo3(get)]
+    key: Option<String>,
+    #[pyo3(get)]
+    scope_id: Option<Py<PyBytes>>,
+    #[pyo3(get)]
+    fingerprint: Option<String>,
+    /// The principal's quota partition (8 bytes), for a store with per-partition quotas.
+    #[pyo3(get)]
+    partition: Option<Py<PyBytes>>,
+}
+
+impl Admission {
+    fn refused(&mut self, py: Python<'_>, r: &Refusal) -> PyResult<()> {
+        self.stage = Stage::Done;
+        self.kind = "refuse";
+        self.log.clone_from(&r.log);
+        self.problem = Some(Py::new(
+            py,
+            respond(py, &r.response, Some(r.outcome()), false)?,
+        )?);
+        Ok(())
+    }
+
+    fn out_of_order(py: Python<'_>, call: &str, kind: &str) -> PyErr {
+        invalid_argument(
+            py,
+            format!("Admission.{call}() called in stage {kind:?}"),
+            "admission_order",
+        )
+    }
+}
+
+#[pymethods]
+impl Admission {
+    /// Stage 1: the raw `Idempotency-Key` field values (bytes, in order; empty: no key) and the
+    /// declared body length (`Content-Length`, None when unknown).
+    #[staticmethod]
+    #[pyo3(signature = (config, key_fields, declared_length = None))]
+    fn start(
+        py: Python<'_>,
+        config: &Config,
+        key_fields: Vec<Vec<u8>>,
+        declared_length: Option<u64>,
+    ) -> PyResult<Self> {
+        let fields: Vec<&[u8]> = key_fields.iter().map(Vec::as_slice).collect();
+        let mut a = Self {
+            stage: Stage::Done,
+            kind: "pass_through",
+            problem: None,
+            log: None,
+            warning: None,
+            body_limit: None,
+            key: None,
+            scope_id: None,
+            fingerprint: None,
+            partition: None,
+        };
+        match core_admit::admit(&config.inner, &fields, declared_length) {
+            KeyStage::PassThrough => {}
+            KeyStage::Refuse(r) => a.refused(py, &r)?,
+            KeyStage::Continue(w) => {
+                a.kind = "read_body";
+                a.body_limit = Some(w.body_limit());
+                a.key = Some(w.key().as_str().to_owned());
+                a.stage = Stage::Body(w);
+            }
+        }
+        Ok(a)
+    }
+
+    /// Stage 2: the body as read (`over_limit=True` when the host stopped reading past
+    /// `body_limit`; `body` is then ignored) with the route's fingerprinter, the method, the
+    /// concrete request target (path and query), the header pairs and the `Content-Type`.
+    #[pyo3(signature = (fingerprinter, method, target, body, headers = None, content_type = None, *, over_limit = false))]
+    #[allow(clippy::too_many_arguments)]
+    fn body(
+        &mut self,
+        py: Python<'_>,
+        fingerprinter: &Fingerprinter,
+        method: &Bound<'_, PyString>,
+        target: &Bound<'_, PyString>,
+        body: &[u8],
+        headers: Option<&Bound<'_, PyAny>>,
+        content_type: Option<&str>,
+        over_limit: bool,
+    ) -> PyResult<()> {
+        let Stage::Body(w) = std::mem::replace(&mut self.stage, Stage::Done) else {
+            return Err(Self::out_of_order(py, "body", self.kind));
+        };
+        let pairs = header_pairs(headers)?;
+        let borrowed: Vec<(&str, &str)> = pairs
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .collect();
+        let (method, target) = (method.to_cow()?, target.to_cow()?);
+        let read = if over_limit {
+            BodyRead::OverLimit {
+                read: u64::try_from(body.len()).unwrap_or(u64::MAX),
+            }
+        } else {
+            BodyRead::Complete(RequestParts {
+                method: &method,
+                route: &target,
+                headers: &borrowed,
+                content_type,
+                body,
+            })
+        };
+        match w
+            .body(read, fingerprinter.core())
+            .map_err(|e| invalid_argument(py, e.to_string(), "fingerprint_failed"))?
+        {
+            BodyStage::Refuse(r) => self.refused(py, &r)?,
+            BodyStage::Continue(s) => {
+                self.kind = "resolve_scope";
+                self.fingerprint = Some(s.fingerprint().as_str().to_owned());
+                self.stage = Stage::Scope(s);
+            }
+        }
+        Ok(())
+    }
+
+    /// Stage 3: what the route's scope function gave (`returned`, or `raised`: the exception's
+    /// text) under `rule`, whether the request is authenticated, the method and the route
+    /// template. Without a function, pass neither.
+    #[pyo3(signature = (rule, method, route, *, authenticated, returned = None, raised = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn scope(
+        &mut self,
+        py: Python<'_>,
+        rule: &ScopeRule,
+        method: &str,
+        route: &str,
+        authenticated: bool,
+        returned: Option<&Bound<'_, PyAny>>,
+        raised: Option<&str>,
+    ) -> PyResult<()> {
+        let Stage::Scope(s) = std::mem::replace(&mut self.stage, Stage::Done) else {
+            return Err(Self::out_of_order(py, "scope", self.kind));
+        };
+        let principal;
+        let described;
+        let resolution = match (raised, returned) {
+            (Some(msg), _) => ScopeResolution::Raised(msg),
+            (None, _) if !matches!(rule.inner, CoreScopeRule::Function { .. }) => {
+                ScopeResolution::NotCalled
+            }
+            (None, None) => ScopeResolution::Nothing("None"),
+            (None, Some(v)) if v.is_none() => ScopeResolution::Nothing("None"),
+            (None, Some(v)) => match v.cast::<PyString>() {
+                Ok(text) => {
+                    principal = text.to_cow()?.into_owned();
+                    ScopeResolution::Principal(&principal)
+                }
+                Err(_) => {
+                    described = format!("{} {}", v.get_type().name()?, v.repr()?);
+                    ScopeResolution::NotAString(&described)
+                }
+            },
+        };
+        match s.scope(rule.inner, resolution, authenticated, method, route) {
+            ScopeStage::Refuse(r) => self.refused(py, &r)?,
+            ScopeStage::Admitted(a) => {
+                self.kind = "admitted";
+                self.key = Some(a.key.as_str().to_owned());
+                self.scope_id = Some(PyBytes::new(py, a.scope.as_bytes()).unbind());
+                self.partition = Some(PyBytes::new(py, a.partition.as_bytes()).unbind());
+                self.fingerprint = Some(a.fingerprint.as_str().to_owned());
+                self.warning = a.warning;
+            }
+        }
+        Ok(())
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Admission({})", self.kind)
+    }
+}
