@@ -3,7 +3,8 @@
 #   make demo    set up what is missing and run the main demo
 #   make test    run every test (lint, Rust, and each binding's suite)
 #   make bench   print benchmark figures (never asserted)
-#   make lint    cargo fmt --check and clippy -D warnings
+#   make lint    cargo fmt --check, clippy -D warnings, and the check that the Python and
+#                TypeScript hosts make no protocol decision (scripts/check_edge_rules.py)
 #
 # Each binding adds its own verbs in mk/<binding>.mk and appends them to TEST_TARGETS,
 # BENCH_TARGETS; setup steps live in scripts/setup.d/.
@@ -34,6 +35,7 @@ test: setup lint test-rust $(TEST_TARGETS)
 lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -q -- -D warnings
+	python3 scripts/check_edge_rules.py
 
 test-rust:
 	$(CARGO) test --workspace -q

@@ -179,10 +179,6 @@ export class Prepared<Req> {
     this.methods = new Set((o.methods ?? ['POST', 'PATCH']).map((m) => m.toUpperCase()));
   }
 
-  problem(kind: string, detail?: string, reason?: string, retryAfterMs?: number): HttpResponse {
-    return toHttp(native.problemResponse(kind, detail ?? null, reason ?? null, retryAfterMs ?? null));
-  }
-
   #warned = new Set<string>();
 
   /** Emits core's warning once per route. */
