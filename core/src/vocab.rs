@@ -12,7 +12,7 @@ use thiserror::Error;
 use crate::canonical::NumberMode;
 use crate::machine::StoreOp;
 use crate::policy::TakeoverPolicy;
-use crate::retry::Jitter;
+use crate::retry::{AttemptOutcome, Jitter};
 
 /// A name that is not one of an enumeration's accepted values.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -135,6 +135,12 @@ pub enum AttemptKind {
     ConnectionError,
     /// The server answered with idempo's outcome-unknown problem.
     OutcomeUnknown,
+    /// The server answered with idempo's key-reused problem (422).
+    KeyReused,
+    /// The server answered with idempo's in-flight problem (409).
+    InFlight,
+    /// The server answered with idempo's response-not-retained problem (500).
+    ResponseNotRetained,
 }
 
 names!(
@@ -146,9 +152,30 @@ names!(
         AttemptKind::Timeout => "timeout",
         AttemptKind::ConnectionError => "connection_error",
         AttemptKind::OutcomeUnknown => "outcome_unknown",
+        AttemptKind::KeyReused => "key_reused",
+        AttemptKind::InFlight => "in_flight",
+        AttemptKind::ResponseNotRetained => "response_not_retained",
     ],
     |_| None
 );
+
+impl AttemptKind {
+    /// The attempt's outcome for every kind but [`AttemptKind::Response`], whose outcome comes
+    /// from the response itself ([`AttemptOutcome::from_response`]); `retry_after_ms` is the
+    /// answer's `Retry-After` (kept by [`AttemptKind::InFlight`] only). `None` for `Response`.
+    #[must_use]
+    pub fn outcome(self, retry_after_ms: Option<u64>) -> Option<AttemptOutcome> {
+        match self {
+            AttemptKind::Response => None,
+            AttemptKind::Timeout => Some(AttemptOutcome::Timeout),
+            AttemptKind::ConnectionError => Some(AttemptOutcome::ConnectionError),
+            AttemptKind::OutcomeUnknown => Some(AttemptOutcome::OutcomeUnknown),
+            AttemptKind::KeyReused => Some(AttemptOutcome::KeyReused),
+            AttemptKind::InFlight => Some(AttemptOutcome::InFlight { retry_after_ms }),
+            AttemptKind::ResponseNotRetained => Some(AttemptOutcome::ResponseNotRetained),
+        }
+    }
+}
 
 impl StoreOp {
     /// The storage primitive's stable name (`claim`, `get`, `takeover`, `mark_unknown`,
@@ -189,9 +216,23 @@ mod tests {
             AttemptKind::Timeout,
             AttemptKind::ConnectionError,
             AttemptKind::OutcomeUnknown,
+            AttemptKind::KeyReused,
+            AttemptKind::InFlight,
+            AttemptKind::ResponseNotRetained,
         ] {
             assert_eq!(k.as_str().parse::<AttemptKind>(), Ok(k));
+            assert_eq!(k.outcome(Some(7)).is_none(), k == AttemptKind::Response);
         }
+        assert_eq!(
+            AttemptKind::InFlight.outcome(Some(1500)),
+            Some(AttemptOutcome::InFlight {
+                retry_after_ms: Some(1500)
+            })
+        );
+        assert_eq!(
+            AttemptKind::Timeout.outcome(Some(1500)),
+            Some(AttemptOutcome::Timeout)
+        );
     }
 
     #[test]

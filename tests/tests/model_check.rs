@@ -60,9 +60,9 @@ fn transactional_holds_everything() {
         "transactional A/B",
         ab(EffectMode::Transactional, Bounds::default()),
         &[],
-        &[W_REPLAY, W_MISMATCH, W_RERUN_TTL, W_EXHAUSTED],
+        &[W_REPLAY, W_MISMATCH, W_RERUN_TTL, W_EXHAUSTED, W_LOCK_WAIT],
     );
-    assert_eq!(unique, 48_870);
+    assert_eq!(unique, 74_736);
     let unique = guarantees(
         "transactional A/A",
         IdempoModel::new(
@@ -71,9 +71,9 @@ fn transactional_holds_everything() {
             Bounds::default(),
         ),
         &[],
-        &[W_REPLAY, W_RERUN_TTL, W_EXHAUSTED],
+        &[W_REPLAY, W_RERUN_TTL, W_EXHAUSTED, W_LOCK_WAIT],
     );
-    assert_eq!(unique, 46_014);
+    assert_eq!(unique, 70_750);
 }
 
 #[test]
@@ -202,9 +202,9 @@ fn handler_failures_and_heartbeats() {
         "transactional A/B, failures + heartbeats",
         ab(EffectMode::Transactional, failures()),
         &[],
-        &[W_MISMATCH, W_RERUN_TTL, W_EXHAUSTED],
+        &[W_MISMATCH, W_RERUN_TTL, W_EXHAUSTED, W_LOCK_WAIT],
     );
-    assert_eq!(unique, 2_820);
+    assert_eq!(unique, 3_212);
 }
 
 #[test]
@@ -360,9 +360,10 @@ fn store_faults_fail_closed() {
             W_RERUN_TTL,
             W_EXHAUSTED,
             W_STORE_UNAVAILABLE,
+            W_LOCK_WAIT,
         ],
     );
-    assert_eq!(unique, 126_784);
+    assert_eq!(unique, 177_622);
 }
 
 #[test]
@@ -401,9 +402,25 @@ fn cache_in_front_replays_only_the_live_generation() {
             W_EXHAUSTED,
             W_CACHE_HIT,
             W_CACHE_MISMATCH,
+            W_LOCK_WAIT,
         ],
     );
-    assert_eq!(unique, 188_636);
+    assert_eq!(unique, 265_220);
+}
+
+/// A lock wait past the timeout taken for a successful claim (what a host that invents a result
+/// for the timeout risks): the duplicate starts the handler without a confirmed claim, beside the
+/// transaction that holds the row. Core's `StoreResult::Locked` answers 409 instead
+/// (`spec/PROTOCOL.md` §7.6).
+#[test]
+fn mutation_lock_wait_assumed_claimed_runs_without_a_claim() {
+    let depth = mutation(
+        "lock wait taken as a claim",
+        ab(EffectMode::Transactional, Bounds::default())
+            .with_variant(Variant::LockWaitAssumedClaimed),
+        &[P9],
+    );
+    assert_eq!(depth, 4);
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! The client retry policy (core decides; the JS client only sleeps and re-sends).
 use idempo_core::retry::{self, AttemptOutcome, Jitter, RetryConfig, RetryDecision, StopReason};
+use idempo_core::vocab::{AttemptKind, ParseNameError};
 use napi::Env;
 use napi::bindgen_prelude::Buffer;
 use napi_derive::napi;
@@ -73,40 +74,27 @@ fn config(o: &RetryPolicyOptions) -> Result<RetryConfig, Fail> {
 }
 
 fn outcome(o: &AttemptOutcomeInput) -> Result<AttemptOutcome, Fail> {
-    match o.kind.as_str() {
-        "response" => {
-            let status = o.status.ok_or_else(|| {
-                Fail::new(code::INVALID_ARGUMENT, "a response outcome needs a status")
-            })?;
-            let retry_after_ms = o
-                .retry_after_ms
-                .map(|v| to_u64(v, "retryAfterMs"))
-                .transpose()?;
-            Ok(AttemptOutcome::from_response(
-                to_status(status)?,
-                retry_after_ms,
-                o.content_type.as_deref(),
-                o.body.as_deref().unwrap_or(&[]),
-            ))
-        }
-        "timeout" => Ok(AttemptOutcome::Timeout),
-        "connection_error" => Ok(AttemptOutcome::ConnectionError),
-        "outcome_unknown" => Ok(AttemptOutcome::OutcomeUnknown),
-        "key_reused" => Ok(AttemptOutcome::KeyReused),
-        "response_not_retained" => Ok(AttemptOutcome::ResponseNotRetained),
-        "in_flight" => Ok(AttemptOutcome::InFlight {
-            retry_after_ms: o
-                .retry_after_ms
-                .map(|v| to_u64(v, "retryAfterMs"))
-                .transpose()?,
-        }),
-        other => Err(Fail::new(
-            code::INVALID_ARGUMENT,
-            format!(
-                "outcome kind must be response, timeout, connection_error, outcome_unknown, key_reused, in_flight or response_not_retained, got {other:?}"
-            ),
-        )),
+    // Core's vocabulary names the kinds; a `response` is classified from the response itself.
+    let kind: AttemptKind = o
+        .kind
+        .parse()
+        .map_err(|e: ParseNameError| Fail::new(code::INVALID_ARGUMENT, e.to_string()))?;
+    let retry_after_ms = o
+        .retry_after_ms
+        .map(|v| to_u64(v, "retryAfterMs"))
+        .transpose()?;
+    if let Some(outcome) = kind.outcome(retry_after_ms) {
+        return Ok(outcome);
     }
+    let status = o
+        .status
+        .ok_or_else(|| Fail::new(code::INVALID_ARGUMENT, "a response outcome needs a status"))?;
+    Ok(AttemptOutcome::from_response(
+        to_status(status)?,
+        retry_after_ms,
+        o.content_type.as_deref(),
+        o.body.as_deref().unwrap_or(&[]),
+    ))
 }
 
 /// The retry policy of core, configured once and asked after every attempt.

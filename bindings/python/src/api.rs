@@ -8,6 +8,7 @@ use idempo_core::fingerprint::{
 use idempo_core::key::{self, IdempotencyKey, KeyOptions};
 use idempo_core::retry::{self, AttemptOutcome, Jitter, RetryConfig, RetryDecision, StopReason};
 use idempo_core::scope::ScopeId;
+use idempo_core::vocab::AttemptKind;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedStr;
@@ -635,18 +636,20 @@ impl RetryPolicy {
         body: Option<&[u8]>,
     ) -> PyResult<RetryAdvice> {
         let outcome = if let Ok(s) = outcome.cast::<PyString>() {
-            match &*s.to_cow()? {
-                "timeout" => AttemptOutcome::Timeout,
-                "connection_error" => AttemptOutcome::ConnectionError,
-                "outcome_unknown" => AttemptOutcome::OutcomeUnknown,
-                "key_reused" => AttemptOutcome::KeyReused,
-                "response_not_retained" => AttemptOutcome::ResponseNotRetained,
-                "in_flight" => AttemptOutcome::InFlight { retry_after_ms },
-                other => {
+            let text = s.to_cow()?;
+            // Core's vocabulary: every attempt kind but `response` (a status is passed instead).
+            match text
+                .parse::<AttemptKind>()
+                .ok()
+                .and_then(|kind| kind.outcome(retry_after_ms))
+            {
+                Some(outcome) => outcome,
+                None => {
                     return Err(invalid_argument(
                         py,
                         format!(
-                            "outcome must be a status, 'timeout', 'connection_error', 'outcome_unknown', 'key_reused', 'in_flight' or 'response_not_retained', got {other:?}"
+                            "outcome must be a status or one of {}, got {text:?}",
+                            AttemptKind::names()[1..].join(", ")
                         ),
                         "invalid_outcome",
                     ));

@@ -112,6 +112,10 @@ pub enum Variant {
     /// The host ignores `ServerFlow::cleanup` (the hosts before it existed): a lost claim holds
     /// the key until its lease ends. No safety property changes; the cleanup witness is lost.
     NoCleanup,
+    /// Transactional mode: a claim that waited past the lock timeout is reported to the flow as
+    /// claimed (the host takes "no error" for success) instead of `StoreResult::Locked`: the
+    /// duplicate runs the handler while the first request's transaction still holds the row.
+    LockWaitAssumedClaimed,
 }
 
 /// One modelled client: who it is (principal: its scope) and what it sends.
@@ -248,6 +252,8 @@ pub struct Busy {
     pub admitted: bool,
     /// Ghost: a store operation of the admission (claim, get, takeover, mark) failed.
     pub admission_fault: bool,
+    /// Ghost: the flow's claim waited on another request's row lock and timed out.
+    pub lock_waited: bool,
 }
 
 /// A cached copy of a completed record (`spec/STORAGE.md` §9).
@@ -417,6 +423,9 @@ pub enum Act {
     /// The host runs the background cleanup of the finished flow with this token (one attempt,
     /// atomic; it may also never run: the process may die first).
     Cleanup(u8),
+    /// Transactional mode: the pending claim of this flow waited on another request's row lock
+    /// past the lock timeout; the host feeds `StoreResult::Locked` (`spec/PROTOCOL.md` §7.6).
+    LockWait(u8),
 }
 
 fn token_bytes(token: u8) -> [u8; 16] {
@@ -457,6 +466,7 @@ struct Who {
     ran_handler: bool,
     took_over: bool,
     admission_fault: bool,
+    lock_waited: bool,
 }
 
 impl Who {
@@ -468,6 +478,7 @@ impl Who {
             ran_handler: b.handler.is_some(),
             took_over: b.took_over,
             admission_fault: b.admission_fault,
+            lock_waited: b.lock_waited,
         }
     }
 }
@@ -763,6 +774,7 @@ impl IdempoModel {
             ran_handler: who.ran_handler,
             took_over: who.took_over,
             admission_fault: who.admission_fault,
+            lock_waited: who.lock_waited,
             record: w.store[usize::from(s)].clone(),
             now_ms: Self::now_ms(w),
         };
@@ -846,6 +858,7 @@ impl IdempoModel {
             ran_handler: false,
             took_over: false,
             admission_fault: false,
+            lock_waited: false,
         };
         self.deliver(w, &who, &response, outcome, Some(entry.epoch));
         true
@@ -1352,6 +1365,9 @@ impl Model for IdempoModel {
                                 actions.push(Act::StoreLost(b.token));
                             }
                         }
+                    } else if matches!(op, StoreOp::Claim { .. }) {
+                        // The duplicate's claim waits on the row lock; it may time out.
+                        actions.push(Act::LockWait(b.token));
                     }
                 }
                 None => {
@@ -1439,6 +1455,7 @@ impl Model for IdempoModel {
                     read: None,
                     admitted: false,
                     admission_fault: false,
+                    lock_waited: false,
                 });
                 self.apply(&mut w, b, first, None);
             }
@@ -1512,6 +1529,26 @@ impl Model for IdempoModel {
                 let i = w.cleanups.iter().position(|c| c.token == t)?;
                 let c = w.cleanups.remove(i);
                 self.cleanup_step(&mut w, &c);
+            }
+            Act::LockWait(t) => {
+                let i = Self::busy_index(&w, t)?;
+                let Worker::Busy(mut b) = w.workers.remove(i) else {
+                    return None;
+                };
+                b.pending = None;
+                b.lock_waited = true;
+                let now_ms = Self::now_ms(&w);
+                // What the store adapter reports for a lock wait past its timeout: core's own
+                // result (answered 409 in-flight), or under the mutation a claim that "worked".
+                let event = if self.variant == Variant::LockWaitAssumedClaimed {
+                    Event::Store(StoreResult::Claimed {
+                        generation: 1,
+                        now_ms,
+                    })
+                } else {
+                    Event::Store(StoreResult::Locked { now_ms })
+                };
+                self.feed(&mut w, b, event, None);
             }
         }
         Self::canonical(&mut w);

@@ -71,6 +71,8 @@ pub const W_ORPHAN_RESOLVED: &str = "W ambiguous claim resolved";
 /// Witness: the host's background cleanup (core's `ServerFlow::cleanup`) released (or expired)
 /// a record left by a claim or takeover whose answer was lost.
 pub const W_ORPHAN_CLEANED: &str = "W lost claim cleaned up by the host";
+/// Witness: a transactional duplicate waited past the lock timeout and got core's 409.
+pub const W_LOCK_WAIT: &str = "W lock wait answered 409";
 /// Witness: a replay was served from the cache.
 pub const W_CACHE_HIT: &str = "W cache replay served";
 /// Witness: another body got 422 from a cached record.
@@ -142,6 +144,8 @@ pub enum Seen {
     CacheMismatch = 1 << 11,
     /// [`W_ORPHAN_CLEANED`].
     OrphanCleaned = 1 << 12,
+    /// [`W_LOCK_WAIT`].
+    LockWait = 1 << 13,
 }
 
 impl Seen {
@@ -180,6 +184,9 @@ pub struct Answer {
     pub took_over: bool,
     /// Whether a store operation of this flow's admission failed.
     pub admission_fault: bool,
+    /// Whether this flow's claim waited on another request's row lock past the lock timeout
+    /// (transactional mode): its 409 is owed to that live transaction, not to a stored lease.
+    pub lock_waited: bool,
     /// The recipient scope's slot at the moment of the answer.
     pub record: Option<Record>,
     /// The store's time at the moment of the answer.
@@ -207,6 +214,15 @@ pub fn check_answer(model: &IdempoModel, w: &mut World, a: &Answer) {
             seen |= Seen::Mismatch.bit();
             if a.ran_handler || g.effects.iter().any(|e| e.token == a.token) {
                 fail(Check::Mismatch);
+            }
+        }
+        Outcome::InFlight if a.lock_waited => {
+            // The row lock of another request's open transaction (only a live process holds
+            // one: a crash rolls it back). The uncommitted claim is invisible, so no lease is
+            // checked; the flow must not have run the handler.
+            seen |= Seen::LockWait.bit();
+            if a.ran_handler {
+                fail(Check::Flow);
             }
         }
         Outcome::InFlight => {
@@ -391,6 +407,7 @@ pub fn witnesses() -> Vec<Property<IdempoModel>> {
         Property::sometimes(W_CACHE_HIT, seen::<{ Seen::CacheHit as u32 }>),
         Property::sometimes(W_CACHE_MISMATCH, seen::<{ Seen::CacheMismatch as u32 }>),
         Property::sometimes(W_ORPHAN_CLEANED, seen::<{ Seen::OrphanCleaned as u32 }>),
+        Property::sometimes(W_LOCK_WAIT, seen::<{ Seen::LockWait as u32 }>),
     ]
 }
 
