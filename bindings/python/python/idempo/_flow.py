@@ -105,25 +105,70 @@ class Hooks:
     ``"in_flight"``, ``"mismatch"``, ``"store_unavailable"``, ...).
     ``on_lease_lost(route)``: a running handler lost its claim to a takeover.
     ``on_store_error(route, exc)``: a store primitive raised (the request fails closed).
+    ``on_store_op(route, op, seconds, failed)``: every store primitive the flow asked for
+    (``op`` is core's name: ``"claim"``, ``"get"``, ``"takeover"``, ``"complete"``, ...), with
+    its duration and whether it raised.
+    ``on_takeover(route)``: a request took over an expired lease and runs the handler again.
+
+    :mod:`idempo.metrics` builds these for ``prometheus_client`` and OpenTelemetry
+    (``spec/METRICS.md``); :meth:`Hooks.chain` runs several sets in order. A hook that raises is
+    logged and ignored: metrics never change an answer.
     """
 
     on_outcome: Optional[Callable[[str, str], None]] = None
     on_lease_lost: Optional[Callable[[str], None]] = None
     on_store_error: Optional[Callable[[str, BaseException], None]] = None
+    on_store_op: Optional[Callable[[str, str, float, bool], None]] = None
+    on_takeover: Optional[Callable[[str], None]] = None
+
+    @staticmethod
+    def chain(*hooks: "Hooks") -> "Hooks":
+        """One set of hooks that calls each of ``hooks`` in order."""
+        parts = list(hooks)
+
+        def each(name: str) -> Any:
+            fns = [getattr(h, name) for h in parts if getattr(h, name) is not None]
+            if not fns:
+                return None
+
+            def call(*args: Any) -> None:
+                for fn in fns:
+                    fn(*args)
+
+            return call
+
+        return Hooks(
+            on_outcome=each("on_outcome"),
+            on_lease_lost=each("on_lease_lost"),
+            on_store_error=each("on_store_error"),
+            on_store_op=each("on_store_op"),
+            on_takeover=each("on_takeover"),
+        )
+
+    def _safely(self, fn: Optional[Callable[..., None]], *args: Any) -> None:
+        if fn is None:
+            return
+        try:
+            fn(*args)
+        except Exception:  # noqa: BLE001 - a metrics hook never changes an answer
+            log.exception("idempo: a hook raised (ignored)")
 
     def outcome(self, route: str, outcome: str) -> None:
-        if self.on_outcome is not None:
-            self.on_outcome(route, outcome)
+        self._safely(self.on_outcome, route, outcome)
 
     def lease_lost(self, route: str) -> None:
         log.warning("idempo: lease lost on %s: another request took the key over", route)
-        if self.on_lease_lost is not None:
-            self.on_lease_lost(route)
+        self._safely(self.on_lease_lost, route)
 
     def store_error(self, route: str, exc: BaseException) -> None:
         log.error("idempo: store failed on %s: %s", route, exc)
-        if self.on_store_error is not None:
-            self.on_store_error(route, exc)
+        self._safely(self.on_store_error, route, exc)
+
+    def store_op(self, route: str, op: str, seconds: float, failed: bool) -> None:
+        self._safely(self.on_store_op, route, op, seconds, failed)
+
+    def takeover(self, route: str) -> None:
+        self._safely(self.on_takeover, route)
 
 
 def logging_hooks(logger: logging.Logger = log) -> Hooks:
@@ -178,6 +223,13 @@ class _Run:
     route: str
     hooks: Hooks
     lock: threading.Lock = field(default_factory=threading.Lock)
+    lease_lost: bool = False
+    """Reported to ``hooks.lease_lost`` (once per request: at a heartbeat or at the end)."""
+
+    def lost(self) -> None:
+        if not self.lease_lost:
+            self.lease_lost = True
+            self.hooks.lease_lost(self.route)
 
 
 def _start(request: _Request, session: Any) -> Tuple[_Run, Action]:
@@ -213,6 +265,8 @@ def _handler_finished(run: _Run, result: HandlerResult) -> Action:
 def _respond(run: _Run, action: Action) -> Response:
     """The response of the flow's final action, counted in the outcome hook."""
     response = response_of(action)
+    if response.outcome == "lease_lost":
+        run.lost()
     run.hooks.outcome(run.route, response.outcome)
     return response
 
@@ -229,14 +283,22 @@ def _store_plan(run: _Run, action: Action) -> "Plan[Action, Action]":
     """The store steps of a request, written once for both hosts: yields every store action
     until the flow asks for something else (receiving its result, or its error thrown in: any
     store failure fails closed) and returns that next action."""
+    took_over = False
     while action.kind == "store":
+        op = action.op or ""
+        started = time.perf_counter()
         try:
             result = yield action
         except Exception as exc:  # noqa: BLE001 - any store failure fails closed
+            run.hooks.store_op(run.route, op, time.perf_counter() - started, True)
             run.hooks.store_error(run.route, exc)
             action = run.flow.store_failed()
             continue
+        run.hooks.store_op(run.route, op, time.perf_counter() - started, False)
+        took_over = op == "takeover"
         action = run.flow.store_result(result)
+    if took_over and action.kind == "run_handler":
+        run.hooks.takeover(run.route)
         if run.flow.corrupt_record is not None and action.kind != "store":
             log.error("idempo: corrupt record on %s: %s", run.route, run.flow.corrupt_record)
     return action
@@ -423,7 +485,7 @@ def _heartbeat_sync(run: _Run, store: Any, interval: float, stop: threading.Even
                 return
             action = _store_step(run, store, run.flow.heartbeat_due())
         if action.kind == "lease_lost":
-            run.hooks.lease_lost(run.route)
+            run.lost()
 
 
 async def _store_step_async(run: _Run, store: Any, action: Action) -> Action:
@@ -518,4 +580,4 @@ async def _heartbeat_async(run: _Run, store: Any, interval: float, lock: asyncio
         async with lock:
             action = await _store_step_async(run, store, run.flow.heartbeat_due())
         if action.kind == "lease_lost":
-            run.hooks.lease_lost(run.route)
+            run.lost()
