@@ -42,3 +42,5 @@ export {
   idempotencyErrorFromResponse,
 } from './client/fetch';
 export type { IdempotentFetchOptions } from './client/fetch';
+export { prometheusMetrics, openTelemetryMetrics, STORE_LATENCY_BUCKETS } from './metrics';
+export type { PrometheusMetricsOptions, PrometheusRegistryLike, MeterLike, StopMetrics } from './metrics';

@@ -48,10 +48,18 @@ export interface IdempotencyEventMap {
   /** How a request ended: core's outcome name (`stored`, `replayed`, `in_flight`, ...). */
   outcome: [{ outcome: string; route: string; method: string; status: number; durationMs: number }];
   /** A store operation failed (the flow fails closed). */
-  store_error: [{ op: string; error: unknown }];
+  store_error: [{ op: string; error: unknown; route: string }];
+  /**
+   * Every store primitive the flow asked for (`op` is core's name: `claim`, `get`, `takeover`,
+   * `complete`, ...), with its duration as the request saw it and whether it failed.
+   */
+  store_op: [{ route: string; op: string; durationMs: number; failed: boolean }];
+  /** A request took over an expired lease and runs the handler again (policy `re_run`). */
+  takeover: [{ route: string }];
   /** A stored row was refused as corrupt (treated as a store failure). */
   corrupt_record: [{ message: string }];
-  /** The lease was lost to a takeover while the handler ran. */
+  /** The lease was lost to a takeover while the handler ran (once per request: at a heartbeat
+   * or when the completion found the key taken over). */
   lease_lost: [{ route: string }];
   /** A configuration smell, reported once per route (e.g. authenticated requests but no `scope`). */
   warning: [{ message: string }];
@@ -136,6 +144,7 @@ export class Session {
   #heartbeatMs: number | undefined;
   readonly #abort = new AbortController();
   #ended = false;
+  #lostReported = false;
   readonly #store: IdempotencyStore;
 
   constructor(o: SessionOptions) {
@@ -166,6 +175,18 @@ export class Session {
   }
 
   async #execStore(a: native.FlowAction): Promise<native.FlowAction> {
+    const started = performance.now();
+    let failed = false;
+    try {
+      return await this.#execStoreOp(a, () => {
+        failed = true;
+      });
+    } finally {
+      this.#o.events.emit('store_op', { route: this.#o.route, op: a.op ?? '', durationMs: performance.now() - started, failed });
+    }
+  }
+
+  async #execStoreOp(a: native.FlowAction, fail: () => void): Promise<native.FlowAction> {
     const s = this.#store;
     const ms = this.#o.storeTimeoutMs;
     const op = a.op ?? '';
@@ -220,7 +241,8 @@ export class Session {
       }
     } catch (error) {
       if ((error as { code?: string }).code === 'FLOW_ERROR') throw error;
-      this.#o.events.emit('store_error', { op, error });
+      fail();
+      this.#o.events.emit('store_error', { op, error, route: this.#o.route });
       return this.#feed(() => this.#flow.storeFailed());
     }
   }
@@ -228,13 +250,24 @@ export class Session {
   /** Executes store actions until the flow wants something else. */
   async #settle(a: native.FlowAction): Promise<native.FlowAction> {
     let cur = a;
-    while (cur.type === 'store') cur = await this.#execStore(cur);
+    let tookOver = false;
+    while (cur.type === 'store') {
+      tookOver = cur.op === 'takeover';
+      cur = await this.#execStore(cur);
+    }
+    if (tookOver && cur.type === 'run_handler') this.#o.events.emit('takeover', { route: this.#o.route });
     if (cur.type === 'lease_lost') {
-      this.#o.events.emit('lease_lost', { route: this.#o.route });
+      this.#leaseLost();
       this.#abort.abort(new Error('idempotency lease lost to a takeover'));
       cur = { type: 'wait' };
     }
     return cur;
+  }
+
+  #leaseLost(): void {
+    if (this.#lostReported) return;
+    this.#lostReported = true;
+    this.#o.events.emit('lease_lost', { route: this.#o.route });
   }
 
   async #end(a: native.FlowAction): Promise<FlowEnd> {
@@ -244,6 +277,7 @@ export class Session {
     if (a.type === 'respond') end = { kind: 'respond', response: toHttp(a.http as native.HttpResponseData), outcome: a.outcome ?? '' };
     else if (a.type === 'propagate_error') end = { kind: 'propagate', outcome: a.outcome ?? '' };
     else throw new Error(`idempo: the flow ended with an unexpected action ${a.type}`);
+    if (end.outcome === 'lease_lost') this.#leaseLost();
     // Core committed (or rolled back) what the outcome needs; whatever a store failure left
     // open is rolled back here, and the connection goes back.
     await this.#o.tx?.close();
@@ -330,7 +364,7 @@ export class Session {
         const a = await this.#settle(this.#feed(() => this.#flow.heartbeatDue()));
         if (a.type !== 'wait') throw new Error(`idempo: heartbeat led to ${a.type}`);
         this.#scheduleHeartbeat();
-      }).catch((error: unknown) => this.#o.events.emit('store_error', { op: 'renew', error }));
+      }).catch((error: unknown) => this.#o.events.emit('store_error', { op: 'renew', error, route: this.#o.route }));
     }, this.#heartbeatMs);
     this.#timer.unref?.();
   }
