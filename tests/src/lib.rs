@@ -3,6 +3,7 @@ use std::path::PathBuf;
 
 pub mod memstore;
 pub mod model;
+pub mod recipes;
 
 /// The repository root (the folder holding the workspace `Cargo.toml`).
 pub fn repo_root() -> PathBuf {

@@ -36,6 +36,7 @@ mod flowkey;
 pub mod harness;
 mod mutated;
 pub mod props;
+pub mod recipe_check;
 
 pub use flowkey::FlowKey;
 
@@ -629,6 +630,19 @@ impl IdempoModel {
 
     fn now_ms(w: &World) -> u64 {
         u64::from(w.now) * TICK_MS
+    }
+
+    /// The store's clock (unix ms) in a state.
+    #[must_use]
+    pub fn clock_ms(w: &World) -> u64 {
+        Self::now_ms(w)
+    }
+
+    /// The slot (index into [`World::store`]) a store operation addresses; `None` for a scope no
+    /// client has.
+    #[must_use]
+    pub fn slot_of(&self, op: &StoreOp) -> Option<usize> {
+        self.scopes.iter().position(|s| s == op_scope(op))
     }
 
     fn busy_index(w: &World, token: u8) -> Option<usize> {
