@@ -5,6 +5,9 @@
 #   make bench   print benchmark figures (never asserted)
 #   make lint    cargo fmt --check, clippy -D warnings, and the check that the Python and
 #                TypeScript hosts make no protocol decision (scripts/check_edge_rules.py)
+#   make check   fast and offline, for a contributor's loop (after one `make setup`): lint, core's
+#                unit tests, and the Python and Node suites without the tests that need
+#                PostgreSQL or Redis
 #
 # Each binding adds its own verbs in mk/<binding>.mk and appends them to TEST_TARGETS,
 # BENCH_TARGETS; setup steps live in scripts/setup.d/.
@@ -15,7 +18,7 @@ TEST_TARGETS :=
 BENCH_TARGETS :=
 DEMO_TARGET := demo-cli
 
-.PHONY: demo demo-cli setup test lint test-rust bench bench-rust bench-report fmt clean
+.PHONY: demo demo-cli setup test lint check test-rust bench bench-rust bench-report fmt clean
 
 -include $(sort $(wildcard mk/*.mk))
 
@@ -36,6 +39,12 @@ lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -q -- -D warnings
 	python3 scripts/check_edge_rules.py
+
+check: lint
+	$(CARGO) test -q -p idempo-core
+	cd bindings/python && IDEMPO_SKIP_SERVICES=1 $(CURDIR)/.venv/bin/python -m pytest -q -x -p no:cacheprovider
+	cd bindings/node && node --test --test-concurrency=1 test/*.test.mjs
+	@echo "make check: passed (services-backed tests skipped; make test runs everything)"
 
 test-rust:
 	$(CARGO) test --workspace -q

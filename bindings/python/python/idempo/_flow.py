@@ -297,10 +297,10 @@ def _store_plan(run: _Run, action: Action) -> "Plan[Action, Action]":
         run.hooks.store_op(run.route, op, time.perf_counter() - started, False)
         took_over = op == "takeover"
         action = run.flow.store_result(result)
-    if took_over and action.kind == "run_handler":
-        run.hooks.takeover(run.route)
         if run.flow.corrupt_record is not None and action.kind != "store":
             log.error("idempo: corrupt record on %s: %s", run.route, run.flow.corrupt_record)
+    if took_over and action.kind == "run_handler":
+        run.hooks.takeover(run.route)
     return action
 
 

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-LEASE_MS = 2000
+LEASE_MS = 3000
 
 EFFECTS_SCHEMA = """
 CREATE TABLE IF NOT EXISTS charges (
@@ -306,8 +306,10 @@ class Demo:
         t = threading.Thread(target=call)
         t.start()
         code = self.server.wait_exit(10)
+        crashed_at = time.monotonic()
         print(f"    server process exited with status {code}; restarting it on the same database")
         self.server.start()
+        restart_ms = (time.monotonic() - crashed_at) * 1000
         t.join(25)
         r = result.get("r")
         if r is None:
@@ -319,7 +321,13 @@ class Demo:
         print(f"    charges for this key: {charges}; handler executions: {runs}")
         self.expect("the crash was seen as a connection error and retried",
                     "connection_error" in log)
-        self.expect("409 while the dead owner's lease was live", "409" in log)
+        if restart_ms < LEASE_MS - 500:
+            self.expect("409 while the dead owner's lease was live", "409" in log)
+        else:
+            # A slow machine restarted the server after the lease had run out: no retry could
+            # meet the live lease, so there is no 409 to see (the takeover below still must run).
+            print(f"    (the restart took {restart_ms:.0f} ms, past the {LEASE_MS} ms lease: "
+                  "no 409 expected)")
         self.expect("recovered after the lease: 201", r.status_code == 201)
         self.expect("the re-run did not charge again (downstream key)", charges == 1 and runs == 2)
 
