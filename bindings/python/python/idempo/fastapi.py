@@ -126,8 +126,11 @@ KEY_REUSED: Dict[str, Any] = _problem(
     " for a new intent.")
 
 
-def key_parameter(header_name: str = "Idempotency-Key", required: bool = True) -> Dict[str, Any]:
-    """The OpenAPI header parameter of the key (``components/parameters/IdempotencyKey``)."""
+def key_parameter(header_name: str = "Idempotency-Key", required: bool = True,
+                  config: Optional[Config] = None) -> Dict[str, Any]:
+    """The OpenAPI header parameter of the key (``components/parameters/IdempotencyKey``), with
+    the route's key bounds (an sf-string's quotes count toward the field's length)."""
+    config = config or Config()
     return {
         "name": header_name,
         "in": "header",
@@ -137,7 +140,8 @@ def key_parameter(header_name: str = "Idempotency-Key", required: bool = True) -
             " same key with the same request. An RFC 9651 sf-string or a bare token of visible"
             " ASCII without `\"` or `,`."
         ),
-        "schema": {"type": "string", "minLength": 1, "maxLength": 512,
+        "schema": {"type": "string", "minLength": config.key_min_len,
+                   "maxLength": max(512, config.key_max_len + 2),
                    "pattern": "^[\\x20-\\x7E]+$"},
     }
 
@@ -381,7 +385,7 @@ def _context(route: APIRoute) -> Any:
     return route
 
 
-def _document(ctx: Any, header_name: str, required: bool) -> None:
+def _document(ctx: Any, header_name: str, config: Config) -> None:
     """Adds the key parameter and idempo's problem responses to the route's OpenAPI operation."""
     responses = dict(ctx.responses or {})
     for status, response in PROBLEM_RESPONSES.items():
@@ -390,7 +394,7 @@ def _document(ctx: Any, header_name: str, required: bool) -> None:
     extra = copy.deepcopy(ctx.openapi_extra or {})
     params = extra.setdefault("parameters", [])
     if not any(str(p.get("name", "")).lower() == header_name.lower() for p in params):
-        params.append(key_parameter(header_name, required))
+        params.append(key_parameter(header_name, config.key_required, config))
     extra.setdefault("responses", {}).setdefault("422", copy.deepcopy(KEY_REUSED))
     ctx.openapi_extra = extra
 
@@ -429,7 +433,7 @@ class IdempotentRoute(APIRoute):
             raise TypeError(
                 f"idempo: {ctx.path}: the route uses Depends(idempotency) but is marked"
                 " idempotent(enabled=False)")
-        _document(ctx, owner.header_name, opts.config.key_required)
+        _document(ctx, owner.header_name, opts.config)
         return _route_handler(inner, owner, opts, str(ctx.path))
 
 

@@ -1,0 +1,229 @@
+"""idempo.fastapi: the dependency claims after authentication and validation (issue 13, findings
+1 and 7), its OpenAPI, its answers through the ASGI capture (replays, problems, exceptions)."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+import httpx
+import pytest
+from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException
+from pydantic import BaseModel
+
+import idempo
+from idempo.fastapi import Idempotency
+from idempo.stores import AsyncMemoryStore
+
+from asgi_servers import CountingStore, run
+
+KEY_REUSED = "urn:idempo:problem:key-reused"
+
+
+class Payment(BaseModel):
+    amount: int
+
+
+async def bearer_tenant(authorization: str = Header(default="")) -> str:
+    """The app's own authentication: a bearer token naming the tenant; 401 otherwise."""
+    if not authorization.startswith("Bearer "):
+        raise HTTPException(401, "missing or expired token")
+    tenant = authorization[len("Bearer "):]
+    if tenant == "banned":
+        raise HTTPException(403, "forbidden")
+    return tenant
+
+
+def payments_app(store: Any, runs: List[str], **options: Any) -> FastAPI:
+    idempotency = Idempotency(store=store, principal=bearer_tenant, **options)
+    app = FastAPI()
+    app.router.route_class = idempotency.route_class
+
+    @app.post("/payments", status_code=201)
+    async def create(payment: Payment, execution: idempo.Execution = Depends(idempotency),
+                     tenant: str = Depends(bearer_tenant)) -> Dict[str, Any]:
+        runs.append(tenant)
+        return {"tenant": tenant, "amount": payment.amount, "n": len(runs),
+                "downstream_key": execution.downstream_key}
+
+    @app.post("/missing")
+    async def missing(payment: Payment, execution: idempo.Execution = Depends(idempotency)) -> Any:
+        runs.append("missing")
+        raise HTTPException(404, "no such account")
+
+    @app.post("/plain")
+    async def plain(payment: Payment) -> Dict[str, int]:  # no dependency: not protected
+        runs.append("plain")
+        return {"n": len(runs)}
+
+    return app
+
+
+def test_auth_and_validation_failures_never_claim_and_the_fixed_request_runs() -> None:
+    store = CountingStore()
+    runs: List[str] = []
+    outcomes: List[str] = []
+    app = payments_app(store, runs, hooks=idempo.Hooks(on_outcome=lambda r, o: outcomes.append(o)))
+
+    async def go(c: httpx.AsyncClient) -> None:
+        h = {"Idempotency-Key": "pay-00000001"}
+        unauth = await c.post("/payments", json={"amount": 5}, headers=h)
+        assert unauth.status_code == 401 and unauth.json() == {"detail": "missing or expired token"}
+        banned = await c.post("/payments", json={"amount": 5},
+                              headers={**h, "authorization": "Bearer banned"})
+        assert banned.status_code == 403
+        invalid = await c.post("/payments", json={"amount": "lots"},
+                               headers={**h, "authorization": "Bearer t1"})
+        assert invalid.status_code == 422 and invalid.headers["content-type"] == "application/json"
+        assert invalid.json()["detail"][0]["loc"] == ["body", "amount"]
+        assert store.claims == 0 and outcomes == [] and runs == []  # nothing claimed or stored
+        fixed = await c.post("/payments", json={"amount": 5},
+                             headers={**h, "authorization": "Bearer t1"})
+        assert fixed.status_code == 201 and "idempotent-replayed" not in fixed.headers
+        again = await c.post("/payments", json={"amount": 5},
+                             headers={**h, "authorization": "Bearer t1"})
+        assert again.status_code == 201 and again.headers["idempotent-replayed"] == "true"
+        assert again.content == fixed.content
+        other = await c.post("/payments", json={"amount": 6},
+                             headers={**h, "authorization": "Bearer t1"})
+        assert other.status_code == 422 and other.json()["type"] == KEY_REUSED
+
+    run(app, go)
+    assert runs == ["t1"] and store.claims == 3
+    assert outcomes == ["stored", "replayed", "mismatch"]
+
+
+def test_problems_and_the_endpoints_own_http_exception() -> None:
+    runs: List[str] = []
+    app = payments_app(AsyncMemoryStore(), runs)
+
+    async def go(c: httpx.AsyncClient) -> None:
+        auth = {"authorization": "Bearer t1"}
+        missing = await c.post("/payments", json={"amount": 1}, headers=auth)
+        assert missing.status_code == 400
+        assert missing.json()["type"] == "urn:idempo:problem:missing-key"
+        assert missing.headers["content-type"] == "application/problem+json"
+        bad = await c.post("/payments", json={"amount": 1},
+                           headers={**auth, "Idempotency-Key": "short"})
+        assert bad.status_code == 400 and bad.json()["type"] == "urn:idempo:problem:invalid-key"
+        # The endpoint's own HTTPException is its answer: stored (404 is a business answer).
+        h = {**auth, "Idempotency-Key": "missing-0001"}
+        first = await c.post("/missing", json={"amount": 1}, headers=h)
+        second = await c.post("/missing", json={"amount": 1}, headers=h)
+        assert first.status_code == second.status_code == 404
+        assert second.headers["idempotent-replayed"] == "true" and second.json() == first.json()
+        # A route without the dependency is not protected.
+        p1 = await c.post("/plain", json={"amount": 1}, headers={"Idempotency-Key": "plain-0001"})
+        p2 = await c.post("/plain", json={"amount": 1}, headers={"Idempotency-Key": "plain-0001"})
+        assert p1.json() != p2.json() and "idempotent-replayed" not in p2.headers
+
+    run(app, go)
+    assert runs == ["missing", "plain", "plain"]
+
+
+def test_a_principal_that_resolves_to_nothing_is_refused() -> None:
+    runs: List[str] = []
+
+    async def nobody() -> Any:
+        return None
+
+    idempotency = Idempotency(store=AsyncMemoryStore(), principal=nobody)
+    app = FastAPI()
+    app.router.route_class = idempotency.route_class
+
+    @app.post("/payments")
+    async def create(payment: Payment, execution: idempo.Execution = Depends(idempotency)) -> Any:
+        runs.append("ran")
+        return {}
+
+    async def go(c: httpx.AsyncClient) -> None:
+        r = await c.post("/payments", json={"amount": 1}, headers={"Idempotency-Key": "pay-0000001"})
+        assert r.status_code == 500 and r.json()["type"] == "urn:idempo:problem:scope-unresolved"
+
+    run(app, go)
+    assert runs == []
+
+
+def test_construction_needs_a_principal_or_public_and_the_route_class() -> None:
+    with pytest.raises(idempo.InvalidArgument, match="principal="):
+        Idempotency(store=AsyncMemoryStore())
+    idempotency = Idempotency(store=AsyncMemoryStore(), public=True)
+    app = FastAPI()  # the route class was not set: fail closed, the endpoint never runs
+    runs: List[str] = []
+
+    @app.post("/exports")
+    async def export(execution: idempo.Execution = Depends(idempotency)) -> Any:
+        runs.append("ran")
+        return {}
+
+    async def go(c: httpx.AsyncClient) -> None:
+        with pytest.raises(RuntimeError, match="route_class"):
+            await c.post("/exports", headers={"Idempotency-Key": "export-0001"})
+
+    run(app, go)
+    assert runs == []
+
+
+def test_router_level_dependency_included_router_and_per_route_config() -> None:
+    runs: List[str] = []
+    idempotency = Idempotency(store=AsyncMemoryStore(), public=True)
+    router = APIRouter(route_class=idempotency.route_class, dependencies=[Depends(idempotency)])
+
+    @router.post("/exports")
+    @idempo.idempotent(config=idempo.Config(key_required=False), exclude=["/note"])
+    def export(body: Dict[str, Any]) -> Dict[str, int]:  # a sync endpoint
+        runs.append("export")
+        return {"n": len(runs)}
+
+    app = FastAPI()
+    app.include_router(router, prefix="/v1")
+
+    async def go(c: httpx.AsyncClient) -> None:
+        h = {"Idempotency-Key": "export-0001"}
+        a = await c.post("/v1/exports", json={"x": 1, "note": "a"}, headers=h)
+        b = await c.post("/v1/exports", json={"x": 1, "note": "b"}, headers=h)
+        assert a.status_code == b.status_code == 200 and a.json() == b.json() == {"n": 1}
+        assert b.headers["idempotent-replayed"] == "true"
+        c3 = await c.post("/v1/exports", json={"x": 1})  # key optional on this route
+        assert c3.json() == {"n": 2}
+
+    run(app, go)
+    op = app.openapi()["paths"]["/v1/exports"]["post"]
+    key = [p for p in op["parameters"] if p["name"] == "Idempotency-Key"]
+    assert key and key[0]["in"] == "header" and key[0]["required"] is False
+
+
+def test_openapi_documents_the_key_and_the_problems() -> None:
+    app = payments_app(AsyncMemoryStore(), [])
+    doc = app.openapi()
+    op = doc["paths"]["/payments"]["post"]
+    key = [p for p in op["parameters"] if p["name"] == "Idempotency-Key"]
+    assert len(key) == 1 and key[0]["in"] == "header" and key[0]["required"] is True
+    for status in ("400", "409", "413", "422", "500", "503"):
+        assert "application/problem+json" in op["responses"][status]["content"], status
+    for status in ("409", "503"):
+        assert "Retry-After" in op["responses"][status]["headers"]
+    # FastAPI's own validation error stays documented next to idempo's key-reused.
+    assert "application/json" in op["responses"]["422"]["content"]
+    assert "Idempotency-Key" not in str(doc["paths"]["/plain"]["post"].get("parameters", []))
+
+
+def test_openapi_parts_match_the_contract_document() -> None:
+    yaml = pytest.importorskip("yaml")
+    from conftest import REPO
+    from idempo.fastapi import PROBLEM_RESPONSES, key_parameter
+
+    contract = yaml.safe_load((REPO / "spec" / "openapi" / "idempotency.yaml").read_text())
+    components = contract["components"]
+    documented = {int(s) for s in contract["paths"]["/payments"]["post"]["responses"]} - {201}
+    assert set(PROBLEM_RESPONSES) | {422} == documented
+    for response in PROBLEM_RESPONSES.values():
+        schema = response["content"]["application/problem+json"]["schema"]
+        assert schema == components["schemas"]["Problem"]
+        for header in response.get("headers", {}).values():
+            assert header == components["headers"]["RetryAfter"]
+    param = components["parameters"]["IdempotencyKey"]
+    ours = key_parameter()
+    assert (ours["name"], ours["in"], ours["required"]) == (param["name"], param["in"], True)
+    assert ours["schema"]["pattern"] == param["schema"]["pattern"]
+    assert ours["schema"]["maxLength"] == param["schema"]["maxLength"]
+    assert ours["schema"]["minLength"] == param["schema"]["minLength"]
