@@ -227,3 +227,81 @@ def test_openapi_parts_match_the_contract_document() -> None:
     assert ours["schema"]["pattern"] == param["schema"]["pattern"]
     assert ours["schema"]["maxLength"] == param["schema"]["maxLength"]
     assert ours["schema"]["minLength"] == param["schema"]["minLength"]
+
+
+def test_an_endpoint_that_raises_follows_cores_rule_and_a_duplicate_in_flight_gets_409() -> None:
+    import asyncio
+
+    runs: List[str] = []
+    release = asyncio.Event()
+    idempotency = Idempotency(store=AsyncMemoryStore(), public=True)
+    app = FastAPI()
+    app.router.route_class = idempotency.route_class
+
+    @app.post("/crash", dependencies=[Depends(idempotency)])
+    async def crash() -> Any:
+        runs.append("crash")
+        raise RuntimeError("the payment provider timed out")
+
+    @app.post("/slow", dependencies=[Depends(idempotency)])
+    async def slow() -> Dict[str, str]:
+        runs.append("slow")
+        await release.wait()
+        return {"done": "yes"}
+
+    async def go(c: httpx.AsyncClient) -> None:
+        h = {"Idempotency-Key": "crash-00001"}
+        first = await c.post("/crash", headers=h)
+        assert first.status_code == 500
+        retry = await c.post("/crash", headers=h)  # may have charged: never run again blindly
+        assert retry.status_code == 500
+        assert retry.json()["type"] == "urn:idempo:problem:outcome-unknown"
+        s = {"Idempotency-Key": "slow-000001"}
+        running = asyncio.ensure_future(c.post("/slow", headers=s))
+        while "slow" not in runs:
+            await asyncio.sleep(0.01)
+        duplicate = await c.post("/slow", headers=s)
+        assert duplicate.status_code == 409 and "retry-after" in duplicate.headers
+        release.set()
+        assert (await running).json() == {"done": "yes"}
+        assert (await c.post("/slow", headers=s)).headers["idempotent-replayed"] == "true"
+
+    run(app, go, raise_app_exceptions=False)
+    assert runs == ["crash", "slow"]
+
+
+def test_transactional_route_writes_through_the_claims_transaction(tmp_path: Any) -> None:
+    import sqlite3
+
+    from idempo.stores import AsyncSQLiteStore
+
+    db = tmp_path / "tx.sqlite3"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE payment (id INTEGER PRIMARY KEY, amount INTEGER NOT NULL)")
+    idempotency = Idempotency(store=AsyncSQLiteStore(db), principal=bearer_tenant,
+                              config=idempo.Config(transactional=True))
+    app = FastAPI()
+    app.router.route_class = idempotency.route_class
+    fail = {"now": True}
+
+    @app.post("/payments", status_code=201)
+    async def create(payment: Payment, execution: idempo.Execution = Depends(idempotency)) -> Any:
+        assert execution.transaction is idempo.current_transaction()
+        execution.transaction.connection.execute(
+            "INSERT INTO payment (amount) VALUES (?)", (payment.amount,))
+        if fail["now"]:
+            fail["now"] = False
+            raise RuntimeError("rolled back with the claim")
+        return {"amount": payment.amount}
+
+    async def go(c: httpx.AsyncClient) -> None:
+        h = {"Idempotency-Key": "tx-pay-00001", "authorization": "Bearer t1"}
+        assert (await c.post("/payments", json={"amount": 3}, headers=h)).status_code == 500
+        ok = await c.post("/payments", json={"amount": 3}, headers=h)  # rolled back: runs again
+        assert ok.status_code == 201, ok.text
+        again = await c.post("/payments", json={"amount": 3}, headers=h)
+        assert again.headers["idempotent-replayed"] == "true"
+
+    run(app, go, raise_app_exceptions=False)
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM payment").fetchone() == (1,)
