@@ -1,4 +1,8 @@
-"""ASGI middleware (Starlette, FastAPI, any ASGI app) that makes POST endpoints idempotent.
+"""ASGI middleware (Starlette, any ASGI app) that makes POST endpoints idempotent.
+
+With FastAPI, prefer :mod:`idempo.fastapi` (a dependency that claims the key after FastAPI's
+authentication dependencies and validation); the middleware runs before routing and can only read
+what the ASGI scope already holds.
 
 ::
 
@@ -16,11 +20,14 @@
 Per route, mark the endpoint with :func:`idempo.idempotent` (its own ``Config``, fingerprint
 headers, excluded JSON pointers, scope function; ``enabled=False`` to exempt it). How the
 handler's response is captured is core's plan (``spec/PROTOCOL.md`` §7.5): a small response is
-buffered until core decided what to store; a streamed one (``more_body``) is teed to the client as
-it streams while at most ``max_body_bytes`` of it are recorded (past that the record is the
-``response-not-retained`` problem); a status that is not stored passes straight through. FastAPI's
-request validation errors (``RequestValidationError``) are marked as the framework's rejection and
-never stored, so the corrected request with the same key runs. Replays carry
+buffered until core decided what to store; a streamed one (no ``content-length``, or
+``more_body``) is teed to the client as it streams while at most ``max_body_bytes`` of it are
+recorded (past that the record is the ``response-not-retained`` problem); a status that is not
+stored passes straight through. The response is complete at its last body message: the record is
+written and the answer sent before the application continues (its background tasks). The app is
+not offered ``http.response.pathsend`` (a ``pathsend`` sent anyway is read from the file).
+FastAPI's request validation errors (``RequestValidationError``) are marked as the framework's
+rejection and never stored, so the corrected request with the same key runs. Replays carry
 ``Idempotent-Replayed: true``; problems are RFC 9457 ``application/problem+json``. The running
 handler finds its execution (key, generation, downstream key) in ``scope["state"]["idempotency"]``
 (``request.state.idempotency`` in Starlette).
@@ -29,7 +36,9 @@ handler finds its execution (key, generation, downstream key) in ``scope["state"
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable, Dict, Iterable, List, MutableMapping, Optional, Sequence, Tuple
+from typing import (
+    Any, Awaitable, Callable, Dict, Iterable, List, MutableMapping, Optional, Sequence, Set, Tuple,
+)
 
 from idempo._flow import Execution, HandlerResult, Hooks, Response, run_async
 from idempo._host import HostCore, RouteOptions, declared_length, with_content_length
@@ -476,7 +485,8 @@ class _Capture:
         the application's error when it ended before that."""
         finished = asyncio.ensure_future(self.finished.wait())
         try:
-            await asyncio.wait({app, finished}, return_when=asyncio.FIRST_COMPLETED)
+            waiting: "Set[asyncio.Future[Any]]" = {app, finished}
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         except BaseException:
             finished.cancel()
             app.cancel()

@@ -41,7 +41,7 @@ import copy
 import functools
 import inspect
 from contextvars import ContextVar
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from fastapi import Depends, Request
 from fastapi.routing import APIRoute
@@ -56,10 +56,11 @@ from idempo._idempo import Config, InvalidArgument
 from idempo.asgi import _Capture, _send, _target, _without_pathsend
 from idempo.stores._tx import enter, leave
 
-try:  # FastAPI >= 0.13x builds included routes in an "effective route context"
-    from fastapi.routing import _effective_route_context_var as _EFFECTIVE
-except ImportError:  # pragma: no cover - older FastAPI: the route itself
-    _EFFECTIVE = None
+import fastapi.routing as _fastapi_routing
+
+#: Newer FastAPI builds an included route's handler in an "effective route context" (its prefix,
+#: the router's dependencies); older versions build it on the route itself.
+_EFFECTIVE: Any = getattr(_fastapi_routing, "_effective_route_context_var", None)
 
 __all__ = ["Idempotency", "IdempotentRoute", "PROBLEM_RESPONSES", "key_parameter"]
 
@@ -246,7 +247,8 @@ class _Run:
             hooks=core.hooks,
         ))
         try:
-            await asyncio.wait({go, flow}, return_when=asyncio.FIRST_COMPLETED)
+            waiting: "Set[asyncio.Future[Any]]" = {go, flow}
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         except BaseException:
             if not result.done():
                 result.set_exception(RuntimeError("idempo: the request was cancelled"))
