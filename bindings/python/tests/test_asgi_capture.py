@@ -368,3 +368,74 @@ def test_a_stream_past_the_record_limit_reaches_the_client_and_retries_get_not_r
             assert retry.status_code == 500 and retry.headers["idempotent-replayed"] == "true"
             assert retry.json()["type"] == "urn:idempo:problem:response-not-retained"
     assert runs == ["export"]
+
+
+@pytest.mark.parametrize("integration", INTEGRATIONS)
+def test_a_stream_the_client_left_midway_is_never_replayed_as_the_whole_response(
+        integration: str) -> None:
+    """Under uvicorn (ASGI spec 2.3) Starlette stops a stream when the client disconnects and
+    returns normally: the part that was sent is not the response, so retries get core's
+    not-retained problem, never the partial body as if it were complete."""
+    runs: List[str] = []
+    left = threading.Event()
+    app, deps = protected(integration)
+
+    @app.post("/export", dependencies=deps)
+    async def export() -> StreamingResponse:
+        runs.append("export")
+
+        async def parts() -> AsyncIterator[bytes]:
+            yield b"part one\n"
+            deadline = time.monotonic() + 5
+            while not left.is_set() and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.3)  # the server has seen the disconnect by now
+            yield b"part two\n"
+
+        return StreamingResponse(parts(), media_type="text/plain")
+
+    with serving(app) as url:
+        h = {"Idempotency-Key": "export-left-01"}
+        with httpx.Client(base_url=url, timeout=5) as c:
+            with c.stream("POST", "/export", json={"amount": 1}, headers=h) as r:
+                assert next(r.iter_raw()) == b"part one\n"
+        left.set()  # the connection is closed
+        time.sleep(0.6)
+        with httpx.Client(base_url=url, timeout=5) as c:
+            retry = c.post("/export", json={"amount": 1}, headers=h)
+        assert retry.status_code == 500, (retry.status_code, retry.content)
+        assert retry.headers["idempotent-replayed"] == "true"
+        assert retry.json()["type"] == "urn:idempo:problem:response-not-retained"
+    assert runs == ["export"]
+
+
+# --- finding 7: what says the request never ran is not stored (core's table, PROTOCOL §9) ---
+
+
+@pytest.mark.parametrize("status", [401, 403, 407, 408, 429])
+@pytest.mark.parametrize("integration", INTEGRATIONS)
+def test_a_refusal_status_is_not_stored_and_the_fixed_request_runs(integration: str,
+                                                                    status: int) -> None:
+    runs: List[str] = []
+    app, deps = protected(integration)
+    answer = {"status": status}
+
+    @app.post("/payments", status_code=201, dependencies=deps)
+    async def pay() -> Any:
+        runs.append("pay")
+        if answer["status"] != 201:
+            return JSONResponse({"error": "refused"}, status_code=answer["status"])
+        return {"charge": len(runs)}
+
+    async def go(c: httpx.AsyncClient) -> None:
+        h = {"Idempotency-Key": "refused-0001"}
+        refused = await c.post("/payments", json={"amount": 1}, headers=h)
+        assert refused.status_code == status
+        answer["status"] = 201
+        fixed = await c.post("/payments", json={"amount": 1}, headers=h)
+        assert fixed.status_code == 201 and "idempotent-replayed" not in fixed.headers
+        again = await c.post("/payments", json={"amount": 1}, headers=h)
+        assert again.headers["idempotent-replayed"] == "true" and again.json() == fixed.json()
+
+    run(app, go)
+    assert runs == ["pay", "pay"]

@@ -496,6 +496,11 @@ class _Capture:
             app.result()  # the application's own error, re-raised for the flow
             if self.plan is None and self.start is not None:
                 self.plan = "buffer"  # started without a body message: an empty body
+            elif self.plan is not None:
+                # Ended inside its body (the client went away mid-stream and the framework
+                # stopped the stream): what was recorded is not the whole response.
+                self.chunks = []
+                self.truncated = True
         status, out_headers, out_body = self.result()
         stored = None
         if opts.redact is not None and not self.truncated:
