@@ -390,8 +390,9 @@ class _Capture:
     read from the file as body chunks.
 
     The last body message sets ``finished`` and then waits for ``released``: the host writes the
-    record and sends the live answer first, so what the application does after its response (its
-    background tasks) can neither change the outcome nor delay the answer.
+    record and sends the live answer first (a streamed response's last message is forwarded then),
+    so what the application does after its response (its background tasks) can neither change the
+    outcome nor delay the answer, and a client that has the whole response finds the record.
     """
 
     def __init__(self, config: Config, client: Optional[Send]) -> None:
@@ -455,18 +456,23 @@ class _Capture:
         if self.plan == "buffer":
             # Held for the live response (sent once the flow answers); the flow bounds the record.
             self.chunks.append(chunk)
-        else:
-            if self.capture is not None:
-                step = self.capture.accept(len(chunk))
-                if step == "record":
-                    self.chunks.append(chunk)
-                elif step == "discard":
-                    self.chunks = []
-                    self.truncated = True
+        elif self.capture is not None:
+            step = self.capture.accept(len(chunk))
+            if step == "record":
+                self.chunks.append(chunk)
+            elif step == "discard":
+                self.chunks = []
+                self.truncated = True
+        if more:
+            if self.plan != "buffer":
+                await self._forward(message)
+            return
+        self.finished.set()
+        await self.released.wait()
+        if self.plan != "buffer":
+            # A streamed response's last message goes out once the record is written: a client
+            # that has the whole response and retries finds the record, not the key in flight.
             await self._forward(message)
-        if not more:
-            self.finished.set()
-            await self.released.wait()
 
     async def _send_file(self, path: str) -> None:
         """A ``pathsend`` as body messages read from the file (one chunk ahead, to know the last)."""
