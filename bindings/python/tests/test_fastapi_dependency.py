@@ -305,3 +305,33 @@ def test_transactional_route_writes_through_the_claims_transaction(tmp_path: Any
     run(app, go, raise_app_exceptions=False)
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT count(*) FROM payment").fetchone() == (1,)
+
+
+def test_a_route_rebuilt_from_a_protected_route_claims_once_and_overrides_turn_it_off() -> None:
+    runs: List[str] = []
+    idempotency = Idempotency(store=AsyncMemoryStore(), public=True)
+    app = FastAPI()
+    app.router.route_class = idempotency.route_class
+
+    @app.post("/a", dependencies=[Depends(idempotency)])
+    async def a() -> Dict[str, int]:
+        runs.append("a")
+        return {"n": len(runs)}
+
+    # What older FastAPI's include_router does: a new route from the route's endpoint.
+    first = [r for r in app.routes if getattr(r, "path", "") == "/a"][0]
+    app.router.add_api_route("/b", first.endpoint, methods=["POST"],  # type: ignore[attr-defined]
+                             dependencies=[Depends(idempotency)])
+
+    async def go(c: httpx.AsyncClient) -> None:
+        h = {"Idempotency-Key": "rebuilt-0001"}
+        r1 = await c.post("/b", headers=h)
+        r2 = await c.post("/b", headers=h)
+        assert r1.status_code == 200 and r2.headers["idempotent-replayed"] == "true"
+        app.dependency_overrides[idempotency] = lambda: None  # e.g. in the app's own tests
+        r3 = await c.post("/a", headers=h)
+        r4 = await c.post("/a", headers=h)
+        assert "idempotent-replayed" not in r4.headers and r3.json() != r4.json()
+
+    run(app, go)
+    assert runs == ["a", "a", "a"]

@@ -43,8 +43,13 @@ import inspect
 from contextvars import ContextVar
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
-from fastapi import Depends, Request
-from fastapi.routing import APIRoute
+try:
+    from fastapi import Depends, Request
+    from fastapi.routing import APIRoute
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "idempo.fastapi needs FastAPI: pip install 'idempo[fastapi]' (or pip install fastapi)"
+    ) from exc
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response as StarletteResponse
@@ -182,6 +187,7 @@ class _Run:
         self.route = route
         self.request = request
         self.called = False
+        self.entered = False
         self.principal: Any = None
         self.placeholder = _Unclaimed()
         self.flow: "Optional[asyncio.Future[Response]]" = None
@@ -409,6 +415,9 @@ class IdempotentRoute(APIRoute):
     idempotency: "Idempotency"
 
     def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
+        # A route re-created from another (older FastAPI's include_router) gets our wrapper:
+        # wrap the original once.
+        endpoint = getattr(endpoint, _ORIGINAL, endpoint)
         self._idempo_endpoint = endpoint
         if not (inspect.isgeneratorfunction(endpoint) or inspect.isasyncgenfunction(endpoint)):
             endpoint = _wrap(endpoint)
@@ -446,11 +455,16 @@ def _wrap(endpoint: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(endpoint)
     async def endpoint_with_claim(*args: Any, **kwargs: Any) -> Any:
         run = _CURRENT.get()
-        if run is None:
+        if run is None or run.entered:
             return await _call(endpoint, is_async, args, kwargs)
+        run.entered = True
         return await run.execute(endpoint, is_async, args, kwargs)
 
+    setattr(endpoint_with_claim, _ORIGINAL, endpoint)
     return endpoint_with_claim
+
+
+_ORIGINAL = "__idempo_original__"
 
 
 def _route_handler(inner: Callable[[Request], Any], owner: "Idempotency", opts: RouteOptions,
