@@ -24,6 +24,7 @@ test-python: python-setup
 
 bench-python: python-setup
 	$(PY) bindings/python/bench/bench_fingerprint.py
+	$(PY) bindings/python/bench/bench_stream.py
 
 demo-python: python-setup
 	$(PY) -m idempo.demo

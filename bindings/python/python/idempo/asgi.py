@@ -1,4 +1,8 @@
-"""ASGI middleware (Starlette, FastAPI, any ASGI app) that makes POST endpoints idempotent.
+"""ASGI middleware (Starlette, any ASGI app) that makes POST endpoints idempotent.
+
+With FastAPI, prefer :mod:`idempo.fastapi` (a dependency that claims the key after FastAPI's
+authentication dependencies and validation); the middleware runs before routing and can only read
+what the ASGI scope already holds.
 
 ::
 
@@ -16,11 +20,14 @@
 Per route, mark the endpoint with :func:`idempo.idempotent` (its own ``Config``, fingerprint
 headers, excluded JSON pointers, scope function; ``enabled=False`` to exempt it). How the
 handler's response is captured is core's plan (``spec/PROTOCOL.md`` §7.5): a small response is
-buffered until core decided what to store; a streamed one (``more_body``) is teed to the client as
-it streams while at most ``max_body_bytes`` of it are recorded (past that the record is the
-``response-not-retained`` problem); a status that is not stored passes straight through. FastAPI's
-request validation errors (``RequestValidationError``) are marked as the framework's rejection and
-never stored, so the corrected request with the same key runs. Replays carry
+buffered until core decided what to store; a streamed one (no ``content-length``, or
+``more_body``) is teed to the client as it streams while at most ``max_body_bytes`` of it are
+recorded (past that the record is the ``response-not-retained`` problem); a status that is not
+stored passes straight through. The response is complete at its last body message: the record is
+written and the answer sent before the application continues (its background tasks). The app is
+not offered ``http.response.pathsend`` (a ``pathsend`` sent anyway is read from the file).
+FastAPI's request validation errors (``RequestValidationError``) are marked as the framework's
+rejection and never stored, so the corrected request with the same key runs. Replays carry
 ``Idempotent-Replayed: true``; problems are RFC 9457 ``application/problem+json``. The running
 handler finds its execution (key, generation, downstream key) in ``scope["state"]["idempotency"]``
 (``request.state.idempotency`` in Starlette).
@@ -28,7 +35,10 @@ handler finds its execution (key, generation, downstream key) in ``scope["state"
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable, Dict, Iterable, List, MutableMapping, Optional, Sequence, Tuple
+import asyncio
+from typing import (
+    Any, Awaitable, Callable, Dict, Iterable, List, MutableMapping, Optional, Sequence, Set, Tuple,
+)
 
 from idempo._flow import Execution, HandlerResult, Hooks, Response, run_async
 from idempo._host import HostCore, RouteOptions, declared_length, with_content_length
@@ -206,6 +216,10 @@ class IdempotencyMiddleware:
             await self.app(scope, receive, send)
             return
         route = template or scope["path"]
+        if not isinstance(scope.get("state"), dict):
+            # Servers without lifespan state (httpx.ASGITransport) set none; Starlette adds it
+            # anyway, so a scope function reading scope["state"] sees an empty one.
+            scope["state"] = {}
         await self._protected(scope, receive, send, opts, route)
 
     async def _read_body(self, receive: Receive, limit: int) -> Tuple[Optional[bytes], bool]:
@@ -269,35 +283,44 @@ class IdempotencyMiddleware:
         assert prepared.key is not None
 
         captured = _Capture(opts.config, send)
+        app_task: "Optional[asyncio.Future[None]]" = None
 
         async def handler(execution: Execution) -> HandlerResult:
+            nonlocal app_task
             inner = dict(scope)
             state = dict(scope.get("state") or {})
             state["idempotency"] = execution
             inner["state"] = state
+            inner["extensions"] = _without_pathsend(scope)
             captured.state = state
-            await self.app(inner, _replay(body, receive), captured.send)
-            status, out_headers, out_body = captured.result()
-            stored = None
-            if opts.redact is not None and not captured.truncated:
-                stored = opts.redact(status, out_headers, out_body)
-            return HandlerResult(
-                status, out_headers, out_body, stored,
-                framework=captured.framework, body_truncated=captured.truncated)
+            app_task = asyncio.ensure_future(self.app(inner, _replay(body, receive), captured.send))
+            return await captured.outcome(app_task, opts)
 
-        response = await run_async(
-            store=core.store,
-            config=opts.config,
-            scope=prepared.scope,
-            partition=prepared.partition,
-            fingerprint=prepared.fingerprint,
-            key=prepared.key,
-            route=route,
-            handler=handler,
-            hooks=core.hooks,
-        )
-        if not captured.sent:
-            await _send(send, response)
+        try:
+            response = await run_async(
+                store=core.store,
+                config=opts.config,
+                scope=prepared.scope,
+                partition=prepared.partition,
+                fingerprint=prepared.fingerprint,
+                key=prepared.key,
+                route=route,
+                handler=handler,
+                hooks=core.hooks,
+            )
+            if not captured.sent:
+                await _send(send, response)
+        except BaseException:
+            captured.released.set()
+            if app_task is not None and not app_task.done():
+                app_task.cancel()
+            raise
+        # The record is written and the live answer sent: the application goes on (its background
+        # tasks run now, as they would without idempo; what they raise reaches the server as it
+        # would without idempo, and changes nothing that was recorded or sent).
+        captured.released.set()
+        if app_task is not None:
+            await app_task
 
 
 def _marking(handler: Any) -> Any:
@@ -338,16 +361,41 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return inner
 
 
+def _without_pathsend(scope: Scope) -> Dict[str, Any]:
+    """The scope's ``extensions`` without ``http.response.pathsend``: a protected response's
+    bytes must pass through idempo (for the record), so the application is not offered the
+    server's file sending (Starlette's ``FileResponse`` then sends the file as body chunks)."""
+    extensions = dict(scope.get("extensions") or {})
+    extensions.pop("http.response.pathsend", None)
+    return extensions
+
+
+_FILE_CHUNK = 64 * 1024
+
+
+def _has_length(headers: List[Tuple[str, str]]) -> bool:
+    return any(n.lower() == "content-length" for n, _ in headers)
+
+
 class _Capture:
     """Captures the application's response as core's capture plan says (PROTOCOL §7.5).
 
-    The plan is asked at the first body message (when ``more_body`` tells whether the body
-    streams): ``buffer`` holds the response for the flow to answer with; ``tee`` and
-    ``pass_through`` send every message to the client at once (``sent``), ``tee`` recording at
-    most the limit (``truncated`` past it), ``pass_through`` recording nothing.
+    The plan is asked once the status and headers are known: at ``http.response.start`` when the
+    response declares no ``content-length`` (it streams: the headers go to the client at once),
+    else at the first body message (when ``more_body`` tells whether the body streams).
+    ``buffer`` holds the response for the flow to answer with; ``tee`` and ``pass_through`` send
+    every message to the client at once (``sent``), ``tee`` recording at most the limit
+    (``truncated`` past it), ``pass_through`` recording nothing. An ``http.response.pathsend``
+    (a server's file sending, if the application uses it although idempo does not offer it) is
+    read from the file as body chunks.
+
+    The last body message sets ``finished`` and then waits for ``released``: the host writes the
+    record and sends the live answer first (a streamed response's last message is forwarded then),
+    so what the application does after its response (its background tasks) can neither change the
+    outcome nor delay the answer, and a client that has the whole response finds the record.
     """
 
-    def __init__(self, config: Config, client: Send) -> None:
+    def __init__(self, config: Config, client: Optional[Send]) -> None:
         self.config = config
         self.client = client
         self.state: Dict[str, Any] = {}
@@ -359,53 +407,117 @@ class _Capture:
         self.capture: Optional[BodyCapture] = None
         self.sent = False
         self.truncated = False
+        self.finished = asyncio.Event()
+        self.released = asyncio.Event()
 
     @property
     def framework(self) -> bool:
         return bool(self.state.get(FRAMEWORK_REJECTION, False))
 
+    async def _forward(self, message: Message) -> None:
+        assert self.client is not None, "the client's send is set before the response starts"
+        await self.client(message)
+
+    async def _decide(self, streaming: bool) -> None:
+        assert self.status is not None and self.start is not None
+        plan, limit = self.config.capture_plan(
+            self.status, self.headers, streaming=streaming, framework=self.framework)
+        self.plan = plan
+        if limit is not None:
+            self.capture = BodyCapture(limit)
+        if plan != "buffer":
+            self.sent = True
+            await self._forward(self.start)
+
     async def send(self, message: Message) -> None:
-        if message["type"] == "http.response.start":
+        kind = message["type"]
+        if kind == "http.response.start":
             self.status = int(message["status"])
             self.start = message
             self.headers = [
                 (bytes(n).decode("latin-1"), bytes(v).decode("latin-1"))
                 for n, v in message.get("headers", [])
             ]
+            if not _has_length(self.headers):
+                await self._decide(streaming=True)
             return
-        if message["type"] != "http.response.body":
+        if kind == "http.response.pathsend":
+            await self._send_file(str(message["path"]))
+            return
+        if kind != "http.response.body":
+            if self.sent:
+                await self._forward(message)  # e.g. trailers of a response already on its way
             return
         chunk = bytes(message.get("body", b""))
+        more = bool(message.get("more_body", False))
         if self.plan is None:
             assert self.status is not None, "body before http.response.start"
-            plan, limit = self.config.capture_plan(
-                self.status, self.headers, streaming=bool(message.get("more_body", False)),
-                framework=self.framework)
-            self.plan = plan
-            if limit is not None:
-                self.capture = BodyCapture(limit)
-            if plan != "buffer":
-                self.sent = True
-                assert self.start is not None
-                await self.client(self.start)
+            await self._decide(streaming=more)
         if self.plan == "buffer":
             # Held for the live response (sent once the flow answers); the flow bounds the record.
             self.chunks.append(chunk)
-            return
-        if self.capture is not None:
+        elif self.capture is not None:
             step = self.capture.accept(len(chunk))
             if step == "record":
                 self.chunks.append(chunk)
             elif step == "discard":
                 self.chunks = []
                 self.truncated = True
-        await self.client(message)
+        if more:
+            if self.plan != "buffer":
+                await self._forward(message)
+            return
+        self.finished.set()
+        await self.released.wait()
+        if self.plan != "buffer":
+            # A streamed response's last message goes out once the record is written: a client
+            # that has the whole response and retries finds the record, not the key in flight.
+            await self._forward(message)
+
+    async def _send_file(self, path: str) -> None:
+        """A ``pathsend`` as body messages read from the file (one chunk ahead, to know the last)."""
+        with open(path, "rb") as file:
+            chunk = await asyncio.to_thread(file.read, _FILE_CHUNK)
+            while True:
+                following = await asyncio.to_thread(file.read, _FILE_CHUNK) if chunk else b""
+                await self.send(
+                    {"type": "http.response.body", "body": chunk, "more_body": bool(following)})
+                if not following:
+                    return
+                chunk = following
+
+    async def outcome(self, app: "asyncio.Future[None]", opts: RouteOptions) -> HandlerResult:
+        """What the handler answered, once its response is complete (its last body message), or
+        the application's error when it ended before that."""
+        finished = asyncio.ensure_future(self.finished.wait())
+        try:
+            waiting: "Set[asyncio.Future[Any]]" = {app, finished}
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            finished.cancel()
+            app.cancel()
+            raise
+        if not self.finished.is_set():
+            finished.cancel()
+            app.result()  # the application's own error, re-raised for the flow
+            if self.plan is None and self.start is not None:
+                self.plan = "buffer"  # started without a body message: an empty body
+            elif self.plan is not None:
+                # Ended inside its body (the client went away mid-stream and the framework
+                # stopped the stream): what was recorded is not the whole response.
+                self.chunks = []
+                self.truncated = True
+        status, out_headers, out_body = self.result()
+        stored = None
+        if opts.redact is not None and not self.truncated:
+            stored = opts.redact(status, out_headers, out_body)
+        return HandlerResult(
+            status, out_headers, out_body, stored,
+            framework=self.framework, body_truncated=self.truncated)
 
     def result(self) -> Tuple[int, List[Tuple[str, str]], bytes]:
         if self.status is None:
             raise RuntimeError("the application finished without starting a response")
-        if self.plan is None and self.start is not None:
-            self.plan = "buffer"  # started without a body message: an empty body
         return self.status, self.headers, b"".join(self.chunks)
 
 

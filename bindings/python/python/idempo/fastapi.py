@@ -1,0 +1,578 @@
+"""FastAPI: idempotency as a dependency, claimed after authentication and validation.
+
+::
+
+    from fastapi import Depends, FastAPI
+    import idempo
+    from idempo.fastapi import Idempotency
+    from idempo.stores import SQLiteStore
+
+    idempotency = Idempotency(store=SQLiteStore("idempo.sqlite3"), principal=current_tenant)
+    app = FastAPI()
+    app.router.route_class = idempotency.route_class  # before the routes are declared
+
+    @app.post("/payments", status_code=201)
+    async def create_payment(
+        payment: Payment, execution: idempo.Execution = Depends(idempotency)
+    ) -> dict: ...
+
+``principal`` is one of the app's own dependencies (usually the one that authenticates the
+caller) returning the principal's id, a non-empty string: keys are per principal. A route is
+protected when ``Depends(idempotency)`` is among its dependencies (a parameter, the route's or
+the router's ``dependencies=[...]``). The key is claimed when the endpoint is about to run, after
+FastAPI solved every dependency and validated the request: a request that fails authentication
+(the principal dependency raises 401/403) or validation (422) never claims a key and nothing is
+stored for it. The endpoint's parameter receives the :class:`idempo.Execution` (key, generation,
+downstream key; ``request.state.idempotency`` too). Everything else is the ASGI integration's:
+core's admission order and problems, the response captured by core's capture plan as it is sent
+(teed when it streams, ``pathsend`` not offered), background tasks run after the record is
+written, the route's OpenAPI operation documents the ``Idempotency-Key`` header and idempo's
+problem responses (``spec/openapi/idempotency.yaml``).
+
+Per route options: mark the endpoint with :func:`idempo.idempotent` (``config``,
+``fingerprint_headers``, ``exclude``, ``redact``, ``public``); its ``scope=`` is not used here
+(the principal is a dependency).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import functools
+import inspect
+from contextvars import ContextVar
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
+
+try:
+    from fastapi import Depends, Request
+    from fastapi.routing import APIRoute
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "idempo.fastapi needs FastAPI: pip install 'idempo[fastapi]' (or pip install fastapi)"
+    ) from exc
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response as StarletteResponse
+from starlette.types import Receive, Scope, Send
+
+from idempo._flow import Execution, HandlerResult, Hooks, Response, run_async
+from idempo._host import HostCore, RouteOptions, declared_length, route_overrides
+from idempo._idempo import Config, InvalidArgument
+from idempo.asgi import _Capture, _send, _target, _without_pathsend
+from idempo.stores._tx import enter, leave
+
+import fastapi.routing as _fastapi_routing
+
+#: Newer FastAPI builds an included route's handler in an "effective route context" (its prefix,
+#: the router's dependencies); older versions build it on the route itself.
+_EFFECTIVE: Any = getattr(_fastapi_routing, "_effective_route_context_var", None)
+
+__all__ = ["Idempotency", "IdempotentRoute", "PROBLEM_RESPONSES", "key_parameter"]
+
+_PROBLEM_SCHEMA: Dict[str, Any] = {
+    "type": "object",
+    "description": "RFC 9457 problem details.",
+    "required": ["type", "title", "status"],
+    "properties": {
+        "type": {
+            "type": "string",
+            "description": "`urn:idempo:problem:<slug>` (not resolvable, by design).",
+            "pattern": "^urn:idempo:problem:[a-z-]+$",
+        },
+        "title": {"type": "string"},
+        "status": {"type": "integer"},
+        "detail": {"type": "string"},
+        "code": {
+            "type": "string",
+            "description": "For `invalid-key`, the key error code (`spec/KEYS.md` §1).",
+        },
+    },
+}
+
+_RETRY_AFTER: Dict[str, Any] = {
+    "description": "Delta-seconds (at least 1) after which a retry with the same key may succeed.",
+    "schema": {"type": "integer", "minimum": 1},
+}
+
+
+def _problem(description: str, retry_after: bool = False) -> Dict[str, Any]:
+    response: Dict[str, Any] = {
+        "description": description,
+        "content": {"application/problem+json": {"schema": _PROBLEM_SCHEMA}},
+    }
+    if retry_after:
+        response["headers"] = {"Retry-After": _RETRY_AFTER}
+    return response
+
+
+#: idempo's problem responses of a protected operation, by status (the descriptions of
+#: ``spec/openapi/idempotency.yaml``'s ``components/responses``; 422 is merged with FastAPI's own
+#: validation error, see :data:`KEY_REUSED`).
+PROBLEM_RESPONSES: Dict[int, Dict[str, Any]] = {
+    400: _problem(
+        "`missing-key` (the route requires a key), `invalid-key` (with `code`), or `invalid-body`"
+        " (the body cannot be fingerprinted). Fix the request; do not retry it unchanged."),
+    409: _problem(
+        "`in-flight`: a request with this key is still being processed. Retry the same request"
+        " with the same key after `Retry-After`; it then gets the stored response.", True),
+    413: _problem("`body-too-large`: the request body exceeds the limit for fingerprinting."),
+    500: _problem(
+        "`outcome-unknown`: the first execution may or may not have taken effect; look the"
+        " resource up before using a new key. `response-not-retained`: the request was processed"
+        " but its response was too large to keep for replays. `scope-unresolved`: the server"
+        " could not tell whose key this is and ran nothing."),
+    503: _problem(
+        "`store-unavailable` or `contention`: the server could not record the request and ran"
+        " nothing. Retry the same request with the same key after `Retry-After`.", True),
+}
+
+KEY_REUSED: Dict[str, Any] = _problem(
+    "Validation Error (FastAPI's, `application/json`), or idempo's `key-reused`"
+    " (`application/problem+json`): the key was used for a different request; use a new key"
+    " for a new intent.")
+
+
+def key_parameter(header_name: str = "Idempotency-Key", required: bool = True,
+                  config: Optional[Config] = None) -> Dict[str, Any]:
+    """The OpenAPI header parameter of the key (``components/parameters/IdempotencyKey``), with
+    the route's key bounds (an sf-string's quotes count toward the field's length)."""
+    config = config or Config()
+    return {
+        "name": header_name,
+        "in": "header",
+        "required": required,
+        "description": (
+            "One key per user intent (not per attempt): every retry of the same intent sends the"
+            " same key with the same request. An RFC 9651 sf-string or a bare token of visible"
+            " ASCII without `\"` or `,`."
+        ),
+        "schema": {"type": "string", "minLength": config.key_min_len,
+                   "maxLength": max(512, config.key_max_len + 2),
+                   "pattern": "^[\\x20-\\x7E]+$"},
+    }
+
+
+class _Unclaimed:
+    """What ``Depends(idempotency)`` gives before the claim; the endpoint's parameter gets the
+    :class:`idempo.Execution` instead. Another dependency that asked for it gets this."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise RuntimeError(
+            "idempo: the Execution exists once the endpoint runs (after the claim); take it as an"
+            " endpoint parameter (execution: idempo.Execution = Depends(idempotency)), not in"
+            " another dependency")
+
+
+class _Answer(StarletteResponse):
+    """idempo's own answer (a problem or a replay), sent by the ASGI integration's function."""
+
+    def __init__(self, answer: Response) -> None:
+        self.answer = answer
+        self.status_code = answer.status
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await _send(send, self.answer)
+        if self.background is not None:  # the dependencies' own background tasks
+            await self.background()
+
+
+class _Run:
+    """One request on a protected route: from the dependency to the response's last byte."""
+
+    def __init__(self, owner: "Idempotency", opts: RouteOptions, route: str,
+                 request: Request) -> None:
+        self.owner = owner
+        self.opts = opts
+        self.route = route
+        self.request = request
+        self.called = False
+        self.entered = False
+        self.principal: Any = None
+        self.placeholder = _Unclaimed()
+        self.flow: "Optional[asyncio.Future[Response]]" = None
+        self.result: "Optional[asyncio.Future[HandlerResult]]" = None
+        self.capture: Optional[_Capture] = None
+
+    async def execute(self, endpoint: Callable[..., Any], is_async: bool,
+                      args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        """Admission and claim, then the endpoint (unless core answered without it)."""
+        if not self.called:  # Depends(idempotency) overridden (dependency_overrides): unprotected
+            return await _call(endpoint, is_async, args, kwargs)
+        core = self.owner.core
+        request = self.request
+        raw_headers: List[Tuple[bytes, bytes]] = list(request.scope.get("headers", []))
+        headers = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in raw_headers]
+        lower = {n.lower(): v for n, v in headers}
+        name = core.header_name.encode()
+        key_fields = [bytes(v) for n, v in raw_headers if n.lower() == name]
+        admission, answer = core.admit_key(
+            self.opts, self.route, key_fields, declared_length(lower.get("content-length")))
+        if answer is not None:
+            return _Answer(answer)
+        if admission is None:  # no key, key optional: the endpoint runs unprotected
+            return await _call(endpoint, is_async, args, self._given(kwargs, None))
+        assert admission.body_limit is not None
+        body, over_limit = await _read_body(request, admission.body_limit)
+        method = request.method.upper()
+        prepared = core.admit_body(
+            admission,
+            opts=self.opts,
+            request=self,
+            method=method,
+            route=self.route,
+            target=_target(request.scope),
+            headers=headers,
+            content_type=lower.get("content-type"),
+            body=body,
+            over_limit=over_limit,
+            authenticated=self.owner.principal is not None or "authorization" in lower,
+        )
+        if prepared.answer is not None:
+            return _Answer(prepared.answer)
+        assert prepared.key is not None
+        loop = asyncio.get_running_loop()
+        go: "asyncio.Future[Execution]" = loop.create_future()
+        result: "asyncio.Future[HandlerResult]" = loop.create_future()
+        self.result = result
+
+        async def handler(execution: Execution) -> HandlerResult:
+            go.set_result(execution)
+            return await result
+
+        self.capture = _Capture(self.opts.config, None)
+        flow = asyncio.ensure_future(run_async(
+            store=core.store,
+            config=self.opts.config,
+            scope=prepared.scope,
+            partition=prepared.partition,
+            fingerprint=prepared.fingerprint,
+            key=prepared.key,
+            route=self.route,
+            handler=handler,
+            hooks=core.hooks,
+        ))
+        try:
+            waiting: "Set[asyncio.Future[Any]]" = {go, flow}
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            if not result.done():
+                result.set_exception(RuntimeError("idempo: the request was cancelled"))
+            raise
+        if not go.done():  # answered without running: a replay or a problem
+            return _Answer(flow.result())
+        self.flow = flow
+        execution = go.result()
+        request.state.idempotency = execution
+        token = enter(execution.transaction) if execution.transaction is not None else None
+        try:
+            return await _call(endpoint, is_async, args, self._given(kwargs, execution))
+        finally:
+            if token is not None:
+                leave(token)
+
+    def _given(self, kwargs: Dict[str, Any], execution: Optional[Execution]) -> Dict[str, Any]:
+        return {k: (execution if v is self.placeholder else v) for k, v in kwargs.items()}
+
+    async def failed(self, exc: BaseException) -> None:
+        """The handler ended with an error: the flow records it (core's rule), then it is
+        re-raised by the caller."""
+        assert self.flow is not None and self.result is not None
+        if not self.result.done():
+            error = exc if isinstance(exc, Exception) else RuntimeError(
+                f"idempo: the request ended ({type(exc).__name__})")
+            self.result.set_exception(error)
+        try:
+            await asyncio.shield(self.flow)
+        except BaseException:  # noqa: BLE001 - the flow re-raises the handler's error
+            pass
+
+    async def respond(self, inner: StarletteResponse, scope: Scope, receive: Receive,
+                      send: Send) -> None:
+        """Sends the endpoint's response through core's capture plan, then the flow's answer."""
+        capture, flow, result = self.capture, self.flow, self.result
+        assert capture is not None and flow is not None and result is not None
+        capture.client = send
+        inner_scope = dict(scope)
+        inner_scope["extensions"] = _without_pathsend(scope)
+        app = asyncio.ensure_future(inner(inner_scope, receive, capture.send))
+        try:
+            try:
+                outcome = await capture.outcome(app, self.opts)
+            except BaseException as exc:
+                await self.failed(exc)
+                raise
+            result.set_result(outcome)
+            answer = await flow
+            if not capture.sent:
+                await _send(send, answer)
+        except BaseException:
+            capture.released.set()
+            if not app.done():
+                app.cancel()
+            raise
+        # Recorded and answered: the response's background tasks run now.
+        capture.released.set()
+        await app
+
+
+class _Captured(StarletteResponse):
+    """The endpoint's response, sent through the request's capture."""
+
+    def __init__(self, inner: StarletteResponse, run: _Run) -> None:
+        self.inner = inner
+        self.run = run
+        self.status_code = inner.status_code
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.run.respond(self.inner, scope, receive, send)
+
+
+_CURRENT: "ContextVar[Optional[_Run]]" = ContextVar("idempo_fastapi_run", default=None)
+
+
+async def _call(endpoint: Callable[..., Any], is_async: bool, args: Tuple[Any, ...],
+                kwargs: Dict[str, Any]) -> Any:
+    if is_async:
+        return await endpoint(*args, **kwargs)
+    return await run_in_threadpool(endpoint, *args, **kwargs)
+
+
+async def _read_body(request: Request, limit: int) -> Tuple[bytes, bool]:
+    """The request body as FastAPI read it (or read now, at most ``limit`` plus one chunk)."""
+    cached = getattr(request, "_body", None)
+    if isinstance(cached, bytes):
+        return (b"", True) if len(cached) > limit else (cached, False)
+    chunks: List[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return b"", True
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    request._body = body  # the endpoint may still read it
+    return body, False
+
+
+async def _handled(request: Request, exc: Exception) -> Optional[StarletteResponse]:
+    """The app's own answer to an exception the endpoint raised (its exception handlers, as
+    Starlette's route wrapper would run them), or None when the app has none for it."""
+    handlers, status_handlers = request.scope.get("starlette.exception_handlers", ({}, {}))
+    handler = None
+    if isinstance(exc, StarletteHTTPException):
+        handler = status_handlers.get(exc.status_code)
+    if handler is None:
+        for cls in type(exc).__mro__:
+            if cls in handlers:
+                handler = handlers[cls]
+                break
+    if handler is None:
+        return None
+    if inspect.iscoroutinefunction(handler):
+        response = await handler(request, exc)
+    else:
+        response = await run_in_threadpool(handler, request, exc)
+    return response  # type: ignore[no-any-return]
+
+
+def _uses(dependant: Any, owner: "Idempotency", depth: int = 0) -> bool:
+    for dep in getattr(dependant, "dependencies", ()):
+        if dep.call is owner or (depth < 16 and _uses(dep, owner, depth + 1)):
+            return True
+    return False
+
+
+def _context(route: APIRoute) -> Any:
+    """The route as FastAPI is building its handler (an included route's effective context)."""
+    if _EFFECTIVE is not None:
+        ctx = _EFFECTIVE.get()
+        if ctx is not None and getattr(ctx, "original_route", None) is route:
+            return ctx
+    return route
+
+
+def _document(ctx: Any, header_name: str, config: Config) -> None:
+    """Adds the key parameter and idempo's problem responses to the route's OpenAPI operation."""
+    responses = dict(ctx.responses or {})
+    for status, response in PROBLEM_RESPONSES.items():
+        responses.setdefault(status, copy.deepcopy(response))
+    ctx.responses = responses
+    extra = copy.deepcopy(ctx.openapi_extra or {})
+    params = extra.setdefault("parameters", [])
+    if not any(str(p.get("name", "")).lower() == header_name.lower() for p in params):
+        params.append(key_parameter(header_name, config.key_required, config))
+    extra.setdefault("responses", {}).setdefault("422", copy.deepcopy(KEY_REUSED))
+    ctx.openapi_extra = extra
+
+
+class IdempotentRoute(APIRoute):
+    """An ``APIRoute`` whose routes with ``Depends(idempotency)`` claim the key after FastAPI
+    solved the dependencies and validated the request. Use ``Idempotency.route_class`` (bound
+    to its :class:`Idempotency`)."""
+
+    idempotency: "Idempotency"
+
+    def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
+        # A route re-created from another (older FastAPI's include_router) gets our wrapper:
+        # wrap the original once.
+        endpoint = getattr(endpoint, _ORIGINAL, endpoint)
+        self._idempo_endpoint = endpoint
+        if not (inspect.isgeneratorfunction(endpoint) or inspect.isasyncgenfunction(endpoint)):
+            endpoint = _wrap(endpoint)
+        super().__init__(path, endpoint, **kwargs)
+
+    def get_route_handler(self) -> Callable[[Request], Any]:
+        inner = super().get_route_handler()
+        owner = getattr(type(self), "idempotency", None)
+        ctx = _context(self)
+        if owner is None or not _uses(ctx.dependant, owner):
+            return inner
+        original = self._idempo_endpoint
+        if inspect.isgeneratorfunction(original) or inspect.isasyncgenfunction(original):
+            raise TypeError(
+                f"idempo: {ctx.path}: a generator endpoint cannot be idempotent here; return a"
+                " StreamingResponse (it is teed to the client and recorded up to the limit)")
+        overrides = route_overrides(original)
+        if overrides is not None and overrides.get("scope") is not None:
+            raise TypeError(
+                f"idempo: {ctx.path}: idempotent(scope=...) is not used with idempo.fastapi;"
+                " the principal is Idempotency(principal=<dependency>)")
+        opts = owner.core.options_for(original)
+        if opts is None:
+            raise TypeError(
+                f"idempo: {ctx.path}: the route uses Depends(idempotency) but is marked"
+                " idempotent(enabled=False)")
+        _document(ctx, owner.header_name, opts.config)
+        return _route_handler(inner, owner, opts, str(ctx.path))
+
+
+def _wrap(endpoint: Callable[..., Any]) -> Callable[..., Any]:
+    is_async = inspect.iscoroutinefunction(endpoint) or inspect.iscoroutinefunction(
+        getattr(endpoint, "__call__", None))
+
+    @functools.wraps(endpoint)
+    async def endpoint_with_claim(*args: Any, **kwargs: Any) -> Any:
+        run = _CURRENT.get()
+        if run is None or run.entered:
+            return await _call(endpoint, is_async, args, kwargs)
+        run.entered = True
+        return await run.execute(endpoint, is_async, args, kwargs)
+
+    setattr(endpoint_with_claim, _ORIGINAL, endpoint)
+    return endpoint_with_claim
+
+
+_ORIGINAL = "__idempo_original__"
+
+
+def _route_handler(inner: Callable[[Request], Any], owner: "Idempotency", opts: RouteOptions,
+                   route: str) -> Callable[[Request], Any]:
+    async def handler(request: Request) -> StarletteResponse:
+        run = _Run(owner, opts, route, request)
+        token = _CURRENT.set(run)
+        try:
+            try:
+                response: StarletteResponse = await inner(request)
+            except Exception as exc:
+                if run.flow is None:
+                    raise  # before the claim (authentication, validation): FastAPI's answer
+                handled = await _handled(request, exc)
+                if handled is None:
+                    raise
+                response = handled  # the endpoint's HTTPException: its answer, recorded
+        except BaseException as exc:
+            if run.flow is not None:
+                await run.failed(exc)
+            raise
+        finally:
+            _CURRENT.reset(token)
+        if run.flow is None:
+            return response
+        return _Captured(response, run)
+
+    return handler
+
+
+class Idempotency:
+    """Idempotency-Key handling for FastAPI routes, as a dependency (see the module docs).
+
+    - ``store``: a store from :mod:`idempo.stores` (sync stores run in worker threads).
+    - ``principal``: a FastAPI dependency (it may depend on others, e.g. your authentication)
+      returning the caller's id, a non-empty string; keys are per principal. What it returns
+      goes through core's scope rule: ``None``, ``""`` (unless ``empty_scope_is_anonymous``), or
+      a non-string gets the request refused with 500 ``scope-unresolved``; if it raises (401),
+      FastAPI answers and nothing is claimed.
+    - ``public=True`` instead: the routes' keys are shared by every caller (no principal).
+      One of the two is required.
+    - ``config``, ``header_name``, ``fingerprint_headers``, ``exclude``, ``hmac_key``,
+      ``numbers``, ``redact``, ``hooks``: as for :class:`idempo.asgi.IdempotencyMiddleware`.
+    """
+
+    def __init__(
+        self,
+        *,
+        store: Any,
+        principal: Optional[Callable[..., Any]] = None,
+        public: bool = False,
+        config: Optional[Config] = None,
+        header_name: str = "Idempotency-Key",
+        fingerprint_headers: Iterable[str] = (),
+        exclude: Iterable[str] = (),
+        hmac_key: Optional[bytes] = None,
+        numbers: Optional[str] = None,
+        redact: Optional[Callable[[int, List[Tuple[str, str]], bytes], Optional[bytes]]] = None,
+        hooks: Optional[Hooks] = None,
+        empty_scope_is_anonymous: bool = False,
+    ) -> None:
+        if principal is None and not public:
+            raise InvalidArgument(
+                "Idempotency needs principal=<a dependency returning the caller's id> (keys are"
+                " per principal), or public=True for routes whose keys every caller shares")
+        if principal is not None and not callable(principal):
+            raise InvalidArgument("principal must be a FastAPI dependency (a callable)")
+        self.principal = principal
+        self.header_name = header_name
+        self.core = HostCore(
+            store=store,
+            config=config,
+            methods=("POST", "PATCH", "PUT", "DELETE"),
+            header_name=header_name,
+            scope=_principal_of if principal is not None else None,
+            fingerprint_headers=fingerprint_headers,
+            exclude=exclude,
+            hmac_key=hmac_key,
+            numbers=numbers,
+            redact=redact,
+            hooks=hooks,
+            only_marked=False,
+            warn_unscoped=True,
+            public=public,
+            empty_scope_is_anonymous=empty_scope_is_anonymous,
+        )
+        params = [inspect.Parameter("request", inspect.Parameter.KEYWORD_ONLY,
+                                    annotation=Request)]
+        if principal is not None:
+            params.append(inspect.Parameter(
+                "idempo_principal", inspect.Parameter.KEYWORD_ONLY,
+                default=Depends(principal), annotation=Any))
+        self.__signature__ = inspect.Signature(params)
+        #: The ``APIRoute`` class to use for the routes (``app.router.route_class = ...`` or
+        #: ``APIRouter(route_class=...)``).
+        self.route_class: type = type("IdempotentRoute", (IdempotentRoute,), {"idempotency": self})
+
+    async def __call__(self, request: Request, idempo_principal: Any = None) -> Any:
+        run = _CURRENT.get()
+        if run is None or run.owner is not self:
+            raise RuntimeError(
+                "idempo: Depends(idempotency) on a route that is not an idempotency route: set"
+                " app.router.route_class = idempotency.route_class (or"
+                " APIRouter(route_class=idempotency.route_class)) before declaring the route")
+        run.called = True
+        run.principal = idempo_principal
+        return run.placeholder
+
+
+def _principal_of(run: _Run) -> Any:
+    return run.principal
