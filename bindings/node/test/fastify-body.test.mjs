@@ -27,6 +27,7 @@ async function start(opts = {}, setup = () => undefined, fastifyOpts = {}) {
   app.post('/free', { config: { idempotency: false } }, echo('free'));
   app.put('/put', echo('put'));
   app.post('/small', { config: { idempotency: false }, bodyLimit: 10 }, echo('small'));
+  app.route({ method: ['POST', 'PUT'], url: '/both', handler: echo('both') });
   await app.listen({ port: 0, host: '127.0.0.1' });
   return { app, runs, url: `http://127.0.0.1:${app.server.address().port}`, close: () => app.close() };
 }
@@ -185,6 +186,24 @@ test('fastify: content types the app has no parser for still get 415', async () 
     assert.deepEqual(s.runs, []);
     // The key was not used up by the refused request.
     assert.equal((await post(`${s.url}/pay`, 'media-key-0001', 'a', 'text/plain')).status, 201);
+  } finally {
+    await s.close();
+  }
+});
+
+test("fastify: on a protected route, requests core does not read keep the app's bodyLimit", async () => {
+  const s = await start({ maxRequestBodyBytes: 1000, keyRequired: false }, () => undefined, { bodyLimit: 100 });
+  try {
+    const keyed = await post(`${s.url}/pay`, 'limit-key-0010', 'y'.repeat(500), 'text/plain');
+    assert.equal(keyed.status, 201);
+    for (const [route, method, body] of [['/pay', 'POST', 'y'.repeat(500)], ['/both', 'PUT', 'y'.repeat(500)]]) {
+      const r = await post(`${s.url}${route}`, undefined, body, 'text/plain', method);
+      assert.equal(r.status, 413, `${method} ${route}`);
+      assert.equal((await r.json()).code, 'FST_ERR_CTP_BODY_TOO_LARGE');
+      const chunked = await fetch(`${s.url}${route}`, { method, headers: { 'content-type': 'text/plain' }, body: new Blob([body]).stream(), duplex: 'half' });
+      assert.equal(chunked.status, 413, `${method} ${route} chunked`);
+    }
+    assert.equal((await post(`${s.url}/pay`, undefined, 'small', 'text/plain')).status, 201);
   } finally {
     await s.close();
   }

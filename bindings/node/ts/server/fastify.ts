@@ -59,6 +59,9 @@ const STATE = Symbol('idempo.fastify');
 const ADMISSION = Symbol('idempo.fastify.admission');
 /** The route carries idempo's route-level `preHandler` (registered after the plugin). */
 const ROUTED = Symbol('idempo.fastify.routed');
+/** The app's own body limit for the route (the route's `bodyLimit`, else the app's), kept for the
+ * requests core does not read (no key on an optional-key route, an unprotected method). */
+const APP_LIMIT = Symbol('idempo.fastify.appLimit');
 
 interface State {
   session: Session;
@@ -161,6 +164,11 @@ function toArray<T>(v: T | T[] | undefined | null): T[] {
   return v === undefined || v === null ? [] : Array.isArray(v) ? v : [v];
 }
 
+/** Fastify's own answer for a body over the app's limit (what its parser would throw). */
+function tooLarge(): Error {
+  return Object.assign(new Error('Request body is too large'), { statusCode: 413, code: 'FST_ERR_CTP_BODY_TOO_LARGE' });
+}
+
 /** An error standing for the client leaving before a streamed reply ended. */
 function clientGone(): Error {
   return Object.assign(new Error('idempo: the client went away before the reply stream ended'), { code: 'ECONNRESET' });
@@ -225,21 +233,44 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
       }
     }
     if (want === false || !methods.some((m) => p.methods.has(m))) return;
-    // Core's maxRequestBodyBytes is the admission rule on this route (413 problem), in place of
-    // the app's bodyLimit (which stays in force on every other route).
-    route.bodyLimit = limit;
+    // Core's maxRequestBodyBytes is the admission rule for the requests core reads (413
+    // problem); the app's limit stays in force for the others (enforced in preParsing when the
+    // route's own limit has to be raised to core's) and on every other route.
+    const appLimit = route.bodyLimit ?? app.initialConfig.bodyLimit ?? 1024 * 1024;
+    route.bodyLimit = Math.max(appLimit, limit);
     route.preHandler = [...toArray(route.preHandler), scopeStage, txStage] as RouteOptions['preHandler'];
-    route.config = { ...config, [ROUTED]: true } as RouteOptions['config'];
+    route.config = { ...config, [ROUTED]: true, [APP_LIMIT]: appLimit } as RouteOptions['config'];
   });
+
+  /** A request core does not read, on a route whose bodyLimit was raised to core's: the app's
+   * own limit, as Fastify's parser would apply it. */
+  const appLimited = async (req: FastifyRequest, reply: FastifyReply, payload: NodeJS.ReadableStream): Promise<NodeJS.ReadableStream> => {
+    const appLimit = routeConfig(req)[APP_LIMIT];
+    if (typeof appLimit !== 'number' || appLimit >= limit || !hasBody(req)) return payload;
+    const declared = Number(req.headers['content-length']);
+    if (Number.isFinite(declared)) {
+      if (declared <= appLimit) return payload;
+      reply.header('connection', 'close');
+      throw tooLarge();
+    }
+    const raw = await readLimited(payload, appLimit);
+    if (raw === null) {
+      reply.header('connection', 'close');
+      throw tooLarge();
+    }
+    const replay = new PassThrough();
+    replay.end(raw);
+    return replay;
+  };
 
   // Key, body size and fingerprint, on the raw bytes of every content type.
   app.addHook('preParsing', async (request, reply, payload) => {
     const req = request as Req;
-    if (!isProtected(req)) return payload;
+    if (!isProtected(req)) return appLimited(req, reply, payload);
     const started = Date.now();
     const adm = admitKey(p, req.headers[p.header], req.headers['content-length']);
     req[ADMISSION] = adm;
-    if (adm.kind === 'pass_through') return payload;
+    if (adm.kind === 'pass_through') return appLimited(req, reply, payload);
     if (adm.kind === 'refuse') {
       const problem = toHttp(adm.problem as native.HttpResponseData);
       await answerEarly(req, reply, { kind: 'respond', response: problem, outcome: adm.outcome ?? 'refused' }, hasBody(req), started);
