@@ -553,7 +553,10 @@ mod tests {
         assert_eq!(r.outcome(), "body_unavailable");
         assert!(r.log.as_deref().is_some_and(|l| l.contains(cause)), "{r:?}");
         let body = String::from_utf8(r.response.body).expect("utf-8");
-        assert!(body.contains("urn:idempo:problem:body-unavailable"), "{body}");
+        assert!(
+            body.contains("urn:idempo:problem:body-unavailable"),
+            "{body}"
+        );
     }
 
     fn awaiting_scope() -> AwaitingScope {
