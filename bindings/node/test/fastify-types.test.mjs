@@ -6,6 +6,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 import { here, pkgRoot } from './helpers.mjs';
 
@@ -56,6 +57,29 @@ test('strict TypeScript rejects what the types rule out', () => {
     assert.match(out, /bad\.mts\(4,.*Property 'nope' does not exist/);
     assert.match(out, /bad\.mts\(5,.*TS2322/);
     assert.match(out, /bad\.mts\(6,.*possibly 'undefined'/);
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('a project without fastify compiles against the declarations (skipLibCheck false)', () => {
+  // Outside the package folder, so that `fastify` cannot resolve from a parent node_modules.
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'idempo-no-fastify-'));
+  try {
+    const nm = path.join(dir, 'node_modules');
+    const pkg = path.join(nm, 'idempo');
+    fs.mkdirSync(path.join(pkg, 'native'), { recursive: true });
+    fs.cpSync(path.join(pkgRoot, 'dist'), path.join(pkg, 'dist'), { recursive: true });
+    fs.copyFileSync(path.join(pkgRoot, 'package.json'), path.join(pkg, 'package.json'));
+    for (const f of ['index.d.ts', 'index.js']) fs.copyFileSync(path.join(pkgRoot, 'native', f), path.join(pkg, 'native', f));
+    // Everything the package's dev install has except fastify (store drivers: another check).
+    for (const m of fs.readdirSync(path.join(pkgRoot, 'node_modules'))) {
+      if (m === 'fastify' || m.startsWith('@fastify') || m === '.bin') continue;
+      fs.symlinkSync(path.join(pkgRoot, 'node_modules', m), path.join(nm, m));
+    }
+    const consumer = path.join(dir, 'express-only.mts');
+    fs.writeFileSync(consumer, "import { idempotency, MemoryStore } from 'idempo';\nexport const mw = idempotency({ store: new MemoryStore() });\n");
+    assert.equal(compile(consumer), '');
   } finally {
     fs.rmSync(dir, { recursive: true, force: true });
   }
