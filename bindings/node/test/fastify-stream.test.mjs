@@ -186,3 +186,39 @@ test('fastify: a handler error and a hijacked reply end the session', async () =
     await s.close();
   }
 });
+
+test('fastify: transactional mode holds a streamed reply up to the limit; a longer one still reaches the client whole', async () => {
+  const fs = await import('node:fs');
+  const os = await import('node:os');
+  const path = await import('node:path');
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'idempo-fastify-tx-'));
+  const store = new idempo.SqliteStore({ filename: path.join(dir, 'db.sqlite3') });
+  const app = Fastify({ forceCloseConnections: true });
+  await app.register(idempo.idempotencyPlugin, { store, transactional: true, public: true, maxStoredBodyBytes: 100 });
+  let runs = 0;
+  app.post('/tx', async (req, reply) => {
+    runs++;
+    const shape = JSON.parse(req.headers['x-shape'] ?? '{}');
+    return reply.type('text/plain').send(slow({ n: shape.n ?? 5, size: shape.size ?? 10, delayMs: 1 }));
+  });
+  await app.listen({ port: 0, host: '127.0.0.1' });
+  const url = `http://127.0.0.1:${app.server.address().port}/tx`;
+  try {
+    const small = await post(url, 'tx-stream-key-1');
+    assert.equal((await small.text()).length, 50);
+    const replay = await post(url, 'tx-stream-key-1');
+    assert.equal(replay.headers.get('idempotent-replayed'), 'true');
+    assert.equal((await replay.text()).length, 50);
+    const big = await post(url, 'tx-stream-key-2', { n: 200, size: 50 });
+    assert.equal(big.status, 200);
+    assert.equal((await big.text()).length, 10000);
+    const again = await settled(url, 'tx-stream-key-2');
+    assert.equal(again.status, 500);
+    assert.equal((await again.json()).type, NOT_RETAINED);
+    assert.equal(runs, 2);
+  } finally {
+    await app.close();
+    store.close?.();
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});

@@ -27,5 +27,6 @@ app.post('/payments', async (req, reply) => {
   const { downstreamKey } = req.idempotency!;
   return reply.code(201).send(await charge(req.body, downstreamKey));
 });
-// Opt a route out, or ask for protection (an error at startup if PUT is not in `methods`).
+app.idempotencyEvents.on('outcome', ({ outcome, route, status }) => console.log(outcome, route, status));
+// Opt a route out. (`config: { idempotency: true }` on a method not in `methods`, e.g. PUT, throws at startup.)
 app.post('/webhooks', { config: { idempotency: false } }, async () => ({ ok: true }));

@@ -31,12 +31,16 @@ import native = require('../native');
 import { ConfigError } from '../errors';
 import { admitBody, admitKey, admitScope, Prepared } from './options';
 import type { Admitted, BodyFacts, IdempotencyOptions } from './options';
-import type { ExecutionContext, FlowEnd, HandlerResult, HttpResponse, Session } from './session';
+import type { ExecutionContext, FlowEnd, HandlerResult, HttpResponse, IdempotencyEvents, Session } from './session';
 import { toHttp } from './session';
 import { txStorage } from './tx';
 import type { TxHolder } from './tx';
 
 declare module 'fastify' {
+  interface FastifyInstance {
+    /** The plugin's event emitter (outcomes, store errors, warnings) for metrics and logs. */
+    idempotencyEvents: IdempotencyEvents;
+  }
   interface FastifyRequest {
     /** Set by idempo's plugin while a protected handler runs (the claim's generation, the
      * downstream key, the lease's abort signal, the transaction in transactional mode);
