@@ -36,6 +36,12 @@ export declare class Admission {
    */
   body(fingerprinter: ExternalObject<'FingerprinterHandle'>, method: string, target: string, body: Uint8Array, contentType: string | undefined | null, headers: Array<string> | undefined | null, overLimit: boolean): void
   /**
+   * Stage 2 when the request has a body whose bytes the host does not have as received
+   * (another reader consumed them first): refused with 500 `body-unavailable` (log `log`);
+   * `cause` names what the host saw.
+   */
+  bodyUnavailable(cause: string): void
+  /**
    * Stage 3: what the route's scope function gave under `rule`, whether the request is
    * authenticated, the method and the route template.
    */

@@ -205,6 +205,33 @@ impl Admission {
         Ok(())
     }
 
+    /// Stage 2 when the request has a body whose bytes the host does not have as received
+    /// (another reader consumed them first): refused with 500 `body-unavailable` (log `log`);
+    /// `cause` names what the host saw.
+    #[napi(catch_unwind)]
+    pub fn body_unavailable(&mut self, env: Env, cause: String) -> napi::Result<()> {
+        let Stage::Body(w) = std::mem::replace(&mut self.stage, Stage::Done) else {
+            return Err(self.out_of_order("bodyUnavailable").throw(&env));
+        };
+        // Fingerprinter unused for this read: core refuses before fingerprinting.
+        let fp = Fingerprinter::new(&idempo_core::fingerprint::FingerprintConfig::default())
+            .map_err(|e| Fail::new(code::FINGERPRINT, e.to_string()).throw(&env))?;
+        match w
+            .body(BodyRead::Unavailable { cause: &cause }, &fp)
+            .map_err(|e| Fail::new(code::FINGERPRINT, e.to_string()).throw(&env))?
+        {
+            BodyStage::Refuse(r) => self.refused(r),
+            BodyStage::Continue(_) => {
+                return Err(Fail::new(
+                    code::INVALID_ARGUMENT,
+                    "core admitted a body it was told is unavailable".to_owned(),
+                )
+                .throw(&env));
+            }
+        }
+        Ok(())
+    }
+
     /// Stage 3: what the route's scope function gave under `rule`, whether the request is
     /// authenticated, the method and the route template.
     #[napi(catch_unwind)]

@@ -373,6 +373,7 @@ pub fn problem_response(
         "store_unavailable" => ProblemKind::StoreUnavailable,
         "contention" => ProblemKind::Contention,
         "scope_unresolved" => ProblemKind::ScopeUnresolved,
+        "body_unavailable" => ProblemKind::BodyUnavailable,
         other => {
             return Err(Fail::new(
                 code::INVALID_ARGUMENT,

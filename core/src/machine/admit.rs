@@ -67,6 +67,7 @@ impl Refusal {
             ProblemKind::BodyTooLarge => "body_too_large",
             ProblemKind::InvalidBody => "invalid_body",
             ProblemKind::ScopeUnresolved => "scope_unresolved",
+            ProblemKind::BodyUnavailable => "body_unavailable",
             // Admission refuses with the kinds above only.
             _ => "refused",
         }
@@ -143,6 +144,18 @@ fn too_large(limit: usize) -> Refusal {
     Refusal::new(ProblemKind::BodyTooLarge, problem::invalid_body(&err))
 }
 
+fn unavailable(cause: &str) -> Refusal {
+    Refusal {
+        kind: ProblemKind::BodyUnavailable,
+        response: problem_response(ProblemKind::BodyUnavailable, None, None, None),
+        log: Some(format!(
+            "idempo: a request with an Idempotency-Key has a body but its bytes were not available \
+             as received ({cause}); it was refused with 500 body-unavailable and nothing ran. Let \
+             idempo see the body before any other reader (see the integration's body-parser notes)."
+        )),
+    }
+}
+
 /// The request body as the host read it.
 #[derive(Clone, Copy, Debug)]
 pub enum BodyRead<'a> {
@@ -153,6 +166,13 @@ pub enum BodyRead<'a> {
     OverLimit {
         /// Bytes read before the host stopped.
         read: u64,
+    },
+    /// The request has a body but the host does not have its bytes as received (a body parser
+    /// or another integration consumed them first): refused with 500 `body-unavailable`, never
+    /// fingerprinted as an empty body. `cause` names what the host saw, for its log line.
+    Unavailable {
+        /// What the host saw (e.g. "the request stream was already read by another hook").
+        cause: &'a str,
     },
 }
 
@@ -197,6 +217,7 @@ impl AwaitingBody {
     ) -> Result<BodyStage, FingerprintFailed> {
         let parts = match read {
             BodyRead::OverLimit { .. } => return Ok(BodyStage::Refuse(too_large(self.limit))),
+            BodyRead::Unavailable { cause } => return Ok(BodyStage::Refuse(unavailable(cause))),
             BodyRead::Complete(parts) if parts.body.len() > self.limit => {
                 return Ok(BodyStage::Refuse(too_large(self.limit)));
             }
@@ -516,6 +537,26 @@ mod tests {
             )
             .expect("no config error");
         assert!(matches!(ok, BodyStage::Continue(_)));
+    }
+
+    #[test]
+    fn a_body_without_its_bytes_is_refused_not_fingerprinted_as_empty() {
+        let KeyStage::Continue(b) = admit(&small(), &[b"abcdefgh1"], None) else {
+            panic!("valid key");
+        };
+        let cause = "the request stream was already read";
+        let Ok(BodyStage::Refuse(r)) = b.body(BodyRead::Unavailable { cause }, &fp()) else {
+            panic!("refused");
+        };
+        assert_eq!(r.kind, ProblemKind::BodyUnavailable);
+        assert_eq!(r.response.status, 500);
+        assert_eq!(r.outcome(), "body_unavailable");
+        assert!(r.log.as_deref().is_some_and(|l| l.contains(cause)), "{r:?}");
+        let body = String::from_utf8(r.response.body).expect("utf-8");
+        assert!(
+            body.contains("urn:idempo:problem:body-unavailable"),
+            "{body}"
+        );
     }
 
     fn awaiting_scope() -> AwaitingScope {

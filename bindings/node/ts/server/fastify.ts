@@ -1,25 +1,71 @@
 /**
- * Fastify integration: `await app.register(idempotencyPlugin, { store })`.
+ * Fastify integration: `await app.register(idempotencyPlugin, { store })`, before the routes.
  *
- * The plugin keeps the raw body of JSON (and other) requests for the fingerprint, runs core's
- * flow in a `preHandler` hook (answering replays, 409, 422, 400, 503 itself), records the
- * handler's response in `onSend` (the stored copy is exactly what is sent), and reports handler
- * errors in `onError`. Route templates come from Fastify (`/payments/:id`). In transactional
- * mode the handler finds its open transaction in `request.idempotency.tx` or
- * `currentTransaction()`, and the reply is sent after `COMMIT`.
+ * The plugin leaves the app's content-type parsers, body limits and prototype-poisoning settings
+ * alone. On a protected route (a method in `methods`, and no `config: { idempotency: false }`):
+ *
+ * - `preParsing` runs core's key stage, reads the raw body (whatever its content type) up to
+ *   core's `maxRequestBodyBytes`, fingerprints those bytes, and hands the same bytes on to the
+ *   app's parser (Fastify's JSON and text parsers, or any the app added). A missing or invalid key,
+ *   a body over the limit or one the fingerprint refuses is answered there with core's problem. A
+ *   body whose bytes another reader consumed first is refused (500 `body-unavailable`), never
+ *   fingerprinted as empty. A content type the app has no parser for still gets Fastify's 415.
+ * - The scope stage and the claim run in a route-level `preHandler` placed after the app's own
+ *   hooks (so `scope` sees `request.user` set by an `onRequest` or `preHandler` authentication),
+ *   answering replays, 409, 422 and 503 itself. The route's `bodyLimit` is core's
+ *   `maxRequestBodyBytes`.
+ * - `onSend` records the reply through core's capture plan: a whole body is held until the flow
+ *   answers; a stream (`reply.send(Readable)`) is teed to the client and recorded up to the limit
+ *   (past it the record is the response-not-retained problem). The session ends, its heartbeat
+ *   stopped, on every way out: the stream's end, its error, the client leaving mid-stream, a
+ *   handler error (`onError`), a hijacked reply.
+ *
+ * Route templates come from Fastify (`/payments/:id`). In transactional mode the handler finds its
+ * open transaction in `request.idempotency.tx` or `currentTransaction()`, and the reply is sent
+ * after `COMMIT`.
  */
 import { PassThrough } from 'node:stream';
 import type { Readable } from 'node:stream';
-import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import type { FastifyInstance, FastifyReply, FastifyRequest, RouteOptions } from 'fastify';
 import native = require('../native');
-import { admitKey, admitRest, Prepared } from './options';
-import type { IdempotencyOptions } from './options';
-import type { ExecutionContext, FlowEnd, HttpResponse, Session } from './session';
+import { ConfigError } from '../errors';
+import { admitBody, admitKey, admitScope, Prepared } from './options';
+import type { Admitted, BodyFacts, IdempotencyOptions } from './options';
+import type { ExecutionContext, FlowEnd, HandlerResult, HttpResponse, IdempotencyEvents, Session } from './session';
 import { toHttp } from './session';
 import { txStorage } from './tx';
 import type { TxHolder } from './tx';
 
+declare module 'fastify' {
+  interface FastifyInstance {
+    /** The plugin's event emitter (outcomes, store errors, warnings) for metrics and logs. */
+    idempotencyEvents: IdempotencyEvents;
+  }
+  interface FastifyRequest {
+    /** Set by idempo's plugin while a protected handler runs (the claim's generation, the
+     * downstream key, the lease's abort signal, the transaction in transactional mode);
+     * `undefined` on unprotected routes and requests. */
+    idempotency?: ExecutionContext;
+  }
+  interface FastifyContextConfig {
+    /**
+     * idempo's plugin on this route: `false` leaves the route unprotected; `true` asks for
+     * protection and makes registering the route throw `ConfigError` when one of its methods is
+     * not among the plugin's `methods` (never a silent no-op). Omitted: protected when its method
+     * is.
+     */
+    idempotency?: boolean;
+  }
+}
+
 const STATE = Symbol('idempo.fastify');
+/** Core's admission of this request, from `preParsing` on. */
+const ADMISSION = Symbol('idempo.fastify.admission');
+/** The route carries idempo's route-level `preHandler` (registered after the plugin). */
+const ROUTED = Symbol('idempo.fastify.routed');
+/** The app's own body limit for the route (the route's `bodyLimit`, else the app's), kept for the
+ * requests core does not read (no key on an optional-key route, an unprotected method). */
+const APP_LIMIT = Symbol('idempo.fastify.appLimit');
 
 interface State {
   session: Session;
@@ -33,55 +79,55 @@ interface State {
 }
 
 type Req = FastifyRequest & {
-  rawBody?: Buffer;
-  idempotency?: ExecutionContext;
   [STATE]?: State;
-  [BAD_JSON]?: Error;
-  [OVER]?: boolean;
   [ADMISSION]?: native.Admission;
 };
 
-/** Stage 1 of core's admission, run when the body arrives (so a pass-through reads it whole). */
-const ADMISSION = Symbol('idempo.fastify.admission');
+/** Options of the Fastify plugin (`scope` and `route` get the `FastifyRequest`). */
+export type FastifyIdempotencyOptions = IdempotencyOptions<FastifyRequest>;
 
-const BAD_JSON = Symbol('idempo.fastify.badJson');
-/** The body was longer than core's `maxRequestBodyBytes`: reading stopped at the first chunk past it. */
-const OVER = Symbol('idempo.fastify.over');
-
-/** Fastify's own answer for a body over the limit, for requests idempo does not protect. */
-function tooLarge(): Error {
-  return Object.assign(new Error('Request body is too large'), { statusCode: 413, code: 'FST_ERR_CTP_BODY_TOO_LARGE' });
+/** Whether the request declares a body (`Content-Length` above 0, or `Transfer-Encoding`). */
+function hasBody(req: FastifyRequest): boolean {
+  const te = req.headers['transfer-encoding'];
+  const cl = req.headers['content-length'];
+  return te !== undefined || (cl !== undefined && cl !== '0');
 }
 
 /**
- * Reads a request body up to `limit` bytes. Past it, reading stops (the request is marked and its
- * connection closed after the answer): core's admission then answers in its order (a missing or
- * invalid key before the size), which Fastify's own `bodyLimit` check could not.
+ * Reads a stream up to `limit` bytes: the bytes, or `null` as soon as it is known to be longer
+ * (reading stops there: the connection is closed after the answer).
  */
-function readLimited(req: Req, payload: NodeJS.ReadableStream, limit: number, done: (body: Buffer | null) => void): void {
-  const chunks: Buffer[] = [];
-  let size = 0;
-  let finished = false;
-  const finish = (body: Buffer | null) => {
-    if (finished) return;
-    finished = true;
-    payload.removeListener('data', onData);
-    payload.removeListener('end', onEnd);
-    done(body);
-  };
-  const onData = (c: Buffer) => {
-    size += c.length;
-    if (size > limit) {
-      req[OVER] = true;
-      payload.pause();
-      return finish(null);
-    }
-    chunks.push(c);
-  };
-  const onEnd = () => finish(Buffer.concat(chunks));
-  payload.on('data', onData);
-  payload.on('end', onEnd);
-  payload.on('error', () => finish(null));
+function readLimited(payload: NodeJS.ReadableStream, limit: number): Promise<Buffer | null> {
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    let size = 0;
+    const cleanup = () => {
+      payload.removeListener('data', onData);
+      payload.removeListener('end', onEnd);
+      payload.removeListener('error', onError);
+    };
+    const onData = (c: Buffer | string) => {
+      const b = chunkBytes(c);
+      size += b.length;
+      if (size > limit) {
+        cleanup();
+        payload.pause();
+        return resolve(null);
+      }
+      chunks.push(b);
+    };
+    const onEnd = () => {
+      cleanup();
+      resolve(Buffer.concat(chunks));
+    };
+    const onError = (e: Error) => {
+      cleanup();
+      reject(e);
+    };
+    payload.on('data', onData);
+    payload.on('end', onEnd);
+    payload.on('error', onError);
+  });
 }
 
 function isStream(payload: unknown): payload is Readable {
@@ -98,13 +144,6 @@ function payloadBytes(payload: unknown): Buffer {
 
 function chunkBytes(c: unknown): Buffer {
   return Buffer.isBuffer(c) ? c : c instanceof Uint8Array ? Buffer.from(c) : Buffer.from(String(c), 'utf8');
-}
-
-/** Reads a stream whole (transactional mode: the reply is sent only after `COMMIT`). */
-async function readAll(stream: Readable): Promise<Buffer> {
-  const parts: Buffer[] = [];
-  for await (const c of stream) parts.push(chunkBytes(c));
-  return Buffer.concat(parts);
 }
 
 function replyHeaders(reply: FastifyReply): Array<[string, string]> {
@@ -125,116 +164,232 @@ function apply(reply: FastifyReply, r: HttpResponse): Buffer {
   return r.body;
 }
 
-/** Options of the Fastify plugin. */
-export type FastifyIdempotencyOptions = IdempotencyOptions<FastifyRequest>;
+function toArray<T>(v: T | T[] | undefined | null): T[] {
+  return v === undefined || v === null ? [] : Array.isArray(v) ? v : [v];
+}
+
+/** Fastify's own answer for a body over the app's limit (what its parser would throw). */
+function tooLarge(): Error {
+  return Object.assign(new Error('Request body is too large'), { statusCode: 413, code: 'FST_ERR_CTP_BODY_TOO_LARGE' });
+}
+
+/** An error standing for the client leaving before a streamed reply ended. */
+function clientGone(): Error {
+  return Object.assign(new Error('idempo: the client went away before the reply stream ended'), { code: 'ECONNRESET' });
+}
 
 async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions): Promise<void> {
   const p = new Prepared<FastifyRequest>(options);
+  const limit = p.config.maxRequestBodyBytes;
   const emit = (st: { method: string; route: string; started: number }, outcome: string, status: number) =>
     p.events.emit('outcome', { outcome, route: st.route, method: st.method, status, durationMs: Date.now() - st.started });
 
-  app.decorate('idempotencyEvents', p.events);
-  app.removeContentTypeParser(['application/json']);
-  const fastifyLimit = app.initialConfig.bodyLimit ?? 1024 * 1024;
-  /** Runs core's key stage for a protected request and reads the body as far as it says: not at
-   * all for a refusal, up to core's limit for a request with a key, and as Fastify would (its
-   * `bodyLimit`) for a request idempo does not protect. */
-  const readFor = (req: Req, payload: NodeJS.ReadableStream, done: (err: Error | null, body: Buffer | null) => void) => {
-    const method = req.method.toUpperCase();
-    const adm = p.methods.has(method) ? admitKey(p, req.headers[p.header], req.headers['content-length']) : undefined;
-    if (adm !== undefined) req[ADMISSION] = adm;
-    if (adm?.kind === 'refuse') {
-      req[OVER] = true; // unread: the connection closes after the answer
-      return done(null, null);
-    }
-    const guarded = adm?.kind === 'read_body';
-    readLimited(req, payload, guarded ? (adm.bodyLimit as number) : fastifyLimit, (raw) => {
-      if (raw === null && !guarded) return done(tooLarge(), null);
-      done(null, raw);
-    });
-  };
-  app.addContentTypeParser(/^application\/(json|[^;]+\+json)/, (req, payload, done) => {
-    readFor(req as Req, payload, (err, raw) => {
-      if (err) return done(err, undefined);
-      if (raw === null) return done(null, undefined);
-      (req as Req).rawBody = raw;
-      if (raw.length === 0) return done(null, undefined);
-      try {
-        done(null, JSON.parse(raw.toString('utf8')));
-      } catch (e) {
-        // Protected requests: core's fingerprint answers 400 invalid_body with the exact reason.
-        // Others get this error (400) in preHandler, as Fastify's own parser would answer.
-        (req as Req)[BAD_JSON] = Object.assign(new Error(`Body is not valid JSON: ${(e as Error).message}`), { statusCode: 400 });
-        done(null, undefined);
-      }
-    });
-  });
-  app.addContentTypeParser('*', (req, payload, done) => {
-    readFor(req as Req, payload, (err, raw) => {
-      if (err) return done(err, undefined);
-      if (raw === null) return done(null, undefined);
-      (req as Req).rawBody = raw;
-      done(null, raw);
-    });
+  if (!app.hasDecorator('idempotencyEvents')) app.decorate('idempotencyEvents', p.events);
+  if (!app.hasRequestDecorator('idempotency')) app.decorateRequest('idempotency', undefined);
+
+  const routeConfig = (req: FastifyRequest): Record<string | symbol, unknown> =>
+    ((req.routeOptions as unknown as { config?: Record<string | symbol, unknown> }).config ?? {});
+  const isProtected = (req: FastifyRequest): boolean =>
+    !req.is404 && p.methods.has(req.method.toUpperCase()) && routeConfig(req).idempotency !== false;
+  const routeOf = (req: FastifyRequest): string => (options.route ? options.route(req) : (req.routeOptions.url ?? req.url));
+  const bodyFacts = (req: FastifyRequest): Omit<BodyFacts, 'body'> => ({
+    method: req.method.toUpperCase(),
+    route: routeOf(req),
+    target: req.url,
+    contentType: req.headers['content-type'],
+    headers: req.headers,
   });
 
-  app.addHook('preHandler', async (request, reply) => {
+  /** Sends core's answer; `close`: the upload was not read to its end. */
+  const answer = (req: FastifyRequest, reply: FastifyReply, response: HttpResponse, outcome: string, close: boolean, started: number) => {
+    emit({ method: req.method.toUpperCase(), route: routeOf(req), started }, outcome, response.status);
+    const body = apply(reply, response);
+    if (close) reply.header('connection', 'close');
+    return reply.send(body);
+  };
+
+  /** Answers from `preParsing`, and resolves once the answer is out (so Fastify never goes on to
+   * parse a body that was not read). */
+  const answerEarly = (req: FastifyRequest, reply: FastifyReply, a: Admitted & { kind: 'respond' }, close: boolean, started: number) =>
+    new Promise<void>((resolve) => {
+      reply.raw.once('close', resolve);
+      reply.raw.once('finish', resolve);
+      answer(req, reply, a.response, a.outcome, close, started);
+    });
+
+  // Which routes are protected, checked when each is registered (after the plugin).
+  app.addHook('onRoute', (route: RouteOptions) => {
+    const methods = toArray(route.method).map((m) => String(m).toUpperCase());
+    const config = (route.config ?? {}) as Record<string | symbol, unknown>;
+    const want = config.idempotency;
+    const where = `${methods.join(',')} ${route.url}`;
+    if (want !== undefined && typeof want !== 'boolean') {
+      throw new ConfigError(`idempotencyPlugin: route ${where}: config.idempotency must be true or false, not ${JSON.stringify(want)}`);
+    }
+    if (want === true) {
+      const left = methods.filter((m) => !p.methods.has(m));
+      if (left.length > 0) {
+        throw new ConfigError(
+          `idempotencyPlugin: route ${where} asks for idempotency (config.idempotency: true) but ${left.join(', ')} ` +
+            `is not among the protected methods (${[...p.methods].join(', ')}): add it to the plugin's \`methods\` option, ` +
+            'or drop config.idempotency',
+        );
+      }
+    }
+    if (want === false || !methods.some((m) => p.methods.has(m))) return;
+    // Core's maxRequestBodyBytes is the admission rule for the requests core reads (413
+    // problem); the app's limit stays in force for the others (enforced in preParsing when the
+    // route's own limit has to be raised to core's) and on every other route.
+    const appLimit = route.bodyLimit ?? app.initialConfig.bodyLimit ?? 1024 * 1024;
+    route.bodyLimit = Math.max(appLimit, limit);
+    route.preHandler = [...toArray(route.preHandler), scopeStage, txStage] as RouteOptions['preHandler'];
+    route.config = { ...config, [ROUTED]: true, [APP_LIMIT]: appLimit } as RouteOptions['config'];
+  });
+
+  /** A request core does not read, on a route whose bodyLimit was raised to core's: the app's
+   * own limit, as Fastify's parser would apply it. */
+  const appLimited = async (req: FastifyRequest, reply: FastifyReply, payload: NodeJS.ReadableStream): Promise<NodeJS.ReadableStream> => {
+    const appLimit = routeConfig(req)[APP_LIMIT];
+    if (typeof appLimit !== 'number' || appLimit >= limit || !hasBody(req)) return payload;
+    const declared = Number(req.headers['content-length']);
+    if (Number.isFinite(declared)) {
+      if (declared <= appLimit) return payload;
+      reply.header('connection', 'close');
+      throw tooLarge();
+    }
+    const raw = await readLimited(payload, appLimit);
+    if (raw === null) {
+      reply.header('connection', 'close');
+      throw tooLarge();
+    }
+    const replay = new PassThrough();
+    replay.end(raw);
+    return replay;
+  };
+
+  // Key, body size and fingerprint, on the raw bytes of every content type.
+  app.addHook('preParsing', async (request, reply, payload) => {
     const req = request as Req;
-    const method = req.method.toUpperCase();
-    const badJson = req[BAD_JSON];
-    if (!p.methods.has(method)) {
-      if (badJson) throw badJson;
-      return;
-    }
+    if (!isProtected(req)) return appLimited(req, reply, payload);
     const started = Date.now();
-    const route = options.route ? options.route(req) : (req.routeOptions.url ?? req.url);
-    const answer = (response: HttpResponse, outcome: string) => {
-      emit({ method, route, started }, outcome, response.status);
-      // An upload that was not read to its end: close the connection once the answer is out.
-      if (req[OVER]) reply.header('connection', 'close');
-      return reply.send(apply(reply, response));
-    };
-    // Core's admission, in core's order: the key first (when the body arrived, else now), then
-    // the body, then the scope.
+    const adm = admitKey(p, req.headers[p.header], req.headers['content-length']);
+    req[ADMISSION] = adm;
+    if (adm.kind === 'pass_through') return appLimited(req, reply, payload);
+    if (adm.kind === 'refuse') {
+      const problem = toHttp(adm.problem as native.HttpResponseData);
+      await answerEarly(req, reply, { kind: 'respond', response: problem, outcome: adm.outcome ?? 'refused' }, hasBody(req), started);
+      return payload;
+    }
+    const facts = bodyFacts(req);
+    const read = payload as NodeJS.ReadableStream & { readableEnded?: boolean; readableDidRead?: boolean; receivedEncodedLength?: number };
+    let refusal: Admitted | undefined;
+    let raw: Buffer | null = null;
+    if (hasBody(req) && (read.readableEnded === true || read.readableDidRead === true)) {
+      refusal = admitBody(p, adm, {
+        ...facts,
+        body: null,
+        unavailable: "the request stream was already read before idempo's preParsing hook (an onRequest hook, or a preParsing hook registered before the plugin, consumed it)",
+      });
+    } else {
+      raw = await readLimited(read, adm.bodyLimit as number);
+      refusal = admitBody(p, adm, { ...facts, body: raw });
+    }
+    if (refusal?.kind === 'respond') {
+      await answerEarly(req, reply, refusal, raw === null, started);
+      return payload;
+    }
+    // The app's parser reads the same bytes.
+    const replay = new PassThrough() as PassThrough & { receivedEncodedLength?: number };
+    if (typeof read.receivedEncodedLength === 'number') replay.receivedEncodedLength = read.receivedEncodedLength;
+    replay.end(raw);
+    return replay;
+  });
+
+  /** The scope stage and the claim; on routes registered after the plugin it runs as the route's
+   * last `preHandler`, after the app's hooks (authentication). */
+  async function scopeStage(request: FastifyRequest, reply: FastifyReply): Promise<void> {
+    const req = request as Req;
+    if (req[STATE] !== undefined || reply.sent || !isProtected(req)) return;
+    const started = Date.now();
+    const method = req.method.toUpperCase();
+    const route = routeOf(req);
     const adm = req[ADMISSION] ?? admitKey(p, req.headers[p.header], req.headers['content-length']);
-    if (adm.kind === 'pass_through') {
-      if (badJson) throw badJson;
+    req[ADMISSION] = adm;
+    if (adm.kind === 'pass_through') return;
+    if (adm.kind === 'refuse') {
+      answer(req, reply, toHttp(adm.problem as native.HttpResponseData), adm.outcome ?? 'refused', hasBody(req), started);
       return;
     }
-    if (adm.kind === 'refuse') return answer(toHttp(adm.problem as native.HttpResponseData), adm.outcome ?? 'refused');
+    if (adm.kind === 'read_body') {
+      // idempo's preParsing did not read this request's body: never fingerprint it as empty.
+      const facts = bodyFacts(req);
+      const r = admitBody(
+        p,
+        adm,
+        hasBody(req) ? { ...facts, body: null, unavailable: "idempo's preParsing hook did not see this request's body" } : { ...facts, body: Buffer.alloc(0) },
+      );
+      if (r?.kind === 'respond') {
+        answer(req, reply, r.response, r.outcome, false, started);
+        return;
+      }
+    }
     const user = (req as FastifyRequest & { user?: unknown }).user;
-    const admitted = await admitRest(p, adm, {
+    const admitted = await admitScope(p, adm, {
       req,
-      method,
-      route,
-      target: req.url,
-      contentType: req.headers['content-type'],
-      headers: req.headers,
-      body: req[OVER] ? null : (req.rawBody ?? Buffer.alloc(0)),
+      ...bodyFacts(req),
+      body: null,
       authenticated: req.headers.authorization !== undefined || (user !== undefined && user !== null),
     });
-    if (admitted.kind === 'unprotected') {
-      if (badJson) throw badJson;
+    if (admitted.kind === 'unprotected') return;
+    if (admitted.kind === 'respond') {
+      answer(req, reply, admitted.response, admitted.outcome, false, started);
       return;
     }
-    if (admitted.kind === 'respond') return answer(admitted.response, admitted.outcome);
     const a = await admitted.session.admit();
     if (a.kind === 'respond') {
-      emit({ method, route, started }, a.outcome, a.response.status);
-      return reply.send(apply(reply, a.response));
+      answer(req, reply, a.response, a.outcome, false, started);
+      return;
     }
     req.idempotency = a.context;
     const st: State = { session: admitted.session, done: false, started, route, method };
     if (a.context.tx !== undefined) st.holder = { tx: a.context.tx };
     req[STATE] = st;
-  });
+    // A reply that never goes through onSend (hijacked): the flow ends when the response does.
+    reply.raw.once('close', () => {
+      if (st.done || !reply.sent) return;
+      st.done = true;
+      void st.session.fail(true).then(
+        (end) => {
+          if (st.holder) st.holder.tx = null;
+          emit(st, end.outcome, reply.raw.statusCode);
+        },
+        () => undefined,
+      );
+    });
+  }
 
-  // Transactional mode: the handler runs inside the storage (a callback hook, so the handler's
-  // whole async chain starts from it and sees its transaction).
-  app.addHook('preHandler', (request, _reply, done) => {
+  /** Transactional mode: the handler runs inside the storage (a callback hook, so the handler's
+   * whole async chain starts from it and sees its transaction). */
+  function txStage(request: FastifyRequest, _reply: FastifyReply, done: (err?: Error) => void): void {
     const holder = (request as Req)[STATE]?.holder;
     if (holder) txStorage.run(holder, done);
     else done();
+  }
+
+  // Routes registered before the plugin (no route-level hooks): the same stages as app hooks,
+  // which run before any preHandler the app adds later.
+  app.addHook('preHandler', async (request, reply) => {
+    if (routeConfig(request)[ROUTED] === true || !isProtected(request)) return;
+    const route = routeOf(request);
+    p.warnOnce(
+      `unrouted:${route}`,
+      `idempo: route ${request.method.toUpperCase()} ${route} was registered before idempotencyPlugin: its scope runs before your preHandler hooks. Register the plugin before the routes.`,
+    );
+    await scopeStage(request, reply);
+  });
+  app.addHook('preHandler', (request, reply, done) => {
+    if (routeConfig(request)[ROUTED] === true) return done();
+    txStage(request, reply, done);
   });
 
   app.addHook('onError', async (request, _reply, error) => {
@@ -252,17 +407,10 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
     if (!end && isStream(payload)) {
       const headers = replyHeaders(reply);
       const plan = st.session.capturePlan(reply.statusCode, headers, true);
-      if (plan.kind === 'buffer') {
-        payload = await readAll(payload);
-      } else {
-        return tee(st, reply.statusCode, headers, payload, plan.limit);
-      }
+      if (plan.kind !== 'buffer') return tee(st, reply.statusCode, headers, payload, plan.limit);
+      return held(st, reply, headers, payload, plan.limit as number);
     }
-    if (!end) {
-      const live: HttpResponse = { status: reply.statusCode, headers: replyHeaders(reply), body: payloadBytes(payload) };
-      const redacted = options.redact?.(live);
-      end = await st.session.finish(redacted ? { ...live, bodyToStore: redacted } : live);
-    }
+    if (!end) end = await st.session.finish(result(reply.statusCode, replyHeaders(reply), payloadBytes(payload), false));
     if (st.holder) st.holder.tx = null;
     if (end.kind === 'propagate') {
       emit(st, end.outcome, reply.statusCode);
@@ -272,49 +420,135 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
     return apply(reply, end.response);
   });
 
+  /** The handler's result as core takes it (with the redaction hook's stored body). */
+  function result(status: number, headers: Array<[string, string]>, body: Buffer, truncated: boolean): HandlerResult {
+    const live: HandlerResult = { status, headers, body };
+    if (truncated) {
+      live.bodyTruncated = true;
+      return live;
+    }
+    const redacted = options.redact?.(live);
+    return redacted ? { ...live, bodyToStore: redacted } : live;
+  }
+
+  function settle(st: State, end: Promise<FlowEnd>, status: number): void {
+    void end.then(
+      (e) => {
+        if (st.holder) st.holder.tx = null;
+        emit(st, e.outcome, e.kind === 'respond' ? e.response.status : status);
+      },
+      () => undefined,
+    );
+  }
+
   /**
    * Core's `tee` (or `pass_through`) plan for a streamed reply (`spec/PROTOCOL.md` §7.5.1): the
-   * client gets every chunk as it streams; at most `limit` bytes are recorded (past it the record
-   * is the response-not-retained problem), and the flow finishes when the stream ends (a stream
-   * error is a handler failure), so the key never stays in flight.
+   * client gets every chunk as it streams (with the source's backpressure); at most `limit` bytes
+   * are recorded (past it the record is the response-not-retained problem). The flow finishes
+   * when the stream ends; a stream error, a source destroyed before its end, or the client
+   * leaving first (the source is then destroyed) is a handler failure that may have had effects.
+   * Either way the session ends and the key never stays in flight.
    */
-  function tee(st: State, status: number, headers: Array<[string, string]>, source: Readable, limit: number | null): PassThrough {
-    const counter = limit === null ? null : new native.BodyCapture(limit);
+  function tee(st: State, status: number, headers: Array<[string, string]>, source: Readable, recordLimit: number | null): PassThrough {
+    const counter = recordLimit === null ? null : new native.BodyCapture(recordLimit);
     let chunks: Buffer[] = [];
-    let truncated = false;
+    let over = false;
     const out = new PassThrough();
-    source.on('data', (c: unknown) => {
+    const onData = (c: unknown) => {
       const b = chunkBytes(c);
       if (counter !== null) {
         const step = counter.accept(b.length);
         if (step === 'record') chunks.push(b);
-        else if (step === 'discard') {
-          chunks = [];
-          truncated = true;
-        }
+        else if (step === 'discard') chunks = [];
       }
-      if (!out.write(b)) {
-        source.pause();
-        out.once('drain', () => source.resume());
-      }
-    });
-    const settle = (end: Promise<FlowEnd>) =>
-      end.then(
-        (e) => {
-          if (st.holder) st.holder.tx = null;
-          emit(st, e.outcome, e.kind === 'respond' ? e.response.status : 500);
-        },
-        () => undefined,
-      );
+      if (!out.write(b)) source.pause();
+    };
+    const failed = (err: unknown) => {
+      if (over) return;
+      over = true;
+      source.removeListener('data', onData);
+      if (!out.destroyed) out.destroy(err as Error);
+      if (!source.destroyed) source.destroy();
+      settle(st, st.session.fail(!p.isSideEffectFree(err)), 500);
+    };
+    out.on('drain', () => source.resume());
+    source.on('data', onData);
     source.once('end', () => {
+      if (over) return;
+      over = true;
       out.end();
-      const result = { status, headers, body: Buffer.concat(chunks), bodyTruncated: truncated };
-      void settle(st.session.finish(result));
+      settle(st, st.session.finish(result(status, headers, Buffer.concat(chunks), counter?.truncated ?? false)), status);
     });
-    source.once('error', (err: unknown) => {
-      out.destroy(err as Error);
-      void settle(st.session.fail(!p.isSideEffectFree(err)));
+    source.once('error', failed);
+    source.once('close', () => failed(new Error('idempo: the reply stream was destroyed before its end')));
+    out.once('close', () => failed(clientGone()));
+    return out;
+  }
+
+  /**
+   * Core's `buffer` plan for a streamed reply (transactional mode: the reply goes out after
+   * `COMMIT`): holds at most `limit` bytes (plus one chunk). A longer stream is finished as
+   * truncated (core's response-not-retained outcome) and, when core answers with the handler's
+   * response, the client gets the held bytes followed by the rest of the stream.
+   */
+  async function held(st: State, reply: FastifyReply, headers: Array<[string, string]>, source: Readable, recordLimit: number): Promise<unknown> {
+    const status = reply.statusCode;
+    const counter = new native.BodyCapture(recordLimit);
+    const parts: Buffer[] = [];
+    let failure: unknown;
+    const ended = await new Promise<boolean>((resolve) => {
+      const cleanup = () => {
+        source.removeListener('data', onData);
+        source.removeListener('end', onEnd);
+        source.removeListener('error', onError);
+      };
+      const onData = (c: unknown) => {
+        const b = chunkBytes(c);
+        parts.push(b);
+        if (counter.accept(b.length) === 'discard') {
+          source.pause();
+          cleanup();
+          resolve(false);
+        }
+      };
+      const onEnd = () => {
+        cleanup();
+        resolve(true);
+      };
+      const onError = (e: unknown) => {
+        failure = e;
+        cleanup();
+        resolve(true);
+      };
+      source.on('data', onData);
+      source.once('end', onEnd);
+      source.once('error', onError);
     });
+    const body = Buffer.concat(parts);
+    const given = ended ? body : Buffer.alloc(0);
+    const end =
+      failure !== undefined
+        ? await st.session.fail(!p.isSideEffectFree(failure))
+        : await st.session.finish(result(status, headers, given, !ended));
+    if (st.holder) st.holder.tx = null;
+    if (end.kind === 'propagate') {
+      emit(st, end.outcome, 500);
+      throw failure;
+    }
+    emit(st, end.outcome, end.response.status);
+    const own = end.response.status === status && end.response.body.equals(given);
+    if (ended || !own) {
+      if (!ended) source.destroy();
+      return apply(reply, end.response);
+    }
+    // The handler's own response, longer than the record keeps: the held bytes, then the rest.
+    apply(reply, end.response);
+    reply.removeHeader('content-length');
+    const out = new PassThrough();
+    out.write(body);
+    source.pipe(out);
+    source.resume();
+    out.once('close', () => source.destroy());
     return out;
   }
 }

@@ -194,6 +194,12 @@ export class Prepared<Req> {
     else console.error(message);
   }
 
+  /** Core's log line for a body it could not see: the `body_unavailable` event, else stderr. */
+  logBodyUnavailable(route: string, method: string, message: string): void {
+    if (this.events.listenerCount('body_unavailable') > 0) this.events.emit('body_unavailable', { route, method, message });
+    else console.error(message);
+  }
+
   isSideEffectFree(err: unknown): boolean {
     if (this.o.isSideEffectFree) return this.o.isSideEffectFree(err);
     return typeof err === 'object' && err !== null && (err as { noSideEffect?: unknown }).noSideEffect === true;
@@ -254,23 +260,45 @@ function describe(v: unknown): native.ScopeReturn {
 }
 
 function refused<Req>(p: Prepared<Req>, a: native.Admission, route: string, method: string): Admitted {
-  if (a.log) p.logScopeUnresolved(route, method, a.log);
+  if (a.log && a.outcome === 'body_unavailable') p.logBodyUnavailable(route, method, a.log);
+  else if (a.log) p.logScopeUnresolved(route, method, a.log);
   return { kind: 'respond', response: toHttp(a.problem as native.HttpResponseData), outcome: a.outcome ?? 'refused' };
+}
+
+/** The request parts stage 2 of core's admission (body and fingerprint) needs. */
+export type BodyFacts = Omit<RequestFacts<unknown>, 'req' | 'authenticated'> & {
+  /** The request has a body whose bytes the host does not have as received: what it saw
+   * (core refuses with 500 `body-unavailable`; `body` is ignored). */
+  unavailable?: string;
+};
+
+/** Stage 2 of core's admission (body size, then fingerprint): a refusal to send, or `undefined`
+ * when the admission went on to the scope stage. */
+export function admitBody<Req>(p: Prepared<Req>, a: native.Admission, f: BodyFacts): Admitted | undefined {
+  if (f.unavailable !== undefined) a.bodyUnavailable(f.unavailable);
+  else {
+    a.body(
+      p.fingerprinter.nativeHandle,
+      f.method,
+      f.target,
+      f.body ?? Buffer.alloc(0),
+      f.contentType ?? null,
+      flatHeaders(f.headers),
+      f.body === null,
+    );
+  }
+  return a.kind === 'refuse' ? refused(p, a, f.route, f.method) : undefined;
 }
 
 /** Stages 2 and 3 of core's admission (body and fingerprint, then scope), then the session (no
  * store call yet). The order is core's; this function only gathers the inputs. */
 export async function admitRest<Req>(p: Prepared<Req>, a: native.Admission, f: RequestFacts<Req>): Promise<Admitted> {
-  a.body(
-    p.fingerprinter.nativeHandle,
-    f.method,
-    f.target,
-    f.body ?? Buffer.alloc(0),
-    f.contentType ?? null,
-    flatHeaders(f.headers),
-    f.body === null,
-  );
-  if (a.kind === 'refuse') return refused(p, a, f.route, f.method);
+  return admitBody(p, a, f) ?? admitScope(p, a, f);
+}
+
+/** Stage 3 of core's admission (the scope function's return value), after {@link admitBody}, then
+ * the session (no store call yet). */
+export async function admitScope<Req>(p: Prepared<Req>, a: native.Admission, f: RequestFacts<Req>): Promise<Admitted> {
   let returned: native.ScopeReturn = { kind: 'not_called' };
   if (p.o.scope) {
     try {

@@ -66,6 +66,9 @@ export interface IdempotencyEventMap {
   /** A request refused with 500 `scope-unresolved`: core's log line (written to stderr when
    * nothing listens). */
   scope_unresolved: [{ route: string; method: string; message: string }];
+  /** A request refused with 500 `body-unavailable` (it had a body whose bytes another reader
+   * consumed first): core's log line (written to stderr when nothing listens). */
+  body_unavailable: [{ route: string; method: string; message: string }];
   /**
    * The background cleanup of a claim whose answer was lost ended (see `Session`): `applied`
    * when it released the claim (or expired the taken-over lease), after `attempts` tries.
