@@ -154,7 +154,9 @@ impl Admission {
     /// Stage 2: the body as read (`overLimit`: the host stopped reading past `bodyLimit`; `body`
     /// is then ignored), with the route's fingerprinter handle, the method, the concrete request
     /// target (path and query), the `Content-Type` and the headers as a flat
-    /// `[name, value, ...]` list.
+    /// `[name, value, ...]` list. `unavailableFix`: the request has a body whose bytes an
+    /// application parser consumed first; core refuses it with 500 `body-unavailable`, this
+    /// sentence (how to keep the bytes) in the detail and the log line.
     #[napi(catch_unwind)]
     #[allow(clippy::too_many_arguments)]
     pub fn body(
@@ -169,6 +171,7 @@ impl Admission {
         content_type: Option<String>,
         headers: Option<Vec<String>>,
         over_limit: bool,
+        unavailable_fix: Option<String>,
     ) -> napi::Result<()> {
         let Stage::Body(w) = std::mem::replace(&mut self.stage, Stage::Done) else {
             return Err(self.out_of_order("body").throw(&env));
@@ -178,7 +181,9 @@ impl Admission {
             .chunks_exact(2)
             .map(|c| (c[0].as_str(), c[1].as_str()))
             .collect();
-        let read = if over_limit {
+        let read = if let Some(fix) = unavailable_fix.as_deref() {
+            BodyRead::Unavailable { fix }
+        } else if over_limit {
             BodyRead::OverLimit {
                 read: u64::try_from(body.len()).unwrap_or(u64::MAX),
             }

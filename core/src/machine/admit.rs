@@ -67,6 +67,7 @@ impl Refusal {
             ProblemKind::BodyTooLarge => "body_too_large",
             ProblemKind::InvalidBody => "invalid_body",
             ProblemKind::ScopeUnresolved => "scope_unresolved",
+            ProblemKind::BodyUnavailable => "body_unavailable",
             // Admission refuses with the kinds above only.
             _ => "refused",
         }
@@ -143,6 +144,21 @@ fn too_large(limit: usize) -> Refusal {
     Refusal::new(ProblemKind::BodyTooLarge, problem::invalid_body(&err))
 }
 
+/// The refusal of a body the host could not read (a server-side configuration problem: logged).
+fn body_unavailable(fix: &str) -> Refusal {
+    let kind = ProblemKind::BodyUnavailable;
+    let detail = format!("{} {fix}", kind.default_detail());
+    Refusal {
+        kind,
+        response: problem_response(kind, Some(&detail), None, None),
+        log: Some(format!(
+            "idempo: a protected request's body was consumed before idempo could read it, so it \
+             cannot be fingerprinted; the request was refused with 500 body-unavailable and \
+             nothing ran. {fix}"
+        )),
+    }
+}
+
 /// The request body as the host read it.
 #[derive(Clone, Copy, Debug)]
 pub enum BodyRead<'a> {
@@ -153,6 +169,15 @@ pub enum BodyRead<'a> {
     OverLimit {
         /// Bytes read before the host stopped.
         read: u64,
+    },
+    /// The request has a body (a `Content-Length` above 0, or `Transfer-Encoding`) but its bytes
+    /// are gone: an application body parser read them before the host could, and kept none.
+    /// Refused with 500 `body-unavailable` (never fingerprinted as an empty body); `fix` is the
+    /// host's sentence naming how to keep the bytes (e.g. the framework's raw-body hook), put in
+    /// the problem's detail and the log line.
+    Unavailable {
+        /// The host's fix, one sentence.
+        fix: &'a str,
     },
 }
 
@@ -197,6 +222,7 @@ impl AwaitingBody {
     ) -> Result<BodyStage, FingerprintFailed> {
         let parts = match read {
             BodyRead::OverLimit { .. } => return Ok(BodyStage::Refuse(too_large(self.limit))),
+            BodyRead::Unavailable { fix } => return Ok(BodyStage::Refuse(body_unavailable(fix))),
             BodyRead::Complete(parts) if parts.body.len() > self.limit => {
                 return Ok(BodyStage::Refuse(too_large(self.limit)));
             }
@@ -480,6 +506,25 @@ mod tests {
         let s = admit(&small(), &[b"abcdefgh1", b"abcdefgh2"], None);
         assert!(matches!(&s, KeyStage::Refuse(r) if r.kind == ProblemKind::InvalidKey));
         assert_eq!(refused(admit(&small(), &[b"abcdefgh1"], Some(9))), 413);
+    }
+
+    #[test]
+    fn a_body_the_host_cannot_see_is_refused_never_fingerprinted_empty() {
+        let KeyStage::Continue(b) = admit(&small(), &[b"abcdefgh1"], Some(5)) else {
+            panic!("valid key");
+        };
+        let fix = "Keep the raw bytes (e.g. a verify hook).";
+        let r = b.body(BodyRead::Unavailable { fix }, &fp());
+        let Ok(BodyStage::Refuse(r)) = r else {
+            panic!("refused");
+        };
+        assert_eq!(r.kind, ProblemKind::BodyUnavailable);
+        assert_eq!(r.response.status, 500);
+        assert_eq!(r.outcome(), "body_unavailable");
+        let body = String::from_utf8(r.response.body.clone()).expect("utf-8");
+        assert!(body.contains("urn:idempo:problem:body-unavailable"), "{body}");
+        assert!(body.contains(fix), "{body}");
+        assert!(r.log.as_deref().is_some_and(|l| l.contains(fix)));
     }
 
     #[test]

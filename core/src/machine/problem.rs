@@ -54,6 +54,10 @@ pub enum ProblemKind {
     /// request was refused rather than filed under a namespace other users share
     /// (`spec/PROTOCOL.md` §7.2).
     ScopeUnresolved,
+    /// 500: the request has a body, but the host cannot see its bytes (a body parser of the
+    /// application read them first and kept none), so it cannot be fingerprinted; the request
+    /// is refused rather than fingerprinted as empty (`spec/PROTOCOL.md` §7.2.1).
+    BodyUnavailable,
 }
 
 impl ProblemKind {
@@ -65,7 +69,10 @@ impl ProblemKind {
             Self::BodyTooLarge => 413,
             Self::InFlight => 409,
             Self::Mismatch => 422,
-            Self::OutcomeUnknown | Self::ResponseNotRetained | Self::ScopeUnresolved => 500,
+            Self::OutcomeUnknown
+            | Self::ResponseNotRetained
+            | Self::ScopeUnresolved
+            | Self::BodyUnavailable => 500,
             Self::StoreUnavailable | Self::Contention => 503,
         }
     }
@@ -85,6 +92,7 @@ impl ProblemKind {
             Self::Contention => "contention",
             Self::ResponseNotRetained => "response-not-retained",
             Self::ScopeUnresolved => "scope-unresolved",
+            Self::BodyUnavailable => "body-unavailable",
         }
     }
 
@@ -109,6 +117,7 @@ impl ProblemKind {
             Self::Contention => "Idempotency key contended",
             Self::ResponseNotRetained => "Response not retained",
             Self::ScopeUnresolved => "Idempotency scope unresolved",
+            Self::BodyUnavailable => "Request body unavailable",
         }
     }
 
@@ -140,6 +149,9 @@ impl ProblemKind {
             }
             Self::ScopeUnresolved => {
                 "The server could not tell whose request this is (its idempotency scope function gave no principal); the request was not processed."
+            }
+            Self::BodyUnavailable => {
+                "The server could not read this request's body bytes for idempotency processing (a body parser consumed them first); the request was not processed."
             }
         }
     }

@@ -194,6 +194,13 @@ export class Prepared<Req> {
     else console.error(message);
   }
 
+  /** Core's log line for a refusal that points at the server's configuration (e.g.
+   * `body-unavailable`): the `warning` event, else stderr. */
+  logError(message: string): void {
+    if (this.events.listenerCount('warning') > 0) this.events.emit('warning', { message });
+    else console.error(message);
+  }
+
   isSideEffectFree(err: unknown): boolean {
     if (this.o.isSideEffectFree) return this.o.isSideEffectFree(err);
     return typeof err === 'object' && err !== null && (err as { noSideEffect?: unknown }).noSideEffect === true;
@@ -232,6 +239,9 @@ export interface RequestFacts<Req> {
   body: Buffer | null;
   /** The request carries credentials (an `Authorization` field or a framework user). */
   authenticated: boolean;
+  /** Set when the request has a body whose bytes a parser consumed first: core refuses it (500
+   * `body-unavailable`) with this sentence naming the fix. */
+  unavailableFix?: string;
 }
 
 /** Admission result: a session to run, an answer to send now, or "not protected". */
@@ -254,7 +264,8 @@ function describe(v: unknown): native.ScopeReturn {
 }
 
 function refused<Req>(p: Prepared<Req>, a: native.Admission, route: string, method: string): Admitted {
-  if (a.log) p.logScopeUnresolved(route, method, a.log);
+  if (a.log && a.outcome === 'scope_unresolved') p.logScopeUnresolved(route, method, a.log);
+  else if (a.log) p.logError(a.log);
   return { kind: 'respond', response: toHttp(a.problem as native.HttpResponseData), outcome: a.outcome ?? 'refused' };
 }
 
@@ -269,6 +280,7 @@ export async function admitRest<Req>(p: Prepared<Req>, a: native.Admission, f: R
     f.contentType ?? null,
     flatHeaders(f.headers),
     f.body === null,
+    f.unavailableFix ?? null,
   );
   if (a.kind === 'refuse') return refused(p, a, f.route, f.method);
   let returned: native.ScopeReturn = { kind: 'not_called' };
