@@ -522,7 +522,10 @@ mod tests {
         assert_eq!(r.response.status, 500);
         assert_eq!(r.outcome(), "body_unavailable");
         let body = String::from_utf8(r.response.body.clone()).expect("utf-8");
-        assert!(body.contains("urn:idempo:problem:body-unavailable"), "{body}");
+        assert!(
+            body.contains("urn:idempo:problem:body-unavailable"),
+            "{body}"
+        );
         assert!(body.contains(fix), "{body}");
         assert!(r.log.as_deref().is_some_and(|l| l.contains(fix)));
     }
