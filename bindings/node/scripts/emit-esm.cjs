@@ -27,3 +27,5 @@ const dmts = [
   '',
 ].join('\n');
 fs.writeFileSync(path.join(dist, 'index.d.mts'), dmts);
+// The declarations' optional peer references (store drivers, frameworks) are `@ts-ignore`d.
+require('./optional-types.cjs').walk(dist, []).forEach(require('./optional-types.cjs').mark);

@@ -18,6 +18,9 @@
  * `req.idempotency.tx` or `currentTransaction()`; the captured response is sent after `COMMIT`.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
+// Express's request type (@types/express). Optional for users: the published declarations mark this
+// import `@ts-ignore` (scripts/optional-types.cjs), so without @types/express it is `any`.
+import type { Request as ExpressRequest } from 'express';
 import { Readable } from 'node:stream';
 import { ConfigError } from '../errors';
 import { admitKey, admitRest, Prepared } from './options';
@@ -28,16 +31,34 @@ import { IdempotencyEvents, toHttp } from './session';
 import { txStorage } from './tx';
 import type { TxHolder } from './tx';
 
+declare global {
+  // Module augmentation of Express's `Request` (its global `Express.Request`, which
+  // express-serve-static-core's `Request` extends); needs no Express types to be present.
+  // eslint-disable-next-line @typescript-eslint/no-namespace
+  namespace Express {
+    interface Request {
+      /**
+       * Set by `idempotency()` on the requests it protects, before the handler runs: the
+       * generation, the `downstreamKey` for side effects, the lease `signal` and, in transactional
+       * mode, `tx`. Undefined on requests it does not protect.
+       */
+      idempotency: ExecutionContext;
+      /** The exact request bytes: read by `idempotency()`, or kept by `keepRawBody`. */
+      rawBody?: Buffer;
+    }
+  }
+}
+
 type Next = (err?: unknown) => void;
 interface Req extends IncomingMessage {
   body?: unknown;
   rawBody?: Buffer;
+  idempotency?: ExecutionContext;
   route?: { path?: unknown; methods?: Record<string, boolean> };
   app?: { get?: (setting: string) => unknown };
   baseUrl?: string;
   originalUrl?: string;
   path?: string;
-  idempotency?: ExecutionContext;
   _body?: boolean;
   [IDEMPO]?: RequestState;
 }
@@ -357,8 +378,8 @@ export interface IdempotencyMiddleware {
 }
 
 /** Express middleware making the route's handler idempotent (see the module docs). */
-export function idempotency(options: IdempotencyOptions<IncomingMessage>): IdempotencyMiddleware {
-  const p = new Prepared<IncomingMessage>(options);
+export function idempotency(options: IdempotencyOptions<ExpressRequest>): IdempotencyMiddleware {
+  const p = new Prepared<ExpressRequest>(options);
   const emitOutcome = (method: string, route: string, outcome: string, status: number, started: number) =>
     p.events.emit('outcome', { outcome, route, method, status, durationMs: Date.now() - started });
 
@@ -428,7 +449,7 @@ export function idempotency(options: IdempotencyOptions<IncomingMessage>): Idemp
     }
     const user = (req as Req & { user?: unknown }).user;
     const admitted = await admitRest(p, adm, {
-      req,
+      req: req as unknown as ExpressRequest,
       method,
       route,
       target: ident.target,
