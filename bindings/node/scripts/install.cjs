@@ -87,12 +87,20 @@ function buildFromSource() {
     process.exit(1);
   }
   const target = fs.mkdtempSync(path.join(os.tmpdir(), 'idempo-addon-'));
-  try {
-    run('cargo', ['build', '--release', '--manifest-path', manifest, '-p', 'idempo-node'], { ...process.env, CARGO_TARGET_DIR: target });
-    const lib = { darwin: 'libidempo_node.dylib', win32: 'idempo_node.dll' }[process.platform] ?? 'libidempo_node.so';
-    fs.copyFileSync(path.join(target, 'release', lib), path.join(root, 'native', `idempo.${suffix}.node`));
-  } finally {
-    fs.rmSync(target, { recursive: true, force: true });
+  const r = spawnSync('cargo', ['build', '--release', '--manifest-path', manifest, '-p', 'idempo-node'], {
+    cwd: root,
+    stdio: 'inherit',
+    env: { ...process.env, CARGO_TARGET_DIR: target },
+  });
+  const lib = { darwin: 'libidempo_node.dylib', win32: 'idempo_node.dll' }[process.platform] ?? 'libidempo_node.so';
+  const built = path.join(target, 'release', lib);
+  const ok = !r.error && r.status === 0 && fs.existsSync(built);
+  if (ok) fs.copyFileSync(built, path.join(root, 'native', `idempo.${suffix}.node`));
+  // The target directory goes whatever happened: no target/ stays behind.
+  fs.rmSync(target, { recursive: true, force: true });
+  if (!ok) {
+    console.error(`idempo: cargo build of the addon failed (${r.error ? r.error.message : `status ${r.status}`}); Rust >= 1.88 is needed`);
+    process.exit(1);
   }
   console.error(`idempo: built native/idempo.${suffix}.node from source`);
 }
