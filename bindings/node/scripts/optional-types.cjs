@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // Marks the published declarations' references to optional peer packages (the store drivers, the
-// frameworks) `@ts-ignore`, so a project compiles them under `skipLibCheck: false` without pg,
+// frameworks; imports and module augmentations) `@ts-ignore`, so a project compiles them under `skipLibCheck: false` without pg,
 // ioredis, better-sqlite3, express or fastify types installed: such a type is then `any`. With the
 // package's types installed nothing changes. Run by emit-esm.cjs after every `tsc` build.
 'use strict';
@@ -9,7 +9,9 @@ const path = require('node:path');
 
 const OPTIONAL = ['pg', 'ioredis', 'better-sqlite3', 'express', 'express-serve-static-core', 'fastify', 'prom-client'];
 const names = OPTIONAL.map((n) => n.replace(/[-/\\^$*+?.()|[\]{}]/g, '\\$&')).join('|');
-const ref = new RegExp(`(?:from\\s+|import\\(\\s*|require\\(\\s*)['"](?:${names})(?:/[^'"]*)?['"]`);
+// `from 'pg'`, `import('pg')`, `require('pg')`, and a module augmentation `declare module 'fastify'`
+// (an error of its own when the module is absent).
+const ref = new RegExp(`(?:from\\s+|import\\(\\s*|require\\(\\s*|declare\\s+module\\s+)['"](?:${names})(?:/[^'"]*)?['"]`);
 const MARK = '// @ts-ignore optional peer dependency (idempo: scripts/optional-types.cjs)';
 
 function walk(dir, out) {
