@@ -62,6 +62,7 @@ test('the packed tarballs install offline without cargo and serve a request thro
   const r = npm(app, ['install', '--offline', '--no-audit', '--no-fund', main, plat]);
   assert.equal(r.status, 0, r.out);
   assert.doesNotMatch(r.out, /EBADENGINE/);
+  assert.doesNotMatch(r.out, /install-scripts|allowScripts/, 'npm 11: no install script to approve');
   assert.doesNotMatch(r.out, /cargo|napi build|Compiling/i, 'nothing compiles');
   const nm = path.join(app, 'node_modules');
   assert.deepEqual(fs.readdirSync(nm).filter((n) => !n.startsWith('.')).sort(), ['idempo', platName].sort(), 'no runtime dependencies (@napi-rs/cli is a dev dependency)');
