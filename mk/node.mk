@@ -4,12 +4,16 @@
 #                     PostgreSQL and Redis (scripts/test-services.sh), including the shared vectors
 #   make bench-node   fingerprint benchmark vs `canonicalize` + crypto and `json-canonicalize`
 #   make node-build   rebuild the addon and the compiled TypeScript only
+#   make node-dist    the npm tarballs in bindings/node/pkg-dist/: idempo-<version>.tgz and the
+#                     prebuilt addon's platform package idempo-<platform>-<version>.tgz
+#   make bench-node-express  peak RSS of a 100 MiB streamed response and time to first byte of a
+#                     slow stream through Express (prints figures; run once)
 NODE_DIR := bindings/node
 
 TEST_TARGETS += test-node
 BENCH_TARGETS += bench-node
 
-.PHONY: test-node bench-node node-build node-setup
+.PHONY: test-node bench-node node-build node-setup node-dist bench-node-express
 
 node-setup:
 	bash scripts/setup.d/40-node.sh
@@ -27,6 +31,12 @@ test-node: node-build
 	  set -a; . "$$svc/env"; set +a; \
 	  cd $(NODE_DIR) && node --test --test-concurrency=1 test/*.test.mjs
 # (The EXIT trap runs after the `cd`: hence the absolute path of the stop script.)
+
+node-dist: node-build
+	cd $(NODE_DIR) && node scripts/dist.cjs
+
+bench-node-express: node-build
+	cd $(NODE_DIR) && node bench/express-stream.mjs
 
 bench-node: node-build
 	cd $(NODE_DIR) && node bench/fingerprint.mjs

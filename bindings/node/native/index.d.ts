@@ -32,15 +32,11 @@ export declare class Admission {
    * Stage 2: the body as read (`overLimit`: the host stopped reading past `bodyLimit`; `body`
    * is then ignored), with the route's fingerprinter handle, the method, the concrete request
    * target (path and query), the `Content-Type` and the headers as a flat
-   * `[name, value, ...]` list.
+   * `[name, value, ...]` list. `unavailableFix`: the request has a body whose bytes an
+   * application parser consumed first; core refuses it with 500 `body-unavailable`, this
+   * sentence (how to keep the bytes) in the detail and the log line.
    */
-  body(fingerprinter: ExternalObject<'FingerprinterHandle'>, method: string, target: string, body: Uint8Array, contentType: string | undefined | null, headers: Array<string> | undefined | null, overLimit: boolean): void
-  /**
-   * Stage 2 when the request has a body whose bytes the host does not have as received
-   * (another reader consumed them first): refused with 500 `body-unavailable` (log `log`);
-   * `cause` names what the host saw.
-   */
-  bodyUnavailable(cause: string): void
+  body(fingerprinter: ExternalObject<'FingerprinterHandle'>, method: string, target: string, body: Uint8Array, contentType: string | undefined | null, headers: Array<string> | undefined | null, overLimit: boolean, unavailableFix?: string | undefined | null): void
   /**
    * Stage 3: what the route's scope function gave under `rule`, whether the request is
    * authenticated, the method and the route template.

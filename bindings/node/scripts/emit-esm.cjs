@@ -27,19 +27,5 @@ const dmts = [
   '',
 ].join('\n');
 fs.writeFileSync(path.join(dist, 'index.d.mts'), dmts);
-
-// Optional peer modules: their imports and augmentations in the declarations carry `@ts-ignore`,
-// so a project without them (an Express app has no `fastify`) compiles with `skipLibCheck: false`;
-// where the module is installed the comment changes nothing.
-const OPTIONAL_TYPES = ['fastify'];
-const optional = new RegExp(`^(import type .* from|declare module) '(${OPTIONAL_TYPES.join('|')})'`);
-const walk = (dir) => fs.readdirSync(dir, { withFileTypes: true }).flatMap((e) => (e.isDirectory() ? walk(path.join(dir, e.name)) : [path.join(dir, e.name)]));
-for (const file of walk(dist).filter((f) => f.endsWith('.d.ts'))) {
-  const lines = fs.readFileSync(file, 'utf8').split('\n');
-  const out = [];
-  for (const [i, line] of lines.entries()) {
-    if (optional.test(line) && !(lines[i - 1] ?? '').startsWith('// @ts-ignore')) out.push('// @ts-ignore: optional peer module (types resolve only where it is installed)');
-    out.push(line);
-  }
-  fs.writeFileSync(file, out.join('\n'));
-}
+// The declarations' optional peer references (store drivers, frameworks) are `@ts-ignore`d.
+require('./optional-types.cjs').walk(dist, []).forEach(require('./optional-types.cjs').mark);

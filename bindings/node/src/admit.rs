@@ -154,7 +154,9 @@ impl Admission {
     /// Stage 2: the body as read (`overLimit`: the host stopped reading past `bodyLimit`; `body`
     /// is then ignored), with the route's fingerprinter handle, the method, the concrete request
     /// target (path and query), the `Content-Type` and the headers as a flat
-    /// `[name, value, ...]` list.
+    /// `[name, value, ...]` list. `unavailableFix`: the request has a body whose bytes an
+    /// application parser consumed first; core refuses it with 500 `body-unavailable`, this
+    /// sentence (how to keep the bytes) in the detail and the log line.
     #[napi(catch_unwind)]
     #[allow(clippy::too_many_arguments)]
     pub fn body(
@@ -169,6 +171,7 @@ impl Admission {
         content_type: Option<String>,
         headers: Option<Vec<String>>,
         over_limit: bool,
+        unavailable_fix: Option<String>,
     ) -> napi::Result<()> {
         let Stage::Body(w) = std::mem::replace(&mut self.stage, Stage::Done) else {
             return Err(self.out_of_order("body").throw(&env));
@@ -178,7 +181,9 @@ impl Admission {
             .chunks_exact(2)
             .map(|c| (c[0].as_str(), c[1].as_str()))
             .collect();
-        let read = if over_limit {
+        let read = if let Some(fix) = unavailable_fix.as_deref() {
+            BodyRead::Unavailable { fix }
+        } else if over_limit {
             BodyRead::OverLimit {
                 read: u64::try_from(body.len()).unwrap_or(u64::MAX),
             }
@@ -200,33 +205,6 @@ impl Admission {
                 self.kind = "resolve_scope";
                 self.fingerprint = Some(s.fingerprint().as_str().to_owned());
                 self.stage = Stage::Scope(s);
-            }
-        }
-        Ok(())
-    }
-
-    /// Stage 2 when the request has a body whose bytes the host does not have as received
-    /// (another reader consumed them first): refused with 500 `body-unavailable` (log `log`);
-    /// `cause` names what the host saw.
-    #[napi(catch_unwind)]
-    pub fn body_unavailable(&mut self, env: Env, cause: String) -> napi::Result<()> {
-        let Stage::Body(w) = std::mem::replace(&mut self.stage, Stage::Done) else {
-            return Err(self.out_of_order("bodyUnavailable").throw(&env));
-        };
-        // Fingerprinter unused for this read: core refuses before fingerprinting.
-        let fp = Fingerprinter::new(&idempo_core::fingerprint::FingerprintConfig::default())
-            .map_err(|e| Fail::new(code::FINGERPRINT, e.to_string()).throw(&env))?;
-        match w
-            .body(BodyRead::Unavailable { cause: &cause }, &fp)
-            .map_err(|e| Fail::new(code::FINGERPRINT, e.to_string()).throw(&env))?
-        {
-            BodyStage::Refuse(r) => self.refused(r),
-            BodyStage::Continue(_) => {
-                return Err(Fail::new(
-                    code::INVALID_ARGUMENT,
-                    "core admitted a body it was told is unavailable".to_owned(),
-                )
-                .throw(&env));
             }
         }
         Ok(())

@@ -144,14 +144,17 @@ fn too_large(limit: usize) -> Refusal {
     Refusal::new(ProblemKind::BodyTooLarge, problem::invalid_body(&err))
 }
 
-fn unavailable(cause: &str) -> Refusal {
+/// The refusal of a body the host could not read (a server-side configuration problem: logged).
+fn body_unavailable(fix: &str) -> Refusal {
+    let kind = ProblemKind::BodyUnavailable;
+    let detail = format!("{} {fix}", kind.default_detail());
     Refusal {
-        kind: ProblemKind::BodyUnavailable,
-        response: problem_response(ProblemKind::BodyUnavailable, None, None, None),
+        kind,
+        response: problem_response(kind, Some(&detail), None, None),
         log: Some(format!(
-            "idempo: a request with an Idempotency-Key has a body but its bytes were not available \
-             as received ({cause}); it was refused with 500 body-unavailable and nothing ran. Let \
-             idempo see the body before any other reader (see the integration's body-parser notes)."
+            "idempo: a protected request's body was consumed before idempo could read it, so it \
+             cannot be fingerprinted; the request was refused with 500 body-unavailable and \
+             nothing ran. {fix}"
         )),
     }
 }
@@ -167,12 +170,14 @@ pub enum BodyRead<'a> {
         /// Bytes read before the host stopped.
         read: u64,
     },
-    /// The request has a body but the host does not have its bytes as received (a body parser
-    /// or another integration consumed them first): refused with 500 `body-unavailable`, never
-    /// fingerprinted as an empty body. `cause` names what the host saw, for its log line.
+    /// The request has a body (a `Content-Length` above 0, or `Transfer-Encoding`) but its bytes
+    /// are gone: an application body parser read them before the host could, and kept none.
+    /// Refused with 500 `body-unavailable` (never fingerprinted as an empty body); `fix` is the
+    /// host's sentence naming how to keep the bytes (e.g. the framework's raw-body hook), put in
+    /// the problem's detail and the log line.
     Unavailable {
-        /// What the host saw (e.g. "the request stream was already read by another hook").
-        cause: &'a str,
+        /// The host's fix, one sentence.
+        fix: &'a str,
     },
 }
 
@@ -217,7 +222,7 @@ impl AwaitingBody {
     ) -> Result<BodyStage, FingerprintFailed> {
         let parts = match read {
             BodyRead::OverLimit { .. } => return Ok(BodyStage::Refuse(too_large(self.limit))),
-            BodyRead::Unavailable { cause } => return Ok(BodyStage::Refuse(unavailable(cause))),
+            BodyRead::Unavailable { fix } => return Ok(BodyStage::Refuse(body_unavailable(fix))),
             BodyRead::Complete(parts) if parts.body.len() > self.limit => {
                 return Ok(BodyStage::Refuse(too_large(self.limit)));
             }
@@ -504,6 +509,28 @@ mod tests {
     }
 
     #[test]
+    fn a_body_the_host_cannot_see_is_refused_never_fingerprinted_empty() {
+        let KeyStage::Continue(b) = admit(&small(), &[b"abcdefgh1"], Some(5)) else {
+            panic!("valid key");
+        };
+        let fix = "Keep the raw bytes (e.g. a verify hook).";
+        let r = b.body(BodyRead::Unavailable { fix }, &fp());
+        let Ok(BodyStage::Refuse(r)) = r else {
+            panic!("refused");
+        };
+        assert_eq!(r.kind, ProblemKind::BodyUnavailable);
+        assert_eq!(r.response.status, 500);
+        assert_eq!(r.outcome(), "body_unavailable");
+        let body = String::from_utf8(r.response.body.clone()).expect("utf-8");
+        assert!(
+            body.contains("urn:idempo:problem:body-unavailable"),
+            "{body}"
+        );
+        assert!(body.contains(fix), "{body}");
+        assert!(r.log.as_deref().is_some_and(|l| l.contains(fix)));
+    }
+
+    #[test]
     fn body_over_the_limit_is_413_then_json_is_checked() {
         let KeyStage::Continue(b) = admit(&small(), &[b"abcdefgh1"], None) else {
             panic!("valid key");
@@ -537,26 +564,6 @@ mod tests {
             )
             .expect("no config error");
         assert!(matches!(ok, BodyStage::Continue(_)));
-    }
-
-    #[test]
-    fn a_body_without_its_bytes_is_refused_not_fingerprinted_as_empty() {
-        let KeyStage::Continue(b) = admit(&small(), &[b"abcdefgh1"], None) else {
-            panic!("valid key");
-        };
-        let cause = "the request stream was already read";
-        let Ok(BodyStage::Refuse(r)) = b.body(BodyRead::Unavailable { cause }, &fp()) else {
-            panic!("refused");
-        };
-        assert_eq!(r.kind, ProblemKind::BodyUnavailable);
-        assert_eq!(r.response.status, 500);
-        assert_eq!(r.outcome(), "body_unavailable");
-        assert!(r.log.as_deref().is_some_and(|l| l.contains(cause)), "{r:?}");
-        let body = String::from_utf8(r.response.body).expect("utf-8");
-        assert!(
-            body.contains("urn:idempo:problem:body-unavailable"),
-            "{body}"
-        );
     }
 
     fn awaiting_scope() -> AwaitingScope {

@@ -868,6 +868,13 @@ impl ServerFlow {
                 Ok(self.finish(ok))
             }
             (Phase::Committing { failed, .. }, Event::StoreFailed) => Ok(self.finish(failed)),
+            (Phase::Releasing(_), Event::StoreFailed) if self.config.transactional => {
+                // The rollback failed: the transaction's connection is gone (the handler's own
+                // statement may have been the first to see it). Nothing was committed, so the
+                // answer is a retryable 503, never the handler's error or response.
+                let fin = self.not_committed();
+                Ok(self.finish(fin))
+            }
 
             // After the handler.
             (Phase::Completing(response, outcome), Event::Store(StoreResult::Completed(ok))) => {

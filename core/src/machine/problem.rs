@@ -54,9 +54,9 @@ pub enum ProblemKind {
     /// request was refused rather than filed under a namespace other users share
     /// (`spec/PROTOCOL.md` §7.2).
     ScopeUnresolved,
-    /// 500: the request has a body but the host could not get its bytes as received (a body
-    /// parser or another integration consumed them first), so no fingerprint could be computed
-    /// and the request was refused rather than fingerprinted as empty (`spec/PROTOCOL.md` §7.2).
+    /// 500: the request has a body, but the host cannot see its bytes (a body parser of the
+    /// application read them first and kept none), so it cannot be fingerprinted; the request
+    /// is refused rather than fingerprinted as empty (`spec/PROTOCOL.md` §7.2.1).
     BodyUnavailable,
 }
 
@@ -151,7 +151,7 @@ impl ProblemKind {
                 "The server could not tell whose request this is (its idempotency scope function gave no principal); the request was not processed."
             }
             Self::BodyUnavailable => {
-                "The server could not read this request's body as received, so it could not tell it apart from other requests with this Idempotency-Key; the request was not processed."
+                "The server could not read this request's body bytes for idempotency processing (a body parser consumed them first); the request was not processed."
             }
         }
     }

@@ -1,3 +1,5 @@
+// The README's Fastify example (test/types.test.mjs, fastify-types.test.mjs).
+// ---- README ----
 import Fastify from 'fastify';
 import { idempotencyPlugin, SqliteStore } from 'idempo';
 

@@ -18,6 +18,10 @@
  * `req.idempotency.tx` or `currentTransaction()`; the captured response is sent after `COMMIT`.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
+// Express's request type (@types/express). Optional for users: the published declarations mark this
+// import `@ts-ignore` (scripts/optional-types.cjs), so without @types/express it is `any`.
+import type { Request as ExpressRequest } from 'express';
+import { Readable } from 'node:stream';
 import { ConfigError } from '../errors';
 import { admitKey, admitRest, Prepared } from './options';
 import type { IdempotencyOptions } from './options';
@@ -27,15 +31,34 @@ import { IdempotencyEvents, toHttp } from './session';
 import { txStorage } from './tx';
 import type { TxHolder } from './tx';
 
+declare global {
+  // Module augmentation of Express's `Request` (its global `Express.Request`, which
+  // express-serve-static-core's `Request` extends); needs no Express types to be present.
+  // eslint-disable-next-line @typescript-eslint/no-namespace
+  namespace Express {
+    interface Request {
+      /**
+       * Set by `idempotency()` on the requests it protects, before the handler runs: the
+       * generation, the `downstreamKey` for side effects, the lease `signal` and, in transactional
+       * mode, `tx`. Undefined on requests it does not protect.
+       */
+      idempotency: ExecutionContext;
+      /** The exact request bytes: read by `idempotency()`, or kept by `keepRawBody`. */
+      rawBody?: Buffer;
+    }
+  }
+}
+
 type Next = (err?: unknown) => void;
 interface Req extends IncomingMessage {
   body?: unknown;
   rawBody?: Buffer;
-  route?: { path?: string };
+  idempotency?: ExecutionContext;
+  route?: { path?: unknown; methods?: Record<string, boolean> };
+  app?: { get?: (setting: string) => unknown };
   baseUrl?: string;
   originalUrl?: string;
   path?: string;
-  idempotency?: ExecutionContext;
   _body?: boolean;
   [IDEMPO]?: RequestState;
 }
@@ -143,6 +166,100 @@ export function readBody(req: IncomingMessage, limit: number): Promise<Buffer | 
     req.on('end', onEnd);
     req.on('error', onError);
   });
+}
+
+/**
+ * A `verify` hook for Express's body parsers that keeps the exact request bytes in `req.rawBody`:
+ * `app.use(express.json({ verify: keepRawBody }))`. Needed only when a parser runs before
+ * `idempotency()` (an `app.use(express.json())` above the protected routes): the middleware then
+ * fingerprints `req.rawBody`. Without it such a request is refused with 500 `body-unavailable`.
+ */
+export function keepRawBody(req: IncomingMessage, _res: ServerResponse, buf: Buffer): void {
+  (req as Req).rawBody = Buffer.from(buf);
+}
+
+/** What the 500 `body-unavailable` problem (core's) says to do. */
+const BODY_FIX =
+  'Mount idempotency() before the body parsers (they still parse after it), or keep the raw bytes with the parser\'s verify hook: express.json({ verify: keepRawBody }) (keepRawBody is exported by idempo).';
+
+/** True when the request declares no body (`Content-Length: 0`, or neither it nor `Transfer-Encoding`). */
+function declaresNoBody(req: IncomingMessage): boolean {
+  const cl = req.headers['content-length'];
+  if (req.headers['transfer-encoding'] !== undefined) return false;
+  return cl === undefined || /^\s*0+\s*$/.test(cl);
+}
+
+/**
+ * Puts the bytes idempo read back into the request stream, so body parsers mounted after the
+ * middleware (`express.json()`, `urlencoded()`, `text()`, `raw()`, Express 4 and 5) parse the same
+ * bytes as if idempo had never read them. The request gets a fresh readable state holding `body`.
+ */
+function replayBody(req: IncomingMessage, body: Buffer): void {
+  const fresh = new Readable({ read() {}, autoDestroy: false });
+  const r = req as unknown as { _readableState: unknown; _read: (n: number) => void };
+  r._readableState = (fresh as unknown as { _readableState: unknown })._readableState;
+  r._read = () => undefined;
+  if (body.length > 0) req.push(body);
+  req.push(null);
+}
+
+/** Express's routing settings that decide which paths reach one handler. */
+function routing(req: Req): { strict: boolean; caseSensitive: boolean } {
+  const get = typeof req.app?.get === 'function' ? req.app.get.bind(req.app) : undefined;
+  return { strict: get?.('strict routing') === true, caseSensitive: get?.('case sensitive routing') === true };
+}
+
+/** A path without its trailing slashes, unless the app routes strictly (`/payments/` == `/payments`). */
+function trimSlash(path: string, strict: boolean): string {
+  if (strict) return path;
+  const t = path.replace(/\/+$/, '');
+  return t === '' ? '/' : t;
+}
+
+/**
+ * The route identity (scope, `spec/KEYS.md` §2) and the request target (fingerprint) of a request.
+ * Mounted per route: the matched route template (`/payments/:id`). Mounted with `app.use`: the path,
+ * normalised the way Express's router matches it (trailing slash unless `strict routing`, case
+ * unless `case sensitive routing`), so `/payments`, `/payments/` and `/PAYMENTS`, which reach one
+ * handler, share one key. The target keeps its case (it may carry parameters) and drops a trailing
+ * slash only where the router ignores it.
+ */
+function identity(req: Req): { route: string; target: string } {
+  const { strict, caseSensitive } = routing(req);
+  const original = req.originalUrl ?? req.url ?? '/';
+  const q = original.indexOf('?');
+  const target = q < 0 ? trimSlash(original, strict) : trimSlash(original.slice(0, q), strict) + original.slice(q);
+  const template = req.route?.path;
+  if (template !== undefined && template !== null) {
+    return { route: trimSlash((req.baseUrl ?? '') + String(template), strict), target };
+  }
+  const path = trimSlash((req.baseUrl ?? '') + (req.path ?? (q < 0 ? original : original.slice(0, q))), strict);
+  return { route: caseSensitive ? path : path.toLowerCase(), target };
+}
+
+/** Routes already told they are mounted on a method idempo does not protect. */
+const misMounted = new WeakSet<object>();
+
+/**
+ * Mounted on a route none of whose methods is protected (`app.put(path, idempotency(), h)` with the
+ * default methods): a configuration error, never a silent no-op. Returns the error, or null.
+ */
+function unprotectedRoute(req: Req, methods: Set<string>, events: IdempotencyEvents): ConfigError | null {
+  const r = req.route;
+  if (!r || typeof r !== 'object' || !r.methods || r.methods._all) return null;
+  const routeMethods = Object.keys(r.methods).filter((m) => r.methods![m]).map((m) => m.toUpperCase());
+  if (routeMethods.some((m) => methods.has(m))) return null;
+  const path = (req.baseUrl ?? '') + String(r.path);
+  const message =
+    `idempotency(): mounted on ${routeMethods.join(', ')} ${path}, a method it does not protect ` +
+    `(protected: ${[...methods].join(', ')}), so it would do nothing; ` +
+    `add the method to \`methods\` (e.g. methods: ['POST', 'PATCH', '${routeMethods[0] ?? 'PUT'}']) or remove the middleware from this route`;
+  if (!misMounted.has(r)) {
+    misMounted.add(r);
+    if (events.listenerCount('warning') > 0) events.emit('warning', { message });
+    else console.warn(message);
+  }
+  return new ConfigError(message);
 }
 
 function isJson(ct: string | undefined): boolean {
@@ -261,8 +378,8 @@ export interface IdempotencyMiddleware {
 }
 
 /** Express middleware making the route's handler idempotent (see the module docs). */
-export function idempotency(options: IdempotencyOptions<IncomingMessage>): IdempotencyMiddleware {
-  const p = new Prepared<IncomingMessage>(options);
+export function idempotency(options: IdempotencyOptions<ExpressRequest>): IdempotencyMiddleware {
+  const p = new Prepared<ExpressRequest>(options);
   const emitOutcome = (method: string, route: string, outcome: string, status: number, started: number) =>
     p.events.emit('outcome', { outcome, route, method, status, durationMs: Date.now() - started });
 
@@ -283,12 +400,14 @@ export function idempotency(options: IdempotencyOptions<IncomingMessage>): Idemp
   const mw = (async (req: Req, res: Res, next: Next) => {
     const started = Date.now();
     const method = (req.method ?? 'GET').toUpperCase();
-    if (!p.methods.has(method)) return next();
-    const route = options.route ? options.route(req) : (req.baseUrl ?? '') + (req.route?.path ?? req.path ?? req.url ?? '/');
+    if (!p.methods.has(method)) return next(unprotectedRoute(req, p.methods, p.events) ?? undefined);
+    const ident = identity(req);
+    const route = options.route ? options.route(req as never) : ident.route;
     // Core's admission, in core's order: the key first, then the body, then the scope.
     const adm = admitKey(p, req.headers[p.header], req.headers['content-length']);
     if (adm.kind === 'pass_through') return next();
-    const consumed = req.readableEnded || req._body === true;
+    // A body parser mounted before the middleware read the stream (Express 4's sets `_body`).
+    const consumed = req.readableEnded || req._body === true || (req.complete && !req.readable);
     const refuse = (response: HttpResponse, outcome: string) => {
       emitOutcome(method, route, outcome, response.status, started);
       if (!consumed && !req.readableEnded) {
@@ -301,41 +420,43 @@ export function idempotency(options: IdempotencyOptions<IncomingMessage>): Idemp
     if (adm.kind === 'refuse') return refuse(toHttp(adm.problem as native.HttpResponseData), adm.outcome ?? 'refused');
     const limit = adm.bodyLimit as number;
     let body: Buffer | null;
+    let unavailableFix: string | undefined;
     if (consumed) {
-      if (!Buffer.isBuffer(req.rawBody)) {
-        return next(
-          new ConfigError('idempotency(): mount it before body parsers (or keep the raw bytes in req.rawBody) so the fingerprint sees the exact body'),
-        );
+      // Only bytes a parser kept (`keepRawBody`) can be fingerprinted; a body whose bytes are gone
+      // is refused by core (500 body-unavailable), never fingerprinted as empty.
+      if (Buffer.isBuffer(req.rawBody)) body = req.rawBody.length > limit ? null : req.rawBody;
+      else if (declaresNoBody(req)) body = Buffer.alloc(0);
+      else {
+        body = Buffer.alloc(0);
+        unavailableFix = BODY_FIX;
       }
-      body = req.rawBody.length > limit ? null : req.rawBody;
     } else {
       body = await readBody(req, limit);
     }
     const ct = req.headers['content-type'];
-    if (body !== null) {
+    if (body !== null && !consumed) {
       req.rawBody = body;
-      if (!req._body) {
-        if (isJson(ct) && body.length > 0) {
-          try {
-            req.body = JSON.parse(body.toString('utf8'));
-          } catch {
-            req.body = undefined;
-          }
-        } else if (req.body === undefined) {
-          req.body = body;
+      // Parsers mounted after the middleware read these bytes again; with none, a JSON body is
+      // parsed here (other types stay in `req.rawBody`).
+      if (isJson(ct) && body.length > 0 && req.body === undefined) {
+        try {
+          req.body = JSON.parse(body.toString('utf8'));
+        } catch {
+          req.body = undefined;
         }
-        req._body = true;
       }
+      replayBody(req, body);
     }
     const user = (req as Req & { user?: unknown }).user;
     const admitted = await admitRest(p, adm, {
-      req,
+      req: req as unknown as ExpressRequest,
       method,
       route,
-      target: req.originalUrl ?? req.url ?? '/',
+      target: ident.target,
       contentType: ct,
       headers: req.headers,
       body,
+      ...(unavailableFix !== undefined ? { unavailableFix } : {}),
       authenticated: req.headers.authorization !== undefined || (user !== undefined && user !== null),
     });
     if (admitted.kind === 'unprotected') return next();

@@ -288,7 +288,8 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
       refusal = admitBody(p, adm, {
         ...facts,
         body: null,
-        unavailable: "the request stream was already read before idempo's preParsing hook (an onRequest hook, or a preParsing hook registered before the plugin, consumed it)",
+        unavailableFix:
+          "The request stream was already read before idempo's preParsing hook (an onRequest hook, or a preParsing hook registered before the plugin, consumed it): register idempotencyPlugin before hooks that read the body.",
       });
     } else {
       raw = await readLimited(read, adm.bodyLimit as number);
@@ -326,7 +327,9 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
       const r = admitBody(
         p,
         adm,
-        hasBody(req) ? { ...facts, body: null, unavailable: "idempo's preParsing hook did not see this request's body" } : { ...facts, body: Buffer.alloc(0) },
+        hasBody(req)
+          ? { ...facts, body: null, unavailableFix: "idempo's preParsing hook did not see this request's body: register idempotencyPlugin before the routes it protects." }
+          : { ...facts, body: Buffer.alloc(0) },
       );
       if (r?.kind === 'respond') {
         answer(req, reply, r.response, r.outcome, false, started);

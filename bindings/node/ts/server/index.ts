@@ -1,4 +1,4 @@
-export { idempotency, idempotencyErrorHandler, readBody } from './express';
+export { idempotency, idempotencyErrorHandler, keepRawBody, readBody } from './express';
 export type { IdempotencyMiddleware } from './express';
 export { idempotencyPlugin } from './fastify';
 export type { FastifyIdempotencyOptions } from './fastify';

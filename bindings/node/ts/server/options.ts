@@ -200,6 +200,13 @@ export class Prepared<Req> {
     else console.error(message);
   }
 
+  /** Core's log line for another refusal that points at the server's configuration: the
+   * `warning` event, else stderr. */
+  logError(message: string): void {
+    if (this.events.listenerCount('warning') > 0) this.events.emit('warning', { message });
+    else console.error(message);
+  }
+
   isSideEffectFree(err: unknown): boolean {
     if (this.o.isSideEffectFree) return this.o.isSideEffectFree(err);
     return typeof err === 'object' && err !== null && (err as { noSideEffect?: unknown }).noSideEffect === true;
@@ -238,6 +245,9 @@ export interface RequestFacts<Req> {
   body: Buffer | null;
   /** The request carries credentials (an `Authorization` field or a framework user). */
   authenticated: boolean;
+  /** Set when the request has a body whose bytes a parser consumed first: core refuses it (500
+   * `body-unavailable`) with this sentence naming the fix. */
+  unavailableFix?: string;
 }
 
 /** Admission result: a session to run, an answer to send now, or "not protected". */
@@ -261,32 +271,27 @@ function describe(v: unknown): native.ScopeReturn {
 
 function refused<Req>(p: Prepared<Req>, a: native.Admission, route: string, method: string): Admitted {
   if (a.log && a.outcome === 'body_unavailable') p.logBodyUnavailable(route, method, a.log);
-  else if (a.log) p.logScopeUnresolved(route, method, a.log);
+  else if (a.log && a.outcome === 'scope_unresolved') p.logScopeUnresolved(route, method, a.log);
+  else if (a.log) p.logError(a.log);
   return { kind: 'respond', response: toHttp(a.problem as native.HttpResponseData), outcome: a.outcome ?? 'refused' };
 }
 
 /** The request parts stage 2 of core's admission (body and fingerprint) needs. */
-export type BodyFacts = Omit<RequestFacts<unknown>, 'req' | 'authenticated'> & {
-  /** The request has a body whose bytes the host does not have as received: what it saw
-   * (core refuses with 500 `body-unavailable`; `body` is ignored). */
-  unavailable?: string;
-};
+export type BodyFacts = Omit<RequestFacts<unknown>, 'req' | 'authenticated'>;
 
 /** Stage 2 of core's admission (body size, then fingerprint): a refusal to send, or `undefined`
  * when the admission went on to the scope stage. */
 export function admitBody<Req>(p: Prepared<Req>, a: native.Admission, f: BodyFacts): Admitted | undefined {
-  if (f.unavailable !== undefined) a.bodyUnavailable(f.unavailable);
-  else {
-    a.body(
-      p.fingerprinter.nativeHandle,
-      f.method,
-      f.target,
-      f.body ?? Buffer.alloc(0),
-      f.contentType ?? null,
-      flatHeaders(f.headers),
-      f.body === null,
-    );
-  }
+  a.body(
+    p.fingerprinter.nativeHandle,
+    f.method,
+    f.target,
+    f.body ?? Buffer.alloc(0),
+    f.contentType ?? null,
+    flatHeaders(f.headers),
+    f.body === null,
+    f.unavailableFix ?? null,
+  );
   return a.kind === 'refuse' ? refused(p, a, f.route, f.method) : undefined;
 }
 
