@@ -570,7 +570,8 @@ class _ASyncSource:
         return self
 
     async def __anext__(self) -> Any:
-        chunk = await sync_to_async(next, thread_sensitive=False)(self.source, _END)
+        source = self.source
+        chunk = await sync_to_async(lambda: next(source, _END), thread_sensitive=False)()
         if chunk is _END:
             raise StopAsyncIteration
         return chunk
