@@ -5,6 +5,11 @@
 #   make bench-python   fingerprint benchmark against json.dumps+sha256 and rfc8785 (prints ratios)
 #   make demo-python    the payments demo: python -m idempo.demo
 #   make python-dev     fast debug rebuild of the extension into .venv (maturin develop)
+#   make dist           dist/: the abi3 wheel tagged manylinux2014 (linked with zig where the host's glibc is
+#                       newer; maturin's compliance check accepts it) and the sdist (scripts/python-dist.sh).
+#                       test-python installs a wheel into a fresh venv with no cargo on PATH and serves a
+#                       request (tests/test_wheel.py): dist/'s wheel when there is one, else one built from
+#                       setup's release build.
 PY_VENV := .venv
 PY := $(CURDIR)/$(PY_VENV)/bin/python
 
@@ -12,7 +17,7 @@ TEST_TARGETS += test-python
 BENCH_TARGETS += bench-python
 DEMO_TARGET := demo-python
 
-.PHONY: test-python bench-python demo-python python-setup python-dev
+.PHONY: test-python bench-python demo-python python-setup python-dev dist
 
 python-setup:
 	bash scripts/setup.d/30-python.sh
@@ -30,3 +35,6 @@ demo-python: python-setup
 
 python-dev:
 	cd bindings/python && VIRTUAL_ENV=$(CURDIR)/$(PY_VENV) $(CURDIR)/$(PY_VENV)/bin/maturin develop -q
+
+dist: python-setup
+	bash scripts/python-dist.sh
