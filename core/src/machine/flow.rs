@@ -864,6 +864,13 @@ impl ServerFlow {
                 let fin = self.not_committed();
                 Ok(self.finish(fin))
             }
+            (Phase::Releasing(_), Event::StoreFailed) if self.config.transactional => {
+                // The rollback after the handler failed (e.g. the server went away during the
+                // handler's own SQL): nothing committed, so the answer is the store's 503 with
+                // Retry-After, never the handler's error or its uncommitted response (§7.6).
+                let fin = self.not_committed();
+                Ok(self.finish(fin))
+            }
             (Phase::Committing { ok, .. }, Event::Store(StoreResult::Committed)) => {
                 Ok(self.finish(ok))
             }
