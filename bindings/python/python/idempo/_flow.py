@@ -301,12 +301,22 @@ def run_sync(
             return started
         try:
             result = flow.call(handler, started)
-        except BaseException:
-            flow.failed()
-            raise
+        except BaseException as exc:
+            answer = flow.failed()
+            if answer is None or not isinstance(exc, Exception):
+                raise
+            failed_log(route, exc)
+            return answer
         return flow.finished(result)
     finally:
         flow.close()
+
+
+def failed_log(route: str, exc: BaseException) -> None:
+    """Logs a handler error that core answered itself (transactional mode: its rollback failed
+    too, so the answer is the store's 503) instead of letting it propagate."""
+    log.error("idempo: the handler on %s failed and its transaction could not be rolled back; "
+              "answered 503: %s", route, exc, exc_info=exc)
 
 
 class SyncRequest:
@@ -386,19 +396,24 @@ class SyncRequest:
             action = _store_step(run, self._store, _handler_finished(run, result))
         return self._end(action, result)
 
-    def failed(self) -> None:
-        """The handler raised: core decides what to record (the caller re-raises). Nothing
-        when the flow already ended (the failure came after :meth:`finished`)."""
+    def failed(self) -> Optional[Response]:
+        """The handler raised: core decides what to record. None: the caller re-raises; a
+        :class:`Response`: core answers instead (transactional mode, when the rollback failed
+        too: the store's 503). None when the flow already ended (the failure came after
+        :meth:`finished`)."""
         if self._closed:
-            return
+            return None
         assert self._run is not None
         self._stop_beat()
         run = self._run
         try:
             with run.lock:
                 action = _store_step(run, self._store, run.flow.handler_failed())
+            if action.kind == "respond":
+                return self._end(action, None)
             run.hooks.outcome(run.route, action.outcome or "handler_failed")
             assert action.kind == "propagate_error", action
+            return None
         finally:
             self.close()
 
@@ -549,10 +564,13 @@ async def run_async(
         token = flow.enter(started)
         try:
             result = await handler(started)
-        except BaseException:
+        except BaseException as exc:
             flow.leave(token)
-            await flow.failed()
-            raise
+            answer = await flow.failed()
+            if answer is None or not isinstance(exc, Exception):
+                raise
+            failed_log(route, exc)
+            return answer
         flow.leave(token)
         return await flow.finished(result)
     finally:
@@ -623,9 +641,10 @@ class AsyncRequest:
             action = await _store_step_async(run, self._store, _handler_finished(run, result))
         return await self._end(action, result)
 
-    async def failed(self) -> None:
+    async def failed(self) -> Optional[Response]:
+        """As :meth:`SyncRequest.failed`."""
         if self._closed:
-            return
+            return None
         assert self._run is not None
         run = self._run
         try:
@@ -634,7 +653,10 @@ class AsyncRequest:
                 if self._beat is not None:
                     self._beat.cancel()
                 action = await _store_step_async(run, self._store, run.flow.handler_failed())
+            if action.kind == "respond":
+                return await self._end(action, None)
             run.hooks.outcome(run.route, action.outcome or "handler_failed")
+            return None
         finally:
             await self.close()
 

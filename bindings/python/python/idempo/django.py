@@ -59,6 +59,7 @@ from idempo._flow import (
     Hooks,
     Response,
     SyncRequest,
+    failed_log,
 )
 from idempo._host import (
     HostCore,
@@ -253,9 +254,12 @@ class IdempotencyMiddleware:
             return flow.call(
                 lambda _: _captured(flow, step.opts, self.get_response(request)), started
             )
-        except BaseException:
-            flow.failed()
-            raise
+        except BaseException as exc:
+            answer = flow.failed()
+            if answer is None or not isinstance(exc, Exception):
+                raise
+            failed_log(step.route, exc)
+            return _to_django(answer)
 
     def _flow_args(self, step: _Ready) -> Dict[str, Any]:
         return dict(
@@ -293,11 +297,14 @@ class IdempotencyMiddleware:
         try:
             response = await self.get_response(request)
             return await _acaptured(flow, step.opts, response)
-        except BaseException:
+        except BaseException as exc:
             flow.leave(token)
             token = None
-            await flow.failed()
-            raise
+            answer = await flow.failed()
+            if answer is None or not isinstance(exc, Exception):
+                raise
+            failed_log(step.route, exc)
+            return _to_django(answer)
         finally:
             flow.leave(token)
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 from http import HTTPStatus
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from idempo._flow import Execution, HandlerResult, Hooks, Response, SyncRequest
+from idempo._flow import HandlerResult, Hooks, Response, SyncRequest, failed_log
 from idempo._host import HostCore, RouteOptions, declared_length, with_content_length
 from idempo._idempo import BodyCapture, Config
 from idempo._render import ProblemRenderer
@@ -175,9 +175,12 @@ class IdempotencyMiddleware:
         environ["idempo.execution"] = started
         try:
             return flow.call(lambda _: self._run_app(environ, start_response, opts, flow), started)
-        except BaseException:
-            flow.failed()
-            raise
+        except BaseException as exc:
+            answer = flow.failed()
+            if answer is None or not isinstance(exc, Exception):
+                raise
+            failed_log(route, exc)
+            return _send(start_response, answer)
 
     def _run_app(
         self, environ: Environ, start_response: StartResponse, opts: RouteOptions,
