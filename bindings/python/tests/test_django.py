@@ -993,3 +993,53 @@ def test_problem_renderer_setting() -> None:
         down = _post(Client(), "/orders/1/pay", {"amount": 1}, "render-key-002")
     assert down.status_code == 503 and down["Retry-After"] == "1"
     assert json.loads(down.content) == {"error": {"type": "store-unavailable", "retry_after": 1}}
+
+
+def gone_pay(request: Any) -> Any:
+    """Writes through the transaction; the first call's INSERT is slow and announced (GATE)."""
+    conn = idempo.current_transaction().connection
+    if GATE.is_set():
+        conn.execute("INSERT INTO gone_payment (note) VALUES ('d')")
+    else:
+        GATE.set()
+        conn.execute("INSERT INTO gone_payment (note) SELECT 'd' FROM pg_sleep(5)")
+    RUNS.append("gone")
+    return JsonResponse({"ok": True}, status=201)
+
+
+urlpatterns += [path("tx/gone", gone_pay)]  # noqa: F405
+
+
+def test_transactional_view_on_a_server_gone_mid_insert_is_503(own_pg: Any) -> None:
+    """PostgreSQL restarts (every connection terminated) during the view's own INSERT: Django
+    turns the view's error into its 500, the rollback fails on the dead connection, and core
+    answers 503 with Retry-After; the retry runs anew once the server is back."""
+    import psycopg
+
+    from idempo.stores import PostgresStore
+
+    store = PostgresStore(own_pg.dsn)
+    store.create_schema()
+    with psycopg.connect(own_pg.dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS gone_payment (id bigserial, note text)")
+        conn.execute("TRUNCATE idempo_record, gone_payment")
+
+    def restart() -> None:
+        assert GATE.wait(30)
+        time.sleep(0.3)
+        own_pg.restart()
+
+    thread = threading.Thread(target=restart, daemon=True)
+    thread.start()
+    with override_settings(IDEMPO={"STORE": store, "CONFIG": {"transactional": True}}):
+        c = Client(raise_request_exception=False)
+        first = _post(c, "/tx/gone", {}, "gone-django-01")
+        thread.join(90)
+        again = _post(c, "/tx/gone", {}, "gone-django-01")
+    assert first.status_code == 503 and first["Retry-After"] == "1"
+    assert _problem(first)["type"] == "urn:idempo:problem:store-unavailable"
+    assert again.status_code == 201 and "Idempotent-Replayed" not in again
+    with psycopg.connect(own_pg.dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM gone_payment").fetchone()
+    assert row is not None and row[0] == 1 and RUNS == ["gone"]  # the first never finished
+    store.close()
