@@ -136,3 +136,16 @@ def test_the_sdist_carries_the_sources_it_compiles(dist: Dict[str, Path]) -> Non
                    "bindings/python/src/lib.rs", "python/idempo/__init__.py"):
         assert f"{root}/{needed}" in names, needed
     assert not [n for n in names if n.endswith(".so")]
+
+
+def test_the_readme_names_every_install_extra() -> None:
+    """The README's extras table and pyproject.toml's optional-dependencies agree."""
+    import re
+    import tomllib
+
+    extras = set(tomllib.loads((PACKAGE / "pyproject.toml").read_text())["project"]
+                 ["optional-dependencies"]) - {"test"}
+    readme = (PACKAGE / "README.md").read_text()
+    table = readme.split("### Install extras", 1)[1].split("\n### ", 1)[0]
+    named = set(re.findall(r"^\| `([a-z]+)` \|", table, flags=re.M))
+    assert named == extras
