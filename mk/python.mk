@@ -2,7 +2,8 @@
 #
 #   make test-python    stubtest of the extension, mypy of the package, the pytest suite (starts throwaway PostgreSQL and
 #                       Redis via scripts/test-services.sh; IDEMPO_SKIP_SERVICES=1 skips those tests)
-#   make bench-python   fingerprint benchmark against json.dumps+sha256 and rfc8785 (prints ratios)
+#   make bench-python   fingerprint benchmark against json.dumps+sha256 and rfc8785 (prints ratios); WSGI
+#                       streamed responses: server peak memory for 100 MiB, time to first byte of a slow stream
 #   make demo-python    the payments demo: python -m idempo.demo
 #   make python-dev     fast debug rebuild of the extension into .venv (maturin develop)
 #   make dist           dist/: the abi3 wheel tagged manylinux2014 (linked with zig where the host's glibc is
@@ -29,6 +30,7 @@ test-python: python-setup
 
 bench-python: python-setup
 	$(PY) bindings/python/bench/bench_fingerprint.py
+	$(PY) bindings/python/bench/bench_wsgi_stream.py
 
 demo-python: python-setup
 	$(PY) -m idempo.demo
