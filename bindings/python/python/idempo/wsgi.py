@@ -224,17 +224,19 @@ class IdempotencyMiddleware:
                         return [body]
                     return _send(start_response, response)
                 # Longer than its Content-Length said: teed from here (the record is not retained).
+            if plan == "pass_through":
+                # Not stored: core releases the claim now; the body goes to the client untouched.
+                flow.finished(HandlerResult(status, headers, b""))
+                start_response(line, headers)
+                return app_iter if not pending else _Chain(pending, chunks, app_iter)
+            assert limit is not None
+            tee = _Tee(flow, opts, status, headers, pending, chunks, app_iter, BodyCapture(limit))
+            start_response(line, headers)
+            return tee
         except BaseException:
             _close(app_iter)
             raise
-        if plan == "pass_through":
-            # Not stored: core releases the claim now; the body goes to the client untouched.
-            flow.finished(HandlerResult(status, headers, b""))
-            start_response(line, headers)
-            return app_iter if not pending else _Chain(pending, chunks, app_iter)
-        start_response(line, headers)
-        assert limit is not None
-        return _Tee(flow, opts, status, headers, pending, chunks, app_iter, BodyCapture(limit))
+
 
 def read_body(environ: Environ, limit: int) -> Tuple[bytes, bool]:
     """(body, over_limit) as PEP 3333 says: ``CONTENT_LENGTH`` bytes, or the input to its end
