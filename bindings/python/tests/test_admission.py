@@ -124,6 +124,10 @@ def via_wsgi(case: Dict[str, Any], caplog: pytest.LogCaptureFixture) -> Answer:
         "REQUEST_METHOD": req["method"], "PATH_INFO": path, "QUERY_STRING": query,
         "wsgi.input": io.BytesIO(req["body"].encode()),
     }
+    if req.get("declared_length") is None and req["body"]:
+        # A body without a declared length arrives chunked: the server reads it to its end and
+        # says so (PEP 3333's wsgi.input_terminated); without that flag a WSGI body is empty.
+        environ["wsgi.input_terminated"] = True
     for name, value in request_headers(req):
         if name == "content-type":
             environ["CONTENT_TYPE"] = value

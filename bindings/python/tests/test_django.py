@@ -589,19 +589,23 @@ def test_async_chain_new_replay_mismatch() -> None:
 
 
 def test_async_chain_streamed_response() -> None:
-    async def scenario() -> List[Any]:
-        c = AsyncClient()
-        h = {"Idempotency-Key": "astream-key-01"}
-        return [await c.post("/stream", data="{}", content_type="application/json", headers=h)
-                for _ in range(2)]
-
-    with override_settings(IDEMPO={"STORE": MemoryStore()}):
-        live, replay = asyncio.run(scenario())
-
     async def drain(response: Any) -> bytes:
         return b"".join([chunk async for chunk in response.streaming_content])
 
-    assert asyncio.run(drain(live)) == b'{"part":1}' and replay.content == b'{"part":1}'
+    async def scenario() -> List[Any]:
+        c = AsyncClient()
+        h = {"Idempotency-Key": "astream-key-01"}
+        live = await c.post("/stream", data="{}", content_type="application/json", headers=h)
+        # Teed: until the body has been sent, a retry finds the key in flight.
+        busy = await c.post("/stream", data="{}", content_type="application/json", headers=h)
+        assert busy.status_code == 409
+        body = await drain(live)
+        replay = await c.post("/stream", data="{}", content_type="application/json", headers=h)
+        return [body, replay]
+
+    with override_settings(IDEMPO={"STORE": MemoryStore()}):
+        body, replay = asyncio.run(scenario())
+    assert body == b'{"part":1}' and replay.content == b'{"part":1}'
     assert replay["Idempotent-Replayed"] == "true" and RUNS == ["stream"]
 
 
@@ -741,3 +745,301 @@ def test_real_asgi_server_async_views() -> None:
             t.join(10)
         assert sorted(statuses) == [201] + [409] * 5
         assert RUNS == [{"amount": 5}, "aslow"]
+
+
+# --- streamed responses teed by core's capture plan, construction checks, renderer ---------
+
+import http.client  # noqa: E402
+import tracemalloc  # noqa: E402
+from typing import Tuple  # noqa: E402
+
+from django.http import FileResponse  # noqa: E402
+
+from idempo.stores import AsyncMemoryStore  # noqa: E402
+
+GATE = threading.Event()
+
+
+def gated(request: Any) -> Any:
+    """Streams a first chunk, then the rest only once the client saw it (GATE)."""
+    RUNS.append("gated")
+    size = int(request.GET.get("size", "3"))
+    chunk = int(request.GET.get("chunk", "1"))
+    wait = request.GET.get("wait") == "1"
+
+    def body() -> Iterator[bytes]:
+        yield b"first;"
+        if wait:
+            assert GATE.wait(10), "the first chunk never reached the client"
+        for _ in range(size):
+            yield b"x" * chunk
+
+    return StreamingHttpResponse(body(), content_type="text/plain")
+
+
+async def agated(request: Any) -> Any:
+    RUNS.append("agated")
+
+    async def body() -> AsyncIterator[bytes]:
+        yield b"first;"
+        for _ in range(1000):
+            if GATE.is_set():
+                break
+            await asyncio.sleep(0.01)
+        assert GATE.is_set(), "the first chunk never reached the client"
+        yield b"rest"
+
+    return StreamingHttpResponse(body(), content_type="text/plain")
+
+
+def download(request: Any) -> Any:
+    RUNS.append("download")
+    path = request.GET["path"]
+    return FileResponse(open(path, "rb"), content_type="application/octet-stream")
+
+
+def echo_len(request: Any) -> Any:
+    RUNS.append(len(request.body))
+    return JsonResponse({"length": len(request.body)}, status=201)
+
+
+def declined(request: Any) -> Any:
+    RUNS.append("declined")
+    response = JsonResponse({"error": "card_declined"}, status=402)
+    response.reason_phrase = "Card Declined"
+    return response
+
+
+urlpatterns += [  # noqa: F405
+    path("gated", gated),
+    path("async/gated", agated),
+    path("download", download),
+    path("echo-len", echo_len),
+    path("declined", declined),
+]
+
+from typing import AsyncIterator  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _gate() -> Iterator[None]:
+    GATE.clear()
+    yield
+    GATE.set()
+
+
+def test_streaming_response_is_teed_over_a_real_wsgi_server() -> None:
+    with override_settings(IDEMPO={"STORE": MemoryStore()}):
+        app = WSGIHandler()
+    with _serve(app) as base:
+        port = int(base.rsplit(":", 1)[1])
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=15)
+        h = {"Idempotency-Key": "gated-key-0001", "Content-Type": "application/json"}
+        conn.request("POST", "/gated?wait=1&size=3&chunk=2", body=b"{}", headers=h)
+        response = conn.getresponse()
+        assert response.status == 200
+        assert response.read(6) == b"first;"  # before the view produced the rest
+        GATE.set()
+        assert response.read() == b"xxxxxx"
+        conn.close()
+        with httpx.Client(base_url=base, timeout=10) as client:
+            replay = client.post("/gated?wait=1&size=3&chunk=2", content=b"{}", headers=h)
+        assert replay.content == b"first;xxxxxx"
+        assert replay.headers["idempotent-replayed"] == "true"
+    assert RUNS == ["gated"]
+
+
+def test_streaming_response_is_teed_on_the_async_chain() -> None:
+    with override_settings(IDEMPO={"STORE": MemoryStore()}):
+        app = ASGIHandler()
+    with _serve_asgi(app) as base:
+        port = int(base.rsplit(":", 1)[1])
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=15)
+        h = {"Idempotency-Key": "agated-key-001", "Content-Type": "application/json"}
+        conn.request("POST", "/async/gated", body=b"{}", headers=h)
+        response = conn.getresponse()
+        assert response.status == 200 and response.read(6) == b"first;"
+        GATE.set()
+        assert response.read() == b"rest"
+        conn.close()
+        with httpx.Client(base_url=base, timeout=10) as client:
+            replay = client.post("/async/gated", content=b"{}", headers=h)
+        assert replay.content == b"first;rest"
+        assert replay.headers["idempotent-replayed"] == "true"
+    assert RUNS == ["agated"]
+
+
+def test_file_response_over_the_limit_reaches_the_client_and_is_not_retained(tmp_path: Any) -> None:
+    blob = tmp_path / "blob.bin"
+    blob.write_bytes(b"b" * 5000)
+    with override_settings(IDEMPO={"STORE": MemoryStore(),
+                                   "CONFIG": {"max_stored_body_bytes": 1000}}):
+        app = WSGIHandler()
+    with _serve(app) as base, httpx.Client(base_url=base, timeout=10) as client:
+        h = {"Idempotency-Key": "file-key-00001"}
+        first = client.post(f"/download?path={blob}", json={}, headers=h)
+        assert first.status_code == 200 and first.content == b"b" * 5000
+        for _ in range(2):
+            again = client.post(f"/download?path={blob}", json={}, headers=h)
+            assert again.status_code == 500 and again.headers["idempotent-replayed"] == "true"
+            assert again.json()["type"] == "urn:idempo:problem:response-not-retained"
+    assert RUNS == ["download"]
+
+
+def test_large_streaming_response_memory_stays_within_the_record_limit() -> None:
+    limit = 1 << 20
+    with override_settings(IDEMPO={"STORE": MemoryStore(),
+                                   "CONFIG": {"max_stored_body_bytes": limit}}):
+        c = Client()
+        tracemalloc.start()
+        try:
+            response = _post(c, "/gated?size=1024&chunk=65536", {}, "big-stream-key-1")
+            seen = sum(len(chunk) for chunk in response.streaming_content)
+            response.close()
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert seen == 6 + 1024 * 65536
+    assert peak < limit + (16 << 20), peak
+    print(f"\nDjango 64 MiB stream: peak traced memory {peak / (1 << 20):.1f} MiB")
+
+
+def test_client_gone_mid_stream_leaves_no_key_in_flight() -> None:
+    with override_settings(IDEMPO={"STORE": MemoryStore()}):
+        c = Client()
+        response = _post(c, "/gated?size=100", {}, "gone-key-00001")
+        next(iter(response.streaming_content))
+        response.close()  # the server closes the response early: the client went away
+        retry = _post(c, "/gated?size=100", {}, "gone-key-00001")
+    assert retry.status_code == 500
+    assert _problem(retry)["type"] == "urn:idempo:problem:response-not-retained"
+    assert RUNS == ["gated"]
+
+
+def test_post_without_length_over_a_real_socket_has_no_body() -> None:
+    with override_settings(IDEMPO={"STORE": MemoryStore()}):
+        app = WSGIHandler()
+    with _serve(app) as base:
+        port = int(base.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(b"POST /echo-len HTTP/1.1\r\nHost: t\r\n"
+                         b"Idempotency-Key: nolen-key-001\r\nConnection: keep-alive\r\n\r\n")
+            data = b""
+            while b"}" not in data:
+                chunk = sock.recv(4096)
+                assert chunk, data
+                data += chunk
+    assert data.startswith(b"HTTP/1.") and b" 201 " in data.split(b"\r\n", 1)[0]
+    assert data.endswith(b'{"length": 0}') and RUNS == [0]
+
+
+def test_reason_phrase_of_the_view_passes_through() -> None:
+    with override_settings(IDEMPO={"STORE": MemoryStore()}):
+        c = Client()
+        live = _post(c, "/declined", {}, "declined-key-01")
+        replay = _post(c, "/declined", {}, "declined-key-01")
+    assert live.status_code == 402 and live.reason_phrase == "Card Declined"
+    assert replay.status_code == 402 and replay.reason_phrase == "Payment Required"
+    assert replay["Idempotent-Replayed"] == "true"
+
+
+def _factory() -> Any:
+    return MemoryStore()
+
+
+@pytest.mark.parametrize(
+    "store, message",
+    [
+        ("idempo.sqlite3", "not a file name or DSN"),
+        (SQLiteStore, "store=SQLiteStore(...)"),
+        (_factory, "call it"),
+        (AsyncMemoryStore(), "synchronous twin (MemoryStore)"),
+        ("idempo.stores.SQLiteStore", "takes no arguments and returns one"),
+    ],
+)
+def test_store_setting_that_is_not_a_store_is_improperly_configured(store: Any, message: str) -> None:
+    with override_settings(IDEMPO={"STORE": store}):
+        with pytest.raises(ImproperlyConfigured, match=re.escape(message)):
+            IdempotencyMiddleware(lambda request: HttpResponse())
+
+
+def test_async_chain_accepts_both_store_kinds() -> None:
+    async def get_response(request: Any) -> Any:
+        return HttpResponse()
+
+    for store in (MemoryStore(), AsyncMemoryStore()):
+        with override_settings(IDEMPO={"STORE": store}):
+            IdempotencyMiddleware(get_response)
+
+
+def envelope(problem: idempo.Problem) -> Tuple[bytes, str]:
+    return (json.dumps({"error": {"type": problem.slug, "retry_after": problem.retry_after}})
+            .encode(), "application/vnd.acme.error+json")
+
+
+def test_problem_renderer_setting() -> None:
+    with override_settings(IDEMPO={"STORE": MemoryStore(),
+                                   "PROBLEM_RENDERER": f"{__name__}.envelope"}):
+        c = Client()
+        missing = _post(c, "/orders/1/pay", {"amount": 1})
+        assert missing.status_code == 400
+        assert missing["Content-Type"] == "application/vnd.acme.error+json"
+        assert json.loads(missing.content) == {"error": {"type": "missing-key", "retry_after": None}}
+        assert _post(c, "/orders/1/pay", {"amount": 1}, "render-key-001").status_code == 201
+        reused = _post(c, "/orders/1/pay", {"amount": 2}, "render-key-001")
+        assert reused.status_code == 422
+        assert json.loads(reused.content)["error"]["type"] == "key-reused"
+    with override_settings(IDEMPO={"STORE": DownStore(), "PROBLEM_RENDERER": envelope}):
+        down = _post(Client(), "/orders/1/pay", {"amount": 1}, "render-key-002")
+    assert down.status_code == 503 and down["Retry-After"] == "1"
+    assert json.loads(down.content) == {"error": {"type": "store-unavailable", "retry_after": 1}}
+
+
+def gone_pay(request: Any) -> Any:
+    """Writes through the transaction; the first call's INSERT is slow and announced (GATE)."""
+    conn = idempo.current_transaction().connection
+    if GATE.is_set():
+        conn.execute("INSERT INTO gone_payment (note) VALUES ('d')")
+    else:
+        GATE.set()
+        conn.execute("INSERT INTO gone_payment (note) SELECT 'd' FROM pg_sleep(5)")
+    RUNS.append("gone")
+    return JsonResponse({"ok": True}, status=201)
+
+
+urlpatterns += [path("tx/gone", gone_pay)]  # noqa: F405
+
+
+def test_transactional_view_on_a_server_gone_mid_insert_is_503(own_pg: Any) -> None:
+    """PostgreSQL restarts (every connection terminated) during the view's own INSERT: Django
+    turns the view's error into its 500, the rollback fails on the dead connection, and core
+    answers 503 with Retry-After; the retry runs anew once the server is back."""
+    import psycopg
+
+    from idempo.stores import PostgresStore
+
+    store = PostgresStore(own_pg.dsn)
+    store.create_schema()
+    with psycopg.connect(own_pg.dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS gone_payment (id bigserial, note text)")
+        conn.execute("TRUNCATE idempo_record, gone_payment")
+
+    def restart() -> None:
+        assert GATE.wait(30)
+        time.sleep(0.3)
+        own_pg.restart()
+
+    thread = threading.Thread(target=restart, daemon=True)
+    thread.start()
+    with override_settings(IDEMPO={"STORE": store, "CONFIG": {"transactional": True}}):
+        c = Client(raise_request_exception=False)
+        first = _post(c, "/tx/gone", {}, "gone-django-01")
+        thread.join(90)
+        again = _post(c, "/tx/gone", {}, "gone-django-01")
+    assert first.status_code == 503 and first["Retry-After"] == "1"
+    assert _problem(first)["type"] == "urn:idempo:problem:store-unavailable"
+    assert again.status_code == 201 and "Idempotent-Replayed" not in again
+    with psycopg.connect(own_pg.dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM gone_payment").fetchone()
+    assert row is not None and row[0] == 1 and RUNS == ["gone"]  # the first never finished
+    store.close()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, Dict, List
 
 import httpx
@@ -335,3 +336,31 @@ def test_a_route_rebuilt_from_a_protected_route_claims_once_and_overrides_turn_i
 
     run(app, go)
     assert runs == ["a", "a", "a"]
+
+
+def test_problem_renderer_gives_the_apis_own_envelope() -> None:
+    def envelope(problem: idempo.Problem) -> Any:
+        body = {"error": {"type": problem.slug, "message": problem.detail}}
+        return json.dumps(body).encode(), "application/vnd.acme.error+json"
+
+    runs: List[str] = []
+    app = payments_app(AsyncMemoryStore(), runs, problem_renderer=envelope)
+
+    async def go(c: httpx.AsyncClient) -> None:
+        auth = {"authorization": "Bearer t1"}
+        missing = await c.post("/payments", json={"amount": 1}, headers=auth)  # admission refusal
+        assert missing.status_code == 400
+        assert missing.headers["content-type"] == "application/vnd.acme.error+json"
+        assert missing.json()["error"]["type"] == "missing-key"
+        h = {**auth, "Idempotency-Key": "render-0001"}
+        assert (await c.post("/payments", json={"amount": 1}, headers=h)).status_code == 201
+        reused = await c.post("/payments", json={"amount": 2}, headers=h)  # the flow's problem
+        assert reused.status_code == 422
+        assert reused.headers["content-type"] == "application/vnd.acme.error+json"
+        assert reused.json()["error"]["type"] == "key-reused"
+        # FastAPI's own validation 422 is the app's, not idempo's: untouched.
+        invalid = await c.post("/payments", json={"amount": "x"}, headers=h)
+        assert invalid.status_code == 422 and "detail" in invalid.json()
+
+    run(app, go)
+    assert runs == ["t1"]

@@ -864,17 +864,17 @@ impl ServerFlow {
                 let fin = self.not_committed();
                 Ok(self.finish(fin))
             }
+            (Phase::Releasing(_), Event::StoreFailed) if self.config.transactional => {
+                // The rollback after the handler failed (e.g. the server went away during the
+                // handler's own SQL): nothing committed, so the answer is the store's 503 with
+                // Retry-After, never the handler's error or its uncommitted response (§7.6).
+                let fin = self.not_committed();
+                Ok(self.finish(fin))
+            }
             (Phase::Committing { ok, .. }, Event::Store(StoreResult::Committed)) => {
                 Ok(self.finish(ok))
             }
             (Phase::Committing { failed, .. }, Event::StoreFailed) => Ok(self.finish(failed)),
-            (Phase::Releasing(_), Event::StoreFailed) if self.config.transactional => {
-                // The rollback failed: the transaction's connection is gone (the handler's own
-                // statement may have been the first to see it). Nothing was committed, so the
-                // answer is a retryable 503, never the handler's error or response.
-                let fin = self.not_committed();
-                Ok(self.finish(fin))
-            }
 
             // After the handler.
             (Phase::Completing(response, outcome), Event::Store(StoreResult::Completed(ok))) => {

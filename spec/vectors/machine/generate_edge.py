@@ -274,6 +274,24 @@ def main():
                                          "status": 409}}},
                   {"event": {"type": "locked", "now_ms": NOW},
                    "expect": {"error": "finished"}}])
+    # Section 7.6: a store failure before the commit is known is 503 not_committed, also when
+    # it is the rollback after the handler (e.g. the server went away during the handler's SQL).
+    c = config(transactional=True, heartbeat_ms=None)
+    write("tx_rollback_failed_after_handler_error",
+          "Section 7.6: the handler raised and the rollback (release) failed too, as when the "
+          "database shut down during the handler's own statement: nothing committed, so the "
+          "answer is 503 not_committed with Retry-After (retry the same key), not the error.",
+          c, [claim(c), claimed(c),
+              {"event": {"type": "handler_failed", "maybe_side_effect": True},
+               "expect": {"action": "store", "op": "release", "token": TOKEN}},
+              {"event": {"type": "store_failed"}, "expect": not_committed}])
+    write("tx_rollback_failed_after_not_stored",
+          "Section 7.6: a response whose status is not stored (here the framework's 500 for a "
+          "failed view) rolls back; when that rollback fails the answer is 503 not_committed.",
+          c, [claim(c), claimed(c),
+              {"event": finished(500, [["Content-Type", "text/html"]], "Server Error"),
+               "expect": {"action": "store", "op": "release", "token": TOKEN}},
+              {"event": {"type": "store_failed"}, "expect": not_committed}])
     # Re-derive custom_header_allowlist's stored bytes with the always-stored headers.
     path = os.path.join(HERE, "custom_header_allowlist.json")
     with open(path, encoding="utf-8") as f:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from idempo._flow import Execution, HandlerResult, Hooks, Response, logging_hooks
 from idempo._host import UnscopedKeyWarning, idempotent
+from idempo._render import Problem, ProblemRenderer
 from idempo.stores._tx import (
     NoTransaction,
     Transaction,
@@ -54,6 +55,8 @@ __all__ = [
     "Execution",
     "HandlerResult",
     "Hooks",
+    "Problem",
+    "ProblemRenderer",
     "Response",
     "UnscopedKeyWarning",
     "idempotent",

@@ -13,9 +13,10 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, List, NamedTuple, Optional, Tuple, Union
+from typing import Any, Awaitable, Callable, List, NamedTuple, Optional, Tuple, TypeVar, Union
 
 from idempo._idempo import Action, Cleanup, Config, ServerFlow
+from idempo._render import ProblemRenderer, render
 from idempo.stores._plan import Plan, drive, drive_async
 from idempo.stores._tx import ThreadedSession, Transaction, enter, leave, require_transactions
 
@@ -215,6 +216,10 @@ class _Request:
     key: str
     route: str
     hooks: Hooks
+    renderer: Optional[ProblemRenderer] = None
+
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -222,6 +227,7 @@ class _Run:
     flow: ServerFlow
     route: str
     hooks: Hooks
+    renderer: Optional[ProblemRenderer] = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     lease_lost: bool = False
     """Reported to ``hooks.lease_lost`` (once per request: at a heartbeat or at the end)."""
@@ -240,7 +246,7 @@ def _start(request: _Request, session: Any) -> Tuple[_Run, Action]:
         request.config,
         os.urandom(16),
     )
-    return _Run(flow, request.route, request.hooks), action
+    return _Run(flow, request.route, request.hooks, request.renderer), action
 
 
 def _execution(request: _Request, action: Action, session: Any) -> Execution:
@@ -262,13 +268,20 @@ def _handler_finished(run: _Run, result: HandlerResult) -> Action:
     )
 
 
-def _respond(run: _Run, action: Action) -> Response:
-    """The response of the flow's final action, counted in the outcome hook."""
+def _respond(run: _Run, action: Action, result: Optional[HandlerResult] = None) -> Response:
+    """The response of the flow's final action, counted in the outcome hook; a problem idempo
+    answers (anything but the handler's own ``result``) goes through the run's renderer."""
     response = response_of(action)
     if response.outcome == "lease_lost":
         run.lost()
     run.hooks.outcome(run.route, response.outcome)
-    return response
+    live = (
+        result is not None
+        and response.handler_ran
+        and response.status == result.status
+        and response.body == result.body
+    )
+    return response if live else render(response, run.renderer)
 
 
 async def _execute_async(store: Any, action: Action, sync: bool) -> Any:
@@ -328,6 +341,7 @@ def run_sync(
     handler: Callable[[Execution], HandlerResult],
     hooks: Hooks,
     partition: Optional[bytes] = None,
+    renderer: Optional[ProblemRenderer] = None,
 ) -> Response:
     """Drives one request through the flow with a synchronous store and handler.
 
@@ -336,70 +350,158 @@ def run_sync(
     With ``config.transactional`` the store's session runs the claim, the handler and the completion in
     one database transaction (see :mod:`idempo.stores._tx`); core's transactional flow says
     when to roll back (``release``) and commit, and which response may be sent. The session is
-    closed (rolling back whatever is still open) when the request ends.
+    closed (rolling back whatever is still open) when the request ends. Problems idempo answers
+    go through ``renderer`` (:mod:`idempo._render`).
     """
-    request = _Request(config, scope, fingerprint, key, route, hooks)
-    if not config.transactional:
-        return _run_sync(_for_partition(store, partition), request, handler, None)
-    require_transactions(store)
-    session = store.transaction()
+    flow = SyncRequest(
+        store=store, config=config, scope=scope, fingerprint=fingerprint, key=key,
+        route=route, hooks=hooks, partition=partition, renderer=renderer,
+    )
     try:
-        return _run_sync(session, request, handler, session)
+        started = flow.begin()
+        if isinstance(started, Response):
+            return started
+        try:
+            result = flow.call(handler, started)
+        except BaseException as exc:
+            answer = flow.failed()
+            if answer is None or not isinstance(exc, Exception):
+                raise
+            failed_log(route, exc)
+            return answer
+        return flow.finished(result)
     finally:
-        session.close()
+        flow.close()
 
 
-def _run_sync(
-    store: Any,
-    request: _Request,
-    handler: Callable[[Execution], HandlerResult],
-    session: Any,
-) -> Response:
-    run, action = _start(request, session)
-    action = _store_step(run, store, action)
-    if action.kind == "run_handler":
-        info = _execution(request, action, session)
-        tx = info.transaction
-        stop = threading.Event()
-        beat = None
+def failed_log(route: str, exc: BaseException) -> None:
+    """Logs a handler error that core answered itself (transactional mode: its rollback failed
+    too, so the answer is the store's 503) instead of letting it propagate."""
+    log.error("idempo: the handler on %s failed and its transaction could not be rolled back; "
+              "answered 503: %s", route, exc, exc_info=exc)
+
+
+class SyncRequest:
+    """One request's flow driven in steps, for a host whose response outlives one call (a WSGI
+    iterable or a Django streaming response teed to the client, PROTOCOL §7.5.1):
+    :meth:`begin` claims (a :class:`Response` when the handler is not to run, else its
+    :class:`Execution`), :meth:`call` runs handler code in the request's transaction, then exactly
+    one of :meth:`finished` (the response's status, headers and recorded body) or :meth:`failed`
+    (re-raise afterwards). Heartbeats run in a helper thread from :meth:`begin` until then.
+    :meth:`close` (idempotent) closes the transactional session; :meth:`finished` and
+    :meth:`failed` call it."""
+
+    def __init__(
+        self,
+        *,
+        store: Any,
+        config: Config,
+        scope: bytes,
+        fingerprint: str,
+        key: str,
+        route: str,
+        hooks: Hooks,
+        partition: Optional[bytes] = None,
+        renderer: Optional[ProblemRenderer] = None,
+    ) -> None:
+        self._request = _Request(config, scope, fingerprint, key, route, hooks, renderer)
+        self._session: Any = None
+        if config.transactional:
+            require_transactions(store)
+            self._session = store.transaction()
+            self._store = self._session
+        else:
+            self._store = _for_partition(store, partition)
+        self._run: Optional[_Run] = None
+        self._stop = threading.Event()
+        self._beat: Optional[threading.Thread] = None
+        self._closed = False
+
+    def begin(self) -> Union[Response, Execution]:
+        run, action = _start(self._request, self._session)
+        self._run = run
+        action = _store_step(run, self._store, action)
+        if action.kind != "run_handler":
+            return self._end(action, None)
+        info = _execution(self._request, action, self._session)
         if action.heartbeat_ms:
-            beat = threading.Thread(
+            self._beat = threading.Thread(
                 target=_heartbeat_sync,
-                args=(run, store, action.heartbeat_ms / 1000, stop),
+                args=(run, self._store, action.heartbeat_ms / 1000, self._stop),
                 name="idempo-heartbeat",
                 daemon=True,
             )
-            beat.start()
+            self._beat.start()
+        return info
+
+    def call(self, fn: Callable[[Execution], T], execution: Execution) -> T:
+        """``fn(execution)`` inside the request's transaction (:func:`idempo.current_transaction`)."""
+        tx = execution.transaction
         token = enter(tx) if tx is not None else None
         try:
-            result = handler(info)
-        except BaseException as exc:
-            stop.set()
-            if beat is not None:
-                beat.join()
-            with run.lock:
-                action = _store_step(run, store, run.flow.handler_failed())
-            run.hooks.outcome(run.route, action.outcome or "handler_failed")
-            assert action.kind == "propagate_error", action
-            raise exc
+            return fn(execution)
         finally:
             if token is not None:
                 leave(token)
-        stop.set()
-        if beat is not None:
-            beat.join()
+
+    def _stop_beat(self) -> None:
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join()
+
+    def finished(self, result: HandlerResult) -> Response:
+        """Records the handler's response as core says; core's answer."""
+        assert self._run is not None
+        self._stop_beat()
+        run = self._run
         with run.lock:
-            action = _store_step(run, store, _handler_finished(run, result))
-    response = _respond(run, action)
-    cleanup = run.flow.cleanup
-    if cleanup is not None:
-        threading.Thread(
-            target=_cleanup_sync,
-            args=(cleanup, store, run.route),
-            name="idempo-cleanup",
-            daemon=True,
-        ).start()
-    return response
+            action = _store_step(run, self._store, _handler_finished(run, result))
+        return self._end(action, result)
+
+    def failed(self) -> Optional[Response]:
+        """The handler raised: core decides what to record. None: the caller re-raises; a
+        :class:`Response`: core answers instead (transactional mode, when the rollback failed
+        too: the store's 503). None when the flow already ended (the failure came after
+        :meth:`finished`)."""
+        if self._closed:
+            return None
+        assert self._run is not None
+        self._stop_beat()
+        run = self._run
+        try:
+            with run.lock:
+                action = _store_step(run, self._store, run.flow.handler_failed())
+            if action.kind == "respond":
+                return self._end(action, None)
+            run.hooks.outcome(run.route, action.outcome or "handler_failed")
+            assert action.kind == "propagate_error", action
+            return None
+        finally:
+            self.close()
+
+    def _end(self, action: Action, result: Optional[HandlerResult]) -> Response:
+        assert self._run is not None
+        try:
+            response = _respond(self._run, action, result)
+            cleanup = self._run.flow.cleanup
+            if cleanup is not None:
+                threading.Thread(
+                    target=_cleanup_sync,
+                    args=(cleanup, self._store, self._run.route),
+                    name="idempo-cleanup",
+                    daemon=True,
+                ).start()
+            return response
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._stop_beat()
+        if self._session is not None:
+            self._session.close()
 
 
 def _applied(result: Any) -> Optional[bool]:
@@ -507,22 +609,138 @@ async def run_async(
     handler: Callable[[Execution], Awaitable[HandlerResult]],
     hooks: Hooks,
     partition: Optional[bytes] = None,
+    renderer: Optional[ProblemRenderer] = None,
 ) -> Response:
     """Drives one request through the flow from asyncio (sync stores run in worker threads).
 
-    ``config.transactional``: as for :func:`run_sync`.
+    ``config.transactional`` and ``renderer``: as for :func:`run_sync`.
     """
-    request = _Request(config, scope, fingerprint, key, route, hooks)
-    if not config.transactional:
-        return await _run_async(_for_partition(store, partition), request, handler, None)
-    require_transactions(store)
-    session = store.transaction()
-    if not is_async_store(session):
-        session = ThreadedSession(session)
+    flow = AsyncRequest(
+        store=store, config=config, scope=scope, fingerprint=fingerprint, key=key,
+        route=route, hooks=hooks, partition=partition, renderer=renderer,
+    )
     try:
-        return await _run_async(session, request, handler, session)
+        started = await flow.begin()
+        if isinstance(started, Response):
+            return started
+        token = flow.enter(started)
+        try:
+            result = await handler(started)
+        except BaseException as exc:
+            flow.leave(token)
+            answer = await flow.failed()
+            if answer is None or not isinstance(exc, Exception):
+                raise
+            failed_log(route, exc)
+            return answer
+        flow.leave(token)
+        return await flow.finished(result)
     finally:
-        await _maybe_await(session.close)
+        await flow.close()
+
+
+class AsyncRequest:
+    """:class:`SyncRequest` for asyncio: the same steps, awaited; heartbeats run in a task."""
+
+    def __init__(
+        self,
+        *,
+        store: Any,
+        config: Config,
+        scope: bytes,
+        fingerprint: str,
+        key: str,
+        route: str,
+        hooks: Hooks,
+        partition: Optional[bytes] = None,
+        renderer: Optional[ProblemRenderer] = None,
+    ) -> None:
+        self._request = _Request(config, scope, fingerprint, key, route, hooks, renderer)
+        self._session: Any = None
+        if config.transactional:
+            require_transactions(store)
+            session = store.transaction()
+            self._session = session if is_async_store(session) else ThreadedSession(session)
+            self._store = self._session
+        else:
+            self._store = _for_partition(store, partition)
+        self._run: Optional[_Run] = None
+        self._lock = asyncio.Lock()
+        self._beat: "Optional[asyncio.Future[None]]" = None
+        self._closed = False
+
+    async def begin(self) -> Union[Response, Execution]:
+        run, action = _start(self._request, self._session)
+        self._run = run
+        action = await _store_step_async(run, self._store, action)
+        if action.kind != "run_handler":
+            return await self._end(action, None)
+        info = _execution(self._request, action, self._session)
+        if action.heartbeat_ms:
+            self._beat = asyncio.ensure_future(
+                _heartbeat_async(run, self._store, action.heartbeat_ms / 1000, self._lock)
+            )
+        return info
+
+    @staticmethod
+    def enter(execution: Execution) -> Any:
+        """Makes the request's transaction current (:func:`idempo.current_transaction`) until
+        :meth:`leave` with the returned token."""
+        tx = execution.transaction
+        return enter(tx) if tx is not None else None
+
+    @staticmethod
+    def leave(token: Any) -> None:
+        if token is not None:
+            leave(token)
+
+    async def finished(self, result: HandlerResult) -> Response:
+        assert self._run is not None
+        run = self._run
+        async with self._lock:
+            if self._beat is not None:
+                self._beat.cancel()
+            action = await _store_step_async(run, self._store, _handler_finished(run, result))
+        return await self._end(action, result)
+
+    async def failed(self) -> Optional[Response]:
+        """As :meth:`SyncRequest.failed`."""
+        if self._closed:
+            return None
+        assert self._run is not None
+        run = self._run
+        try:
+            async with self._lock:
+                # Cancelled only while sleeping or waiting for the lock: never mid-renewal.
+                if self._beat is not None:
+                    self._beat.cancel()
+                action = await _store_step_async(run, self._store, run.flow.handler_failed())
+            if action.kind == "respond":
+                return await self._end(action, None)
+            run.hooks.outcome(run.route, action.outcome or "handler_failed")
+            return None
+        finally:
+            await self.close()
+
+    async def _end(self, action: Action, result: Optional[HandlerResult]) -> Response:
+        assert self._run is not None
+        try:
+            response = _respond(self._run, action, result)
+            cleanup = self._run.flow.cleanup
+            if cleanup is not None:
+                _spawn_cleanup_async(cleanup, self._store, self._run.route)
+            return response
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._beat is not None:
+            self._beat.cancel()
+        if self._session is not None:
+            await _maybe_await(self._session.close)
 
 
 async def _maybe_await(fn: Callable[[], Any]) -> None:
@@ -530,48 +748,6 @@ async def _maybe_await(fn: Callable[[], Any]) -> None:
         await fn()
     else:
         await asyncio.to_thread(fn)
-
-
-async def _run_async(
-    store: Any,
-    request: _Request,
-    handler: Callable[[Execution], Awaitable[HandlerResult]],
-    session: Any,
-) -> Response:
-    run, action = _start(request, session)
-    lock = asyncio.Lock()
-    action = await _store_step_async(run, store, action)
-    if action.kind == "run_handler":
-        info = _execution(request, action, session)
-        tx = info.transaction
-        beat = None
-        if action.heartbeat_ms:
-            beat = asyncio.ensure_future(
-                _heartbeat_async(run, store, action.heartbeat_ms / 1000, lock)
-            )
-        token = enter(tx) if tx is not None else None
-        try:
-            result = await handler(info)
-        except BaseException as exc:
-            async with lock:
-                # Cancelled only while sleeping or waiting for the lock: never mid-renewal.
-                if beat is not None:
-                    beat.cancel()
-                action = await _store_step_async(run, store, run.flow.handler_failed())
-            run.hooks.outcome(run.route, action.outcome or "handler_failed")
-            raise exc
-        finally:
-            if token is not None:
-                leave(token)
-        async with lock:
-            if beat is not None:
-                beat.cancel()
-            action = await _store_step_async(run, store, _handler_finished(run, result))
-    response = _respond(run, action)
-    cleanup = run.flow.cleanup
-    if cleanup is not None:
-        _spawn_cleanup_async(cleanup, store, run.route)
-    return response
 
 
 async def _heartbeat_async(run: _Run, store: Any, interval: float, lock: asyncio.Lock) -> None:

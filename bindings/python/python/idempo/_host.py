@@ -10,6 +10,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar
 
 from idempo._flow import Hooks, Response, log, response_of
+from idempo._render import ProblemRenderer, check_renderer, render
+from idempo.stores._check import check_store
 from idempo.stores._tx import require_transactions
 from idempo._idempo import (
     Admission,
@@ -124,10 +126,17 @@ class HostCore:
         warn_unscoped: bool,
         public: bool = False,
         empty_scope_is_anonymous: bool = False,
+        problem_renderer: Optional[ProblemRenderer] = None,
+        host: str = "IdempotencyMiddleware",
+        sync_only: bool = False,
     ) -> None:
+        """``host`` names the integration in construction errors; ``sync_only``: it calls the
+        store synchronously (an asyncio store is refused, :func:`idempo.stores._check.check_store`)."""
         if store is None:
             raise InvalidArgument("an idempotency store is required")
+        check_store(store, host=host, sync_only=sync_only)
         self.store = store
+        self.renderer = check_renderer(problem_renderer)
         self.methods = frozenset(m.upper() for m in methods)
         self.header_name = header_name.lower()
         self.hmac_key = hmac_key
@@ -220,7 +229,7 @@ class HostCore:
         assert admission.problem is not None
         answer = response_of(admission.problem)
         self.hooks.outcome(route, answer.outcome)
-        return answer
+        return render(answer, self.renderer)
 
     def admit_key(
         self,

@@ -43,6 +43,7 @@ from typing import (
 from idempo._flow import Execution, HandlerResult, Hooks, Response, run_async
 from idempo._host import HostCore, RouteOptions, declared_length, with_content_length
 from idempo._idempo import BodyCapture, Config
+from idempo._render import ProblemRenderer
 
 #: ``scope["state"]`` member set when the framework rejected the request before the handler ran.
 FRAMEWORK_REJECTION = "idempo.framework_rejection"
@@ -131,6 +132,10 @@ class IdempotencyMiddleware:
     - ``redact``: ``fn(status, headers, body) -> bytes | None``, the body to store instead
       (needs ``Config(redact=True)``).
     - ``hooks``: :class:`idempo.Hooks` callbacks for metrics.
+    - ``problem_renderer``: ``fn(problem) -> (body, content_type)`` renders idempo's problems in
+      the API's own error format (:class:`idempo.Problem`; default RFC 9457 problem+json).
+    - A ``store`` that is not a store instance (a string, a class, a factory) is a ``TypeError``
+      when the middleware is built.
     - ``only_marked``: protect only endpoints marked with :func:`idempo.idempotent`.
     - ``Config(transactional=True)``: run the claim, the handler and the completion in one
       database transaction of the store (PostgreSQL or SQLite; per route with
@@ -160,6 +165,7 @@ class IdempotencyMiddleware:
         warn_unscoped: bool = True,
         public: bool = False,
         empty_scope_is_anonymous: bool = False,
+        problem_renderer: Optional[ProblemRenderer] = None,
     ) -> None:
         self.app = app
         self.route_fn = route
@@ -179,6 +185,8 @@ class IdempotencyMiddleware:
             warn_unscoped=warn_unscoped,
             public=public,
             empty_scope_is_anonymous=empty_scope_is_anonymous,
+            problem_renderer=problem_renderer,
+            host="idempo.asgi.IdempotencyMiddleware",
         )
 
     def _mark_framework_rejections(self) -> None:
@@ -307,6 +315,7 @@ class IdempotencyMiddleware:
                 route=route,
                 handler=handler,
                 hooks=core.hooks,
+                renderer=core.renderer,
             )
             if not captured.sent:
                 await _send(send, response)

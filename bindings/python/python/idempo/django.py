@@ -39,8 +39,9 @@ supported (Django picks the mode; async views keep running on the event loop).
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, AsyncIterator, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.conf import settings  # type: ignore[import-untyped]
@@ -53,12 +54,12 @@ from django.urls import Resolver404, resolve  # type: ignore[import-untyped]
 from django.utils.module_loading import import_string  # type: ignore[import-untyped]
 
 from idempo._flow import (
-    Execution,
+    AsyncRequest,
     HandlerResult,
     Hooks,
     Response,
-    run_async,
-    run_sync,
+    SyncRequest,
+    failed_log,
 )
 from idempo._host import (
     HostCore,
@@ -67,8 +68,9 @@ from idempo._host import (
     declared_length,
     idempotent,
     route_overrides,
+    with_content_length,
 )
-from idempo._idempo import Config, InvalidArgument
+from idempo._idempo import BodyCapture, Config, InvalidArgument
 
 __all__ = ["IdempotencyMiddleware", "idempotent", "user_scope"]
 
@@ -89,6 +91,7 @@ OPTIONS = {
     "WARN_UNSCOPED": "warn_unscoped",
     "PUBLIC": "public",
     "EMPTY_SCOPE_IS_ANONYMOUS": "empty_scope_is_anonymous",
+    "PROBLEM_RENDERER": "problem_renderer",
 }
 
 #: Former setting names and where each went (``CONFIG`` keys are :class:`idempo.Config` options).
@@ -115,6 +118,7 @@ _DEFAULTS: Dict[str, Any] = {
     "warn_unscoped": True,
     "public": False,
     "empty_scope_is_anonymous": False,
+    "problem_renderer": None,
 }
 
 
@@ -137,8 +141,14 @@ def _imported(name: str, value: Any) -> Any:
     try:
         return import_string(value)
     except ImportError as exc:
+        hint = ""
+        if name == "STORE":
+            hint = (
+                "; STORE is a store instance or the dotted path of one (or of a function that "
+                "returns one), not a file name or DSN: e.g. 'STORE': SQLiteStore('idempo.sqlite3')"
+            )
         raise ImproperlyConfigured(
-            f"settings.IDEMPO[{name!r}]: cannot import {value!r}: {exc}"
+            f"settings.IDEMPO[{name!r}]: cannot import {value!r}: {exc}{hint}"
         ) from exc
 
 
@@ -163,8 +173,16 @@ def options_from_settings(raw: Any) -> Dict[str, Any]:
     for name, value in raw.items():
         opts[OPTIONS[name]] = value
     store = _imported("STORE", opts["store"])
-    opts["store"] = store() if isinstance(opts["store"], str) and callable(store) else store
-    for name in ("SCOPE", "REDACT", "HOOKS"):
+    if isinstance(opts["store"], str) and callable(store):
+        try:
+            store = store()
+        except TypeError as exc:
+            raise ImproperlyConfigured(
+                f"settings.IDEMPO['STORE']: calling {opts['store']!r} failed ({exc}); point STORE "
+                "at a store instance or at a function that takes no arguments and returns one"
+            ) from exc
+    opts["store"] = store
+    for name in ("SCOPE", "REDACT", "HOOKS", "PROBLEM_RENDERER"):
         opts[OPTIONS[name]] = _imported(name, opts[OPTIONS[name]])
     hooks = opts["hooks"]
     if hooks is not None and not isinstance(hooks, Hooks):
@@ -205,8 +223,12 @@ class IdempotencyMiddleware:
             markcoroutinefunction(self)
         opts = options_from_settings(getattr(settings, "IDEMPO", None))
         try:
-            self.core = HostCore(**opts)
-        except InvalidArgument as exc:
+            self.core = HostCore(
+                **opts,
+                host="settings.IDEMPO['STORE']",
+                sync_only=not self.is_async,
+            )
+        except (InvalidArgument, TypeError, ValueError) as exc:
             raise ImproperlyConfigured(f"settings.IDEMPO: {exc}") from exc
         self._meta_key = "HTTP_" + str(opts["header_name"]).upper().replace("-", "_")
 
@@ -219,15 +241,28 @@ class IdempotencyMiddleware:
             return self.get_response(request)
         if isinstance(step, HttpResponse):
             return step
-        live: List[Any] = []
+        flow = SyncRequest(**self._flow_args(step))
+        try:
+            started = flow.begin()
+        except BaseException:
+            flow.close()
+            raise
+        if isinstance(started, Response):
+            return _to_django(started)
+        request.idempotency = started
+        try:
+            return flow.call(
+                lambda _: _captured(flow, step.opts, self.get_response(request)), started
+            )
+        except BaseException as exc:
+            answer = flow.failed()
+            if answer is None or not isinstance(exc, Exception):
+                raise
+            failed_log(step.route, exc)
+            return _to_django(answer)
 
-        def handler(execution: Execution) -> HandlerResult:
-            request.idempotency = execution
-            response = self.get_response(request)
-            live.append(response)
-            return self._result(step.opts, response, _consume(response))
-
-        answer = run_sync(
+    def _flow_args(self, step: _Ready) -> Dict[str, Any]:
+        return dict(
             store=self.core.store,
             config=step.opts.config,
             scope=step.prepared.scope,
@@ -235,10 +270,9 @@ class IdempotencyMiddleware:
             fingerprint=step.prepared.fingerprint,
             key=step.key,
             route=step.route,
-            handler=handler,
             hooks=self.core.hooks,
+            renderer=self.core.renderer,
         )
-        return _answer(answer, live)
 
     async def _acall(self, request: Any) -> Any:
         request.idempotency = None
@@ -250,26 +284,29 @@ class IdempotencyMiddleware:
             return await self.get_response(request)
         if isinstance(step, HttpResponse):
             return step
-        live: List[Any] = []
-
-        async def handler(execution: Execution) -> HandlerResult:
-            request.idempotency = execution
+        flow = AsyncRequest(**self._flow_args(step))
+        try:
+            started = await flow.begin()
+        except BaseException:
+            await flow.close()
+            raise
+        if isinstance(started, Response):
+            return _to_django(started)
+        request.idempotency = started
+        token = flow.enter(started)
+        try:
             response = await self.get_response(request)
-            live.append(response)
-            return self._result(step.opts, response, await _aconsume(response))
-
-        answer = await run_async(
-            store=self.core.store,
-            config=step.opts.config,
-            scope=step.prepared.scope,
-            partition=step.prepared.partition,
-            fingerprint=step.prepared.fingerprint,
-            key=step.key,
-            route=step.route,
-            handler=handler,
-            hooks=self.core.hooks,
-        )
-        return _answer(answer, live)
+            return await _acaptured(flow, step.opts, response)
+        except BaseException as exc:
+            flow.leave(token)
+            token = None
+            answer = await flow.failed()
+            if answer is None or not isinstance(exc, Exception):
+                raise
+            failed_log(step.route, exc)
+            return _to_django(answer)
+        finally:
+            flow.leave(token)
 
     def _prepare(self, request: Any) -> Union[None, HttpResponse, _Ready]:
         """None: pass the request through unprotected; a response: answered here; else ready."""
@@ -331,13 +368,6 @@ class IdempotencyMiddleware:
             return b"", True
         return body, False
 
-    @staticmethod
-    def _result(opts: RouteOptions, response: Any, body: bytes) -> HandlerResult:
-        status = int(response.status_code)
-        headers = [(str(n), str(v)) for n, v in response.items()]
-        stored = opts.redact(status, headers, body) if opts.redact is not None else None
-        return HandlerResult(status, headers, body, stored)
-
 
 def _endpoint(func: Any) -> Any:
     """The view that carries the :func:`idempotent` mark: the function, else its view class."""
@@ -375,30 +405,224 @@ def _header_bytes(value: str) -> bytes:
         return value.encode("utf-8")
 
 
-def _consume(response: Any) -> bytes:
-    """The whole body of a Django response; a streamed body is buffered and put back."""
-    if not getattr(response, "streaming", False):
-        return bytes(response.content)
-    body = b"".join(bytes(chunk) for chunk in response.streaming_content)
-    response.streaming_content = [body]
-    return body
+def _result(
+    opts: RouteOptions, status: int, headers: List[Tuple[str, str]], body: bytes, truncated: bool
+) -> HandlerResult:
+    stored = None
+    if opts.redact is not None and not truncated:
+        stored = opts.redact(status, headers, body)
+    return HandlerResult(status, headers, body, stored, body_truncated=truncated)
 
 
-async def _aconsume(response: Any) -> bytes:
-    """:func:`_consume` for the async chain; the buffered body is put back as an async iterator,
-    which Django's ASGI handler serves without adapting."""
+def _plan(opts: RouteOptions, response: Any) -> Tuple[int, List[Tuple[str, str]], str, Optional[int]]:
+    """(status, headers, plan, limit): core's capture plan for a Django response. A response
+    whose content is in memory tells its length; a streaming or file response streams."""
+    status = int(response.status_code)
+    headers = [(str(n), str(v)) for n, v in response.items()]
+    streaming = bool(getattr(response, "streaming", False))
+    hint = headers
+    if not streaming:
+        hint = with_content_length(headers, response.content)
+    plan, limit = opts.config.capture_plan(status, hint, streaming=streaming)
+    return status, headers, plan, limit
+
+
+def _in_memory(plan: str, limit: Optional[int], body: bytes) -> Tuple[bytes, bool]:
+    """(recorded, truncated) for a body already in memory."""
+    if plan == "pass_through":
+        return b"", False
+    if plan == "tee":
+        assert limit is not None
+        if BodyCapture(limit).accept(len(body)) != "record":
+            return b"", True
+    return body, False
+
+
+def _captured(flow: SyncRequest, opts: RouteOptions, response: Any) -> Any:
+    """The view's response, recorded as core's capture plan says (PROTOCOL §7.5.1): a body in
+    memory is handed to the flow; a streamed one (``StreamingHttpResponse``, ``FileResponse``) is
+    teed to the client as it is produced, the flow finishing when it ends; a status that is not
+    stored releases the claim at once. The live response object is returned when core answers
+    with it (cookies and other response state intact)."""
+    status, headers, plan, limit = _plan(opts, response)
     if not getattr(response, "streaming", False):
-        return bytes(response.content)
-    if getattr(response, "is_async", False):
-        body = b"".join([bytes(chunk) async for chunk in response.streaming_content])
-    else:
+        body = bytes(response.content)
+        recorded, truncated = _in_memory(plan, limit, body)
+        answer = flow.finished(_result(opts, status, headers, recorded, truncated))
+        return _answer(answer, response, body if plan == "buffer" else None)
+    if plan == "buffer":  # transactional: sent only once committed
         body = b"".join(bytes(chunk) for chunk in response.streaming_content)
+        response.streaming_content = [body]
+        answer = flow.finished(_result(opts, status, headers, body, False))
+        return _answer(answer, response, body)
+    if plan == "pass_through":
+        flow.finished(HandlerResult(status, headers, b""))
+        return response
+    assert limit is not None
+    response.streaming_content = _Tee(
+        flow, opts, status, headers, iter(response.streaming_content), BodyCapture(limit))
+    return response
 
-    async def again() -> AsyncIterator[bytes]:
-        yield body
 
-    response.streaming_content = again()
-    return body
+async def _acaptured(flow: AsyncRequest, opts: RouteOptions, response: Any) -> Any:
+    """:func:`_captured` for the async chain; a teed body becomes an async iterator, which
+    Django's ASGI handler serves without adapting."""
+    status, headers, plan, limit = _plan(opts, response)
+    streaming = bool(getattr(response, "streaming", False))
+    if not streaming:
+        body = bytes(response.content)
+        recorded, truncated = _in_memory(plan, limit, body)
+        answer = await flow.finished(_result(opts, status, headers, recorded, truncated))
+        return _answer(answer, response, body if plan == "buffer" else None)
+    source = response.streaming_content
+    is_async = bool(getattr(response, "is_async", False))
+    if plan == "buffer":
+        if is_async:
+            body = b"".join([bytes(chunk) async for chunk in source])
+        else:
+            body = await sync_to_async(lambda: b"".join(bytes(c) for c in source))()
+
+        async def again() -> AsyncIterator[bytes]:
+            yield body
+
+        response.streaming_content = again()
+        answer = await flow.finished(_result(opts, status, headers, body, False))
+        return _answer(answer, response, body)
+    capture = BodyCapture(limit) if plan == "tee" and limit is not None else None
+    if capture is None:
+        await flow.finished(HandlerResult(status, headers, b""))
+        if not is_async:
+            response.streaming_content = _ASyncSource(iter(source))
+        return response
+    response.streaming_content = _ATee(
+        flow, opts, status, headers,
+        source.__aiter__() if is_async else _ASyncSource(iter(source)), capture)
+    return response
+
+
+class _Recorder:
+    """Records the chunks of a teed body within core's limit."""
+
+    def __init__(
+        self, opts: RouteOptions, status: int, headers: List[Tuple[str, str]], capture: BodyCapture
+    ) -> None:
+        self.opts = opts
+        self.status = status
+        self.headers = headers
+        self.capture = capture
+        self.recorded: List[bytes] = []
+        self.done = False
+
+    def record(self, chunk: bytes) -> None:
+        step = self.capture.accept(len(chunk))
+        if step == "record":
+            self.recorded.append(chunk)
+        elif step == "discard":
+            self.recorded = []
+
+    def result(self, complete: bool) -> HandlerResult:
+        self.done = True
+        truncated = not complete or self.capture.truncated
+        body = b"".join(self.recorded)
+        self.recorded = []
+        return _result(self.opts, self.status, self.headers, body, truncated)
+
+
+class _Tee(_Recorder):
+    """A streamed body teed to the client (sync chain); Django calls :meth:`close` when the
+    response is closed (also when the client went away early: the record is then not
+    retained)."""
+
+    def __init__(
+        self, flow: SyncRequest, opts: RouteOptions, status: int,
+        headers: List[Tuple[str, str]], source: Iterator[Any], capture: BodyCapture,
+    ) -> None:
+        super().__init__(opts, status, headers, capture)
+        self.flow = flow
+        self.source = source
+
+    def __iter__(self) -> "_Tee":
+        return self
+
+    def __next__(self) -> bytes:
+        if self.done:
+            raise StopIteration
+        try:
+            chunk = bytes(next(self.source))
+        except StopIteration:
+            self.flow.finished(self.result(True))
+            raise
+        except BaseException:
+            self.done = True
+            self.flow.failed()
+            raise
+        self.record(chunk)
+        return chunk
+
+    def close(self) -> None:
+        if not self.done:
+            self.flow.finished(self.result(False))
+
+
+_END = object()
+
+
+class _ASyncSource:
+    """A sync iterator read from asyncio, each step in a worker thread."""
+
+    def __init__(self, source: Iterator[Any]) -> None:
+        self.source = source
+
+    def __aiter__(self) -> "_ASyncSource":
+        return self
+
+    async def __anext__(self) -> Any:
+        source = self.source
+        chunk = await sync_to_async(lambda: next(source, _END), thread_sensitive=False)()
+        if chunk is _END:
+            raise StopAsyncIteration
+        return chunk
+
+
+class _ATee(_Recorder):
+    """:class:`_Tee` for the async chain."""
+
+    def __init__(
+        self, flow: AsyncRequest, opts: RouteOptions, status: int,
+        headers: List[Tuple[str, str]], source: AsyncIterator[Any], capture: BodyCapture,
+    ) -> None:
+        super().__init__(opts, status, headers, capture)
+        self.flow = flow
+        self.source = source
+        self.loop = asyncio.get_running_loop()
+
+    def __aiter__(self) -> "_ATee":
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self.done:
+            raise StopAsyncIteration
+        try:
+            chunk = bytes(await self.source.__anext__())
+        except StopAsyncIteration:
+            await self.flow.finished(self.result(True))
+            raise
+        except asyncio.CancelledError:
+            # The client went away (Django cancels the response): record what was seen.
+            await asyncio.shield(self.flow.finished(self.result(False)))
+            raise
+        except BaseException:
+            self.done = True
+            await self.flow.failed()
+            raise
+        self.record(chunk)
+        return chunk
+
+    def close(self) -> None:
+        """Django's response closer (run in a worker thread): finishes an unfinished tee."""
+        if not self.done:
+            result = self.result(False)
+            asyncio.run_coroutine_threadsafe(self.flow.finished(result), self.loop)
 
 
 def _to_django(answer: Response) -> Any:
@@ -410,9 +634,11 @@ def _to_django(answer: Response) -> Any:
     return out
 
 
-def _answer(answer: Response, live: List[Any]) -> Any:
-    """Core's answer; when the handler ran, core answers with the handler's own response, so the
-    live Django response object is returned (cookies and other response state intact)."""
-    if answer.handler_ran and live and int(live[0].status_code) == answer.status:
-        return live[0]
+def _answer(answer: Response, live: Any, body: Optional[bytes]) -> Any:
+    """Core's answer; when it is the handler's own response, the live Django response object
+    (cookies and other response state intact). ``body``: the live body when it was held for
+    the flow (else the answer is the live response whenever the status is the handler's)."""
+    if answer.handler_ran and int(live.status_code) == answer.status:
+        if body is None or answer.body == body:
+            return live
     return _to_django(answer)

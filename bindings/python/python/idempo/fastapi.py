@@ -56,6 +56,7 @@ from starlette.responses import Response as StarletteResponse
 from starlette.types import Receive, Scope, Send
 
 from idempo._flow import Execution, HandlerResult, Hooks, Response, run_async
+from idempo._render import ProblemRenderer
 from idempo._host import HostCore, RouteOptions, declared_length, route_overrides
 from idempo._idempo import Config, InvalidArgument
 from idempo.asgi import _Capture, _send, _target, _without_pathsend
@@ -251,6 +252,7 @@ class _Run:
             route=self.route,
             handler=handler,
             hooks=core.hooks,
+            renderer=core.renderer,
         ))
         try:
             waiting: "Set[asyncio.Future[Any]]" = {go, flow}
@@ -507,7 +509,8 @@ class Idempotency:
     - ``public=True`` instead: the routes' keys are shared by every caller (no principal).
       One of the two is required.
     - ``config``, ``header_name``, ``fingerprint_headers``, ``exclude``, ``hmac_key``,
-      ``numbers``, ``redact``, ``hooks``: as for :class:`idempo.asgi.IdempotencyMiddleware`.
+      ``numbers``, ``redact``, ``hooks``, ``problem_renderer``: as for
+      :class:`idempo.asgi.IdempotencyMiddleware`.
     """
 
     def __init__(
@@ -524,6 +527,7 @@ class Idempotency:
         numbers: Optional[str] = None,
         redact: Optional[Callable[[int, List[Tuple[str, str]], bytes], Optional[bytes]]] = None,
         hooks: Optional[Hooks] = None,
+        problem_renderer: Optional[ProblemRenderer] = None,
         empty_scope_is_anonymous: bool = False,
     ) -> None:
         if principal is None and not public:
@@ -548,6 +552,8 @@ class Idempotency:
             hooks=hooks,
             only_marked=False,
             warn_unscoped=True,
+            problem_renderer=problem_renderer,
+            host="idempo.fastapi.Idempotency",
             public=public,
             empty_scope_is_anonymous=empty_scope_is_anonymous,
         )

@@ -14,36 +14,55 @@ WSGI environ: ``REMOTE_USER``, a header, a token). One that returns ``None``, ``
 or raises refuses the request with 500 ``scope-unresolved``; ``public=True`` declares that a
 route's keys are shared by every caller.
 
+The request body is read as PEP 3333 says: ``CONTENT_LENGTH`` bytes, or to the end of
+``wsgi.input`` where the server sets ``wsgi.input_terminated`` (chunked uploads under Werkzeug,
+gunicorn); a request with neither has no body. The response is captured as core's plan says
+(``spec/PROTOCOL.md`` §7.5.1): a body whose ``Content-Length`` is within the record limit is held
+until core decided what to store; any other (a generator without a length, a large file) is teed
+to the client as the application produces it while at most ``max_body_bytes`` of it are recorded
+(past that, retries get the ``response-not-retained`` problem); a status that is not stored passes
+straight through. The application's own status line (its reason phrase) is sent unchanged.
+
 The running view finds its execution (key, generation, downstream key) in
 ``environ["idempo.execution"]`` (``flask.request.environ``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from http import HTTPStatus
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from idempo._flow import Execution, HandlerResult, Hooks, Response, run_sync
-from idempo._host import HostCore, declared_length, with_content_length
-from idempo._idempo import Config
+from idempo._flow import HandlerResult, Hooks, Response, SyncRequest, failed_log
+from idempo._host import HostCore, RouteOptions, declared_length, with_content_length
+from idempo._idempo import BodyCapture, Config
+from idempo._render import ProblemRenderer
 
 Environ = Dict[str, Any]
 StartResponse = Callable[..., Any]
 WSGIApp = Callable[[Environ, StartResponse], Iterable[bytes]]
+Headers = List[Tuple[str, str]]
 
-_REASONS = {
-    200: "OK", 201: "Created", 202: "Accepted", 204: "No Content", 400: "Bad Request",
-    404: "Not Found", 409: "Conflict", 413: "Content Too Large", 422: "Unprocessable Content",
-    500: "Internal Server Error", 503: "Service Unavailable",
-}
+_READ_CHUNK = 64 * 1024
 
 
 def _status_line(status: int) -> str:
-    return f"{status} {_REASONS.get(status, 'Status')}"
+    """The status line of an answer idempo builds (a replay, a problem): the standard phrase."""
+    try:
+        phrase = HTTPStatus(status).phrase
+    except ValueError:
+        phrase = "Unknown"
+    return f"{status} {phrase}"
 
 
 class IdempotencyMiddleware:
     """Idempotency-Key handling for a WSGI application (options as in :mod:`idempo.asgi`;
-    ``resolve(environ) -> (route template | None, endpoint | None)`` finds the route)."""
+    ``resolve(environ) -> (route template | None, endpoint | None)`` finds the route).
+
+    ``store`` must be a synchronous store instance (``SQLiteStore(path)``, ``PostgresStore(dsn)``,
+    ...): a string, a class, a factory or an asyncio store is a ``TypeError`` here.
+    ``problem_renderer``: ``fn(problem) -> (body, content_type)`` renders idempo's problems in the
+    API's own error format (:mod:`idempo._render`; default RFC 9457 problem+json).
+    """
 
     def __init__(
         self,
@@ -65,6 +84,8 @@ class IdempotencyMiddleware:
         warn_unscoped: bool = True,
         public: bool = False,
         empty_scope_is_anonymous: bool = False,
+        problem_renderer: Optional[ProblemRenderer] = None,
+        host: str = "idempo.wsgi.IdempotencyMiddleware",
     ) -> None:
         self.app = app
         self.resolve = resolve
@@ -84,6 +105,9 @@ class IdempotencyMiddleware:
             warn_unscoped=warn_unscoped,
             public=public,
             empty_scope_is_anonymous=empty_scope_is_anonymous,
+            problem_renderer=problem_renderer,
+            host=host,
+            sync_only=True,
         )
         self._env_key = "HTTP_" + header_name.upper().replace("-", "_")
 
@@ -109,7 +133,7 @@ class IdempotencyMiddleware:
         if admission is None:
             return self.app(environ, start_response)  # no key, key optional: unprotected
         assert admission.body_limit is not None
-        body, over_limit = self._read_body(environ, admission.body_limit)
+        body, over_limit = read_body(environ, admission.body_limit)
         headers = _headers(environ)
         lower = {n.lower(): v for n, v in headers}
         prepared = core.admit_body(
@@ -130,29 +154,7 @@ class IdempotencyMiddleware:
         if prepared.answer is not None:
             return _send(start_response, prepared.answer)
         assert prepared.key is not None
-
-        def handler(execution: Execution) -> HandlerResult:
-            environ["idempo.execution"] = execution
-            captured: Dict[str, Any] = {}
-
-            def capture_start(status: str, response_headers: List[Tuple[str, str]], exc_info: Any = None) -> Callable[[bytes], None]:
-                captured["status"] = int(status.split(" ", 1)[0])
-                captured["headers"] = list(response_headers)
-                return lambda chunk: captured.setdefault("written", []).append(chunk)
-
-            chunks = self.app(environ, capture_start)
-            try:
-                out = b"".join([*captured.get("written", []), *chunks])
-            finally:
-                close = getattr(chunks, "close", None)
-                if close is not None:
-                    close()
-            status = int(captured["status"])
-            out_headers = [(str(n), str(v)) for n, v in captured["headers"]]
-            stored = opts.redact(status, out_headers, out) if opts.redact is not None else None
-            return HandlerResult(status, out_headers, out, stored)
-
-        response = run_sync(
+        flow = SyncRequest(
             store=core.store,
             config=opts.config,
             scope=prepared.scope,
@@ -160,21 +162,227 @@ class IdempotencyMiddleware:
             fingerprint=prepared.fingerprint,
             key=prepared.key,
             route=route,
-            handler=handler,
             hooks=core.hooks,
+            renderer=core.renderer,
         )
-        return _send(start_response, response)
+        try:
+            started = flow.begin()
+        except BaseException:
+            flow.close()
+            raise
+        if isinstance(started, Response):
+            return _send(start_response, started)
+        environ["idempo.execution"] = started
+        try:
+            return flow.call(lambda _: self._run_app(environ, start_response, opts, flow), started)
+        except BaseException as exc:
+            answer = flow.failed()
+            if answer is None or not isinstance(exc, Exception):
+                raise
+            failed_log(route, exc)
+            return _send(start_response, answer)
 
-    def _read_body(self, environ: Environ, limit: int) -> Tuple[bytes, bool]:
-        """(body, over_limit): at most ``limit`` + 1 bytes are read."""
-        stream = environ.get("wsgi.input")
-        if stream is None:
-            return b"", False
-        length = declared_length(environ.get("CONTENT_LENGTH") or None)
-        data = stream.read(min(length, limit + 1)) if length else stream.read(limit + 1)
-        if len(data) > limit:
-            return b"", True
-        return data, False
+    def _run_app(
+        self, environ: Environ, start_response: StartResponse, opts: RouteOptions,
+        flow: SyncRequest,
+    ) -> Iterable[bytes]:
+        """Runs the application under the claim and answers as core's capture plan says."""
+        started: Dict[str, Any] = {}
+        pending: List[bytes] = []
+
+        def capture_start(
+            status: str, response_headers: Headers, exc_info: Any = None
+        ) -> Callable[[bytes], None]:
+            started["line"] = str(status)
+            started["headers"] = [(str(n), str(v)) for n, v in response_headers]
+            return pending.append  # write(): sent before the iterable's chunks
+
+        app_iter = self.app(environ, capture_start)
+        chunks = iter(app_iter)
+        try:
+            # PEP 3333: start_response may wait for the first body chunk.
+            while "line" not in started:
+                try:
+                    pending.append(next(chunks))
+                except StopIteration:
+                    raise RuntimeError("the WSGI application did not call start_response") from None
+            line = str(started["line"])
+            status = int(line.split(" ", 1)[0])
+            headers: Headers = started["headers"]
+            plan, limit = opts.config.capture_plan(status, headers, streaming=False)
+            if plan == "buffer":
+                assert limit is not None
+                held = _hold(pending, chunks, None if opts.config.transactional else limit)
+                if held is not None:
+                    _close(app_iter)
+                    body = b"".join(held)
+                    stored = opts.redact(status, headers, body) if opts.redact else None
+                    response = flow.finished(HandlerResult(status, headers, body, stored))
+                    if response.handler_ran and response.status == status and response.body == body:
+                        # The application's own answer, with its own status line.
+                        start_response(line, with_content_length(headers, body))
+                        return [body]
+                    return _send(start_response, response)
+                # Longer than its Content-Length said: teed from here (the record is not retained).
+            if plan == "pass_through":
+                # Not stored: core releases the claim now; the body goes to the client untouched.
+                flow.finished(HandlerResult(status, headers, b""))
+                start_response(line, headers)
+                return app_iter if not pending else _Chain(pending, chunks, app_iter)
+            assert limit is not None
+            tee = _Tee(flow, opts, status, headers, pending, chunks, app_iter, BodyCapture(limit))
+            start_response(line, headers)
+            return tee
+        except BaseException:
+            _close(app_iter)
+            raise
+
+
+def read_body(environ: Environ, limit: int) -> Tuple[bytes, bool]:
+    """(body, over_limit) as PEP 3333 says: ``CONTENT_LENGTH`` bytes, or the input to its end
+    where the server sets ``wsgi.input_terminated``; a request with neither has no body (reading
+    would wait for a client that sent nothing). At most ``limit`` + 1 bytes are read."""
+    stream = environ.get("wsgi.input")
+    if stream is None:
+        return b"", False
+    length = declared_length(environ.get("CONTENT_LENGTH") or None)
+    if length is not None:
+        want = min(length, limit + 1)
+    elif environ.get("wsgi.input_terminated"):
+        want = limit + 1
+    else:
+        return b"", False
+    parts: List[bytes] = []
+    got = 0
+    while got < want:
+        chunk = stream.read(min(_READ_CHUNK, want - got))
+        if not chunk:
+            break
+        parts.append(chunk)
+        got += len(chunk)
+    if got > limit:
+        return b"", True
+    return b"".join(parts), False
+
+
+def _hold(
+    pending: List[bytes], chunks: Iterator[bytes], limit: Optional[int]
+) -> Optional[List[bytes]]:
+    """Reads the whole body into ``pending`` while it stays within ``limit`` (None: no limit,
+    transactional mode); None when it went past the limit (``pending`` holds what was read)."""
+    size = sum(len(c) for c in pending)
+    if limit is not None and size > limit:
+        return None
+    for chunk in chunks:
+        pending.append(chunk)
+        size += len(chunk)
+        if limit is not None and size > limit:
+            return None
+    return pending
+
+
+def _close(app_iter: Any) -> None:
+    close = getattr(app_iter, "close", None)
+    if close is not None:
+        close()
+
+
+class _Chain:
+    """The chunks read before ``start_response`` was called, then the rest of the iterable."""
+
+    def __init__(self, pending: List[bytes], chunks: Iterator[bytes], app_iter: Any) -> None:
+        self._pending = pending
+        self._chunks = chunks
+        self._app_iter = app_iter
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._pending
+        yield from self._chunks
+
+    def close(self) -> None:
+        _close(self._app_iter)
+
+
+class _Tee:
+    """The application's body sent to the client chunk by chunk while at most the plan's limit
+    is recorded; when it ends (or the server closes it early: the client went away) the flow
+    records what was seen, truncated when it passed the limit or did not end."""
+
+    def __init__(
+        self,
+        flow: SyncRequest,
+        opts: RouteOptions,
+        status: int,
+        headers: Headers,
+        pending: List[bytes],
+        chunks: Iterator[bytes],
+        app_iter: Any,
+        capture: Optional[BodyCapture],
+    ) -> None:
+        self._flow = flow
+        self._opts = opts
+        self._status = status
+        self._headers = headers
+        self._pending = pending
+        self._chunks = chunks
+        self._app_iter = app_iter
+        self._capture = capture
+        self._recorded: List[bytes] = []
+        self._done = False
+        if capture is not None:
+            for chunk in pending:
+                self._record(chunk)
+
+    def _record(self, chunk: bytes) -> None:
+        assert self._capture is not None
+        step = self._capture.accept(len(chunk))
+        if step == "record":
+            self._recorded.append(chunk)
+        elif step == "discard":
+            self._recorded = []
+
+    def __iter__(self) -> "_Tee":
+        return self
+
+    def __next__(self) -> bytes:
+        if self._done:
+            raise StopIteration
+        if self._pending:
+            return self._pending.pop(0)
+        try:
+            chunk = next(self._chunks)
+        except StopIteration:
+            self._finish(complete=True)
+            raise
+        except BaseException:
+            self._done = True
+            try:
+                _close(self._app_iter)
+            finally:
+                self._flow.failed()
+            raise
+        if self._capture is not None:
+            self._record(chunk)
+        return chunk
+
+    def close(self) -> None:
+        """Called by the server when it is done with the body (PEP 3333)."""
+        if not self._done:
+            self._finish(complete=False)
+
+    def _finish(self, *, complete: bool) -> None:
+        self._done = True
+        try:
+            _close(self._app_iter)
+        finally:
+            truncated = not complete or (self._capture is not None and self._capture.truncated)
+            body = b"".join(self._recorded)
+            self._recorded = []
+            stored = None
+            if self._opts.redact is not None and not truncated:
+                stored = self._opts.redact(self._status, self._headers, body)
+            self._flow.finished(HandlerResult(
+                self._status, self._headers, body, stored, body_truncated=truncated))
 
 
 class _Input:

@@ -855,6 +855,20 @@ class _Session:
     def _lock_wait_ms(self) -> int:
         return math.ceil(self.store.lock_timeout * 1000)
 
+    def _connection_lost(self) -> bool:
+        """The open transaction's connection is closed or broken (the server went away, e.g.
+        during the handler's own statement): the server rolled it back, and ``release`` reports
+        that as a store failure (core answers 503, PROTOCOL §7.6), not as a rollback."""
+        lease = self._lease
+        return lease is not None and bool(lease.conn.closed or lease.conn.broken)
+
+
+def _lost(what: str) -> StoreUnavailable:
+    return unavailable(
+        f"{what} release failed",
+        ConnectionError("the connection was lost; the server rolled the transaction back"),
+    )
+
 
 class PostgresTransaction(_Session, SessionEnds, _Plans, Primitives):
     """One request's transactional session on a :class:`PostgresStore` (``store.transaction()``).
@@ -869,6 +883,15 @@ class PostgresTransaction(_Session, SessionEnds, _Plans, Primitives):
     """
 
     store: PostgresStore
+
+    def release(self, scope_key: bytes, token: bytes) -> bool:
+        """``ROLLBACK`` (:meth:`SessionEnds.release`); a lost connection raises
+        :class:`~idempo.StoreUnavailable` after giving it back."""
+        lost = self._connection_lost()
+        released = SessionEnds.release(self, scope_key, token)
+        if lost:
+            raise _lost(self._what)
+        return released
 
     def _begin(self) -> None:
         lease = self.store._acquire(dedicated=True)
@@ -987,10 +1010,14 @@ class AsyncPostgresTransaction(_Session, _Plans, AsyncPrimitives):
     @fail_closed_async(_errors, "PostgreSQL release failed")
     async def release(self, scope_key: bytes, token: bytes) -> bool:
         """``ROLLBACK``: the claim and the handler's writes vanish together. Without an open
-        transaction there is nothing to roll back (False); nothing is deleted outside one."""
+        transaction there is nothing to roll back (False); nothing is deleted outside one. A lost
+        connection raises :class:`~idempo.StoreUnavailable` (after giving it back)."""
         if self._lease is None:
             return False
+        lost = self._connection_lost()
         await self._end(commit=False)
+        if lost:
+            raise _lost(self._what)
         return True
 
     @fail_closed_async(_errors, "PostgreSQL commit failed")
