@@ -42,3 +42,8 @@ export {
   idempotencyErrorFromResponse,
 } from './client/fetch';
 export type { IdempotentFetchOptions } from './client/fetch';
+export { IntentError, IntentChangedWhilePendingError, IntentKeyDiffersError } from './client/intent';
+export { MemoryPendingKeyStore, FilePendingKeyStore, PendingKeyFileError } from './client/pending';
+export type { PendingKeyStore, PendingIntent, FilePendingKeyStoreOptions } from './client/pending';
+export { intentRequestFingerprint, intentDecideSend } from './core';
+export type { IntentSendDecision } from './core';
