@@ -136,6 +136,14 @@ final class ValueTests: XCTestCase {
         XCTAssertEqual(try policy.decide(attempt: 1, elapsedMilliseconds: 0, outcome: .responseNotRetained, jitter: 0),
                        .stop(reason: .responseNotRetained))
         XCTAssertEqual(StopReason.keyReusedWithDifferentRequest.code, "key_reused_with_different_request")
+        // The public vocabulary is the package's own Swift types, not the generated FFI ones.
+        XCTAssertEqual(String(reflecting: StopReason.success), "Idempo.StopReason.success")
+        XCTAssertEqual("\(StopReason.clientError(status: 422))", "client_error(422)")
+        XCTAssertEqual(String(reflecting: AttemptOutcome.timeout), "Idempo.AttemptOutcome.timeout")
+        XCTAssertEqual(String(reflecting: JitterMode.equal), "Idempo.JitterMode.equal")
+        XCTAssertEqual(String(reflecting: NumberMode.rfc), "Idempo.NumberMode.rfc")
+        XCTAssertTrue(StopReason.clientError(status: 422).settlesIntent)
+        XCTAssertFalse(StopReason.outcomeUnknown.settlesIntent)
         XCTAssertThrowsError(try policy.decide(attempt: 1, elapsedMilliseconds: 0, outcome: .timeout, jitter: .nan)) {
             XCTAssertEqual(($0 as? RetryPolicyError)?.code, "invalid_jitter")
         }
