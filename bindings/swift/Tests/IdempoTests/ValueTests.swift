@@ -137,11 +137,14 @@ final class ValueTests: XCTestCase {
                        .stop(reason: .responseNotRetained))
         XCTAssertEqual(StopReason.keyReusedWithDifferentRequest.code, "key_reused_with_different_request")
         // The public vocabulary is the package's own Swift types, not the generated FFI ones.
-        XCTAssertEqual(String(reflecting: StopReason.success), "Idempo.StopReason.success")
+        XCTAssertEqual(String(reflecting: StopReason.self), "Idempo.StopReason")
+        XCTAssertEqual(String(reflecting: RetryDecision.self), "Idempo.RetryDecision")
+        XCTAssertEqual(String(reflecting: IdempotencyKey.Form.self), "Idempo.IdempotencyKey.Form")
+        XCTAssertEqual("\(StopReason.success)", "success")
         XCTAssertEqual("\(StopReason.clientError(status: 422))", "client_error(422)")
         XCTAssertEqual(String(reflecting: AttemptOutcome.timeout), "Idempo.AttemptOutcome.timeout")
-        XCTAssertEqual(String(reflecting: JitterMode.equal), "Idempo.JitterMode.equal")
-        XCTAssertEqual(String(reflecting: NumberMode.rfc), "Idempo.NumberMode.rfc")
+        XCTAssertEqual("\(JitterMode.equal)", "equal")
+        XCTAssertEqual("\(NumberMode.rejectPrecisionLoss)", "reject_precision_loss")
         XCTAssertTrue(StopReason.clientError(status: 422).settlesIntent)
         XCTAssertFalse(StopReason.outcomeUnknown.settlesIntent)
         XCTAssertThrowsError(try policy.decide(attempt: 1, elapsedMilliseconds: 0, outcome: .timeout, jitter: .nan)) {
