@@ -49,7 +49,7 @@ class Ledger:
 def build(ledger: Ledger) -> Any:
     async def charge(request: Request) -> Response:
         doc = await request.json()
-        await asyncio.sleep(0.2)  # the charge takes a while: concurrent clicks overlap it
+        await asyncio.sleep(0.5)  # the charge takes a while: concurrent clicks overlap it
         with ledger.lock:
             ledger.charges.append(doc)
             n = len(ledger.charges)
@@ -113,7 +113,12 @@ def test_hundred_threads_one_intent_one_charge_one_key(server: tuple[str, Ledger
     store = SQLitePendingKeyStore(str(tmp_path / "pending.db"))
     with IdempotentClient(base_url=url, store=store, policy=fast(), timeout=30,
                           limits=httpx.Limits(max_connections=200)) as http:
+        # Every thread is running before any sends: the clicks are concurrent, not a queue of
+        # sends that start after the first answer (a send after the intent settled is a new one).
+        ready = threading.Barrier(100)
+
         def click(_: int) -> httpx.Response:
+            ready.wait()
             return http.post("/charge", json={"amount": 100, "currency": "EUR"}, intent="checkout-1")
 
         with ThreadPoolExecutor(max_workers=100) as pool:
@@ -159,9 +164,14 @@ def test_two_clients_sharing_the_sqlite_store_mint_one_key(server: tuple[str, Le
 
     clients = [IdempotentClient(base_url=url, store=s, policy=fast(), timeout=30) for s in stores]
     try:
+        ready = threading.Barrier(20)
+
+        def click(i: int) -> httpx.Response:
+            ready.wait()
+            return clients[i % 2].post("/charge", json={"amount": 7}, intent="checkout-shared")
+
         with ThreadPoolExecutor(max_workers=20) as pool:
-            answers = list(pool.map(
-                lambda i: clients[i % 2].post("/charge", json={"amount": 7}, intent="checkout-shared"), range(20)))
+            answers = list(pool.map(click, range(20)))
     finally:
         for c in clients:
             c.close()
@@ -218,8 +228,13 @@ def test_an_applications_422_is_its_answer_for_every_caller(server: tuple[str, L
     store = MemoryPendingKeyStore()
     with IdempotentClient(base_url=url, store=store, policy=fast(), timeout=10) as http:
         with ThreadPoolExecutor(max_workers=10) as pool:
-            answers = list(pool.map(lambda _: http.post("/validate", json={"amount": -1}, intent="checkout-422"),
-                                    range(10)))
+            ready = threading.Barrier(10)
+
+            def click(_: int) -> httpx.Response:
+                ready.wait()
+                return http.post("/validate", json={"amount": -1}, intent="checkout-422")
+
+            answers = list(pool.map(click, range(10)))
     for r in answers:
         assert r.status_code == 422
         assert r.extensions["idempo_stop"] == "client_error", "the application's 422 is not key reuse"

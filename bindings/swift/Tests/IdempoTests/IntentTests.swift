@@ -98,7 +98,7 @@ final class IntentTests: XCTestCase {
     func testHundredConcurrentSendsOfOneIntentChargeOnceWithASlowStore() async throws {
         let store = SlowPendingKeyStore()
         let client = IdempotentClient(keyStore: store, retryPolicy: fastPolicy, jitter: { 0.5 })
-        let request = server.paymentRequest(amount: 100)
+        let request = server.paymentRequest(amount: 100, controls: ["X-Test-Delay-Ms": "200"])
         try await assertOneChargeOneKey(await concurrentSends(client, request, intent: "checkout-slow", count: 100))
         let creates = await store.creates
         XCTAssertEqual(creates, 1, "one record created")
