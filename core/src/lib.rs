@@ -20,6 +20,8 @@
 //! - [`key`]: `Idempotency-Key` header parsing and validation.
 //! - [`scope`]: collision-free scope ids from (principal, method, route, key).
 //! - [`retry`]: the client retry policy shared by every binding's client helper.
+//! - [`intent`]: client intents: the pending-key record, the request binding and when a stop
+//!   settles the intent.
 //! - [`record`]: the stored record and its versioned encoding.
 //! - [`recipes`]: the store recipes of `spec/STORAGE.md` (SQL and Lua texts) every binding runs.
 //! - [`policy`]: per-route lease, takeover, response-caching and retention policy.
@@ -30,6 +32,7 @@
 
 pub mod canonical;
 pub mod fingerprint;
+pub mod intent;
 pub mod key;
 pub mod machine;
 pub mod policy;

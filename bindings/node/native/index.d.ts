@@ -542,6 +542,18 @@ export interface HttpResponseData {
 }
 
 /**
+ * What to do with a send under an intent: `"mint"`, `"reuse"`,
+ * `"intent_changed_while_pending"` or `"intent_key_differs_from_pending"`.
+ */
+export declare function intentDecideSend(pending: PendingIntentInput | undefined | null, requestFingerprint: string, explicitKey?: string | undefined | null): string
+
+/**
+ * The fingerprint binding a client request to its intent's key (core's v1 fingerprint of the
+ * method, the target URL, the `Content-Type` and the body).
+ */
+export declare function intentRequestFingerprint(method: string, target: string, contentType: string | undefined | null, body: Uint8Array): string
+
+/**
  * The header value to send for a key (its sf-string form). Any key core can represent (1 to
  * 255 characters) is accepted; the server's own length bounds apply when it parses it.
  */
@@ -600,6 +612,16 @@ export interface ParseKeyOptions {
  * the value is not valid.
  */
 export declare function parseRetryAfter(value: string, nowMs: number): number | null
+
+/** The pending record of one intent. */
+export interface PendingIntentInput {
+  /** The key text. */
+  key: string
+  /** The fingerprint text of the request the key was minted for. */
+  fingerprint: string
+  /** Creation time in unix ms. */
+  createdMs: number
+}
 
 /**
  * A problem+json response of core: `kind` is one of `missing_key`, `invalid_key`,
@@ -668,6 +690,11 @@ export interface RetryDecisionOutput {
   reason?: string
   /** The status behind a `client_error` or `server_error_not_retryable` stop. */
   status?: number
+  /**
+   * Whether the stop settles a pending intent (its record is removed) or leaves the key
+   * pending (core's `StopReason::settles_intent`); false for a retry.
+   */
+  settlesIntent: boolean
 }
 
 /** Retry policy settings; omitted fields take core's defaults. */

@@ -37,7 +37,7 @@ pub struct FingerprinterOptions {
     pub max_members: Option<u32>,
 }
 
-fn fingerprint_fail(e: &FingerprintError) -> Fail {
+pub(crate) fn fingerprint_fail(e: &FingerprintError) -> Fail {
     match e {
         FingerprintError::Body(c) => canon_fail(c),
         other => Fail::new(code::FINGERPRINT, other.to_string()).reason(other.code()),

@@ -53,6 +53,9 @@ pub struct RetryDecisionOutput {
     pub reason: Option<String>,
     /// The status behind a `client_error` or `server_error_not_retryable` stop.
     pub status: Option<u32>,
+    /// Whether the stop settles a pending intent (its record is removed) or leaves the key
+    /// pending (core's `StopReason::settles_intent`); false for a retry.
+    pub settles_intent: bool,
 }
 
 fn config(o: &RetryPolicyOptions) -> Result<RetryConfig, Fail> {
@@ -144,6 +147,7 @@ impl RetryPolicy {
                 delay_ms: Some(from_u64(delay_ms)),
                 reason: None,
                 status: None,
+                settles_intent: false,
             },
             RetryDecision::Stop { reason } => RetryDecisionOutput {
                 retry: false,
@@ -154,6 +158,7 @@ impl RetryPolicy {
                     | StopReason::ServerErrorNotRetryable { status } => Some(u32::from(status)),
                     _ => None,
                 },
+                settles_intent: reason.settles_intent(),
             },
         })
     }

@@ -167,9 +167,9 @@ test('core classifies the outcome-unknown answer for the policy', () => {
   assert.equal(idempo.responseBodyNeeded(500, ct), true);
   assert.equal(idempo.responseBodyNeeded(503, ct), false);
   assert.equal(idempo.responseBodyNeeded(500, null), false);
-  assert.deepEqual(p.decide(1, 0, { kind: 'response', status: 500, contentType: ct, body }, 0.5), { retry: false, reason: 'outcome_unknown' });
+  assert.deepEqual(p.decide(1, 0, { kind: 'response', status: 500, contentType: ct, body }, 0.5), { retry: false, reason: 'outcome_unknown', settlesIntent: false });
   assert.equal(p.decide(1, 0, { kind: 'response', status: 500, contentType: 'text/plain', body }, 0.5).retry, true);
-  assert.deepEqual(p.decide(2, 0, { kind: 'outcome_unknown' }, 0.5), { retry: false, reason: 'outcome_unknown' });
+  assert.deepEqual(p.decide(2, 0, { kind: 'outcome_unknown' }, 0.5), { retry: false, reason: 'outcome_unknown', settlesIntent: false });
 });
 
 test('end to end: a retried operation (same key) against the Express middleware runs the handler once', async () => {

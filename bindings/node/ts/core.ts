@@ -142,7 +142,14 @@ export type AttemptOutcome =
 /** Core's answer after an attempt. */
 export type RetryDecision =
   | { retry: true; delayMs: number }
-  | { retry: false; reason: string; status?: number };
+  | {
+      retry: false;
+      reason: string;
+      status?: number;
+      /** Whether this stop settles a pending intent (its record is removed) or leaves its key
+       * pending (core's rule, `spec/KEYS.md` §3.6). */
+      settlesIntent: boolean;
+    };
 
 /** The client retry policy of core (which outcomes to retry, backoff with jitter, budgets). */
 export class RetryPolicy {
@@ -178,8 +185,43 @@ export class RetryPolicy {
     }
     if (d.retry) return { retry: true, delayMs: d.delayMs ?? 0 };
     return d.status === undefined
-      ? { retry: false, reason: d.reason ?? 'unknown' }
-      : { retry: false, reason: d.reason ?? 'unknown', status: d.status };
+      ? { retry: false, reason: d.reason ?? 'unknown', settlesIntent: d.settlesIntent }
+      : { retry: false, reason: d.reason ?? 'unknown', status: d.status, settlesIntent: d.settlesIntent };
+  }
+}
+
+/** The pending record of one client intent (`spec/KEYS.md` §3.6). */
+export interface PendingIntent {
+  /** The key sent with every attempt of the intent. */
+  key: string;
+  /** Core's fingerprint (`v1:…`) of the request the key was minted for. */
+  fingerprint: string;
+  /** When the record was created, in unix ms. */
+  createdMs: number;
+}
+
+/** Core's answer for a send under an intent. */
+export type IntentSendDecision = 'mint' | 'reuse' | 'intent_changed_while_pending' | 'intent_key_differs_from_pending';
+
+/**
+ * The fingerprint that binds a client request to its intent's key: core's v1 fingerprint of the
+ * method, the target URL, the `Content-Type` and the body (JSON canonically). Throws
+ * `CanonicalizationError` for a body declared JSON that core refuses.
+ */
+export function intentRequestFingerprint(method: string, target: string, contentType: string | null | undefined, body: Uint8Array): string {
+  try {
+    return native.intentRequestFingerprint(method, target, contentType ?? undefined, body);
+  } catch (e) {
+    throw fromNative(e);
+  }
+}
+
+/** Core's decision for a send under an intent whose record is `pending` (null: none stored). */
+export function intentDecideSend(pending: PendingIntent | null, requestFingerprint: string, explicitKey?: string | null): IntentSendDecision {
+  try {
+    return native.intentDecideSend(pending, requestFingerprint, explicitKey ?? undefined) as IntentSendDecision;
+  } catch (e) {
+    throw fromNative(e);
   }
 }
 

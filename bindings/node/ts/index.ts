@@ -44,3 +44,8 @@ export {
 export type { IdempotentFetchOptions } from './client/fetch';
 export { prometheusMetrics, openTelemetryMetrics, STORE_LATENCY_BUCKETS } from './metrics';
 export type { PrometheusMetricsOptions, PrometheusRegistryLike, MeterLike, StopMetrics } from './metrics';
+export { IntentError, IntentChangedWhilePendingError, IntentKeyDiffersError } from './client/intent';
+export { MemoryPendingKeyStore, FilePendingKeyStore, PendingKeyFileError } from './client/pending';
+export type { PendingKeyStore, PendingIntent, FilePendingKeyStoreOptions } from './client/pending';
+export { intentRequestFingerprint, intentDecideSend } from './core';
+export type { IntentSendDecision } from './core';

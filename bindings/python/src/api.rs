@@ -556,6 +556,10 @@ pub(crate) struct RetryAdvice {
     reason: Option<&'static str>,
     /// The status behind a `client_error` or `server_error_not_retryable` stop.
     status: Option<u16>,
+    /// Stop only: whether the stop settles a pending intent (its record is removed) or leaves
+    /// the key pending (core's `StopReason::settles_intent`, `spec/KEYS.md` §3.6). False for a
+    /// retry.
+    settles_intent: bool,
 }
 
 #[pymethods]
@@ -669,6 +673,7 @@ impl RetryPolicy {
                 delay_ms: Some(delay_ms),
                 reason: None,
                 status: None,
+                settles_intent: false,
             },
             RetryDecision::Stop { reason } => RetryAdvice {
                 retry: false,
@@ -679,6 +684,7 @@ impl RetryPolicy {
                     | StopReason::ServerErrorNotRetryable { status } => Some(status),
                     _ => None,
                 },
+                settles_intent: reason.settles_intent(),
             },
         })
     }

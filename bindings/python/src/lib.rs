@@ -11,6 +11,7 @@ mod api;
 mod convert;
 mod errors;
 mod flow;
+mod intent;
 mod memory;
 mod recipes;
 
@@ -29,6 +30,8 @@ fn _idempo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(api::scope_id, m)?)?;
     m.add_function(wrap_pyfunction!(api::parse_retry_after, m)?)?;
     m.add_function(wrap_pyfunction!(api::response_body_needed, m)?)?;
+    m.add_function(wrap_pyfunction!(intent::intent_request_fingerprint, m)?)?;
+    m.add_function(wrap_pyfunction!(intent::intent_decide_send, m)?)?;
     m.add_function(wrap_pyfunction!(flow::encode_response, m)?)?;
     m.add_function(wrap_pyfunction!(flow::decode_response, m)?)?;
     m.add_function(wrap_pyfunction!(flow::body_problem, m)?)?;

@@ -19,7 +19,8 @@ Test controls (request headers, not part of the fingerprint):
   X-Test-App-Status: N      the application answers N itself (application/json, not an idempo
                             problem type; e.g. a validation 422 or a business 409)
 
-GET /stats?key=K  -> {"executions": n, "requests": m, "header_values": [...]} for key K.
+GET /stats?key=K  -> {"executions": n, "requests": m, "header_values": [...], "total_requests": t,
+                      "total_executions": e} for key K (the totals count every POST /payments).
 
 Prints `PORT <n>` on its first stdout line (it binds 127.0.0.1 on a free port) and runs until
 killed or until its stdin closes.
@@ -37,6 +38,7 @@ LOCK = threading.Lock()
 RECORDS = {}  # key -> {"state": "in_progress"|"completed", "fingerprint", "status", "body"}
 STATS = {}  # key -> {"executions", "requests", "header_values", "lost", "failed"}
 NEXT_PAYMENT = [0]
+TOTALS = {"requests": 0, "executions": 0}
 
 
 def parse_key(value):
@@ -93,11 +95,14 @@ class Handler(BaseHTTPRequestHandler):
         with LOCK:
             s = STATS.get(key, {"executions": 0, "requests": 0, "header_values": []})
             payload = {k: s[k] for k in ("executions", "requests", "header_values")}
+            payload.update(total_requests=TOTALS["requests"], total_executions=TOTALS["executions"])
         self.answer(200, payload)
 
     def do_POST(self):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length)
+        with LOCK:
+            TOTALS["requests"] += 1
         if urlparse(self.path).path != "/payments":
             self.answer(*problem(404, "Not Found", self.path), content_type="application/problem+json")
             return
@@ -152,6 +157,7 @@ class Handler(BaseHTTPRequestHandler):
                 stored = {"payment_id": "pay_%d" % NEXT_PAYMENT[0], "amount": doc.get("amount")}
                 RECORDS[key].update(state="completed", status=201, body=stored)
                 STATS[key]["executions"] += 1
+                TOTALS["executions"] += 1
 
         if lose:
             # The work is done (or replayed) but the answer never reaches the client.

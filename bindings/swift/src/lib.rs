@@ -16,6 +16,7 @@ uniffi::setup_scaffolding!();
 
 mod canonical;
 mod fingerprint;
+mod intent;
 mod key;
 mod retry;
 mod scope;
@@ -27,6 +28,10 @@ pub use canonical::{
 pub use fingerprint::{
     FingerprintConfig, FingerprintError, FingerprintRequest, Header, default_fingerprint_config,
     fingerprint, fingerprints_equal, is_json_media_type, parse_fingerprint,
+};
+pub use intent::{
+    IntentError, IntentSendDecision, PendingIntentRecord, intent_decide_send,
+    intent_request_fingerprint, intent_send_code, stop_reason_settles_intent,
 };
 pub use key::{
     KeyError, KeyForm, KeyOptions, ParsedKey, default_key_options, generate_key, key_header_value,

@@ -1,14 +1,8 @@
 /**
- * A `fetch` wrapper for one logical operation: one `Idempotency-Key` for every attempt, retries
- * exactly when core's retry policy says so (idempo's 409 in-flight, 408, 425, 429, 5xx except
- * 501, timeouts, connection errors; never after a 422, an application's own 409, or idempo's
- * outcome-unknown or response-not-retained 500), honouring `Retry-After`, cancellable with an
- * `AbortSignal`. Core tells idempo's problems from the application's answers
- * (`spec/KEYS.md` §3.5): an application's 422 (e.g. a validation error) is its answer, reported as
- * `client_error`, never as key reuse.
+ * A `fetch` wrapper for one logical operation, or for one user intent (`{ intent }`): see
+ * `runAttempts` (the retry loop) and `intentFetch` (single flight and the pending key).
  */
-import { generateKey, keyHeaderValue, parseRetryAfter, responseBodyNeeded, RetryPolicy } from '../core';
-import type { AttemptOutcome, RetryDecision, RetryPolicyOptions } from '../core';
+import { parseRetryAfter } from '../core';
 import {
   IdempoError,
   IdempotencyKeyInUseError,
@@ -18,164 +12,24 @@ import {
   OutcomeUnknownError,
   StoreUnavailableError,
 } from '../errors';
+import { runAttempts } from './attempts';
+import type { IdempotentFetchOptions } from './attempts';
+import { intentFetch } from './intent';
 
-/** Options of {@link idempotentFetch}: `fetch`'s options plus the retry settings. */
-export interface IdempotentFetchOptions extends RequestInit {
-  /** The key of this operation (e.g. persisted before a crash); default a fresh one. */
-  key?: string;
-  /** Header carrying the key (default `Idempotency-Key`). */
-  headerName?: string;
-  /** Core's retry policy, or its settings. */
-  retry?: RetryPolicy | RetryPolicyOptions;
-  /** Per-attempt timeout in ms (an attempt over it counts as a timeout and is retried). */
-  attemptTimeoutMs?: number;
-  /** The fetch implementation (default the global `fetch`). */
-  fetch?: typeof fetch;
-  /** Called before each retry (for logs and metrics). */
-  onRetry?: (info: { attempt: number; delayMs: number; key: string; outcome: AttemptOutcome }) => void;
-  /** Uniform [0, 1) samples for the backoff jitter (default `Math.random`). */
-  random?: () => number;
-  /** Called once when the policy stops with a response: core's stop reason (`success`,
-   * `client_error` with `status`, `key_reused_with_different_request`, `response_not_retained`,
-   * ...). */
-  onStop?: (info: { reason: string; status: number | null; attempts: number; key: string }) => void;
-}
-
-/** Thrown when the policy stops after a timeout or a connection error. */
-export class RetriesExhaustedError extends Error {
-  readonly key: string;
-  readonly attempts: number;
-  readonly reason: string;
-  constructor(key: string, attempts: number, reason: string, cause: unknown) {
-    super(`request failed after ${attempts} attempt(s) (${reason})`, { cause });
-    this.name = 'RetriesExhaustedError';
-    this.key = key;
-    this.attempts = attempts;
-    this.reason = reason;
-  }
-}
-
-/**
- * Thrown when the server answers idempo's outcome-unknown problem (500, type
- * `urn:idempo:problem:outcome-unknown`, recognised by core): an earlier attempt with `key` may
- * have taken effect and its outcome was not recorded. No further attempt is made (retrying this
- * key cannot change the answer); reconcile before using a new key. `code` is `OUTCOME_UNKNOWN`.
- */
-export class FetchOutcomeUnknownError extends OutcomeUnknownError {
-  /** The key every attempt carried. */
-  readonly key: string;
-  /** Attempts made, the last one included. */
-  readonly attempts: number;
-  /** The 500 answer (its body is still readable). */
-  readonly response: Response;
-  constructor(key: string, attempts: number, response: Response) {
-    super(
-      `outcome unknown after ${attempts} attempt(s): an earlier attempt with this key may have taken effect; reconcile before using a new key`,
-      { reason: 'outcome_unknown' },
-    );
-    this.key = key;
-    this.attempts = attempts;
-    this.response = response;
-  }
-}
-
-function abortError(signal: AbortSignal): unknown {
-  return signal.reason ?? new DOMException('The operation was aborted.', 'AbortError');
-}
-
-function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
-  return new Promise((resolve, reject) => {
-    if (signal?.aborted) return reject(abortError(signal));
-    const onAbort = () => {
-      clearTimeout(t);
-      reject(abortError(signal as AbortSignal));
-    };
-    const t = setTimeout(() => {
-      signal?.removeEventListener('abort', onAbort);
-      resolve();
-    }, ms);
-    signal?.addEventListener('abort', onAbort, { once: true });
-  });
-}
-
-function replayableBody(body: RequestInit['body']): RequestInit['body'] {
-  if (body === undefined || body === null) return body;
-  if (typeof body === 'string' || body instanceof Uint8Array || body instanceof ArrayBuffer) return body;
-  if (typeof URLSearchParams !== 'undefined' && body instanceof URLSearchParams) return body;
-  if (typeof Blob !== 'undefined' && body instanceof Blob) return body;
-  throw new TypeError('idempotentFetch needs a body it can send again (string, Buffer, ArrayBuffer, Blob, URLSearchParams)');
-}
+export { RetriesExhaustedError, FetchOutcomeUnknownError } from './attempts';
+export type { IdempotentFetchOptions } from './attempts';
 
 /**
  * Sends the request, retrying with the same key as core's policy decides. Resolves with the
  * final `Response` (success or a non-retryable status such as 422, which means "new operation,
  * new key"); rejects with `RetriesExhaustedError` when the last attempt had no response, with
- * `FetchOutcomeUnknownError` on idempo's outcome-unknown answer, or with the signal's reason when
- * aborted.
+ * `FetchOutcomeUnknownError` on idempo's outcome-unknown answer, with
+ * `IntentChangedWhilePendingError` for a changed request under a pending intent, or with the
+ * signal's reason when aborted.
  */
-export async function idempotentFetch(input: string | URL, init: IdempotentFetchOptions = {}): Promise<Response> {
-  const { key: givenKey, headerName, retry, attemptTimeoutMs, fetch: fetchImpl, onRetry, onStop, random, signal, ...req } = init;
-  const doFetch = fetchImpl ?? globalThis.fetch;
-  const policy = retry instanceof RetryPolicy ? retry : new RetryPolicy(retry ?? {});
-  const key = givenKey ?? generateKey();
-  const headers = new Headers(req.headers);
-  headers.set(headerName ?? 'Idempotency-Key', keyHeaderValue(key));
-  const body = replayableBody(req.body);
-  const rand = random ?? Math.random;
-  const started = Date.now();
-  for (let attempt = 1; ; attempt++) {
-    if (signal?.aborted) throw abortError(signal);
-    const ctrl = new AbortController();
-    const onAbort = () => ctrl.abort(abortError(signal as AbortSignal));
-    signal?.addEventListener('abort', onAbort, { once: true });
-    let timedOut = false;
-    const timer =
-      attemptTimeoutMs !== undefined
-        ? setTimeout(() => {
-            timedOut = true;
-            ctrl.abort(new DOMException('attempt timed out', 'TimeoutError'));
-          }, attemptTimeoutMs)
-        : undefined;
-    let response: Response | undefined;
-    let error: unknown;
-    let outcome: AttemptOutcome;
-    try {
-      response = await doFetch(input, { ...req, body, headers, signal: ctrl.signal });
-      const ra = response.headers.get('retry-after');
-      const contentType = response.headers.get('content-type');
-      // Core needs the body only to recognise idempo's own problems; read a clone then.
-      const responseBody = responseBodyNeeded(response.status, contentType)
-        ? new Uint8Array(await response.clone().arrayBuffer())
-        : null;
-      outcome = {
-        kind: 'response',
-        status: response.status,
-        retryAfterMs: ra === null ? null : parseRetryAfter(ra, Date.now()),
-        contentType,
-        body: responseBody,
-      };
-    } catch (e) {
-      if (signal?.aborted) throw abortError(signal);
-      error = e;
-      outcome = timedOut ? { kind: 'timeout' } : { kind: 'connection_error' };
-    } finally {
-      if (timer) clearTimeout(timer);
-      signal?.removeEventListener('abort', onAbort);
-    }
-    const decision: RetryDecision = policy.decide(attempt, Date.now() - started, outcome, rand());
-    if (!decision.retry) {
-      if (response && decision.reason === 'outcome_unknown') throw new FetchOutcomeUnknownError(key, attempt, response);
-      if (response) {
-        onStop?.({ reason: decision.reason, status: decision.status ?? null, attempts: attempt, key });
-        return response;
-      }
-      throw new RetriesExhaustedError(key, attempt, decision.reason, error);
-    }
-    // Free the connection of a response we will not read.
-    if (response) await response.body?.cancel().catch(() => undefined);
-    onRetry?.({ attempt, delayMs: decision.delayMs, key, outcome });
-    await sleep(decision.delayMs, signal ?? undefined);
-  }
+export function idempotentFetch(input: string | URL, init: IdempotentFetchOptions = {}): Promise<Response> {
+  if (init.intent !== undefined) return intentFetch(input, init);
+  return runAttempts(input, init);
 }
 
 /** A fetch function bound to default options (each call is one logical operation, one key). */

@@ -1,9 +1,6 @@
 import Foundation
 import IdempoBindings
 
-/// How number literals that a double cannot hold exactly are treated.
-public typealias NumberMode = IdempoBindings.NumberMode
-
 /// RFC 8785 (JCS) canonical JSON, computed by idempo's core: the same bytes as the server and
 /// every other binding.
 public enum CanonicalJSON {
@@ -31,13 +28,13 @@ public enum CanonicalJSON {
             let o = defaultCanonicalOptions()
             return Options(
                 maxInputBytes: Int(clamping: o.maxInputBytes), maxDepth: Int(clamping: o.maxDepth),
-                maxMembers: Int(clamping: o.maxMembers), numbers: o.numbers)
+                maxMembers: Int(clamping: o.maxMembers), numbers: NumberMode(o.numbers))
         }()
 
         var ffi: CanonicalOptions {
             CanonicalOptions(
                 maxInputBytes: UInt64(clamping: maxInputBytes), maxDepth: UInt64(clamping: maxDepth),
-                maxMembers: UInt64(clamping: maxMembers), numbers: numbers)
+                maxMembers: UInt64(clamping: maxMembers), numbers: numbers.ffi)
         }
     }
 

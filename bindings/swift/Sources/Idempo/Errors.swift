@@ -157,6 +157,18 @@ public enum RetryPolicyError: Error, Sendable, Hashable, CustomStringConvertible
         case .InvalidInput(let code, let message): self = .invalidInput(code: code, message: message)
         }
     }
+
+    /// From whatever a uniffi call threw: core's typed error, or (a bug in the linked library)
+    /// anything else, reported as `ffi_internal`.
+    init(ffiError error: any Error) {
+        if let e = error as? RetryPolicyError {
+            self = e
+        } else if let e = error as? IdempoBindings.RetryError {
+            self.init(e)
+        } else {
+            self = .invalidInput(code: "ffi_internal", message: "\(error)")
+        }
+    }
 }
 
 /// Runs an FFI call and converts its typed error into the Swift error `wrap` builds. Any other

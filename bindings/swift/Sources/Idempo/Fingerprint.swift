@@ -36,7 +36,7 @@ public struct Fingerprint: Sendable, Hashable, Codable, CustomStringConvertible 
         public static let standard: Configuration = {
             let c = defaultFingerprintConfig()
             return Configuration(
-                headerNames: c.headerNames, exclude: c.exclude, numbers: c.numbers,
+                headerNames: c.headerNames, exclude: c.exclude, numbers: NumberMode(c.numbers),
                 maxInputBytes: Int(clamping: c.maxInputBytes), maxDepth: Int(clamping: c.maxDepth),
                 maxMembers: Int(clamping: c.maxMembers), hmacKey: c.hmacKey)
         }()
@@ -59,7 +59,7 @@ public struct Fingerprint: Sendable, Hashable, Codable, CustomStringConvertible 
 
         var ffi: FingerprintConfig {
             FingerprintConfig(
-                headerNames: headerNames, exclude: exclude, numbers: numbers,
+                headerNames: headerNames, exclude: exclude, numbers: numbers.ffi,
                 maxInputBytes: UInt64(clamping: maxInputBytes), maxDepth: UInt64(clamping: maxDepth),
                 maxMembers: UInt64(clamping: maxMembers), hmacKey: hmacKey)
         }

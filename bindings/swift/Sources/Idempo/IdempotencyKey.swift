@@ -56,7 +56,22 @@ public struct IdempotencyKey: Sendable, Hashable, Codable, CustomStringConvertib
     }
 
     /// How a parsed header value was written.
-    public typealias Form = KeyForm
+    public enum Form: Sendable, Hashable, CaseIterable {
+        /// The draft's quoted form (an RFC 9651 sf-string, possibly with ignored parameters).
+        case quoted
+        /// The bare form most clients send (unquoted printable ASCII without space, `"` or `,`).
+        case bare
+        /// Already-decoded key text (no header form).
+        case text
+
+        init(_ ffi: KeyForm) {
+            switch ffi {
+            case .sfString: self = .quoted
+            case .bare: self = .bare
+            case .text: self = .text
+            }
+        }
+    }
 
     /// A fresh key for a new intent: core's UUIDv4 shape from 16 bytes of the system CSPRNG.
     public static func generate() -> IdempotencyKey {
@@ -112,7 +127,7 @@ public struct IdempotencyKey: Sendable, Hashable, Codable, CustomStringConvertib
         let parsed = try callFFI(KeyError.self, IdempotencyKeyError.init) {
             try parseKeyBytes(headerValue: headerValue, options: options.ffi)
         }
-        return (try IdempotencyKey(checked: parsed.key), parsed.form, Int(parsed.ignoredParameters))
+        return (try IdempotencyKey(checked: parsed.key), Form(parsed.form), Int(parsed.ignoredParameters))
     }
 
     /// `IdempotencyKey(<n> chars)`: the text stays out of logs.

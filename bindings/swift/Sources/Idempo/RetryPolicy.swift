@@ -1,21 +1,6 @@
 import Foundation
 import IdempoBindings
 
-/// What happened to one attempt: a response (status and `Retry-After` in ms), a timeout, a
-/// connection error, or idempo's outcome-unknown answer (see ``RetryPolicy/outcome(of:now:)``).
-public typealias AttemptOutcome = IdempoBindings.AttemptOutcome
-/// What to do after an attempt: retry after a delay (same key), or stop with a reason.
-public typealias RetryDecision = IdempoBindings.RetryDecision
-/// Why retrying stopped.
-public typealias StopReason = IdempoBindings.StopReason
-/// How the random sample spreads the backoff.
-public typealias JitterMode = IdempoBindings.JitterMode
-
-extension IdempoBindings.StopReason {
-    /// Core's stable snake_case code, e.g. `key_reused_with_different_request`.
-    public var code: String { stopReasonCode(reason: self) }
-}
-
 /// idempo's client retry policy, decided by core (the same algorithm in every binding).
 ///
 /// Retried: timeouts, connection errors, idempo's 409 in-flight problem (the first request is
@@ -46,8 +31,12 @@ public struct RetryPolicy: Sendable, Hashable {
     ) throws {
         let config = RetryConfig(
             maxAttempts: maxAttempts, baseDelayMs: baseDelayMilliseconds, maxDelayMs: maxDelayMilliseconds,
-            maxElapsedMs: maxElapsedMilliseconds, jitter: jitter)
-        try callFFI(RetryError.self, RetryPolicyError.init) { try validateRetryConfig(config: config) }
+            maxElapsedMs: maxElapsedMilliseconds, jitter: jitter.ffi)
+        do {
+            try validateRetryConfig(config: config)
+        } catch {
+            throw RetryPolicyError(ffiError: error)
+        }
         self.init(checked: config)
     }
 
@@ -56,7 +45,7 @@ public struct RetryPolicy: Sendable, Hashable {
         baseDelayMilliseconds = config.baseDelayMs
         maxDelayMilliseconds = config.maxDelayMs
         maxElapsedMilliseconds = config.maxElapsedMs
-        jitter = config.jitter
+        jitter = JitterMode(config.jitter)
     }
 
     /// Core's default: 5 attempts, 500 ms base, 10 s cap, 60 s budget, equal jitter.
@@ -65,7 +54,7 @@ public struct RetryPolicy: Sendable, Hashable {
     var ffi: RetryConfig {
         RetryConfig(
             maxAttempts: maxAttempts, baseDelayMs: baseDelayMilliseconds, maxDelayMs: maxDelayMilliseconds,
-            maxElapsedMs: maxElapsedMilliseconds, jitter: jitter)
+            maxElapsedMs: maxElapsedMilliseconds, jitter: jitter.ffi)
     }
 
     /// What to do after attempt number `attempt` (1-based) ended with `outcome`, `elapsed`
@@ -73,23 +62,30 @@ public struct RetryPolicy: Sendable, Hashable {
     ///
     /// - Throws: ``RetryPolicyError/invalidInput(code:message:)`` for attempt 0, a jitter outside
     ///   `[0, 1)` or a status outside 100...599.
-    public func decide(attempt: UInt32, elapsedMilliseconds: UInt64, outcome: AttemptOutcome, jitter: Double) throws
-        -> RetryDecision
+    public func decide(attempt: UInt32, elapsedMilliseconds: UInt64, outcome: AttemptOutcome, jitter: Double)
+        throws -> RetryDecision
     {
-        try callFFI(RetryError.self, RetryPolicyError.init) {
-            try retryDecide(
-                config: ffi, attempt: attempt, elapsedMs: elapsedMilliseconds, outcome: outcome, jitter: jitter)
+        do {
+            return RetryDecision(
+                try retryDecide(
+                    config: ffi, attempt: attempt, elapsedMs: elapsedMilliseconds, outcome: outcome.ffi,
+                    jitter: jitter))
+        } catch {
+            throw RetryPolicyError(ffiError: error)
         }
     }
 
-    /// How core classifies a response that arrived: `.outcomeUnknown` for idempo's outcome-unknown
-    /// problem (500, `application/problem+json`, type `urn:idempo:problem:outcome-unknown`),
-    /// otherwise `.response` with the status and the `Retry-After` delay relative to `now`.
+    /// How core classifies a response that arrived (`spec/KEYS.md` §3.5): idempo's own problems
+    /// (`application/problem+json` with idempo's `type`: 500 outcome-unknown and
+    /// response-not-retained, 422 key-reused, 409 in-flight) become their cases; anything else,
+    /// an application's own 409 or 422 included, is `.response` with the status and the
+    /// `Retry-After` delay relative to `now`.
     public static func outcome(of response: HTTPResponse, now: Date = Date()) -> AttemptOutcome {
         let retryAfter = response.header("Retry-After").flatMap { retryAfterMilliseconds($0, now: now) }
-        return attemptOutcomeFromResponse(
-            status: UInt16(clamping: response.status), retryAfterMs: retryAfter,
-            contentType: response.header("Content-Type"), body: response.body)
+        return AttemptOutcome(
+            attemptOutcomeFromResponse(
+                status: UInt16(clamping: response.status), retryAfterMs: retryAfter,
+                contentType: response.header("Content-Type"), body: response.body))
     }
 
     /// Reads a `Retry-After` value (delay-seconds or an HTTP-date) as milliseconds from `now`;

@@ -1150,6 +1150,85 @@ public func FfiConverterTypeParsedKey_lower(_ value: ParsedKey) -> RustBuffer {
 
 
 /**
+ * The pending record of one intent (core `PendingIntent`).
+ */
+public struct PendingIntentRecord: Equatable, Hashable {
+    /**
+     * The key text.
+     */
+    public var key: String
+    /**
+     * The fingerprint text of the request the key was minted for.
+     */
+    public var fingerprint: String
+    /**
+     * Creation time in unix milliseconds.
+     */
+    public var createdMs: UInt64
+
+    // Default memberwise initializers are never public by default, so we
+    // declare one manually.
+    public init(
+        /**
+         * The key text.
+         */key: String, 
+        /**
+         * The fingerprint text of the request the key was minted for.
+         */fingerprint: String, 
+        /**
+         * Creation time in unix milliseconds.
+         */createdMs: UInt64) {
+        self.key = key
+        self.fingerprint = fingerprint
+        self.createdMs = createdMs
+    }
+
+    
+
+    
+}
+
+#if compiler(>=6)
+extension PendingIntentRecord: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypePendingIntentRecord: FfiConverterRustBuffer {
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> PendingIntentRecord {
+        return
+            try PendingIntentRecord(
+                key: FfiConverterString.read(from: &buf), 
+                fingerprint: FfiConverterString.read(from: &buf), 
+                createdMs: FfiConverterUInt64.read(from: &buf)
+        )
+    }
+
+    public static func write(_ value: PendingIntentRecord, into buf: inout [UInt8]) {
+        FfiConverterString.write(value.key, into: &buf)
+        FfiConverterString.write(value.fingerprint, into: &buf)
+        FfiConverterUInt64.write(value.createdMs, into: &buf)
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypePendingIntentRecord_lift(_ buf: RustBuffer) throws -> PendingIntentRecord {
+    return try FfiConverterTypePendingIntentRecord.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypePendingIntentRecord_lower(_ value: PendingIntentRecord) -> RustBuffer {
+    return FfiConverterTypePendingIntentRecord.lower(value)
+}
+
+
+/**
  * The tunable numbers of the retry policy (core `RetryConfig`, validated on every call).
  */
 public struct RetryConfig: Equatable, Hashable {
@@ -1687,6 +1766,190 @@ public func FfiConverterTypeFingerprintError_lift(_ buf: RustBuffer) throws -> F
 public func FfiConverterTypeFingerprintError_lower(_ value: FingerprintError) -> RustBuffer {
     return FfiConverterTypeFingerprintError.lower(value)
 }
+
+
+/**
+ * An input of [`intent_decide_send`] that core refused.
+ */
+public 
+enum IntentError: Swift.Error, Equatable, Hashable, Foundation.LocalizedError {
+
+    
+    
+    /**
+     * A fingerprint text does not parse.
+     */
+    case InvalidInput(
+        /**
+         * Core's stable snake_case code (`invalid_pending_fingerprint`, ...).
+         */code: String, 
+        /**
+         * Core's message.
+         */message: String
+    )
+
+    
+
+    
+
+    
+    public var errorDescription: String? {
+        String(reflecting: self)
+    }
+    
+}
+
+#if compiler(>=6)
+extension IntentError: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeIntentError: FfiConverterRustBuffer {
+    typealias SwiftType = IntentError
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> IntentError {
+        let variant: Int32 = try readInt(&buf)
+        switch variant {
+
+        
+
+        
+        case 1: return .InvalidInput(
+            code: try FfiConverterString.read(from: &buf), 
+            message: try FfiConverterString.read(from: &buf)
+            )
+
+         default: throw UniffiInternalError.unexpectedEnumCase
+        }
+    }
+
+    public static func write(_ value: IntentError, into buf: inout [UInt8]) {
+        switch value {
+
+        
+
+        
+        
+        case let .InvalidInput(code,message):
+            writeInt(&buf, Int32(1))
+            FfiConverterString.write(code, into: &buf)
+            FfiConverterString.write(message, into: &buf)
+            
+        }
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeIntentError_lift(_ buf: RustBuffer) throws -> IntentError {
+    return try FfiConverterTypeIntentError.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeIntentError_lower(_ value: IntentError) -> RustBuffer {
+    return FfiConverterTypeIntentError.lower(value)
+}
+
+
+/**
+ * What to do with a send under an intent (core `IntentSend`).
+ */
+
+public enum IntentSendDecision: Equatable, Hashable {
+    
+    /**
+     * Nothing pending: mint a key and store the record.
+     */
+    case mint
+    /**
+     * Send under the record's key.
+     */
+    case reuse
+    /**
+     * Send nothing: the request differs from the pending key's.
+     */
+    case changedWhilePending
+    /**
+     * Send nothing: the explicit key is not the pending one.
+     */
+    case keyDiffersFromPending
+
+
+
+
+
+}
+
+#if compiler(>=6)
+extension IntentSendDecision: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeIntentSendDecision: FfiConverterRustBuffer {
+    typealias SwiftType = IntentSendDecision
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> IntentSendDecision {
+        let variant: Int32 = try readInt(&buf)
+        switch variant {
+        
+        case 1: return .mint
+        
+        case 2: return .reuse
+        
+        case 3: return .changedWhilePending
+        
+        case 4: return .keyDiffersFromPending
+        
+        default: throw UniffiInternalError.unexpectedEnumCase
+        }
+    }
+
+    public static func write(_ value: IntentSendDecision, into buf: inout [UInt8]) {
+        switch value {
+        
+        
+        case .mint:
+            writeInt(&buf, Int32(1))
+        
+        
+        case .reuse:
+            writeInt(&buf, Int32(2))
+        
+        
+        case .changedWhilePending:
+            writeInt(&buf, Int32(3))
+        
+        
+        case .keyDiffersFromPending:
+            writeInt(&buf, Int32(4))
+        
+        }
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeIntentSendDecision_lift(_ buf: RustBuffer) throws -> IntentSendDecision {
+    return try FfiConverterTypeIntentSendDecision.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeIntentSendDecision_lower(_ value: IntentSendDecision) -> RustBuffer {
+    return FfiConverterTypeIntentSendDecision.lower(value)
+}
+
 
 
 /**
@@ -2560,6 +2823,30 @@ fileprivate struct FfiConverterOptionData: FfiConverterRustBuffer {
 #if swift(>=5.8)
 @_documentation(visibility: private)
 #endif
+fileprivate struct FfiConverterOptionTypePendingIntentRecord: FfiConverterRustBuffer {
+    typealias SwiftType = PendingIntentRecord?
+
+    public static func write(_ value: SwiftType, into buf: inout [UInt8]) {
+        guard let value = value else {
+            writeInt(&buf, Int8(0))
+            return
+        }
+        writeInt(&buf, Int8(1))
+        FfiConverterTypePendingIntentRecord.write(value, into: &buf)
+    }
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> SwiftType {
+        switch try readInt(&buf) as Int8 {
+        case 0: return nil
+        case 1: return try FfiConverterTypePendingIntentRecord.read(from: &buf)
+        default: throw UniffiInternalError.unexpectedOptionalTag
+        }
+    }
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
 fileprivate struct FfiConverterSequenceString: FfiConverterRustBuffer {
     typealias SwiftType = [String]
 
@@ -2726,6 +3013,56 @@ public func parseFingerprint(text: String)throws  -> String  {
         uniffiCallStatus in
     uniffi_idempo_swift_fn_func_parse_fingerprint(
         FfiConverterString.lower(text),uniffiCallStatus
+    )
+})
+}
+/**
+ * What to do with a send under an intent (core `intent::decide_send`).
+ */
+public func intentDecideSend(pending: PendingIntentRecord?, requestFingerprint: String, explicitKey: String?)throws  -> IntentSendDecision  {
+    return try  FfiConverterTypeIntentSendDecision_lift(try rustCallWithError(FfiConverterTypeIntentError_lift) {
+        uniffiCallStatus in
+    uniffi_idempo_swift_fn_func_intent_decide_send(
+        FfiConverterOptionTypePendingIntentRecord.lower(pending),
+        FfiConverterString.lower(requestFingerprint),
+        FfiConverterOptionString.lower(explicitKey),uniffiCallStatus
+    )
+})
+}
+/**
+ * The fingerprint binding a client request to its intent's key (core
+ * `intent::request_fingerprint`).
+ */
+public func intentRequestFingerprint(method: String, target: String, contentType: String?, body: Data)throws  -> String  {
+    return try  FfiConverterString.lift(try rustCallWithError(FfiConverterTypeFingerprintError_lift) {
+        uniffiCallStatus in
+    uniffi_idempo_swift_fn_func_intent_request_fingerprint(
+        FfiConverterString.lower(method),
+        FfiConverterString.lower(target),
+        FfiConverterOptionString.lower(contentType),
+        FfiConverterData.lower(body),uniffiCallStatus
+    )
+})
+}
+/**
+ * Core's stable code of a send decision (`mint`, `reuse`, `intent_changed_while_pending`, ...).
+ */
+public func intentSendCode(decision: IntentSendDecision) -> String  {
+    return try!  FfiConverterString.lift(try! rustCall() {
+        uniffiCallStatus in
+    uniffi_idempo_swift_fn_func_intent_send_code(
+        FfiConverterTypeIntentSendDecision_lower(decision),uniffiCallStatus
+    )
+})
+}
+/**
+ * Whether a stop with `reason` settles the intent (core `StopReason::settles_intent`).
+ */
+public func stopReasonSettlesIntent(reason: StopReason) -> Bool  {
+    return try!  FfiConverterBool.lift(try! rustCall() {
+        uniffiCallStatus in
+    uniffi_idempo_swift_fn_func_stop_reason_settles_intent(
+        FfiConverterTypeStopReason_lower(reason),uniffiCallStatus
     )
 })
 }
@@ -2954,6 +3291,18 @@ private let initializationResult: InitializationResult = {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_idempo_swift_checksum_func_parse_fingerprint() != 62034) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_idempo_swift_checksum_func_intent_decide_send() != 28263) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_idempo_swift_checksum_func_intent_request_fingerprint() != 46477) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_idempo_swift_checksum_func_intent_send_code() != 64367) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_idempo_swift_checksum_func_stop_reason_settles_intent() != 29619) {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_idempo_swift_checksum_func_default_key_options() != 18178) {

@@ -290,6 +290,26 @@ int8_t uniffi_idempo_swift_fn_func_is_json_media_type(RustBuffer content_type, R
 RustBuffer uniffi_idempo_swift_fn_func_parse_fingerprint(RustBuffer text, RustCallStatus *_Nonnull out_status
 );
 #endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_IDEMPO_SWIFT_FN_FUNC_INTENT_DECIDE_SEND
+#define UNIFFI_FFIDEF_UNIFFI_IDEMPO_SWIFT_FN_FUNC_INTENT_DECIDE_SEND
+RustBuffer uniffi_idempo_swift_fn_func_intent_decide_send(RustBuffer pending, RustBuffer request_fingerprint, RustBuffer explicit_key, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_IDEMPO_SWIFT_FN_FUNC_INTENT_REQUEST_FINGERPRINT
+#define UNIFFI_FFIDEF_UNIFFI_IDEMPO_SWIFT_FN_FUNC_INTENT_REQUEST_FINGERPRINT
+RustBuffer uniffi_idempo_swift_fn_func_intent_request_fingerprint(RustBuffer method, RustBuffer target, RustBuffer content_type, RustBuffer body, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_IDEMPO_SWIFT_FN_FUNC_INTENT_SEND_CODE
+#define UNIFFI_FFIDEF_UNIFFI_IDEMPO_SWIFT_FN_FUNC_INTENT_SEND_CODE
+RustBuffer uniffi_idempo_swift_fn_func_intent_send_code(RustBuffer decision, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_IDEMPO_SWIFT_FN_FUNC_STOP_REASON_SETTLES_INTENT
+#define UNIFFI_FFIDEF_UNIFFI_IDEMPO_SWIFT_FN_FUNC_STOP_REASON_SETTLES_INTENT
+int8_t uniffi_idempo_swift_fn_func_stop_reason_settles_intent(RustBuffer reason, RustCallStatus *_Nonnull out_status
+);
+#endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_IDEMPO_SWIFT_FN_FUNC_DEFAULT_KEY_OPTIONS
 #define UNIFFI_FFIDEF_UNIFFI_IDEMPO_SWIFT_FN_FUNC_DEFAULT_KEY_OPTIONS
 RustBuffer uniffi_idempo_swift_fn_func_default_key_options(RustCallStatus *_Nonnull out_status
@@ -668,6 +688,30 @@ uint16_t uniffi_idempo_swift_checksum_func_is_json_media_type(void
 #ifndef UNIFFI_FFIDEF_UNIFFI_IDEMPO_SWIFT_CHECKSUM_FUNC_PARSE_FINGERPRINT
 #define UNIFFI_FFIDEF_UNIFFI_IDEMPO_SWIFT_CHECKSUM_FUNC_PARSE_FINGERPRINT
 uint16_t uniffi_idempo_swift_checksum_func_parse_fingerprint(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_IDEMPO_SWIFT_CHECKSUM_FUNC_INTENT_DECIDE_SEND
+#define UNIFFI_FFIDEF_UNIFFI_IDEMPO_SWIFT_CHECKSUM_FUNC_INTENT_DECIDE_SEND
+uint16_t uniffi_idempo_swift_checksum_func_intent_decide_send(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_IDEMPO_SWIFT_CHECKSUM_FUNC_INTENT_REQUEST_FINGERPRINT
+#define UNIFFI_FFIDEF_UNIFFI_IDEMPO_SWIFT_CHECKSUM_FUNC_INTENT_REQUEST_FINGERPRINT
+uint16_t uniffi_idempo_swift_checksum_func_intent_request_fingerprint(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_IDEMPO_SWIFT_CHECKSUM_FUNC_INTENT_SEND_CODE
+#define UNIFFI_FFIDEF_UNIFFI_IDEMPO_SWIFT_CHECKSUM_FUNC_INTENT_SEND_CODE
+uint16_t uniffi_idempo_swift_checksum_func_intent_send_code(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_IDEMPO_SWIFT_CHECKSUM_FUNC_STOP_REASON_SETTLES_INTENT
+#define UNIFFI_FFIDEF_UNIFFI_IDEMPO_SWIFT_CHECKSUM_FUNC_STOP_REASON_SETTLES_INTENT
+uint16_t uniffi_idempo_swift_checksum_func_stop_reason_settles_intent(void
     
 );
 #endif

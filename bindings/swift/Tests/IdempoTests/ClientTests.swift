@@ -41,7 +41,7 @@ final class ClientTests: XCTestCase {
         XCTAssertEqual(stats.executions, 1)
         XCTAssertEqual(stats.requests, 2)
         XCTAssertEqual(stats.header_values, [answer.key.headerValue, answer.key.headerValue])
-        let pending = await store.pendingKey(for: "checkout-lost")
+        let pending = try await store.pendingKey(for: "checkout-lost")
         XCTAssertNil(pending, "a definitive answer clears the pending key")
     }
 
@@ -108,7 +108,7 @@ final class ClientTests: XCTestCase {
         let stats = try await server.stats(for: key)
         XCTAssertEqual(stats.requests, 2, "no retry after 422")
         XCTAssertEqual(stats.executions, 1)
-        let pending = await store.pendingKey(for: "checkout-422")
+        let pending = try await store.pendingKey(for: "checkout-422")
         XCTAssertNil(pending, "a new intent needs a new key")
     }
 
@@ -119,7 +119,7 @@ final class ClientTests: XCTestCase {
         XCTAssertEqual(answer.status, 422)
         XCTAssertEqual(answer.attempts, 1)
         XCTAssertEqual(answer.stopReason, .clientError(status: 422), "the application's 422 is not key reuse")
-        let pending = await store.pendingKey(for: "checkout-app-422")
+        let pending = try await store.pendingKey(for: "checkout-app-422")
         XCTAssertNil(pending, "a definitive answer clears the pending key")
     }
 
@@ -218,16 +218,17 @@ final class ClientTests: XCTestCase {
         var sent: IdempotencyKey?
         while sent == nil {
             try await Task.sleep(nanoseconds: 10_000_000)
-            sent = await store.pendingKey(for: "checkout-cancel")
+            sent = try await store.pendingKey(for: "checkout-cancel")
         }
         try await server.waitForRequests(key: sent!, count: 1)
         task.cancel()
         do {
             _ = try await task.value
             XCTFail("a cancelled send must throw")
-        } catch is CancellationError {
+        } catch IdempotentClientError.cancelled(let reported) {
+            XCTAssertEqual(reported, sent, "the cancellation reports the key it leaves pending")
         }
-        let pending = await store.pendingKey(for: "checkout-cancel")
+        let pending = try await store.pendingKey(for: "checkout-cancel")
         let key = try XCTUnwrap(pending, "the outcome is unknown: the key stays pending")
 
         // Sending the intent again reuses it and gets the stored answer of the first execution.
@@ -254,7 +255,7 @@ final class ClientTests: XCTestCase {
             XCTAssertEqual(reason, .attemptsExhausted)
             XCTAssertEqual(attempts, 3)
             guard case .connectionError = last else { return XCTFail("expected a connection error, got \(last)") }
-            let pending = await store.pendingKey(for: "offline")
+            let pending = try await store.pendingKey(for: "offline")
             XCTAssertEqual(pending, key)
         }
     }

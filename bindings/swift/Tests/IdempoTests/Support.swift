@@ -191,6 +191,8 @@ final class TestServer: @unchecked Sendable {
         let executions: Int
         let requests: Int
         let header_values: [String]
+        let total_requests: Int
+        let total_executions: Int
     }
 
     func stats(for key: IdempotencyKey) async throws -> Stats {
@@ -209,8 +211,15 @@ final class TestServer: @unchecked Sendable {
         }
     }
 
-    func paymentRequest(amount: Int, controls: [String: String] = [:], timeout: TimeInterval = 10) -> URLRequest {
-        var request = URLRequest(url: baseURL.appendingPathComponent("payments"), timeoutInterval: timeout)
+    /// Server-wide counts (every POST /payments).
+    func totals() async throws -> (requests: Int, executions: Int) {
+        let s = try await stats(for: IdempotencyKey(validating: "no-such-key"))
+        return (s.total_requests, s.total_executions)
+    }
+
+    func paymentRequest(amount: Int, controls: [String: String] = [:], timeout: TimeInterval? = 10) -> URLRequest {
+        var request = URLRequest(url: baseURL.appendingPathComponent("payments"))
+        if let timeout { request.timeoutInterval = timeout }
         request.httpMethod = "POST"
         request.setValue("application/json", forHTTPHeaderField: "Content-Type")
         request.httpBody = Data(#"{"amount":\#(amount),"currency":"EUR"}"#.utf8)

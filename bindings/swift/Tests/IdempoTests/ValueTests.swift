@@ -124,18 +124,29 @@ final class ValueTests: XCTestCase {
             XCTAssertEqual(($0 as? RetryPolicyError)?.code, "zero_attempts")
         }
         let policy = RetryPolicy.standard
-        XCTAssertEqual(try policy.decide(attempt: 1, elapsedMilliseconds: 0, outcome: .inFlight(retryAfterMs: 2000), jitter: 0),
-                       .retry(delayMs: 2000))
+        XCTAssertEqual(try policy.decide(attempt: 1, elapsedMilliseconds: 0, outcome: .inFlight(retryAfterMilliseconds: 2000), jitter: 0),
+                       .retry(delayMilliseconds: 2000))
         XCTAssertEqual(try policy.decide(attempt: 1, elapsedMilliseconds: 0, outcome: .keyReused, jitter: 0),
                        .stop(reason: .keyReusedWithDifferentRequest))
         // The application's own 409 and 422 are its answers: stopped as client errors.
-        XCTAssertEqual(try policy.decide(attempt: 1, elapsedMilliseconds: 0, outcome: .response(status: 409, retryAfterMs: 2000), jitter: 0),
+        XCTAssertEqual(try policy.decide(attempt: 1, elapsedMilliseconds: 0, outcome: .response(status: 409, retryAfterMilliseconds: 2000), jitter: 0),
                        .stop(reason: .clientError(status: 409)))
-        XCTAssertEqual(try policy.decide(attempt: 1, elapsedMilliseconds: 0, outcome: .response(status: 422, retryAfterMs: nil), jitter: 0),
+        XCTAssertEqual(try policy.decide(attempt: 1, elapsedMilliseconds: 0, outcome: .response(status: 422, retryAfterMilliseconds: nil), jitter: 0),
                        .stop(reason: .clientError(status: 422)))
         XCTAssertEqual(try policy.decide(attempt: 1, elapsedMilliseconds: 0, outcome: .responseNotRetained, jitter: 0),
                        .stop(reason: .responseNotRetained))
         XCTAssertEqual(StopReason.keyReusedWithDifferentRequest.code, "key_reused_with_different_request")
+        // The public vocabulary is the package's own Swift types, not the generated FFI ones.
+        XCTAssertEqual(String(reflecting: StopReason.self), "Idempo.StopReason")
+        XCTAssertEqual(String(reflecting: RetryDecision.self), "Idempo.RetryDecision")
+        XCTAssertEqual(String(reflecting: IdempotencyKey.Form.self), "Idempo.IdempotencyKey.Form")
+        XCTAssertEqual("\(StopReason.success)", "success")
+        XCTAssertEqual("\(StopReason.clientError(status: 422))", "client_error(422)")
+        XCTAssertEqual(String(reflecting: AttemptOutcome.timeout), "Idempo.AttemptOutcome.timeout")
+        XCTAssertEqual("\(JitterMode.equal)", "equal")
+        XCTAssertEqual("\(NumberMode.rejectPrecisionLoss)", "reject_precision_loss")
+        XCTAssertTrue(StopReason.clientError(status: 422).settlesIntent)
+        XCTAssertFalse(StopReason.outcomeUnknown.settlesIntent)
         XCTAssertThrowsError(try policy.decide(attempt: 1, elapsedMilliseconds: 0, outcome: .timeout, jitter: .nan)) {
             XCTAssertEqual(($0 as? RetryPolicyError)?.code, "invalid_jitter")
         }
@@ -147,13 +158,19 @@ final class ValueTests: XCTestCase {
         defer { try? FileManager.default.removeItem(at: dir) }
         let file = dir.appendingPathComponent("nested/pending.json")
         let key = IdempotencyKey.generate()
-        try await FilePendingKeyStore(fileURL: file).savePendingKey(key, for: "checkout-1")
+        let fingerprint = try Fingerprint(method: "POST", route: "/p", contentType: "application/json", body: Data("{}".utf8))
+        let record = PendingIntent(key: key, fingerprint: fingerprint, createdAt: Date(timeIntervalSince1970: 1_764_633_600))
+        let stored = try await FilePendingKeyStore(fileURL: file).pendingIntent(for: "checkout-1", orCreate: record)
+        XCTAssertEqual(stored, record)
         let reopened = FilePendingKeyStore(fileURL: file)
         let found = try await reopened.pendingKey(for: "checkout-1")
         XCTAssertEqual(found, key)
         let missing = try await reopened.pendingKey(for: "checkout-2")
         XCTAssertNil(missing)
-        try await reopened.removePendingKey(for: "checkout-1")
+        let again = try await reopened.pendingIntent(
+            for: "checkout-1", orCreate: PendingIntent(key: .generate(), fingerprint: fingerprint, createdAt: Date()))
+        XCTAssertEqual(again, record, "get-or-create returns the stored record")
+        try await reopened.removePendingIntent(for: "checkout-1")
         let afterRemove = try await FilePendingKeyStore(fileURL: file).allPending()
         XCTAssertEqual(afterRemove, [:])
 
@@ -162,6 +179,14 @@ final class ValueTests: XCTestCase {
             _ = try await FilePendingKeyStore(fileURL: file).pendingKey(for: "checkout-1")
             XCTFail("a corrupt file must not read as empty")
         } catch PendingKeyStoreError.unreadable {
+        }
+        // A version-1 file (keys without request fingerprints) is refused, not read as unbound keys.
+        try Data(#"{"version":1,"pending":{"a":{"key":"3f6c1e0a-77c4-4b2e","savedAt":1}}}"#.utf8).write(to: file)
+        do {
+            _ = try await FilePendingKeyStore(fileURL: file).allPending()
+            XCTFail("a version-1 file must be refused")
+        } catch PendingKeyStoreError.unreadable(_, let reason) {
+            XCTAssertTrue(reason.contains("version 1"), reason)
         }
     }
 }

@@ -7,7 +7,7 @@ import XCTest
 final class VectorTests: XCTestCase {
     private func formName(_ form: IdempotencyKey.Form) -> String {
         switch form {
-        case .sfString: return "sf_string"
+        case .quoted: return "sf_string"
         case .bare: return "bare"
         case .text: return "text"
         }
@@ -120,13 +120,13 @@ final class VectorTests: XCTestCase {
         switch o["kind"] as? String {
         case "response":
             guard let status = int(o["status"]) else { throw TestFailure("bad outcome \(o)") }
-            return .response(status: UInt16(clamping: status), retryAfterMs: uint64(o["retry_after_ms"]))
+            return .response(status: status, retryAfterMilliseconds: uint64(o["retry_after_ms"]))
         case "timeout": return .timeout
         case "connection_error": return .connectionError
         case "outcome_unknown": return .outcomeUnknown
         case "key_reused": return .keyReused
         case "response_not_retained": return .responseNotRetained
-        case "in_flight": return .inFlight(retryAfterMs: uint64(o["retry_after_ms"]))
+        case "in_flight": return .inFlight(retryAfterMilliseconds: uint64(o["retry_after_ms"]))
         default: throw TestFailure("bad outcome \(o)")
         }
     }
@@ -157,7 +157,7 @@ final class VectorTests: XCTestCase {
                 }
                 let decision = try run()
                 if let delay = uint64(expect["retry"]) {
-                    XCTAssertEqual(decision, .retry(delayMs: delay), name)
+                    XCTAssertEqual(decision, .retry(delayMilliseconds: delay), name)
                 } else if let code = expect["stop"] as? String {
                     guard case .stop(let reason) = decision else {
                         XCTFail("\(name): expected stop \(code), got \(decision)")
@@ -166,7 +166,7 @@ final class VectorTests: XCTestCase {
                     XCTAssertEqual(reason.code, code, name)
                     switch reason {
                     case .clientError(let status), .serverErrorNotRetryable(let status):
-                        XCTAssertEqual(Int(status), int(expect["status"]), name)
+                        XCTAssertEqual(status, int(expect["status"]), name)
                     default:
                         XCTAssertNil(expect["status"], name)
                     }
@@ -215,9 +215,9 @@ final class VectorTests: XCTestCase {
             case "response_not_retained":
                 XCTAssertEqual(got, .responseNotRetained, name)
             case "in_flight":
-                XCTAssertEqual(got, .inFlight(retryAfterMs: retryAfter), name)
+                XCTAssertEqual(got, .inFlight(retryAfterMilliseconds: retryAfter), name)
             case "response":
-                XCTAssertEqual(got, .response(status: UInt16(clamping: status), retryAfterMs: retryAfter), name)
+                XCTAssertEqual(got, .response(status: status, retryAfterMilliseconds: retryAfter), name)
             default:
                 throw TestFailure("\(name): bad expectation \(expect)")
             }
