@@ -21,6 +21,9 @@
 # managed PostgreSQL offerings): each transaction may run on another server connection, so a store
 # that relies on session state (named prepared statements, SET without LOCAL) breaks behind it.
 # The Redis Cluster has three primaries (cluster bus on port + 10000).
+# IDEMPO_PGBOUNCER_LOGIN_RETRY=N (seconds) sets PgBouncer's server_login_retry (default: PgBouncer's
+# own, 15 s: after one failed server login, e.g. during a PostgreSQL restart, it refuses clients
+# that long before it tries again).
 #
 # Installs nothing: scripts/setup.d/20-services.sh installs the Debian packages. PostgreSQL refuses to
 # run as root, so as root it runs as the `postgres` OS user (runuser). PostgreSQL listens on 127.0.0.1
@@ -196,6 +199,9 @@ ignore_startup_parameters = extra_float_digits,options
 logfile = $bdir/pgbouncer.log
 pidfile = $bdir/pgbouncer.pid
 INI
+    if [ -n "${IDEMPO_PGBOUNCER_LOGIN_RETRY:-}" ]; then
+      echo "server_login_retry = $IDEMPO_PGBOUNCER_LOGIN_RETRY" >>"$conf"
+    fi
     [ "$(id -u)" -ne 0 ] || chown postgres: "$conf"
     if as_pg pgbouncer -d -q "$conf" >"$dir/pgbouncer.start.log" 2>&1; then
       local i

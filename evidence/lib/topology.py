@@ -19,9 +19,9 @@ from typing import Dict, List, Optional, Tuple
 from evidence.lib.services import SERVICES, _as_pg, _pg_bindir
 
 
-def _run(verb: str, d: Path, timeout: float = 180) -> Dict[str, str]:
+def _run(verb: str, d: Path, timeout: float = 180, extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     out = subprocess.run(["bash", str(SERVICES), verb, str(d)], capture_output=True, text=True,
-                         check=False, timeout=timeout)
+                         check=False, timeout=timeout, env={**os.environ, **(extra or {})})
     if out.returncode != 0:
         raise RuntimeError(f"test-services {verb} failed: {out.stderr.strip()}")
     env: Dict[str, str] = {}
@@ -40,16 +40,19 @@ def _stop(d: Path) -> None:
 @dataclass
 class Bouncer:
     """PostgreSQL with PgBouncer in transaction mode in front (``test-services.sh start``; the
-    same call also starts Redis and the three-primary cluster, unused here)."""
+    same call also starts Redis and the three-primary cluster, unused here). ``login_retry``:
+    PgBouncer's ``server_login_retry`` in seconds (None: its default, 15 s)."""
 
     dir: Path
     env: Dict[str, str]
+    login_retry: Optional[int] = None
 
     @classmethod
-    def start(cls) -> "Bouncer":
+    def start(cls, login_retry: Optional[int] = None) -> "Bouncer":
         d = Path(tempfile.mkdtemp(prefix="idempo-evidence-bouncer."))
+        extra = {"IDEMPO_PGBOUNCER_LOGIN_RETRY": str(login_retry)} if login_retry is not None else {}
         try:
-            return cls(d, _run("start", d))
+            return cls(d, _run("start", d, extra=extra), login_retry)
         except BaseException:
             _stop(d)
             raise
@@ -154,12 +157,21 @@ class ClusterWithReplicas:
             out.append((parts[0], port, role, parts[3], " ".join(parts[8:])))
         return out
 
-    def seed(self) -> int:
-        """The node the apps are given (they discover the others): a replica."""
-        return next(p for _, p, role, _, _ in self.nodes(self.ports[0]) if role == "slave")
+    def live_view(self) -> List[Tuple[str, int, str, str, str]]:
+        """The cluster as the first node that answers sees it."""
+        for port in self.ports:
+            nodes = self.nodes(port)
+            if nodes:
+                return nodes
+        raise RuntimeError("no Redis Cluster node answers")
 
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.seed()}/0"
+    def seed(self) -> int:
+        """The node the apps are given (they discover the others): a replica. (A RuntimeError,
+        never StopIteration: this runs in asyncio.to_thread.)"""
+        for _, p, role, _, _ in self.live_view():
+            if role == "slave":
+                return p
+        raise RuntimeError("the Redis Cluster has no replica left")
 
     def kill_primary(self, spare: int) -> Tuple[int, float]:
         """``kill -9`` of a primary that has a live replica (never ``spare``, the apps' seed
@@ -167,8 +179,12 @@ class ClusterWithReplicas:
         replica owns its slots). Returns (killed port, seconds until then)."""
         nodes = self.nodes(spare)
         with_replica = {pid for _, _, role, pid, _ in nodes if role == "slave"}
-        victim, owned = next((p, slots) for nid, p, role, _, slots in nodes
-                             if role == "master" and slots and nid in with_replica and p != spare)
+        spare_primary = next((pid for _, p, _, pid, _ in nodes if p == spare), "")
+        found = [(p, slots) for nid, p, role, _, slots in nodes
+                 if role == "master" and slots and nid in with_replica and p != spare and nid != spare_primary]
+        if not found:
+            raise RuntimeError("no primary with a live replica left to kill")
+        victim, owned = found[0]
         pid = int((self.dir / "redis-cluster" / f"{victim}.pid").read_text())
         t0 = time.monotonic()
         os.kill(pid, signal.SIGKILL)

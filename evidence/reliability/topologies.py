@@ -12,7 +12,9 @@ with 4 workers, evidence/reliability/app.py and node_app.cjs):
   SIGKILLed while a handler runs in it (a request that sleeps in its handler, so the kill is
   mid-handler; the other requests of that worker die with it).
 - ``pgbouncer / pg restart``: the same topology; ``pg_ctl restart -m immediate`` of PostgreSQL
-  under load (every server connection of PgBouncer breaks).
+  under load (every server connection of PgBouncer breaks), PgBouncer with
+  ``server_login_retry = 1``; the long mode runs it again with PgBouncer's default (15 s: a server
+  login that fails while PostgreSQL restarts makes PgBouncer refuse clients that long).
 - ``pg-standby / promotion``: a primary with a synchronous streaming standby; the apps connect
   through the multi-host DSN (``target_session_attrs=read-write``; libpq for Python, the Node
   PostgresStore's own list of servers); the primary is stopped at once and the standby promoted.
@@ -58,6 +60,8 @@ from evidence.reliability.run import (APPS, LEASE_MS, SHORT_TTL_MS, STORE_TIMEOU
                                       classify, new_key, post, print_table)
 
 WORKERS = 4
+LOGIN_RETRY_S = 1
+"""PgBouncer's ``server_login_retry`` in the rows (its default, 15 s, in the long mode's extra row)."""
 ROUTE = "/pay/ou"
 FINAL = ("201", "201 replay", "500 outcome-unknown")
 RETRYABLE = ("409 in-flight", "503 store-unavailable")
@@ -65,11 +69,14 @@ RETRYABLE = ("409 in-flight", "503 store-unavailable")
 PROFILES: Dict[str, Dict[str, Any]] = {
     # One fault per row, a storm of 5 s (longer where the fault's 503 window is): all eight rows
     # (two apps) within about three minutes.
-    "short": dict(seconds=5.0, faults=[1.5], keys=6, clients=8, deadline=25.0, redis_faults=[1.5]),
+    "short": dict(seconds=5.0, faults=[1.5], keys=6, clients=8, deadline=60.0, redis_faults=[1.5],
+                  bouncer_default=False),
     # Publishing: 60 s storms, a fault every 15-20 s (one promotion: a pair promotes once; two
     # cluster primaries, each with its own replica).
-    "long": dict(seconds=60.0, faults=[10.0, 28.0, 46.0], keys=12, clients=16, deadline=40.0,
-                 redis_faults=[10.0, 35.0]),
+    # The restart row runs twice there: PgBouncer with server_login_retry = 1 s, and with its
+    # default (15 s), whose refusal after a failed login during the restart sets the 503 window.
+    "long": dict(seconds=60.0, faults=[10.0, 28.0, 46.0], keys=12, clients=16, deadline=60.0,
+                 redis_faults=[10.0, 35.0], bouncer_default=True),
 }
 
 
@@ -362,26 +369,31 @@ async def run_topologies(apps: List[str], rows: List[str], prof: Dict[str, Any],
               f"{got.seconds:.1f} s", flush=True)
 
     if "pgbouncer" in rows:
-        b = await asyncio.to_thread(Bouncer.start)
-        try:
-            await asyncio.to_thread(_schema, b.direct_dsn)
-            topo = Topo("pgbouncer", "postgres", b.dsn, b.stop)
+        for retry in (LOGIN_RETRY_S, None) if prof["bouncer_default"] else (LOGIN_RETRY_S,):
+            b = await asyncio.to_thread(Bouncer.start, retry)
+            try:
+                await asyncio.to_thread(_schema, b.direct_dsn)
+                topo = Topo("pgbouncer", "postgres", b.dsn, b.stop)
+                bouncer = b
 
-            def kills(t: Target, ref: List[Storm], row: Row) -> List[Tuple[float, Callable[[], Awaitable[str]]]]:
-                return [(at, fault_kill_worker(t, ref, row, prof)) for at in prof["faults"]]
+                def kills(t: Target, ref: List[Storm], row: Row) -> List[Tuple[float, Callable[[], Awaitable[str]]]]:
+                    return [(at, fault_kill_worker(t, ref, row, prof)) for at in prof["faults"]]
 
-            async def restart() -> str:
-                took = await asyncio.to_thread(b.pg_restart)
-                return f"pg_ctl restart -m immediate ({took:.1f} s)"
+                async def restart() -> str:
+                    took = await asyncio.to_thread(bouncer.pg_restart)
+                    return f"pg_ctl restart -m immediate ({took:.1f} s)"
 
-            def restarts(t: Target, ref: List[Storm], row: Row) -> List[Tuple[float, Callable[[], Awaitable[str]]]]:
-                return [(at, restart) for at in prof["faults"]]
+                def restarts(t: Target, ref: List[Storm], row: Row) -> List[Tuple[float, Callable[[], Awaitable[str]]]]:
+                    return [(at, restart) for at in prof["faults"]]
 
-            for app in apps:
-                done(app, await run_row(app, topo, "kill -9 worker mid-handler", prof, work, kills, summary))
-                done(app, await run_row(app, topo, "pg_ctl restart -m immediate", prof, work, restarts, summary))
-        finally:
-            await asyncio.to_thread(b.stop)
+                for app in apps:
+                    if retry is not None:
+                        done(app, await run_row(app, topo, "kill -9 worker mid-handler", prof, work, kills, summary))
+                    name = f"pg restart, login retry {retry} s" if retry is not None else \
+                        "pg restart, login retry 15 s (default)"
+                    done(app, await run_row(app, topo, name, prof, work, restarts, summary))
+            finally:
+                await asyncio.to_thread(b.stop)
     if "pg-standby" in rows:
         for app in apps:
             p = await asyncio.to_thread(Pair.start)
@@ -408,7 +420,7 @@ async def run_topologies(apps: List[str], rows: List[str], prof: Dict[str, Any],
                     if cl is not None:
                         await asyncio.to_thread(cl.stop)
                     cl = await asyncio.to_thread(ClusterWithReplicas.start)
-                    kills_left = 3  # three primaries with a replica each
+                    kills_left = 2  # primaries with a replica, less the seed replica's own
                 cluster = cl
                 seed = await asyncio.to_thread(cluster.seed)
                 topo = Topo("redis-cluster", "redis-cluster", f"redis://127.0.0.1:{seed}/0", cluster.stop)
@@ -432,11 +444,11 @@ async def run_topologies(apps: List[str], rows: List[str], prof: Dict[str, Any],
 def print_summary(summary: List[Dict[str, Any]], header: str) -> None:
     print()
     print(header)
-    print(f"{'app':<7} {'topology':<14} {'fault':<37} {'keys':>5} {'clients':>7} {'execs':>6} {'doubles':>7} "
+    print(f"{'app':<7} {'topology':<14} {'fault':<38} {'keys':>5} {'clients':>7} {'execs':>6} {'doubles':>7} "
           f"{'lost':>5} {'o-u':>5} {'c-f':>4} {'503s':>5} {'503 window':>10} {'viol.':>5} {'time':>6}")
     print("-" * 128)
     for r in summary:
-        print(f"{r['app']:<7} {r['topology']:<14} {r['fault']:<37} {r['keys']:>5} {r['clients']:>7} "
+        print(f"{r['app']:<7} {r['topology']:<14} {r['fault']:<38} {r['keys']:>5} {r['clients']:>7} "
               f"{r['executions']:>6} {r['doubles']:>7} {r['lost']:>5} {r['ou']:>5} {r['cf']:>4} {r['n503']:>5} "
               f"{r['window']:>9.1f}s {r['violations']:>5} {r['seconds']:>5.0f}s")
     print("-" * 128)
