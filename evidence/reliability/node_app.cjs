@@ -207,8 +207,17 @@ function serve() {
     };
   }
 
+  // EV_LOG_STORE_ERRORS=1: every store error (with its time and the worker's pid) on stderr, which
+  // the harness keeps in the server log (diagnosis of a row's 503s).
+  const events = new idempo.IdempotencyEvents();
+  if (env.EV_LOG_STORE_ERRORS === '1') {
+    events.on('store_error', ({ op, error }) =>
+      process.stderr.write(`${new Date().toISOString()} ${process.pid} store_error ${op}: ${error?.message ?? error}\n`),
+    );
+  }
   const guard = (takeover, ttlMs = TTL_MS) =>
     idempo.idempotency({
+      events,
       store,
       takeover,
       leaseMs: LEASE_MS,
