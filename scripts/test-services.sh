@@ -10,12 +10,20 @@
 #                                        (pg_basebackup -R): IDEMPO_TEST_PG_PRIMARY_DSN=...,
 #                                        IDEMPO_TEST_PG_STANDBY_DSN=..., IDEMPO_TEST_PG_MULTIHOST_DSN=...
 #   scripts/test-services.sh promote DIR   stop the pair's primary at once and promote the standby
+#   scripts/test-services.sh start-cluster-replicas DIR   a Redis Cluster of three primaries, each with
+#                                        a replica (--cluster-replicas 1, cluster-node-timeout 2000 ms,
+#                                        so a replica takes over about 2-4 s after its primary dies):
+#                                        IDEMPO_TEST_REDIS_CLUSTER_NODES=host:port,... (six nodes);
+#                                        DIR/redis-cluster/<port>.pid hold the nodes' pids
 #   scripts/test-services.sh stop DIR    stop them (safe to call twice, or after a failed start)
 #
 # PgBouncer runs in transaction pooling mode in front of the PostgreSQL server (the topology of most
 # managed PostgreSQL offerings): each transaction may run on another server connection, so a store
 # that relies on session state (named prepared statements, SET without LOCAL) breaks behind it.
 # The Redis Cluster has three primaries (cluster bus on port + 10000).
+# IDEMPO_PGBOUNCER_LOGIN_RETRY=N (seconds) sets PgBouncer's server_login_retry (default: PgBouncer's
+# own, 15 s: after one failed server login, e.g. during a PostgreSQL restart, it refuses clients
+# that long before it tries again).
 #
 # Installs nothing: scripts/setup.d/20-services.sh installs the Debian packages. PostgreSQL refuses to
 # run as root, so as root it runs as the `postgres` OS user (runuser). PostgreSQL listens on 127.0.0.1
@@ -29,7 +37,7 @@ die() {
 }
 
 usage() {
-  echo "usage: $0 start|start-pair|promote|stop DIR" >&2
+  echo "usage: $0 start|start-pair|promote|start-cluster-replicas|stop DIR" >&2
   exit 2
 }
 
@@ -191,6 +199,9 @@ ignore_startup_parameters = extra_float_digits,options
 logfile = $bdir/pgbouncer.log
 pidfile = $bdir/pgbouncer.pid
 INI
+    if [ -n "${IDEMPO_PGBOUNCER_LOGIN_RETRY:-}" ]; then
+      echo "server_login_retry = $IDEMPO_PGBOUNCER_LOGIN_RETRY" >>"$conf"
+    fi
     [ "$(id -u)" -ne 0 ] || chown postgres: "$conf"
     if as_pg pgbouncer -d -q "$conf" >"$dir/pgbouncer.start.log" 2>&1; then
       local i
@@ -253,12 +264,14 @@ while True:
     break'
 }
 
-# A Redis Cluster of three primaries (no replicas), slots spread by redis-cli, persistence off,
-# noeviction on every node. Prints the seed nodes as host:port,host:port,host:port.
+# A Redis Cluster of three primaries (no replicas; with argument 1: three primaries and three
+# replicas, one each), slots spread by redis-cli, persistence off, noeviction on every node.
+# Prints the nodes as host:port,host:port,...
 start_redis_cluster() {
+  local replicas=${1:-0}
   local ports=() i port nodes tries
   mkdir -p "$dir/redis-cluster"
-  for i in 0 1 2; do
+  for i in $(seq 1 $((3 * (replicas + 1)))); do
     tries=0
     while :; do
       port=$(free_cluster_port)
@@ -283,7 +296,7 @@ start_redis_cluster() {
   done
   nodes=()
   for port in "${ports[@]}"; do nodes+=("127.0.0.1:$port"); done
-  redis-cli --cluster create "${nodes[@]}" --cluster-replicas 0 --cluster-yes \
+  redis-cli --cluster create "${nodes[@]}" --cluster-replicas "$replicas" --cluster-yes \
     >"$dir/redis-cluster/create.log" 2>&1 || die "redis-cli --cluster create failed, see $dir/redis-cluster/create.log"
   for i in $(seq 1 200); do
     local ok=1
@@ -294,6 +307,21 @@ start_redis_cluster() {
     sleep 0.05
   done
   [ "$ok" -eq 1 ] || die "Redis Cluster did not reach cluster_state:ok, see $dir/redis-cluster/"
+  if [ "$replicas" -gt 0 ]; then
+    # Every replica in sync with its primary (a replica that never synced would not take over).
+    for i in $(seq 1 400); do
+      ok=1
+      for port in "${ports[@]}"; do
+        local info
+        info=$(redis-cli -h 127.0.0.1 -p "$port" info replication 2>/dev/null || true)
+        if grep -q 'role:slave' <<<"$info" && ! grep -q 'master_link_status:up' <<<"$info"; then ok=0; fi
+      done
+      [ "$(redis-cli -h 127.0.0.1 -p "${ports[0]}" cluster nodes 2>/dev/null | grep -c slave)" -eq 3 ] || ok=0
+      [ "$ok" -eq 1 ] && break
+      sleep 0.05
+    done
+    [ "$ok" -eq 1 ] || die "the Redis Cluster's replicas did not sync, see $dir/redis-cluster/"
+  fi
   (IFS=,; echo "${nodes[*]}")
 }
 
@@ -399,6 +427,17 @@ start-pair)
     echo "IDEMPO_TEST_PG_STANDBY_DSN=postgresql://postgres@127.0.0.1:$standby_port/postgres"
     echo "IDEMPO_TEST_PG_MULTIHOST_DSN=postgresql://postgres@127.0.0.1:$primary_port,127.0.0.1:$standby_port/postgres?target_session_attrs=read-write"
   } >"$dir/env"
+  cat "$dir/env"
+  ;;
+start-cluster-replicas)
+  # A Redis Cluster with a replica per primary, for failover runs (the evidence suite).
+  mkdir -p "$dir"
+  dir=$(cd "$dir" && pwd)
+  [ ! -e "$dir/env" ] || die "$dir already holds running services (run: $0 stop $dir)"
+  trap 'stop_all' ERR
+  redis_cluster=$(start_redis_cluster 1)
+  trap - ERR
+  echo "IDEMPO_TEST_REDIS_CLUSTER_NODES=$redis_cluster" >"$dir/env"
   cat "$dir/env"
   ;;
 promote)

@@ -5,8 +5,8 @@ Every handler execution appends a row to an ``effects`` table in its own SQLite 
 idempo's records): that table is what the suites count. ``downstream`` plays a payment API that
 deduplicates on the downstream key idempo hands the handler.
 
-Configuration (environment): ``EV_STORE`` memory|sqlite|postgres|redis, ``EV_STORE_URL`` (path,
-DSN or URL), ``EV_EFFECTS`` (SQLite path), ``EV_LEASE_MS`` (1000), ``EV_TTL_MS`` (600000),
+Configuration (environment): ``EV_STORE`` memory|sqlite|postgres|redis|redis-cluster,
+``EV_STORE_URL`` (path, DSN (multi-host too) or URL; redis-cluster: any node's URL), ``EV_EFFECTS`` (SQLite path), ``EV_LEASE_MS`` (1000), ``EV_TTL_MS`` (600000),
 ``EV_SHORT_TTL_MS`` (3000, route /ttl), ``EV_STOP_SLEEP_MS`` (400), ``EV_STORE_TIMEOUT_MS``
 (the PostgreSQL store's client-side deadline per operation, 2000).
 
@@ -183,6 +183,8 @@ def make_store() -> Any:
         return stores.PostgresStore(STORE_URL, connect_timeout=2, timeout=STORE_TIMEOUT_MS / 1000)
     if STORE == "redis":
         return stores.RedisStore(STORE_URL)
+    if STORE == "redis-cluster":
+        return stores.RedisStore(STORE_URL, cluster=True)
     raise SystemExit(f"unknown EV_STORE {STORE!r}")
 
 

@@ -13,7 +13,8 @@
 // idempo's records): that table is what the suite counts. `downstream` plays a payment API that
 // deduplicates on the downstream key idempo hands the handler.
 //
-// Configuration (environment, as app.py): EV_STORE memory|sqlite|postgres|redis, EV_STORE_URL,
+// Configuration (environment, as app.py): EV_STORE memory|sqlite|postgres|redis|redis-cluster,
+// EV_STORE_URL (a multi-host PostgreSQL URL too: the store follows the writable server),
 // EV_EFFECTS, EV_LEASE_MS (1000), EV_TTL_MS (600000), EV_SHORT_TTL_MS (3000), EV_STOP_SLEEP_MS
 // (400), EV_BUSY_MS (SQLite busy_timeout, 5000), EV_STORE_TIMEOUT_MS (the middleware's
 // storeTimeoutMs and the PostgreSQL store's timeoutMs, 2000), EV_WORKERS (1).
@@ -151,6 +152,7 @@ function serve() {
     if (STORE === 'sqlite') return new idempo.SqliteStore({ filename: STORE_URL, busyTimeoutMs: BUSY_MS });
     if (STORE === 'postgres') return new idempo.PostgresStore({ connectionString: STORE_URL, timeoutMs: STORE_TIMEOUT_MS });
     if (STORE === 'redis') return new idempo.RedisStore({ url: STORE_URL });
+    if (STORE === 'redis-cluster') return new idempo.RedisStore({ url: STORE_URL, cluster: true });
     throw new Error(`unknown EV_STORE ${STORE}`);
   }
   const inner = makeStore();
@@ -205,8 +207,17 @@ function serve() {
     };
   }
 
+  // EV_LOG_STORE_ERRORS=1: every store error (with its time and the worker's pid) on stderr, which
+  // the harness keeps in the server log (diagnosis of a row's 503s).
+  const events = new idempo.IdempotencyEvents();
+  if (env.EV_LOG_STORE_ERRORS === '1') {
+    events.on('store_error', ({ op, error }) =>
+      process.stderr.write(`${new Date().toISOString()} ${process.pid} store_error ${op}: ${error?.message ?? error}\n`),
+    );
+  }
   const guard = (takeover, ttlMs = TTL_MS) =>
     idempo.idempotency({
+      events,
       store,
       takeover,
       leaseMs: LEASE_MS,

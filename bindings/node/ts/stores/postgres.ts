@@ -49,8 +49,15 @@ export type PgPoolLike = Pick<PG.Pool, 'query'> & Partial<Pick<PG.Pool, 'end' | 
 export interface PostgresStoreOptions {
   /** A `pg.Pool` (or anything with `query`); the store does not end it. */
   pool?: PgPoolLike;
-  /** A connection string; the store creates and owns a pool. */
-  connectionString?: string;
+  /**
+   * A connection string; the store creates and owns a pool. Several servers (a primary and its
+   * standbys, `spec/STORAGE.md` §4.6): a libpq-style multi-host URL
+   * (`postgresql://u@a:5432,b:5432/db?target_session_attrs=read-write`) or a list of connection
+   * strings. The store then opens its connections on the first server, in order, that accepts
+   * writes (`SHOW transaction_read_only` is `off`, as libpq's `target_session_attrs=read-write`),
+   * and moves on when that server stops answering or turns read-only, so it follows a promotion.
+   */
+  connectionString?: string | readonly string[];
   /** Schema holding the table (default: the search path). */
   schema?: string;
   /**
@@ -104,7 +111,105 @@ function timer(deadline: number): { promise: Promise<'timeout'>; clear: () => vo
 function reusable(e: unknown): boolean {
   const code = (e as { code?: unknown }).code;
   if (typeof code !== 'string' || !/^[0-9A-Z]{5}$/.test(code)) return false;
-  return !['08', '57', '58', 'XX'].includes(code.slice(0, 2));
+  // 25006: the server is read-only (a standby, or a demoted primary): another connection may find
+  // the new primary (with several servers, see FailoverPool).
+  return code !== '25006' && !['08', '57', '58', 'XX'].includes(code.slice(0, 2));
+}
+
+/**
+ * The single-host URLs of a libpq-style multi-host URL (`postgresql://u@a:1,b:2/db?...`), in
+ * order; any other string is returned alone. `target_session_attrs` is dropped: with several
+ * servers the store always looks for the one that accepts writes (node-postgres does not know
+ * the parameter).
+ */
+function splitHosts(url: string): string[] {
+  const m = /^(postgres(?:ql)?:\/\/)([^@/?#]*@)?([^/?#]*)(.*)$/.exec(url);
+  if (m === null || !m[3]?.includes(',')) return [url];
+  const [, scheme, auth = '', hosts = '', rest = ''] = m;
+  const tail = rest.replace(/([?&])target_session_attrs=[^&#]*&?/, '$1').replace(/[?&]$/, '');
+  return hosts.split(',').filter(Boolean).map((h) => `${scheme}${auth}${h}${tail}`);
+}
+
+/**
+ * A pool over several servers for a primary that may move (`connectionString` with several
+ * hosts): one `pg.Pool` per server; connections come from the server that last proved writable,
+ * and every new connection is checked (`SHOW transaction_read_only`) before its first use. When
+ * that server refuses connections or is read-only, the next one is tried, in order. Statements
+ * on a connection whose server died fail as before (503, the connection destroyed); the next
+ * connection finds the new primary.
+ */
+class FailoverPool {
+  readonly #pools: PG.Pool[];
+  readonly #unchecked = new WeakSet<PG.PoolClient>();
+  readonly #listeners: ((err: Error) => void)[] = [];
+  readonly #names: string[];
+  #current = 0;
+
+  constructor(pg: typeof PG, urls: readonly string[]) {
+    this.#names = urls.map((u) => u.replace(/\/\/[^@/]*@/, '//'));
+    this.#pools = urls.map((connectionString) => {
+      const p = new pg.Pool({ connectionString });
+      p.on('connect', (c) => this.#unchecked.add(c));
+      p.on('error', (err) => {
+        for (const f of this.#listeners) f(err);
+      });
+      return p;
+    });
+  }
+
+  on(event: 'error', f: (err: Error) => void): this {
+    if (event === 'error') this.#listeners.push(f);
+    return this;
+  }
+
+  async connect(): Promise<PG.PoolClient> {
+    const n = this.#pools.length;
+    const why: string[] = [];
+    for (let i = 0; i < n; i++) {
+      const at = (this.#current + i) % n;
+      let c: PG.PoolClient;
+      try {
+        c = await (this.#pools[at] as PG.Pool).connect();
+      } catch (e) {
+        why.push(`${this.#names[at]}: ${(e as Error).message}`);
+        continue;
+      }
+      if (this.#unchecked.has(c)) {
+        try {
+          const r = await c.query('SHOW transaction_read_only');
+          if ((r.rows[0] as { transaction_read_only?: string } | undefined)?.transaction_read_only !== 'off') {
+            c.release(new Error('read-only server'));
+            why.push(`${this.#names[at]}: read-only (a standby)`);
+            continue;
+          }
+        } catch (e) {
+          c.release(e as Error);
+          why.push(`${this.#names[at]}: ${(e as Error).message}`);
+          continue;
+        }
+        this.#unchecked.delete(c);
+      }
+      this.#current = at;
+      return c;
+    }
+    throw new StoreUnavailableError(`PostgreSQL: no server accepts writes (${why.join('; ')})`);
+  }
+
+  async query(sql: string, params?: unknown[]): Promise<PG.QueryResult> {
+    const c = await this.connect();
+    try {
+      const r = await c.query(sql, params);
+      c.release();
+      return r;
+    } catch (e) {
+      c.release(reusable(e) ? undefined : (e as Error));
+      throw e;
+    }
+  }
+
+  async end(): Promise<void> {
+    await Promise.all(this.#pools.map((p) => p.end()));
+  }
 }
 
 function ms(name: string, v: number | undefined, d: number): number {
@@ -146,10 +251,11 @@ export class PostgresStore implements TransactionalStore {
     if (options.pool) {
       this.#pool = options.pool;
       this.#owned = false;
-    } else if (options.connectionString) {
+    } else if (options.connectionString && options.connectionString.length > 0) {
       // eslint-disable-next-line @typescript-eslint/no-require-imports
       const pg = require('pg') as typeof PG;
-      this.#pool = new pg.Pool({ connectionString: options.connectionString });
+      const urls = typeof options.connectionString === 'string' ? splitHosts(options.connectionString) : [...options.connectionString];
+      this.#pool = urls.length === 1 ? new pg.Pool({ connectionString: urls[0] }) : (new FailoverPool(pg, urls) as unknown as PgPoolLike);
       this.#owned = true;
     } else {
       throw new TypeError('PostgresStore needs a pool or a connectionString');
