@@ -325,3 +325,13 @@ def with_content_length(headers: List[Tuple[str, str]], body: bytes) -> List[Tup
         return headers
     return [*headers, ("content-length", str(len(body)))]
 
+
+
+def response_length(headers: Any) -> Optional[int]:
+    """A response's declared ``Content-Length`` (None: absent or unreadable). A teed body whose
+    declared length has been sent is complete, so its record is written before the last bytes
+    leave: a client that has them and retries at once finds the record, not a 409."""
+    for name, value in headers:
+        if str(name).lower() == "content-length":
+            return declared_length(str(value))
+    return None

@@ -66,6 +66,7 @@ from idempo._host import (
     Prepared,
     RouteOptions,
     declared_length,
+    response_length,
     idempotent,
     route_overrides,
     with_content_length,
@@ -512,6 +513,15 @@ class _Recorder:
         self.capture = capture
         self.recorded: List[bytes] = []
         self.done = False
+        self.remaining = response_length(headers)
+
+    def last(self, chunk: bytes) -> bool:
+        """True when ``chunk`` completes the declared ``Content-Length``: the record is then
+        written before it is handed on."""
+        if self.remaining is None:
+            return False
+        self.remaining -= len(chunk)
+        return self.remaining <= 0
 
     def record(self, chunk: bytes) -> None:
         step = self.capture.accept(len(chunk))
@@ -557,6 +567,8 @@ class _Tee(_Recorder):
             self.flow.failed()
             raise
         self.record(chunk)
+        if self.last(chunk):
+            self.flow.finished(self.result(True))
         return chunk
 
     def close(self) -> None:
@@ -616,6 +628,8 @@ class _ATee(_Recorder):
             await self.flow.failed()
             raise
         self.record(chunk)
+        if self.last(chunk):
+            await self.flow.finished(self.result(True))
         return chunk
 
     def close(self) -> None:

@@ -33,7 +33,13 @@ from http import HTTPStatus
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from idempo._flow import HandlerResult, Hooks, Response, SyncRequest, failed_log
-from idempo._host import HostCore, RouteOptions, declared_length, with_content_length
+from idempo._host import (
+    HostCore,
+    RouteOptions,
+    declared_length,
+    response_length,
+    with_content_length,
+)
 from idempo._idempo import BodyCapture, Config
 from idempo._render import ProblemRenderer
 
@@ -329,9 +335,20 @@ class _Tee:
         self._capture = capture
         self._recorded: List[bytes] = []
         self._done = False
+        self._remaining = response_length(headers)
         if capture is not None:
             for chunk in pending:
                 self._record(chunk)
+        if self._remaining is not None:
+            self._remaining -= sum(len(c) for c in pending)
+
+    def _last(self, chunk: bytes) -> bool:
+        """True when ``chunk`` completes the declared ``Content-Length``: the record is then
+        written before it is handed to the server."""
+        if self._remaining is None:
+            return False
+        self._remaining -= len(chunk)
+        return self._remaining <= 0
 
     def _record(self, chunk: bytes) -> None:
         assert self._capture is not None
@@ -363,6 +380,8 @@ class _Tee:
             raise
         if self._capture is not None:
             self._record(chunk)
+        if self._last(chunk):
+            self._finish(complete=True)
         return chunk
 
     def close(self) -> None:
