@@ -109,12 +109,14 @@ async def client(t: Target, s: Storm, row: Row, key: str, data: bytes, sleep_ms:
     try:
         while time.monotonic() < until:
             try:
+                # A whole request timeout even near the deadline (a shortened one would turn the
+                # last attempt's 503, which takes up to the store deadline, into "no answer").
                 r: Reply = await post(c, ROUTE, key, data, extra=[("x-ev-sleep-ms", str(sleep_ms)), *(extra or [])],
-                                      timeout=max(1.0, min(15.0, until - time.monotonic())))
-            except (ConnectionDied, asyncio.TimeoutError):
+                                      timeout=15.0)
+            except (ConnectionDied, asyncio.TimeoutError) as exc:
                 s.died += 1
                 extra = None
-                last = "connection died"
+                last = "no answer within 15 s" if isinstance(exc, asyncio.TimeoutError) else "connection died"
                 await asyncio.sleep(0.1)
                 continue
             extra = None
@@ -264,10 +266,6 @@ def fault_kill_worker(t: Target, s_ref: List[Storm], row: Row, prof: Dict[str, A
     return run
 
 
-async def _in_thread(f: Callable[[], Any]) -> Any:
-    return await asyncio.to_thread(f)
-
-
 # --- rows ------------------------------------------------------------------------------------
 
 @dataclass
@@ -277,8 +275,6 @@ class Topo:
     name: str
     store: str
     url: str
-    stop: Callable[[], None]
-    schema_dsn: str = ""
 
 
 async def run_row(app: str, topo: Topo, fault_name: str, prof: Dict[str, Any], work: Path,
@@ -409,7 +405,7 @@ async def run_topologies(apps: List[str], rows: List[str], prof: Dict[str, Any],
             b = await asyncio.to_thread(Bouncer.start, retry)
             try:
                 await asyncio.to_thread(_schema, b.direct_dsn)
-                topo = Topo("pgbouncer", "postgres", b.dsn, b.stop)
+                topo = Topo("pgbouncer", "postgres", b.dsn)
                 bouncer = b
 
                 def kills(t: Target, ref: List[Storm], row: Row) -> List[Tuple[float, Callable[[], Awaitable[str]]]]:
@@ -435,7 +431,7 @@ async def run_topologies(apps: List[str], rows: List[str], prof: Dict[str, Any],
             p = await asyncio.to_thread(Pair.start)
             try:
                 await asyncio.to_thread(_schema, p.primary_dsn)
-                topo = Topo("pg-standby", "postgres", p.dsn, p.stop)
+                topo = Topo("pg-standby", "postgres", p.dsn)
 
                 async def promote() -> str:
                     took = await asyncio.to_thread(p.promote)
@@ -459,7 +455,7 @@ async def run_topologies(apps: List[str], rows: List[str], prof: Dict[str, Any],
                     kills_left = 2  # primaries with a replica, less the seed replica's own
                 cluster = cl
                 seed = await asyncio.to_thread(cluster.seed)
-                topo = Topo("redis-cluster", "redis-cluster", f"redis://127.0.0.1:{seed}/0", cluster.stop)
+                topo = Topo("redis-cluster", "redis-cluster", f"redis://127.0.0.1:{seed}/0")
 
                 async def kill() -> str:
                     port, took = await asyncio.to_thread(cluster.kill_primary, seed)
