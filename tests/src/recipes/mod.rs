@@ -107,13 +107,6 @@ pub fn core_step(slot: &Option<Record>, step: Step<'_>, now_ms: u64) -> Result<O
     Ok((applied, s))
 }
 
-/// Records that count as absent compare equal: a recipe may keep or drop an expired record where
-/// core keeps it (both answer and later steps treat it as absent, except the generation, which
-/// the claim compares separately).
-fn same_slot(a: &Option<Record>, b: &Option<Record>) -> bool {
-    a == b
-}
-
 /// Runs `step` on core and on every backend from the same `slot` and returns the first
 /// disagreement, named by backend, step and slot.
 pub fn check_step(
@@ -130,7 +123,7 @@ pub fn check_step(
     ];
     for (name, outcome) in got {
         let outcome = outcome.map_err(|e| format!("{name}: {step:?} on {slot:?}: {e}"))?;
-        if outcome.0 != want.0 || !same_slot(&outcome.1, &want.1) {
+        if outcome != want {
             return Err(format!(
                 "{name} disagrees with core at now={now_ms} on {step:?} from {slot:?}:\n  core:   {want:?}\n  {name}: {outcome:?}"
             ));
