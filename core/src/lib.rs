@@ -27,6 +27,10 @@
 //! - [`policy`]: per-route lease, takeover, response-caching and retention policy.
 //! - [`machine`]: the key state machine: `decide`, completion, takeover and the sans-IO server flow.
 //! - [`vocab`]: the stable names of core's enumerations (`FromStr`, `as_str`, `Display`).
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

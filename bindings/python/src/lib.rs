@@ -4,6 +4,10 @@
 //! errors to Python exception classes, and makes no protocol decision of its own. Every function
 //! takes raw bytes where core does, and no input can make it panic: conversions are fallible and
 //! every core error becomes a typed Python exception.
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 #![forbid(unsafe_code)]
 
 mod admit;

@@ -12,7 +12,7 @@
 //!   binding wraps.
 //! - [`cache`]: the cache rule: when a cached record may be served and how long a fill lives.
 //! - [`problem`]: RFC 9457 problem+json responses for every non-handler answer.
-//! - [`admit`]: admission before the flow (key, body size, fingerprint, scope), in the order of
+//! - [`admit`](mod@admit): admission before the flow (key, body size, fingerprint, scope), in the order of
 //!   `spec/PROTOCOL.md` §7.2.
 //!
 //! The normative description is `spec/PROTOCOL.md`.
