@@ -20,6 +20,7 @@ mod flow;
 mod intent;
 mod key;
 mod memstore;
+mod metrics;
 mod num;
 mod recipes;
 mod record;
