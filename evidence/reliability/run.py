@@ -20,146 +20,22 @@ import os
 import random
 import signal
 import sqlite3
-import statistics
 import sys
 import tempfile
 import threading
 import time
 import traceback
-import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from evidence.lib.http import Client, ConnectionDied, Reply
 from evidence.lib.services import Server, Services, rss_kib
-
-APPS = {
-    "python": "evidence.reliability.app:app",
-    "node": str(Path(__file__).resolve().parent / "node_app.cjs"),
-}
-STORE_TIMEOUT_MS = 2000
-"""Client-side store deadline given to the apps (``EV_STORE_TIMEOUT_MS``): a hung store must be
-answered with 503 within it (plus HUNG_SLACK_MS for a loaded machine)."""
-HUNG_SLACK_MS = 1000
-NODE_PURGE = str(Path(__file__).resolve().parent / "node_purge.cjs")
-LEASE_MS = 1000
-SHORT_TTL_MS = 3000
-TTL_MARGIN_MS = 1000
-"""Replays are required until expiry minus this margin, a new run from expiry plus half of it
-(a loaded machine can delay a request by hundreds of milliseconds)."""
-SQLITE_BUSY_MS = 5000
-"""SQLite busy_timeout of the app (the store's default): the bound on a 503 when the file is locked."""
-STEPS = ("after_claim", "in_handler", "after_effect", "before_complete", "after_complete")
-MODES = ("ou", "rerun", "keyed")
-
-
-@dataclass
-class Row:
-    """One line of the summary table."""
-
-    store: str
-    scenario: str
-    app: str = "python"
-    trials: int = 0
-    executions: int = 0
-    outcomes: Counter = field(default_factory=Counter)
-    violations: List[str] = field(default_factory=list)
-    notes: List[str] = field(default_factory=list)
-    seconds: float = 0.0
-
-    def bad(self, msg: str) -> None:
-        if len(self.violations) < 20:
-            self.violations.append(msg)
-        else:
-            self.violations[-1] = f"... and more ({msg})"
-
-
-def classify(r: Reply) -> str:
-    """A short outcome label for a reply."""
-    if r.replayed:
-        return f"{r.status} replay"
-    t = r.problem_type.rsplit(":", 1)[-1]
-    return f"{r.status} {t}" if t else f"{r.status}"
-
-
-def body(tag: str, amount: int = 100) -> bytes:
-    return json.dumps({"amount": amount, "currency": "EUR", "tag": tag}).encode()
-
-
-def new_key() -> str:
-    return uuid.uuid4().hex
-
-
-class Effects:
-    """Read access to the app's effects database."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def _q(self, sql: str, args: Tuple[Any, ...] = ()) -> List[Tuple[Any, ...]]:
-        conn = sqlite3.connect(self.path, timeout=30)
-        try:
-            return conn.execute(sql, args).fetchall()
-        finally:
-            conn.close()
-
-    def rows(self, key: str) -> List[Tuple[Any, ...]]:
-        return self._q("SELECT id, route, generation, downstream_key, tag, pid FROM effects WHERE key = ?", (key,))
-
-    def per_key(self, keys: List[str]) -> Dict[str, List[Tuple[Any, ...]]]:
-        out: Dict[str, List[Tuple[Any, ...]]] = {k: [] for k in keys}
-        for i in range(0, len(keys), 500):
-            chunk = keys[i:i + 500]
-            marks = ",".join("?" * len(chunk))
-            for row in self._q(
-                f"SELECT key, id, route, generation, downstream_key, tag FROM effects WHERE key IN ({marks})",
-                tuple(chunk),
-            ):
-                out[row[0]].append(row[1:])
-        return out
-
-    def downstream(self, dkey: str) -> int:
-        return int(self._q("SELECT count(*) FROM downstream WHERE downstream_key = ?", (dkey,))[0][0])
-
-    def started_pid(self, key: str) -> Optional[int]:
-        rows = self._q("SELECT pid FROM started WHERE key = ?", (key,))
-        return int(rows[0][0]) if rows else None
-
-    def total(self) -> int:
-        return int(self._q("SELECT count(*) FROM effects")[0][0])
-
-
-@dataclass
-class Target:
-    """One store under test: its server, client and effects."""
-
-    name: str
-    url: str
-    workers: int
-    server: Server
-    effects: Effects
-    svc: Optional[Services]
-    app: str = "python"
-    mem_dir: Optional[Path] = None
-    """Node app: where its workers log ``process.memoryUsage()`` (node_app.cjs, EV_MEM_DIR)."""
-
-    def row(self, scenario: str) -> Row:
-        return Row(self.name, scenario, self.app)
-
-    def client(self) -> Client:
-        return Client("127.0.0.1", self.server.port, timeout=30)
-
-
-async def post(c: Client, route: str, key: Optional[str], data: bytes, *, extra: Optional[List[Tuple[str, str]]] = None,
-               fresh: bool = False, timeout: Optional[float] = None) -> Reply:
-    headers: List[Tuple[Any, Any]] = [("content-type", "application/json")]
-    if key is not None:
-        headers.append(("idempotency-key", key))
-    headers.extend(extra or [])
-    return await c.request("POST", route, headers=headers, body=data, fresh=fresh, timeout=timeout)
-
+from evidence.reliability.harness import (APPS, HUNG_SLACK_MS, LEASE_MS, MODES, NODE_PURGE, SHORT_TTL_MS, SQLITE_BUSY_MS,
+                                          STEPS, STORE_TIMEOUT_MS, TTL_MARGIN_MS, TX_TABLE, Effects, Row, Target, body,
+                                          classify, new_key, post, print_table, store_sql)
+from evidence.reliability.memory import SOAK_JUDGE_MIN_S, SOAK_WARMUP_S, gc_sample, judge_memory
 
 # --- 1 and 2: concurrent duplicates ------------------------------------------------------------
 
@@ -211,7 +87,7 @@ async def s_concurrent(t: Target, rounds: Dict[int, int], mixed: bool, route: st
             elif r is not winner and not (r.status == 409 or (r.replayed and r.body == winner.body)):
                 row.bad(f"K={k} same body got {classify(r)}")
         if route == "/pay/tx":
-            n = int(_store_sql(t, "SELECT count(*) FROM ev_effects_tx WHERE key = ?", (key,))[0][0])
+            n = int(store_sql(t, "SELECT count(*) FROM ev_effects_tx WHERE key = ?", (key,))[0][0])
         else:
             n = len(t.effects.rows(key))
         row.executions += n
@@ -238,6 +114,24 @@ async def s_concurrent(t: Target, rounds: Dict[int, int], mixed: bool, route: st
 
 # --- 3: kill -9 at each step ------------------------------------------------------------------
 
+async def crash_at(c: Client, route: str, key: str, data: bytes, step: str, row: Row, what: str) -> bool:
+    """Sends the request with ``x-ev-crash: step`` (the worker kills itself there with SIGKILL):
+    True once the connection died as asked; a worker that answered instead is a violation."""
+    try:
+        r = await post(c, route, key, data, extra=[("x-ev-crash", step)], fresh=True)
+    except ConnectionDied:
+        return True
+    row.bad(f"{what}: worker survived ({classify(r)})")
+    return False
+
+
+async def s_kill(t: Target, trials: int, *, transactional: bool = False) -> Row:
+    """kill -9 at each step of a request, in each effect mode (``/pay/{ou,rerun,keyed}``), or of a
+    transactional request (``/pay/tx``) with ``transactional``."""
+    if transactional:
+        return await _kill_transactional(t, trials)
+    return await _kill_modes(t, trials)
+
 EXPECT_AFTER = {
     # mode -> step -> allowed labels after the lease (second request onwards)
     "ou": {"after_complete": {"201 replay"}, "*": {"500 outcome-unknown"}},
@@ -246,7 +140,7 @@ EXPECT_AFTER = {
 }
 
 
-async def s_kill(t: Target, trials: int) -> Row:
+async def _kill_modes(t: Target, trials: int) -> Row:
     row = t.row("3 kill -9 at each step")
     c = t.client()
     t0 = time.monotonic()
@@ -256,12 +150,8 @@ async def s_kill(t: Target, trials: int) -> Row:
     for mode, step in plan:
         key = new_key()
         data = body(f"{mode}-{step}")
-        try:
-            r = await post(c, f"/pay/{mode}", key, data, extra=[("x-ev-crash", step)], fresh=True)
-            row.bad(f"{mode}/{step}: worker survived ({classify(r)})")
+        if not await crash_at(c, f"/pay/{mode}", key, data, step, row, f"{mode}/{step}"):
             continue
-        except ConnectionDied:
-            pass
         crashed = time.monotonic()
         row.trials += 1
         r = await post(c, f"/pay/{mode}", key, data, fresh=True)
@@ -324,31 +214,7 @@ async def s_kill(t: Target, trials: int) -> Row:
     return row
 
 
-TX_TABLE = {
-    "postgres": "CREATE TABLE IF NOT EXISTS ev_effects_tx (id bigserial PRIMARY KEY, key text, generation integer, "
-                "tag text, pid integer)",
-    "sqlite": "CREATE TABLE IF NOT EXISTS ev_effects_tx (id INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT, "
-              "generation INTEGER, tag TEXT, pid INTEGER)",
-}
-"""The transactional route's execution table, in the store's own database (``/pay/tx`` of app.py and node_app.cjs)."""
-
-
-def _store_sql(t: Target, sql: str, args: Tuple[Any, ...] = ()) -> List[Tuple[Any, ...]]:
-    """One statement on the store's database (PostgreSQL or SQLite), autocommit."""
-    if t.name == "postgres":
-        import psycopg
-
-        with psycopg.connect(t.url, autocommit=True) as conn:
-            cur = conn.execute(sql.replace("?", "%s"), args)
-            return list(cur.fetchall()) if cur.description else []
-    lite = sqlite3.connect(t.url, timeout=30, isolation_level=None)
-    try:
-        return list(lite.execute(sql, args).fetchall())
-    finally:
-        lite.close()
-
-
-async def s_kill_tx(t: Target, trials: int) -> Row:
+async def _kill_transactional(t: Target, trials: int) -> Row:
     """kill -9 at each step of a transactional request (claim, handler write and completion in
     one transaction of the store's database, spec/STORAGE.md section 4.4).
 
@@ -365,15 +231,11 @@ async def s_kill_tx(t: Target, trials: int) -> Row:
     for step in [s for _ in range(trials) for s in STEPS]:
         key = new_key()
         data = body(f"tx-{step}")
-        try:
-            r = await post(c, "/pay/tx", key, data, extra=[("x-ev-crash", step)], fresh=True)
-            row.bad(f"tx/{step}: worker survived ({classify(r)})")
+        if not await crash_at(c, "/pay/tx", key, data, step, row, f"tx/{step}"):
             continue
-        except ConnectionDied:
-            pass
         row.trials += 1
         committed = step == "after_complete"
-        left = _store_sql(t, "SELECT count(*) FROM ev_effects_tx WHERE key = ?", (key,))[0][0]
+        left = store_sql(t, "SELECT count(*) FROM ev_effects_tx WHERE key = ?", (key,))[0][0]
         if left != (1 if committed else 0):
             row.bad(f"tx/{step}: {left} execution rows visible after the crash")
         r = await post(c, "/pay/tx", key, data, fresh=True, timeout=15)
@@ -388,11 +250,11 @@ async def s_kill_tx(t: Target, trials: int) -> Row:
         again = await post(c, "/pay/tx", key, data, fresh=True)
         if not (again.replayed and again.body == r.body):
             row.bad(f"tx/{step}: second retry {classify(again)} is not the replay")
-        n = int(_store_sql(t, "SELECT count(*) FROM ev_effects_tx WHERE key = ?", (key,))[0][0])
+        n = int(store_sql(t, "SELECT count(*) FROM ev_effects_tx WHERE key = ?", (key,))[0][0])
         row.executions += n
         if n != 1:
             row.bad(f"tx/{step}: {n} executions")
-        rec = _store_sql(t, "SELECT state, generation FROM idempo_record WHERE scope_key = ?",
+        rec = store_sql(t, "SELECT state, generation FROM idempo_record WHERE scope_key = ?",
                          (idempo.scope_id("", "POST", "/pay/tx", key),))
         if [tuple(x) for x in rec] != [(2, 1)]:
             row.bad(f"tx/{step}: record (state, generation) {rec}, expected one completed, generation 1")
@@ -406,7 +268,59 @@ async def s_kill_tx(t: Target, trials: int) -> Row:
 
 # --- 4: SIGSTOP past the lease, then SIGCONT -------------------------------------------------
 
-async def s_stop(t: Target, trials: int) -> Row:
+@dataclass
+class Frozen:
+    """A request whose worker was frozen mid-handler past the lease, and the duplicate sent then."""
+
+    first: "asyncio.Future[Reply]"
+    """The frozen request (answers after SIGCONT, or dies with its worker)."""
+    second: Reply
+    """The duplicate sent once the lease had run out."""
+    killed: bool
+    """The server's supervisor killed the frozen worker (uvicorn's health check does)."""
+    frozen_at: float
+
+
+async def freeze_past_lease(t: Target, c: Client, route: str, key: str, data: bytes, row: Row, what: str,
+                            timeout: Optional[float] = None) -> Optional[Frozen]:
+    """Starts the request with ``x-ev-stop`` (its handler waits), SIGSTOPs its worker once the
+    handler has started, sends the duplicate after the lease, then SIGCONTs the worker. None (and
+    a violation) when the handler never started."""
+    first = asyncio.ensure_future(post(c, route, key, data, extra=[("x-ev-stop", "1")], fresh=True, timeout=60))
+    pid = None
+    for _ in range(500):
+        pid = t.effects.started_pid(key)
+        if pid:
+            break
+        await asyncio.sleep(0.01)
+    if pid is None:
+        row.bad(f"{what}handler never started")
+        first.cancel()
+        return None
+    os.kill(pid, signal.SIGSTOP)
+    row.trials += 1
+    frozen_at = time.monotonic()
+    killed = False
+    try:
+        await asyncio.sleep(LEASE_MS / 1000 + 0.2)
+        second = await post(c, route, key, data, fresh=True, timeout=timeout)
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            killed = True
+    return Frozen(first, second, killed, frozen_at)
+
+
+async def s_stop(t: Target, trials: int, *, transactional: bool = False) -> Row:
+    """SIGSTOP a worker mid-handler past the lease, then SIGCONT: in each effect mode, or on the
+    transactional route with ``transactional``."""
+    if transactional:
+        return await _stop_transactional(t, trials)
+    return await _stop_modes(t, trials)
+
+
+async def _stop_modes(t: Target, trials: int) -> Row:
     row = t.row("4 SIGSTOP past lease, SIGCONT")
     c = t.client()
     t0 = time.monotonic()
@@ -414,33 +328,14 @@ async def s_stop(t: Target, trials: int) -> Row:
         key = new_key()
         data = body(f"stop-{mode}")
         route = f"/pay/{mode}"
-        first = asyncio.ensure_future(post(c, route, key, data, extra=[("x-ev-stop", "1")], fresh=True, timeout=60))
-        pid = None
-        for _ in range(500):
-            pid = t.effects.started_pid(key)
-            if pid:
-                break
-            await asyncio.sleep(0.01)
-        if pid is None:
-            row.bad(f"{mode}: handler never started")
-            first.cancel()
+        frozen = await freeze_past_lease(t, c, route, key, data, row, f"{mode}: ")
+        if frozen is None:
             continue
-        os.kill(pid, signal.SIGSTOP)
-        row.trials += 1
-        frozen_at = time.monotonic()
-        killed = False  # uvicorn's supervisor kills a worker that misses its health check
+        second, killed, frozen_at = frozen.second, frozen.killed, frozen.frozen_at
+        if second.elapsed > 2.0:
+            row.notes.append(f"{mode}: takeover request took {second.elapsed * 1000:.0f} ms")
         try:
-            await asyncio.sleep(LEASE_MS / 1000 + 0.2)
-            second = await post(c, route, key, data, fresh=True)
-            if second.elapsed > 2.0:
-                row.notes.append(f"{mode}: takeover request took {second.elapsed * 1000:.0f} ms")
-        finally:
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                killed = True
-        try:
-            stale = await first
+            stale = await frozen.first
         except ConnectionDied as exc:
             if not killed:
                 row.bad(f"{mode}: paused request died: {exc}")
@@ -476,7 +371,7 @@ async def s_stop(t: Target, trials: int) -> Row:
     return row
 
 
-async def s_stop_tx(t: Target, trials: int) -> Row:
+async def _stop_transactional(t: Target, trials: int) -> Row:
     """SIGSTOP a transactional request's worker mid-handler past the lease, then SIGCONT.
 
     The claim is uncommitted while the owner is frozen, so no lease can expire and nobody can
@@ -491,33 +386,15 @@ async def s_stop_tx(t: Target, trials: int) -> Row:
     for _ in range(trials):
         key = new_key()
         data = body("stop-tx")
-        first = asyncio.ensure_future(post(c, "/pay/tx", key, data, extra=[("x-ev-stop", "1")], fresh=True, timeout=60))
-        pid = None
-        for _ in range(500):
-            pid = t.effects.started_pid(key)
-            if pid:
-                break
-            await asyncio.sleep(0.01)
-        if pid is None:
-            row.bad("handler never started")
-            first.cancel()
+        frozen = await freeze_past_lease(t, c, "/pay/tx", key, data, row, "", timeout=30)
+        if frozen is None:
             continue
-        os.kill(pid, signal.SIGSTOP)
-        row.trials += 1
-        killed = False  # uvicorn's supervisor kills a worker that misses its health check
-        try:
-            await asyncio.sleep(LEASE_MS / 1000 + 0.2)
-            second = await post(c, "/pay/tx", key, data, fresh=True, timeout=30)
-        finally:
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                killed = True
+        second, killed = frozen.second, frozen.killed
         row.outcomes["duplicate during the freeze: " + classify(second)] += 1
         if second.status == 201 and not killed:
             row.bad(f"a duplicate ran while the owner was frozen: {classify(second)}")
         try:
-            owner: Optional[Reply] = await first
+            owner: Optional[Reply] = await frozen.first
         except ConnectionDied as exc:
             if not killed:
                 row.bad(f"paused request died: {exc}")
@@ -538,7 +415,7 @@ async def s_stop_tx(t: Target, trials: int) -> Row:
             row.outcomes["owner after SIGCONT: " + classify(owner)] += 1
             if not (third.replayed and third.body == owner.body):
                 row.bad(f"after SIGCONT: {classify(third)} is not the owner's replay")
-        n = int(_store_sql(t, "SELECT count(*) FROM ev_effects_tx WHERE key = ?", (key,))[0][0])
+        n = int(store_sql(t, "SELECT count(*) FROM ev_effects_tx WHERE key = ?", (key,))[0][0])
         row.executions += n
         if n != 1:
             row.bad(f"{n} executions")
@@ -990,118 +867,6 @@ async def s_purge(t: Target, n: int, batch: int) -> Row:
 
 # --- 7: soak -----------------------------------------------------------------------------------
 
-SOAK_WARMUP_S = 15.0
-"""Memory samples of a soak's first seconds are warm-up, not judged: a fresh Node worker's V8
-heap grows its young generation to its maximum (heapTotal ~15 -> ~45 MiB, RSS ~60 -> ~100 MiB)
-within the first 10-20 s of load, and the allocator settles (docs/EVIDENCE.md section 1, scenario 7)."""
-SOAK_JUDGE_MIN_S = 20.0
-"""Flatness is judged only over at least this many seconds after the warm-up (short soaks: not judged)."""
-SOAK_FLAT_MIB = 5.0
-SOAK_FLAT_FRACTION = 0.05
-"""RSS is flat when the median of the judged window's last third exceeds the median of its first
-third by at most max(SOAK_FLAT_MIB, SOAK_FLAT_FRACTION of it) (GC sawtooth and allocator noise)."""
-SOAK_HEAP_MIB = 1.0
-SOAK_HEAP_FRACTION = 0.10
-"""Node: the V8 heap in use right after a full collection (what stays reachable) may grow by at most
-max(SOAK_HEAP_MIB, SOAK_HEAP_FRACTION of it) from the end of the warm-up to the end of the soak."""
-
-
-def _mem_lines(t: Target, pid: int) -> List[Dict[str, Any]]:
-    """The ``process.memoryUsage()`` samples a Node worker logged (empty for the Python app)."""
-    if t.mem_dir is None:
-        return []
-    try:
-        text = (t.mem_dir / f"{pid}.jsonl").read_text()
-    except OSError:
-        return []
-    out = []
-    for line in text.splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue  # the line being written
-    return out
-
-
-async def _gc_sample(t: Target, pid: int) -> Optional[Dict[str, Any]]:
-    """Asks a Node worker for a sample right after a full collection (SIGUSR2, node_app.cjs) and
-    waits for it (up to 10 s); None for the Python app, or when none came."""
-    if t.mem_dir is None:
-        return None
-    seen = sum(1 for x in _mem_lines(t, pid) if "gc" in x)
-    try:
-        os.kill(pid, signal.SIGUSR2)
-    except ProcessLookupError:
-        return None
-    for _ in range(100):
-        got = [x for x in _mem_lines(t, pid) if "gc" in x]
-        if len(got) > seen:
-            return got[-1] if got[-1]["gc"] else None
-        await asyncio.sleep(0.1)
-    return None
-
-
-def _median(xs: List[float]) -> float:
-    return float(statistics.median(xs)) if xs else 0.0
-
-
-def judge_memory(row: Row, t: Target, pid: int, samples: List[Tuple[float, int, int]], seconds: float,
-                 gc0: Optional[Dict[str, Any]], gc1: Optional[Dict[str, Any]], records: Tuple[int, int]) -> None:
-    """Scenario 7's memory verdict from (seconds since start, RSS KiB, trials so far) samples:
-    after SOAK_WARMUP_S, the RSS medians of the judged window's first and last thirds; on the Node
-    app also the heap after a full collection at the end of the warm-up and at the end. A growth
-    beyond the bounds is a violation, except RSS growth on the memory store, which holds every
-    record until its TTL (600 s here) and grows with them by design (bounded by maxEntries)."""
-    mib = 1024.0
-    rss = [s[1] for s in samples]
-    row.notes.append(f"RSS of a surviving worker: start {rss[0] / mib:.1f} MiB, end {rss[-1] / mib:.1f}, "
-                     f"max {max(rss) / mib:.1f} ({len(rss)} samples)")
-    window = [s for s in samples if s[0] >= SOAK_WARMUP_S]
-    if not window or window[-1][0] - SOAK_WARMUP_S < SOAK_JUDGE_MIN_S:
-        row.notes.append(f"memory not judged ({seconds:.0f} s soak: needs {SOAK_WARMUP_S:.0f} s warm-up + "
-                         f"{SOAK_JUDGE_MIN_S:.0f} s; long mode judges)")
-        return
-    third = max(1, len(window) // 3)
-    first = _median([s[1] / mib for s in window[:third]])
-    last = _median([s[1] / mib for s in window[-third:]])
-    requests = window[-1][2] - window[0][2]
-    growth = last - first
-    bound = max(SOAK_FLAT_MIB, SOAK_FLAT_FRACTION * first)
-    verdict = "flat" if growth <= bound else "GROWING"
-    text = (f"after {SOAK_WARMUP_S:.0f} s warm-up, RSS median {first:.1f} -> {last:.1f} MiB "
-            f"({growth:+.1f} MiB over {requests:,} requests to all workers, bound {bound:.1f})")
-    if verdict != "flat" and t.name == "memory":
-        held = records[1] - records[0]
-        per = ""
-        if held > 0 and gc0 is not None and gc1 is not None:
-            # RSS per record from the worker's own periodic samples over the judged window (not
-            # the two after-GC samples: a full collection also shrinks the heap).
-            lines = [x for x in _mem_lines(t, pid) if "gc" not in x and gc0["t"] <= x["t"] <= gc1["t"]]
-            k = len(lines) // 3
-            if k > 0:
-                d_rec = _median([x["records"] for x in lines[-k:]]) - _median([x["records"] for x in lines[:k]])
-                d_rss = _median([x["rss"] for x in lines[-k:]]) - _median([x["rss"] for x in lines[:k]])
-                if d_rec > 0:
-                    per = f", ~{d_rss / d_rec:,.0f} B of RSS per record"
-        verdict = f"grows with the store's records (+{held:,} held{per}; bounded by maxEntries)" if held > 0 \
-            else "grows with the store's records (bounded by maxEntries)"
-    elif verdict != "flat":
-        row.bad(f"soak: RSS grew {growth:+.1f} MiB after the warm-up (bound {bound:.1f} MiB)")
-    row.notes.append(f"{text}: {verdict}")
-    if gc0 is not None and gc1 is not None:
-        h0, h1 = gc0["heapUsed"] / 2**20, gc1["heapUsed"] / 2**20
-        hb = max(SOAK_HEAP_MIB, SOAK_HEAP_FRACTION * h0)
-        hv = "flat" if h1 - h0 <= hb else "GROWING"
-        row.notes.append(
-            f"V8 heap after a full GC {h0:.1f} -> {h1:.1f} MiB (bound +{hb:.1f}): {hv}; heapTotal "
-            f"{gc0['heapTotal'] / 2**20:.1f} -> {gc1['heapTotal'] / 2**20:.1f}, external "
-            f"{gc0['external'] / 2**20:.1f} -> {gc1['external'] / 2**20:.1f} MiB")
-        if hv != "flat":
-            row.bad(f"soak: V8 heap after GC grew {h1 - h0:+.1f} MiB after the warm-up")
-    elif t.app == "node":
-        row.notes.append("no heap sample after GC (worker without --expose-gc?)")
-
-
 async def s_soak(t: Target, seconds: float, kills: bool) -> Row:
     row = t.row(f"7 soak {seconds:.0f} s" + (" + kill -9" if kills else ""))
     c = t.client()
@@ -1149,7 +914,7 @@ async def s_soak(t: Target, seconds: float, kills: bool) -> Row:
             samples.append((now - t0, rss_kib(protected), row.trials))
             next_sample = now + 1.0
         if judged and gc0 is None and now - t0 >= SOAK_WARMUP_S:
-            gc0 = await _gc_sample(t, protected)
+            gc0 = await gc_sample(t, protected)
             if gc0 is None:
                 judged = False  # asked once; the verdict says it is missing
         if kills and now >= next_kill:
@@ -1173,7 +938,7 @@ async def s_soak(t: Target, seconds: float, kills: bool) -> Row:
                 row.bad("soak keyed: downstream charged twice")
     samples.append((time.monotonic() - t0, rss_kib(protected), row.trials))
     if gc0 is not None:
-        gc1 = await _gc_sample(t, protected)
+        gc1 = await gc_sample(t, protected)
     held = (int(gc0.get("records", 0)), int(gc1.get("records", 0))) if gc0 and gc1 else (0, 0)
     judge_memory(row, t, protected, samples, seconds, gc0, gc1, held)
     row.notes.append(f"{len(keys)} keys, {killed} workers killed")
@@ -1226,7 +991,7 @@ async def run_store(app: str, name: str, svc: Optional[Services], prof: Dict[str
     server = Server(APPS[app], env, workers=workers, node=app == "node").start()
     t = Target(name, url, workers, server, Effects(effects), svc, app, mem_dir)
     if tx:
-        _store_sql(t, TX_TABLE[name])
+        store_sql(t, TX_TABLE[name])
     rows: List[Row] = []
 
     def want(s: str) -> bool:
@@ -1244,7 +1009,7 @@ async def run_store(app: str, name: str, svc: Optional[Services], prof: Dict[str
             if want("3"):
                 rows.append(await s_kill(t, prof["kill_trials"]))
                 if tx:
-                    rows.append(await s_kill_tx(t, prof["kill_trials"]))
+                    rows.append(await s_kill(t, prof["kill_trials"], transactional=True))
                 # Let the replacements of the killed workers finish starting (on a loaded machine
                 # a request could otherwise wait for one, and a SIGSTOP row would time it).
                 server.wait_ready()
@@ -1252,7 +1017,7 @@ async def run_store(app: str, name: str, svc: Optional[Services], prof: Dict[str
             if want("4"):
                 rows.append(await s_stop(t, prof["stop_trials"]))
                 if tx:
-                    rows.append(await s_stop_tx(t, prof["stop_trials"]))
+                    rows.append(await s_stop(t, prof["stop_trials"], transactional=True))
             if want("5"):
                 rows.append(await s_outage(t, prof["probes"]))
                 # Worker threads still hold connections the outage broke; each would fail closed
@@ -1278,30 +1043,6 @@ async def run_store(app: str, name: str, svc: Optional[Services], prof: Dict[str
     finally:
         server.stop()
     return rows
-
-
-def print_table(rows: List[Row], header: str) -> None:
-    print()
-    print(header)
-    cols = ("app", "store", "scenario", "trials", "executions", "violations", "time", "outcomes / figures")
-    print(f"{cols[0]:<7} {cols[1]:<9} {cols[2]:<31} {cols[3]:>8} {cols[4]:>10} {cols[5]:>10} {cols[6]:>7}  {cols[7]}")
-    print("-" * 140)
-    for r in rows:
-        outs = ", ".join(f"{k}: {v}" for k, v in sorted(r.outcomes.items(), key=lambda kv: -kv[1]))
-        extra = "; ".join([outs, *r.notes]) if outs else "; ".join(r.notes)
-        print(f"{r.app:<7} {r.store:<9} {r.scenario:<31} {r.trials:>8} {r.executions:>10} {len(r.violations):>10} "
-              f"{r.seconds:>6.1f}s  {extra}")
-    bad = [r for r in rows if r.violations]
-    totals: Dict[str, int] = Counter()
-    for r in rows:
-        totals[f"{r.app} {r.store}"] += r.trials
-    print("-" * 140)
-    print("trials per app and store: " + ", ".join(f"{k} {v:,}" for k, v in totals.items()))
-    if bad:
-        print("\nVIOLATIONS:")
-        for r in bad:
-            for v in r.violations:
-                print(f"  {r.app} / {r.store} / {r.scenario}: {v}")
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -58,8 +58,8 @@ from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
 from evidence.lib.http import ConnectionDied, Reply
 from evidence.lib.services import Server
 from evidence.lib.topology import Bouncer, ClusterWithReplicas, Pair
-from evidence.reliability.run import (APPS, LEASE_MS, SHORT_TTL_MS, STORE_TIMEOUT_MS, Effects, Row, Target, body,
-                                      classify, new_key, post, print_table)
+from evidence.reliability.harness import (APPS, LEASE_MS, SHORT_TTL_MS, STORE_TIMEOUT_MS, Effects, Row, Target, body,
+                                          classify, new_key, post, print_table)
 
 WORKERS = 4
 LOGIN_RETRY_S = 1
