@@ -53,7 +53,9 @@ async def rtt(n: int = 1000) -> Dict[str, float]:
     if VARIANT == "idempo-postgres":
         import psycopg
 
-        async with await psycopg.AsyncConnection.connect(STORE_URL, autocommit=True) as conn:
+        async with await psycopg.AsyncConnection.connect(
+            STORE_URL, autocommit=True, prepare_threshold=None  # no prepared statements: PgBouncer
+        ) as conn:
             await conn.execute("SELECT 1")
             t0 = time.perf_counter()
             for _ in range(n):

@@ -38,13 +38,17 @@ class CountingProxy:
 
         def run() -> None:
             loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
             p._loop = loop
             server = loop.run_until_complete(asyncio.start_server(p._serve, "127.0.0.1", 0))
             p.port = server.sockets[0].getsockname()[1]
             ready.set()
             loop.run_forever()
             server.close()
-            loop.run_until_complete(server.wait_closed())
+            tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for t in tasks:
+                t.cancel()
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
             loop.close()
 
         p._thread = threading.Thread(target=run, name="e2e-wire-proxy", daemon=True)
