@@ -101,9 +101,11 @@ def variants(services: bool) -> List[Variant]:
     ]
     if services:
         for fw, prefix in (("FastAPI", ""), ("Express 5", "express-")):
+            at = max(i for i, v in enumerate(out) if v.framework == fw) + 1
             for store, label in (("postgres", "PostgreSQL"), ("pgbouncer", "PgBouncer"), ("redis", "Redis")):
                 env = prefix + ("idempo-postgres" if store == "pgbouncer" else f"idempo-{store}")
-                out.append(Variant(fw, f"idempo {label}", env, "idempo", store))
+                out.insert(at, Variant(fw, f"idempo {label}", env, "idempo", store))
+                at += 1
     return out
 
 
@@ -209,7 +211,10 @@ def wrk(port: int, mode: str, seconds: float, connections: int, key: str) -> Dic
 
 # --- the dedup check and the counts ----------------------------------------------------------------
 
-def check(v: Variant, stores: Stores, seconds: float, connections: int) -> None:
+def check(v: Variant, stores: Stores, seconds: float) -> None:
+    """The dedup check, then the counts, on one connection (requests one after another, so a
+    turn on the wire belongs to one request: a multiplexing client such as ioredis would otherwise
+    share one turn between concurrent requests)."""
     url = stores.url(v, "check")
     proxy = wire.CountingProxy.start(url) if v.store in ("postgres", "pgbouncer", "redis") else None
     server = start(v, proxy.url if proxy else url, count=True)
@@ -227,13 +232,13 @@ def check(v: Variant, stores: Stores, seconds: float, connections: int) -> None:
         else:
             v.dedup = f"FAILED: ran {ran}x for one key ({s1}, {s2})"
         # Warm up (connections to the store opened), then count one fresh and one replay burst.
-        wrk(port, "fresh", seconds, connections, uuid.uuid4().hex)
+        wrk(port, "fresh", seconds, 1, uuid.uuid4().hex)
         for mode in ("fresh", "replay"):
             rkey = uuid.uuid4().hex if mode == "fresh" else f"e2e-replay-{uuid.uuid4().hex}"
             if mode == "replay":
                 call(port, "POST", "/pay", rkey)
             before, trips0 = settle(port), proxy.turns() if proxy else 0
-            r = wrk(port, mode, seconds, connections, rkey)
+            r = wrk(port, mode, seconds, 1, rkey)
             after, trips1 = settle(port), proxy.turns() if proxy else 0
             ran_n = after["handler"] - before["handler"]
             # Fresh: the handler's runs are the requests that got through (wrk does not count the
@@ -291,7 +296,7 @@ def table(vs: List[Variant], commit_rate: float) -> None:
     bare = {v.framework: v for v in vs if v.role == "bare"}
     peers = [v for v in vs if v.role == "peer"]
     head = (f"{'framework':<10} {'variant':<24} {'mode':<6} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>8} "
-            f"{'x bare':>6} {'added µs':>9}  {'vs peers (req/s ratio)':<46} {'dedup'}")
+            f"{'x bare':>6} {'added µs':>9}  {'vs peers (req/s ratio)':<56} {'dedup'}")
     print(head)
     print("-" * len(head))
     for mode in ("fresh", "replay"):
@@ -308,7 +313,7 @@ def table(vs: List[Variant], commit_rate: float) -> None:
             bad = sum(r.get("non2xx", 0) + r.get("errors", 0) for r in v.runs[mode])
             note = v.dedup + (f"; {bad} non-2xx/errors" if bad else "")
             print(f"{v.framework:<10} {v.name:<24} {mode:<6} {rps:>8.0f} {med(v, mode, 'p50_us') / 1e3:>7.2f} "
-                  f"{med(v, mode, 'p99_us') / 1e3:>8.2f} {ratio:>6} {add:>9}  {vs_peers:<46} {note}")
+                  f"{med(v, mode, 'p99_us') / 1e3:>8.2f} {ratio:>6} {add:>9}  {vs_peers:<56} {note}")
         print()
     print("req/s, p50, p99: median over the rounds; x bare: req/s / the bare app's (same framework, mode);")
     print("added µs: 1/rps - 1/rps(bare), the CPU time the variant adds per request on its one core.")
@@ -345,11 +350,52 @@ def table(vs: List[Variant], commit_rate: float) -> None:
         print("  trips: request/response turns on the wire per request, counted by a TCP proxy in the checking run")
         print("  (a pipelined batch is one turn); primitives: store operations the flow asked for (on_store_op / store_op).")
 
+    targets(vs, bare)
     print("\nchecks (one process per variant, before the rounds): the same key twice must run the handler once;")
     for v in vs:
         c = v.counts.get("replay")
         if c is not None and v.role != "bare":
             print(f"  {v.key:<36} {v.dedup:<8} handler runs during a {c['requests']:.0f}-request replay burst: {c['handler']:.0f}")
+
+
+def targets(vs: List[Variant], bare: Dict[str, Variant]) -> None:
+    """Issue 17's targets beside this run's figures (printed, never asserted)."""
+    def fastest_peer(lang: str, mode: str) -> Optional[Tuple[str, float]]:
+        ps = [(p.name, added_us(p, bare[p.framework], mode)) for p in vs
+              if p.role == "peer" and (p.framework == "FastAPI") == (lang == "py") and p.runs.get(mode)]
+        return min(ps, key=lambda x: x[1]) if ps else None
+
+    lines = []
+    for v in vs:
+        if v.role != "idempo" or v.framework not in bare or not v.runs.get("fresh"):
+            continue
+        b = bare[v.framework]
+        if v.store == "memory":
+            cap = 50.0 if v.framework == "FastAPI" else 25.0
+            peer = fastest_peer("py" if v.framework == "FastAPI" else "node", "fresh")
+            limit = min(cap, peer[1]) if peer else cap
+            got = added_us(v, b, "fresh")
+            peer_txt = f"fastest peer {peer[0]} {peer[1]:+.0f} µs" if peer else "no peer measured"
+            lines.append(f"{v.key}: fresh added {got:+.0f} µs, target <= {limit:.0f} µs ({peer_txt}, cap {cap:.0f})"
+                         f" {'met' if got <= limit else 'NOT met'}")
+            rep = added_us(v, b, "replay")
+            lines.append(f"{v.key}: replay added {rep:+.0f} µs, target <= 0 {'met' if rep <= 0 else 'NOT met'}")
+            for mode in ("fresh", "replay"):
+                ratio = med(v, mode, "p99_us") / med(b, mode, "p99_us") if med(b, mode, "p99_us") else float("nan")
+                lines.append(f"{v.key}: {mode} p99 {ratio:.2f}x the bare app's, target <= 1.5x "
+                             f"{'met' if ratio <= 1.5 else 'NOT met'}")
+        elif v.store == "sqlite":
+            p99 = med(v, "fresh", "p99_us") / 1e3
+            lines.append(f"{v.key}: fresh p99 {p99:.1f} ms, target <= 50 ms {'met' if p99 <= 50 else 'NOT met'}")
+        else:
+            cf, cr = v.counts.get("fresh", {}), v.counts.get("replay", {})
+            tf, tr = cf.get("round_trips", -1.0), cr.get("round_trips", -1.0)
+            lines.append(f"{v.key}: round trips {tf:.2f} fresh / {tr:.2f} replay, target <= 2 / 1 "
+                         f"{'met' if 0 <= tf <= 2.05 and 0 <= tr <= 1.05 else 'NOT met'}")
+    if lines:
+        print("\nissue 17's targets beside this run (figures, not assertions; a loaded machine moves them):")
+        for ln in lines:
+            print("  " + ln)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -387,7 +433,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             vs = [v for v in vs if v.store not in ("postgres", "pgbouncer", "redis") or v.store in stores.urls]
         try:
             for v in vs:
-                check(v, stores, min(args.seconds, 1.0), args.connections)
+                check(v, stores, 1.0)
             rates: List[float] = []
             for rnd in range(args.rounds):
                 if any(v.store == "sqlite" for v in vs):
