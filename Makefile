@@ -3,6 +3,8 @@
 #   make demo    set up what is missing and run the main demo
 #   make test    run every test (lint, Rust, and each binding's suite)
 #   make bench   print benchmark figures (never asserted)
+#   make bench-e2e   idempo's added time per request against the bare app and the peer middlewares
+#                (FastAPI, Express 5, Fastify 5; every store; wrk; ~10 min; mk/bench-e2e.mk)
 #   make lint    cargo fmt --check, clippy -D warnings, and the check that the Python and
 #                TypeScript hosts make no protocol decision (scripts/check_edge_rules.py)
 #   make check   fast and offline, for a contributor's loop (after one `make setup`): lint, core's

@@ -198,7 +198,7 @@ def settle(port: int) -> Dict[str, Any]:
 def wrk(port: int, mode: str, seconds: float, connections: int, key: str) -> Dict[str, float]:
     script = HERE / ("fresh.lua" if mode == "fresh" else "replay.lua")
     out = subprocess.run(
-        ["taskset", "-c", "1", "wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency",
+        ["taskset", "-c", "1", "wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "30s", "--latency",
          "-s", str(script), f"http://127.0.0.1:{port}/pay", "--", key, BODY],
         check=True, capture_output=True, text=True)
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("{")), None)
@@ -264,7 +264,8 @@ def measure(v: Variant, stores: Stores, rnd: int, seconds: float, warmup: float,
     server = start(v, stores.url(v, f"r{rnd}"), count=False)
     try:
         port = server.port
-        wrk(port, "fresh", warmup, connections, uuid.uuid4().hex)
+        if warmup > 0:
+            wrk(port, "fresh", warmup, connections, uuid.uuid4().hex)
         v.runs.setdefault("fresh", []).append(wrk(port, "fresh", seconds, connections, uuid.uuid4().hex))
         key = f"e2e-replay-{uuid.uuid4().hex}"
         call(port, "POST", "/pay", key)
@@ -310,8 +311,10 @@ def table(vs: List[Variant], commit_rate: float) -> None:
             same = [p for p in peers if p.framework == v.framework and p is not v]
             vs_peers = ", ".join(f"{p.name} {rps / med(p, mode, 'rps'):.2f}x" for p in same
                                  if med(p, mode, "rps")) if v.role != "bare" else ""
-            bad = sum(r.get("non2xx", 0) + r.get("errors", 0) for r in v.runs[mode])
-            note = v.dedup + (f"; {bad} non-2xx/errors" if bad else "")
+            non2xx = sum(r.get("non2xx", 0) for r in v.runs[mode])
+            errors = sum(r.get("errors", 0) for r in v.runs[mode])
+            note = v.dedup + (f"; {non2xx} answers >= 400" if non2xx else "") + (
+                f"; {errors} socket errors/timeouts" if errors else "")
             print(f"{v.framework:<10} {v.name:<24} {mode:<6} {rps:>8.0f} {med(v, mode, 'p50_us') / 1e3:>7.2f} "
                   f"{med(v, mode, 'p99_us') / 1e3:>8.2f} {ratio:>6} {add:>9}  {vs_peers:<56} {note}")
         print()
@@ -353,9 +356,9 @@ def table(vs: List[Variant], commit_rate: float) -> None:
     targets(vs, bare)
     print("\nchecks (one process per variant, before the rounds): the same key twice must run the handler once;")
     for v in vs:
-        c = v.counts.get("replay")
-        if c is not None and v.role != "bare":
-            print(f"  {v.key:<36} {v.dedup:<8} handler runs during a {c['requests']:.0f}-request replay burst: {c['handler']:.0f}")
+        rc = v.counts.get("replay")
+        if rc is not None and v.role != "bare":
+            print(f"  {v.key:<36} {v.dedup:<8} handler runs during a {rc['requests']:.0f}-request replay burst: {rc['handler']:.0f}")
 
 
 def targets(vs: List[Variant], bare: Dict[str, Variant]) -> None:
@@ -400,16 +403,17 @@ def targets(vs: List[Variant], bare: Dict[str, Variant]) -> None:
 
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="smoke mode: one short round, no services")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke mode: one round of 1 s per mode, no warm-up, no PostgreSQL/Redis (~1.5 min)")
     ap.add_argument("--seconds", type=float, default=3.0, help="seconds per measured run (fresh, replay; whole seconds, as wrk takes them)")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--warmup", type=float, default=1.0)
+    ap.add_argument("--warmup", type=float, default=1.0, help="seconds of fresh keys before each measured pair (0: none)")
     ap.add_argument("--connections", type=int, default=16)
     ap.add_argument("--only", default="", help="comma-separated framework names or variant labels")
     ap.add_argument("--no-services", action="store_true", help="skip the PostgreSQL/PgBouncer/Redis variants")
     args = ap.parse_args(argv)
     if args.quick:
-        args.seconds, args.rounds, args.warmup, args.no_services = 1.0, 1, 1.0, True
+        args.seconds, args.rounds, args.warmup, args.no_services = 1.0, 1, 0.0, True
     if shutil.which("wrk") is None:
         print("bench-e2e: wrk not found (apt-get install -y wrk; `make bench-e2e` installs it)", file=sys.stderr)
         return 2
