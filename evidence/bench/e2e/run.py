@@ -7,8 +7,8 @@ Figures are printed, never asserted.
 Each variant is one server process (uvicorn, or node) pinned to CPU 0 with `taskset`; `wrk` (one
 thread, 16 keep-alive connections) runs pinned to CPU 1. The handler is trivial (it counts its
 invocations and answers a small JSON body); every request carries the same ~220-byte JSON body.
-Two modes: `fresh` (a new Idempotency-Key per request, from evidence/bench/e2e/fresh.lua) and
-`replay` (one completed key repeated, evidence/bench/e2e/replay.lua). Rounds are interleaved: each
+Two modes: `fresh` (a new Idempotency-Key per request, from evidence/bench/e2e/load.lua) and
+`replay` (one completed key repeated). Rounds are interleaved: each
 round starts every variant in turn (a new process per variant and round, so the in-memory stores
 start empty), warms it up, runs fresh then replay.
 
@@ -196,10 +196,9 @@ def settle(port: int) -> Dict[str, Any]:
 
 
 def wrk(port: int, mode: str, seconds: float, connections: int, key: str) -> Dict[str, float]:
-    script = HERE / ("fresh.lua" if mode == "fresh" else "replay.lua")
     out = subprocess.run(
         ["taskset", "-c", "1", "wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "30s", "--latency",
-         "-s", str(script), f"http://127.0.0.1:{port}/pay", "--", key, BODY],
+         "-s", str(HERE / "load.lua"), f"http://127.0.0.1:{port}/pay", "--", mode, key, BODY],
         check=True, capture_output=True, text=True)
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("{")), None)
     if line is None:
