@@ -14,7 +14,11 @@ BENCH_E2E_ARGS ?=
 .PHONY: bench-e2e bench-e2e-smoke bench-e2e-setup
 
 bench-e2e-setup: python-setup node-build
-	@command -v wrk >/dev/null 2>&1 || { echo "bench-e2e: installing wrk"; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; }
+	@command -v wrk >/dev/null 2>&1 || { \
+	  [ "$$(id -u)" -eq 0 ] || { echo "bench-e2e: wrk is required (apt-get install wrk)" >&2; exit 1; }; \
+	  echo "bench-e2e: installing wrk (Debian package)"; export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get update -qq >/dev/null && apt-get install -y -qq --no-install-recommends wrk >/dev/null; }
+	@command -v taskset >/dev/null 2>&1 || { echo "bench-e2e: taskset (util-linux) is required" >&2; exit 1; }
 	PYTHON=$(CURDIR)/.venv/bin/python bash evidence/bench/e2e/install_peers.sh evidence/bench/e2e/.peers
 
 bench-e2e: bench-e2e-setup

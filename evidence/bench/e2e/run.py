@@ -430,6 +430,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"idempo end-to-end benchmark on {machine()}")
     print(f"one server process on CPU 0, wrk -t1 -c{args.connections} on CPU 1, {args.rounds} interleaved "
           f"round(s) of {args.seconds:g} s per mode after {args.warmup:g} s of warm-up, body {len(BODY)} B\n")
+    broken: List[Variant] = []
     with tempfile.TemporaryDirectory(prefix="sqlite.", dir=DATA) as d:
         stores = Stores(Path(d))
         if any(v.store in ("postgres", "pgbouncer", "redis") for v in vs):
@@ -437,7 +438,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             vs = [v for v in vs if v.store not in ("postgres", "pgbouncer", "redis") or v.store in stores.urls]
         try:
             for v in vs:
-                check(v, stores, 1.0)
+                try:
+                    check(v, stores, 1.0)
+                except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
+                    v.dedup = f"FAILED to run: {str(exc).splitlines()[0][:200]}"
+            broken = [v for v in vs if v.dedup.startswith("FAILED to run")]
+            for v in broken:
+                print(f"bench-e2e: {v.key} left out: {v.dedup}", file=sys.stderr)
+            vs = [v for v in vs if v not in broken]
             rates: List[float] = []
             for rnd in range(args.rounds):
                 if any(v.store == "sqlite" for v in vs):
@@ -452,6 +460,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     failed = [v.key for v in vs if v.dedup.startswith("FAILED")]
     if failed:
         print(f"\nvariants that did not deduplicate: {', '.join(failed)}")
+    for v in broken:
+        print(f"variant left out (it did not run): {v.key}: {v.dedup}")
     return 0
 
 
