@@ -4,16 +4,26 @@
 --                                                                 (the harness sends it once first)
 -- Prints one JSON line when done (requests, duration, p50/p99 latency, answers >= 400, socket
 -- errors and timeouts).
-local fresh, prefix, body, n, fixed = true, "k", "{}", 0, nil
-local headers = { ["Content-Type"] = "application/json" }
+--
+-- Fresh requests are the request wrk.format builds once, cut at the key: each request is then
+-- one string concatenation, so wrk's own cost per request stays small beside the server's.
+local head, tail, n, fixed = "", "", 0, nil
 
 function init(args)
-  fresh = args[1] ~= "replay"
-  prefix = args[2] or prefix
-  body = args[3] or body
-  if not fresh then
-    headers["Idempotency-Key"] = prefix
-    fixed = wrk.format("POST", nil, headers, body)
+  local fresh = args[1] ~= "replay"
+  local key, body = args[2] or "k", args[3] or "{}"
+  local marker = "\1KEY\1"
+  local headers = {
+    ["Content-Type"] = "application/json",
+    ["Idempotency-Key"] = fresh and marker or key,
+  }
+  local req = wrk.format("POST", nil, headers, body)
+  if fresh then
+    local at = req:find(marker, 1, true)
+    head = req:sub(1, at - 1) .. key .. "-"
+    tail = req:sub(at + #marker)
+  else
+    fixed = req
   end
 end
 
@@ -22,8 +32,7 @@ function request()
     return fixed
   end
   n = n + 1
-  headers["Idempotency-Key"] = prefix .. "-" .. n
-  return wrk.format("POST", nil, headers, body)
+  return head .. n .. tail
 end
 
 function done(summary, latency, requests)

@@ -35,6 +35,7 @@ import argparse
 import http.client
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -197,6 +198,7 @@ def settle(port: int) -> Dict[str, Any]:
 
 
 def wrk(port: int, mode: str, seconds: float, connections: int, key: str) -> Dict[str, float]:
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run(
         ["taskset", "-c", "1", "wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "30s", "--latency",
          "-s", str(HERE / "load.lua"), f"http://127.0.0.1:{port}/pay", "--", mode, key, BODY],
@@ -204,8 +206,13 @@ def wrk(port: int, mode: str, seconds: float, connections: int, key: str) -> Dic
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("{")), None)
     if line is None:
         raise RuntimeError(f"wrk printed no summary:\n{out.stdout}\n{out.stderr}")
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     r = json.loads(line)
     r["rps"] = r["requests"] / (r["duration_us"] / 1e6) if r["duration_us"] else 0.0
+    # wrk's own CPU share of its core (taskset execs wrk: the same child). Near 1: the load
+    # generator, not the server, sets the pace, and the row understates the server's capacity.
+    busy = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+    r["wrk_cpu"] = busy / (r["duration_us"] / 1e6) if r["duration_us"] else 0.0
     return dict(r)
 
 
@@ -316,11 +323,16 @@ def table(vs: List[Variant], commit_rate: float) -> None:
             errors = sum(r.get("errors", 0) for r in v.runs[mode])
             note = v.dedup + (f"; {non2xx} answers >= 400" if non2xx else "") + (
                 f"; {errors} socket errors/timeouts" if errors else "")
+            wrk_cpu = med(v, mode, "wrk_cpu")
+            if wrk_cpu > 0.85:
+                note += f"; wrk at {wrk_cpu:.0%} of its core: load-generator bound"
             print(f"{v.framework:<10} {v.name:<24} {mode:<6} {rps:>8.0f} {med(v, mode, 'p50_us') / 1e3:>7.2f} "
                   f"{med(v, mode, 'p99_us') / 1e3:>8.2f} {ratio:>6} {add:>9}  {vs_peers:<56} {note}")
         print()
     print("req/s, p50, p99: median over the rounds; x bare: req/s / the bare app's (same framework, mode);")
     print("added µs: 1/rps - 1/rps(bare), the CPU time the variant adds per request on its one core.")
+    top = max((med(v, m, "wrk_cpu") for v in vs for m in ("fresh", "replay") if v.runs.get(m)), default=0.0)
+    print(f"wrk's busiest run used {top:.0%} of its core (a row marked load-generator bound understates the server).")
 
     sq = [v for v in vs if v.store == "sqlite" and v.runs.get("fresh")]
     if sq:
