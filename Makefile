@@ -3,6 +3,8 @@
 #   make demo    set up what is missing and run the main demo
 #   make test    run every test (lint, Rust, and each binding's suite)
 #   make bench   print benchmark figures (never asserted)
+#   make bench-e2e   idempo's added time per request against the bare app and the peer middlewares
+#                (FastAPI, Express 5, Fastify 5; every store; wrk; ~10 min; mk/bench-e2e.mk)
 #   make lint    cargo fmt --check, clippy -D warnings (the workspace's lint policy is
 #                [workspace.lints] in Cargo.toml), each crate's rust-version against its
 #                dependencies under the committed Cargo.lock (scripts/check-msrv.py), and the
