@@ -314,3 +314,43 @@ def test_mounted_routes_use_the_full_template() -> None:
 
     run(main())
     assert seen == ["/api/items/{id}"]
+
+
+class _ThreadNoted(MemoryStore):
+    """A memory store that notes the thread each claim and completion ran on."""
+
+    def __init__(self, blocking: bool) -> None:
+        super().__init__()
+        self.blocking = blocking  # type: ignore[misc]
+        self.threads: List[str] = []
+
+    def claim(self, *args: Any, **kwargs: Any) -> Any:
+        self.threads.append(threading.current_thread().name)
+        return super().claim(*args, **kwargs)
+
+    def complete(self, *args: Any, **kwargs: Any) -> Any:
+        self.threads.append(threading.current_thread().name)
+        return super().complete(*args, **kwargs)
+
+
+@pytest.mark.parametrize("blocking", [False, True])
+def test_a_store_that_cannot_block_runs_on_the_loop(blocking: bool) -> None:
+    """MemoryStore (``blocking = False``) runs on the event loop's thread, without a worker
+    thread per primitive; a store that can block (any other) runs in worker threads."""
+    effects = Effects()
+    store = _ThreadNoted(blocking)
+    app = make_app(store, effects)
+    loop_thread: List[str] = []
+
+    async def main() -> None:
+        loop_thread.append(threading.current_thread().name)
+        async with client(app) as c:
+            r = await c.post("/payments/a", json={"amount": 1}, headers=key(1))
+            assert r.status_code == 201
+
+    run(main())
+    assert len(store.threads) == 2  # the claim and the completion
+    if blocking:
+        assert loop_thread[0] not in store.threads
+    else:
+        assert store.threads == [loop_thread[0]] * 2

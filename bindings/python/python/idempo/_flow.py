@@ -292,6 +292,21 @@ async def _execute_async(store: Any, action: Action, sync: bool) -> Any:
     return await _execute(store, action)
 
 
+INLINE, THREAD, AWAIT = "inline", "thread", "await"
+"""How a store's primitives run from asyncio (:func:`store_mode`)."""
+
+
+def store_mode(store: Any) -> str:
+    """How asyncio drives ``store``: ``"await"`` for an asyncio store, ``"inline"`` for a
+    synchronous store that declares ``blocking = False`` (its primitives never wait on IO or a
+    lock held across IO: the in-process :class:`~idempo.stores.MemoryStore`), called on the event
+    loop without a thread hop; ``"thread"`` for every other synchronous store (a worker thread,
+    within the store's deadline)."""
+    if is_async_store(store):
+        return AWAIT
+    return INLINE if getattr(store, "blocking", True) is False else THREAD
+
+
 def _store_plan(run: _Run, action: Action) -> "Plan[Action, Action]":
     """The store steps of a request, written once for both hosts: yields every store action
     until the flow asks for something else (receiving its result, or its error thrown in: any
@@ -590,9 +605,15 @@ def _heartbeat_sync(run: _Run, store: Any, interval: float, stop: threading.Even
             run.lost()
 
 
-async def _store_step_async(run: _Run, store: Any, action: Action) -> Action:
-    """As :func:`_store_step`, from asyncio (a sync store's actions run in worker threads)."""
-    sync = not is_async_store(store)
+async def _store_step_async(
+    run: _Run, store: Any, action: Action, mode: Optional[str] = None
+) -> Action:
+    """As :func:`_store_step`, from asyncio, as ``mode`` (:func:`store_mode`) says: inline on the
+    loop, in worker threads, or awaited."""
+    mode = mode or store_mode(store)
+    if mode == INLINE:
+        return _store_step(run, store, action)
+    sync = mode == THREAD
     return await drive_async(
         _store_plan(run, action), lambda op: _execute_async(store, op, sync)
     )
@@ -664,23 +685,58 @@ class AsyncRequest:
             self._store = self._session
         else:
             self._store = _for_partition(store, partition)
+        self.mode = store_mode(self._store)
+        """How the store's primitives run (:func:`store_mode`); ``"inline"`` never suspends."""
         self._run: Optional[_Run] = None
-        self._lock = asyncio.Lock()
+        self._lock: Optional[asyncio.Lock] = None
+        self._timer: Optional[asyncio.TimerHandle] = None
         self._beat: "Optional[asyncio.Future[None]]" = None
         self._closed = False
 
     async def begin(self) -> Union[Response, Execution]:
         run, action = _start(self._request, self._session)
         self._run = run
-        action = await _store_step_async(run, self._store, action)
+        action = await _store_step_async(run, self._store, action, self.mode)
         if action.kind != "run_handler":
             return await self._end(action, None)
         info = _execution(self._request, action, self._session)
         if action.heartbeat_ms:
-            self._beat = asyncio.ensure_future(
-                _heartbeat_async(run, self._store, action.heartbeat_ms / 1000, self._lock)
-            )
+            # A timer, not a task: most handlers end before their first heartbeat is due, and
+            # the heartbeat task (with its lock) is created only for one that outlives it.
+            interval = action.heartbeat_ms / 1000
+            self._timer = asyncio.get_running_loop().call_later(
+                interval, self._start_beat, interval)
         return info
+
+    @property
+    def route(self) -> str:
+        """The request's route template."""
+        return self._request.route
+
+    def _start_beat(self, interval: float) -> None:
+        self._timer = None
+        if self._closed or self._run is None:
+            return
+        self._lock = asyncio.Lock()
+        self._beat = asyncio.ensure_future(
+            _heartbeat_async(self._run, self._store, interval, self._lock, self.mode))
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    async def _step(self, action: Action) -> Action:
+        """The store steps after the handler: with the heartbeat stopped first (waiting for a
+        renewal under way, never cancelling one mid-step)."""
+        assert self._run is not None
+        self._stop_timer()
+        if self._beat is None or self._lock is None:
+            return await _store_step_async(self._run, self._store, action, self.mode)
+        async with self._lock:
+            # Cancelled only while sleeping or waiting for the lock: never mid-renewal.
+            self._beat.cancel()
+            return await _store_step_async(self._run, self._store, action, self.mode)
 
     @staticmethod
     def enter(execution: Execution) -> Any:
@@ -696,11 +752,7 @@ class AsyncRequest:
 
     async def finished(self, result: HandlerResult) -> Response:
         assert self._run is not None
-        run = self._run
-        async with self._lock:
-            if self._beat is not None:
-                self._beat.cancel()
-            action = await _store_step_async(run, self._store, _handler_finished(run, result))
+        action = await self._step(_handler_finished(self._run, result))
         return await self._end(action, result)
 
     async def failed(self) -> Optional[Response]:
@@ -710,11 +762,7 @@ class AsyncRequest:
         assert self._run is not None
         run = self._run
         try:
-            async with self._lock:
-                # Cancelled only while sleeping or waiting for the lock: never mid-renewal.
-                if self._beat is not None:
-                    self._beat.cancel()
-                action = await _store_step_async(run, self._store, run.flow.handler_failed())
+            action = await self._step(run.flow.handler_failed())
             if action.kind == "respond":
                 return await self._end(action, None)
             run.hooks.outcome(run.route, action.outcome or "handler_failed")
@@ -737,6 +785,7 @@ class AsyncRequest:
         if self._closed:
             return
         self._closed = True
+        self._stop_timer()
         if self._beat is not None:
             self._beat.cancel()
         if self._session is not None:
@@ -750,10 +799,14 @@ async def _maybe_await(fn: Callable[[], Any]) -> None:
         await asyncio.to_thread(fn)
 
 
-async def _heartbeat_async(run: _Run, store: Any, interval: float, lock: asyncio.Lock) -> None:
+async def _heartbeat_async(
+    run: _Run, store: Any, interval: float, lock: asyncio.Lock, mode: str
+) -> None:
+    """Renews the lease every ``interval`` seconds, the first time at once (the request's timer
+    started this task when the first renewal was due)."""
     while True:
-        await asyncio.sleep(interval)
         async with lock:
-            action = await _store_step_async(run, store, run.flow.heartbeat_due())
+            action = await _store_step_async(run, store, run.flow.heartbeat_due(), mode)
         if action.kind == "lease_lost":
             run.lost()
+        await asyncio.sleep(interval)

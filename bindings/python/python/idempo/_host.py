@@ -105,6 +105,10 @@ class Prepared:
     """The principal's partition, for a store with per-partition quotas (``store.partitioned``)."""
 
 
+_MAX_ENDPOINTS = 4096
+"""Endpoints whose resolved options a host keeps (an app has a bounded number of routes)."""
+
+
 class HostCore:
     """The framework-independent part of an integration."""
 
@@ -139,6 +143,7 @@ class HostCore:
         self.renderer = check_renderer(problem_renderer)
         self.methods = frozenset(m.upper() for m in methods)
         self.header_name = header_name.lower()
+        self.header_name_bytes = self.header_name.encode("latin-1")
         self.hmac_key = hmac_key
         self.numbers = numbers
         self.hooks = hooks or Hooks()
@@ -157,6 +162,7 @@ class HostCore:
         self._fingerprinters: Dict[Tuple[Tuple[str, ...], Tuple[str, ...]], Fingerprinter] = {}
         self._warned: set[str] = set()
         self._lock = threading.Lock()
+        self._by_endpoint: Dict[Any, Optional[RouteOptions]] = {}
         self._check(self.defaults)
 
     def _rule(self, opts: RouteOptions) -> ScopeRule:
@@ -179,7 +185,24 @@ class HostCore:
         self._rule(opts)
 
     def options_for(self, endpoint: Any) -> Optional[RouteOptions]:
-        """The options for a matched endpoint; None when the route is not protected."""
+        """The options for a matched endpoint; None when the route is not protected. Resolved
+        once per endpoint (its mark is read when the route is first used)."""
+        if endpoint is None:
+            return self._options_of(None)
+        try:
+            return self._by_endpoint[endpoint]
+        except KeyError:
+            pass
+        except TypeError:  # an unhashable endpoint: resolved every time
+            return self._options_of(endpoint)
+        opts = self._options_of(endpoint)
+        with self._lock:
+            if len(self._by_endpoint) >= _MAX_ENDPOINTS:
+                self._by_endpoint.clear()
+            self._by_endpoint[endpoint] = opts
+        return opts
+
+    def _options_of(self, endpoint: Any) -> Optional[RouteOptions]:
         overrides = route_overrides(endpoint) if endpoint is not None else None
         if overrides is None:
             return None if self.only_marked else self.defaults
@@ -317,6 +340,25 @@ def declared_length(value: Optional[str]) -> Optional[int]:
         return None
     text = value.strip()
     return int(text) if text.isdigit() else None
+
+
+def request_headers(
+    raw: Iterable[Tuple[bytes, bytes]], key_name: bytes
+) -> Tuple[List[Tuple[str, str]], Dict[str, str], List[bytes]]:
+    """One pass over an ASGI request's raw headers: the decoded pairs (for the fingerprint), the
+    last value of each lowercased name, and the raw values of the key header ``key_name``
+    (lowercase) in order."""
+    headers: List[Tuple[str, str]] = []
+    lower: Dict[str, str] = {}
+    key_fields: List[bytes] = []
+    for n, v in raw:
+        name = n.decode("latin-1")
+        value = v.decode("latin-1")
+        headers.append((name, value))
+        lower[name.lower()] = value
+        if n.lower() == key_name:
+            key_fields.append(bytes(v))
+    return headers, lower, key_fields
 
 
 def with_content_length(headers: List[Tuple[str, str]], body: bytes) -> List[Tuple[str, str]]:

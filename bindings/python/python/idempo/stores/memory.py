@@ -72,6 +72,10 @@ class MemoryStore:
     """Claims take a ``partition`` (:func:`memory_partition` of the principal); the middleware
     passes it."""
 
+    blocking = False
+    """Its primitives never wait on IO (one short lock around core's step): asyncio hosts call
+    them on the event loop, without a worker thread."""
+
     def __init__(
         self,
         *,
