@@ -56,12 +56,12 @@ async def one(app, key: bytes) -> int:
 
 
 async def batch(app, n: int, prefix: str, replay: bool) -> float:
-    start = time.perf_counter()
+    start = time.process_time()
     for i in range(n):
         key = b"replay-key-000001" if replay else f"{prefix}-{i:08d}-key".encode()
         status = await one(app, key)
         assert status == 201, status
-    return (time.perf_counter() - start) / n * 1e6
+    return (time.process_time() - start) / n * 1e6
 
 
 def main() -> None:

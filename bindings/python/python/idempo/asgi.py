@@ -573,6 +573,7 @@ async def run_captured(
             capture.ended()
             await capture.complete()
     except BaseException as exc:
+        capture.on_complete = None
         if capture.completing:
             raise
         capture.completing = True  # the outcome is the failure's
@@ -585,6 +586,7 @@ async def run_captured(
         if not capture.sent:
             await _send(send, answer)
         return answer
+    capture.on_complete = None  # no reference cycle left for the garbage collector
     return answered[0] if answered else None
 
 
