@@ -12,8 +12,11 @@ import logging
 import os
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, List, NamedTuple, Optional, Tuple, TypeVar, Union
+from typing import (
+    Any, Awaitable, Callable, Dict, List, NamedTuple, Optional, Tuple, TypeVar, Union,
+)
 
 from idempo._idempo import Action, Cleanup, Config, ServerFlow
 from idempo._render import ProblemRenderer, render
@@ -689,7 +692,8 @@ class AsyncRequest:
         """How the store's primitives run (:func:`store_mode`); ``"inline"`` never suspends."""
         self._run: Optional[_Run] = None
         self._lock: Optional[asyncio.Lock] = None
-        self._timer: Optional[asyncio.TimerHandle] = None
+        self._beats: Optional[_Beats] = None
+        """The loop's heartbeat timer this request waits in (until its first renewal is due)."""
         self._beat: "Optional[asyncio.Future[None]]" = None
         self._closed = False
 
@@ -701,11 +705,11 @@ class AsyncRequest:
             return await self._end(action, None)
         info = _execution(self._request, action, self._session)
         if action.heartbeat_ms:
-            # A timer, not a task: most handlers end before their first heartbeat is due, and
-            # the heartbeat task (with its lock) is created only for one that outlives it.
-            interval = action.heartbeat_ms / 1000
-            self._timer = asyncio.get_running_loop().call_later(
-                interval, self._start_beat, interval)
+            # Most handlers end before their first heartbeat is due: the request waits in its
+            # loop's one heartbeat timer, and the heartbeat task (with its lock) is created only
+            # for a handler that outlives the interval.
+            self._beats = _beats(asyncio.get_running_loop())
+            self._beats.add(self, action.heartbeat_ms / 1000)
         return info
 
     @property
@@ -714,7 +718,7 @@ class AsyncRequest:
         return self._request.route
 
     def _start_beat(self, interval: float) -> None:
-        self._timer = None
+        self._beats = None
         if self._closed or self._run is None:
             return
         self._lock = asyncio.Lock()
@@ -722,9 +726,9 @@ class AsyncRequest:
             _heartbeat_async(self._run, self._store, interval, self._lock, self.mode))
 
     def _stop_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        if self._beats is not None:
+            self._beats.remove(self)
+            self._beats = None
 
     async def _step(self, action: Action) -> Action:
         """The store steps after the handler: with the heartbeat stopped first (waiting for a
@@ -790,6 +794,64 @@ class AsyncRequest:
             self._beat.cancel()
         if self._session is not None:
             await _maybe_await(self._session.close)
+
+
+class _Beats:
+    """One event loop's heartbeat timer: the requests whose handler runs, each with the loop
+    time its first renewal is due, and one timer handle at the earliest of them. A request that
+    ends before its time leaves without touching the loop's scheduler; one that is due gets its
+    heartbeat task."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.due: "Dict[AsyncRequest, Tuple[float, float]]" = {}
+        self.handle: Optional[asyncio.TimerHandle] = None
+        self.at = 0.0
+
+    def add(self, request: "AsyncRequest", interval: float) -> None:
+        when = self.loop.time() + interval
+        self.due[request] = (when, interval)
+        if self.handle is None or when < self.at:
+            self._arm(when)
+
+    def remove(self, request: "AsyncRequest") -> None:
+        self.due.pop(request, None)
+        if not self.due and self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+
+    def _arm(self, when: float) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+        self.at = when
+        self.handle = self.loop.call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        self.handle = None
+        now = self.loop.time()
+        ready = [(r, iv) for r, (when, iv) in self.due.items() if when <= now]
+        for request, _ in ready:
+            del self.due[request]
+        if self.due:
+            self._arm(min(when for when, _ in self.due.values()))
+        for request, interval in ready:
+            request._start_beat(interval)
+
+
+_BEATS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Beats]" = (
+    weakref.WeakKeyDictionary())
+_LAST_BEATS: List[_Beats] = []
+
+
+def _beats(loop: asyncio.AbstractEventLoop) -> _Beats:
+    """The heartbeat timer of ``loop`` (created with its first request)."""
+    if _LAST_BEATS and _LAST_BEATS[0].loop is loop:
+        return _LAST_BEATS[0]
+    beats = _BEATS.get(loop)
+    if beats is None:
+        beats = _BEATS[loop] = _Beats(loop)
+    _LAST_BEATS[:] = [beats]
+    return beats
 
 
 async def _maybe_await(fn: Callable[[], Any]) -> None:

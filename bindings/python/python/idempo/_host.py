@@ -7,7 +7,9 @@ from __future__ import annotations
 import threading
 import warnings
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar
+from typing import (
+    Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple, TypeVar,
+)
 
 from idempo._flow import Hooks, Response, log, response_of
 from idempo._render import ProblemRenderer, check_renderer, render
@@ -163,6 +165,7 @@ class HostCore:
         self._warned: set[str] = set()
         self._lock = threading.Lock()
         self._by_endpoint: Dict[Any, Optional[RouteOptions]] = {}
+        self._fingerprinted: Dict[Tuple[str, ...], FrozenSet[bytes]] = {}
         self._check(self.defaults)
 
     def _rule(self, opts: RouteOptions) -> ScopeRule:
@@ -230,6 +233,16 @@ class HostCore:
         )
         self._check(opts)
         return opts
+
+    def fingerprinted(self, opts: RouteOptions) -> FrozenSet[bytes]:
+        """The route's fingerprint header names, lowercase, as bytes (what
+        :func:`request_headers` keeps)."""
+        names = opts.fingerprint_headers
+        found = self._fingerprinted.get(names)
+        if found is None:
+            found = frozenset(n.lower().encode("latin-1") for n in names)
+            self._fingerprinted[names] = found
+        return found
 
     def fingerprinter(self, opts: RouteOptions) -> Fingerprinter:
         cache_key = (opts.fingerprint_headers, opts.exclude)
@@ -342,23 +355,30 @@ def declared_length(value: Optional[str]) -> Optional[int]:
     return int(text) if text.isdigit() else None
 
 
+_READ = frozenset((b"content-length", b"content-type", b"authorization"))
+"""The request headers a host reads itself (the body's length and type, authentication)."""
+
+
 def request_headers(
-    raw: Iterable[Tuple[bytes, bytes]], key_name: bytes
+    raw: Iterable[Tuple[bytes, bytes]], key_name: bytes, fingerprinted: FrozenSet[bytes]
 ) -> Tuple[List[Tuple[str, str]], Dict[str, str], List[bytes]]:
-    """One pass over an ASGI request's raw headers: the decoded pairs (for the fingerprint), the
-    last value of each lowercased name, and the raw values of the key header ``key_name``
+    """One pass over an ASGI request's raw headers: the decoded pairs of the headers named in
+    ``fingerprinted`` (lowercase; core's fingerprint reads those and no other, matching names
+    without regard to ASCII case), the last value of ``content-length``, ``content-type`` and
+    ``authorization`` by lowercase name, and the raw values of the key header ``key_name``
     (lowercase) in order."""
     headers: List[Tuple[str, str]] = []
-    lower: Dict[str, str] = {}
+    read: Dict[str, str] = {}
     key_fields: List[bytes] = []
     for n, v in raw:
-        name = n.decode("latin-1")
-        value = v.decode("latin-1")
-        headers.append((name, value))
-        lower[name.lower()] = value
-        if n.lower() == key_name:
+        low = n.lower()
+        if low == key_name:
             key_fields.append(bytes(v))
-    return headers, lower, key_fields
+        if low in _READ:
+            read[low.decode("latin-1")] = v.decode("latin-1")
+        if low in fingerprinted:
+            headers.append((n.decode("latin-1"), v.decode("latin-1")))
+    return headers, read, key_fields
 
 
 def with_content_length(headers: List[Tuple[str, str]], body: bytes) -> List[Tuple[str, str]]:

@@ -270,7 +270,7 @@ class IdempotencyMiddleware:
     ) -> None:
         core = self.core
         headers, lower, key_fields = request_headers(
-            scope.get("headers", ()), core.header_name_bytes)
+            scope.get("headers", ()), core.header_name_bytes, core.fingerprinted(opts))
         admission, answer = core.admit_key(
             opts, route, key_fields, declared_length(lower.get("content-length"))
         )

@@ -207,7 +207,8 @@ class _Run:
         core = self.owner.core
         request = self.request
         headers, lower, key_fields = request_headers(
-            request.scope.get("headers", ()), core.header_name_bytes)
+            request.scope.get("headers", ()), core.header_name_bytes,
+            core.fingerprinted(self.opts))
         admission, answer = core.admit_key(
             self.opts, self.route, key_fields, declared_length(lower.get("content-length")))
         if answer is not None:
