@@ -315,17 +315,22 @@ def _store_plan(run: _Run, action: Action) -> "Plan[Action, Action]":
     until the flow asks for something else (receiving its result, or its error thrown in: any
     store failure fails closed) and returns that next action."""
     took_over = False
+    timed = run.hooks.on_store_op is not None
+    started = 0.0
     while action.kind == "store":
         op = action.op or ""
-        started = time.perf_counter()
+        if timed:
+            started = time.perf_counter()
         try:
             result = yield action
         except Exception as exc:  # noqa: BLE001 - any store failure fails closed
-            run.hooks.store_op(run.route, op, time.perf_counter() - started, True)
+            if timed:
+                run.hooks.store_op(run.route, op, time.perf_counter() - started, True)
             run.hooks.store_error(run.route, exc)
             action = run.flow.store_failed()
             continue
-        run.hooks.store_op(run.route, op, time.perf_counter() - started, False)
+        if timed:
+            run.hooks.store_op(run.route, op, time.perf_counter() - started, False)
         took_over = op == "takeover"
         action = run.flow.store_result(result)
         if run.flow.corrupt_record is not None and action.kind != "store":
@@ -815,10 +820,9 @@ class _Beats:
             self._arm(when)
 
     def remove(self, request: "AsyncRequest") -> None:
+        # The timer stays armed (it finds nothing due and stops): requests arriving one after
+        # another reuse it instead of arming and cancelling a timer each.
         self.due.pop(request, None)
-        if not self.due and self.handle is not None:
-            self.handle.cancel()
-            self.handle = None
 
     def _arm(self, when: float) -> None:
         if self.handle is not None:
@@ -828,6 +832,8 @@ class _Beats:
 
     def _fire(self) -> None:
         self.handle = None
+        if not self.due:
+            return
         now = self.loop.time()
         ready = [(r, iv) for r, (when, iv) in self.due.items() if when <= now]
         for request, _ in ready:
