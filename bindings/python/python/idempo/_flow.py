@@ -196,9 +196,20 @@ def response_of(action: Action) -> Response:
     )
 
 
+_ASYNC_TYPES: Dict[type, bool] = {}
+
+
 def is_async_store(store: Any) -> bool:
-    """True when the store's primitives are coroutine functions."""
-    return inspect.iscoroutinefunction(getattr(store, "claim", None))
+    """True when the store's primitives are coroutine functions (known per class, unless the
+    instance sets its own ``claim``)."""
+    kind = type(store)
+    known = _ASYNC_TYPES.get(kind)
+    if known is not None and "claim" not in getattr(store, "__dict__", ()):
+        return known
+    found = inspect.iscoroutinefunction(getattr(store, "claim", None))
+    if "claim" not in getattr(store, "__dict__", ()):
+        _ASYNC_TYPES[kind] = found
+    return found
 
 
 def _execute(store: Any, action: Action) -> Any:

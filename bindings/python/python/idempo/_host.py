@@ -383,8 +383,9 @@ def request_headers(
 
 def with_content_length(headers: List[Tuple[str, str]], body: bytes) -> List[Tuple[str, str]]:
     """Adds ``content-length`` when missing (replays and problems carry no framing headers)."""
-    if any(n.lower() == "content-length" for n, _ in headers):
-        return headers
+    for name, _ in headers:
+        if name.lower() == "content-length":
+            return headers
     return [*headers, ("content-length", str(len(body)))]
 
 
