@@ -20,7 +20,7 @@ from typing import (
 
 from idempo._idempo import Action, Cleanup, Config, ServerFlow
 from idempo._render import ProblemRenderer, render
-from idempo.stores._plan import Plan, drive, drive_async
+from idempo._plan import Plan, drive, drive_async
 from idempo.stores._tx import ThreadedSession, Transaction, enter, leave, require_transactions
 
 log = logging.getLogger("idempo")

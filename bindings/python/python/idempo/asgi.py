@@ -37,7 +37,8 @@ from __future__ import annotations
 
 import asyncio
 from typing import (
-    Any, Awaitable, Callable, Dict, Iterable, List, MutableMapping, Optional, Sequence, Set, Tuple,
+    Any, Awaitable, Callable, Dict, Iterable, List, MutableMapping, Optional, Protocol, Sequence,
+    Tuple,
 )
 
 from idempo._flow import AsyncRequest, HandlerResult, Hooks, Response, failed_log
@@ -543,8 +544,19 @@ class _Capture:
         return self.status, self.headers, b"".join(self.chunks)
 
 
+class FlowSteps(Protocol):
+    """The steps of a flow after its handler (:class:`~idempo._flow.AsyncRequest`'s)."""
+
+    @property
+    def route(self) -> str: ...
+
+    async def finished(self, result: HandlerResult) -> Response: ...
+
+    async def failed(self) -> Optional[Response]: ...
+
+
 async def run_captured(
-    flow: AsyncRequest,
+    flow: FlowSteps,
     capture: _Capture,
     opts: RouteOptions,
     app: Callable[[Send], Awaitable[None]],

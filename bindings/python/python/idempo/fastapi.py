@@ -56,7 +56,7 @@ from starlette.responses import Response as StarletteResponse
 from starlette.types import Receive, Scope, Send
 
 from idempo._flow import (
-    INLINE, AsyncRequest, Execution, Hooks, Response, failed_log,
+    INLINE, AsyncRequest, Execution, HandlerResult, Hooks, Response, failed_log,
 )
 from idempo._render import ProblemRenderer
 from idempo._host import (
@@ -290,7 +290,7 @@ class _Settled:
         self.flow = flow
         self.route = flow.route
 
-    async def finished(self, result: Any) -> Response:
+    async def finished(self, result: HandlerResult) -> Response:
         answer: Response = await _settle(self.flow, self.flow.finished(result))
         return answer
 

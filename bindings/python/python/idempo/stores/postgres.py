@@ -38,7 +38,7 @@ from typing import (
 
 from idempo._idempo import InvalidArgument, StoreUnavailable
 from idempo.stores._deadline import WATCHDOG, idle_socket_is_dead
-from idempo.stores._plan import AsyncPrimitives, Plan, PlanHooks, Primitives
+from idempo.stores._primitives import AsyncPrimitives, Plan, PlanHooks, Primitives
 from idempo.stores._recipes import pyformat, recipe
 from idempo.stores._tx import (
     SessionEnds,
@@ -310,7 +310,7 @@ async def _execute_async(
 
 
 class _Plans(PlanHooks):
-    """The PostgreSQL plans behind :class:`~idempo.stores._plan.Primitives`."""
+    """The PostgreSQL plans behind :class:`~idempo.stores._primitives.Primitives`."""
 
     _errors = _errors
     _what = "PostgreSQL"

@@ -48,7 +48,8 @@ from idempo.stores._base import (
     record_or_none,
     unavailable,
 )
-from idempo.stores._plan import AsyncPrimitivesBase, Plan, PlanHooks, PrimitivesBase, drive
+from idempo._plan import drive
+from idempo.stores._primitives import AsyncPrimitivesBase, Plan, PlanHooks, PrimitivesBase
 from idempo.stores._recipes import PRIMITIVES, family, recipe
 from idempo.stores._tx import (
     SessionEnds,
