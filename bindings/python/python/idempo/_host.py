@@ -8,8 +8,12 @@ import threading
 import warnings
 from dataclasses import dataclass, replace
 from typing import (
-    Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple, TypeVar,
+    TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple,
+    TypedDict, TypeVar,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 from idempo._flow import Hooks, Response, log, response_of
 from idempo._render import ProblemRenderer, check_renderer, render
@@ -107,6 +111,53 @@ class Prepared:
     """The principal's partition, for a store with per-partition quotas (``store.partitioned``)."""
 
 
+Redact = Callable[[int, List[Tuple[str, str]], bytes], Optional[bytes]]
+"""``fn(status, headers, body) -> bytes | None``: the body to store instead (``Config(redact=True)``)."""
+
+
+class HostOptions(TypedDict, total=False):
+    """The options of a host integration, typed once: the keyword arguments of
+    :class:`idempo.asgi.IdempotencyMiddleware` and :class:`idempo.wsgi.IdempotencyMiddleware`,
+    and the keys of Django's ``settings.IDEMPO`` (upper case), besides ``store``. What each
+    means: :class:`idempo.asgi.IdempotencyMiddleware`. Defaults: :data:`HOST_DEFAULTS`."""
+
+    config: Optional[Config]
+    methods: Sequence[str]
+    header_name: str
+    scope: Optional[Callable[[Any], Optional[str]]]
+    fingerprint_headers: Iterable[str]
+    exclude: Iterable[str]
+    hmac_key: Optional[bytes]
+    numbers: Optional[str]
+    redact: Optional[Redact]
+    hooks: Optional[Hooks]
+    only_marked: bool
+    warn_unscoped: bool
+    public: bool
+    empty_scope_is_anonymous: bool
+    problem_renderer: Optional[ProblemRenderer]
+
+
+HOST_DEFAULTS: HostOptions = {
+    "config": None,
+    "methods": ("POST", "PATCH"),
+    "header_name": "Idempotency-Key",
+    "scope": None,
+    "fingerprint_headers": (),
+    "exclude": (),
+    "hmac_key": None,
+    "numbers": None,
+    "redact": None,
+    "hooks": None,
+    "only_marked": False,
+    "warn_unscoped": True,
+    "public": False,
+    "empty_scope_is_anonymous": False,
+    "problem_renderer": None,
+}
+"""Each :class:`HostOptions` option's default (the same in every host)."""
+
+
 _MAX_ENDPOINTS = 4096
 """Endpoints whose resolved options a host keeps (an app has a bounded number of routes)."""
 
@@ -118,26 +169,32 @@ class HostCore:
         self,
         *,
         store: Any,
-        config: Optional[Config],
-        methods: Sequence[str],
-        header_name: str,
-        scope: Optional[Callable[[Any], Optional[str]]],
-        fingerprint_headers: Iterable[str],
-        exclude: Iterable[str],
-        hmac_key: Optional[bytes],
-        numbers: Optional[str],
-        redact: Optional[Callable[[int, List[Tuple[str, str]], bytes], Optional[bytes]]],
-        hooks: Optional[Hooks],
-        only_marked: bool,
-        warn_unscoped: bool,
-        public: bool = False,
-        empty_scope_is_anonymous: bool = False,
-        problem_renderer: Optional[ProblemRenderer] = None,
         host: str = "IdempotencyMiddleware",
         sync_only: bool = False,
+        **options: "Unpack[HostOptions]",
     ) -> None:
-        """``host`` names the integration in construction errors; ``sync_only``: it calls the
-        store synchronously (an asyncio store is refused, :func:`idempo.stores._check.check_store`)."""
+        """``options``: :class:`HostOptions` (defaults :data:`HOST_DEFAULTS`); ``host`` names the
+        integration in construction errors; ``sync_only``: it calls the store synchronously (an
+        asyncio store is refused, :func:`idempo.stores._check.check_store`)."""
+        unknown = sorted(set(options) - set(HOST_DEFAULTS))
+        if unknown:
+            raise TypeError(f"{host}: unexpected option(s) {', '.join(unknown)}")
+        given: Dict[str, Any] = {**HOST_DEFAULTS, **options}
+        config: Optional[Config] = given["config"]
+        methods: Sequence[str] = given["methods"]
+        header_name: str = given["header_name"]
+        scope: Optional[Callable[[Any], Optional[str]]] = given["scope"]
+        fingerprint_headers: Iterable[str] = given["fingerprint_headers"]
+        exclude: Iterable[str] = given["exclude"]
+        hmac_key: Optional[bytes] = given["hmac_key"]
+        numbers: Optional[str] = given["numbers"]
+        redact: Optional[Redact] = given["redact"]
+        hooks: Optional[Hooks] = given["hooks"]
+        only_marked: bool = given["only_marked"]
+        warn_unscoped: bool = given["warn_unscoped"]
+        public: bool = given["public"]
+        empty_scope_is_anonymous: bool = given["empty_scope_is_anonymous"]
+        problem_renderer: Optional[ProblemRenderer] = given["problem_renderer"]
         if store is None:
             raise InvalidArgument("an idempotency store is required")
         check_store(store, host=host, sync_only=sync_only)

@@ -37,13 +37,16 @@ from __future__ import annotations
 
 import asyncio
 from typing import (
-    Any, Awaitable, Callable, Dict, Iterable, List, MutableMapping, Optional, Protocol, Sequence,
-    Tuple,
+    TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, MutableMapping, Optional, Protocol,
+    Sequence, Tuple,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 from idempo._flow import AsyncRequest, HandlerResult, Hooks, Response, failed_log
 from idempo._host import (
-    HostCore, RouteOptions, declared_length, request_headers, with_content_length,
+    HostCore, HostOptions, RouteOptions, declared_length, request_headers, with_content_length,
 )
 from idempo._idempo import BodyCapture, Config
 from idempo._render import ProblemRenderer
@@ -167,44 +170,12 @@ class IdempotencyMiddleware:
         app: ASGIApp,
         *,
         store: Any,
-        config: Optional[Config] = None,
-        methods: Sequence[str] = ("POST", "PATCH"),
-        header_name: str = "Idempotency-Key",
-        scope: Optional[Callable[[Scope], Optional[str]]] = None,
         route: Optional[Callable[[Scope], Optional[str]]] = None,
-        fingerprint_headers: Iterable[str] = (),
-        exclude: Iterable[str] = (),
-        hmac_key: Optional[bytes] = None,
-        numbers: Optional[str] = None,
-        redact: Optional[Callable[[int, List[Tuple[str, str]], bytes], Optional[bytes]]] = None,
-        hooks: Optional[Hooks] = None,
-        only_marked: bool = False,
-        warn_unscoped: bool = True,
-        public: bool = False,
-        empty_scope_is_anonymous: bool = False,
-        problem_renderer: Optional[ProblemRenderer] = None,
+        **options: "Unpack[HostOptions]",
     ) -> None:
         self.app = app
         self.route_fn = route
-        self.core = HostCore(
-            store=store,
-            config=config,
-            methods=methods,
-            header_name=header_name,
-            scope=scope,
-            fingerprint_headers=fingerprint_headers,
-            exclude=exclude,
-            hmac_key=hmac_key,
-            numbers=numbers,
-            redact=redact,
-            hooks=hooks,
-            only_marked=only_marked,
-            warn_unscoped=warn_unscoped,
-            public=public,
-            empty_scope_is_anonymous=empty_scope_is_anonymous,
-            problem_renderer=problem_renderer,
-            host="idempo.asgi.IdempotencyMiddleware",
-        )
+        self.core = HostCore(store=store, host="idempo.asgi.IdempotencyMiddleware", **options)
 
     def _mark_framework_rejections(self) -> None:
         """Wraps the exception handlers of the framework's own request validation (FastAPI's

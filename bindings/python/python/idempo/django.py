@@ -62,7 +62,9 @@ from idempo._flow import (
     failed_log,
 )
 from idempo._host import (
+    HOST_DEFAULTS,
     HostCore,
+    HostOptions,
     Prepared,
     RouteOptions,
     declared_length,
@@ -76,24 +78,8 @@ from idempo._idempo import BodyCapture, Config, InvalidArgument
 __all__ = ["IdempotencyMiddleware", "idempotent", "user_scope"]
 
 #: Setting names (``settings.IDEMPO`` keys) and the option each sets.
-OPTIONS = {
-    "STORE": "store",
-    "CONFIG": "config",
-    "METHODS": "methods",
-    "HEADER_NAME": "header_name",
-    "SCOPE": "scope",
-    "FINGERPRINT_HEADERS": "fingerprint_headers",
-    "EXCLUDE": "exclude",
-    "HMAC_KEY": "hmac_key",
-    "NUMBERS": "numbers",
-    "REDACT": "redact",
-    "HOOKS": "hooks",
-    "ONLY_MARKED": "only_marked",
-    "WARN_UNSCOPED": "warn_unscoped",
-    "PUBLIC": "public",
-    "EMPTY_SCOPE_IS_ANONYMOUS": "empty_scope_is_anonymous",
-    "PROBLEM_RENDERER": "problem_renderer",
-}
+OPTIONS = {"STORE": "store", **{name.upper(): name for name in HostOptions.__annotations__}}
+"""``settings.IDEMPO`` keys and the :class:`~idempo._host.HostOptions` option each sets."""
 
 #: Former setting names and where each went (``CONFIG`` keys are :class:`idempo.Config` options).
 RENAMED = {
@@ -104,23 +90,7 @@ RENAMED = {
     "TRANSACTIONAL": "CONFIG['transactional']",
 }
 
-_DEFAULTS: Dict[str, Any] = {
-    "config": None,
-    "methods": ("POST", "PATCH"),
-    "header_name": "Idempotency-Key",
-    "scope": None,
-    "fingerprint_headers": (),
-    "exclude": (),
-    "hmac_key": None,
-    "numbers": None,
-    "redact": None,
-    "hooks": None,
-    "only_marked": False,
-    "warn_unscoped": True,
-    "public": False,
-    "empty_scope_is_anonymous": False,
-    "problem_renderer": None,
-}
+_DEFAULTS: Dict[str, Any] = dict(HOST_DEFAULTS)
 
 
 def user_scope(request: Any) -> Optional[str]:

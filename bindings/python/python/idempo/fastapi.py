@@ -41,7 +41,7 @@ import copy
 import functools
 import inspect
 from contextvars import ContextVar
-from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple, Union
+from typing import Any, Awaitable, Callable, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 try:
     from fastapi import Depends, Request
@@ -326,8 +326,8 @@ _PENDING: "Set[asyncio.Future[Any]]" = set()
 """Strong references to flows finishing on their own (the event loop keeps only weak ones)."""
 
 
-def _spawn(coro: Any) -> "asyncio.Future[Any]":
-    task = asyncio.ensure_future(coro)
+def _spawn(coro: "Awaitable[Any]") -> "asyncio.Future[Any]":
+    task: "asyncio.Future[Any]" = asyncio.ensure_future(coro)
     _PENDING.add(task)
     task.add_done_callback(_PENDING.discard)
     return task

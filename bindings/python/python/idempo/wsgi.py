@@ -30,11 +30,15 @@ The running view finds its execution (key, generation, downstream key) in
 from __future__ import annotations
 
 from http import HTTPStatus
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 from idempo._flow import HandlerResult, Hooks, Response, SyncRequest, failed_log
 from idempo._host import (
     HostCore,
+    HostOptions,
     RouteOptions,
     declared_length,
     response_length,
@@ -75,47 +79,14 @@ class IdempotencyMiddleware:
         app: WSGIApp,
         *,
         store: Any,
-        config: Optional[Config] = None,
-        methods: Sequence[str] = ("POST", "PATCH"),
-        header_name: str = "Idempotency-Key",
-        scope: Optional[Callable[[Environ], Optional[str]]] = None,
         resolve: Optional[Callable[[Environ], Tuple[Optional[str], Any]]] = None,
-        fingerprint_headers: Iterable[str] = (),
-        exclude: Iterable[str] = (),
-        hmac_key: Optional[bytes] = None,
-        numbers: Optional[str] = None,
-        redact: Optional[Callable[[int, List[Tuple[str, str]], bytes], Optional[bytes]]] = None,
-        hooks: Optional[Hooks] = None,
-        only_marked: bool = False,
-        warn_unscoped: bool = True,
-        public: bool = False,
-        empty_scope_is_anonymous: bool = False,
-        problem_renderer: Optional[ProblemRenderer] = None,
         host: str = "idempo.wsgi.IdempotencyMiddleware",
+        **options: "Unpack[HostOptions]",
     ) -> None:
         self.app = app
         self.resolve = resolve
-        self.core = HostCore(
-            store=store,
-            config=config,
-            methods=methods,
-            header_name=header_name,
-            scope=scope,
-            fingerprint_headers=fingerprint_headers,
-            exclude=exclude,
-            hmac_key=hmac_key,
-            numbers=numbers,
-            redact=redact,
-            hooks=hooks,
-            only_marked=only_marked,
-            warn_unscoped=warn_unscoped,
-            public=public,
-            empty_scope_is_anonymous=empty_scope_is_anonymous,
-            problem_renderer=problem_renderer,
-            host=host,
-            sync_only=True,
-        )
-        self._env_key = "HTTP_" + header_name.upper().replace("-", "_")
+        self.core = HostCore(store=store, host=host, sync_only=True, **options)
+        self._env_key = "HTTP_" + self.core.header_name.upper().replace("-", "_")
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         method = str(environ.get("REQUEST_METHOD", "GET")).upper()
