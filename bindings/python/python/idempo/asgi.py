@@ -49,7 +49,7 @@ from idempo._host import (
     HostCore, HostOptions, RouteOptions, declared_length, request_headers, with_content_length,
 )
 from idempo._idempo import BodyCapture, Config
-from idempo._render import ProblemRenderer
+from idempo._tee import handler_result
 
 #: ``scope["state"]`` member set when the framework rejected the request before the handler ran.
 FRAMEWORK_REJECTION = "idempo.framework_rejection"
@@ -502,12 +502,8 @@ class _Capture:
     def outcome(self, opts: RouteOptions) -> HandlerResult:
         """What the handler answered (its response as captured so far, see :meth:`ended`)."""
         status, out_headers, out_body = self.result()
-        stored = None
-        if opts.redact is not None and not self.truncated:
-            stored = opts.redact(status, out_headers, out_body)
-        return HandlerResult(
-            status, out_headers, out_body, stored,
-            framework=self.framework, body_truncated=self.truncated)
+        return handler_result(
+            opts, status, out_headers, out_body, self.truncated, framework=self.framework)
 
     def result(self) -> Tuple[int, List[Tuple[str, str]], bytes]:
         if self.status is None:

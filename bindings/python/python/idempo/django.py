@@ -61,6 +61,7 @@ from idempo._flow import (
     SyncRequest,
     failed_log,
 )
+from idempo._tee import TeeRecord, handler_result
 from idempo._host import (
     HOST_DEFAULTS,
     HostCore,
@@ -68,7 +69,6 @@ from idempo._host import (
     Prepared,
     RouteOptions,
     declared_length,
-    response_length,
     idempotent,
     route_overrides,
     with_content_length,
@@ -376,15 +376,6 @@ def _header_bytes(value: str) -> bytes:
         return value.encode("utf-8")
 
 
-def _result(
-    opts: RouteOptions, status: int, headers: List[Tuple[str, str]], body: bytes, truncated: bool
-) -> HandlerResult:
-    stored = None
-    if opts.redact is not None and not truncated:
-        stored = opts.redact(status, headers, body)
-    return HandlerResult(status, headers, body, stored, body_truncated=truncated)
-
-
 def _plan(opts: RouteOptions, response: Any) -> Tuple[int, List[Tuple[str, str]], str, Optional[int]]:
     """(status, headers, plan, limit): core's capture plan for a Django response. A response
     whose content is in memory tells its length; a streaming or file response streams."""
@@ -419,12 +410,12 @@ def _captured(flow: SyncRequest, opts: RouteOptions, response: Any) -> Any:
     if not getattr(response, "streaming", False):
         body = bytes(response.content)
         recorded, truncated = _in_memory(plan, limit, body)
-        answer = flow.finished(_result(opts, status, headers, recorded, truncated))
+        answer = flow.finished(handler_result(opts, status, headers, recorded, truncated))
         return _answer(answer, response, body if plan == "buffer" else None)
     if plan == "buffer":  # transactional: sent only once committed
         body = b"".join(bytes(chunk) for chunk in response.streaming_content)
         response.streaming_content = [body]
-        answer = flow.finished(_result(opts, status, headers, body, False))
+        answer = flow.finished(handler_result(opts, status, headers, body, False))
         return _answer(answer, response, body)
     if plan == "pass_through":
         flow.finished(HandlerResult(status, headers, b""))
@@ -443,7 +434,7 @@ async def _acaptured(flow: AsyncRequest, opts: RouteOptions, response: Any) -> A
     if not streaming:
         body = bytes(response.content)
         recorded, truncated = _in_memory(plan, limit, body)
-        answer = await flow.finished(_result(opts, status, headers, recorded, truncated))
+        answer = await flow.finished(handler_result(opts, status, headers, recorded, truncated))
         return _answer(answer, response, body if plan == "buffer" else None)
     source = response.streaming_content
     is_async = bool(getattr(response, "is_async", False))
@@ -457,7 +448,7 @@ async def _acaptured(flow: AsyncRequest, opts: RouteOptions, response: Any) -> A
             yield body
 
         response.streaming_content = again()
-        answer = await flow.finished(_result(opts, status, headers, body, False))
+        answer = await flow.finished(handler_result(opts, status, headers, body, False))
         return _answer(answer, response, body)
     capture = BodyCapture(limit) if plan == "tee" and limit is not None else None
     if capture is None:
@@ -471,44 +462,7 @@ async def _acaptured(flow: AsyncRequest, opts: RouteOptions, response: Any) -> A
     return response
 
 
-class _Recorder:
-    """Records the chunks of a teed body within core's limit."""
-
-    def __init__(
-        self, opts: RouteOptions, status: int, headers: List[Tuple[str, str]], capture: BodyCapture
-    ) -> None:
-        self.opts = opts
-        self.status = status
-        self.headers = headers
-        self.capture = capture
-        self.recorded: List[bytes] = []
-        self.done = False
-        self.remaining = response_length(headers)
-
-    def last(self, chunk: bytes) -> bool:
-        """True when ``chunk`` completes the declared ``Content-Length``: the record is then
-        written before it is handed on."""
-        if self.remaining is None:
-            return False
-        self.remaining -= len(chunk)
-        return self.remaining <= 0
-
-    def record(self, chunk: bytes) -> None:
-        step = self.capture.accept(len(chunk))
-        if step == "record":
-            self.recorded.append(chunk)
-        elif step == "discard":
-            self.recorded = []
-
-    def result(self, complete: bool) -> HandlerResult:
-        self.done = True
-        truncated = not complete or self.capture.truncated
-        body = b"".join(self.recorded)
-        self.recorded = []
-        return _result(self.opts, self.status, self.headers, body, truncated)
-
-
-class _Tee(_Recorder):
+class _Tee(TeeRecord):
     """A streamed body teed to the client (sync chain); Django calls :meth:`close` when the
     response is closed (also when the client went away early: the record is then not
     retained)."""
@@ -566,7 +520,7 @@ class _ASyncSource:
         return chunk
 
 
-class _ATee(_Recorder):
+class _ATee(TeeRecord):
     """:class:`_Tee` for the async chain."""
 
     def __init__(
