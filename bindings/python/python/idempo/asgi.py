@@ -81,6 +81,80 @@ def _starlette_route(scope: Scope) -> Tuple[Optional[str], Any, bool]:
 
 _FULL: List[Any] = []
 
+_MAX_ROUTES_CACHED = 1024
+"""(method, path) pairs whose route a middleware remembers (past that it starts over)."""
+
+_PATH_MATCHES: List[Any] = []
+
+
+def _path_matches() -> Tuple[Any, ...]:
+    """The ``matches`` methods of the route classes whose answer depends on the method and the
+    path alone (Starlette's ``Route``, ``WebSocketRoute`` and ``Mount``; FastAPI's ``APIRoute``
+    and ``APIWebSocketRoute``), and ``Mount.matches`` last."""
+    if not _PATH_MATCHES:
+        from starlette import routing
+
+        found = [routing.Route.matches, routing.WebSocketRoute.matches]
+        try:
+            from fastapi import routing as fastapi_routing
+
+            found += [fastapi_routing.APIRoute.matches, fastapi_routing.APIWebSocketRoute.matches]
+        except ImportError:  # pragma: no cover - Starlette without FastAPI
+            pass
+        found.append(routing.Mount.matches)
+        _PATH_MATCHES.extend(found)
+    return tuple(_PATH_MATCHES)
+
+
+def _path_routed(routes: Sequence[Any], depth: int = 0) -> bool:
+    """True when every route (mounted ones too) matches by method and path alone, so that a
+    route found for a (method, path) holds for every request with them (a ``Host`` route or a
+    route class of the app's own reads more of the request)."""
+    known = _path_matches()
+    for route in routes:
+        method = getattr(type(route), "matches", None)
+        if method not in known:
+            return False
+        if method is known[-1]:  # a Mount: its routes too
+            inner = getattr(route, "routes", None) or ()
+            if depth >= 8 or not _path_routed(inner, depth + 1):
+                return False
+    return True
+
+
+class _RouteCache:
+    """The route found per (type, method, path, root_path), for an app whose routes all match by
+    method and path alone; forgotten when the app's route list changes."""
+
+    def __init__(self) -> None:
+        self.sig: Optional[Tuple[int, int, int]] = None
+        self.usable = False
+        self.found: Dict[Tuple[Any, ...], Tuple[Optional[str], Any, bool]] = {}
+
+    def route(self, scope: Scope) -> Tuple[Optional[str], Any, bool]:
+        app = scope.get("app")
+        routes = getattr(app, "routes", None)
+        if not routes:
+            return None, None, False
+        sig = (id(app), id(routes), len(routes))
+        if sig != self.sig:
+            self.sig = sig
+            self.found = {}
+            try:
+                self.usable = _path_routed(routes)
+            except ImportError:  # pragma: no cover - Starlette is what sets scope["app"].routes
+                self.usable = False
+        if not self.usable:
+            return _starlette_route(scope)
+        key = (scope["type"], scope["method"], scope["path"], scope.get("root_path", ""))
+        hit = self.found.get(key)
+        if hit is None:
+            hit = _starlette_route(scope)
+            if len(self.found) >= _MAX_ROUTES_CACHED:
+                self.found = {}
+            self.found[key] = hit
+        return hit
+
 
 def _full_match() -> Any:
     """Starlette's ``Match.FULL`` (imported once; None without Starlette)."""
@@ -175,6 +249,7 @@ class IdempotencyMiddleware:
     ) -> None:
         self.app = app
         self.route_fn = route
+        self._routes = _RouteCache()
         self.core = HostCore(store=store, host="idempo.asgi.IdempotencyMiddleware", **options)
 
     def _mark_framework_rejections(self) -> None:
@@ -201,7 +276,7 @@ class IdempotencyMiddleware:
         if scope["type"] != "http" or scope["method"].upper() not in self.core.methods:
             await self.app(scope, receive, send)
             return
-        template, endpoint, routed = _starlette_route(scope)
+        template, endpoint, routed = self._routes.route(scope)
         if self.route_fn is not None:
             template = self.route_fn(scope) or template
         elif routed and template is None:
