@@ -315,6 +315,21 @@ class HostCore:
                 self._fingerprinters[cache_key] = fp
             return fp
 
+    def flow_args(self, opts: RouteOptions, route: str, prepared: Prepared) -> Dict[str, Any]:
+        """The keyword arguments of the request's flow (``SyncRequest`` / ``AsyncRequest``)."""
+        assert prepared.key is not None
+        return dict(
+            store=self.store,
+            config=opts.config,
+            scope=prepared.scope,
+            partition=prepared.partition,
+            fingerprint=prepared.fingerprint,
+            key=prepared.key,
+            route=route,
+            hooks=self.hooks,
+            renderer=self.renderer,
+        )
+
     def refused(self, route: str, admission: Admission) -> Response:
         """Core's refusal: logs core's line (if any), reports the outcome, returns the answer."""
         if admission.log is not None:

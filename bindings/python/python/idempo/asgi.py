@@ -350,17 +350,7 @@ class IdempotencyMiddleware:
             return
         assert prepared.key is not None
 
-        flow = AsyncRequest(
-            store=core.store,
-            config=opts.config,
-            scope=prepared.scope,
-            partition=prepared.partition,
-            fingerprint=prepared.fingerprint,
-            key=prepared.key,
-            route=route,
-            hooks=core.hooks,
-            renderer=core.renderer,
-        )
+        flow = AsyncRequest(**core.flow_args(opts, route, prepared))
         try:
             started = await flow.begin()
             if isinstance(started, Response):  # a replay or a problem: the handler does not run

@@ -233,17 +233,7 @@ class IdempotencyMiddleware:
             return _to_django(answer)
 
     def _flow_args(self, step: _Ready) -> Dict[str, Any]:
-        return dict(
-            store=self.core.store,
-            config=step.opts.config,
-            scope=step.prepared.scope,
-            partition=step.prepared.partition,
-            fingerprint=step.prepared.fingerprint,
-            key=step.key,
-            route=step.route,
-            hooks=self.core.hooks,
-            renderer=self.core.renderer,
-        )
+        return self.core.flow_args(step.opts, step.route, step.prepared)
 
     async def _acall(self, request: Any) -> Any:
         request.idempotency = None

@@ -234,17 +234,7 @@ class _Run:
         if prepared.answer is not None:
             return _Answer(prepared.answer)
         assert prepared.key is not None
-        flow = AsyncRequest(
-            store=core.store,
-            config=self.opts.config,
-            scope=prepared.scope,
-            partition=prepared.partition,
-            fingerprint=prepared.fingerprint,
-            key=prepared.key,
-            route=self.route,
-            hooks=core.hooks,
-            renderer=core.renderer,
-        )
+        flow = AsyncRequest(**core.flow_args(self.opts, self.route, prepared))
         started = await _begin(flow)
         if isinstance(started, Response):  # answered without running: a replay or a problem
             return _Answer(started)

@@ -130,17 +130,7 @@ class IdempotencyMiddleware:
         if prepared.answer is not None:
             return _send(start_response, prepared.answer)
         assert prepared.key is not None
-        flow = SyncRequest(
-            store=core.store,
-            config=opts.config,
-            scope=prepared.scope,
-            partition=prepared.partition,
-            fingerprint=prepared.fingerprint,
-            key=prepared.key,
-            route=route,
-            hooks=core.hooks,
-            renderer=core.renderer,
-        )
+        flow = SyncRequest(**core.flow_args(opts, route, prepared))
         try:
             started = flow.begin()
         except BaseException:
