@@ -415,15 +415,10 @@ def failed_log(route: str, exc: BaseException) -> None:
               "answered 503: %s", route, exc, exc_info=exc)
 
 
-class SyncRequest:
-    """One request's flow driven in steps, for a host whose response outlives one call (a WSGI
-    iterable or a Django streaming response teed to the client, PROTOCOL §7.5.1):
-    :meth:`begin` claims (a :class:`Response` when the handler is not to run, else its
-    :class:`Execution`), :meth:`call` runs handler code in the request's transaction, then exactly
-    one of :meth:`finished` (the response's status, headers and recorded body) or :meth:`failed`
-    (re-raise afterwards). Heartbeats run in a helper thread from :meth:`begin` until then.
-    :meth:`close` (idempotent) closes the transactional session; :meth:`finished` and
-    :meth:`failed` call it."""
+class _Steps:
+    """What :class:`SyncRequest` and :class:`AsyncRequest` share: the request, its store (the
+    transactional session in transactional mode, else the store for the principal's partition),
+    its run once begun, and the request's transaction made current around handler code."""
 
     def __init__(
         self,
@@ -442,14 +437,52 @@ class SyncRequest:
         self._session: Any = None
         if config.transactional:
             require_transactions(store)
-            self._session = store.transaction()
+            self._session = self._open_session(store.transaction())
             self._store = self._session
         else:
             self._store = _for_partition(store, partition)
         self._run: Optional[_Run] = None
+        self._closed = False
+        self._init_host()
+
+    def _open_session(self, session: Any) -> Any:
+        """The session as this host drives it."""
+        return session
+
+    def _init_host(self) -> None:
+        """The host's own state (its heartbeat's), once the store is known."""
+
+    @property
+    def route(self) -> str:
+        """The request's route template."""
+        return self._request.route
+
+    @staticmethod
+    def enter(execution: Execution) -> Any:
+        """Makes the request's transaction current (:func:`idempo.current_transaction`) until
+        :meth:`leave` with the returned token."""
+        tx = execution.transaction
+        return enter(tx) if tx is not None else None
+
+    @staticmethod
+    def leave(token: Any) -> None:
+        if token is not None:
+            leave(token)
+
+
+class SyncRequest(_Steps):
+    """One request's flow driven in steps, for a host whose response outlives one call (a WSGI
+    iterable or a Django streaming response teed to the client, PROTOCOL §7.5.1):
+    :meth:`begin` claims (a :class:`Response` when the handler is not to run, else its
+    :class:`Execution`), :meth:`call` runs handler code in the request's transaction, then exactly
+    one of :meth:`finished` (the response's status, headers and recorded body) or :meth:`failed`
+    (re-raise afterwards). Heartbeats run in a helper thread from :meth:`begin` until then.
+    :meth:`close` (idempotent) closes the transactional session; :meth:`finished` and
+    :meth:`failed` call it."""
+
+    def _init_host(self) -> None:
         self._stop = threading.Event()
         self._beat: Optional[threading.Thread] = None
-        self._closed = False
 
     def begin(self) -> Union[Response, Execution]:
         run, action = _start(self._request, self._session)
@@ -470,13 +503,11 @@ class SyncRequest:
 
     def call(self, fn: Callable[[Execution], T], execution: Execution) -> T:
         """``fn(execution)`` inside the request's transaction (:func:`idempo.current_transaction`)."""
-        tx = execution.transaction
-        token = enter(tx) if tx is not None else None
+        token = self.enter(execution)
         try:
             return fn(execution)
         finally:
-            if token is not None:
-                leave(token)
+            self.leave(token)
 
     def _stop_beat(self) -> None:
         self._stop.set()
@@ -679,39 +710,19 @@ async def run_async(
         await flow.close()
 
 
-class AsyncRequest:
+class AsyncRequest(_Steps):
     """:class:`SyncRequest` for asyncio: the same steps, awaited; heartbeats run in a task."""
 
-    def __init__(
-        self,
-        *,
-        store: Any,
-        config: Config,
-        scope: bytes,
-        fingerprint: str,
-        key: str,
-        route: str,
-        hooks: Hooks,
-        partition: Optional[bytes] = None,
-        renderer: Optional[ProblemRenderer] = None,
-    ) -> None:
-        self._request = _Request(config, scope, fingerprint, key, route, hooks, renderer)
-        self._session: Any = None
-        if config.transactional:
-            require_transactions(store)
-            session = store.transaction()
-            self._session = session if is_async_store(session) else ThreadedSession(session)
-            self._store = self._session
-        else:
-            self._store = _for_partition(store, partition)
+    def _open_session(self, session: Any) -> Any:
+        return session if is_async_store(session) else ThreadedSession(session)
+
+    def _init_host(self) -> None:
         self.mode = store_mode(self._store)
         """How the store's primitives run (:func:`store_mode`); ``"inline"`` never suspends."""
-        self._run: Optional[_Run] = None
         self._lock: Optional[asyncio.Lock] = None
         self._beats: Optional[_Beats] = None
         """The loop's heartbeat timer this request waits in (until its first renewal is due)."""
         self._beat: "Optional[asyncio.Future[None]]" = None
-        self._closed = False
 
     async def begin(self) -> Union[Response, Execution]:
         run, action = _start(self._request, self._session)
@@ -727,11 +738,6 @@ class AsyncRequest:
             self._beats = _beats(asyncio.get_running_loop())
             self._beats.add(self, action.heartbeat_ms / 1000)
         return info
-
-    @property
-    def route(self) -> str:
-        """The request's route template."""
-        return self._request.route
 
     def _start_beat(self, interval: float) -> None:
         self._beats = None
@@ -757,18 +763,6 @@ class AsyncRequest:
             # Cancelled only while sleeping or waiting for the lock: never mid-renewal.
             self._beat.cancel()
             return await _store_step_async(self._run, self._store, action, self.mode)
-
-    @staticmethod
-    def enter(execution: Execution) -> Any:
-        """Makes the request's transaction current (:func:`idempo.current_transaction`) until
-        :meth:`leave` with the returned token."""
-        tx = execution.transaction
-        return enter(tx) if tx is not None else None
-
-    @staticmethod
-    def leave(token: Any) -> None:
-        if token is not None:
-            leave(token)
 
     async def finished(self, result: HandlerResult) -> Response:
         assert self._run is not None
