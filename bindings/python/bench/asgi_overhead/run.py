@@ -34,11 +34,14 @@ def free_port() -> int:
 
 def start(name: str, port: int, tmp: str) -> subprocess.Popen:
     """``name`` is a variant of app.py, or ``variant@installed``: the same with the idempo
-    installed in the virtualenv rather than the sources on PYTHONPATH (a before/after run)."""
+    installed in the virtualenv rather than the sources on PYTHONPATH, or ``variant@base``: with
+    the sources at $IDEMPO_BASE_PYTHONPATH (a before/after run)."""
     variant, _, where = name.partition("@")
     env = dict(os.environ, IDEMPO_VARIANT=variant, IDEMPO_SQLITE=os.path.join(tmp, f"{variant}-{port}.db"))
     if where == "installed":
         env.pop("PYTHONPATH", None)
+    elif where == "base":  # another checkout's sources (with its built extension)
+        env["PYTHONPATH"] = os.environ["IDEMPO_BASE_PYTHONPATH"]
     if variant == "peer":
         env["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("PEER_PATH", "/tmp/peer"), os.environ.get("PYTHONPATH")) if p)
     cmd = ["taskset", "-c", "0", PY, "-m", "uvicorn", "app:app", "--port", str(port),
