@@ -405,3 +405,29 @@ def test_routes_found_per_path_follow_the_app_and_its_host_routes() -> None:
 
     run(hosts())
     assert sum(1 for r in hosted.runs if r.get("admin")) == 2  # exempt on admin.test
+
+
+def test_an_app_that_sends_no_response_does_not_leave_its_key_in_flight() -> None:
+    """An application that returns without starting a response failed: the error reaches the
+    server and core settles the claim (a retry is not answered 409 in flight)."""
+    calls: List[int] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            return  # no response at all
+        await send({"type": "http.response.start", "status": 201,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    wrapped = IdempotencyMiddleware(app, store=MemoryStore())
+
+    async def main() -> None:
+        transport = httpx.ASGITransport(app=wrapped)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+            with pytest.raises(RuntimeError, match="without starting a response"):
+                await c.post("/payments", json={}, headers=key(1))
+            retry = await c.post("/payments", json={}, headers=key(1))
+            assert retry.status_code != 409, retry.text
+
+    run(main())

@@ -600,12 +600,18 @@ async def run_captured(
     application's ``send`` returns after that), or when the application returns without one.
     A failure before then is the handler's: core decides what to record and the error is
     re-raised, unless core answers instead (transactional mode, a failed rollback: logged, and
-    returned and sent when ``answer_failures``, else the error is re-raised). What the application raises after the outcome is decided (its background
-    tasks) propagates unchanged."""
+    returned and sent when ``answer_failures``, else the error is re-raised). What the
+    application raises after the outcome is decided (its background tasks) propagates
+    unchanged."""
     answered: List[Response] = []
 
     async def complete() -> None:
-        answer = await flow.finished(capture.outcome(opts))
+        try:
+            result = capture.outcome(opts)  # no response started, or the redact hook raised
+        except BaseException:
+            capture.completing = False  # nothing decided: the failure is the handler's
+            raise
+        answer = await flow.finished(result)
         answered.append(answer)
         if not capture.sent:
             await _send(send, answer)
