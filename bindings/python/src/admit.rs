@@ -12,9 +12,9 @@ use idempo_core::machine::admit::{
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 
-use crate::api::Fingerprinter;
 use crate::convert::header_pairs;
 use crate::errors::invalid_argument;
+use crate::fingerprint::Fingerprinter;
 use crate::flow::{Action, Config, respond};
 
 /// What a route declares about its scope (principal), validated: a scope function, or

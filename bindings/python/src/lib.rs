@@ -11,13 +11,17 @@
 #![forbid(unsafe_code)]
 
 mod admit;
-mod api;
+mod canonical;
 mod convert;
 mod errors;
+mod fingerprint;
 mod flow;
 mod intent;
+mod key;
 mod memory;
 mod recipes;
+mod retry;
+mod scope;
 
 use pyo3::prelude::*;
 
@@ -25,15 +29,15 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _idempo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
-    m.add_function(wrap_pyfunction!(api::canonicalize, m)?)?;
-    m.add_function(wrap_pyfunction!(api::fingerprint, m)?)?;
-    m.add_function(wrap_pyfunction!(api::parse_key, m)?)?;
-    m.add_function(wrap_pyfunction!(api::generate_key, m)?)?;
-    m.add_function(wrap_pyfunction!(api::parse_key_details, m)?)?;
-    m.add_function(wrap_pyfunction!(api::key_header_value, m)?)?;
-    m.add_function(wrap_pyfunction!(api::scope_id, m)?)?;
-    m.add_function(wrap_pyfunction!(api::parse_retry_after, m)?)?;
-    m.add_function(wrap_pyfunction!(api::response_body_needed, m)?)?;
+    m.add_function(wrap_pyfunction!(canonical::canonicalize, m)?)?;
+    m.add_function(wrap_pyfunction!(fingerprint::fingerprint, m)?)?;
+    m.add_function(wrap_pyfunction!(key::parse_key, m)?)?;
+    m.add_function(wrap_pyfunction!(key::generate_key, m)?)?;
+    m.add_function(wrap_pyfunction!(key::parse_key_details, m)?)?;
+    m.add_function(wrap_pyfunction!(key::key_header_value, m)?)?;
+    m.add_function(wrap_pyfunction!(scope::scope_id, m)?)?;
+    m.add_function(wrap_pyfunction!(retry::parse_retry_after, m)?)?;
+    m.add_function(wrap_pyfunction!(retry::response_body_needed, m)?)?;
     m.add_function(wrap_pyfunction!(intent::intent_request_fingerprint, m)?)?;
     m.add_function(wrap_pyfunction!(intent::intent_decide_send, m)?)?;
     m.add_function(wrap_pyfunction!(flow::encode_response, m)?)?;
@@ -55,10 +59,10 @@ fn _idempo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<flow::Action>()?;
     m.add_class::<flow::Cleanup>()?;
     m.add_class::<flow::BodyCapture>()?;
-    m.add_class::<api::Fingerprinter>()?;
-    m.add_class::<api::RouteFingerprinter>()?;
-    m.add_class::<api::RetryPolicy>()?;
-    m.add_class::<api::RetryAdvice>()?;
+    m.add_class::<fingerprint::Fingerprinter>()?;
+    m.add_class::<fingerprint::RouteFingerprinter>()?;
+    m.add_class::<retry::RetryPolicy>()?;
+    m.add_class::<retry::RetryAdvice>()?;
     m.add_class::<memory::MemoryStoreCore>()?;
     Ok(())
 }

@@ -314,3 +314,120 @@ def test_mounted_routes_use_the_full_template() -> None:
 
     run(main())
     assert seen == ["/api/items/{id}"]
+
+
+class _ThreadNoted(MemoryStore):
+    """A memory store that notes the thread each claim and completion ran on."""
+
+    def __init__(self, blocking: bool) -> None:
+        super().__init__()
+        self.blocking = blocking  # type: ignore[misc]
+        self.threads: List[str] = []
+
+    def claim(self, *args: Any, **kwargs: Any) -> Any:
+        self.threads.append(threading.current_thread().name)
+        return super().claim(*args, **kwargs)
+
+    def complete(self, *args: Any, **kwargs: Any) -> Any:
+        self.threads.append(threading.current_thread().name)
+        return super().complete(*args, **kwargs)
+
+
+@pytest.mark.parametrize("blocking", [False, True])
+def test_a_store_that_cannot_block_runs_on_the_loop(blocking: bool) -> None:
+    """MemoryStore (``blocking = False``) runs on the event loop's thread, without a worker
+    thread per primitive; a store that can block (any other) runs in worker threads."""
+    effects = Effects()
+    store = _ThreadNoted(blocking)
+    app = make_app(store, effects)
+    loop_thread: List[str] = []
+
+    async def main() -> None:
+        loop_thread.append(threading.current_thread().name)
+        async with client(app) as c:
+            r = await c.post("/payments/a", json={"amount": 1}, headers=key(1))
+            assert r.status_code == 201
+
+    run(main())
+    assert len(store.threads) == 2  # the claim and the completion
+    if blocking:
+        assert loop_thread[0] not in store.threads
+    else:
+        assert store.threads == [loop_thread[0]] * 2
+
+
+def test_routes_found_per_path_follow_the_app_and_its_host_routes() -> None:
+    """The middleware remembers the route of each (method, path): a route added later is found
+    (and protected at once), and an app with a ``Host`` route (whose match reads a header) is
+    matched on every request."""
+    from starlette.routing import Host, Router
+
+    effects = Effects()
+    app = make_app(MemoryStore(), effects)
+
+    async def late(request: Request) -> Response:
+        effects.record({"late": True})
+        return JSONResponse({"late": True}, status_code=201)
+
+    async def main() -> None:
+        async with client(app) as c:
+            first = await c.post("/late", json={}, headers=key(1))
+            assert first.status_code == 404  # no such route yet: the app answers
+            app.router.routes.append(Route("/late", late, methods=["POST"]))
+            again = [await c.post("/late", json={}, headers=key(1)) for _ in range(2)]
+            assert [r.status_code for r in again] == [201, 201]
+            assert again[1].headers.get("idempotent-replayed") == "true"
+
+    run(main())
+    assert sum(1 for r in effects.runs if r.get("late")) == 1
+
+    hosted = Effects()
+    inner = make_app(MemoryStore(), hosted)
+    plain = Router(routes=[Route("/payments/{account}", inner.routes[0].endpoint, methods=["POST"])])
+
+    @idempo.idempotent(enabled=False)
+    async def on_admin(request: Request) -> Response:
+        hosted.record({"admin": True})
+        return JSONResponse({"admin": True})
+
+    admin = Router(routes=[Route("/payments/{account}", on_admin, methods=["POST"])])
+    app2 = Starlette(routes=[Host("admin.test", admin), Host("{any}", plain)])
+    app2.add_middleware(IdempotencyMiddleware, store=MemoryStore())
+
+    async def hosts() -> None:
+        async with client(app2) as c:
+            for _ in range(2):
+                r = await c.post("/payments/a", json={}, headers={**key(2), "host": "admin.test"})
+                assert r.status_code == 200
+            ran = await c.post("/payments/a", json={"amount": 1}, headers=key(2))
+            again = await c.post("/payments/a", json={"amount": 1}, headers=key(2))
+            assert again.headers.get("idempotent-replayed") == "true", (ran.status_code, again.text)
+
+    run(hosts())
+    assert sum(1 for r in hosted.runs if r.get("admin")) == 2  # exempt on admin.test
+
+
+def test_an_app_that_sends_no_response_does_not_leave_its_key_in_flight() -> None:
+    """An application that returns without starting a response failed: the error reaches the
+    server and core settles the claim (a retry is not answered 409 in flight)."""
+    calls: List[int] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            return  # no response at all
+        await send({"type": "http.response.start", "status": 201,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    wrapped = IdempotencyMiddleware(app, store=MemoryStore())
+
+    async def main() -> None:
+        transport = httpx.ASGITransport(app=wrapped)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+            with pytest.raises(RuntimeError, match="without starting a response"):
+                await c.post("/payments", json={}, headers=key(1))
+            retry = await c.post("/payments", json={}, headers=key(1))
+            assert retry.status_code != 409, retry.text
+
+    run(main())

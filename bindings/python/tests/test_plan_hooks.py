@@ -8,9 +8,9 @@ from typing import Any, Iterator, List, Optional, Tuple
 
 import pytest
 
-from idempo.stores import _plan, _tx
+from idempo.stores import _primitives, _tx
 from idempo.stores._base import Claimed, ClaimResult, PurgeCounts, StoredRecord
-from idempo.stores._plan import AsyncPrimitives, Plan, PrimitivesBase, Primitives
+from idempo.stores._primitives import AsyncPrimitives, Plan, PrimitivesBase, Primitives
 
 # Imported so that every store module's classes are registered as subclasses below.
 from idempo.stores import cached, memory, postgres, redis, sqlite  # noqa: F401
@@ -152,7 +152,7 @@ def _shipped(base: type) -> List[type]:
     )
 
 
-SHIPPED = _shipped(_plan.PlanHooks)
+SHIPPED = _shipped(_primitives.PlanHooks)
 
 
 def test_every_store_class_is_found() -> None:
@@ -173,7 +173,7 @@ def test_every_store_class_is_found() -> None:
 
 
 @pytest.mark.parametrize(
-    "cls", [c for c in SHIPPED if c.__module__ != _plan.__name__], ids=lambda c: c.__name__
+    "cls", [c for c in SHIPPED if c.__module__ != _primitives.__name__], ids=lambda c: c.__name__
 )
 def test_every_shipped_store_class_supplies_every_hook(cls: type) -> None:
     assert not inspect.isabstract(cls), sorted(getattr(cls, "__abstractmethods__", ()))

@@ -12,12 +12,15 @@ import logging
 import os
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, List, NamedTuple, Optional, Tuple, TypeVar, Union
+from typing import (
+    Any, Awaitable, Callable, Dict, List, NamedTuple, Optional, Tuple, TypeVar, Union,
+)
 
 from idempo._idempo import Action, Cleanup, Config, ServerFlow
 from idempo._render import ProblemRenderer, render
-from idempo.stores._plan import Plan, drive, drive_async
+from idempo._plan import Plan, drive, drive_async
 from idempo.stores._tx import ThreadedSession, Transaction, enter, leave, require_transactions
 
 log = logging.getLogger("idempo")
@@ -193,9 +196,20 @@ def response_of(action: Action) -> Response:
     )
 
 
+_ASYNC_TYPES: Dict[type, bool] = {}
+
+
 def is_async_store(store: Any) -> bool:
-    """True when the store's primitives are coroutine functions."""
-    return inspect.iscoroutinefunction(getattr(store, "claim", None))
+    """True when the store's primitives are coroutine functions (known per class, unless the
+    instance sets its own ``claim``)."""
+    kind = type(store)
+    known = _ASYNC_TYPES.get(kind)
+    if known is not None and "claim" not in getattr(store, "__dict__", ()):
+        return known
+    found = inspect.iscoroutinefunction(getattr(store, "claim", None))
+    if "claim" not in getattr(store, "__dict__", ()):
+        _ASYNC_TYPES[kind] = found
+    return found
 
 
 def _execute(store: Any, action: Action) -> Any:
@@ -292,22 +306,42 @@ async def _execute_async(store: Any, action: Action, sync: bool) -> Any:
     return await _execute(store, action)
 
 
+INLINE, THREAD, AWAIT = "inline", "thread", "await"
+"""How a store's primitives run from asyncio (:func:`store_mode`)."""
+
+
+def store_mode(store: Any) -> str:
+    """How asyncio drives ``store``: ``"await"`` for an asyncio store, ``"inline"`` for a
+    synchronous store that declares ``blocking = False`` (its primitives never wait on IO or a
+    lock held across IO: the in-process :class:`~idempo.stores.MemoryStore`), called on the event
+    loop without a thread hop; ``"thread"`` for every other synchronous store (a worker thread,
+    within the store's deadline)."""
+    if is_async_store(store):
+        return AWAIT
+    return INLINE if getattr(store, "blocking", True) is False else THREAD
+
+
 def _store_plan(run: _Run, action: Action) -> "Plan[Action, Action]":
     """The store steps of a request, written once for both hosts: yields every store action
     until the flow asks for something else (receiving its result, or its error thrown in: any
     store failure fails closed) and returns that next action."""
     took_over = False
+    timed = run.hooks.on_store_op is not None
+    started = 0.0
     while action.kind == "store":
         op = action.op or ""
-        started = time.perf_counter()
+        if timed:
+            started = time.perf_counter()
         try:
             result = yield action
         except Exception as exc:  # noqa: BLE001 - any store failure fails closed
-            run.hooks.store_op(run.route, op, time.perf_counter() - started, True)
+            if timed:
+                run.hooks.store_op(run.route, op, time.perf_counter() - started, True)
             run.hooks.store_error(run.route, exc)
             action = run.flow.store_failed()
             continue
-        run.hooks.store_op(run.route, op, time.perf_counter() - started, False)
+        if timed:
+            run.hooks.store_op(run.route, op, time.perf_counter() - started, False)
         took_over = op == "takeover"
         action = run.flow.store_result(result)
         if run.flow.corrupt_record is not None and action.kind != "store":
@@ -381,15 +415,10 @@ def failed_log(route: str, exc: BaseException) -> None:
               "answered 503: %s", route, exc, exc_info=exc)
 
 
-class SyncRequest:
-    """One request's flow driven in steps, for a host whose response outlives one call (a WSGI
-    iterable or a Django streaming response teed to the client, PROTOCOL §7.5.1):
-    :meth:`begin` claims (a :class:`Response` when the handler is not to run, else its
-    :class:`Execution`), :meth:`call` runs handler code in the request's transaction, then exactly
-    one of :meth:`finished` (the response's status, headers and recorded body) or :meth:`failed`
-    (re-raise afterwards). Heartbeats run in a helper thread from :meth:`begin` until then.
-    :meth:`close` (idempotent) closes the transactional session; :meth:`finished` and
-    :meth:`failed` call it."""
+class _Steps:
+    """What :class:`SyncRequest` and :class:`AsyncRequest` share: the request, its store (the
+    transactional session in transactional mode, else the store for the principal's partition),
+    its run once begun, and the request's transaction made current around handler code."""
 
     def __init__(
         self,
@@ -408,14 +437,52 @@ class SyncRequest:
         self._session: Any = None
         if config.transactional:
             require_transactions(store)
-            self._session = store.transaction()
+            self._session = self._open_session(store.transaction())
             self._store = self._session
         else:
             self._store = _for_partition(store, partition)
         self._run: Optional[_Run] = None
+        self._closed = False
+        self._init_host()
+
+    def _open_session(self, session: Any) -> Any:
+        """The session as this host drives it."""
+        return session
+
+    def _init_host(self) -> None:
+        """The host's own state (its heartbeat's), once the store is known."""
+
+    @property
+    def route(self) -> str:
+        """The request's route template."""
+        return self._request.route
+
+    @staticmethod
+    def enter(execution: Execution) -> Any:
+        """Makes the request's transaction current (:func:`idempo.current_transaction`) until
+        :meth:`leave` with the returned token."""
+        tx = execution.transaction
+        return enter(tx) if tx is not None else None
+
+    @staticmethod
+    def leave(token: Any) -> None:
+        if token is not None:
+            leave(token)
+
+
+class SyncRequest(_Steps):
+    """One request's flow driven in steps, for a host whose response outlives one call (a WSGI
+    iterable or a Django streaming response teed to the client, PROTOCOL §7.5.1):
+    :meth:`begin` claims (a :class:`Response` when the handler is not to run, else its
+    :class:`Execution`), :meth:`call` runs handler code in the request's transaction, then exactly
+    one of :meth:`finished` (the response's status, headers and recorded body) or :meth:`failed`
+    (re-raise afterwards). Heartbeats run in a helper thread from :meth:`begin` until then.
+    :meth:`close` (idempotent) closes the transactional session; :meth:`finished` and
+    :meth:`failed` call it."""
+
+    def _init_host(self) -> None:
         self._stop = threading.Event()
         self._beat: Optional[threading.Thread] = None
-        self._closed = False
 
     def begin(self) -> Union[Response, Execution]:
         run, action = _start(self._request, self._session)
@@ -436,13 +503,11 @@ class SyncRequest:
 
     def call(self, fn: Callable[[Execution], T], execution: Execution) -> T:
         """``fn(execution)`` inside the request's transaction (:func:`idempo.current_transaction`)."""
-        tx = execution.transaction
-        token = enter(tx) if tx is not None else None
+        token = self.enter(execution)
         try:
             return fn(execution)
         finally:
-            if token is not None:
-                leave(token)
+            self.leave(token)
 
     def _stop_beat(self) -> None:
         self._stop.set()
@@ -590,9 +655,15 @@ def _heartbeat_sync(run: _Run, store: Any, interval: float, stop: threading.Even
             run.lost()
 
 
-async def _store_step_async(run: _Run, store: Any, action: Action) -> Action:
-    """As :func:`_store_step`, from asyncio (a sync store's actions run in worker threads)."""
-    sync = not is_async_store(store)
+async def _store_step_async(
+    run: _Run, store: Any, action: Action, mode: Optional[str] = None
+) -> Action:
+    """As :func:`_store_step`, from asyncio, as ``mode`` (:func:`store_mode`) says: inline on the
+    loop, in worker threads, or awaited."""
+    mode = mode or store_mode(store)
+    if mode == INLINE:
+        return _store_step(run, store, action)
+    sync = mode == THREAD
     return await drive_async(
         _store_plan(run, action), lambda op: _execute_async(store, op, sync)
     )
@@ -639,68 +710,63 @@ async def run_async(
         await flow.close()
 
 
-class AsyncRequest:
+class AsyncRequest(_Steps):
     """:class:`SyncRequest` for asyncio: the same steps, awaited; heartbeats run in a task."""
 
-    def __init__(
-        self,
-        *,
-        store: Any,
-        config: Config,
-        scope: bytes,
-        fingerprint: str,
-        key: str,
-        route: str,
-        hooks: Hooks,
-        partition: Optional[bytes] = None,
-        renderer: Optional[ProblemRenderer] = None,
-    ) -> None:
-        self._request = _Request(config, scope, fingerprint, key, route, hooks, renderer)
-        self._session: Any = None
-        if config.transactional:
-            require_transactions(store)
-            session = store.transaction()
-            self._session = session if is_async_store(session) else ThreadedSession(session)
-            self._store = self._session
-        else:
-            self._store = _for_partition(store, partition)
-        self._run: Optional[_Run] = None
-        self._lock = asyncio.Lock()
+    def _open_session(self, session: Any) -> Any:
+        return session if is_async_store(session) else ThreadedSession(session)
+
+    def _init_host(self) -> None:
+        self.mode = store_mode(self._store)
+        """How the store's primitives run (:func:`store_mode`); ``"inline"`` never suspends."""
+        self._lock: Optional[asyncio.Lock] = None
+        self._beats: Optional[_Beats] = None
+        """The loop's heartbeat timer this request waits in (until its first renewal is due)."""
         self._beat: "Optional[asyncio.Future[None]]" = None
-        self._closed = False
 
     async def begin(self) -> Union[Response, Execution]:
         run, action = _start(self._request, self._session)
         self._run = run
-        action = await _store_step_async(run, self._store, action)
+        action = await _store_step_async(run, self._store, action, self.mode)
         if action.kind != "run_handler":
             return await self._end(action, None)
         info = _execution(self._request, action, self._session)
         if action.heartbeat_ms:
-            self._beat = asyncio.ensure_future(
-                _heartbeat_async(run, self._store, action.heartbeat_ms / 1000, self._lock)
-            )
+            # Most handlers end before their first heartbeat is due: the request waits in its
+            # loop's one heartbeat timer, and the heartbeat task (with its lock) is created only
+            # for a handler that outlives the interval.
+            self._beats = _beats(asyncio.get_running_loop())
+            self._beats.add(self, action.heartbeat_ms / 1000)
         return info
 
-    @staticmethod
-    def enter(execution: Execution) -> Any:
-        """Makes the request's transaction current (:func:`idempo.current_transaction`) until
-        :meth:`leave` with the returned token."""
-        tx = execution.transaction
-        return enter(tx) if tx is not None else None
+    def _start_beat(self, interval: float) -> None:
+        self._beats = None
+        if self._closed or self._run is None:
+            return
+        self._lock = asyncio.Lock()
+        self._beat = asyncio.ensure_future(
+            _heartbeat_async(self._run, self._store, interval, self._lock, self.mode))
 
-    @staticmethod
-    def leave(token: Any) -> None:
-        if token is not None:
-            leave(token)
+    def _stop_timer(self) -> None:
+        if self._beats is not None:
+            self._beats.remove(self)
+            self._beats = None
+
+    async def _step(self, action: Action) -> Action:
+        """The store steps after the handler: with the heartbeat stopped first (waiting for a
+        renewal under way, never cancelling one mid-step)."""
+        assert self._run is not None
+        self._stop_timer()
+        if self._beat is None or self._lock is None:
+            return await _store_step_async(self._run, self._store, action, self.mode)
+        async with self._lock:
+            # Cancelled only while sleeping or waiting for the lock: never mid-renewal.
+            self._beat.cancel()
+            return await _store_step_async(self._run, self._store, action, self.mode)
 
     async def finished(self, result: HandlerResult) -> Response:
         assert self._run is not None
-        run = self._run
-        async with self._lock:
-            if self._beat is not None:
-                self._beat.cancel()
-            action = await _store_step_async(run, self._store, _handler_finished(run, result))
+        action = await self._step(_handler_finished(self._run, result))
         return await self._end(action, result)
 
     async def failed(self) -> Optional[Response]:
@@ -710,11 +776,7 @@ class AsyncRequest:
         assert self._run is not None
         run = self._run
         try:
-            async with self._lock:
-                # Cancelled only while sleeping or waiting for the lock: never mid-renewal.
-                if self._beat is not None:
-                    self._beat.cancel()
-                action = await _store_step_async(run, self._store, run.flow.handler_failed())
+            action = await self._step(run.flow.handler_failed())
             if action.kind == "respond":
                 return await self._end(action, None)
             run.hooks.outcome(run.route, action.outcome or "handler_failed")
@@ -737,10 +799,70 @@ class AsyncRequest:
         if self._closed:
             return
         self._closed = True
+        self._stop_timer()
         if self._beat is not None:
             self._beat.cancel()
         if self._session is not None:
             await _maybe_await(self._session.close)
+
+
+class _Beats:
+    """One event loop's heartbeat timer: the requests whose handler runs, each with the loop
+    time its first renewal is due, and one timer handle at the earliest of them. A request that
+    ends before its time leaves without touching the loop's scheduler; one that is due gets its
+    heartbeat task."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.due: "Dict[AsyncRequest, Tuple[float, float]]" = {}
+        self.handle: Optional[asyncio.TimerHandle] = None
+        self.at = 0.0
+
+    def add(self, request: "AsyncRequest", interval: float) -> None:
+        when = self.loop.time() + interval
+        self.due[request] = (when, interval)
+        if self.handle is None or when < self.at:
+            self._arm(when)
+
+    def remove(self, request: "AsyncRequest") -> None:
+        # The timer stays armed (it finds nothing due and stops): requests arriving one after
+        # another reuse it instead of arming and cancelling a timer each.
+        self.due.pop(request, None)
+
+    def _arm(self, when: float) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+        self.at = when
+        self.handle = self.loop.call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        self.handle = None
+        if not self.due:
+            return
+        now = self.loop.time()
+        ready = [(r, iv) for r, (when, iv) in self.due.items() if when <= now]
+        for request, _ in ready:
+            del self.due[request]
+        if self.due:
+            self._arm(min(when for when, _ in self.due.values()))
+        for request, interval in ready:
+            request._start_beat(interval)
+
+
+_BEATS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Beats]" = (
+    weakref.WeakKeyDictionary())
+_LAST_BEATS: List[_Beats] = []
+
+
+def _beats(loop: asyncio.AbstractEventLoop) -> _Beats:
+    """The heartbeat timer of ``loop`` (created with its first request)."""
+    if _LAST_BEATS and _LAST_BEATS[0].loop is loop:
+        return _LAST_BEATS[0]
+    beats = _BEATS.get(loop)
+    if beats is None:
+        beats = _BEATS[loop] = _Beats(loop)
+    _LAST_BEATS[:] = [beats]
+    return beats
 
 
 async def _maybe_await(fn: Callable[[], Any]) -> None:
@@ -750,10 +872,14 @@ async def _maybe_await(fn: Callable[[], Any]) -> None:
         await asyncio.to_thread(fn)
 
 
-async def _heartbeat_async(run: _Run, store: Any, interval: float, lock: asyncio.Lock) -> None:
+async def _heartbeat_async(
+    run: _Run, store: Any, interval: float, lock: asyncio.Lock, mode: str
+) -> None:
+    """Renews the lease every ``interval`` seconds, the first time at once (the request's timer
+    started this task when the first renewal was due)."""
     while True:
-        await asyncio.sleep(interval)
         async with lock:
-            action = await _store_step_async(run, store, run.flow.heartbeat_due())
+            action = await _store_step_async(run, store, run.flow.heartbeat_due(), mode)
         if action.kind == "lease_lost":
             run.lost()
+        await asyncio.sleep(interval)

@@ -7,7 +7,13 @@ from __future__ import annotations
 import threading
 import warnings
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar
+from typing import (
+    TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple,
+    TypedDict, TypeVar,
+)
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 from idempo._flow import Hooks, Response, log, response_of
 from idempo._render import ProblemRenderer, check_renderer, render
@@ -105,6 +111,57 @@ class Prepared:
     """The principal's partition, for a store with per-partition quotas (``store.partitioned``)."""
 
 
+Redact = Callable[[int, List[Tuple[str, str]], bytes], Optional[bytes]]
+"""``fn(status, headers, body) -> bytes | None``: the body to store instead (``Config(redact=True)``)."""
+
+
+class HostOptions(TypedDict, total=False):
+    """The options of a host integration, typed once: the keyword arguments of
+    :class:`idempo.asgi.IdempotencyMiddleware` and :class:`idempo.wsgi.IdempotencyMiddleware`,
+    and the keys of Django's ``settings.IDEMPO`` (upper case), besides ``store``. What each
+    means: :class:`idempo.asgi.IdempotencyMiddleware`. Defaults: :data:`HOST_DEFAULTS`."""
+
+    config: Optional[Config]
+    methods: Sequence[str]
+    header_name: str
+    scope: Optional[Callable[[Any], Optional[str]]]
+    fingerprint_headers: Iterable[str]
+    exclude: Iterable[str]
+    hmac_key: Optional[bytes]
+    numbers: Optional[str]
+    redact: Optional[Redact]
+    hooks: Optional[Hooks]
+    only_marked: bool
+    warn_unscoped: bool
+    public: bool
+    empty_scope_is_anonymous: bool
+    problem_renderer: Optional[ProblemRenderer]
+
+
+HOST_DEFAULTS: HostOptions = {
+    "config": None,
+    "methods": ("POST", "PATCH"),
+    "header_name": "Idempotency-Key",
+    "scope": None,
+    "fingerprint_headers": (),
+    "exclude": (),
+    "hmac_key": None,
+    "numbers": None,
+    "redact": None,
+    "hooks": None,
+    "only_marked": False,
+    "warn_unscoped": True,
+    "public": False,
+    "empty_scope_is_anonymous": False,
+    "problem_renderer": None,
+}
+"""Each :class:`HostOptions` option's default (the same in every host)."""
+
+
+_MAX_ENDPOINTS = 4096
+"""Endpoints whose resolved options a host keeps (an app has a bounded number of routes)."""
+
+
 class HostCore:
     """The framework-independent part of an integration."""
 
@@ -112,26 +169,32 @@ class HostCore:
         self,
         *,
         store: Any,
-        config: Optional[Config],
-        methods: Sequence[str],
-        header_name: str,
-        scope: Optional[Callable[[Any], Optional[str]]],
-        fingerprint_headers: Iterable[str],
-        exclude: Iterable[str],
-        hmac_key: Optional[bytes],
-        numbers: Optional[str],
-        redact: Optional[Callable[[int, List[Tuple[str, str]], bytes], Optional[bytes]]],
-        hooks: Optional[Hooks],
-        only_marked: bool,
-        warn_unscoped: bool,
-        public: bool = False,
-        empty_scope_is_anonymous: bool = False,
-        problem_renderer: Optional[ProblemRenderer] = None,
         host: str = "IdempotencyMiddleware",
         sync_only: bool = False,
+        **options: "Unpack[HostOptions]",
     ) -> None:
-        """``host`` names the integration in construction errors; ``sync_only``: it calls the
-        store synchronously (an asyncio store is refused, :func:`idempo.stores._check.check_store`)."""
+        """``options``: :class:`HostOptions` (defaults :data:`HOST_DEFAULTS`); ``host`` names the
+        integration in construction errors; ``sync_only``: it calls the store synchronously (an
+        asyncio store is refused, :func:`idempo.stores._check.check_store`)."""
+        unknown = sorted(set(options) - set(HOST_DEFAULTS))
+        if unknown:
+            raise TypeError(f"{host}: unexpected option(s) {', '.join(unknown)}")
+        given: Dict[str, Any] = {**HOST_DEFAULTS, **options}
+        config: Optional[Config] = given["config"]
+        methods: Sequence[str] = given["methods"]
+        header_name: str = given["header_name"]
+        scope: Optional[Callable[[Any], Optional[str]]] = given["scope"]
+        fingerprint_headers: Iterable[str] = given["fingerprint_headers"]
+        exclude: Iterable[str] = given["exclude"]
+        hmac_key: Optional[bytes] = given["hmac_key"]
+        numbers: Optional[str] = given["numbers"]
+        redact: Optional[Redact] = given["redact"]
+        hooks: Optional[Hooks] = given["hooks"]
+        only_marked: bool = given["only_marked"]
+        warn_unscoped: bool = given["warn_unscoped"]
+        public: bool = given["public"]
+        empty_scope_is_anonymous: bool = given["empty_scope_is_anonymous"]
+        problem_renderer: Optional[ProblemRenderer] = given["problem_renderer"]
         if store is None:
             raise InvalidArgument("an idempotency store is required")
         check_store(store, host=host, sync_only=sync_only)
@@ -139,6 +202,7 @@ class HostCore:
         self.renderer = check_renderer(problem_renderer)
         self.methods = frozenset(m.upper() for m in methods)
         self.header_name = header_name.lower()
+        self.header_name_bytes = self.header_name.encode("latin-1")
         self.hmac_key = hmac_key
         self.numbers = numbers
         self.hooks = hooks or Hooks()
@@ -157,6 +221,8 @@ class HostCore:
         self._fingerprinters: Dict[Tuple[Tuple[str, ...], Tuple[str, ...]], Fingerprinter] = {}
         self._warned: set[str] = set()
         self._lock = threading.Lock()
+        self._by_endpoint: Dict[Any, Optional[RouteOptions]] = {}
+        self._fingerprinted: Dict[Tuple[str, ...], FrozenSet[bytes]] = {}
         self._check(self.defaults)
 
     def _rule(self, opts: RouteOptions) -> ScopeRule:
@@ -179,7 +245,24 @@ class HostCore:
         self._rule(opts)
 
     def options_for(self, endpoint: Any) -> Optional[RouteOptions]:
-        """The options for a matched endpoint; None when the route is not protected."""
+        """The options for a matched endpoint; None when the route is not protected. Resolved
+        once per endpoint (its mark is read when the route is first used)."""
+        if endpoint is None:
+            return self._options_of(None)
+        try:
+            return self._by_endpoint[endpoint]
+        except KeyError:
+            pass
+        except TypeError:  # an unhashable endpoint: resolved every time
+            return self._options_of(endpoint)
+        opts = self._options_of(endpoint)
+        with self._lock:
+            if len(self._by_endpoint) >= _MAX_ENDPOINTS:
+                self._by_endpoint.clear()
+            self._by_endpoint[endpoint] = opts
+        return opts
+
+    def _options_of(self, endpoint: Any) -> Optional[RouteOptions]:
         overrides = route_overrides(endpoint) if endpoint is not None else None
         if overrides is None:
             return None if self.only_marked else self.defaults
@@ -208,6 +291,16 @@ class HostCore:
         self._check(opts)
         return opts
 
+    def fingerprinted(self, opts: RouteOptions) -> FrozenSet[bytes]:
+        """The route's fingerprint header names, lowercase, as bytes (what
+        :func:`request_headers` keeps)."""
+        names = opts.fingerprint_headers
+        found = self._fingerprinted.get(names)
+        if found is None:
+            found = frozenset(n.lower().encode("latin-1") for n in names)
+            self._fingerprinted[names] = found
+        return found
+
     def fingerprinter(self, opts: RouteOptions) -> Fingerprinter:
         cache_key = (opts.fingerprint_headers, opts.exclude)
         with self._lock:
@@ -221,6 +314,21 @@ class HostCore:
                 )
                 self._fingerprinters[cache_key] = fp
             return fp
+
+    def flow_args(self, opts: RouteOptions, route: str, prepared: Prepared) -> Dict[str, Any]:
+        """The keyword arguments of the request's flow (``SyncRequest`` / ``AsyncRequest``)."""
+        assert prepared.key is not None
+        return dict(
+            store=self.store,
+            config=opts.config,
+            scope=prepared.scope,
+            partition=prepared.partition,
+            fingerprint=prepared.fingerprint,
+            key=prepared.key,
+            route=route,
+            hooks=self.hooks,
+            renderer=self.renderer,
+        )
 
     def refused(self, route: str, admission: Admission) -> Response:
         """Core's refusal: logs core's line (if any), reports the outcome, returns the answer."""
@@ -319,10 +427,37 @@ def declared_length(value: Optional[str]) -> Optional[int]:
     return int(text) if text.isdigit() else None
 
 
+_READ = frozenset((b"content-length", b"content-type", b"authorization"))
+"""The request headers a host reads itself (the body's length and type, authentication)."""
+
+
+def request_headers(
+    raw: Iterable[Tuple[bytes, bytes]], key_name: bytes, fingerprinted: FrozenSet[bytes]
+) -> Tuple[List[Tuple[str, str]], Dict[str, str], List[bytes]]:
+    """One pass over an ASGI request's raw headers: the decoded pairs of the headers named in
+    ``fingerprinted`` (lowercase; core's fingerprint reads those and no other, matching names
+    without regard to ASCII case), the last value of ``content-length``, ``content-type`` and
+    ``authorization`` by lowercase name, and the raw values of the key header ``key_name``
+    (lowercase) in order."""
+    headers: List[Tuple[str, str]] = []
+    read: Dict[str, str] = {}
+    key_fields: List[bytes] = []
+    for n, v in raw:
+        low = n.lower()
+        if low == key_name:
+            key_fields.append(bytes(v))
+        if low in _READ:
+            read[low.decode("latin-1")] = v.decode("latin-1")
+        if low in fingerprinted:
+            headers.append((n.decode("latin-1"), v.decode("latin-1")))
+    return headers, read, key_fields
+
+
 def with_content_length(headers: List[Tuple[str, str]], body: bytes) -> List[Tuple[str, str]]:
     """Adds ``content-length`` when missing (replays and problems carry no framing headers)."""
-    if any(n.lower() == "content-length" for n, _ in headers):
-        return headers
+    for name, _ in headers:
+        if name.lower() == "content-length":
+            return headers
     return [*headers, ("content-length", str(len(body)))]
 
 

@@ -37,13 +37,19 @@ from __future__ import annotations
 
 import asyncio
 from typing import (
-    Any, Awaitable, Callable, Dict, Iterable, List, MutableMapping, Optional, Sequence, Set, Tuple,
+    TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, MutableMapping, Optional, Protocol,
+    Sequence, Tuple,
 )
 
-from idempo._flow import Execution, HandlerResult, Hooks, Response, run_async
-from idempo._host import HostCore, RouteOptions, declared_length, with_content_length
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+from idempo._flow import AsyncRequest, HandlerResult, Hooks, Response, failed_log
+from idempo._host import (
+    HostCore, HostOptions, RouteOptions, declared_length, request_headers, with_content_length,
+)
 from idempo._idempo import BodyCapture, Config
-from idempo._render import ProblemRenderer
+from idempo._tee import handler_result
 
 #: ``scope["state"]`` member set when the framework rejected the request before the handler ran.
 FRAMEWORK_REJECTION = "idempo.framework_rejection"
@@ -65,16 +71,104 @@ def _starlette_route(scope: Scope) -> Tuple[Optional[str], Any, bool]:
     routes = getattr(app, "routes", None)
     if not routes:
         return None, None, False
-    try:
-        from starlette.routing import Match
-    except ImportError:  # pragma: no cover - Starlette is what sets scope["app"].routes
+    full = _full_match()
+    if full is None:  # pragma: no cover - Starlette is what sets scope["app"].routes
         return None, None, False
-    template, endpoint = _match(routes, dict(scope), "", Match.FULL, 0)
+    # Routes read the scope and return their child scope (Starlette's router passes its own).
+    template, endpoint = _match(routes, scope, "", full, 0)
     return template, endpoint, True
 
 
+_FULL: List[Any] = []
+
+_MAX_ROUTES_CACHED = 1024
+"""(method, path) pairs whose route a middleware remembers (past that it starts over)."""
+
+_PATH_MATCHES: List[Any] = []
+
+
+def _path_matches() -> Tuple[Any, ...]:
+    """The ``matches`` methods of the route classes whose answer depends on the method and the
+    path alone (Starlette's ``Route``, ``WebSocketRoute`` and ``Mount``; FastAPI's ``APIRoute``
+    and ``APIWebSocketRoute``), and ``Mount.matches`` last."""
+    if not _PATH_MATCHES:
+        from starlette import routing
+
+        found = [routing.Route.matches, routing.WebSocketRoute.matches]
+        try:
+            from fastapi import routing as fastapi_routing
+
+            found += [fastapi_routing.APIRoute.matches, fastapi_routing.APIWebSocketRoute.matches]
+        except ImportError:  # pragma: no cover - Starlette without FastAPI
+            pass
+        found.append(routing.Mount.matches)
+        _PATH_MATCHES.extend(found)
+    return tuple(_PATH_MATCHES)
+
+
+def _path_routed(routes: Sequence[Any], depth: int = 0) -> bool:
+    """True when every route (mounted ones too) matches by method and path alone, so that a
+    route found for a (method, path) holds for every request with them (a ``Host`` route or a
+    route class of the app's own reads more of the request)."""
+    known = _path_matches()
+    for route in routes:
+        method = getattr(type(route), "matches", None)
+        if method not in known:
+            return False
+        if method is known[-1]:  # a Mount: its routes too
+            inner = getattr(route, "routes", None) or ()
+            if depth >= 8 or not _path_routed(inner, depth + 1):
+                return False
+    return True
+
+
+class _RouteCache:
+    """The route found per (type, method, path, root_path), for an app whose routes all match by
+    method and path alone; forgotten when the app's route list changes."""
+
+    def __init__(self) -> None:
+        self.sig: Optional[Tuple[int, int, int]] = None
+        self.usable = False
+        self.found: Dict[Tuple[Any, ...], Tuple[Optional[str], Any, bool]] = {}
+
+    def route(self, scope: Scope) -> Tuple[Optional[str], Any, bool]:
+        app = scope.get("app")
+        routes = getattr(app, "routes", None)
+        if not routes:
+            return None, None, False
+        sig = (id(app), id(routes), len(routes))
+        if sig != self.sig:
+            self.sig = sig
+            self.found = {}
+            try:
+                self.usable = _path_routed(routes)
+            except ImportError:  # pragma: no cover - Starlette is what sets scope["app"].routes
+                self.usable = False
+        if not self.usable:
+            return _starlette_route(scope)
+        key = (scope["type"], scope["method"], scope["path"], scope.get("root_path", ""))
+        hit = self.found.get(key)
+        if hit is None:
+            hit = _starlette_route(scope)
+            if len(self.found) >= _MAX_ROUTES_CACHED:
+                self.found = {}
+            self.found[key] = hit
+        return hit
+
+
+def _full_match() -> Any:
+    """Starlette's ``Match.FULL`` (imported once; None without Starlette)."""
+    if not _FULL:
+        try:
+            from starlette.routing import Match
+        except ImportError:  # pragma: no cover
+            return None
+        _FULL.append(Match.FULL)
+    return _FULL[0]
+
+
 def _match(
-    routes: Sequence[Any], scope: Dict[str, Any], prefix: str, full: Any, depth: int
+    routes: Sequence[Any], scope: Scope, prefix: str, full: Any, depth: int
 ) -> Tuple[Optional[str], Any]:
     for route in routes:
         try:
@@ -150,44 +244,13 @@ class IdempotencyMiddleware:
         app: ASGIApp,
         *,
         store: Any,
-        config: Optional[Config] = None,
-        methods: Sequence[str] = ("POST", "PATCH"),
-        header_name: str = "Idempotency-Key",
-        scope: Optional[Callable[[Scope], Optional[str]]] = None,
         route: Optional[Callable[[Scope], Optional[str]]] = None,
-        fingerprint_headers: Iterable[str] = (),
-        exclude: Iterable[str] = (),
-        hmac_key: Optional[bytes] = None,
-        numbers: Optional[str] = None,
-        redact: Optional[Callable[[int, List[Tuple[str, str]], bytes], Optional[bytes]]] = None,
-        hooks: Optional[Hooks] = None,
-        only_marked: bool = False,
-        warn_unscoped: bool = True,
-        public: bool = False,
-        empty_scope_is_anonymous: bool = False,
-        problem_renderer: Optional[ProblemRenderer] = None,
+        **options: "Unpack[HostOptions]",
     ) -> None:
         self.app = app
         self.route_fn = route
-        self.core = HostCore(
-            store=store,
-            config=config,
-            methods=methods,
-            header_name=header_name,
-            scope=scope,
-            fingerprint_headers=fingerprint_headers,
-            exclude=exclude,
-            hmac_key=hmac_key,
-            numbers=numbers,
-            redact=redact,
-            hooks=hooks,
-            only_marked=only_marked,
-            warn_unscoped=warn_unscoped,
-            public=public,
-            empty_scope_is_anonymous=empty_scope_is_anonymous,
-            problem_renderer=problem_renderer,
-            host="idempo.asgi.IdempotencyMiddleware",
-        )
+        self._routes = _RouteCache()
+        self.core = HostCore(store=store, host="idempo.asgi.IdempotencyMiddleware", **options)
 
     def _mark_framework_rejections(self) -> None:
         """Wraps the exception handlers of the framework's own request validation (FastAPI's
@@ -213,7 +276,7 @@ class IdempotencyMiddleware:
         if scope["type"] != "http" or scope["method"].upper() not in self.core.methods:
             await self.app(scope, receive, send)
             return
-        template, endpoint, routed = _starlette_route(scope)
+        template, endpoint, routed = self._routes.route(scope)
         if self.route_fn is not None:
             template = self.route_fn(scope) or template
         elif routed and template is None:
@@ -253,11 +316,8 @@ class IdempotencyMiddleware:
         self, scope: Scope, receive: Receive, send: Send, opts: RouteOptions, route: str
     ) -> None:
         core = self.core
-        raw_headers: List[Tuple[bytes, bytes]] = list(scope.get("headers", []))
-        headers = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in raw_headers]
-        lower = {n.lower(): v for n, v in headers}
-        name = core.header_name.encode()
-        key_fields = [bytes(v) for n, v in raw_headers if n.lower() == name]
+        headers, lower, key_fields = request_headers(
+            scope.get("headers", ()), core.header_name_bytes, core.fingerprinted(opts))
         admission, answer = core.admit_key(
             opts, route, key_fields, declared_length(lower.get("content-length"))
         )
@@ -290,46 +350,28 @@ class IdempotencyMiddleware:
             return
         assert prepared.key is not None
 
-        captured = _Capture(opts.config, send)
-        app_task: "Optional[asyncio.Future[None]]" = None
-
-        async def handler(execution: Execution) -> HandlerResult:
-            nonlocal app_task
+        flow = AsyncRequest(**core.flow_args(opts, route, prepared))
+        try:
+            started = await flow.begin()
+            if isinstance(started, Response):  # a replay or a problem: the handler does not run
+                await _send(send, started)
+                return
+            captured = _Capture(opts.config, send)
             inner = dict(scope)
             state = dict(scope.get("state") or {})
-            state["idempotency"] = execution
+            state["idempotency"] = started
             inner["state"] = state
             inner["extensions"] = _without_pathsend(scope)
             captured.state = state
-            app_task = asyncio.ensure_future(self.app(inner, _replay(body, receive), captured.send))
-            return await captured.outcome(app_task, opts)
-
-        try:
-            response = await run_async(
-                store=core.store,
-                config=opts.config,
-                scope=prepared.scope,
-                partition=prepared.partition,
-                fingerprint=prepared.fingerprint,
-                key=prepared.key,
-                route=route,
-                handler=handler,
-                hooks=core.hooks,
-                renderer=core.renderer,
-            )
-            if not captured.sent:
-                await _send(send, response)
-        except BaseException:
-            captured.released.set()
-            if app_task is not None and not app_task.done():
-                app_task.cancel()
-            raise
-        # The record is written and the live answer sent: the application goes on (its background
-        # tasks run now, as they would without idempo; what they raise reaches the server as it
-        # would without idempo, and changes nothing that was recorded or sent).
-        captured.released.set()
-        if app_task is not None:
-            await app_task
+            replay = _replay(body, receive)
+            token = flow.enter(started)
+            try:
+                await run_captured(
+                    flow, captured, opts, lambda out: self.app(inner, replay, out), send)
+            finally:
+                flow.leave(token)
+        finally:
+            await flow.close()
 
 
 def _marking(handler: Any) -> Any:
@@ -398,10 +440,12 @@ class _Capture:
     (a server's file sending, if the application uses it although idempo does not offer it) is
     read from the file as body chunks.
 
-    The last body message sets ``finished`` and then waits for ``released``: the host writes the
-    record and sends the live answer first (a streamed response's last message is forwarded then),
-    so what the application does after its response (its background tasks) can neither change the
-    outcome nor delay the answer, and a client that has the whole response finds the record.
+    The last body message sets ``finished`` and awaits ``on_complete`` (the host writes the
+    record and sends the live answer) before a streamed response's last message is forwarded and
+    before the application's ``send`` returns: what the application does after its response (its
+    background tasks) can neither change the outcome nor delay the answer, and a client that has
+    the whole response finds the record. The application runs in the host's own task (no task,
+    no future per request).
     """
 
     def __init__(self, config: Config, client: Optional[Send]) -> None:
@@ -416,8 +460,13 @@ class _Capture:
         self.capture: Optional[BodyCapture] = None
         self.sent = False
         self.truncated = False
-        self.finished = asyncio.Event()
-        self.released = asyncio.Event()
+        self.finished = False
+        """The last body message arrived (the response is complete)."""
+        self.on_complete: Optional[Callable[[], Awaitable[None]]] = None
+        """Awaited at the last body message (the host records the response and answers)."""
+        self.completing = False
+        """``on_complete`` started: what the application raises from now on is not the
+        handler's failure (the outcome is decided)."""
 
     @property
     def framework(self) -> bool:
@@ -445,7 +494,7 @@ class _Capture:
             self.start = message
             self.headers = [
                 (bytes(n).decode("latin-1"), bytes(v).decode("latin-1"))
-                for n, v in message.get("headers", [])
+                for n, v in message.get("headers", ())
             ]
             if not _has_length(self.headers):
                 await self._decide(streaming=True)
@@ -476,12 +525,20 @@ class _Capture:
             if self.plan != "buffer":
                 await self._forward(message)
             return
-        self.finished.set()
-        await self.released.wait()
+        self.finished = True
+        await self.complete()
         if self.plan != "buffer":
             # A streamed response's last message goes out once the record is written: a client
             # that has the whole response and retries finds the record, not the key in flight.
             await self._forward(message)
+
+    async def complete(self) -> None:
+        """Runs ``on_complete`` once (at the last body message, or when the application ended
+        without one)."""
+        if self.completing or self.on_complete is None:
+            return
+        self.completing = True
+        await self.on_complete()
 
     async def _send_file(self, path: str) -> None:
         """A ``pathsend`` as body messages read from the file (one chunk ahead, to know the last)."""
@@ -495,39 +552,92 @@ class _Capture:
                     return
                 chunk = following
 
-    async def outcome(self, app: "asyncio.Future[None]", opts: RouteOptions) -> HandlerResult:
-        """What the handler answered, once its response is complete (its last body message), or
-        the application's error when it ended before that."""
-        finished = asyncio.ensure_future(self.finished.wait())
-        try:
-            waiting: "Set[asyncio.Future[Any]]" = {app, finished}
-            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:
-            finished.cancel()
-            app.cancel()
-            raise
-        if not self.finished.is_set():
-            finished.cancel()
-            app.result()  # the application's own error, re-raised for the flow
-            if self.plan is None and self.start is not None:
-                self.plan = "buffer"  # started without a body message: an empty body
-            elif self.plan is not None:
-                # Ended inside its body (the client went away mid-stream and the framework
-                # stopped the stream): what was recorded is not the whole response.
-                self.chunks = []
-                self.truncated = True
+    def ended(self) -> None:
+        """The application returned without its last body message: a response started without
+        a body message has an empty body; one that ended inside its body (the client went away
+        mid-stream and the framework stopped the stream) is not recorded whole."""
+        if self.finished:
+            return
+        if self.plan is None and self.start is not None:
+            self.plan = "buffer"
+        elif self.plan is not None:
+            self.chunks = []
+            self.truncated = True
+
+    def outcome(self, opts: RouteOptions) -> HandlerResult:
+        """What the handler answered (its response as captured so far, see :meth:`ended`)."""
         status, out_headers, out_body = self.result()
-        stored = None
-        if opts.redact is not None and not self.truncated:
-            stored = opts.redact(status, out_headers, out_body)
-        return HandlerResult(
-            status, out_headers, out_body, stored,
-            framework=self.framework, body_truncated=self.truncated)
+        return handler_result(
+            opts, status, out_headers, out_body, self.truncated, framework=self.framework)
 
     def result(self) -> Tuple[int, List[Tuple[str, str]], bytes]:
         if self.status is None:
             raise RuntimeError("the application finished without starting a response")
         return self.status, self.headers, b"".join(self.chunks)
+
+
+class FlowSteps(Protocol):
+    """The steps of a flow after its handler (:class:`~idempo._flow.AsyncRequest`'s)."""
+
+    @property
+    def route(self) -> str: ...
+
+    async def finished(self, result: HandlerResult) -> Response: ...
+
+    async def failed(self) -> Optional[Response]: ...
+
+
+async def run_captured(
+    flow: FlowSteps,
+    capture: _Capture,
+    opts: RouteOptions,
+    app: Callable[[Send], Awaitable[None]],
+    send: Send,
+    answer_failures: bool = True,
+) -> Optional[Response]:
+    """Runs the application (``app(capture.send)``, in this task) under ``flow`` once its
+    handler may run: the response is recorded and answered at its last body message (the
+    application's ``send`` returns after that), or when the application returns without one.
+    A failure before then is the handler's: core decides what to record and the error is
+    re-raised, unless core answers instead (transactional mode, a failed rollback: logged, and
+    returned and sent when ``answer_failures``, else the error is re-raised). What the
+    application raises after the outcome is decided (its background tasks) propagates
+    unchanged."""
+    answered: List[Response] = []
+
+    async def complete() -> None:
+        try:
+            result = capture.outcome(opts)  # no response started, or the redact hook raised
+        except BaseException:
+            capture.completing = False  # nothing decided: the failure is the handler's
+            raise
+        answer = await flow.finished(result)
+        answered.append(answer)
+        if not capture.sent:
+            await _send(send, answer)
+
+    capture.on_complete = complete
+    try:
+        await app(capture.send)
+        if not capture.completing:
+            capture.ended()
+            await capture.complete()
+    except BaseException as exc:
+        capture.on_complete = None
+        if capture.completing:
+            raise
+        capture.completing = True  # the outcome is the failure's
+        answer = await flow.failed()
+        if answer is None or not isinstance(exc, Exception):
+            raise
+        failed_log(flow.route, exc)
+        if not answer_failures:
+            raise
+        if not capture.sent:
+            await _send(send, answer)
+        return answer
+    capture.on_complete = None  # no reference cycle left for the garbage collector
+    return answered[0] if answered else None
 
 
 async def _send(send: Send, response: Response) -> None:

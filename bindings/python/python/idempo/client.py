@@ -51,7 +51,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from typing import Any, Callable, Iterable, Literal, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Iterable, Literal, Mapping, NamedTuple, Optional, Tuple, Union
 
 try:
     import httpx
@@ -62,6 +62,7 @@ except ImportError as e:  # pragma: no cover - exercised in a subprocess by the 
     ) from e
 
 from idempo._flights import AsyncFlights, Flights
+from idempo._plan import Plan, drive, drive_async
 from idempo._idempo import (
     OutcomeUnknown,
     RetryAdvice,
@@ -287,6 +288,71 @@ class _Attempts:
         return response
 
 
+class _Send:
+    """Send the request once (an attempt): the response, or the transport's error thrown in."""
+
+
+_SEND = _Send()
+
+
+class _Read(NamedTuple):
+    """Read the response's body (core's policy needs it to classify the answer)."""
+
+    response: httpx.Response
+
+
+class _Close(NamedTuple):
+    """Close a response that is not the answer (another attempt follows)."""
+
+    response: httpx.Response
+
+
+class _Sleep(NamedTuple):
+    """Wait before the next attempt."""
+
+    seconds: float
+
+
+_Op = Union[_Send, _Read, _Close, _Sleep]
+
+
+def _attempts(a: _Attempts, key: str, intent: Optional[str]) -> "Plan[_Op, httpx.Response]":
+    """The attempts of one request, written once for both transports (:mod:`idempo._plan`):
+    each outcome goes to core's policy, which says when to wait and retry and when to stop; the
+    final response (or the last transport error, re-raised) ends the plan."""
+    started = time.monotonic()
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            response: httpx.Response = yield _SEND
+        except httpx.TimeoutException:
+            delay, _ = a.advise(attempt, started, "timeout", None)
+            if delay is None:
+                raise
+        except httpx.TransportError:
+            delay, _ = a.advise(attempt, started, "connection_error", None)
+            if delay is None:
+                raise
+        else:
+            content_type = response.headers.get("content-type")
+            body = None
+            if response_body_needed(response.status_code, content_type):
+                body = yield _Read(response)
+            delay, advice = a.advise(
+                attempt,
+                started,
+                response.status_code,
+                response.headers.get("retry-after"),
+                content_type,
+                body,
+            )
+            if delay is None:
+                return a.finish(response, key, attempt, advice, intent)
+            yield _Close(response)
+        yield _Sleep(delay / 1000)
+
+
 class IdempotentTransport(httpx.BaseTransport):
     """Wraps a sync httpx transport with keys and core's retry policy.
 
@@ -353,37 +419,17 @@ class IdempotentTransport(httpx.BaseTransport):
             self._flights.leave(intent, flight)
 
     def _run(self, request: httpx.Request, key: str, intent: Optional[str]) -> httpx.Response:
-        started = time.monotonic()
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                response = self.inner.handle_request(request)
-            except httpx.TimeoutException:
-                delay, _ = self._a.advise(attempt, started, "timeout", None)
-                if delay is None:
-                    raise
-            except httpx.TransportError:
-                delay, _ = self._a.advise(attempt, started, "connection_error", None)
-                if delay is None:
-                    raise
-            else:
-                content_type = response.headers.get("content-type")
-                body = None
-                if response_body_needed(response.status_code, content_type):
-                    body = response.read()
-                delay, advice = self._a.advise(
-                    attempt,
-                    started,
-                    response.status_code,
-                    response.headers.get("retry-after"),
-                    content_type,
-                    body,
-                )
-                if delay is None:
-                    return self._a.finish(response, key, attempt, advice, intent)
-                response.close()
-            self._sleep(delay / 1000)
+        def io(op: _Op) -> Any:
+            if op is _SEND:
+                return self.inner.handle_request(request)
+            if isinstance(op, _Read):
+                return op.response.read()
+            if isinstance(op, _Close):
+                return op.response.close()
+            assert isinstance(op, _Sleep)
+            return self._sleep(op.seconds)
+
+        return drive(_attempts(self._a, key, intent), io)
 
     def close(self) -> None:
         self.inner.close()
@@ -448,37 +494,17 @@ class AsyncIdempotentTransport(httpx.AsyncBaseTransport):
         return response
 
     async def _run(self, request: httpx.Request, key: str, intent: Optional[str]) -> httpx.Response:
-        started = time.monotonic()
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                response = await self.inner.handle_async_request(request)
-            except httpx.TimeoutException:
-                delay, _ = self._a.advise(attempt, started, "timeout", None)
-                if delay is None:
-                    raise
-            except httpx.TransportError:
-                delay, _ = self._a.advise(attempt, started, "connection_error", None)
-                if delay is None:
-                    raise
-            else:
-                content_type = response.headers.get("content-type")
-                body = None
-                if response_body_needed(response.status_code, content_type):
-                    body = await response.aread()
-                delay, advice = self._a.advise(
-                    attempt,
-                    started,
-                    response.status_code,
-                    response.headers.get("retry-after"),
-                    content_type,
-                    body,
-                )
-                if delay is None:
-                    return self._a.finish(response, key, attempt, advice, intent)
-                await response.aclose()
-            await asyncio.sleep(delay / 1000)
+        async def io(op: _Op) -> Any:
+            if op is _SEND:
+                return await self.inner.handle_async_request(request)
+            if isinstance(op, _Read):
+                return await op.response.aread()
+            if isinstance(op, _Close):
+                return await op.response.aclose()
+            assert isinstance(op, _Sleep)
+            return await asyncio.sleep(op.seconds)
+
+        return await drive_async(_attempts(self._a, key, intent), io)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

@@ -61,12 +61,14 @@ from idempo._flow import (
     SyncRequest,
     failed_log,
 )
+from idempo._tee import TeeRecord, handler_result
 from idempo._host import (
+    HOST_DEFAULTS,
     HostCore,
+    HostOptions,
     Prepared,
     RouteOptions,
     declared_length,
-    response_length,
     idempotent,
     route_overrides,
     with_content_length,
@@ -76,24 +78,8 @@ from idempo._idempo import BodyCapture, Config, InvalidArgument
 __all__ = ["IdempotencyMiddleware", "idempotent", "user_scope"]
 
 #: Setting names (``settings.IDEMPO`` keys) and the option each sets.
-OPTIONS = {
-    "STORE": "store",
-    "CONFIG": "config",
-    "METHODS": "methods",
-    "HEADER_NAME": "header_name",
-    "SCOPE": "scope",
-    "FINGERPRINT_HEADERS": "fingerprint_headers",
-    "EXCLUDE": "exclude",
-    "HMAC_KEY": "hmac_key",
-    "NUMBERS": "numbers",
-    "REDACT": "redact",
-    "HOOKS": "hooks",
-    "ONLY_MARKED": "only_marked",
-    "WARN_UNSCOPED": "warn_unscoped",
-    "PUBLIC": "public",
-    "EMPTY_SCOPE_IS_ANONYMOUS": "empty_scope_is_anonymous",
-    "PROBLEM_RENDERER": "problem_renderer",
-}
+OPTIONS = {"STORE": "store", **{name.upper(): name for name in HostOptions.__annotations__}}
+"""``settings.IDEMPO`` keys and the :class:`~idempo._host.HostOptions` option each sets."""
 
 #: Former setting names and where each went (``CONFIG`` keys are :class:`idempo.Config` options).
 RENAMED = {
@@ -104,23 +90,7 @@ RENAMED = {
     "TRANSACTIONAL": "CONFIG['transactional']",
 }
 
-_DEFAULTS: Dict[str, Any] = {
-    "config": None,
-    "methods": ("POST", "PATCH"),
-    "header_name": "Idempotency-Key",
-    "scope": None,
-    "fingerprint_headers": (),
-    "exclude": (),
-    "hmac_key": None,
-    "numbers": None,
-    "redact": None,
-    "hooks": None,
-    "only_marked": False,
-    "warn_unscoped": True,
-    "public": False,
-    "empty_scope_is_anonymous": False,
-    "problem_renderer": None,
-}
+_DEFAULTS: Dict[str, Any] = dict(HOST_DEFAULTS)
 
 
 def user_scope(request: Any) -> Optional[str]:
@@ -263,17 +233,7 @@ class IdempotencyMiddleware:
             return _to_django(answer)
 
     def _flow_args(self, step: _Ready) -> Dict[str, Any]:
-        return dict(
-            store=self.core.store,
-            config=step.opts.config,
-            scope=step.prepared.scope,
-            partition=step.prepared.partition,
-            fingerprint=step.prepared.fingerprint,
-            key=step.key,
-            route=step.route,
-            hooks=self.core.hooks,
-            renderer=self.core.renderer,
-        )
+        return self.core.flow_args(step.opts, step.route, step.prepared)
 
     async def _acall(self, request: Any) -> Any:
         request.idempotency = None
@@ -406,15 +366,6 @@ def _header_bytes(value: str) -> bytes:
         return value.encode("utf-8")
 
 
-def _result(
-    opts: RouteOptions, status: int, headers: List[Tuple[str, str]], body: bytes, truncated: bool
-) -> HandlerResult:
-    stored = None
-    if opts.redact is not None and not truncated:
-        stored = opts.redact(status, headers, body)
-    return HandlerResult(status, headers, body, stored, body_truncated=truncated)
-
-
 def _plan(opts: RouteOptions, response: Any) -> Tuple[int, List[Tuple[str, str]], str, Optional[int]]:
     """(status, headers, plan, limit): core's capture plan for a Django response. A response
     whose content is in memory tells its length; a streaming or file response streams."""
@@ -449,12 +400,12 @@ def _captured(flow: SyncRequest, opts: RouteOptions, response: Any) -> Any:
     if not getattr(response, "streaming", False):
         body = bytes(response.content)
         recorded, truncated = _in_memory(plan, limit, body)
-        answer = flow.finished(_result(opts, status, headers, recorded, truncated))
+        answer = flow.finished(handler_result(opts, status, headers, recorded, truncated))
         return _answer(answer, response, body if plan == "buffer" else None)
     if plan == "buffer":  # transactional: sent only once committed
         body = b"".join(bytes(chunk) for chunk in response.streaming_content)
         response.streaming_content = [body]
-        answer = flow.finished(_result(opts, status, headers, body, False))
+        answer = flow.finished(handler_result(opts, status, headers, body, False))
         return _answer(answer, response, body)
     if plan == "pass_through":
         flow.finished(HandlerResult(status, headers, b""))
@@ -473,7 +424,7 @@ async def _acaptured(flow: AsyncRequest, opts: RouteOptions, response: Any) -> A
     if not streaming:
         body = bytes(response.content)
         recorded, truncated = _in_memory(plan, limit, body)
-        answer = await flow.finished(_result(opts, status, headers, recorded, truncated))
+        answer = await flow.finished(handler_result(opts, status, headers, recorded, truncated))
         return _answer(answer, response, body if plan == "buffer" else None)
     source = response.streaming_content
     is_async = bool(getattr(response, "is_async", False))
@@ -487,7 +438,7 @@ async def _acaptured(flow: AsyncRequest, opts: RouteOptions, response: Any) -> A
             yield body
 
         response.streaming_content = again()
-        answer = await flow.finished(_result(opts, status, headers, body, False))
+        answer = await flow.finished(handler_result(opts, status, headers, body, False))
         return _answer(answer, response, body)
     capture = BodyCapture(limit) if plan == "tee" and limit is not None else None
     if capture is None:
@@ -501,44 +452,7 @@ async def _acaptured(flow: AsyncRequest, opts: RouteOptions, response: Any) -> A
     return response
 
 
-class _Recorder:
-    """Records the chunks of a teed body within core's limit."""
-
-    def __init__(
-        self, opts: RouteOptions, status: int, headers: List[Tuple[str, str]], capture: BodyCapture
-    ) -> None:
-        self.opts = opts
-        self.status = status
-        self.headers = headers
-        self.capture = capture
-        self.recorded: List[bytes] = []
-        self.done = False
-        self.remaining = response_length(headers)
-
-    def last(self, chunk: bytes) -> bool:
-        """True when ``chunk`` completes the declared ``Content-Length``: the record is then
-        written before it is handed on."""
-        if self.remaining is None:
-            return False
-        self.remaining -= len(chunk)
-        return self.remaining <= 0
-
-    def record(self, chunk: bytes) -> None:
-        step = self.capture.accept(len(chunk))
-        if step == "record":
-            self.recorded.append(chunk)
-        elif step == "discard":
-            self.recorded = []
-
-    def result(self, complete: bool) -> HandlerResult:
-        self.done = True
-        truncated = not complete or self.capture.truncated
-        body = b"".join(self.recorded)
-        self.recorded = []
-        return _result(self.opts, self.status, self.headers, body, truncated)
-
-
-class _Tee(_Recorder):
+class _Tee(TeeRecord):
     """A streamed body teed to the client (sync chain); Django calls :meth:`close` when the
     response is closed (also when the client went away early: the record is then not
     retained)."""
@@ -596,7 +510,7 @@ class _ASyncSource:
         return chunk
 
 
-class _ATee(_Recorder):
+class _ATee(TeeRecord):
     """:class:`_Tee` for the async chain."""
 
     def __init__(

@@ -41,7 +41,7 @@ import copy
 import functools
 import inspect
 from contextvars import ContextVar
-from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Awaitable, Callable, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 try:
     from fastapi import Depends, Request
@@ -55,11 +55,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response as StarletteResponse
 from starlette.types import Receive, Scope, Send
 
-from idempo._flow import Execution, HandlerResult, Hooks, Response, run_async
+from idempo._flow import (
+    INLINE, AsyncRequest, Execution, HandlerResult, Hooks, Response, failed_log,
+)
 from idempo._render import ProblemRenderer
-from idempo._host import HostCore, RouteOptions, declared_length, route_overrides
+from idempo._host import (
+    HostCore, RouteOptions, declared_length, request_headers, route_overrides,
+)
 from idempo._idempo import Config, InvalidArgument
-from idempo.asgi import _Capture, _send, _target, _without_pathsend
+from idempo.asgi import _Capture, _send, _target, _without_pathsend, run_captured
 from idempo.stores._tx import enter, leave
 
 import fastapi.routing as _fastapi_routing
@@ -191,8 +195,8 @@ class _Run:
         self.entered = False
         self.principal: Any = None
         self.placeholder = _Unclaimed()
-        self.flow: "Optional[asyncio.Future[Response]]" = None
-        self.result: "Optional[asyncio.Future[HandlerResult]]" = None
+        self.flow: Optional[AsyncRequest] = None
+        """Set once the claim let the endpoint run (core's flow, waiting for its response)."""
         self.capture: Optional[_Capture] = None
 
     async def execute(self, endpoint: Callable[..., Any], is_async: bool,
@@ -202,11 +206,9 @@ class _Run:
             return await _call(endpoint, is_async, args, kwargs)
         core = self.owner.core
         request = self.request
-        raw_headers: List[Tuple[bytes, bytes]] = list(request.scope.get("headers", []))
-        headers = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in raw_headers]
-        lower = {n.lower(): v for n, v in headers}
-        name = core.header_name.encode()
-        key_fields = [bytes(v) for n, v in raw_headers if n.lower() == name]
+        headers, lower, key_fields = request_headers(
+            request.scope.get("headers", ()), core.header_name_bytes,
+            core.fingerprinted(self.opts))
         admission, answer = core.admit_key(
             self.opts, self.route, key_fields, declared_length(lower.get("content-length")))
         if answer is not None:
@@ -232,90 +234,102 @@ class _Run:
         if prepared.answer is not None:
             return _Answer(prepared.answer)
         assert prepared.key is not None
-        loop = asyncio.get_running_loop()
-        go: "asyncio.Future[Execution]" = loop.create_future()
-        result: "asyncio.Future[HandlerResult]" = loop.create_future()
-        self.result = result
-
-        async def handler(execution: Execution) -> HandlerResult:
-            go.set_result(execution)
-            return await result
-
-        self.capture = _Capture(self.opts.config, None)
-        flow = asyncio.ensure_future(run_async(
-            store=core.store,
-            config=self.opts.config,
-            scope=prepared.scope,
-            partition=prepared.partition,
-            fingerprint=prepared.fingerprint,
-            key=prepared.key,
-            route=self.route,
-            handler=handler,
-            hooks=core.hooks,
-            renderer=core.renderer,
-        ))
-        try:
-            waiting: "Set[asyncio.Future[Any]]" = {go, flow}
-            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:
-            if not result.done():
-                result.set_exception(RuntimeError("idempo: the request was cancelled"))
-            raise
-        if not go.done():  # answered without running: a replay or a problem
-            return _Answer(flow.result())
+        flow = AsyncRequest(**core.flow_args(self.opts, self.route, prepared))
+        started = await _begin(flow)
+        if isinstance(started, Response):  # answered without running: a replay or a problem
+            return _Answer(started)
         self.flow = flow
-        execution = go.result()
-        request.state.idempotency = execution
-        token = enter(execution.transaction) if execution.transaction is not None else None
+        self.capture = _Capture(self.opts.config, None)
+        request.state.idempotency = started
+        token = flow.enter(started)
         try:
-            return await _call(endpoint, is_async, args, self._given(kwargs, execution))
+            return await _call(endpoint, is_async, args, self._given(kwargs, started))
         finally:
-            if token is not None:
-                leave(token)
+            flow.leave(token)
 
     def _given(self, kwargs: Dict[str, Any], execution: Optional[Execution]) -> Dict[str, Any]:
         return {k: (execution if v is self.placeholder else v) for k, v in kwargs.items()}
 
     async def failed(self, exc: BaseException) -> None:
-        """The handler ended with an error: the flow records it (core's rule), then it is
-        re-raised by the caller."""
-        assert self.flow is not None and self.result is not None
-        if not self.result.done():
-            error = exc if isinstance(exc, Exception) else RuntimeError(
-                f"idempo: the request ended ({type(exc).__name__})")
-            self.result.set_exception(error)
-        try:
-            await asyncio.shield(self.flow)
-        except BaseException:  # noqa: BLE001 - the flow re-raises the handler's error
-            pass
+        """The handler ended with an error: the flow records it (core's rule), then the caller
+        re-raises it."""
+        assert self.flow is not None
+        answer = await _settle(self.flow, self.flow.failed())
+        if answer is not None and isinstance(exc, Exception):
+            failed_log(self.route, exc)
 
     async def respond(self, inner: StarletteResponse, scope: Scope, receive: Receive,
                       send: Send) -> None:
-        """Sends the endpoint's response through core's capture plan, then the flow's answer."""
-        capture, flow, result = self.capture, self.flow, self.result
-        assert capture is not None and flow is not None and result is not None
+        """Sends the endpoint's response through core's capture plan, then the flow's answer;
+        the response's background tasks run after that."""
+        capture, flow = self.capture, self.flow
+        assert capture is not None and flow is not None
         capture.client = send
         inner_scope = dict(scope)
         inner_scope["extensions"] = _without_pathsend(scope)
-        app = asyncio.ensure_future(inner(inner_scope, receive, capture.send))
-        try:
-            try:
-                outcome = await capture.outcome(app, self.opts)
-            except BaseException as exc:
-                await self.failed(exc)
-                raise
-            result.set_result(outcome)
-            answer = await flow
-            if not capture.sent:
-                await _send(send, answer)
-        except BaseException:
-            capture.released.set()
-            if not app.done():
-                app.cancel()
-            raise
-        # Recorded and answered: the response's background tasks run now.
-        capture.released.set()
-        await app
+        await run_captured(
+            _Settled(flow), capture, self.opts,
+            lambda out: inner(inner_scope, receive, out), send, answer_failures=False)
+
+
+class _Settled:
+    """The flow's steps after the handler as :func:`_settle` runs them (uninterrupted by a
+    cancelled request when the store can block)."""
+
+    def __init__(self, flow: AsyncRequest) -> None:
+        self.flow = flow
+        self.route = flow.route
+
+    async def finished(self, result: HandlerResult) -> Response:
+        answer: Response = await _settle(self.flow, self.flow.finished(result))
+        return answer
+
+    async def failed(self) -> Optional[Response]:
+        answer: Optional[Response] = await _settle(self.flow, self.flow.failed())
+        return answer
+
+
+async def _begin(flow: AsyncRequest) -> Union[Response, Execution]:
+    """The claim. A store that runs inline cannot be interrupted; another's claim runs in a task
+    of its own, so a request cancelled meanwhile (the client went away) still ends its flow: a
+    claim made for it is answered as a handler that failed (core decides what to record)."""
+    if flow.mode == INLINE:
+        return await flow.begin()
+    task = asyncio.ensure_future(flow.begin())
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.add_done_callback(_abandoned(flow))
+        raise
+
+
+def _abandoned(flow: AsyncRequest) -> Callable[["asyncio.Future[Any]"], None]:
+    def done(task: "asyncio.Future[Any]") -> None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        if isinstance(task.result(), Execution):
+            _spawn(flow.failed())
+    return done
+
+
+_PENDING: "Set[asyncio.Future[Any]]" = set()
+"""Strong references to flows finishing on their own (the event loop keeps only weak ones)."""
+
+
+def _spawn(coro: "Awaitable[Any]") -> "asyncio.Future[Any]":
+    task: "asyncio.Future[Any]" = asyncio.ensure_future(coro)
+    _PENDING.add(task)
+    task.add_done_callback(_PENDING.discard)
+    return task
+
+
+async def _settle(flow: AsyncRequest, step: Any) -> Any:
+    """A step after the handler (recording its response or its failure): inline, or for a store
+    that can block in a task that a cancelled request does not interrupt (the record is written
+    even when the client went away)."""
+    if flow.mode == INLINE:
+        return await step
+    return await asyncio.shield(_spawn(step))
 
 
 class _Captured(StarletteResponse):

@@ -30,18 +30,21 @@ The running view finds its execution (key, generation, downstream key) in
 from __future__ import annotations
 
 from http import HTTPStatus
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
-from idempo._flow import HandlerResult, Hooks, Response, SyncRequest, failed_log
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+from idempo._flow import HandlerResult, Response, SyncRequest, failed_log
 from idempo._host import (
     HostCore,
+    HostOptions,
     RouteOptions,
     declared_length,
-    response_length,
     with_content_length,
 )
-from idempo._idempo import BodyCapture, Config
-from idempo._render import ProblemRenderer
+from idempo._idempo import BodyCapture
+from idempo._tee import TeeRecord, handler_result
 
 Environ = Dict[str, Any]
 StartResponse = Callable[..., Any]
@@ -75,47 +78,14 @@ class IdempotencyMiddleware:
         app: WSGIApp,
         *,
         store: Any,
-        config: Optional[Config] = None,
-        methods: Sequence[str] = ("POST", "PATCH"),
-        header_name: str = "Idempotency-Key",
-        scope: Optional[Callable[[Environ], Optional[str]]] = None,
         resolve: Optional[Callable[[Environ], Tuple[Optional[str], Any]]] = None,
-        fingerprint_headers: Iterable[str] = (),
-        exclude: Iterable[str] = (),
-        hmac_key: Optional[bytes] = None,
-        numbers: Optional[str] = None,
-        redact: Optional[Callable[[int, List[Tuple[str, str]], bytes], Optional[bytes]]] = None,
-        hooks: Optional[Hooks] = None,
-        only_marked: bool = False,
-        warn_unscoped: bool = True,
-        public: bool = False,
-        empty_scope_is_anonymous: bool = False,
-        problem_renderer: Optional[ProblemRenderer] = None,
         host: str = "idempo.wsgi.IdempotencyMiddleware",
+        **options: "Unpack[HostOptions]",
     ) -> None:
         self.app = app
         self.resolve = resolve
-        self.core = HostCore(
-            store=store,
-            config=config,
-            methods=methods,
-            header_name=header_name,
-            scope=scope,
-            fingerprint_headers=fingerprint_headers,
-            exclude=exclude,
-            hmac_key=hmac_key,
-            numbers=numbers,
-            redact=redact,
-            hooks=hooks,
-            only_marked=only_marked,
-            warn_unscoped=warn_unscoped,
-            public=public,
-            empty_scope_is_anonymous=empty_scope_is_anonymous,
-            problem_renderer=problem_renderer,
-            host=host,
-            sync_only=True,
-        )
-        self._env_key = "HTTP_" + header_name.upper().replace("-", "_")
+        self.core = HostCore(store=store, host=host, sync_only=True, **options)
+        self._env_key = "HTTP_" + self.core.header_name.upper().replace("-", "_")
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         method = str(environ.get("REQUEST_METHOD", "GET")).upper()
@@ -160,17 +130,7 @@ class IdempotencyMiddleware:
         if prepared.answer is not None:
             return _send(start_response, prepared.answer)
         assert prepared.key is not None
-        flow = SyncRequest(
-            store=core.store,
-            config=opts.config,
-            scope=prepared.scope,
-            partition=prepared.partition,
-            fingerprint=prepared.fingerprint,
-            key=prepared.key,
-            route=route,
-            hooks=core.hooks,
-            renderer=core.renderer,
-        )
+        flow = SyncRequest(**core.flow_args(opts, route, prepared))
         try:
             started = flow.begin()
         except BaseException:
@@ -222,8 +182,7 @@ class IdempotencyMiddleware:
                 if held is not None:
                     _close(app_iter)
                     body = b"".join(held)
-                    stored = opts.redact(status, headers, body) if opts.redact else None
-                    response = flow.finished(HandlerResult(status, headers, body, stored))
+                    response = flow.finished(handler_result(opts, status, headers, body, False))
                     if response.handler_ran and response.status == status and response.body == body:
                         # The application's own answer, with its own status line.
                         start_response(line, with_content_length(headers, body))
@@ -309,7 +268,7 @@ class _Chain:
         _close(self._app_iter)
 
 
-class _Tee:
+class _Tee(TeeRecord):
     """The application's body sent to the client chunk by chunk while at most the plan's limit
     is recorded; when it ends (or the server closes it early: the client went away) the flow
     records what was seen, truncated when it passed the limit or did not end."""
@@ -325,44 +284,21 @@ class _Tee:
         app_iter: Any,
         capture: Optional[BodyCapture],
     ) -> None:
+        super().__init__(opts, status, headers, capture)
         self._flow = flow
-        self._opts = opts
-        self._status = status
-        self._headers = headers
         self._pending = pending
         self._chunks = chunks
         self._app_iter = app_iter
-        self._capture = capture
-        self._recorded: List[bytes] = []
-        self._done = False
-        self._remaining = response_length(headers)
-        if capture is not None:
-            for chunk in pending:
-                self._record(chunk)
-        if self._remaining is not None:
-            self._remaining -= sum(len(c) for c in pending)
-
-    def _last(self, chunk: bytes) -> bool:
-        """True when ``chunk`` completes the declared ``Content-Length``: the record is then
-        written before it is handed to the server."""
-        if self._remaining is None:
-            return False
-        self._remaining -= len(chunk)
-        return self._remaining <= 0
-
-    def _record(self, chunk: bytes) -> None:
-        assert self._capture is not None
-        step = self._capture.accept(len(chunk))
-        if step == "record":
-            self._recorded.append(chunk)
-        elif step == "discard":
-            self._recorded = []
+        for chunk in pending:
+            self.record(chunk)
+        if self.remaining is not None:
+            self.remaining -= sum(len(c) for c in pending)
 
     def __iter__(self) -> "_Tee":
         return self
 
     def __next__(self) -> bytes:
-        if self._done:
+        if self.done:
             raise StopIteration
         if self._pending:
             return self._pending.pop(0)
@@ -372,36 +308,28 @@ class _Tee:
             self._finish(complete=True)
             raise
         except BaseException:
-            self._done = True
+            self.done = True
             try:
                 _close(self._app_iter)
             finally:
                 self._flow.failed()
             raise
-        if self._capture is not None:
-            self._record(chunk)
-        if self._last(chunk):
+        self.record(chunk)
+        if self.last(chunk):
             self._finish(complete=True)
         return chunk
 
     def close(self) -> None:
         """Called by the server when it is done with the body (PEP 3333)."""
-        if not self._done:
+        if not self.done:
             self._finish(complete=False)
 
     def _finish(self, *, complete: bool) -> None:
-        self._done = True
+        self.done = True
         try:
             _close(self._app_iter)
         finally:
-            truncated = not complete or (self._capture is not None and self._capture.truncated)
-            body = b"".join(self._recorded)
-            self._recorded = []
-            stored = None
-            if self._opts.redact is not None and not truncated:
-                stored = self._opts.redact(self._status, self._headers, body)
-            self._flow.finished(HandlerResult(
-                self._status, self._headers, body, stored, body_truncated=truncated))
+            self._flow.finished(self.result(complete))
 
 
 class _Input:

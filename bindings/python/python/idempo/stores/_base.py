@@ -24,6 +24,7 @@ from typing import (
 )
 
 from idempo._idempo import InvalidArgument, StoreUnavailable
+from idempo._plan import drive, drive_async
 
 IN_PROGRESS = 1
 """Record state: claimed, the handler is (or may be) running under a lease."""
@@ -224,8 +225,6 @@ def purge_all(
     Each batch is its own short transaction; run this from a periodic job (or
     :class:`Purger`). ``on_counts`` receives the total (metrics).
     """
-    from idempo.stores._plan import drive  # _plan builds on this module
-
     total = drive(_purge_batches(batch, max_batches), store.purge_expired)
     if on_counts is not None:
         on_counts(total)
@@ -239,8 +238,6 @@ async def purge_all_async(
     on_counts: Optional[Callable[[PurgeCounts], None]] = None,
 ) -> PurgeCounts:
     """Async form of :func:`purge_all`."""
-    from idempo.stores._plan import drive_async  # _plan builds on this module
-
     total = await drive_async(_purge_batches(batch, max_batches), store.purge_expired)
     if on_counts is not None:
         on_counts(total)

@@ -31,7 +31,7 @@ from idempo.stores._base import (
     StoreStats,
     check_key,
 )
-from idempo.stores._plan import AsyncPrimitives, Plan, PlanHooks, Primitives
+from idempo.stores._primitives import AsyncPrimitives, Plan, PlanHooks, Primitives
 from idempo.stores._recipes import recipe
 from idempo.stores.postgres import AsyncPostgresStore, CompletedRow, PostgresStore
 from idempo.stores.redis import record_from_hash

@@ -20,8 +20,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 from idempo._idempo import InvalidArgument, MemoryStoreCore, StoreUnavailable, memory_partition
 from idempo.stores._base import (
@@ -72,6 +71,10 @@ class MemoryStore:
     """Claims take a ``partition`` (:func:`memory_partition` of the principal); the middleware
     passes it."""
 
+    blocking = False
+    """Its primitives never wait on IO (one short lock around core's step): asyncio hosts call
+    them on the event loop, without a worker thread."""
+
     def __init__(
         self,
         *,
@@ -119,13 +122,12 @@ class MemoryStore:
             err.retry_after = None
             raise err
 
-    @contextmanager
-    def _atomic(self) -> Iterator[int]:
-        """One primitive's atomic step: holds the lock, refuses a forked process (unless allowed)
-        and gives the store's now."""
-        with self._lock:
+    def _step(self) -> int:
+        """Called holding the lock at the start of each primitive (one atomic step for threads):
+        refuses a forked process (unless allowed) and gives the store's now."""
+        if self._pid != os.getpid() and not self._allow_multiprocess:
             self._check_process()
-            yield self._clock()
+        return self._clock()
 
     def claim(
         self,
@@ -143,7 +145,8 @@ class MemoryStore:
         tok = check_token(token)
         check_ms("lease_ms", lease_ms)
         check_ms("ttl_ms", ttl_ms)
-        with self._atomic() as now:
+        with self._lock:
+            now = self._step()
             claimed, generation, row = self._core.claim(
                 key, fingerprint, tok, lease_ms, ttl_ms, now, partition
             )
@@ -156,7 +159,8 @@ class MemoryStore:
     def get(self, scope_key: bytes) -> Tuple[Optional[StoredRecord], int]:
         """Primitive 2: the record (expired ones included) and the store's now."""
         key = check_key(scope_key)
-        with self._atomic() as now:
+        with self._lock:
+            now = self._step()
             row = self._core.get(key)
         return (None if row is None else _record(key, row)), now
 
@@ -168,7 +172,8 @@ class MemoryStore:
         seen = check_token(seen_token)
         new = check_token(new_token)
         check_ms("lease_ms", lease_ms)
-        with self._atomic() as now:
+        with self._lock:
+            now = self._step()
             return self._core.takeover(key, seen, new, lease_ms, now)
 
     def mark_unknown(self, scope_key: bytes, seen_token: bytes, ttl_ms: int) -> bool:
@@ -176,7 +181,8 @@ class MemoryStore:
         key = check_key(scope_key)
         seen = check_token(seen_token)
         check_ms("ttl_ms", ttl_ms)
-        with self._atomic() as now:
+        with self._lock:
+            now = self._step()
             return self._core.mark_unknown(key, seen, ttl_ms, now)
 
     def complete(self, scope_key: bytes, token: bytes, response: bytes, ttl_ms: int) -> bool:
@@ -186,14 +192,16 @@ class MemoryStore:
         tok = check_token(token)
         check_ms("ttl_ms", ttl_ms)
         body = bytes(response)
-        with self._atomic() as now:
+        with self._lock:
+            now = self._step()
             return self._core.complete(key, tok, body, ttl_ms, now)
 
     def release(self, scope_key: bytes, token: bytes) -> bool:
         """Primitive 6: delete the caller's own in-progress record."""
         key = check_key(scope_key)
         tok = check_token(token)
-        with self._atomic():
+        with self._lock:
+            self._step()
             return self._core.release(key, tok)
 
     def renew(self, scope_key: bytes, token: bytes, lease_ms: int) -> bool:
@@ -201,13 +209,15 @@ class MemoryStore:
         key = check_key(scope_key)
         tok = check_token(token)
         check_ms("lease_ms", lease_ms)
-        with self._atomic() as now:
+        with self._lock:
+            now = self._step()
             return self._core.renew(key, tok, lease_ms, now)
 
     def purge_expired(self, batch: int = 1000) -> PurgeCounts:
         """Primitive 8: delete up to ``batch`` expired records (earliest expiry first), per state."""
         check_batch(batch)
-        with self._atomic() as now:
+        with self._lock:
+            now = self._step()
             in_progress, completed, unknown = self._core.purge_expired(batch, now)
         return PurgeCounts(in_progress, completed, unknown)
 

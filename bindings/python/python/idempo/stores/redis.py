@@ -55,7 +55,7 @@ from idempo.stores._base import (
     check_ms,
     check_token,
 )
-from idempo.stores._plan import AsyncPrimitives, Plan, PlanHooks, Primitives
+from idempo.stores._primitives import AsyncPrimitives, Plan, PlanHooks, Primitives
 from idempo.stores._recipes import PRIMITIVES, family
 
 try:

@@ -48,7 +48,8 @@ from idempo.stores._base import (
     record_or_none,
     unavailable,
 )
-from idempo.stores._plan import AsyncPrimitivesBase, Plan, PlanHooks, PrimitivesBase, drive
+from idempo._plan import drive
+from idempo.stores._primitives import AsyncPrimitivesBase, Plan, PlanHooks, PrimitivesBase
 from idempo.stores._recipes import PRIMITIVES, family, recipe
 from idempo.stores._tx import (
     SessionEnds,
@@ -76,6 +77,22 @@ SQL_STATS = recipe("sqlite_stats")
 CLAIM_ATTEMPTS = 3
 
 _errors: Tuple[Type[BaseException], ...] = (sqlite3.Error,)
+
+
+_WRITERS: Dict[str, threading.Lock] = {}
+_WRITERS_LOCK = threading.Lock()
+
+
+def _writer_lock(path: str) -> threading.Lock:
+    """The lock that this process's writers of the database file ``path`` take in turn (one per
+    file, shared by every store on it; ``:memory:`` databases are separate, but serialising them
+    costs nothing)."""
+    key = path if path == ":memory:" else os.path.realpath(path)
+    with _WRITERS_LOCK:
+        lock = _WRITERS.get(key)
+        if lock is None:
+            lock = _WRITERS[key] = threading.Lock()
+        return lock
 
 
 class _Op(NamedTuple):
@@ -276,15 +293,27 @@ class SQLiteStore(_Plans, PrimitivesBase):
 
     @contextmanager
     def _immediate(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction, after this process's other writers of the file: SQLite has one
+        writer, and a connection that finds the write lock taken sleeps in its busy handler
+        (growing steps up to 100 ms) however soon the lock is free again, so writers of one
+        process queue on a lock of their own first and SQLite's busy wait is left to writers in
+        other processes. The wait counts toward ``busy_timeout_ms``."""
         conn = self._conn()
-        conn.execute("BEGIN IMMEDIATE")
+        writer = _writer_lock(self.path)
+        if not writer.acquire(timeout=self._busy_timeout_ms / 1000):
+            raise sqlite3.OperationalError(
+                "database is locked (this process's other writers held it past busy_timeout_ms)")
         try:
-            yield conn
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        else:
-            conn.execute("COMMIT")
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            else:
+                conn.execute("COMMIT")
+        finally:
+            writer.release()
 
     def _dedicated(self) -> sqlite3.Connection:
         """A connection for one transactional request (kept idle between requests)."""

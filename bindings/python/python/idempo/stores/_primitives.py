@@ -1,55 +1,20 @@
-"""Sans-IO plans: a store primitive written once for its sync and its asyncio form.
-
-A plan is a generator that yields the operations it needs (a SQL statement, a Lua script call)
-and receives each one's result, or has the operation's error thrown into it; its return value is
-the primitive's result. :func:`drive` runs a plan with a blocking executor, :func:`drive_async`
-with an awaitable one, so the sync and async classes keep only their IO.
+"""The eight store primitives written once as plans (:mod:`idempo._plan`) for a store's sync
+and asyncio classes: a store supplies a plan per primitive and the IO that runs its operations.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Awaitable, Callable, Generator, Optional, Tuple, Type, TypeVar
+from typing import Any, Optional, Tuple, Type, TypeVar
 
+from idempo._plan import Plan, drive, drive_async
 from idempo.stores._base import ClaimResult, PurgeCounts, StoredRecord, unavailable
 
-Op = TypeVar("Op")
 T = TypeVar("T")
 
-Plan = Generator[Op, Any, T]
-"""Yields operations, receives their results, returns the primitive's result."""
-
-
-def drive(plan: "Plan[Op, T]", execute: Callable[[Op], Any]) -> T:
-    """Runs ``plan``, executing every operation it yields with ``execute``."""
-    try:
-        op = next(plan)
-        while True:
-            try:
-                result = execute(op)
-            except Exception as exc:
-                op = plan.throw(exc)
-            else:
-                op = plan.send(result)
-    except StopIteration as stop:
-        value: T = stop.value
-        return value
-
-
-async def drive_async(plan: "Plan[Op, T]", execute: Callable[[Op], Awaitable[Any]]) -> T:
-    """Runs ``plan``, awaiting ``execute`` for every operation it yields."""
-    try:
-        op = next(plan)
-        while True:
-            try:
-                result = await execute(op)
-            except Exception as exc:
-                op = plan.throw(exc)
-            else:
-                op = plan.send(result)
-    except StopIteration as stop:
-        value: T = stop.value
-        return value
+__all__ = [
+    "AsyncPrimitives", "AsyncPrimitivesBase", "Plan", "PlanHooks", "Primitives", "PrimitivesBase",
+]
 
 
 class PlanHooks(ABC):
