@@ -108,5 +108,5 @@ pub fn intent_send_code(decision: IntentSendDecision) -> String {
 /// Whether a stop with `reason` settles the intent (core `StopReason::settles_intent`).
 #[uniffi::export]
 pub fn stop_reason_settles_intent(reason: StopReason) -> bool {
-    idempo_core::retry::StopReason::from(reason).settles_intent()
+    reason.settles_intent()
 }

@@ -43,7 +43,7 @@ pub use key::{
     parse_key, parse_key_bytes, validate_key_text,
 };
 pub use retry::{
-    AttemptOutcome, JitterMode, RetryConfig, RetryDecision, RetryError, StopReason,
+    AttemptOutcome, Jitter, RetryConfig, RetryDecision, RetryError, StopReason,
     attempt_outcome_from_response, default_retry_config, parse_retry_after, retry_decide,
     stop_reason_code, validate_retry_config,
 };

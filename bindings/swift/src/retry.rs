@@ -1,17 +1,22 @@
 //! The client retry policy over the FFI (`idempo_core::retry`).
+//!
+//! Core's own types cross the boundary: each is declared here once for uniffi with
+//! `#[uniffi::remote]` (the declaration must match core's definition, which the compiler checks),
+//! so there is no mirror type and no conversion table. Only the error enum is this crate's.
 use idempo_core::retry as core;
+pub use idempo_core::retry::{AttemptOutcome, Jitter, RetryConfig, RetryDecision, StopReason};
 
-/// How a random sample spreads the backoff (core `Jitter`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
-pub enum JitterMode {
+/// How a random sample spreads the backoff (core's `Jitter`, declared for uniffi: the same type).
+#[uniffi::remote(Enum)]
+pub enum Jitter {
     /// At least half the backoff (the default).
     Equal,
     /// Anywhere between zero and the backoff.
     Full,
 }
 
-/// The tunable numbers of the retry policy (core `RetryConfig`, validated on every call).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Record)]
+/// The tunable numbers of the retry policy (core's own type, validated on every call).
+#[uniffi::remote(Record)]
 pub struct RetryConfig {
     /// Attempts in all, the first included (at least 1).
     pub max_attempts: u32,
@@ -22,11 +27,11 @@ pub struct RetryConfig {
     /// Total time budget from the start of the first attempt, in ms (at most seven days).
     pub max_elapsed_ms: u64,
     /// Jitter mode.
-    pub jitter: JitterMode,
+    pub jitter: Jitter,
 }
 
-/// What happened to one attempt, as the client saw it (core `AttemptOutcome`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
+/// What happened to one attempt, as the client saw it (core's own type).
+#[uniffi::remote(Enum)]
 pub enum AttemptOutcome {
     /// A response arrived.
     Response {
@@ -55,8 +60,8 @@ pub enum AttemptOutcome {
     ResponseNotRetained,
 }
 
-/// Why the client should stop retrying (core `StopReason`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
+/// Why the client should stop retrying (core's own type).
+#[uniffi::remote(Enum)]
 pub enum StopReason {
     /// A 2xx (a replay of an earlier success too).
     Success,
@@ -91,8 +96,8 @@ pub enum StopReason {
     ResponseNotRetained,
 }
 
-/// What the client should do after an attempt (core `RetryDecision`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
+/// What the client should do after an attempt (core's own type).
+#[uniffi::remote(Enum)]
 pub enum RetryDecision {
     /// Wait `delay_ms`, then send the same request with the same key.
     Retry {
@@ -146,161 +151,12 @@ impl From<core::RetryInputError> for RetryError {
     }
 }
 
-impl From<core::Jitter> for JitterMode {
-    fn from(j: core::Jitter) -> Self {
-        match j {
-            core::Jitter::Equal => JitterMode::Equal,
-            core::Jitter::Full => JitterMode::Full,
-        }
-    }
-}
-
-impl From<JitterMode> for core::Jitter {
-    fn from(j: JitterMode) -> Self {
-        match j {
-            JitterMode::Equal => core::Jitter::Equal,
-            JitterMode::Full => core::Jitter::Full,
-        }
-    }
-}
-
-impl From<core::RetryConfig> for RetryConfig {
-    fn from(c: core::RetryConfig) -> Self {
-        RetryConfig {
-            max_attempts: c.max_attempts,
-            base_delay_ms: c.base_delay_ms,
-            max_delay_ms: c.max_delay_ms,
-            max_elapsed_ms: c.max_elapsed_ms,
-            jitter: c.jitter.into(),
-        }
-    }
-}
-
-impl From<RetryConfig> for core::RetryConfig {
-    fn from(c: RetryConfig) -> Self {
-        core::RetryConfig {
-            max_attempts: c.max_attempts,
-            base_delay_ms: c.base_delay_ms,
-            max_delay_ms: c.max_delay_ms,
-            max_elapsed_ms: c.max_elapsed_ms,
-            jitter: c.jitter.into(),
-        }
-    }
-}
-
-impl TryFrom<RetryConfig> for core::RetryPolicy {
-    type Error = RetryError;
-
-    fn try_from(c: RetryConfig) -> Result<Self, RetryError> {
-        Ok(core::RetryPolicy::new(c.into())?)
-    }
-}
-
-impl From<AttemptOutcome> for core::AttemptOutcome {
-    fn from(o: AttemptOutcome) -> Self {
-        match o {
-            AttemptOutcome::Response {
-                status,
-                retry_after_ms,
-            } => core::AttemptOutcome::Response {
-                status,
-                retry_after_ms,
-            },
-            AttemptOutcome::Timeout => core::AttemptOutcome::Timeout,
-            AttemptOutcome::ConnectionError => core::AttemptOutcome::ConnectionError,
-            AttemptOutcome::OutcomeUnknown => core::AttemptOutcome::OutcomeUnknown,
-            AttemptOutcome::KeyReused => core::AttemptOutcome::KeyReused,
-            AttemptOutcome::InFlight { retry_after_ms } => {
-                core::AttemptOutcome::InFlight { retry_after_ms }
-            }
-            AttemptOutcome::ResponseNotRetained => core::AttemptOutcome::ResponseNotRetained,
-        }
-    }
-}
-
-impl From<core::AttemptOutcome> for AttemptOutcome {
-    fn from(o: core::AttemptOutcome) -> Self {
-        match o {
-            core::AttemptOutcome::Response {
-                status,
-                retry_after_ms,
-            } => AttemptOutcome::Response {
-                status,
-                retry_after_ms,
-            },
-            core::AttemptOutcome::Timeout => AttemptOutcome::Timeout,
-            core::AttemptOutcome::ConnectionError => AttemptOutcome::ConnectionError,
-            core::AttemptOutcome::OutcomeUnknown => AttemptOutcome::OutcomeUnknown,
-            core::AttemptOutcome::KeyReused => AttemptOutcome::KeyReused,
-            core::AttemptOutcome::InFlight { retry_after_ms } => {
-                AttemptOutcome::InFlight { retry_after_ms }
-            }
-            core::AttemptOutcome::ResponseNotRetained => AttemptOutcome::ResponseNotRetained,
-        }
-    }
-}
-
-impl From<core::StopReason> for StopReason {
-    fn from(r: core::StopReason) -> Self {
-        match r {
-            core::StopReason::Success => StopReason::Success,
-            core::StopReason::Redirection => StopReason::Redirection,
-            core::StopReason::Informational => StopReason::Informational,
-            core::StopReason::KeyReusedWithDifferentRequest => {
-                StopReason::KeyReusedWithDifferentRequest
-            }
-            core::StopReason::ClientError { status } => StopReason::ClientError { status },
-            core::StopReason::ServerErrorNotRetryable { status } => {
-                StopReason::ServerErrorNotRetryable { status }
-            }
-            core::StopReason::AttemptsExhausted => StopReason::AttemptsExhausted,
-            core::StopReason::TimeBudgetExhausted => StopReason::TimeBudgetExhausted,
-            core::StopReason::RetryAfterBeyondBudget => StopReason::RetryAfterBeyondBudget,
-            core::StopReason::OutcomeUnknown => StopReason::OutcomeUnknown,
-            core::StopReason::ResponseNotRetained => StopReason::ResponseNotRetained,
-        }
-    }
-}
-
-impl From<StopReason> for core::StopReason {
-    fn from(r: StopReason) -> Self {
-        match r {
-            StopReason::Success => core::StopReason::Success,
-            StopReason::Redirection => core::StopReason::Redirection,
-            StopReason::Informational => core::StopReason::Informational,
-            StopReason::KeyReusedWithDifferentRequest => {
-                core::StopReason::KeyReusedWithDifferentRequest
-            }
-            StopReason::ClientError { status } => core::StopReason::ClientError { status },
-            StopReason::ServerErrorNotRetryable { status } => {
-                core::StopReason::ServerErrorNotRetryable { status }
-            }
-            StopReason::AttemptsExhausted => core::StopReason::AttemptsExhausted,
-            StopReason::TimeBudgetExhausted => core::StopReason::TimeBudgetExhausted,
-            StopReason::RetryAfterBeyondBudget => core::StopReason::RetryAfterBeyondBudget,
-            StopReason::OutcomeUnknown => core::StopReason::OutcomeUnknown,
-            StopReason::ResponseNotRetained => core::StopReason::ResponseNotRetained,
-        }
-    }
-}
-
-impl From<core::RetryDecision> for RetryDecision {
-    fn from(d: core::RetryDecision) -> Self {
-        match d {
-            core::RetryDecision::Retry { delay_ms } => RetryDecision::Retry { delay_ms },
-            core::RetryDecision::Stop { reason } => RetryDecision::Stop {
-                reason: reason.into(),
-            },
-        }
-    }
-}
-
 /// Core's default retry configuration (5 attempts, 500 ms base, 10 s cap, 60 s budget, equal
 /// jitter).
 #[must_use]
 #[uniffi::export]
 pub fn default_retry_config() -> RetryConfig {
-    core::RetryConfig::default().into()
+    core::RetryConfig::default()
 }
 
 /// Checks a configuration without deciding anything (lets a client fail at construction).
@@ -309,7 +165,8 @@ pub fn default_retry_config() -> RetryConfig {
 /// `InvalidConfig` naming the first field out of range.
 #[uniffi::export]
 pub fn validate_retry_config(config: RetryConfig) -> Result<(), RetryError> {
-    core::RetryPolicy::try_from(config).map(|_| ())
+    core::RetryPolicy::new(config)?;
+    Ok(())
 }
 
 /// Decides what to do after attempt number `attempt` (1-based) ended with `outcome`,
@@ -325,10 +182,8 @@ pub fn retry_decide(
     outcome: AttemptOutcome,
     jitter: f64,
 ) -> Result<RetryDecision, RetryError> {
-    let policy = core::RetryPolicy::try_from(config)?;
-    Ok(policy
-        .decide(attempt, elapsed_ms, &outcome.into(), jitter)?
-        .into())
+    let policy = core::RetryPolicy::new(config)?;
+    Ok(policy.decide(attempt, elapsed_ms, &outcome, jitter)?)
 }
 
 /// Classifies a response that arrived (core `AttemptOutcome::from_response`):
@@ -344,7 +199,6 @@ pub fn attempt_outcome_from_response(
     body: Vec<u8>,
 ) -> AttemptOutcome {
     core::AttemptOutcome::from_response(status, retry_after_ms, content_type.as_deref(), &body)
-        .into()
 }
 
 /// Reads a `Retry-After` value (delay-seconds or an HTTP-date relative to `now_unix_ms`) as a
@@ -359,7 +213,7 @@ pub fn parse_retry_after(value: String, now_unix_ms: u64) -> Option<u64> {
 #[must_use]
 #[uniffi::export]
 pub fn stop_reason_code(reason: StopReason) -> String {
-    core::StopReason::from(reason).code().to_owned()
+    reason.code().to_owned()
 }
 
 #[cfg(test)]
@@ -490,8 +344,6 @@ mod tests {
         ];
         let mut codes = std::collections::HashSet::new();
         for reason in all {
-            let back: StopReason = core::StopReason::from(reason).into();
-            assert_eq!(back, reason);
             assert!(codes.insert(stop_reason_code(reason)));
         }
     }
@@ -524,8 +376,7 @@ mod tests {
     }
 
     #[test]
-    fn config_round_trips_through_core() {
-        let back: core::RetryConfig = default_retry_config().into();
-        assert_eq!(back, core::RetryConfig::default());
+    fn the_default_config_is_cores() {
+        assert_eq!(default_retry_config(), core::RetryConfig::default());
     }
 }

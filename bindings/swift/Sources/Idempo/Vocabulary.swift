@@ -11,14 +11,14 @@ public enum JitterMode: Sendable, Hashable, CaseIterable, CustomStringConvertibl
     /// Anywhere between zero and the backoff (spreads load most; may retry at once).
     case full
 
-    init(_ ffi: IdempoBindings.JitterMode) {
+    init(_ ffi: IdempoBindings.Jitter) {
         switch ffi {
         case .equal: self = .equal
         case .full: self = .full
         }
     }
 
-    var ffi: IdempoBindings.JitterMode {
+    var ffi: IdempoBindings.Jitter {
         switch self {
         case .equal: return .equal
         case .full: return .full

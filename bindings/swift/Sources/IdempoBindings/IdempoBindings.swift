@@ -1229,7 +1229,7 @@ public func FfiConverterTypePendingIntentRecord_lower(_ value: PendingIntentReco
 
 
 /**
- * The tunable numbers of the retry policy (core `RetryConfig`, validated on every call).
+ * The tunable numbers of the retry policy (core's own type, validated on every call).
  */
 public struct RetryConfig: Equatable, Hashable {
     /**
@@ -1251,7 +1251,7 @@ public struct RetryConfig: Equatable, Hashable {
     /**
      * Jitter mode.
      */
-    public var jitter: JitterMode
+    public var jitter: Jitter
 
     // Default memberwise initializers are never public by default, so we
     // declare one manually.
@@ -1270,7 +1270,7 @@ public struct RetryConfig: Equatable, Hashable {
          */maxElapsedMs: UInt64, 
         /**
          * Jitter mode.
-         */jitter: JitterMode) {
+         */jitter: Jitter) {
         self.maxAttempts = maxAttempts
         self.baseDelayMs = baseDelayMs
         self.maxDelayMs = maxDelayMs
@@ -1298,7 +1298,7 @@ public struct FfiConverterTypeRetryConfig: FfiConverterRustBuffer {
                 baseDelayMs: FfiConverterUInt64.read(from: &buf), 
                 maxDelayMs: FfiConverterUInt64.read(from: &buf), 
                 maxElapsedMs: FfiConverterUInt64.read(from: &buf), 
-                jitter: FfiConverterTypeJitterMode.read(from: &buf)
+                jitter: FfiConverterTypeJitter.read(from: &buf)
         )
     }
 
@@ -1307,7 +1307,7 @@ public struct FfiConverterTypeRetryConfig: FfiConverterRustBuffer {
         FfiConverterUInt64.write(value.baseDelayMs, into: &buf)
         FfiConverterUInt64.write(value.maxDelayMs, into: &buf)
         FfiConverterUInt64.write(value.maxElapsedMs, into: &buf)
-        FfiConverterTypeJitterMode.write(value.jitter, into: &buf)
+        FfiConverterTypeJitter.write(value.jitter, into: &buf)
     }
 }
 
@@ -1328,7 +1328,7 @@ public func FfiConverterTypeRetryConfig_lower(_ value: RetryConfig) -> RustBuffe
 
 
 /**
- * What happened to one attempt, as the client saw it (core `AttemptOutcome`).
+ * What happened to one attempt, as the client saw it (core's own type).
  */
 
 public enum AttemptOutcome: Equatable, Hashable {
@@ -1953,10 +1953,10 @@ public func FfiConverterTypeIntentSendDecision_lower(_ value: IntentSendDecision
 
 
 /**
- * How a random sample spreads the backoff (core `Jitter`).
+ * How a random sample spreads the backoff (core's `Jitter`, declared for uniffi: the same type).
  */
 
-public enum JitterMode: Equatable, Hashable {
+public enum Jitter: Equatable, Hashable {
     
     /**
      * At least half the backoff (the default).
@@ -1974,16 +1974,16 @@ public enum JitterMode: Equatable, Hashable {
 }
 
 #if compiler(>=6)
-extension JitterMode: Sendable {}
+extension Jitter: Sendable {}
 #endif
 
 #if swift(>=5.8)
 @_documentation(visibility: private)
 #endif
-public struct FfiConverterTypeJitterMode: FfiConverterRustBuffer {
-    typealias SwiftType = JitterMode
+public struct FfiConverterTypeJitter: FfiConverterRustBuffer {
+    typealias SwiftType = Jitter
 
-    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> JitterMode {
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> Jitter {
         let variant: Int32 = try readInt(&buf)
         switch variant {
         
@@ -1995,7 +1995,7 @@ public struct FfiConverterTypeJitterMode: FfiConverterRustBuffer {
         }
     }
 
-    public static func write(_ value: JitterMode, into buf: inout [UInt8]) {
+    public static func write(_ value: Jitter, into buf: inout [UInt8]) {
         switch value {
         
         
@@ -2014,15 +2014,15 @@ public struct FfiConverterTypeJitterMode: FfiConverterRustBuffer {
 #if swift(>=5.8)
 @_documentation(visibility: private)
 #endif
-public func FfiConverterTypeJitterMode_lift(_ buf: RustBuffer) throws -> JitterMode {
-    return try FfiConverterTypeJitterMode.lift(buf)
+public func FfiConverterTypeJitter_lift(_ buf: RustBuffer) throws -> Jitter {
+    return try FfiConverterTypeJitter.lift(buf)
 }
 
 #if swift(>=5.8)
 @_documentation(visibility: private)
 #endif
-public func FfiConverterTypeJitterMode_lower(_ value: JitterMode) -> RustBuffer {
-    return FfiConverterTypeJitterMode.lower(value)
+public func FfiConverterTypeJitter_lower(_ value: Jitter) -> RustBuffer {
+    return FfiConverterTypeJitter.lower(value)
 }
 
 
@@ -2372,7 +2372,7 @@ public func FfiConverterTypeNumberMode_lower(_ value: NumberMode) -> RustBuffer 
 
 
 /**
- * What the client should do after an attempt (core `RetryDecision`).
+ * What the client should do after an attempt (core's own type).
  */
 
 public enum RetryDecision: Equatable, Hashable {
@@ -2570,7 +2570,7 @@ public func FfiConverterTypeRetryError_lower(_ value: RetryError) -> RustBuffer 
 
 
 /**
- * Why the client should stop retrying (core `StopReason`).
+ * Why the client should stop retrying (core's own type).
  */
 
 public enum StopReason: Equatable, Hashable {
