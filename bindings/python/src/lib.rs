@@ -8,6 +8,7 @@
 
 mod admit;
 mod api;
+mod call;
 mod convert;
 mod errors;
 mod flow;
@@ -21,6 +22,7 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _idempo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
+    call::register(m)?;
     m.add_function(wrap_pyfunction!(api::canonicalize, m)?)?;
     m.add_function(wrap_pyfunction!(api::fingerprint, m)?)?;
     m.add_function(wrap_pyfunction!(api::parse_key, m)?)?;

@@ -458,8 +458,9 @@ class SyncRequest:
             action = _store_step(run, self._store, _handler_finished(run, result))
         return self._end(action, result)
 
-    def failed(self) -> Optional[Response]:
-        """The handler raised: core decides what to record. None: the caller re-raises; a
+    def failed(self, maybe_side_effect: bool = True) -> Optional[Response]:
+        """The handler raised: core decides what to record (``maybe_side_effect=False``: it
+        certainly had no effect, so the key is released). None: the caller re-raises; a
         :class:`Response`: core answers instead (transactional mode, when the rollback failed
         too: the store's 503). None when the flow already ended (the failure came after
         :meth:`finished`)."""
@@ -470,7 +471,9 @@ class SyncRequest:
         run = self._run
         try:
             with run.lock:
-                action = _store_step(run, self._store, run.flow.handler_failed())
+                action = _store_step(
+                    run, self._store, run.flow.handler_failed(maybe_side_effect)
+                )
             if action.kind == "respond":
                 return self._end(action, None)
             run.hooks.outcome(run.route, action.outcome or "handler_failed")
@@ -703,7 +706,7 @@ class AsyncRequest:
             action = await _store_step_async(run, self._store, _handler_finished(run, result))
         return await self._end(action, result)
 
-    async def failed(self) -> Optional[Response]:
+    async def failed(self, maybe_side_effect: bool = True) -> Optional[Response]:
         """As :meth:`SyncRequest.failed`."""
         if self._closed:
             return None
@@ -714,7 +717,9 @@ class AsyncRequest:
                 # Cancelled only while sleeping or waiting for the lock: never mid-renewal.
                 if self._beat is not None:
                     self._beat.cancel()
-                action = await _store_step_async(run, self._store, run.flow.handler_failed())
+                action = await _store_step_async(
+                    run, self._store, run.flow.handler_failed(maybe_side_effect)
+                )
             if action.kind == "respond":
                 return await self._end(action, None)
             run.hooks.outcome(run.route, action.outcome or "handler_failed")
