@@ -41,7 +41,7 @@ def make_handler(store: RedisStore, charges: List[Tuple[str, str]]) -> Callable[
     return charge
 
 
-def ensure_group(client: "redis.Redis[Any]") -> None:
+def ensure_group(client: "redis.Redis") -> None:
     try:
         client.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
     except redis.ResponseError as exc:
@@ -50,15 +50,15 @@ def ensure_group(client: "redis.Redis[Any]") -> None:
 
 
 def consume_once(
-    client: "redis.Redis[Any]", consumer: str, handler: Callable[[Message], str],
+    client: "redis.Redis", consumer: str, handler: Callable[[Message], str],
     *, block_ms: int = 200, min_idle_ms: int = 5_000,
 ) -> int:
     """Handles one batch: pending messages idle for ``min_idle_ms`` (a crashed consumer's),
     then new ones. Acknowledges each handled message; returns how many were acknowledged."""
-    _, claimed, _ = client.xautoclaim(STREAM, GROUP, consumer, min_idle_ms, "0-0", count=10)
-    batch = list(claimed)
-    for _, entries in client.xreadgroup(GROUP, consumer, {STREAM: ">"}, count=10,
-                                        block=block_ms) or []:
+    claimed: Any = client.xautoclaim(STREAM, GROUP, consumer, min_idle_ms, "0-0", count=10)
+    batch: List[Any] = list(claimed[1])
+    fresh: Any = client.xreadgroup(GROUP, consumer, {STREAM: ">"}, count=10, block=block_ms)
+    for _, entries in fresh or []:
         batch.extend(entries)
     acked = 0
     for entry_id, fields in batch:
@@ -77,7 +77,7 @@ def _text(value: Any) -> str:
 
 
 def main(url: str, consumer: str) -> None:
-    client: "redis.Redis[Any]" = redis.Redis.from_url(url)
+    client: "redis.Redis" = redis.Redis.from_url(url)
     store = RedisStore(url)
     ensure_group(client)
     charges: List[Tuple[str, str]] = []

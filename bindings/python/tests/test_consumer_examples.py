@@ -24,7 +24,7 @@ import redis_streams_consumer as rsc  # noqa: E402
 
 def test_redis_streams_group_charges_each_message_once(services: Any) -> None:
     _flush_redis(services.redis_url)
-    client: "redis.Redis[Any]" = redis.Redis.from_url(services.redis_url)
+    client: "redis.Redis" = redis.Redis.from_url(services.redis_url)
     rsc.ensure_group(client)
     # 20 orders, each added three times (a producer that retried its XADD).
     for n in range(20):
@@ -42,7 +42,7 @@ def test_redis_streams_group_charges_each_message_once(services: Any) -> None:
     stores = [RedisStore(services.redis_url) for _ in range(3)]
 
     def consumer(i: int) -> None:
-        c: "redis.Redis[Any]" = redis.Redis.from_url(services.redis_url)
+        c: "redis.Redis" = redis.Redis.from_url(services.redis_url)
         handler = rsc.make_handler(stores[i], shared)
         idle = 0
         while idle < 3:

@@ -4,6 +4,13 @@ from collections.abc import Iterable, Mapping
 from typing import Literal, final
 
 __all__ = [
+    # idempotent function calls (src/call.rs)
+    "Call",
+    "CallAnswer",
+    "call_answer",
+    "call_raised",
+    "call_returned",
+    "call_wait_delay",
     "Action",
     "Admission",
     "BodyCapture",

@@ -280,38 +280,66 @@ class _Replay:
         self.value = value
 
 
+def _returned(spec: _Spec, answer: CallAnswer, key: str) -> Any:
+    assert answer.body is not None
+    if answer.serializer != spec.serializer.name:
+        raise IdempotencyError(
+            f"the result of {spec.call.name!r} key {key!r} was stored by serializer "
+            f"{answer.serializer!r}, not {spec.serializer.name!r}"
+        )
+    return spec.serializer.loads(answer.body)
+
+
+def _stored_error(spec: _Spec, answer: CallAnswer, key: str) -> Any:
+    data = json.loads(answer.body or b"{}")
+    raise StoredError(key, str(data.get("type", "")), str(data.get("message", "")))
+
+
+def _in_flight(spec: _Spec, answer: CallAnswer, key: str) -> Any:
+    retry = (answer.retry_after_ms or 1000) / 1000
+    raise CallInFlight(f"{spec.call.name}: key {key!r} is in flight", key, retry)
+
+
+def _mismatch(spec: _Spec, answer: CallAnswer, key: str) -> Any:
+    raise PayloadMismatch(f"{spec.call.name}: key {key!r} was used with a different payload", key)
+
+
+def _unknown(spec: _Spec, answer: CallAnswer, key: str) -> Any:
+    raise CallOutcomeUnknown(f"{spec.call.name}: key {key!r}: outcome unknown", key)
+
+
+def _not_retained(spec: _Spec, answer: CallAnswer, key: str) -> Any:
+    raise ResultNotRetained(f"{spec.call.name}: key {key!r}: result not retained", key)
+
+
+def _unavailable(spec: _Spec, answer: CallAnswer, key: str) -> Any:
+    retry = (answer.retry_after_ms or 1000) / 1000
+    raise CallStoreUnavailable(
+        f"{spec.call.name}: key {key!r}: store unavailable ({answer.outcome})",
+        key, retry, answer.outcome,
+    )
+
+
+_READERS: Dict[str, Callable[[_Spec, CallAnswer, str], Any]] = {
+    "returned": _returned,
+    "stored_error": _stored_error,
+    "in_flight": _in_flight,
+    "mismatch": _mismatch,
+    "outcome_unknown": _unknown,
+    "not_retained": _not_retained,
+    "unavailable": _unavailable,
+}
+"""What each of core's call answers (``CallAnswer.kind``) returns or raises to the caller."""
+
+
 def _read(spec: _Spec, answer: CallAnswer, key: str) -> Any:
     """The value a non-running answer returns, or raises its typed error."""
-    kind = answer.kind
-    if kind == "returned":
-        assert answer.body is not None
-        if answer.serializer != spec.serializer.name:
-            raise IdempotencyError(
-                f"the result of {spec.call.name!r} key {key!r} was stored by serializer "
-                f"{answer.serializer!r}, not {spec.serializer.name!r}"
-            )
-        return spec.serializer.loads(answer.body)
-    if kind == "stored_error":
-        data = json.loads(answer.body or b"{}")
-        raise StoredError(key, str(data.get("type", "")), str(data.get("message", "")))
-    if kind == "in_flight":
-        retry = (answer.retry_after_ms or 1000) / 1000
-        raise CallInFlight(f"{spec.call.name}: key {key!r} is in flight", key, retry)
-    if kind == "mismatch":
-        raise PayloadMismatch(
-            f"{spec.call.name}: key {key!r} was used with a different payload", key
+    reader = _READERS.get(answer.kind)
+    if reader is None:
+        raise IdempotencyError(
+            f"{spec.call.name}: key {key!r}: unexpected record ({answer.kind})"
         )
-    if kind == "outcome_unknown":
-        raise CallOutcomeUnknown(f"{spec.call.name}: key {key!r}: outcome unknown", key)
-    if kind == "not_retained":
-        raise ResultNotRetained(f"{spec.call.name}: key {key!r}: result not retained", key)
-    if kind == "unavailable":
-        retry = (answer.retry_after_ms or 1000) / 1000
-        raise CallStoreUnavailable(
-            f"{spec.call.name}: key {key!r}: store unavailable ({answer.outcome})",
-            key, retry, answer.outcome,
-        )
-    raise IdempotencyError(f"{spec.call.name}: key {key!r}: unexpected record ({kind})")
+    return reader(spec, answer, key)
 
 
 def _live(spec: _Spec, answer: CallAnswer, key: str, value: Any, exc: Optional[BaseException]) -> Any:
@@ -349,7 +377,7 @@ def _wait_delay(spec: _Spec, attempt: int, busy: CallInFlight, started_at: float
         return None
     elapsed = int((time.monotonic() - started_at) * 1000)
     ms = call_wait_delay(
-        attempt, int(busy.retry_after * 1000), elapsed, int(spec.wait * 1000), _jitter()
+        attempt, int((busy.retry_after or 1.0) * 1000), elapsed, int(spec.wait * 1000), _jitter()
     )
     return None if ms is None else ms / 1000
 
