@@ -273,13 +273,6 @@ def _as_action(response: Response) -> Any:
 _PROPAGATE = SimpleNamespace(kind="propagate_error", outcome="handler_failed")
 
 
-class _Replay:
-    """A finished call whose result the caller gets without running the function."""
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-
 def _returned(spec: _Spec, answer: CallAnswer, key: str) -> Any:
     assert answer.body is not None
     if answer.serializer != spec.serializer.name:
@@ -393,30 +386,10 @@ def _settle_sync(spec: _Spec, req: SyncRequest, value: Any, exc: Optional[BaseEx
 
 
 def _once_sync(spec: _Spec, fn: Callable[[], Any], scope: bytes, fingerprint: str, key: str) -> Any:
-    req = _request(spec, scope, fingerprint, key, SyncRequest)
-    try:
-        started = req.begin()
-        if isinstance(started, Response):
-            return _read(spec, call_answer(_as_action(started)), key)
-        ctx = CallContext(spec.call.name, key, started.generation, started.downstream_key,
-                          started.transaction)
-        token = _CURRENT.set(ctx)
-        value: Any = None
-        error: Optional[BaseException] = None
-        try:
-            value = req.call(lambda _execution: fn(), started)
-        except Exception as exc:  # noqa: BLE001 - core decides what to record, then re-raised
-            error = exc
-        except BaseException:
-            req.failed()
-            raise
-        finally:
-            _CURRENT.reset(token)
-        response = _settle_sync(spec, req, value, error)
-        action = _PROPAGATE if response is None else _as_action(response)
-        return _live(spec, call_answer(action), key, value, error)
-    finally:
-        req.close()
+    with _block_sync(spec, scope, fingerprint, key) as block:
+        if not block.replayed:
+            block.set_result(fn())
+    return block.result
 
 
 async def _run_async(
@@ -450,33 +423,10 @@ async def _settle_async(
 async def _once_async(
     spec: _Spec, fn: Callable[[], Awaitable[Any]], scope: bytes, fingerprint: str, key: str
 ) -> Any:
-    req = _request(spec, scope, fingerprint, key, AsyncRequest)
-    try:
-        started = await req.begin()
-        if isinstance(started, Response):
-            return _read(spec, call_answer(_as_action(started)), key)
-        ctx = CallContext(spec.call.name, key, started.generation, started.downstream_key,
-                          started.transaction)
-        token = _CURRENT.set(ctx)
-        tx = req.enter(started)
-        value: Any = None
-        error: Optional[BaseException] = None
-        try:
-            value = await fn()
-        except Exception as exc:  # noqa: BLE001 - core decides what to record, then re-raised
-            error = exc
-        except BaseException:
-            req.leave(tx)
-            _CURRENT.reset(token)
-            await req.failed()
-            raise
-        req.leave(tx)
-        _CURRENT.reset(token)
-        response = await _settle_async(spec, req, value, error)
-        action = _PROPAGATE if response is None else _as_action(response)
-        return _live(spec, call_answer(action), key, value, error)
-    finally:
-        await req.close()
+    async with _block_async(spec, scope, fingerprint, key) as block:
+        if not block.replayed:
+            block.set_result(await fn())
+    return block.result
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -618,22 +568,16 @@ def _block_options(kwargs: Dict[str, Any], name: str) -> _Spec:
 
 
 @contextmanager
-def idempotent_call(
-    name: str, *, key: Optional[str] = None, payload: Any = None, scope: str = "",
-    **options: Any,
-) -> Iterator[CallBlock]:
-    """A block run at most once per key: ``with idempotent_call("ship", key=msg_id, payload=msg,
-    store=store) as call:`` then ``if call.replayed: return call.result`` else act and
-    ``call.set_result(...)``. Options as :func:`idempotent_function` (``store`` required)."""
-    spec = _block_options(dict(options), name)
-    s, fp, k = spec.identity(_payload_bytes(payload), key, scope)
+def _block_sync(spec: _Spec, s: bytes, fp: str, k: str) -> Iterator[CallBlock]:
+    """One call as a block: yields the replay, or runs the body under the claim, then records
+    its result (or error) as core says."""
     req = _request(spec, s, fp, k, SyncRequest)
     try:
         started = req.begin()
         if isinstance(started, Response):
             yield CallBlock(None, _read(spec, call_answer(_as_action(started)), k), True)
             return
-        ctx = CallContext(name, k, started.generation, started.downstream_key,
+        ctx = CallContext(spec.call.name, k, started.generation, started.downstream_key,
                           started.transaction)
         block = CallBlock(ctx, None, False)
         token = _CURRENT.set(ctx)
@@ -658,20 +602,15 @@ def idempotent_call(
 
 
 @asynccontextmanager
-async def idempotent_call_async(
-    name: str, *, key: Optional[str] = None, payload: Any = None, scope: str = "",
-    **options: Any,
-) -> AsyncIterator[CallBlock]:
-    """:func:`idempotent_call` for ``async with``."""
-    spec = _block_options(dict(options), name)
-    s, fp, k = spec.identity(_payload_bytes(payload), key, scope)
+async def _block_async(spec: _Spec, s: bytes, fp: str, k: str) -> AsyncIterator[CallBlock]:
+    """:func:`_block_sync` for asyncio."""
     req = _request(spec, s, fp, k, AsyncRequest)
     try:
         started = await req.begin()
         if isinstance(started, Response):
             yield CallBlock(None, _read(spec, call_answer(_as_action(started)), k), True)
             return
-        ctx = CallContext(name, k, started.generation, started.downstream_key,
+        ctx = CallContext(spec.call.name, k, started.generation, started.downstream_key,
                           started.transaction)
         block = CallBlock(ctx, None, False)
         token = _CURRENT.set(ctx)
@@ -693,3 +632,29 @@ async def idempotent_call_async(
         _live(spec, call_answer(action), k, block.result, error)
     finally:
         await req.close()
+
+
+@contextmanager
+def idempotent_call(
+    name: str, *, key: Optional[str] = None, payload: Any = None, scope: str = "",
+    **options: Any,
+) -> Iterator[CallBlock]:
+    """A block run at most once per key: ``with idempotent_call("ship", key=msg_id, payload=msg,
+    store=store) as call:`` then ``if call.replayed: return call.result`` else act and
+    ``call.set_result(...)``. Options as :func:`idempotent_function` (``store`` required)."""
+    spec = _block_options(dict(options), name)
+    s, fp, k = spec.identity(_payload_bytes(payload), key, scope)
+    with _block_sync(spec, s, fp, k) as block:
+        yield block
+
+
+@asynccontextmanager
+async def idempotent_call_async(
+    name: str, *, key: Optional[str] = None, payload: Any = None, scope: str = "",
+    **options: Any,
+) -> AsyncIterator[CallBlock]:
+    """:func:`idempotent_call` for ``async with``."""
+    spec = _block_options(dict(options), name)
+    s, fp, k = spec.identity(_payload_bytes(payload), key, scope)
+    async with _block_async(spec, s, fp, k) as block:
+        yield block
