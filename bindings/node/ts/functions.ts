@@ -291,10 +291,13 @@ async function runCall<A extends unknown[], R>(p: Prepared<A, R>, run: () => Pro
  * `fn` made idempotent per key: the returned function has `fn`'s parameters and resolves to its
  * (awaited) result, replayed from the record for a key already done.
  */
-export function idempotent<A extends unknown[], R>(
-  fn: (...args: A) => R | Promise<R>,
-  options: IdempotentOptions<A, R>,
-): (...args: A) => Promise<R> {
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+export function idempotent<F extends (...args: any[]) => unknown>(
+  fn: F,
+  options: IdempotentOptions<Parameters<F>, Awaited<ReturnType<F>>>,
+): (...args: Parameters<F>) => Promise<Awaited<ReturnType<F>>> {
+  type A = Parameters<F>;
+  type R = Awaited<ReturnType<F>>;
   const p = prepare(options.name ?? fn.name, options);
   return async (...args: A): Promise<R> => {
     const payload = options.payload ? options.payload(...args) : args.length === 1 ? args[0] : { args };
@@ -304,7 +307,7 @@ export function idempotent<A extends unknown[], R>(
     const key = options.key ? String(options.key(...args)) : fingerprint;
     const principal = typeof options.scope === 'function' ? options.scope(...args) : (options.scope ?? '');
     const scope = wrapNative(() => native.callScope(p.name, principal, key));
-    return runCall(p, () => fn(...args), scope, fingerprint, key);
+    return runCall(p, () => fn(...args) as R | Promise<R>, scope, fingerprint, key);
   };
 }
 
@@ -329,7 +332,10 @@ export function idempotentMethod<A extends unknown[], R>(options: IdempotentOpti
     if (key) o.key = (_self: This, ...args: A) => key(...args);
     if (typeof scope === 'function') o.scope = (_self: This, ...args: A) => scope(...args);
     else if (scope !== undefined) o.scope = scope;
-    const wrapped = idempotent((self: This, ...args: A) => method.apply(self, args), o);
+    const wrapped = idempotent(
+      (self: This, ...args: A) => method.apply(self, args),
+      o as unknown as IdempotentOptions<[self: This, ...args: A], Awaited<R>>,
+    ) as (self: This, ...args: A) => Promise<R>;
     return function (this: This, ...args: A): Promise<R> {
       return wrapped(this, ...args);
     };
