@@ -353,3 +353,82 @@ def test_kill_9_mid_function_then_redelivery(
     if takeover == "re_run":
         assert out.strip() == "done"
         assert len([x for x in log.read_text().splitlines() if x]) == 2
+
+
+TX_CONSUMER = textwrap.dedent(
+    """
+    import sys, time, json
+    from idempo import stores
+    from idempo.functions import idempotent_function, current_call
+    kind, target, hang = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+    store = stores.SQLiteStore(target) if kind == "sqlite" else stores.PostgresStore(target)
+    mark = "?" if kind == "sqlite" else "%s"
+
+    @idempotent_function(store=store, key=lambda m: m["id"], name="tx.job", transactional=True)
+    def run(m):
+        conn = current_call().transaction.connection
+        conn.execute(f"INSERT INTO job_effect (job) VALUES ({mark})", (m["id"],))
+        print("inside", flush=True)
+        if hang:
+            time.sleep(60)
+        return "done"
+
+    print(run({"id": "j-1"}), flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("tx_kind", ["sqlite", "postgres"])
+def test_transactional_call_killed_mid_function_leaves_nothing_and_runs_once(
+    tx_kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The job's write shares the store's transaction: a kill -9 rolls it back with the claim,
+    the redelivery runs it (at once: the claim was never committed), and the effect exists once."""
+    import sqlite3
+
+    import psycopg
+
+    if tx_kind == "sqlite":
+        target = str(tmp_path / "tx.sqlite3")
+        stores.SQLiteStore(target).close()
+
+        def effects() -> int:
+            with sqlite3.connect(target) as c:
+                return int(c.execute("SELECT count(*) FROM job_effect").fetchone()[0])
+
+        with sqlite3.connect(target) as c:
+            c.execute("CREATE TABLE job_effect (job TEXT)")
+    else:
+        services = request.getfixturevalue("services")
+        _truncate_pg(services.pg_dsn)
+        target = services.pg_dsn
+
+        def effects() -> int:
+            with psycopg.connect(target) as c:
+                row = c.execute("SELECT count(*) FROM job_effect").fetchone()
+                assert row is not None
+                return int(row[0])
+
+        with psycopg.connect(target) as c:
+            c.execute("DROP TABLE IF EXISTS job_effect")
+            c.execute("CREATE TABLE job_effect (job text)")
+    script = tmp_path / "tx_consumer.py"
+    script.write_text(TX_CONSUMER)
+
+    def deliver(hang: bool) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, str(script), tx_kind, target, "1" if hang else "0"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+
+    first = deliver(hang=True)
+    assert first.stdout is not None
+    assert first.stdout.readline().strip() == "inside"
+    os.kill(first.pid, signal.SIGKILL)
+    first.communicate(timeout=30)
+    assert effects() == 0  # rolled back with the claim
+    out, err = deliver(hang=False).communicate(timeout=60)
+    assert out.splitlines()[-1] == "done", err
+    out, err = deliver(hang=False).communicate(timeout=60)
+    assert out.strip() == "done", err  # replayed: no "inside"
+    assert effects() == 1
