@@ -350,6 +350,73 @@ export declare function cacheFillPx(state: number, expiresAt: number, cacheTtlMs
  */
 export declare function cacheServable(state: number, expiresAt: number, nowMs: number): boolean
 
+/** The answer of a finished flow: its `outcome` and, unless it propagates, its response. */
+export declare function callAnswer(outcome: string, status?: number | undefined | null, headers?: Array<Array<string>> | undefined | null, body?: Buffer | undefined | null): CallAnswerData
+
+/** What the caller of a function gets. */
+export interface CallAnswerData {
+  /**
+   * `"returned"`, `"stored_error"`, `"propagate"`, `"not_retained"`, `"in_flight"`,
+   * `"mismatch"`, `"outcome_unknown"`, `"unavailable"` or `"foreign"`.
+   */
+  kind: string
+  /** The serializer that encoded the result (`"returned"`). */
+  serializer?: string
+  /** The encoded result or error. */
+  body?: Buffer
+  /** True when read from the record (the function did not run in this call). */
+  replayed: boolean
+  /** Milliseconds to wait (`"in_flight"`, `"unavailable"`). */
+  retryAfterMs?: number
+  /** The record's status (`"foreign"`). */
+  status?: number
+}
+
+/** What to feed the flow when a function returned or raised. */
+export interface CallFeed {
+  /**
+   * `"finished"` (feed `handlerFinished(status, headers, body)`) or `"failed"` (feed
+   * `handlerFailed(maybeSideEffect)`).
+   */
+  kind: string
+  /** Status (`"finished"`). */
+  status?: number
+  /** Headers (`"finished"`). */
+  headers?: Array<Array<string>>
+  /** Body (`"finished"`). */
+  body?: Buffer
+  /** Whether it may have acted (`"failed"`). */
+  maybeSideEffect?: boolean
+}
+
+/** The framing of calls of function `name`. */
+export declare function callFraming(name: string): CallFraming
+
+/** The request parts a call's payload is fingerprinted as (`spec/PROTOCOL.md` §13). */
+export interface CallFraming {
+  /** Always `"CALL"`. */
+  method: string
+  /** The function's name. */
+  route: string
+  /** `"application/json"`. */
+  contentType: string
+}
+
+/**
+ * The feed for an error raised under `disposition` (`"store"`, `"release"`, `"unknown"`);
+ * `body` is the encoded error (stored under `"store"`).
+ */
+export declare function callRaised(disposition: string, body: Buffer): CallFeed
+
+/** The feed for a result `body` encoded by `serializer`. */
+export declare function callReturned(serializer: string, body: Buffer): CallFeed
+
+/** The 32-byte record scope of `key` for `principal` (`""`: none) in function `name`. */
+export declare function callScope(name: string, principal: string, key: string): Buffer
+
+/** Core's bounded, jittered pause before poll `attempt` of a call in flight (null: give up). */
+export declare function callWaitDelay(attempt: number, retryAfterMs: number, elapsedMs: number, budgetMs: number, jitter: number): number | null
+
 /** Canonicalizes a JSON text given as bytes (UTF-8) into its RFC 8785 form. */
 export declare function canonicalizeBytes(data: Uint8Array, options?: CanonicalizeOptions | undefined | null): Buffer
 

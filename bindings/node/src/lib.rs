@@ -13,6 +13,7 @@
 
 mod admit;
 mod cache;
+mod call;
 mod canonical;
 mod error;
 mod fingerprint;

@@ -49,3 +49,16 @@ export { MemoryPendingKeyStore, FilePendingKeyStore, PendingKeyFileError } from 
 export type { PendingKeyStore, PendingIntent, FilePendingKeyStoreOptions } from './client/pending';
 export { intentRequestFingerprint, intentDecideSend } from './core';
 export type { IntentSendDecision } from './core';
+// Idempotent functions and message consumers (ts/functions.ts)
+export {
+  idempotent,
+  idempotentMethod,
+  currentCall,
+  jsonSerializer,
+  PayloadMismatchError,
+  CallInFlightError,
+  CallOutcomeUnknownError,
+  CallStoreUnavailableError,
+  StoredCallError,
+} from './functions';
+export type { IdempotentOptions, CallContext, Serializer, ErrorDisposition } from './functions';

@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 mod admit;
+mod call;
 mod canonical;
 mod convert;
 mod errors;
@@ -29,6 +30,7 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _idempo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
+    call::register(m)?;
     m.add_function(wrap_pyfunction!(canonical::canonicalize, m)?)?;
     m.add_function(wrap_pyfunction!(fingerprint::fingerprint, m)?)?;
     m.add_function(wrap_pyfunction!(key::parse_key, m)?)?;

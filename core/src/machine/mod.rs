@@ -11,6 +11,7 @@
 //! - [`memory`]: the bounded in-memory store (capacity, eviction, per-partition quotas) every
 //!   binding wraps.
 //! - [`cache`]: the cache rule: when a cached record may be served and how long a fill lives.
+//! - [`call`]: idempotent function calls and message consumers on the same flow.
 //! - [`problem`]: RFC 9457 problem+json responses for every non-handler answer.
 //! - [`admit`](mod@admit): admission before the flow (key, body size, fingerprint, scope), in the order of
 //!   `spec/PROTOCOL.md` §7.2.
@@ -18,6 +19,7 @@
 //! The normative description is `spec/PROTOCOL.md`.
 pub mod admit;
 pub mod cache;
+pub mod call;
 pub mod capture;
 mod cleanup;
 mod flow;

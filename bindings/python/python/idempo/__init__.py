@@ -11,6 +11,16 @@ from __future__ import annotations
 from idempo._flow import Execution, HandlerResult, Hooks, Response, logging_hooks
 from idempo._host import UnscopedKeyWarning, idempotent
 from idempo._render import Problem, ProblemRenderer
+from idempo.functions import (  # idempotent functions and message consumers
+    CallInFlight,
+    CallOutcomeUnknown,
+    PayloadMismatch,
+    StoredError,
+    current_call,
+    idempotent_call,
+    idempotent_call_async,
+    idempotent_function,
+)
 from idempo.stores._tx import (
     NoTransaction,
     Transaction,
@@ -50,6 +60,15 @@ from idempo._idempo import (
 )
 
 __all__ = [
+    # idempotent functions and message consumers (idempo.functions)
+    "CallInFlight",
+    "CallOutcomeUnknown",
+    "PayloadMismatch",
+    "StoredError",
+    "current_call",
+    "idempotent_call",
+    "idempotent_call_async",
+    "idempotent_function",
     "CanonicalizationError",
     "Config",
     "Execution",

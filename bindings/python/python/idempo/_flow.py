@@ -523,8 +523,9 @@ class SyncRequest(_Steps):
             action = _store_step(run, self._store, _handler_finished(run, result))
         return self._end(action, result)
 
-    def failed(self) -> Optional[Response]:
-        """The handler raised: core decides what to record. None: the caller re-raises; a
+    def failed(self, maybe_side_effect: bool = True) -> Optional[Response]:
+        """The handler raised: core decides what to record (``maybe_side_effect=False``: it
+        certainly had no effect, so the key is released). None: the caller re-raises; a
         :class:`Response`: core answers instead (transactional mode, when the rollback failed
         too: the store's 503). None when the flow already ended (the failure came after
         :meth:`finished`)."""
@@ -535,7 +536,9 @@ class SyncRequest(_Steps):
         run = self._run
         try:
             with run.lock:
-                action = _store_step(run, self._store, run.flow.handler_failed())
+                action = _store_step(
+                    run, self._store, run.flow.handler_failed(maybe_side_effect)
+                )
             if action.kind == "respond":
                 return self._end(action, None)
             run.hooks.outcome(run.route, action.outcome or "handler_failed")
@@ -769,14 +772,14 @@ class AsyncRequest(_Steps):
         action = await self._step(_handler_finished(self._run, result))
         return await self._end(action, result)
 
-    async def failed(self) -> Optional[Response]:
+    async def failed(self, maybe_side_effect: bool = True) -> Optional[Response]:
         """As :meth:`SyncRequest.failed`."""
         if self._closed:
             return None
         assert self._run is not None
         run = self._run
         try:
-            action = await self._step(run.flow.handler_failed())
+            action = await self._step(run.flow.handler_failed(maybe_side_effect))
             if action.kind == "respond":
                 return await self._end(action, None)
             run.hooks.outcome(run.route, action.outcome or "handler_failed")

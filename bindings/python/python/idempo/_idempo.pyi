@@ -4,6 +4,13 @@ from collections.abc import Iterable, Mapping
 from typing import Literal, final
 
 __all__ = [
+    # idempotent function calls (src/call.rs)
+    "Call",
+    "CallAnswer",
+    "call_answer",
+    "call_raised",
+    "call_returned",
+    "call_wait_delay",
     "Action",
     "Admission",
     "BodyCapture",
@@ -472,3 +479,51 @@ def body_problem(error: CanonicalizationError) -> Action: ...
 def unavailable_problem(config: Config) -> Action: ...
 def encode_response(status: int, headers: _Headers, body: _Bytes) -> bytes: ...
 def decode_response(data: bytes) -> tuple[int, list[tuple[str, str]], bytes]: ...
+
+# Idempotent function calls (src/call.rs; idempo.functions)
+
+@final
+class Call:
+    def __new__(cls, name: str) -> Call: ...
+    @property
+    def name(self) -> str: ...
+    def scope(self, principal: str, key: str) -> bytes: ...
+    def fingerprint(self, fingerprinter: Fingerprinter, payload: _Bytes) -> str: ...
+
+@final
+class CallAnswer:
+    @property
+    def kind(
+        self,
+    ) -> Literal[
+        "returned",
+        "stored_error",
+        "propagate",
+        "not_retained",
+        "in_flight",
+        "mismatch",
+        "outcome_unknown",
+        "unavailable",
+        "foreign",
+    ]: ...
+    @property
+    def serializer(self) -> str | None: ...
+    @property
+    def body(self) -> bytes | None: ...
+    @property
+    def replayed(self) -> bool: ...
+    @property
+    def retry_after_ms(self) -> int | None: ...
+    @property
+    def outcome(self) -> str: ...
+    @property
+    def status(self) -> int | None: ...
+
+def call_returned(serializer: str, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]: ...
+def call_raised(
+    disposition: str, body: bytes
+) -> tuple[Literal["finished"], int, list[tuple[str, str]], bytes] | tuple[Literal["failed"], bool]: ...
+def call_answer(action: object) -> CallAnswer: ...
+def call_wait_delay(
+    attempt: int, retry_after_ms: int, elapsed_ms: int, budget_ms: int, jitter: int
+) -> int | None: ...
