@@ -61,6 +61,21 @@ pub struct ScopeReturn {
     pub text: Option<String>,
 }
 
+/// An admitted request's facts, as `Admission.scope()` returns them.
+#[napi(object)]
+pub struct AdmittedData {
+    /// The parsed key.
+    pub key: String,
+    /// The record key (32 bytes).
+    pub scope_id: Buffer,
+    /// The request fingerprint.
+    pub fingerprint: String,
+    /// The principal's quota partition (8 bytes).
+    pub partition: Buffer,
+    /// The warning to emit (no scope function, authenticated request).
+    pub warning: Option<String>,
+}
+
 enum Stage {
     Body(AwaitingBody),
     Scope(AwaitingScope),
@@ -172,7 +187,7 @@ impl Admission {
         headers: Option<Vec<String>>,
         over_limit: bool,
         unavailable_fix: Option<String>,
-    ) -> napi::Result<()> {
+    ) -> napi::Result<String> {
         let Stage::Body(w) = std::mem::replace(&mut self.stage, Stage::Done) else {
             return Err(self.out_of_order("body").throw(&env));
         };
@@ -207,11 +222,12 @@ impl Admission {
                 self.stage = Stage::Scope(s);
             }
         }
-        Ok(())
+        Ok(self.kind.to_owned())
     }
 
     /// Stage 3: what the route's scope function gave under `rule`, whether the request is
-    /// authenticated, the method and the route template.
+    /// authenticated, the method and the route template. Returns the admitted request's facts
+    /// (the same as the getters, in one object), or null when it is refused (`kind` `refuse`).
     #[napi(catch_unwind)]
     pub fn scope(
         &mut self,
@@ -221,7 +237,7 @@ impl Admission {
         route: String,
         authenticated: bool,
         returned: ScopeReturn,
-    ) -> napi::Result<()> {
+    ) -> napi::Result<Option<AdmittedData>> {
         let Stage::Scope(s) = std::mem::replace(&mut self.stage, Stage::Done) else {
             return Err(self.out_of_order("scope").throw(&env));
         };
@@ -243,9 +259,16 @@ impl Admission {
                 self.partition = Some(*a.partition.as_bytes());
                 self.fingerprint = Some(a.fingerprint.as_str().to_owned());
                 self.warning = a.warning;
+                return Ok(Some(AdmittedData {
+                    key: a.key.as_str().to_owned(),
+                    scope_id: Buffer::from(a.scope.as_bytes().to_vec()),
+                    fingerprint: a.fingerprint.as_str().to_owned(),
+                    partition: Buffer::from(a.partition.as_bytes().to_vec()),
+                    warning: self.warning.clone(),
+                }));
             }
         }
-        Ok(())
+        Ok(None)
     }
 
     /// The stage: `pass_through`, `refuse`, `read_body`, `resolve_scope` or `admitted`.

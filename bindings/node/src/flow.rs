@@ -19,6 +19,8 @@ use napi_derive::napi;
 
 use crate::canonical::{limits, number_mode};
 use crate::error::{Fail, code};
+use crate::inline;
+use crate::memstore::{MemoryStoreCore, partition};
 use crate::num::{from_u64, to_status, to_u64};
 use crate::record::{RecordRowData, header_pairs, to_record};
 
@@ -494,6 +496,9 @@ pub struct FlowAction {
     pub outcome: Option<String>,
     /// Set when a stored row was refused as corrupt (the flow treated it as a store failure).
     pub corrupt: Option<String>,
+    /// The `...InMemory` methods: the primitive they ran on the memory store within the call
+    /// (`claim`, `complete` or `release`); this action is what the flow asked for next.
+    pub ran: Option<String>,
 }
 
 fn empty(kind: &str) -> FlowAction {
@@ -514,6 +519,7 @@ fn empty(kind: &str) -> FlowAction {
         http: None,
         outcome: None,
         corrupt: None,
+        ran: None,
     }
 }
 
@@ -680,6 +686,50 @@ impl ServerFlow {
             .ok_or_else(|| Fail::new(code::FLOW, "start() was already called").throw(&env))
     }
 
+    /// `start()` with its claim run on `store` (core's memory store) at `nowMs` in the same
+    /// call, `partition` (8 bytes) held to its quota: the action after the claim's answer, with
+    /// `ran: "claim"`. A claim the store refuses (full, over quota) is returned as the `store`
+    /// action itself, untouched: run it through the `MemoryStore` as usual. Callable once.
+    #[napi(catch_unwind)]
+    pub fn start_in_memory(
+        &mut self,
+        env: Env,
+        store: &mut MemoryStoreCore,
+        now_ms: f64,
+        partition_bytes: Option<&[u8]>,
+    ) -> napi::Result<FlowAction> {
+        let first = self
+            .first
+            .take()
+            .ok_or_else(|| Fail::new(code::FLOW, "start() was already called").throw(&env))?;
+        let now = to_u64(now_ms, "nowMs").map_err(|f| f.throw(&env))?;
+        let p = partition(partition_bytes).map_err(|f| f.throw(&env))?;
+        self.run_in_memory(&env, store, first, now, p)
+    }
+
+    /// Runs `next` on the memory store when it is a primitive [`inline::run`] executes, and
+    /// feeds its result; else (or when the store refuses it) returns it for the host.
+    fn run_in_memory(
+        &mut self,
+        env: &Env,
+        store: &mut MemoryStoreCore,
+        next: Action,
+        now_ms: u64,
+        partition: Option<idempo_core::machine::memory::Partition>,
+    ) -> napi::Result<FlowAction> {
+        let Action::Store(op) = next else {
+            return Ok(action(next));
+        };
+        match inline::run(&mut store.inner, &op, now_ms, partition) {
+            Some(result) => {
+                let mut a = self.feed(env, Event::Store(result))?;
+                a.ran = Some(inline::op_name(&op).to_owned());
+                Ok(a)
+            }
+            None => Ok(action(Action::Store(op))),
+        }
+    }
+
     /// True once the flow has answered.
     #[napi(getter)]
     #[must_use]
@@ -730,15 +780,10 @@ impl ServerFlow {
     }
 
     fn feed(&mut self, env: &Env, event: Event) -> napi::Result<FlowAction> {
-        self.inner.handle(event).map(action).map_err(|e| {
-            let reason = match e {
-                machine::FlowError::Finished => "finished",
-                _ => "unexpected_event",
-            };
-            Fail::new(code::FLOW, e.to_string())
-                .reason(reason)
-                .throw(env)
-        })
+        self.inner
+            .handle(event)
+            .map(action)
+            .map_err(|e| flow_fail(&e).throw(env))
     }
 
     fn feed_row(
@@ -868,19 +913,34 @@ impl ServerFlow {
         framework: Option<bool>,
         body_truncated: Option<bool>,
     ) -> napi::Result<FlowAction> {
-        let status = to_status(status).map_err(|f| f.throw(&env))?;
-        let headers = header_pairs(headers).map_err(|f| f.throw(&env))?;
-        self.feed(
-            &env,
-            Event::HandlerFinished(HandlerResponse {
-                status,
-                headers,
-                body: body.to_vec(),
-                body_to_store: body_to_store.map(<[u8]>::to_vec),
-                origin: origin(framework),
-                body_truncated: body_truncated.unwrap_or(false),
-            }),
-        )
+        let event = finished(status, headers, body, body_to_store, framework, body_truncated)
+            .map_err(|f| f.throw(&env))?;
+        self.feed(&env, event)
+    }
+
+    /// `handlerFinished()` with the primitive it leads to (`complete` or `release`) run on
+    /// `store` (core's memory store) at `nowMs` in the same call: the action after that
+    /// primitive's answer, with `ran` naming it. Any other action, and a primitive the store
+    /// refuses, is returned as it is (run it through the `MemoryStore` as usual).
+    #[napi(catch_unwind)]
+    #[allow(clippy::too_many_arguments)]
+    pub fn handler_finished_in_memory(
+        &mut self,
+        env: Env,
+        store: &mut MemoryStoreCore,
+        now_ms: f64,
+        status: u32,
+        headers: Vec<Vec<String>>,
+        body: &[u8],
+        body_to_store: Option<&[u8]>,
+        framework: Option<bool>,
+        body_truncated: Option<bool>,
+    ) -> napi::Result<FlowAction> {
+        let now = to_u64(now_ms, "nowMs").map_err(|f| f.throw(&env))?;
+        let event = finished(status, headers, body, body_to_store, framework, body_truncated)
+            .map_err(|f| f.throw(&env))?;
+        let next = self.inner.handle(event).map_err(|e| flow_fail(&e).throw(&env))?;
+        self.run_in_memory(&env, store, next, now, None)
     }
 
     /// The handler threw; `maybeSideEffect` false only when it certainly did nothing.
@@ -892,4 +952,32 @@ impl ServerFlow {
     ) -> napi::Result<FlowAction> {
         self.feed(&env, Event::HandlerFailed { maybe_side_effect })
     }
+}
+
+/// A flow event refused by core, as `FLOW_ERROR`.
+fn flow_fail(e: &machine::FlowError) -> Fail {
+    let reason = match e {
+        machine::FlowError::Finished => "finished",
+        _ => "unexpected_event",
+    };
+    Fail::new(code::FLOW, e.to_string()).reason(reason)
+}
+
+/// The handler's end as core's event.
+fn finished(
+    status: u32,
+    headers: Vec<Vec<String>>,
+    body: &[u8],
+    body_to_store: Option<&[u8]>,
+    framework: Option<bool>,
+    body_truncated: Option<bool>,
+) -> Result<Event, Fail> {
+    Ok(Event::HandlerFinished(HandlerResponse {
+        status: to_status(status)?,
+        headers: header_pairs(headers)?,
+        body: body.to_vec(),
+        body_to_store: body_to_store.map(<[u8]>::to_vec),
+        origin: origin(framework),
+        body_truncated: body_truncated.unwrap_or(false),
+    }))
 }

@@ -14,6 +14,7 @@ mod canonical;
 mod error;
 mod fingerprint;
 mod flow;
+mod inline;
 mod intent;
 mod key;
 mod memstore;

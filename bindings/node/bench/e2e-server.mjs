@@ -1,0 +1,40 @@
+// One server of `bench/e2e-overhead.mjs`: node e2e-server.mjs <express|fastify> <bare|memory|sqlite> <port>.
+// A trivial JSON handler behind the framework's JSON parsing (bare) or behind idempo (which reads
+// and parses the body itself). Prints "ready" once listening.
+import { createRequire } from 'node:module';
+import { mkdtempSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const require = createRequire(path.join(here, '..', 'package.json'));
+const [framework, variant, port] = process.argv.slice(2);
+process.on('SIGINT', () => process.exit(0));
+const idempo = require('./dist/index.js');
+
+function store() {
+  if (variant === 'memory') return new idempo.MemoryStore({ maxEntries: 10_000_000, maxBytes: 8 * 1024 * 1024 * 1024, maxEntriesPerPartition: 10_000_000, maxBytesPerPartition: 8 * 1024 * 1024 * 1024 });
+  if (variant === 'sqlite') return new idempo.SqliteStore({ filename: path.join(mkdtempSync(path.join(os.tmpdir(), 'idempo-e2e-')), 'keys.db') });
+  return null;
+}
+
+let n = 0;
+const handler = (body) => ({ ok: true, n: ++n, amount: body?.amount ?? null });
+
+if (framework === 'express') {
+  const express = require('express');
+  const app = express();
+  const s = store();
+  if (s) app.post('/payments', idempo.idempotency({ store: s, public: true }), (req, res) => res.json(handler(req.body)));
+  else app.post('/payments', express.json(), (req, res) => res.json(handler(req.body)));
+  app.listen(Number(port), '127.0.0.1', () => console.log('ready'));
+} else {
+  const fastify = require('fastify');
+  const app = fastify();
+  const s = store();
+  if (s) await app.register(idempo.idempotencyPlugin, { store: s, public: true });
+  app.post('/payments', async (req) => handler(req.body));
+  await app.listen({ port: Number(port), host: '127.0.0.1' });
+  console.log('ready');
+}
