@@ -11,11 +11,13 @@ const here = path.dirname(fileURLToPath(import.meta.url));
 const require = createRequire(path.join(here, '..', 'package.json'));
 const [framework, variant, port] = process.argv.slice(2);
 process.on('SIGINT', () => process.exit(0));
-const idempo = require('./dist/index.js');
+// `<store>@<dir>`: idempo compiled into another directory of this package (a before/after run).
+const [storeName, distDir] = variant.split('@');
+const idempo = require(`./${distDir ?? 'dist'}/index.js`);
 
 function store() {
-  if (variant === 'memory') return new idempo.MemoryStore({ maxEntries: 10_000_000, maxBytes: 8 * 1024 * 1024 * 1024, maxEntriesPerPartition: 10_000_000, maxBytesPerPartition: 8 * 1024 * 1024 * 1024 });
-  if (variant === 'sqlite') return new idempo.SqliteStore({ filename: path.join(mkdtempSync(path.join(os.tmpdir(), 'idempo-e2e-')), 'keys.db') });
+  if (storeName === 'memory') return new idempo.MemoryStore({ maxEntries: 10_000_000, maxBytes: 8 * 1024 * 1024 * 1024, maxEntriesPerPartition: 10_000_000, maxBytesPerPartition: 8 * 1024 * 1024 * 1024 });
+  if (storeName === 'sqlite') return new idempo.SqliteStore({ filename: path.join(mkdtempSync(path.join(os.tmpdir(), 'idempo-e2e-')), 'keys.db') });
   return null;
 }
 

@@ -15,6 +15,7 @@ mod error;
 mod fingerprint;
 mod flow;
 mod inline;
+mod jsbuf;
 mod intent;
 mod key;
 mod memstore;

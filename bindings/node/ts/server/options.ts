@@ -315,14 +315,16 @@ export async function admitScope<Req>(p: Prepared<Req>, a: native.Admission, f: 
       returned = { kind: 'raised', text: e instanceof Error ? `${e.name}: ${e.message}` : String(e) };
     }
   }
-  const admitted = a.scope(p.scopeRule, f.method, f.route, f.authenticated, returned);
+  // The record key (32 bytes) and the partition (8) are written into one pooled allocation.
+  const ids = Buffer.allocUnsafe(40);
+  const admitted = a.scope(p.scopeRule, f.method, f.route, f.authenticated, returned, ids);
   if (admitted === null) return refused(p, a, f.route, f.method);
   if (admitted.warning) p.warnOnce(f.route, admitted.warning);
   const tx = p.o.transactional && supportsTransactions(p.o.store) ? p.o.store.transaction() : undefined;
   const session = new Session({
     store: p.o.store,
     config: p.config,
-    scope: admitted.scopeId,
+    scope: ids.subarray(0, 32),
     fingerprint: admitted.fingerprint,
     // A transactional session bounds every step itself (statement deadlines, the lock wait): an
     // outer timeout would answer while the step still runs on the transaction's connection.
@@ -331,7 +333,7 @@ export async function admitScope<Req>(p: Prepared<Req>, a: native.Admission, f: 
     route: f.route,
     ...(tx ? { tx } : {}),
     // A store with per-partition quotas (the memory store) gets the principal's partition.
-    ...(p.o.store.partitioned === true ? { partition: admitted.partition } : {}),
+    ...(p.o.store.partitioned === true ? { partition: ids.subarray(32, 40) } : {}),
   });
   return { kind: 'session', session, key: admitted.key };
 }
