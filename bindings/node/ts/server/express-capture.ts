@@ -1,0 +1,173 @@
+/**
+ * Captures the response an Express handler writes (Express's `res` is node's `ServerResponse`),
+ * for the middleware in `express.ts`.
+ *
+ * A body written whole with `res.end(body)` (`res.send`, `res.json`) is held until the flow
+ * answers. A body streamed with `res.write` follows core's capture plan (`spec/PROTOCOL.md`
+ * §7.5.1), asked at the first write: `tee` sends every chunk to the client at once and records at
+ * most the plan's limit (`bodyTruncated` past it), `pass_through` sends and records nothing,
+ * `buffer` holds it. The owner's `ended` gets `sent: true` when the client already has the
+ * response.
+ *
+ * Express offers no hook for this, so `res.write`, `res.end`, `res.writeHead` and
+ * `res.flushHeaders` are replaced while the handler runs. The replacements are module-level
+ * functions shared by every request (the request's state is one {@link ResponseCapture} object
+ * found on `res`): no closure is made per request.
+ */
+import type { ServerResponse } from 'node:http';
+import native = require('../native');
+import type { HandlerResult } from './session';
+
+const CAPTURE = Symbol('idempo.express.capture');
+
+type Res = ServerResponse & { [CAPTURE]?: ResponseCapture };
+type Fn = (...a: unknown[]) => unknown;
+
+/** What a capture reports to. */
+export interface CaptureOwner {
+  /** Core's capture plan for a streamed body, asked at the first `res.write`. */
+  plan(status: number, headers: Array<[string, string]>): { kind: string; limit: number | null };
+  /** The handler's response ended (`sent`: the client already has it). */
+  ended(result: HandlerResult, sent: boolean): void;
+}
+
+const EMPTY = Buffer.alloc(0);
+
+function toBuf(c: unknown, enc?: unknown): Buffer {
+  return Buffer.isBuffer(c)
+    ? c
+    : c instanceof Uint8Array
+      ? Buffer.from(c)
+      : Buffer.from(String(c), (typeof enc === 'string' ? enc : 'utf8') as BufferEncoding);
+}
+
+/** The response's header fields as `[name, value]` pairs (names lowercased). */
+export function headerPairs(res: ServerResponse): Array<[string, string]> {
+  const headers: Array<[string, string]> = [];
+  const all = res.getHeaders();
+  for (const n in all) {
+    const v = all[n];
+    if (v === undefined) continue;
+    if (Array.isArray(v)) for (const one of v) headers.push([n.toLowerCase(), String(one)]);
+    else headers.push([n.toLowerCase(), String(v)]);
+  }
+  return headers;
+}
+
+function capWriteHead(this: Res, status: number, ...rest: unknown[]): Res {
+  this.statusCode = status;
+  const headers = rest.find((x) => typeof x === 'object' && x !== null) as Record<string, string> | undefined;
+  if (headers && !Array.isArray(headers)) for (const [n, v] of Object.entries(headers)) this.setHeader(n, v);
+  return this;
+}
+
+function capFlushHeaders(): undefined {
+  return undefined;
+}
+
+function capWrite(this: Res, chunk: unknown, enc?: unknown, cb?: unknown): boolean {
+  return (this[CAPTURE] as ResponseCapture).write(chunk, enc, cb);
+}
+
+function capEnd(this: Res, chunk?: unknown, enc?: unknown, cb?: unknown): Res {
+  (this[CAPTURE] as ResponseCapture).end(chunk, enc, cb);
+  return this;
+}
+
+/** One response's capture (see the module docs). */
+export class ResponseCapture {
+  readonly #res: Res;
+  readonly #owner: CaptureOwner;
+  readonly #write: Fn;
+  readonly #end: Fn;
+  readonly #writeHead: Fn;
+  readonly #flushHeaders: Fn;
+  #chunks: Buffer[] = [];
+  #ended = false;
+  #mode: string | null = null;
+  #counter: native.BodyCapture | null = null;
+  #truncated = false;
+
+  constructor(res: ServerResponse, owner: CaptureOwner) {
+    const r = res as Res;
+    this.#res = r;
+    this.#owner = owner;
+    this.#write = r.write as Fn;
+    this.#end = r.end as Fn;
+    this.#writeHead = r.writeHead as Fn;
+    this.#flushHeaders = r.flushHeaders as Fn;
+    r[CAPTURE] = this;
+    const m = r as unknown as Record<string, unknown>;
+    m.writeHead = capWriteHead;
+    m.flushHeaders = capFlushHeaders;
+    m.write = capWrite;
+    m.end = capEnd;
+  }
+
+  /** Puts the response's own methods back. */
+  restore(): void {
+    const m = this.#res as unknown as Record<string, unknown>;
+    m.write = this.#write;
+    m.end = this.#end;
+    m.writeHead = this.#writeHead;
+    m.flushHeaders = this.#flushHeaders;
+  }
+
+  #record(b: Buffer): void {
+    if (this.#mode === 'buffer' || this.#mode === null) {
+      this.#chunks.push(b);
+      return;
+    }
+    if (this.#counter === null) return;
+    const step = this.#counter.accept(b.length);
+    if (step === 'record') this.#chunks.push(b);
+    else if (step === 'discard') {
+      this.#chunks = [];
+      this.#truncated = true;
+    }
+  }
+
+  write(chunk: unknown, enc?: unknown, cb?: unknown): boolean {
+    const res = this.#res;
+    if (this.#mode === null) {
+      const p = this.#owner.plan(res.statusCode, headerPairs(res));
+      this.#mode = p.kind;
+      if (p.limit !== null) this.#counter = new native.BodyCapture(p.limit);
+      if (this.#mode !== 'buffer') {
+        // Sending now: node writes the head through `writeHead` (implicitly, on the first write).
+        const m = res as unknown as Record<string, unknown>;
+        m.writeHead = this.#writeHead;
+        m.flushHeaders = this.#flushHeaders;
+      }
+    }
+    const b = chunk !== undefined && chunk !== null ? toBuf(chunk, enc) : EMPTY;
+    this.#record(b);
+    if (this.#mode !== 'buffer') return this.#write.call(res, chunk, enc, cb) as boolean;
+    const done = typeof enc === 'function' ? enc : cb;
+    if (typeof done === 'function') process.nextTick(done as () => void);
+    return true;
+  }
+
+  end(chunk?: unknown, enc?: unknown, cb?: unknown): void {
+    if (this.#ended) return;
+    this.#ended = true;
+    const res = this.#res;
+    const hasChunk = chunk !== undefined && chunk !== null && typeof chunk !== 'function';
+    if (hasChunk) this.#record(toBuf(chunk, enc));
+    const headers = headerPairs(res);
+    const sent = this.#mode !== null && this.#mode !== 'buffer';
+    const chunks = this.#chunks;
+    const body = chunks.length === 1 ? (chunks[0] as Buffer) : chunks.length === 0 ? EMPTY : Buffer.concat(chunks);
+    const result: HandlerResult = { status: res.statusCode, headers, body };
+    if (this.#truncated) result.bodyTruncated = true;
+    if (sent) {
+      // The client has the head and the chunks written so far: finish the response as is.
+      this.#end.call(res, chunk, enc, cb);
+      this.#owner.ended(result, true);
+      return;
+    }
+    this.#owner.ended(result, false);
+    const done = typeof chunk === 'function' ? chunk : typeof enc === 'function' ? enc : typeof cb === 'function' ? cb : undefined;
+    if (done) process.nextTick(done as () => void);
+  }
+}
