@@ -731,11 +731,17 @@ impl ServerFlow {
             .map_err(|e| flow_fail(&e).throw(env))?;
         let mut a = match after {
             // The handler's own body goes back as the very buffer the host passed (no copy).
-            Action::Respond { response, outcome } if live.as_deref() == Some(&response.body[..]) => {
+            Action::Respond { response, outcome }
+                if live.as_deref() == Some(&response.body[..]) =>
+            {
                 let mut o = empty("respond");
                 o.http = Some(HttpResponseData {
                     status: u32::from(response.status),
-                    headers: response.headers.into_iter().map(|(n, v)| vec![n, v]).collect(),
+                    headers: response
+                        .headers
+                        .into_iter()
+                        .map(|(n, v)| vec![n, v])
+                        .collect(),
                     body: live.unwrap_or_else(|| Buffer::from(Vec::new())),
                 });
                 o.outcome = Some(outcome.as_str().to_owned());
@@ -944,8 +950,15 @@ impl ServerFlow {
         framework: Option<bool>,
         body_truncated: Option<bool>,
     ) -> napi::Result<FlowAction> {
-        let event = finished(status, headers, body, body_to_store, framework, body_truncated)
-            .map_err(|f| f.throw(&env))?;
+        let event = finished(
+            status,
+            headers,
+            body,
+            body_to_store,
+            framework,
+            body_truncated,
+        )
+        .map_err(|f| f.throw(&env))?;
         self.feed(&env, event)
     }
 
@@ -969,9 +982,19 @@ impl ServerFlow {
         body_truncated: Option<bool>,
     ) -> napi::Result<FlowAction> {
         let now = to_u64(now_ms, "nowMs").map_err(|f| f.throw(&env))?;
-        let event = finished(status, headers, &body, body_to_store, framework, body_truncated)
-            .map_err(|f| f.throw(&env))?;
-        let next = self.inner.handle(event).map_err(|e| flow_fail(&e).throw(&env))?;
+        let event = finished(
+            status,
+            headers,
+            &body,
+            body_to_store,
+            framework,
+            body_truncated,
+        )
+        .map_err(|f| f.throw(&env))?;
+        let next = self
+            .inner
+            .handle(event)
+            .map_err(|e| flow_fail(&e).throw(&env))?;
         self.run_in_memory(&env, store, next, now, None, Some(body))
     }
 

@@ -39,7 +39,9 @@ pub(crate) fn run(
             )
             .ok()?
         {
-            ClaimOutcome::Claimed { generation } => Some(StoreResult::Claimed { generation, now_ms }),
+            ClaimOutcome::Claimed { generation } => {
+                Some(StoreResult::Claimed { generation, now_ms })
+            }
             ClaimOutcome::Existing(record) => Some(StoreResult::Existing { record, now_ms }),
         },
         StoreOp::Complete {
