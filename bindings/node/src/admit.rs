@@ -287,7 +287,6 @@ impl Admission {
 
     /// The problem response (`refuse`).
     #[napi(getter)]
-    #[must_use]
     pub fn problem(&self, env: Env) -> napi::Result<Option<HttpResponseData>> {
         self.problem.clone().map(|p| http(&env, p)).transpose()
     }

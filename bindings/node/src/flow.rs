@@ -771,7 +771,6 @@ impl ServerFlow {
     /// Once finished: the background cleanup to run after answering (a claim or takeover whose
     /// answer was lost may have been applied), or nothing.
     #[napi(getter)]
-    #[must_use]
     pub fn cleanup(&self, env: Env) -> napi::Result<Option<FlowCleanup>> {
         self.inner
             .cleanup()
