@@ -18,6 +18,13 @@ const idempo = require(`./${distDir ?? 'dist'}/index.js`);
 function store() {
   if (storeName === 'memory') return new idempo.MemoryStore({ maxEntries: 10_000_000, maxBytes: 8 * 1024 * 1024 * 1024, maxEntriesPerPartition: 10_000_000, maxBytesPerPartition: 8 * 1024 * 1024 * 1024 });
   if (storeName === 'sqlite') return new idempo.SqliteStore({ filename: path.join(mkdtempSync(path.join(os.tmpdir(), 'idempo-e2e-')), 'keys.db') });
+  if (storeName === 'sqlite-nockpt') {
+    // Experiment: no automatic WAL checkpoint (how much of the tail the checkpoints are).
+    const Database = require('better-sqlite3');
+    const db = new Database(path.join(mkdtempSync(path.join(os.tmpdir(), 'idempo-e2e-')), 'keys.db'));
+    db.pragma('wal_autocheckpoint = 0');
+    return new idempo.SqliteStore({ database: db });
+  }
   return null;
 }
 

@@ -757,7 +757,7 @@ impl ServerFlow {
             }
             other => action(env, other)?,
         };
-        a.ran = Some(inline::op_name(&op).to_owned());
+        a.ran = Some(op.name().to_owned());
         Ok(a)
     }
 

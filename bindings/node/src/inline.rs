@@ -62,17 +62,3 @@ pub(crate) fn run(
         _ => None,
     }
 }
-
-/// Core's name of a primitive (what the host reports in its `store_op` event).
-pub(crate) fn op_name(op: &StoreOp) -> &'static str {
-    match op {
-        StoreOp::Claim { .. } => "claim",
-        StoreOp::Get { .. } => "get",
-        StoreOp::TakeOver { .. } => "takeover",
-        StoreOp::MarkUnknown { .. } => "mark_unknown",
-        StoreOp::Complete { .. } => "complete",
-        StoreOp::Release { .. } => "release",
-        StoreOp::Renew { .. } => "renew",
-        StoreOp::Commit { .. } => "commit",
-    }
-}

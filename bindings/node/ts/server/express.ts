@@ -423,8 +423,10 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
           req.body = undefined;
         }
       }
-      replayBody(req, body);
     }
+    // Parsers after the middleware read the bytes again from the request stream, refilled only
+    // when something downstream can read it (not for a replay, a 409 or a 422 answered here).
+    const refill = body !== null && !consumed ? body : null;
     const user = (req as Req & { user?: unknown }).user;
     const admitted = await admitRest(p, adm, {
       req: req as unknown as ExpressRequest,
@@ -437,14 +439,24 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
       ...(unavailableFix !== undefined ? { unavailableFix } : {}),
       authenticated: req.headers.authorization !== undefined || (user !== undefined && user !== null),
     });
-    if (admitted.kind === 'unprotected') return next();
-    if (admitted.kind === 'respond') return refuse(admitted.response, admitted.outcome);
+    if (admitted.kind !== 'session') {
+      if (refill !== null) replayBody(req, refill);
+      if (admitted.kind === 'unprotected') return next();
+      return refuse(admitted.response, admitted.outcome);
+    }
     const session = admitted.session;
-    const a = await session.admit();
+    let a: Awaited<ReturnType<Session['admit']>>;
+    try {
+      a = await session.admit();
+    } catch (e) {
+      if (refill !== null) replayBody(req, refill);
+      throw e;
+    }
     if (a.kind === 'respond') {
       emitOutcome(method, route, a.outcome, a.response.status, started);
       return send(res, a.response);
     }
+    if (refill !== null) replayBody(req, refill);
     req.idempotency = a.context;
     const st = new Guarded(session, res, next, started, method, route);
     req[IDEMPO] = st;

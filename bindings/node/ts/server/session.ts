@@ -9,6 +9,7 @@ import native = require('../native');
 import { fromNative } from '../errors';
 import type { CallOptions, IdempotencyStore, StoreRecord, TransactionSession } from '../stores/types';
 import { memoryInline } from '../stores/memory';
+import { cancelBeat, scheduleBeat } from './heartbeat';
 import type { MemoryInline } from '../stores/memory';
 
 /** A response as the host sends it. */
@@ -165,8 +166,9 @@ export class Session {
   readonly #flow: native.ServerFlow;
   readonly #o: SessionOptions;
   #chain: Promise<unknown> = Promise.resolve();
-  #timer: NodeJS.Timeout | undefined;
   #heartbeatMs: number | undefined;
+  /** This session's heartbeat, while one is scheduled (on the process's shared timers). */
+  #beat: (() => void) | undefined;
   readonly #abort = new AbortController();
   #ended = false;
   #lostReported = false;
@@ -446,21 +448,23 @@ export class Session {
   }
 
   #scheduleHeartbeat(): void {
-    if (this.#heartbeatMs === undefined || this.#ended) return;
-    this.#timer = setTimeout(() => {
-      void this.#serial(async () => {
-        if (this.#ended) return;
-        const a = await this.#settle(this.#feed(() => this.#flow.heartbeatDue()));
-        if (a.type !== 'wait') throw new Error(`idempo: heartbeat led to ${a.type}`);
-        this.#scheduleHeartbeat();
-      }).catch((error: unknown) => this.#o.events.emit('store_error', { op: 'renew', error, route: this.#o.route }));
-    }, this.#heartbeatMs);
-    this.#timer.unref?.();
+    const ms = this.#heartbeatMs;
+    if (ms === undefined || this.#ended) return;
+    const beat = (this.#beat ??= () => this.#heartbeat());
+    scheduleBeat(ms, beat);
+  }
+
+  #heartbeat(): void {
+    void this.#serial(async () => {
+      if (this.#ended) return;
+      const a = await this.#settle(this.#feed(() => this.#flow.heartbeatDue()));
+      if (a.type !== 'wait') throw new Error(`idempo: heartbeat led to ${a.type}`);
+      this.#scheduleHeartbeat();
+    }).catch((error: unknown) => this.#o.events.emit('store_error', { op: 'renew', error, route: this.#o.route }));
   }
 
   #stopHeartbeat(): void {
-    if (this.#timer) clearTimeout(this.#timer);
-    this.#timer = undefined;
+    if (this.#beat !== undefined && this.#heartbeatMs !== undefined) cancelBeat(this.#heartbeatMs, this.#beat);
   }
 
   /**
