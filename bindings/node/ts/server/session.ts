@@ -143,6 +143,30 @@ function withTimeout<T>(call: (options: CallOptions) => Promise<T>, ms: number, 
   return Promise.race([call({ signal: giveUp.signal }), t]).finally(() => clearTimeout(timer));
 }
 
+const LEASE_SIGNAL = Symbol('idempo.leaseSignal');
+
+/**
+ * The {@link ExecutionContext} of a handler. Its `signal` is made when first read: most handlers
+ * never read it, and an `AbortController` per request is measurable.
+ */
+class Context implements ExecutionContext {
+  readonly generation: number;
+  readonly downstreamKey: string;
+  declare tx?: unknown;
+  readonly #session: Session;
+
+  constructor(generation: number, downstreamKey: string, session: Session) {
+    this.generation = generation;
+    this.downstreamKey = downstreamKey;
+    this.#session = session;
+  }
+
+  /** Aborted when another request took the key over (the lease was lost). */
+  get signal(): AbortSignal {
+    return this.#session[LEASE_SIGNAL]();
+  }
+}
+
 /** Options of one session. */
 export interface SessionOptions {
   store: IdempotencyStore;
@@ -169,7 +193,8 @@ export class Session {
   #heartbeatMs: number | undefined;
   /** This session's heartbeat, while one is scheduled (on the process's shared timers). */
   #beat: (() => void) | undefined;
-  readonly #abort = new AbortController();
+  /** Aborted when the lease is lost; made when the handler first reads `signal` (or then). */
+  #abort: AbortController | undefined;
   #ended = false;
   #lostReported = false;
   readonly #store: IdempotencyStore;
@@ -314,7 +339,7 @@ export class Session {
     if (tookOver && cur.type === 'run_handler') this.#o.events.emit('takeover', { route: this.#o.route });
     if (cur.type === 'lease_lost') {
       this.#leaseLost();
-      this.#abort.abort(new Error('idempotency lease lost to a takeover'));
+      (this.#abort ??= new AbortController()).abort(new Error('idempotency lease lost to a takeover'));
       cur = { type: 'wait' };
     }
     return cur;
@@ -423,6 +448,11 @@ export class Session {
     return this.#serial(() => this.#guarded(async () => this.#admittedAsync(await this.#settle(this.#feed(() => this.#flow.start())))));
   }
 
+  /** The lease's signal (see {@link Context}). */
+  [LEASE_SIGNAL](): AbortSignal {
+    return (this.#abort ??= new AbortController()).signal;
+  }
+
   /** The admission after the claim's last store step (`a` runs the handler or answers). */
   #admittedSync(a: native.FlowAction): Admission {
     if (a.type === 'run_handler') return this.#run(a);
@@ -442,7 +472,7 @@ export class Session {
   #run(a: native.FlowAction): Admission {
     this.#heartbeatMs = a.heartbeatMs;
     this.#scheduleHeartbeat();
-    const context: ExecutionContext = { generation: a.generation as number, downstreamKey: a.downstreamKey as string, signal: this.#abort.signal };
+    const context = new Context(a.generation as number, a.downstreamKey as string, this);
     if (this.#o.tx) context.tx = this.#o.tx.tx;
     return { kind: 'run' as const, context };
   }
