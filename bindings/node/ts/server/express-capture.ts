@@ -10,11 +10,15 @@
  * response.
  *
  * Express offers no hook for this, so `res.write`, `res.end`, `res.writeHead` and
- * `res.flushHeaders` are replaced while the handler runs. The replacements are module-level
- * functions shared by every request (the request's state is one {@link ResponseCapture} object
- * found on `res`): no closure is made per request.
+ * `res.flushHeaders` are intercepted while the handler runs. Normally this happens once, on node's
+ * `ServerResponse.prototype` (the first time a response is captured): each of the four looks for
+ * an active capture on the response (one symbol-keyed property, the request's
+ * {@link ResponseCapture}) and otherwise is node's own method, so the response object is not
+ * reshaped per request. A response that carries its own `write`/`end`/... (set by a middleware
+ * before idempo, e.g. compression) or is not a node `ServerResponse` gets them replaced on the
+ * object itself instead, by functions shared by every request; no closure is made per request.
  */
-import type { ServerResponse } from 'node:http';
+import { ServerResponse } from 'node:http';
 import native = require('../native');
 import type { HandlerResult } from './session';
 
@@ -65,6 +69,48 @@ function capFlushHeaders(): undefined {
   return undefined;
 }
 
+const METHODS = ['write', 'end', 'writeHead', 'flushHeaders'] as const;
+
+/** Node's own four methods, once `ServerResponse.prototype` carries the interception. */
+let nodeMethods: Record<(typeof METHODS)[number], Fn> | undefined;
+
+/** Intercepts the four methods on `ServerResponse.prototype` (once per process). */
+function patchPrototype(): Record<(typeof METHODS)[number], Fn> {
+  if (nodeMethods !== undefined) return nodeMethods;
+  const proto = ServerResponse.prototype as unknown as Record<string, Fn>;
+  const orig = { write: proto.write as Fn, end: proto.end as Fn, writeHead: proto.writeHead as Fn, flushHeaders: proto.flushHeaders as Fn };
+  nodeMethods = orig;
+  proto.write = function (this: Res, ...args: unknown[]) {
+    const c = this[CAPTURE];
+    return c !== undefined && c.active ? c.write(args[0], args[1], args[2]) : orig.write.apply(this, args);
+  };
+  proto.end = function (this: Res, ...args: unknown[]) {
+    const c = this[CAPTURE];
+    if (c === undefined || !c.active) return orig.end.apply(this, args);
+    c.end(args[0], args[1], args[2]);
+    return this;
+  };
+  proto.writeHead = function (this: Res, ...args: unknown[]) {
+    const c = this[CAPTURE];
+    return c !== undefined && c.active && c.holdsHead ? capWriteHead.apply(this, args as [number, ...unknown[]]) : orig.writeHead.apply(this, args);
+  };
+  proto.flushHeaders = function (this: Res, ...args: unknown[]) {
+    const c = this[CAPTURE];
+    return c !== undefined && c.active && c.holdsHead ? undefined : orig.flushHeaders.apply(this, args);
+  };
+  return orig;
+}
+
+/** Whether `res` takes node's methods from `ServerResponse.prototype` (nothing shadows them). */
+function usesNodeMethods(res: object): boolean {
+  const top = ServerResponse.prototype as object;
+  for (let o: object | null = res; o !== null; o = Object.getPrototypeOf(o) as object | null) {
+    if (o === top) return true;
+    for (const m of METHODS) if (Object.prototype.hasOwnProperty.call(o, m)) return false;
+  }
+  return false;
+}
+
 function capWrite(this: Res, chunk: unknown, enc?: unknown, cb?: unknown): boolean {
   return (this[CAPTURE] as ResponseCapture).write(chunk, enc, cb);
 }
@@ -88,10 +134,27 @@ export class ResponseCapture {
   #counter: native.BodyCapture | null = null;
   #truncated = false;
 
+  /** The capture is in force (until {@link ResponseCapture.restore}). */
+  active = true;
+  /** `writeHead`/`flushHeaders` are held (until a streamed body starts sending). */
+  holdsHead = true;
+  /** The four methods are intercepted on `ServerResponse.prototype`, not on this response. */
+  readonly #shared: boolean;
+
   constructor(res: ServerResponse, owner: CaptureOwner) {
     const r = res as Res;
     this.#res = r;
     this.#owner = owner;
+    this.#shared = usesNodeMethods(r);
+    if (this.#shared) {
+      const orig = patchPrototype();
+      this.#write = orig.write;
+      this.#end = orig.end;
+      this.#writeHead = orig.writeHead;
+      this.#flushHeaders = orig.flushHeaders;
+      r[CAPTURE] = this;
+      return;
+    }
     this.#write = r.write as Fn;
     this.#end = r.end as Fn;
     this.#writeHead = r.writeHead as Fn;
@@ -106,6 +169,8 @@ export class ResponseCapture {
 
   /** Puts the response's own methods back. */
   restore(): void {
+    this.active = false;
+    if (this.#shared) return;
     const m = this.#res as unknown as Record<string, unknown>;
     m.write = this.#write;
     m.end = this.#end;
@@ -135,9 +200,12 @@ export class ResponseCapture {
       if (p.limit !== null) this.#counter = new native.BodyCapture(p.limit);
       if (this.#mode !== 'buffer') {
         // Sending now: node writes the head through `writeHead` (implicitly, on the first write).
-        const m = res as unknown as Record<string, unknown>;
-        m.writeHead = this.#writeHead;
-        m.flushHeaders = this.#flushHeaders;
+        this.holdsHead = false;
+        if (!this.#shared) {
+          const m = res as unknown as Record<string, unknown>;
+          m.writeHead = this.#writeHead;
+          m.flushHeaders = this.#flushHeaders;
+        }
       }
     }
     const b = chunk !== undefined && chunk !== null ? toBuf(chunk, enc) : EMPTY;
