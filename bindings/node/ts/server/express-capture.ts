@@ -20,6 +20,7 @@
  */
 import { ServerResponse } from 'node:http';
 import native = require('../native');
+import { headerPairs } from './headers';
 import type { HandlerResult } from './session';
 
 const CAPTURE = Symbol('idempo.express.capture');
@@ -43,19 +44,6 @@ function toBuf(c: unknown, enc?: unknown): Buffer {
     : c instanceof Uint8Array
       ? Buffer.from(c)
       : Buffer.from(String(c), (typeof enc === 'string' ? enc : 'utf8') as BufferEncoding);
-}
-
-/** The response's header fields as `[name, value]` pairs (names lowercased). */
-export function headerPairs(res: ServerResponse): Array<[string, string]> {
-  const headers: Array<[string, string]> = [];
-  const all = res.getHeaders();
-  for (const n in all) {
-    const v = all[n];
-    if (v === undefined) continue;
-    if (Array.isArray(v)) for (const one of v) headers.push([n.toLowerCase(), String(one)]);
-    else headers.push([n.toLowerCase(), String(v)]);
-  }
-  return headers;
 }
 
 function capWriteHead(this: Res, status: number, ...rest: unknown[]): Res {
@@ -195,7 +183,7 @@ export class ResponseCapture {
   write(chunk: unknown, enc?: unknown, cb?: unknown): boolean {
     const res = this.#res;
     if (this.#mode === null) {
-      const p = this.#owner.plan(res.statusCode, headerPairs(res));
+      const p = this.#owner.plan(res.statusCode, headerPairs(res.getHeaders()));
       this.#mode = p.kind;
       if (p.limit !== null) this.#counter = new native.BodyCapture(p.limit);
       if (this.#mode !== 'buffer') {
@@ -222,7 +210,7 @@ export class ResponseCapture {
     const res = this.#res;
     const hasChunk = chunk !== undefined && chunk !== null && typeof chunk !== 'function';
     if (hasChunk) this.#record(toBuf(chunk, enc));
-    const headers = headerPairs(res);
+    const headers = headerPairs(res.getHeaders());
     const sent = this.#mode !== null && this.#mode !== 'buffer';
     const chunks = this.#chunks;
     const body = chunks.length === 1 ? (chunks[0] as Buffer) : chunks.length === 0 ? EMPTY : Buffer.concat(chunks);

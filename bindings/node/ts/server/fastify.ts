@@ -33,6 +33,7 @@ import { admitBody, admitKey, admitScope, Prepared } from './options';
 import type { Admitted, BodyFacts, IdempotencyOptions } from './options';
 import type { ExecutionContext, FlowEnd, HandlerResult, HttpResponse, IdempotencyEvents, Session } from './session';
 import { toHttp } from './session';
+import { headerPairs } from './headers';
 import { txStorage } from './tx';
 import type { TxHolder } from './tx';
 
@@ -160,15 +161,7 @@ function chunkBytes(c: unknown): Buffer {
 }
 
 function replyHeaders(reply: FastifyReply): Array<[string, string]> {
-  const out: Array<[string, string]> = [];
-  const all = reply.getHeaders();
-  for (const n in all) {
-    const v = all[n];
-    if (v === undefined) continue;
-    if (Array.isArray(v)) for (const one of v) out.push([n.toLowerCase(), String(one)]);
-    else out.push([n.toLowerCase(), String(v)]);
-  }
-  return out;
+  return headerPairs(reply.getHeaders());
 }
 
 function apply(reply: FastifyReply, r: HttpResponse): Buffer {
