@@ -36,12 +36,16 @@ export declare class Admission {
    * application parser consumed first; core refuses it with 500 `body-unavailable`, this
    * sentence (how to keep the bytes) in the detail and the log line.
    */
-  body(fingerprinter: ExternalObject<'FingerprinterHandle'>, method: string, target: string, body: Uint8Array, contentType: string | undefined | null, headers: Array<string> | undefined | null, overLimit: boolean, unavailableFix?: string | undefined | null): void
+  body(fingerprinter: ExternalObject<'FingerprinterHandle'>, method: string, target: string, body: Uint8Array, contentType: string | undefined | null, headers: Array<string> | undefined | null, overLimit: boolean, unavailableFix?: string | undefined | null): string
   /**
    * Stage 3: what the route's scope function gave under `rule`, whether the request is
-   * authenticated, the method and the route template.
+   * authenticated, the method and the route template. Returns the admitted request's facts
+   * (the same as the getters, in one object), or null when it is refused (`kind` `refuse`).
+   * With `ids` (at least 40 bytes, e.g. from `Buffer.allocUnsafe`), the record key is written
+   * to its first 32 bytes and the partition to the next 8 (no buffer is made here: cheaper
+   * than the `scopeId` and `partition` getters).
    */
-  scope(rule: ScopeRule, method: string, route: string, authenticated: boolean, returned: ScopeReturn): void
+  scope(rule: ScopeRule, method: string, route: string, authenticated: boolean, returned: ScopeReturn, ids?: Uint8Array | undefined | null): AdmittedData | null
   /** The stage: `pass_through`, `refuse`, `read_body`, `resolve_scope` or `admitted`. */
   get kind(): string
   /** The problem response (`refuse`). */
@@ -234,6 +238,13 @@ export declare class ServerFlow {
   constructor(config: FlowConfig, scope: Uint8Array, fingerprint: string, entropy: Uint8Array)
   /** The first action (always a claim); callable once. */
   start(): FlowAction
+  /**
+   * `start()` with its claim run on `store` (core's memory store) at `nowMs` in the same
+   * call, `partition` (8 bytes) held to its quota: the action after the claim's answer, with
+   * `ran: "claim"`. A claim the store refuses (full, over quota) is returned as the `store`
+   * action itself, untouched: run it through the `MemoryStore` as usual. Callable once.
+   */
+  startInMemory(store: MemoryStoreCore, nowMs: number, partitionBytes?: Uint8Array | undefined | null): FlowAction
   /** True once the flow has answered. */
   get finished(): boolean
   /**
@@ -281,8 +292,29 @@ export declare class ServerFlow {
    * becomes the response-not-retained problem).
    */
   handlerFinished(status: number, headers: Array<Array<string>>, body: Uint8Array, bodyToStore?: Uint8Array | undefined | null, framework?: boolean | undefined | null, bodyTruncated?: boolean | undefined | null): FlowAction
+  /**
+   * `handlerFinished()` with the primitive it leads to (`complete` or `release`) run on
+   * `store` (core's memory store) at `nowMs` in the same call: the action after that
+   * primitive's answer, with `ran` naming it (a `respond` whose body is the handler's carries
+   * the `body` buffer passed in). Any other action, and a primitive the store refuses, is
+   * returned as it is (run it through the `MemoryStore` as usual).
+   */
+  handlerFinishedInMemory(store: MemoryStoreCore, nowMs: number, status: number, headers: Array<Array<string>>, body: Buffer, bodyToStore?: Uint8Array | undefined | null, framework?: boolean | undefined | null, bodyTruncated?: boolean | undefined | null): FlowAction
   /** The handler threw; `maybeSideEffect` false only when it certainly did nothing. */
   handlerFailed(maybeSideEffect: boolean): FlowAction
+}
+
+/**
+ * An admitted request's facts, as `Admission.scope()` returns them (the record key and the
+ * partition go to its `ids` argument, or come from the getters).
+ */
+export interface AdmittedData {
+  /** The parsed key. */
+  key: string
+  /** The request fingerprint. */
+  fingerprint: string
+  /** The warning to emit (no scope function, authenticated request). */
+  warning?: string
 }
 
 /** How an attempt ended. */
@@ -521,6 +553,11 @@ export interface FlowAction {
   outcome?: string
   /** Set when a stored row was refused as corrupt (the flow treated it as a store failure). */
   corrupt?: string
+  /**
+   * The `...InMemory` methods: the primitive they ran on the memory store within the call
+   * (`claim`, `complete` or `release`); this action is what the flow asked for next.
+   */
+  ran?: string
 }
 
 /**

@@ -19,6 +19,9 @@ use napi_derive::napi;
 
 use crate::canonical::{limits, number_mode};
 use crate::error::{Fail, code};
+use crate::inline;
+use crate::jsbuf;
+use crate::memstore::{MemoryStoreCore, partition};
 use crate::num::{from_u64, to_status, to_u64};
 use crate::record::{RecordRowData, header_pairs, to_record};
 
@@ -161,12 +164,12 @@ pub struct HttpResponseData {
     pub body: Buffer,
 }
 
-pub(crate) fn http(r: HttpResponse) -> HttpResponseData {
-    HttpResponseData {
+pub(crate) fn http(env: &Env, r: HttpResponse) -> napi::Result<HttpResponseData> {
+    Ok(HttpResponseData {
         status: u32::from(r.status),
         headers: r.headers.into_iter().map(|(n, v)| vec![n, v]).collect(),
-        body: Buffer::from(r.body),
-    }
+        body: jsbuf::copy(env, &r.body)?,
+    })
 }
 
 /// Core's capture plan for one response.
@@ -386,12 +389,10 @@ pub fn problem_response(
         .map(|v| to_u64(v, "retryAfterMs"))
         .transpose()
         .map_err(|f| f.throw(&env))?;
-    Ok(http(problem::problem_response(
-        k,
-        detail.as_deref(),
-        reason.as_deref(),
-        ra,
-    )))
+    http(
+        &env,
+        problem::problem_response(k, detail.as_deref(), reason.as_deref(), ra),
+    )
 }
 
 /// The canonicalization settings of a route's fingerprint, for [`body_problem`].
@@ -448,7 +449,8 @@ pub fn body_problem(
                 };
                 Ok(Some(BodyProblem {
                     outcome: outcome.to_owned(),
-                    response: http(problem::invalid_body(&e)),
+                    response: http(&env, problem::invalid_body(&e))
+                        .map_err(|e| Fail::new(code::INVALID_ARGUMENT, e.to_string()))?,
                 }))
             }
             Err(other) => Err(Fail::new(code::FINGERPRINT, other.to_string()).reason(other.code())),
@@ -494,6 +496,9 @@ pub struct FlowAction {
     pub outcome: Option<String>,
     /// Set when a stored row was refused as corrupt (the flow treated it as a store failure).
     pub corrupt: Option<String>,
+    /// The `...InMemory` methods: the primitive they ran on the memory store within the call
+    /// (`claim`, `complete` or `release`); this action is what the flow asked for next.
+    pub ran: Option<String>,
 }
 
 fn empty(kind: &str) -> FlowAction {
@@ -514,22 +519,23 @@ fn empty(kind: &str) -> FlowAction {
         http: None,
         outcome: None,
         corrupt: None,
+        ran: None,
     }
 }
 
-fn store(op: &str, scope: &ScopeId) -> FlowAction {
+fn store(env: &Env, op: &str, scope: &ScopeId) -> napi::Result<FlowAction> {
     let mut a = empty("store");
     a.op = Some(op.to_owned());
-    a.scope = Some(Buffer::from(scope.as_bytes().to_vec()));
-    a
+    a.scope = Some(jsbuf::copy(env, scope.as_bytes())?);
+    Ok(a)
 }
 
-fn tok(t: idempo_core::record::FencingToken) -> Option<Buffer> {
-    Some(Buffer::from(t.0.to_vec()))
+fn tok(env: &Env, t: idempo_core::record::FencingToken) -> napi::Result<Option<Buffer>> {
+    jsbuf::copy(env, &t.0).map(Some)
 }
 
-fn action(a: Action) -> FlowAction {
-    match a {
+fn action(env: &Env, a: Action) -> napi::Result<FlowAction> {
+    Ok(match a {
         Action::Store(op) => match op {
             StoreOp::Claim {
                 scope,
@@ -538,23 +544,23 @@ fn action(a: Action) -> FlowAction {
                 lease_ms,
                 ttl_ms,
             } => {
-                let mut o = store("claim", &scope);
+                let mut o = store(env, "claim", &scope)?;
                 o.fingerprint = Some(fingerprint.as_str().to_owned());
-                o.token = tok(token);
+                o.token = tok(env, token)?;
                 o.lease_ms = Some(from_u64(lease_ms));
                 o.ttl_ms = Some(from_u64(ttl_ms));
                 o
             }
-            StoreOp::Get { scope } => store("get", &scope),
+            StoreOp::Get { scope } => store(env, "get", &scope)?,
             StoreOp::TakeOver {
                 scope,
                 seen_token,
                 new_token,
                 lease_ms,
             } => {
-                let mut o = store("takeover", &scope);
-                o.seen_token = tok(seen_token);
-                o.new_token = tok(new_token);
+                let mut o = store(env, "takeover", &scope)?;
+                o.seen_token = tok(env, seen_token)?;
+                o.new_token = tok(env, new_token)?;
                 o.lease_ms = Some(from_u64(lease_ms));
                 o
             }
@@ -563,8 +569,8 @@ fn action(a: Action) -> FlowAction {
                 seen_token,
                 ttl_ms,
             } => {
-                let mut o = store("mark_unknown", &scope);
-                o.seen_token = tok(seen_token);
+                let mut o = store(env, "mark_unknown", &scope)?;
+                o.seen_token = tok(env, seen_token)?;
                 o.ttl_ms = Some(from_u64(ttl_ms));
                 o
             }
@@ -574,15 +580,15 @@ fn action(a: Action) -> FlowAction {
                 response,
                 ttl_ms,
             } => {
-                let mut o = store("complete", &scope);
-                o.token = tok(token);
-                o.response = Some(Buffer::from(response));
+                let mut o = store(env, "complete", &scope)?;
+                o.token = tok(env, token)?;
+                o.response = Some(jsbuf::copy(env, &response)?);
                 o.ttl_ms = Some(from_u64(ttl_ms));
                 o
             }
             StoreOp::Release { scope, token } => {
-                let mut o = store("release", &scope);
-                o.token = tok(token);
+                let mut o = store(env, "release", &scope)?;
+                o.token = tok(env, token)?;
                 o
             }
             StoreOp::Renew {
@@ -590,16 +596,16 @@ fn action(a: Action) -> FlowAction {
                 token,
                 lease_ms,
             } => {
-                let mut o = store("renew", &scope);
-                o.token = tok(token);
+                let mut o = store(env, "renew", &scope)?;
+                o.token = tok(env, token)?;
                 o.lease_ms = Some(from_u64(lease_ms));
                 o
             }
-            StoreOp::Commit { scope } => store("commit", &scope),
+            StoreOp::Commit { scope } => store(env, "commit", &scope)?,
         },
         Action::RunHandler(r) => {
             let mut o = empty("run_handler");
-            o.token = tok(r.token);
+            o.token = tok(env, r.token)?;
             o.generation = Some(r.generation);
             o.downstream_key = Some(r.downstream_key.as_str().to_owned());
             o.heartbeat_ms = r.heartbeat_ms.map(from_u64);
@@ -609,7 +615,7 @@ fn action(a: Action) -> FlowAction {
         Action::LeaseLost => empty("lease_lost"),
         Action::Respond { response, outcome } => {
             let mut o = empty("respond");
-            o.http = Some(http(response));
+            o.http = Some(http(env, response)?);
             o.outcome = Some(outcome.as_str().to_owned());
             o
         }
@@ -618,7 +624,7 @@ fn action(a: Action) -> FlowAction {
             o.outcome = Some(outcome.as_str().to_owned());
             o
         }
-    }
+    })
 }
 
 /// The background cleanup of a claim or takeover whose answer was lost (core's `Cleanup`): run
@@ -674,10 +680,85 @@ impl ServerFlow {
     /// The first action (always a claim); callable once.
     #[napi(catch_unwind)]
     pub fn start(&mut self, env: Env) -> napi::Result<FlowAction> {
-        self.first
+        let first = self
+            .first
             .take()
-            .map(action)
-            .ok_or_else(|| Fail::new(code::FLOW, "start() was already called").throw(&env))
+            .ok_or_else(|| Fail::new(code::FLOW, "start() was already called").throw(&env))?;
+        action(&env, first)
+    }
+
+    /// `start()` with its claim run on `store` (core's memory store) at `nowMs` in the same
+    /// call, `partition` (8 bytes) held to its quota: the action after the claim's answer, with
+    /// `ran: "claim"`. A claim the store refuses (full, over quota) is returned as the `store`
+    /// action itself, untouched: run it through the `MemoryStore` as usual. Callable once.
+    #[napi(catch_unwind)]
+    pub fn start_in_memory(
+        &mut self,
+        env: Env,
+        store: &mut MemoryStoreCore,
+        now_ms: f64,
+        partition_bytes: Option<&[u8]>,
+    ) -> napi::Result<FlowAction> {
+        let first = self
+            .first
+            .take()
+            .ok_or_else(|| Fail::new(code::FLOW, "start() was already called").throw(&env))?;
+        let now = to_u64(now_ms, "nowMs").map_err(|f| f.throw(&env))?;
+        let p = partition(partition_bytes).map_err(|f| f.throw(&env))?;
+        self.run_in_memory(&env, store, first, now, p, None)
+    }
+
+    /// Runs `next` on the memory store when it is a primitive [`inline::run`] executes, and
+    /// feeds its result; else (or when the store refuses it) returns it for the host.
+    fn run_in_memory(
+        &mut self,
+        env: &Env,
+        store: &mut MemoryStoreCore,
+        next: Action,
+        now_ms: u64,
+        partition: Option<idempo_core::machine::memory::Partition>,
+        live: Option<Buffer>,
+    ) -> napi::Result<FlowAction> {
+        let Action::Store(op) = next else {
+            return action(env, next);
+        };
+        let Some(result) = inline::run(&mut store.inner, &op, now_ms, partition) else {
+            return action(env, Action::Store(op));
+        };
+        let after = self
+            .inner
+            .handle(Event::Store(result))
+            .map_err(|e| flow_fail(&e).throw(env))?;
+        let mut a = match after {
+            // The handler's own body goes back as the very buffer the host passed (no copy).
+            Action::Respond { response, outcome }
+                if live.as_deref() == Some(&response.body[..]) =>
+            {
+                let mut o = empty("respond");
+                o.http = Some(HttpResponseData {
+                    status: u32::from(response.status),
+                    headers: response
+                        .headers
+                        .into_iter()
+                        .map(|(n, v)| vec![n, v])
+                        .collect(),
+                    body: live.unwrap_or_else(|| Buffer::from(Vec::new())),
+                });
+                o.outcome = Some(outcome.as_str().to_owned());
+                o
+            }
+            // The host of an `...InMemory` call has no use for the token (the store has it).
+            Action::RunHandler(r) => {
+                let mut o = empty("run_handler");
+                o.generation = Some(r.generation);
+                o.downstream_key = Some(r.downstream_key.as_str().to_owned());
+                o.heartbeat_ms = r.heartbeat_ms.map(from_u64);
+                o
+            }
+            other => action(env, other)?,
+        };
+        a.ran = Some(op.name().to_owned());
+        Ok(a)
     }
 
     /// True once the flow has answered.
@@ -690,13 +771,17 @@ impl ServerFlow {
     /// Once finished: the background cleanup to run after answering (a claim or takeover whose
     /// answer was lost may have been applied), or nothing.
     #[napi(getter)]
-    #[must_use]
-    pub fn cleanup(&self) -> Option<FlowCleanup> {
-        self.inner.cleanup().map(|c| FlowCleanup {
-            action: action(Action::Store(c.op().clone())),
-            budget_ms: from_u64(c.budget_ms()),
-            max_delay_ms: from_u64(c.max_delay_ms()),
-        })
+    pub fn cleanup(&self, env: Env) -> napi::Result<Option<FlowCleanup>> {
+        self.inner
+            .cleanup()
+            .map(|c| {
+                Ok(FlowCleanup {
+                    action: action(&env, Action::Store(c.op().clone()))?,
+                    budget_ms: from_u64(c.budget_ms()),
+                    max_delay_ms: from_u64(c.max_delay_ms()),
+                })
+            })
+            .transpose()
     }
 
     /// After cleanup attempt number `attempt` (0 first) ended `elapsedMs` after the first one
@@ -730,15 +815,11 @@ impl ServerFlow {
     }
 
     fn feed(&mut self, env: &Env, event: Event) -> napi::Result<FlowAction> {
-        self.inner.handle(event).map(action).map_err(|e| {
-            let reason = match e {
-                machine::FlowError::Finished => "finished",
-                _ => "unexpected_event",
-            };
-            Fail::new(code::FLOW, e.to_string())
-                .reason(reason)
-                .throw(env)
-        })
+        let next = self
+            .inner
+            .handle(event)
+            .map_err(|e| flow_fail(&e).throw(env))?;
+        action(env, next)
     }
 
     fn feed_row(
@@ -868,19 +949,52 @@ impl ServerFlow {
         framework: Option<bool>,
         body_truncated: Option<bool>,
     ) -> napi::Result<FlowAction> {
-        let status = to_status(status).map_err(|f| f.throw(&env))?;
-        let headers = header_pairs(headers).map_err(|f| f.throw(&env))?;
-        self.feed(
-            &env,
-            Event::HandlerFinished(HandlerResponse {
-                status,
-                headers,
-                body: body.to_vec(),
-                body_to_store: body_to_store.map(<[u8]>::to_vec),
-                origin: origin(framework),
-                body_truncated: body_truncated.unwrap_or(false),
-            }),
+        let event = finished(
+            status,
+            headers,
+            body,
+            body_to_store,
+            framework,
+            body_truncated,
         )
+        .map_err(|f| f.throw(&env))?;
+        self.feed(&env, event)
+    }
+
+    /// `handlerFinished()` with the primitive it leads to (`complete` or `release`) run on
+    /// `store` (core's memory store) at `nowMs` in the same call: the action after that
+    /// primitive's answer, with `ran` naming it (a `respond` whose body is the handler's carries
+    /// the `body` buffer passed in). Any other action, and a primitive the store refuses, is
+    /// returned as it is (run it through the `MemoryStore` as usual).
+    #[napi(catch_unwind)]
+    #[allow(clippy::too_many_arguments)]
+    pub fn handler_finished_in_memory(
+        &mut self,
+        env: Env,
+        store: &mut MemoryStoreCore,
+        now_ms: f64,
+        status: u32,
+        headers: Vec<Vec<String>>,
+        body: Buffer,
+        body_to_store: Option<&[u8]>,
+        framework: Option<bool>,
+        body_truncated: Option<bool>,
+    ) -> napi::Result<FlowAction> {
+        let now = to_u64(now_ms, "nowMs").map_err(|f| f.throw(&env))?;
+        let event = finished(
+            status,
+            headers,
+            &body,
+            body_to_store,
+            framework,
+            body_truncated,
+        )
+        .map_err(|f| f.throw(&env))?;
+        let next = self
+            .inner
+            .handle(event)
+            .map_err(|e| flow_fail(&e).throw(&env))?;
+        self.run_in_memory(&env, store, next, now, None, Some(body))
     }
 
     /// The handler threw; `maybeSideEffect` false only when it certainly did nothing.
@@ -892,4 +1006,32 @@ impl ServerFlow {
     ) -> napi::Result<FlowAction> {
         self.feed(&env, Event::HandlerFailed { maybe_side_effect })
     }
+}
+
+/// A flow event refused by core, as `FLOW_ERROR`.
+fn flow_fail(e: &machine::FlowError) -> Fail {
+    let reason = match e {
+        machine::FlowError::Finished => "finished",
+        _ => "unexpected_event",
+    };
+    Fail::new(code::FLOW, e.to_string()).reason(reason)
+}
+
+/// The handler's end as core's event.
+fn finished(
+    status: u32,
+    headers: Vec<Vec<String>>,
+    body: &[u8],
+    body_to_store: Option<&[u8]>,
+    framework: Option<bool>,
+    body_truncated: Option<bool>,
+) -> Result<Event, Fail> {
+    Ok(Event::HandlerFinished(HandlerResponse {
+        status: to_status(status)?,
+        headers: header_pairs(headers)?,
+        body: body.to_vec(),
+        body_to_store: body_to_store.map(<[u8]>::to_vec),
+        origin: origin(framework),
+        body_truncated: body_truncated.unwrap_or(false),
+    }))
 }

@@ -56,7 +56,7 @@ fn token(b: &[u8]) -> Result<FencingToken, Fail> {
     FencingToken::from_slice(b).map_err(|e| Fail::new(code::INVALID_ARGUMENT, e.to_string()))
 }
 
-fn partition(b: Option<&[u8]>) -> Result<Option<Partition>, Fail> {
+pub(crate) fn partition(b: Option<&[u8]>) -> Result<Option<Partition>, Fail> {
     b.map(|b| {
         b.try_into()
             .map(Partition)
@@ -91,7 +91,7 @@ fn refused(e: MemoryError) -> Fail {
 /// Core's bounded memory store; the clock is supplied by the caller on every call.
 #[napi]
 pub struct MemoryStoreCore {
-    inner: MemoryStore,
+    pub(crate) inner: MemoryStore,
 }
 
 #[napi]

@@ -98,6 +98,11 @@ export class Fingerprinter {
     this.#handle = this.#inner.handle();
   }
 
+  /** Whether request headers take part in the fingerprint (internal: the host passes none otherwise). */
+  get usesHeaders(): boolean {
+    return this.#usesHeaders;
+  }
+
   /** The native handle of this configuration (for core's admission; internal). */
   get nativeHandle(): ExternalObject<'FingerprinterHandle'> {
     return this.#handle;

@@ -28,6 +28,8 @@ import type { IdempotencyOptions } from './options';
 import native = require('../native');
 import type { ExecutionContext, FlowEnd, HandlerResult, HttpResponse, Session } from './session';
 import { IdempotencyEvents, toHttp } from './session';
+import { ResponseCapture } from './express-capture';
+import type { CaptureOwner } from './express-capture';
 import { txStorage } from './tx';
 import type { TxHolder } from './tx';
 
@@ -111,20 +113,9 @@ function installErrorTap(req: Req): void {
 }
 
 interface RequestState {
-  session: Session;
   done: boolean;
-  restore: () => void;
-  started: number;
-  method: string;
-  route: string;
   /** Reports a handler error to the flow and continues as core decides. */
-  onError: (err: unknown, res: Res, next: Next) => void;
-  /** Transactional mode: what `currentTransaction()` answers (cleared when the flow ends). */
-  holder?: TxHolder;
-  /** The handler's response was captured: the flow already has the handler's end. */
-  captured: boolean;
-  /** The response was teed or passed through: the client already has it. */
-  sent?: boolean;
+  onError(err: unknown, res: Res, next: Next): void;
 }
 
 /** Reads the whole request body, at most `limit` bytes (`null`: over the limit). */
@@ -205,8 +196,9 @@ function replayBody(req: IncomingMessage, body: Buffer): void {
 
 /** Express's routing settings that decide which paths reach one handler. */
 function routing(req: Req): { strict: boolean; caseSensitive: boolean } {
-  const get = typeof req.app?.get === 'function' ? req.app.get.bind(req.app) : undefined;
-  return { strict: get?.('strict routing') === true, caseSensitive: get?.('case sensitive routing') === true };
+  const app = req.app;
+  if (app === undefined || typeof app.get !== 'function') return { strict: false, caseSensitive: false };
+  return { strict: app.get('strict routing') === true, caseSensitive: app.get('case sensitive routing') === true };
 }
 
 /** A path without its trailing slashes, unless the app routes strictly (`/payments/` == `/payments`). */
@@ -276,100 +268,6 @@ function send(res: Res, r: HttpResponse): void {
   res.end(r.body);
 }
 
-/** Captures what the handler writes, without sending it. */
-/**
- * Captures the handler's response. A body written whole with `res.end(body)` (`res.send`,
- * `res.json`) is held until the flow answers. A body streamed with `res.write` follows core's
- * capture plan (`spec/PROTOCOL.md` §7.5.1), asked at the first write: `tee` sends every chunk to the
- * client at once and records at most the plan's limit (`bodyTruncated` past it), `pass_through`
- * sends and records nothing, `buffer` holds it. `onEnd` gets `sent: true` when the client already
- * has the response.
- */
-function capture(
-  res: Res,
-  plan: (status: number, headers: Array<[string, string]>) => { kind: string; limit: number | null },
-  onEnd: (r: HandlerResult, sent: boolean) => void,
-): () => void {
-  const orig = { write: res.write, end: res.end, writeHead: res.writeHead, flushHeaders: res.flushHeaders };
-  let chunks: Buffer[] = [];
-  const toBuf = (c: unknown, enc?: unknown): Buffer =>
-    Buffer.isBuffer(c) ? c : c instanceof Uint8Array ? Buffer.from(c) : Buffer.from(String(c), (typeof enc === 'string' ? enc : 'utf8') as BufferEncoding);
-  let ended = false;
-  let mode: string | null = null;
-  let counter: native.BodyCapture | null = null;
-  let truncated = false;
-  const r = res as unknown as Record<string, unknown>;
-  const headerPairs = (): Array<[string, string]> => {
-    const headers: Array<[string, string]> = [];
-    for (const [n, v] of Object.entries(res.getHeaders())) {
-      if (v === undefined) continue;
-      for (const one of Array.isArray(v) ? v : [v]) headers.push([n.toLowerCase(), String(one)]);
-    }
-    return headers;
-  };
-  const record = (b: Buffer) => {
-    if (mode === 'buffer' || mode === null) return void chunks.push(b);
-    if (counter === null) return;
-    const step = counter.accept(b.length);
-    if (step === 'record') chunks.push(b);
-    else if (step === 'discard') {
-      chunks = [];
-      truncated = true;
-    }
-  };
-  r.writeHead = function (status: number, ...rest: unknown[]) {
-    res.statusCode = status;
-    const headers = rest.find((x) => typeof x === 'object' && x !== null) as Record<string, string> | undefined;
-    if (headers && !Array.isArray(headers)) for (const [n, v] of Object.entries(headers)) res.setHeader(n, v);
-    return res;
-  };
-  r.flushHeaders = () => undefined;
-  r.write = function (chunk: unknown, enc?: unknown, cb?: unknown) {
-    if (mode === null) {
-      const p = plan(res.statusCode, headerPairs());
-      mode = p.kind;
-      if (p.limit !== null) counter = new native.BodyCapture(p.limit);
-      if (mode !== 'buffer') {
-        // Sending now: node writes the head through `writeHead` (implicitly, on the first write).
-        r.writeHead = orig.writeHead;
-        r.flushHeaders = orig.flushHeaders;
-      }
-    }
-    const b = chunk !== undefined && chunk !== null ? toBuf(chunk, enc) : Buffer.alloc(0);
-    record(b);
-    if (mode !== 'buffer') return (orig.write as (...a: unknown[]) => boolean).call(res, chunk, enc, cb);
-    const done = typeof enc === 'function' ? enc : cb;
-    if (typeof done === 'function') process.nextTick(done as () => void);
-    return true;
-  };
-  r.end = function (chunk?: unknown, enc?: unknown, cb?: unknown) {
-    if (ended) return res;
-    ended = true;
-    const hasChunk = chunk !== undefined && chunk !== null && typeof chunk !== 'function';
-    if (hasChunk) record(toBuf(chunk, enc));
-    const headers = headerPairs();
-    const sent = mode !== null && mode !== 'buffer';
-    const result: HandlerResult = { status: res.statusCode, headers, body: Buffer.concat(chunks) };
-    if (truncated) result.bodyTruncated = true;
-    if (sent) {
-      // The client has the head and the chunks written so far: finish the response as is.
-      (orig.end as (...a: unknown[]) => unknown).call(res, chunk, enc, cb);
-      onEnd(result, true);
-      return res;
-    }
-    onEnd(result, false);
-    const done = [chunk, enc, cb].find((x) => typeof x === 'function');
-    if (done) process.nextTick(done as () => void);
-    return res;
-  };
-  return () => {
-    r.write = orig.write;
-    r.end = orig.end;
-    r.writeHead = orig.writeHead;
-    r.flushHeaders = orig.flushHeaders;
-  };
-}
-
 /** An Express middleware with its event emitter attached. */
 export interface IdempotencyMiddleware {
   (req: IncomingMessage, res: ServerResponse, next: Next): void;
@@ -380,22 +278,101 @@ export interface IdempotencyMiddleware {
 /** Express middleware making the route's handler idempotent (see the module docs). */
 export function idempotency(options: IdempotencyOptions<ExpressRequest>): IdempotencyMiddleware {
   const p = new Prepared<ExpressRequest>(options);
-  const emitOutcome = (method: string, route: string, outcome: string, status: number, started: number) =>
-    p.events.emit('outcome', { outcome, route, method, status, durationMs: Date.now() - started });
-
-  const finishWith = (res: Res, st: RequestState, end: FlowEnd, next: Next, err?: unknown): void => {
-    st.done = true;
-    st.restore();
-    if (st.holder) st.holder.tx = null;
-    if (end.kind === 'respond') {
-      emitOutcome(st.method, st.route, end.outcome, end.response.status, st.started);
-      // A teed or passed-through response is already with the client.
-      if (!st.sent) send(res, end.response);
-    } else {
-      emitOutcome(st.method, st.route, end.outcome, 500, st.started);
-      next(err);
-    }
+  const emitOutcome = (method: string, route: string, outcome: string, status: number, started: number) => {
+    if (p.events.listenerCount('outcome') > 0) p.events.emit('outcome', { outcome, route, method, status, durationMs: Date.now() - started });
   };
+
+  /**
+   * One protected request from the handler on: its capture, its error report and its end. A
+   * class, so a request costs one object (its methods are shared).
+   */
+  class Guarded implements RequestState, CaptureOwner {
+    done = false;
+    /** The handler's response was captured: the flow already has the handler's end. */
+    captured = false;
+    /** The response was teed or passed through: the client already has it. */
+    sent = false;
+    /** Transactional mode: what `currentTransaction()` answers (cleared when the flow ends). */
+    holder: TxHolder | undefined;
+    capture: ResponseCapture | undefined;
+    /** The error being reported (`onError`), handed on to `next` once the flow ends. */
+    err: unknown;
+    errNext: Next | undefined;
+
+    constructor(
+      readonly session: Session,
+      readonly res: Res,
+      readonly next: Next,
+      readonly started: number,
+      readonly method: string,
+      readonly route: string,
+    ) {}
+
+    plan(status: number, headers: Array<[string, string]>): { kind: string; limit: number | null } {
+      return this.session.capturePlan(status, headers, true);
+    }
+
+    ended(handled: HandlerResult, sent: boolean): void {
+      this.captured = true;
+      this.sent = sent;
+      const redacted = handled.bodyTruncated ? undefined : options.redact?.(handled);
+      const result = redacted ? { ...handled, bodyToStore: redacted } : handled;
+      this.session.finish(result).then(this.#finished, this.#broken);
+    }
+
+    onError(err: unknown, _res: Res, n: Next): void {
+      // An error after the response was written (e.g. `res.json(x); throw e`): the flow has
+      // the response already; the error goes on to the error handlers untouched.
+      if (this.captured) return n(err);
+      this.err = err;
+      this.errNext = n;
+      this.session.fail(!p.isSideEffectFree(err)).then(this.#failed, this.#brokenAfterError);
+    }
+
+    #close(): void {
+      this.done = true;
+      this.capture?.restore();
+      if (this.holder) this.holder.tx = null;
+    }
+
+    #finishWith(end: FlowEnd, next: Next, err?: unknown): void {
+      this.#close();
+      if (end.kind === 'respond') {
+        emitOutcome(this.method, this.route, end.outcome, end.response.status, this.started);
+        // A teed or passed-through response is already with the client.
+        if (!this.sent) send(this.res, end.response);
+      } else {
+        emitOutcome(this.method, this.route, end.outcome, 500, this.started);
+        next(err);
+      }
+    }
+
+    readonly #finished = (end: FlowEnd): void => {
+      try {
+        this.#finishWith(end, this.next);
+      } catch (e) {
+        this.#broken(e);
+      }
+    };
+
+    readonly #broken = (e: unknown): void => {
+      this.#close();
+      this.next(e);
+    };
+
+    readonly #failed = (end: FlowEnd): void => {
+      try {
+        this.#finishWith(end, this.errNext as Next, this.err);
+      } catch (e) {
+        this.#brokenAfterError(e);
+      }
+    };
+
+    readonly #brokenAfterError = (e: unknown): void => {
+      this.#close();
+      (this.errNext as Next)(e);
+    };
+  }
 
   const mw = (async (req: Req, res: Res, next: Next) => {
     const started = Date.now();
@@ -405,7 +382,8 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
     const route = options.route ? options.route(req as never) : ident.route;
     // Core's admission, in core's order: the key first, then the body, then the scope.
     const adm = admitKey(p, req.headers[p.header], req.headers['content-length']);
-    if (adm.kind === 'pass_through') return next();
+    const kind = adm.kind;
+    if (kind === 'pass_through') return next();
     // A body parser mounted before the middleware read the stream (Express 4's sets `_body`).
     const consumed = req.readableEnded || req._body === true || (req.complete && !req.readable);
     const refuse = (response: HttpResponse, outcome: string) => {
@@ -417,7 +395,7 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
       }
       return send(res, response);
     };
-    if (adm.kind === 'refuse') return refuse(toHttp(adm.problem as native.HttpResponseData), adm.outcome ?? 'refused');
+    if (kind === 'refuse') return refuse(toHttp(adm.problem as native.HttpResponseData), adm.outcome ?? 'refused');
     const limit = adm.bodyLimit as number;
     let body: Buffer | null;
     let unavailableFix: string | undefined;
@@ -445,8 +423,10 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
           req.body = undefined;
         }
       }
-      replayBody(req, body);
     }
+    // Parsers after the middleware read the bytes again from the request stream, refilled only
+    // when something downstream can read it (not for a replay, a 409 or a 422 answered here).
+    const refill = body !== null && !consumed ? body : null;
     const user = (req as Req & { user?: unknown }).user;
     const admitted = await admitRest(p, adm, {
       req: req as unknown as ExpressRequest,
@@ -459,55 +439,29 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
       ...(unavailableFix !== undefined ? { unavailableFix } : {}),
       authenticated: req.headers.authorization !== undefined || (user !== undefined && user !== null),
     });
-    if (admitted.kind === 'unprotected') return next();
-    if (admitted.kind === 'respond') return refuse(admitted.response, admitted.outcome);
+    if (admitted.kind !== 'session') {
+      if (refill !== null) replayBody(req, refill);
+      if (admitted.kind === 'unprotected') return next();
+      return refuse(admitted.response, admitted.outcome);
+    }
     const session = admitted.session;
-    const a = await session.admit();
+    let a: Awaited<ReturnType<Session['admit']>>;
+    try {
+      a = await session.admit();
+    } catch (e) {
+      if (refill !== null) replayBody(req, refill);
+      throw e;
+    }
     if (a.kind === 'respond') {
       emitOutcome(method, route, a.outcome, a.response.status, started);
       return send(res, a.response);
     }
+    if (refill !== null) replayBody(req, refill);
     req.idempotency = a.context;
-    const st: RequestState = {
-      session,
-      done: false,
-      restore: () => undefined,
-      started,
-      method,
-      route,
-      captured: false,
-      onError: (err, r, n) => {
-        // An error after the response was written (e.g. `res.json(x); throw e`): the flow has
-        // the response already; the error goes on to the error handlers untouched.
-        if (st.captured) return n(err);
-        st.session
-          .fail(!p.isSideEffectFree(err))
-          .then((end) => finishWith(r, st, end, n, err))
-          .catch((e: unknown) => {
-            st.done = true;
-            st.restore();
-            if (st.holder) st.holder.tx = null;
-            n(e);
-          });
-      },
-    };
+    const st = new Guarded(session, res, next, started, method, route);
     req[IDEMPO] = st;
     installErrorTap(req);
-    st.restore = capture(res, (status, headers) => session.capturePlan(status, headers, true), (handled, sent) => {
-      st.captured = true;
-      st.sent = sent;
-      const redacted = handled.bodyTruncated ? undefined : options.redact?.(handled);
-      const result = redacted ? { ...handled, bodyToStore: redacted } : handled;
-      session
-        .finish(result)
-        .then((end) => finishWith(res, st, end, next))
-        .catch((e: unknown) => {
-          st.done = true;
-          st.restore();
-          if (st.holder) st.holder.tx = null;
-          next(e);
-        });
-    });
+    st.capture = new ResponseCapture(res, st);
     if (a.context.tx !== undefined) {
       // Transactional: the handler (and everything it awaits) sees its transaction.
       const holder: TxHolder = { tx: a.context.tx };

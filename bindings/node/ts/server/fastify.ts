@@ -24,7 +24,7 @@
  * open transaction in `request.idempotency.tx` or `currentTransaction()`, and the reply is sent
  * after `COMMIT`.
  */
-import { PassThrough } from 'node:stream';
+import { PassThrough, Readable as ReadableStream } from 'node:stream';
 import type { Readable } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest, RouteOptions } from 'fastify';
 import native = require('../native');
@@ -33,6 +33,7 @@ import { admitBody, admitKey, admitScope, Prepared } from './options';
 import type { Admitted, BodyFacts, IdempotencyOptions } from './options';
 import type { ExecutionContext, FlowEnd, HandlerResult, HttpResponse, IdempotencyEvents, Session } from './session';
 import { toHttp } from './session';
+import { headerPairs } from './headers';
 import { txStorage } from './tx';
 import type { TxHolder } from './tx';
 
@@ -130,6 +131,19 @@ function readLimited(payload: NodeJS.ReadableStream, limit: number): Promise<Buf
   });
 }
 
+/** The bytes idempo read, handed on to the app's content-type parser as a stream. */
+class Replay extends ReadableStream {
+  receivedEncodedLength?: number;
+
+  constructor(raw: Buffer | null) {
+    super();
+    if (raw !== null && raw.length > 0) this.push(raw);
+    this.push(null);
+  }
+
+  override _read(): void {}
+}
+
 function isStream(payload: unknown): payload is Readable {
   return typeof payload === 'object' && payload !== null && typeof (payload as { pipe?: unknown }).pipe === 'function';
 }
@@ -147,20 +161,21 @@ function chunkBytes(c: unknown): Buffer {
 }
 
 function replyHeaders(reply: FastifyReply): Array<[string, string]> {
-  const out: Array<[string, string]> = [];
-  for (const [n, v] of Object.entries(reply.getHeaders())) {
-    if (v === undefined) continue;
-    for (const one of Array.isArray(v) ? v : [v]) out.push([n.toLowerCase(), String(one)]);
-  }
-  return out;
+  return headerPairs(reply.getHeaders());
 }
 
 function apply(reply: FastifyReply, r: HttpResponse): Buffer {
-  for (const n of Object.keys(reply.getHeaders())) reply.removeHeader(n);
+  for (const n in reply.getHeaders()) reply.removeHeader(n);
   reply.code(r.status);
-  const grouped = new Map<string, string[]>();
-  for (const [n, v] of r.headers) grouped.set(n, [...(grouped.get(n) ?? []), v]);
-  for (const [n, v] of grouped) reply.header(n, v.length === 1 ? v[0] : v);
+  // A name given more than once is set once, with all its values in order.
+  const grouped = new Map<string, string | string[]>();
+  for (const [n, v] of r.headers) {
+    const had = grouped.get(n);
+    if (had === undefined) grouped.set(n, v);
+    else if (Array.isArray(had)) had.push(v);
+    else grouped.set(n, [had, v]);
+  }
+  for (const [n, v] of grouped) reply.header(n, v);
   return r.body;
 }
 
@@ -181,8 +196,9 @@ function clientGone(): Error {
 async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions): Promise<void> {
   const p = new Prepared<FastifyRequest>(options);
   const limit = p.config.maxRequestBodyBytes;
-  const emit = (st: { method: string; route: string; started: number }, outcome: string, status: number) =>
-    p.events.emit('outcome', { outcome, route: st.route, method: st.method, status, durationMs: Date.now() - st.started });
+  const emit = (st: { method: string; route: string; started: number }, outcome: string, status: number) => {
+    if (p.events.listenerCount('outcome') > 0) p.events.emit('outcome', { outcome, route: st.route, method: st.method, status, durationMs: Date.now() - st.started });
+  };
 
   if (!app.hasDecorator('idempotencyEvents')) app.decorate('idempotencyEvents', p.events);
   if (!app.hasRequestDecorator('idempotency')) app.decorateRequest('idempotency', undefined);
@@ -274,8 +290,9 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
     const started = Date.now();
     const adm = admitKey(p, req.headers[p.header], req.headers['content-length']);
     req[ADMISSION] = adm;
-    if (adm.kind === 'pass_through') return appLimited(req, reply, payload);
-    if (adm.kind === 'refuse') {
+    const kind = adm.kind;
+    if (kind === 'pass_through') return appLimited(req, reply, payload);
+    if (kind === 'refuse') {
       const problem = toHttp(adm.problem as native.HttpResponseData);
       await answerEarly(req, reply, { kind: 'respond', response: problem, outcome: adm.outcome ?? 'refused' }, hasBody(req), started);
       return payload;
@@ -300,9 +317,8 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
       return payload;
     }
     // The app's parser reads the same bytes.
-    const replay = new PassThrough() as PassThrough & { receivedEncodedLength?: number };
+    const replay = new Replay(raw);
     if (typeof read.receivedEncodedLength === 'number') replay.receivedEncodedLength = read.receivedEncodedLength;
-    replay.end(raw);
     return replay;
   });
 
@@ -316,12 +332,13 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
     const route = routeOf(req);
     const adm = req[ADMISSION] ?? admitKey(p, req.headers[p.header], req.headers['content-length']);
     req[ADMISSION] = adm;
-    if (adm.kind === 'pass_through') return;
-    if (adm.kind === 'refuse') {
+    const kind = adm.kind;
+    if (kind === 'pass_through') return;
+    if (kind === 'refuse') {
       answer(req, reply, toHttp(adm.problem as native.HttpResponseData), adm.outcome ?? 'refused', hasBody(req), started);
       return;
     }
-    if (adm.kind === 'read_body') {
+    if (kind === 'read_body') {
       // idempo's preParsing did not read this request's body: never fingerprint it as empty.
       const facts = bodyFacts(req);
       const r = admitBody(

@@ -282,18 +282,21 @@ export type BodyFacts = Omit<RequestFacts<unknown>, 'req' | 'authenticated'>;
 /** Stage 2 of core's admission (body size, then fingerprint): a refusal to send, or `undefined`
  * when the admission went on to the scope stage. */
 export function admitBody<Req>(p: Prepared<Req>, a: native.Admission, f: BodyFacts): Admitted | undefined {
-  a.body(
+  const kind = a.body(
     p.fingerprinter.nativeHandle,
     f.method,
     f.target,
-    f.body ?? Buffer.alloc(0),
+    f.body ?? EMPTY,
     f.contentType ?? null,
-    flatHeaders(f.headers),
+    // Headers cross into the addon only when the fingerprint reads some.
+    p.fingerprinter.usesHeaders ? flatHeaders(f.headers) : null,
     f.body === null,
     f.unavailableFix ?? null,
   );
-  return a.kind === 'refuse' ? refused(p, a, f.route, f.method) : undefined;
+  return kind === 'refuse' ? refused(p, a, f.route, f.method) : undefined;
 }
+
+const EMPTY = Buffer.alloc(0);
 
 /** Stages 2 and 3 of core's admission (body and fingerprint, then scope), then the session (no
  * store call yet). The order is core's; this function only gathers the inputs. */
@@ -312,15 +315,17 @@ export async function admitScope<Req>(p: Prepared<Req>, a: native.Admission, f: 
       returned = { kind: 'raised', text: e instanceof Error ? `${e.name}: ${e.message}` : String(e) };
     }
   }
-  a.scope(p.scopeRule, f.method, f.route, f.authenticated, returned);
-  if (a.kind === 'refuse') return refused(p, a, f.route, f.method);
-  if (a.warning) p.warnOnce(f.route, a.warning);
+  // The record key (32 bytes) and the partition (8) are written into one pooled allocation.
+  const ids = Buffer.allocUnsafe(40);
+  const admitted = a.scope(p.scopeRule, f.method, f.route, f.authenticated, returned, ids);
+  if (admitted === null) return refused(p, a, f.route, f.method);
+  if (admitted.warning) p.warnOnce(f.route, admitted.warning);
   const tx = p.o.transactional && supportsTransactions(p.o.store) ? p.o.store.transaction() : undefined;
   const session = new Session({
     store: p.o.store,
     config: p.config,
-    scope: a.scopeId as Buffer,
-    fingerprint: a.fingerprint as string,
+    scope: ids.subarray(0, 32),
+    fingerprint: admitted.fingerprint,
     // A transactional session bounds every step itself (statement deadlines, the lock wait): an
     // outer timeout would answer while the step still runs on the transaction's connection.
     storeTimeoutMs: tx ? 0 : (p.o.storeTimeoutMs ?? defaultStoreTimeoutMs(p.o.store)),
@@ -328,9 +333,9 @@ export async function admitScope<Req>(p: Prepared<Req>, a: native.Admission, f: 
     route: f.route,
     ...(tx ? { tx } : {}),
     // A store with per-partition quotas (the memory store) gets the principal's partition.
-    ...(p.o.store.partitioned === true ? { partition: a.partition as Buffer } : {}),
+    ...(p.o.store.partitioned === true ? { partition: ids.subarray(32, 40) } : {}),
   });
-  return { kind: 'session', session, key: a.key as string };
+  return { kind: 'session', session, key: admitted.key };
 }
 
 /** Headroom over a store's own call bound before the host gives up on a call, ms. */

@@ -8,6 +8,9 @@ import { EventEmitter } from 'node:events';
 import native = require('../native');
 import { fromNative } from '../errors';
 import type { CallOptions, IdempotencyStore, StoreRecord, TransactionSession } from '../stores/types';
+import { memoryInline } from '../stores/memory';
+import { cancelBeat, scheduleBeat } from './heartbeat';
+import type { MemoryInline } from '../stores/memory';
 
 /** A response as the host sends it. */
 export interface HttpResponse {
@@ -105,6 +108,26 @@ export function toHttp(h: native.HttpResponseData): HttpResponse {
   return { status: h.status, headers: h.headers as Array<[string, string]>, body: h.body };
 }
 
+/** Fencing tokens per draw of the random pool. */
+const POOL_TOKENS = 256;
+let pool = Buffer.alloc(0);
+let poolAt = 0;
+
+/**
+ * 16 fresh random bytes for a flow's fencing token, cut from a pooled `crypto.randomBytes` draw
+ * (one draw per 256 flows; a pool is never reused once handed out, so every token is distinct
+ * randomness, like `crypto.randomUUID()`'s own pool).
+ */
+function entropy(): Buffer {
+  if (poolAt + 16 > pool.length) {
+    pool = randomBytes(16 * POOL_TOKENS);
+    poolAt = 0;
+  }
+  const b = pool.subarray(poolAt, poolAt + 16);
+  poolAt += 16;
+  return b;
+}
+
 function withTimeout<T>(call: (options: CallOptions) => Promise<T>, ms: number, what: string): Promise<T> {
   if (!(ms > 0) || !Number.isFinite(ms)) return call({});
   // The store sees the host give up (its own retries stop: nothing applies after the 503).
@@ -118,6 +141,30 @@ function withTimeout<T>(call: (options: CallOptions) => Promise<T>, ms: number, 
     }, ms);
   });
   return Promise.race([call({ signal: giveUp.signal }), t]).finally(() => clearTimeout(timer));
+}
+
+const LEASE_SIGNAL = Symbol('idempo.leaseSignal');
+
+/**
+ * The {@link ExecutionContext} of a handler. Its `signal` is made when first read: most handlers
+ * never read it, and an `AbortController` per request is measurable.
+ */
+class Context implements ExecutionContext {
+  readonly generation: number;
+  readonly downstreamKey: string;
+  declare tx?: unknown;
+  readonly #session: Session;
+
+  constructor(generation: number, downstreamKey: string, session: Session) {
+    this.generation = generation;
+    this.downstreamKey = downstreamKey;
+    this.#session = session;
+  }
+
+  /** Aborted when another request took the key over (the lease was lost). */
+  get signal(): AbortSignal {
+    return this.#session[LEASE_SIGNAL]();
+  }
 }
 
 /** Options of one session. */
@@ -143,18 +190,31 @@ export class Session {
   readonly #flow: native.ServerFlow;
   readonly #o: SessionOptions;
   #chain: Promise<unknown> = Promise.resolve();
-  #timer: NodeJS.Timeout | undefined;
   #heartbeatMs: number | undefined;
-  readonly #abort = new AbortController();
+  /** This session's heartbeat, while one is scheduled (on the process's shared timers). */
+  #beat: (() => void) | undefined;
+  /** Aborted when the lease is lost; made when the handler first reads `signal` (or then). */
+  #abort: AbortController | undefined;
   #ended = false;
   #lostReported = false;
   readonly #store: IdempotencyStore;
+  /** The store is idempo's own `MemoryStore` (methods not overridden): its primitives never
+   * block, so they get no deadline, and the common ones run inside the flow's native calls. */
+  readonly #mem: MemoryInline | undefined;
+  /** Serialized steps queued or running: at 0, a synchronous step may run at once. */
+  #running = 0;
+  /** A store failure (or corrupt row) was fed: only then can the flow have a cleanup. */
+  #mayCleanup = false;
+  readonly #settled = (): void => {
+    this.#running--;
+  };
 
   constructor(o: SessionOptions) {
     this.#o = o;
     this.#store = o.tx ?? o.store;
+    this.#mem = o.tx ? undefined : memoryInline(o.store);
     try {
-      this.#flow = new native.ServerFlow(o.config, o.scope, o.fingerprint, randomBytes(16));
+      this.#flow = new native.ServerFlow(o.config, o.scope, o.fingerprint, entropy());
     } catch (e) {
       throw fromNative(e);
     }
@@ -162,22 +222,38 @@ export class Session {
 
   /** Serializes a step on the flow. */
   #serial<T>(f: () => Promise<T>): Promise<T> {
+    this.#running++;
     const next = this.#chain.then(f, f);
-    this.#chain = next.catch(() => undefined);
+    this.#chain = next.then(this.#settled, this.#settled);
     return next;
   }
 
   #feed(f: () => native.FlowAction): native.FlowAction {
     try {
       const a = f();
-      if (a.corrupt !== undefined) this.#o.events.emit('corrupt_record', { message: a.corrupt });
+      if (a.corrupt !== undefined) {
+        this.#mayCleanup = true;
+        this.#o.events.emit('corrupt_record', { message: a.corrupt });
+      }
       return a;
     } catch (e) {
       throw fromNative(e);
     }
   }
 
+  /** A native call that ran a primitive on the memory store (`...InMemory`): reports the
+   * primitive it ran as the JS host loop does. */
+  #feedMem(f: () => native.FlowAction): native.FlowAction {
+    const ev = this.#o.events;
+    if (ev.listenerCount('store_op') === 0) return this.#feed(f);
+    const started = performance.now();
+    const a = this.#feed(f);
+    if (a.ran !== undefined) ev.emit('store_op', { route: this.#o.route, op: a.ran, durationMs: performance.now() - started, failed: false });
+    return a;
+  }
+
   async #execStore(a: native.FlowAction): Promise<native.FlowAction> {
+    if (this.#o.events.listenerCount('store_op') === 0) return this.#execStoreOp(a, () => undefined);
     const started = performance.now();
     let failed = false;
     try {
@@ -191,7 +267,8 @@ export class Session {
 
   async #execStoreOp(a: native.FlowAction, fail: () => void): Promise<native.FlowAction> {
     const s = this.#store;
-    const ms = this.#o.storeTimeoutMs;
+    // The memory store never blocks: no deadline (and no timer) on its calls.
+    const ms = this.#mem !== undefined ? 0 : this.#o.storeTimeoutMs;
     const op = a.op ?? '';
     const scope = a.scope as Buffer;
     try {
@@ -246,6 +323,7 @@ export class Session {
       if ((error as { code?: string }).code === 'FLOW_ERROR') throw error;
       fail();
       this.#o.events.emit('store_error', { op, error, route: this.#o.route });
+      this.#mayCleanup = true;
       return this.#feed(() => this.#flow.storeFailed());
     }
   }
@@ -261,7 +339,7 @@ export class Session {
     if (tookOver && cur.type === 'run_handler') this.#o.events.emit('takeover', { route: this.#o.route });
     if (cur.type === 'lease_lost') {
       this.#leaseLost();
-      this.#abort.abort(new Error('idempotency lease lost to a takeover'));
+      (this.#abort ??= new AbortController()).abort(new Error('idempotency lease lost to a takeover'));
       cur = { type: 'wait' };
     }
     return cur;
@@ -274,6 +352,16 @@ export class Session {
   }
 
   async #end(a: native.FlowAction): Promise<FlowEnd> {
+    const end = this.#ending(a);
+    // Core committed (or rolled back) what the outcome needs; whatever a store failure left
+    // open is rolled back here, and the connection goes back.
+    await this.#o.tx?.close();
+    this.#startCleanup();
+    return end;
+  }
+
+  /** The flow's end as the host sends it (the synchronous part of {@link Session.#end}). */
+  #ending(a: native.FlowAction): FlowEnd {
     this.#stopHeartbeat();
     this.#ended = true;
     let end: FlowEnd;
@@ -281,14 +369,15 @@ export class Session {
     else if (a.type === 'propagate_error') end = { kind: 'propagate', outcome: a.outcome ?? '' };
     else throw new Error(`idempo: the flow ended with an unexpected action ${a.type}`);
     if (end.outcome === 'lease_lost') this.#leaseLost();
-    // Core committed (or rolled back) what the outcome needs; whatever a store failure left
-    // open is rolled back here, and the connection goes back.
-    await this.#o.tx?.close();
-    const cleanup = this.#flow.cleanup;
+    return end;
+  }
+
+  #startCleanup(): void {
+    // Only a store failure (a claim or takeover whose answer was lost) leaves a cleanup.
+    const cleanup = this.#mayCleanup ? this.#flow.cleanup : undefined;
     // Started on the next turn of the event loop, once the response is on its way: a
     // synchronous store (better-sqlite3 waiting on a locked file) would otherwise hold the 503.
     if (cleanup) setImmediate(() => void this.#cleanup(cleanup));
-    return end;
   }
 
   /**
@@ -343,38 +432,69 @@ export class Session {
 
   /** Claims the key: run the handler, or answer at once (replay, 409, 422, 503...). */
   admit(): Promise<Admission> {
-    return this.#serial(() => this.#guarded(async () => {
-      const first = this.#feed(() => this.#flow.start());
-      const a = await this.#settle(first);
-      if (a.type === 'run_handler') {
-        this.#heartbeatMs = a.heartbeatMs;
-        this.#scheduleHeartbeat();
-        const context: ExecutionContext = { generation: a.generation as number, downstreamKey: a.downstreamKey as string, signal: this.#abort.signal };
-        if (this.#o.tx) context.tx = this.#o.tx.tx;
-        return { kind: 'run' as const, context };
+    const mem = this.#mem;
+    if (mem !== undefined && this.#running === 0) {
+      // The memory store: the claim runs inside the flow's first native call, and the common
+      // answers (run the handler, replay, 409, 422) need no further step.
+      let a: native.FlowAction;
+      try {
+        a = this.#feedMem(() => this.#flow.startInMemory(mem.core, mem.now(), this.#o.partition));
+        if (a.type === 'run_handler' || a.type === 'respond') return Promise.resolve(this.#admittedSync(a));
+      } catch (e) {
+        return Promise.reject(e);
       }
-      const end = await this.#end(a);
-      if (end.kind !== 'respond') throw new Error('idempo: admission ended without a response');
-      return end;
-    }));
+      return this.#serial(() => this.#guarded(async () => this.#admittedAsync(await this.#settle(a))));
+    }
+    return this.#serial(() => this.#guarded(async () => this.#admittedAsync(await this.#settle(this.#feed(() => this.#flow.start())))));
+  }
+
+  /** The lease's signal (see {@link Context}). */
+  [LEASE_SIGNAL](): AbortSignal {
+    return (this.#abort ??= new AbortController()).signal;
+  }
+
+  /** The admission after the claim's last store step (`a` runs the handler or answers). */
+  #admittedSync(a: native.FlowAction): Admission {
+    if (a.type === 'run_handler') return this.#run(a);
+    const end = this.#ending(a);
+    this.#startCleanup();
+    if (end.kind !== 'respond') throw new Error('idempo: admission ended without a response');
+    return end;
+  }
+
+  async #admittedAsync(a: native.FlowAction): Promise<Admission> {
+    if (a.type === 'run_handler') return this.#run(a);
+    const end = await this.#end(a);
+    if (end.kind !== 'respond') throw new Error('idempo: admission ended without a response');
+    return end;
+  }
+
+  #run(a: native.FlowAction): Admission {
+    this.#heartbeatMs = a.heartbeatMs;
+    this.#scheduleHeartbeat();
+    const context = new Context(a.generation as number, a.downstreamKey as string, this);
+    if (this.#o.tx) context.tx = this.#o.tx.tx;
+    return { kind: 'run' as const, context };
   }
 
   #scheduleHeartbeat(): void {
-    if (this.#heartbeatMs === undefined || this.#ended) return;
-    this.#timer = setTimeout(() => {
-      void this.#serial(async () => {
-        if (this.#ended) return;
-        const a = await this.#settle(this.#feed(() => this.#flow.heartbeatDue()));
-        if (a.type !== 'wait') throw new Error(`idempo: heartbeat led to ${a.type}`);
-        this.#scheduleHeartbeat();
-      }).catch((error: unknown) => this.#o.events.emit('store_error', { op: 'renew', error, route: this.#o.route }));
-    }, this.#heartbeatMs);
-    this.#timer.unref?.();
+    const ms = this.#heartbeatMs;
+    if (ms === undefined || this.#ended) return;
+    const beat = (this.#beat ??= () => this.#heartbeat());
+    scheduleBeat(ms, beat);
+  }
+
+  #heartbeat(): void {
+    void this.#serial(async () => {
+      if (this.#ended) return;
+      const a = await this.#settle(this.#feed(() => this.#flow.heartbeatDue()));
+      if (a.type !== 'wait') throw new Error(`idempo: heartbeat led to ${a.type}`);
+      this.#scheduleHeartbeat();
+    }).catch((error: unknown) => this.#o.events.emit('store_error', { op: 'renew', error, route: this.#o.route }));
   }
 
   #stopHeartbeat(): void {
-    if (this.#timer) clearTimeout(this.#timer);
-    this.#timer = undefined;
+    if (this.#beat !== undefined && this.#heartbeatMs !== undefined) cancelBeat(this.#heartbeatMs, this.#beat);
   }
 
   /**
@@ -390,6 +510,33 @@ export class Session {
   /** The handler returned: record it (per core's policy) and get the response to send. */
   finish(result: HandlerResult): Promise<FlowEnd> {
     this.#stopHeartbeat();
+    const mem = this.#mem;
+    if (mem !== undefined && this.#running === 0 && !this.#ended) {
+      // The memory store: the completion (or release) runs inside the same native call.
+      let a: native.FlowAction;
+      try {
+        a = this.#feedMem(() =>
+          this.#flow.handlerFinishedInMemory(
+            mem.core,
+            mem.now(),
+            result.status,
+            result.headers,
+            result.body,
+            result.bodyToStore ?? null,
+            result.framework ?? false,
+            result.bodyTruncated ?? false,
+          ),
+        );
+        if (a.type === 'respond' || a.type === 'propagate_error') {
+          const end = this.#ending(a);
+          this.#startCleanup();
+          return Promise.resolve(end);
+        }
+      } catch (e) {
+        return Promise.reject(e);
+      }
+      return this.#serial(() => this.#guarded(async () => this.#end(await this.#settle(a))));
+    }
     return this.#serial(() =>
       this.#guarded(async () => {
         const a = this.#feed(() =>

@@ -25,6 +25,9 @@ export interface MemoryStoreOptions {
   clock?: ClockOverride;
 }
 
+/** The store's native core and clock, for {@link memoryInline}. */
+const INLINE = Symbol('idempo.memory.inline');
+
 /** Monotonic unix-like milliseconds (nothing in this store outlives the process). */
 function monotonicMs(): number {
   return Math.floor(performance.timeOrigin + performance.now());
@@ -79,7 +82,11 @@ export class MemoryStore implements IdempotencyStore {
       throw fromNative(e);
     }
     this.#clock = options.clock ?? monotonicMs;
+    this[INLINE] = { core: this.#core, now: this.#clock };
   }
+
+  /** @internal */
+  readonly [INLINE]: MemoryInline;
 
   /** Records held. */
   get size(): number {
@@ -149,4 +156,24 @@ export class MemoryStore implements IdempotencyStore {
   close(): Promise<void> {
     return Promise.resolve();
   }
+}
+
+/** What a session needs to run primitives inside the flow's native calls (internal). */
+export interface MemoryInline {
+  core: native.MemoryStoreCore;
+  now: () => number;
+}
+
+const PRIMITIVES = ['claim', 'get', 'takeover', 'markUnknown', 'complete', 'release', 'renew'] as const;
+
+/**
+ * The native store of idempo's own {@link MemoryStore} whose primitives are its own (a subclass
+ * or an object overriding one gets the ordinary path, through its methods), else undefined.
+ */
+export function memoryInline(store: unknown): MemoryInline | undefined {
+  if (!(store instanceof MemoryStore)) return undefined;
+  const proto = MemoryStore.prototype as unknown as Record<string, unknown>;
+  const own = store as unknown as Record<string, unknown>;
+  for (const name of PRIMITIVES) if (own[name] !== proto[name]) return undefined;
+  return store[INLINE];
 }

@@ -106,6 +106,17 @@ export interface SqliteStoreOptions {
   clock?: ClockOverride;
 }
 
+/** A primitive waiting for the next group commit. */
+interface Pending {
+  signal: AbortSignal | undefined;
+  f: () => unknown;
+  resolve: (v: unknown) => void;
+  reject: (e: unknown) => void;
+}
+
+/** A primitive of a group whose caller gave up before it ran (it is not run). */
+const ABANDONED = Symbol('abandoned');
+
 /** A request waiting for the connection held by a transactional session. */
 interface Waiter {
   wake: () => void;
@@ -166,6 +177,10 @@ export class SqliteStore implements TransactionalStore {
   readonly #busyOn: string;
   /** The transactional session holding the connection, or null. */
   #holder: object | null = null;
+  /** Primitives waiting for the next group commit. */
+  #pending: Pending[] = [];
+  /** Runs `f` in one `BEGIN IMMEDIATE` transaction (the group commit). */
+  readonly #group: (f: () => void) => void;
   #waiters: Waiter[] = [];
 
   constructor(options: SqliteStoreOptions = {}) {
@@ -217,6 +232,8 @@ export class SqliteStore implements TransactionalStore {
       return c;
     });
     this.#tx = { claim: (p) => claim.immediate(p), purge: (p) => purge.immediate(p) };
+    const group = this.db.transaction((f: () => void) => f());
+    this.#group = (f) => group.immediate(f);
     const lt = options.lockTimeoutMs ?? 2000;
     if (!Number.isFinite(lt) || lt <= 0) throw new RangeError(`lockTimeoutMs must be a positive number of ms, got ${lt}`);
     this.lockTimeoutMs = lt;
@@ -281,18 +298,71 @@ export class SqliteStore implements TransactionalStore {
   }
 
   /**
-   * Runs one primitive `f` (synchronous, atomic): at once when nothing is in the way, else after a
-   * transactional request of this process frees the connection and/or, while another connection
-   * holds the write lock, again after each pause of a {@link BusyWait}.
+   * Runs one primitive `f` (synchronous, atomic) in the next group commit (see
+   * {@link SqliteStore.#flush}), or, while a transactional request of this process holds the
+   * connection, after it frees it.
    */
   #wrap<T>(signal: AbortSignal | undefined, f: () => T): Promise<T> {
     if (this.#holder !== null) return this.#wrapLater(signal, f, null, null);
+    return new Promise<T>((resolve, reject) => {
+      this.#pending.push({ signal, f, resolve: resolve as (v: unknown) => void, reject });
+      if (this.#pending.length === 1) setImmediate(this.#flush);
+    });
+  }
+
+  /**
+   * Group commit: the primitives that arrived during one turn of the event loop run in one
+   * `BEGIN IMMEDIATE` transaction, so their commit is one synchronous disk write instead of one
+   * each (with `synchronous=FULL`, the disk's flush rate bounds the requests a second and every
+   * request queued behind the others' flushes). Each primitive keeps its own statement-level
+   * atomicity (its own `BEGIN IMMEDIATE` becomes a savepoint) and is answered only after the
+   * group's `COMMIT`. A group that fails in any way (a primitive's error, the write lock held by
+   * another connection, a failed commit) is rolled back whole and its primitives run one by one
+   * as before, each in its own transaction, so a failure answers only its own primitive.
+   */
+  readonly #flush = (): void => {
+    const batch = this.#pending;
+    this.#pending = [];
+    if (batch.length === 1 || this.#holder !== null || !this.db.open) {
+      for (const op of batch) this.#runOne(op);
+      return;
+    }
+    const out: unknown[] = [];
+    try {
+      this.#noWait(() =>
+        this.#group(() => {
+          for (const op of batch) out.push(op.signal?.aborted ? ABANDONED : op.f());
+        }),
+      );
+    } catch {
+      for (const op of batch) this.#runOne(op);
+      return;
+    }
+    for (let i = 0; i < batch.length; i++) {
+      const op = batch[i] as Pending;
+      const v = out[i];
+      if (v === ABANDONED) op.reject(new StoreUnavailableError('SQLite: the caller gave up on this call; it was not applied', { cause: op.signal?.reason }));
+      else op.resolve(v);
+    }
+  };
+
+  /** One primitive in its own transaction: at once, or on the slow path while another
+   * connection holds the write lock or a transactional request holds the connection. */
+  #runOne(op: Pending): void {
+    if (this.#holder !== null) {
+      this.#wrapLater(op.signal, op.f, null, null).then(op.resolve, op.reject);
+      return;
+    }
+    if (op.signal?.aborted) {
+      op.reject(new StoreUnavailableError('SQLite: the caller gave up on this call; it was not applied', { cause: op.signal.reason }));
+      return;
+    }
     const since = performance.now();
     try {
-      return Promise.resolve(this.#noWait(f));
+      op.resolve(this.#noWait(op.f));
     } catch (e) {
-      if (isBusy(e)) return this.#wrapLater(signal, f, new BusyWait(since, this.busyTimeoutMs), e);
-      return Promise.reject(storeError(e));
+      if (isBusy(e)) this.#wrapLater(op.signal, op.f, new BusyWait(since, this.busyTimeoutMs), e).then(op.resolve, op.reject);
+      else op.reject(storeError(e));
     }
   }
 
