@@ -9,7 +9,7 @@
 #                [workspace.lints] in Cargo.toml), each crate's rust-version against its
 #                dependencies under the committed Cargo.lock (scripts/check-msrv.py), and the
 #                check that the Python and TypeScript hosts make no protocol decision
-#                (scripts/check_edge_rules.py)
+#                (scripts/check_edge_rules.py), and ruff over every Python file (ruff.toml)
 #   make ci      what .ci/run does: setup, then test (CI exports CARGO="cargo --locked")
 #   make check   fast and offline, for a contributor's loop (after one `make setup`): lint, core's
 #                unit tests, and the Python and Node suites without the tests that need
@@ -49,6 +49,7 @@ lint:
 	$(CARGO) clippy --workspace --all-targets -q -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc -q -p idempo-core --no-deps
 	python3 scripts/check_edge_rules.py
+	$(CURDIR)/.venv/bin/ruff check --quiet .
 
 check: lint
 	$(CARGO) test -q -p idempo-core

@@ -168,7 +168,7 @@ class CrashingSession(CrashingStore):
 
     def __getattribute__(self, name: str) -> Any:
         if name == "transaction":
-            return getattr(object.__getattribute__(self, "inner"), "transaction")
+            return object.__getattribute__(self, "inner").transaction
         return object.__getattribute__(self, name)
 
 

@@ -63,7 +63,7 @@ async def s_concurrent(t: Target, rounds: Dict[int, int], mixed: bool, route: st
 
         replies = await asyncio.gather(*(one(tg) for tg in tags))
         fresh = [(tg, r) for tg, r in replies if r is not None and r.status == 201 and not r.replayed]
-        for tg, r in replies:
+        for _tg, r in replies:
             row.trials += 1
             if r is None:
                 continue

@@ -374,7 +374,7 @@ async def storm(t: Target, row: Row, prof: Dict[str, Any],
     tasks = [asyncio.ensure_future(lane()) for _ in range(prof["keys"])]
     tasks += [asyncio.ensure_future(fault(at, f)) for at, f in faults]
     await asyncio.gather(*tasks)
-    setattr(s, "faults_at", faults_at)
+    s.faults_at = faults_at
     return s
 
 

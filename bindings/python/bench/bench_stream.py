@@ -13,12 +13,11 @@ Prints figures; asserts nothing. Run once: ``python bindings/python/bench/bench_
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import subprocess
 import sys
 import time
-from typing import Any, AsyncIterator, Dict, Tuple
+from typing import Any, AsyncIterator, Dict
 
 SIZE = 100 * 1024 * 1024
 CHUNK = 64 * 1024

@@ -249,7 +249,7 @@ def test_fingerprint(case: Dict[str, Any]) -> None:
         with pytest.raises((idempo.CanonicalizationError, idempo.FingerprintError,
                             idempo.InvalidArgument)) as exc:
             compute()
-        assert getattr(exc.value, "code") == err["code"]
+        assert exc.value.code == err["code"]
         if "offset" in err:
             assert exc.value.offset == err["offset"]  # type: ignore[union-attr]
             assert exc.value.pointer == err["pointer"]  # type: ignore[union-attr]

@@ -49,7 +49,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from evidence.bench.e2e import disk, wire
 from evidence.bench.peers import machine
-from evidence.lib.services import ROOT, Server, Services
+from evidence.lib.services import Server, Services
 
 HERE = Path(__file__).resolve().parent
 PEERS = HERE / ".peers"

@@ -57,7 +57,7 @@ def oracle(text: bytes, mode: str):
         try:
             v = float(int(s)) if all(c in "-0123456789" for c in s) else float(s)
         except OverflowError:
-            raise OracleReject("overflow")
+            raise OracleReject("overflow") from None
         if v in (float("inf"), float("-inf")):
             raise OracleReject("overflow")
         numbers.append((s, v))
@@ -176,7 +176,8 @@ for i in range(30):
     doc = gen(0)
 
     def dump(v):
-        ws = lambda: rng.choice(["", " ", "\n", "\t", "  ", "\r\n"])
+        def ws():
+            return rng.choice(["", " ", "\n", "\t", "  ", "\r\n"])
         if isinstance(v, dict):
             items = list(v.items())
             rng.shuffle(items)

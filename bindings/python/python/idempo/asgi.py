@@ -44,7 +44,7 @@ from typing import (
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-from idempo._flow import AsyncRequest, HandlerResult, Hooks, Response, failed_log
+from idempo._flow import AsyncRequest, HandlerResult, Response, failed_log
 from idempo._host import (
     HostCore, HostOptions, RouteOptions, declared_length, request_headers, with_content_length,
 )
@@ -542,7 +542,8 @@ class _Capture:
 
     async def _send_file(self, path: str) -> None:
         """A ``pathsend`` as body messages read from the file (one chunk ahead, to know the last)."""
-        with open(path, "rb") as file:
+        file = await asyncio.to_thread(open, path, "rb")
+        with file:
             chunk = await asyncio.to_thread(file.read, _FILE_CHUNK)
             while True:
                 following = await asyncio.to_thread(file.read, _FILE_CHUNK) if chunk else b""

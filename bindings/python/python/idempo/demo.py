@@ -11,7 +11,6 @@ the handler's own tables, how many times each charge ran. Exit status 1 if any e
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import sqlite3

@@ -49,7 +49,7 @@ from django.core.exceptions import (  # type: ignore[import-untyped]
     ImproperlyConfigured,
     RequestDataTooBig,
 )
-from django.http import HttpRequest, HttpResponse  # type: ignore[import-untyped]
+from django.http import HttpResponse  # type: ignore[import-untyped]
 from django.urls import Resolver404, resolve  # type: ignore[import-untyped]
 from django.utils.module_loading import import_string  # type: ignore[import-untyped]
 

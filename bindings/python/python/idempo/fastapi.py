@@ -64,7 +64,6 @@ from idempo._host import (
 )
 from idempo._idempo import Config, InvalidArgument
 from idempo.asgi import _Capture, _send, _target, _without_pathsend, run_captured
-from idempo.stores._tx import enter, leave
 
 import fastapi.routing as _fastapi_routing
 
@@ -466,7 +465,7 @@ class IdempotentRoute(APIRoute):
 
 def _wrap(endpoint: Callable[..., Any]) -> Callable[..., Any]:
     is_async = inspect.iscoroutinefunction(endpoint) or inspect.iscoroutinefunction(
-        getattr(endpoint, "__call__", None))
+        getattr(endpoint, "__call__", None))  # noqa: B004 (an instance's own async __call__)
 
     @functools.wraps(endpoint)
     async def endpoint_with_claim(*args: Any, **kwargs: Any) -> Any:

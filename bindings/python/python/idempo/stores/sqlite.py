@@ -462,7 +462,7 @@ class SQLiteTransaction(SessionEnds, _Plans, PrimitivesBase):
                     raise
                 now = self.store._now(conn)
                 self.store._give_back(conn, True)
-                key = check_key(scope_key)
+                check_key(scope_key)
                 return Locked(now)
             except BaseException:
                 self.store._give_back(conn, False)

@@ -3,7 +3,6 @@ primitive, and how one operation runs on a psycopg connection."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple, Type, TypeVar
 
 from idempo._idempo import StoreUnavailable

@@ -3,7 +3,6 @@ completion in one PostgreSQL transaction on a dedicated connection."""
 
 from __future__ import annotations
 
-import asyncio
 import math
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional, TypeVar
 

@@ -7,7 +7,6 @@ import threading
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, List, Optional, TypeVar
 
-from idempo._idempo import StoreUnavailable
 from idempo.stores._primitives import AsyncPrimitives, Primitives
 from idempo.stores._tx import TransactionalUnsupported
 from idempo.stores._base import StoreStats, fail_closed, fail_closed_async, unavailable
@@ -28,7 +27,6 @@ from idempo.stores.postgres._plans import (
     _errors,
     _execute,
     _execute_async,
-    _release,
     _stats,
 )
 from idempo.stores.postgres._lease import (
