@@ -3,9 +3,10 @@
 use super::NumberMode;
 use super::error::{CanonError, CanonErrorKind as K};
 use super::number::{Num, at_most_15_digits, decimal_is_exact, format_finite, literal_is_exact};
-use super::parse::{Node, Tag, Tape, scan_plain};
 use super::pointer::{Exclusions, push_token};
+use super::scan::scan_plain;
 use super::sink::CanonSink;
+use super::tape::{Node, Tag, Tape};
 
 enum Frame {
     Object {
@@ -81,7 +82,7 @@ fn write_string<S: CanonSink + ?Sized>(tape: &Tape<'_>, n: Node, sink: &mut S) {
     }
 }
 
-/// The ES6 text of a number read as [`NumberForm::Float`](super::parse::NumberForm::Float)
+/// The ES6 text of a number read as [`NumberForm::Float`](super::number::NumberForm::Float)
 /// (its literal `lit`), or `None` when the number policy refuses it (precision loss).
 #[inline]
 pub(crate) fn float_text<'b>(

@@ -19,9 +19,10 @@
 //! moves that text down over them.
 
 use super::emit::{float_text, write_escaped};
-use super::parse::{
-    NumberForm, cmp_utf16, digit_run, read_escape, read_number, scan_plain, valid_utf8,
-};
+use super::escape::read_escape;
+use super::keys::cmp_utf16;
+use super::number::{NumberForm, digit_run, read_number};
+use super::scan::{scan_plain, valid_utf8};
 use super::{CanonOptions, CanonSink, NumberMode};
 
 /// Inputs up to this size try the fast path (its buffer is twice the input while it runs).
