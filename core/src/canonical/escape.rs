@@ -35,9 +35,21 @@ const HEX_VALUE: [u8; 256] = {
     t
 };
 
-/// Decode the escape starting at `j` (a backslash) into `buf`: the index after it, or why it is
-/// refused (and where). The full parser and the small-document fast path both decode with it.
+/// Decode the escape starting at `j` (a backslash) into `buf` as UTF-8: the index after it, or
+/// why it is refused (and where). The full parser and the small-document fast path both decode
+/// with it.
+#[inline]
 pub(crate) fn read_escape(input: &[u8], j: usize, buf: &mut Vec<u8>) -> Result<usize, (K, usize)> {
+    let (cp, next) = decode_escape(input, j)?;
+    let (bytes, len) = utf8(cp);
+    buf.extend_from_slice(bytes.get(..len).unwrap_or(&[]));
+    Ok(next)
+}
+
+/// Decode the escape starting at `j` (a backslash): the Unicode scalar value it stands for (a
+/// surrogate pair is one escape) and the index after it, or why it is refused (and where).
+#[inline(always)]
+pub(crate) fn decode_escape(input: &[u8], j: usize) -> Result<(u32, usize), (K, usize)> {
     let Some(&e) = input.get(j + 1) else {
         return Err((K::UnexpectedEnd, input.len()));
     };
@@ -54,8 +66,7 @@ pub(crate) fn read_escape(input: &[u8], j: usize, buf: &mut Vec<u8>) -> Result<u
         _ => return Err((K::InvalidEscape, j)),
     };
     if e != b'u' {
-        buf.push(simple);
-        return Ok(j + 2);
+        return Ok((u32::from(simple), j + 2));
     }
     let Some(u) = input.get(j + 2..).and_then(hex4) else {
         if input.len() < j + 6 && input[j + 2..].iter().all(u8::is_ascii_hexdigit) {
@@ -63,7 +74,7 @@ pub(crate) fn read_escape(input: &[u8], j: usize, buf: &mut Vec<u8>) -> Result<u
         }
         return Err((K::InvalidEscape, j));
     };
-    let (cp, next) = match u {
+    match u {
         0xD800..=0xDBFF => {
             let lo = if input.get(j + 6..j + 8) == Some(b"\\u") {
                 input.get(j + 8..).and_then(hex4)
@@ -73,32 +84,43 @@ pub(crate) fn read_escape(input: &[u8], j: usize, buf: &mut Vec<u8>) -> Result<u
             match lo {
                 Some(lo @ 0xDC00..=0xDFFF) => {
                     let cp = 0x10000 + ((u32::from(u) - 0xD800) << 10) + (u32::from(lo) - 0xDC00);
-                    (cp, j + 12)
+                    Ok((cp, j + 12))
                 }
-                _ => return Err((K::LoneSurrogate, j)),
+                _ => Err((K::LoneSurrogate, j)),
             }
         }
-        0xDC00..=0xDFFF => return Err((K::LoneSurrogate, j)),
-        _ => (u32::from(u), j + 6),
-    };
-    // UTF-8 by hand (cp is a scalar value: surrogates were handled above).
-    if cp < 0x80 {
-        buf.push(cp as u8);
-    } else if cp < 0x800 {
-        buf.extend_from_slice(&[0xC0 | (cp >> 6) as u8, 0x80 | (cp & 0x3F) as u8]);
-    } else if cp < 0x1_0000 {
-        buf.extend_from_slice(&[
-            0xE0 | (cp >> 12) as u8,
-            0x80 | ((cp >> 6) & 0x3F) as u8,
-            0x80 | (cp & 0x3F) as u8,
-        ]);
-    } else {
-        buf.extend_from_slice(&[
-            0xF0 | (cp >> 18) as u8,
-            0x80 | ((cp >> 12) & 0x3F) as u8,
-            0x80 | ((cp >> 6) & 0x3F) as u8,
-            0x80 | (cp & 0x3F) as u8,
-        ]);
+        0xDC00..=0xDFFF => Err((K::LoneSurrogate, j)),
+        _ => Ok((u32::from(u), j + 6)),
     }
-    Ok(next)
+}
+
+/// The UTF-8 encoding of the scalar value `cp` (from [`decode_escape`]: never a surrogate), by
+/// hand: its bytes and their count.
+#[inline(always)]
+pub(crate) fn utf8(cp: u32) -> ([u8; 4], usize) {
+    if cp < 0x80 {
+        ([cp as u8, 0, 0, 0], 1)
+    } else if cp < 0x800 {
+        ([0xC0 | (cp >> 6) as u8, 0x80 | (cp & 0x3F) as u8, 0, 0], 2)
+    } else if cp < 0x1_0000 {
+        (
+            [
+                0xE0 | (cp >> 12) as u8,
+                0x80 | ((cp >> 6) & 0x3F) as u8,
+                0x80 | (cp & 0x3F) as u8,
+                0,
+            ],
+            3,
+        )
+    } else {
+        (
+            [
+                0xF0 | (cp >> 18) as u8,
+                0x80 | ((cp >> 12) & 0x3F) as u8,
+                0x80 | ((cp >> 6) & 0x3F) as u8,
+                0x80 | (cp & 0x3F) as u8,
+            ],
+            4,
+        )
+    }
 }

@@ -19,8 +19,8 @@
 //! (nested containers land in the buffer), then sorts them, writes itself after them and
 //! moves that text down over them.
 
-use super::emit::{float_text, write_escaped};
-use super::escape::read_escape;
+use super::emit::{float_text, write_escaped, write_escaped_byte};
+use super::escape::{decode_escape, read_escape, utf8};
 use super::keys::{cmp_utf16, key_prefix, utf16_sortable};
 use super::number::{NumberForm, digit_run, read_number};
 use super::scan::{scan_plain, valid_utf8};
@@ -341,39 +341,57 @@ impl Pass<'_, '_> {
     }
 
     /// A string value at `pos` whose first special byte is at `first` (a backslash, if it is
-    /// one this pass reads): decoded with the full parser's escape reader, then written into the
-    /// buffer with canonical escaping. A control character or a bad escape: `None`.
-    #[cold]
+    /// one this pass reads), written into the buffer in canonical form in one pass: the runs
+    /// between escapes as they are (they hold no `"`, `\\` or control character), each escape
+    /// decoded with the full parser's escape reader and written as the character, or as its
+    /// canonical escape when it decodes to `"`, `\\` or a control character. This is the
+    /// emitter's `write_escaped` of the decoded string. A control character or a bad escape:
+    /// `None`.
+    #[inline(never)]
     fn escaped_string(&mut self, first: usize) -> Option<Text> {
         let input = self.input;
-        let raw = &mut self.numbers.strbuf;
-        raw.clear();
+        let buf = &mut *self.buf;
+        let start = self.n;
+        *buf.get_mut(start)? = b'"';
+        let mut n = start + 1;
         let mut run = self.pos + 1;
         let mut at = first;
         loop {
             match input.get(at)? {
                 b'"' => break,
                 b'\\' => {
-                    raw.extend_from_slice(input.get(run..at)?);
-                    run = read_escape(input, at, raw).ok()?;
+                    let plain = input.get(run..at)?;
+                    buf.get_mut(n..n + plain.len())?.copy_from_slice(plain);
+                    n += plain.len();
+                    let (cp, next) = decode_escape(input, at).ok()?;
+                    run = next;
+                    if cp < 0x20 || cp == u32::from(b'"') || cp == u32::from(b'\\') {
+                        let mut out = BufSink {
+                            buf,
+                            n,
+                            full: false,
+                        };
+                        write_escaped_byte(&mut out, cp as u8);
+                        if out.full {
+                            return None;
+                        }
+                        n = out.n;
+                    } else {
+                        let (bytes, len) = utf8(cp);
+                        buf.get_mut(n..n + len)?.copy_from_slice(bytes.get(..len)?);
+                        n += len;
+                    }
                     at = scan_plain(input, run);
                 }
                 _ => return None,
             }
         }
-        raw.extend_from_slice(input.get(run..at)?);
+        let plain = input.get(run..at)?;
+        buf.get_mut(n..n + plain.len())?.copy_from_slice(plain);
+        n += plain.len();
+        *buf.get_mut(n)? = b'"';
         self.pos = at + 1;
-        let start = self.n;
-        let mut out = BufSink {
-            buf: self.buf,
-            n: start,
-            full: false,
-        };
-        write_escaped(&mut out, raw);
-        if out.full {
-            return None;
-        }
-        self.n = out.n;
+        self.n = n + 1;
         Some(Text::Buffer(start as u32, self.n as u32))
     }
 
@@ -1008,7 +1026,7 @@ mod tests {
         "\"longer name 2\"",
         "\"\\uZZZZ\"",
     ];
-    const SCALARS: [&str; 34] = [
+    const SCALARS: [&str; 36] = [
         "0",
         "-0",
         "1",
@@ -1043,6 +1061,9 @@ mod tests {
         "\"\\ud83d\"",
         "\"\\u0000\\u001F\"",
         "\"\u{1F600}\"",
+        // Escapes that decode to characters written escaped again, and to ones written raw.
+        "\"a\\u0022b\\u005c\\u001f\\u001F\\u0008\\u000d\\u007f\\u2028\\ud800\\udc00\u{E000}z\"",
+        "\"\\uDBFF\\uDFFF\\u00e9\\/\\b\\f\\r\\t\u{10FFFF}\\uffff\\u0000\"",
     ];
     const SPACE: [&str; 5] = ["", "", "", " ", "\n\t "];
 
