@@ -41,8 +41,11 @@ const HEX_VALUE: [u8; 256] = {
 #[inline]
 pub(crate) fn read_escape(input: &[u8], j: usize, buf: &mut Vec<u8>) -> Result<usize, (K, usize)> {
     let (cp, next) = decode_escape(input, j)?;
+    // A fixed-length copy, then the unused bytes dropped (no variable-length copy per escape).
     let (bytes, len) = utf8(cp);
-    buf.extend_from_slice(bytes.get(..len).unwrap_or(&[]));
+    let at = buf.len();
+    buf.extend_from_slice(&bytes);
+    buf.truncate(at + len);
     Ok(next)
 }
 

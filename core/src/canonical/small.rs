@@ -360,9 +360,11 @@ impl Pass<'_, '_> {
             match input.get(at)? {
                 b'"' => break,
                 b'\\' => {
-                    let plain = input.get(run..at)?;
-                    buf.get_mut(n..n + plain.len())?.copy_from_slice(plain);
-                    n += plain.len();
+                    if at > run {
+                        let plain = input.get(run..at)?;
+                        buf.get_mut(n..n + plain.len())?.copy_from_slice(plain);
+                        n += plain.len();
+                    }
                     let (cp, next) = decode_escape(input, at).ok()?;
                     run = next;
                     if cp < 0x20 || cp == u32::from(b'"') || cp == u32::from(b'\\') {
@@ -377,8 +379,13 @@ impl Pass<'_, '_> {
                         }
                         n = out.n;
                     } else {
+                        // All four bytes when there is room (nothing past `n` is live), so the
+                        // copy has a fixed length.
                         let (bytes, len) = utf8(cp);
-                        buf.get_mut(n..n + len)?.copy_from_slice(bytes.get(..len)?);
+                        match buf.get_mut(n..n + 4) {
+                            Some(dst) => dst.copy_from_slice(&bytes),
+                            None => buf.get_mut(n..n + len)?.copy_from_slice(bytes.get(..len)?),
+                        }
                         n += len;
                     }
                     at = scan_plain(input, run);
