@@ -63,6 +63,11 @@ struct Member {
     index: u32,
 }
 
+/// A member name as read: its prefix (not yet remapped), its content range (in the input, or
+/// in `names` when escaped) and the range of its canonical text in the buffer (`(0, 0)` when it
+/// has no escapes).
+type NameRead = (u64, (u32, u32), (u32, u32));
+
 /// Working memory kept between calls.
 #[derive(Default)]
 pub(crate) struct SmallScratch {
@@ -408,7 +413,7 @@ impl Pass<'_, '_> {
     /// Returns the name's prefix (not yet remapped), its range in `names` and its text's range
     /// in the buffer; a control character or a bad escape: `None`.
     #[inline(never)]
-    fn escaped_name(&mut self, first: usize) -> Option<(u64, (u32, u32), (u32, u32))> {
+    fn escaped_name(&mut self, first: usize) -> Option<NameRead> {
         let input = self.input;
         let names = &mut *self.names;
         let start = names.len();
@@ -855,7 +860,10 @@ mod tests {
             (br#"["x\\y", "\t"]"#, br#"["x\\y","\t"]"#),
             // Escaped member names are decoded, ordered as UTF-16 and written canonically.
             (br#"{"a\u0062":1}"#, br#"{"ab":1}"#),
-            (br#"{"\u0062":1,"a":[{"\"":2}]}"#, br#"{"a":[{"\"":2}],"b":1}"#),
+            (
+                br#"{"\u0062":1,"a":[{"\"":2}]}"#,
+                br#"{"a":[{"\"":2}],"b":1}"#,
+            ),
             (
                 br#"{"\uff61":1,"\ud83d\ude00":2,"z\n":3}"#,
                 "{\"z\\n\":3,\"\u{1F600}\":2,\"\u{FF61}\":1}".as_bytes(),
