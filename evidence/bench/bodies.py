@@ -75,7 +75,7 @@ def _unicode_heavy() -> Dict[str, Any]:
     rng = random.Random(17)
     items = [_unicode_record(rng, i) for i in range(400)]
     # One large object of distinct names drawn from the same ranges (no repeated shape to reuse).
-    names = {}
+    names: Dict[str, str] = {}
     while len(names) < 600:
         names[_text(rng, rng.randint(1, 6))] = _text(rng, rng.randint(2, 12))
     return {"items": items, "index": names}
