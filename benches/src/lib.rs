@@ -159,6 +159,145 @@ pub fn unicode() -> Vec<u8> {
     out.into_bytes()
 }
 
+/// Character ranges of the unicode-heavy bodies: supplementary planes (surrogate pairs in UTF-16)
+/// next to U+E000-U+FFFF, where UTF-16 order and code-point order disagree, and other scripts.
+const RANGES: &[(u32, u32)] = &[
+    (0x1F300, 0x1F64F),
+    (0x1D400, 0x1D7FF),
+    (0x20000, 0x2A6DF),
+    (0xE000, 0xF8FF),
+    (0xFB00, 0xFDCF),
+    (0xFF01, 0xFFEF),
+    (0x4E00, 0x9FFF),
+    (0x0400, 0x04FF),
+    (0x00C0, 0x024F),
+    (0x0370, 0x03FF),
+    (0x0590, 0x05FF),
+    (0x0041, 0x007A),
+];
+
+/// `n` characters from one range of [`RANGES`], sometimes followed by text that needs escaping.
+fn unicode_text(s: &mut Seq, n: usize) -> String {
+    let (lo, hi) = RANGES[s.below(RANGES.len() as u64) as usize];
+    let mut out: String = (0..n)
+        .filter_map(|_| char::from_u32(lo + s.below(u64::from(hi - lo + 1)) as u32))
+        .collect();
+    if s.below(100) < 15 {
+        const TAILS: &[&str] = &[
+            "\"quoted\"",
+            "\\path",
+            "line\nbreak",
+            "\t",
+            "\u{2028}",
+            "\u{1}",
+            " ascii text",
+        ];
+        out.push_str(TAILS[s.below(TAILS.len() as u64) as usize]);
+    }
+    out
+}
+
+/// A JSON string literal of `text`: non-ASCII raw (as `JSON.stringify` writes it) or, with
+/// `ascii`, every non-ASCII character a `\u` escape and supplementary ones surrogate pairs (as
+/// Python's default `json.dumps` writes it).
+fn json_string(text: &str, ascii: bool, out: &mut String) {
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 || (ascii && !c.is_ascii()) => {
+                let mut units = [0u16; 2];
+                for u in c.encode_utf16(&mut units) {
+                    let _ = write!(out, "\\u{u:04x}");
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// About 160 KB (`ascii`: about 330 KB) of records and one large object whose member names and
+/// values mix supplementary characters with U+E000-U+FFFF, other scripts and escapes: the
+/// unicode-heavy shape of issue 17 (the same shape as `evidence/bench/bodies.py` writes).
+fn unicode_heavy(ascii: bool) -> Vec<u8> {
+    let mut s = Seq::new(17);
+    let mut out = String::from("{\"items\": [");
+    for i in 0..400u64 {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        // Names that start with a supplementary character sort before U+E000-U+FFFF in UTF-16,
+        // after them by code point.
+        let member = |name: &str, out: &mut String, first: bool| {
+            if !first {
+                out.push_str(", ");
+            }
+            json_string(name, ascii, out);
+            out.push_str(": ");
+        };
+        out.push('{');
+        member("\u{1F600} mood", &mut out, true);
+        json_string(&unicode_text(&mut s, 6), ascii, &mut out);
+        member("\u{FF3A}one", &mut out, false);
+        json_string(&unicode_text(&mut s, 12), ascii, &mut out);
+        member("\u{1D518}\u{1D52B}\u{1D526}", &mut out, false);
+        out.push('[');
+        json_string(&unicode_text(&mut s, 4), ascii, &mut out);
+        out.push_str(", ");
+        json_string(&unicode_text(&mut s, 8), ascii, &mut out);
+        let _ = write!(out, ", {i}]");
+        member("\u{E000}private", &mut out, false);
+        json_string(&unicode_text(&mut s, 20), ascii, &mut out);
+        member("\u{540d}\u{524d}", &mut out, false);
+        json_string(&unicode_text(&mut s, 10), ascii, &mut out);
+        member("\u{43a}\u{43b}\u{44e}\u{447}", &mut out, false);
+        out.push('{');
+        member("\u{FB33}", &mut out, true);
+        json_string(&unicode_text(&mut s, 3), ascii, &mut out);
+        member("\u{20000}", &mut out, false);
+        json_string(&unicode_text(&mut s, 5), ascii, &mut out);
+        member("z", &mut out, false);
+        let _ = write!(out, "{}}}", i * 7);
+        member("id", &mut out, false);
+        let _ = write!(out, "{i}}}");
+    }
+    // One large object of distinct names (no repeated shape to reuse).
+    out.push_str("], \"index\": {");
+    let mut seen = std::collections::HashSet::new();
+    while seen.len() < 600 {
+        let n = 1 + s.below(6) as usize;
+        let name = unicode_text(&mut s, n);
+        if !seen.insert(name.clone()) {
+            continue;
+        }
+        if seen.len() > 1 {
+            out.push_str(", ");
+        }
+        json_string(&name, ascii, &mut out);
+        out.push_str(": ");
+        let n = 2 + s.below(11) as usize;
+        json_string(&unicode_text(&mut s, n), ascii, &mut out);
+    }
+    out.push_str("}}");
+    out.into_bytes()
+}
+
+/// The unicode-heavy body written as UTF-8 (about 160 KB).
+#[must_use]
+pub fn unicode_raw() -> Vec<u8> {
+    unicode_heavy(false)
+}
+
+/// The unicode-heavy body with every non-ASCII character escaped (about 330 KB).
+#[must_use]
+pub fn unicode_escaped() -> Vec<u8> {
+    unicode_heavy(true)
+}
+
 /// The benchmark bodies, by name.
 #[must_use]
 pub fn bodies() -> Vec<(&'static str, Vec<u8>)> {
@@ -168,6 +307,8 @@ pub fn bodies() -> Vec<(&'static str, Vec<u8>)> {
         ("large", large()),
         ("numbers", numbers()),
         ("unicode", unicode()),
+        ("uni-raw", unicode_raw()),
+        ("uni-esc", unicode_escaped()),
     ]
 }
 

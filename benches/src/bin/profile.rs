@@ -19,7 +19,9 @@ fn main() {
         .into_iter()
         .find(|(n, _)| *n == name)
     else {
-        eprintln!("profile: unknown body {name:?} (tiny, medium, large, numbers, unicode)");
+        eprintln!(
+            "profile: unknown body {name:?} (tiny, medium, large, numbers, unicode, uni-raw, uni-esc)"
+        );
         std::process::exit(2);
     };
     let fp = match Fingerprinter::new(&FingerprintConfig::default()) {

@@ -1,8 +1,13 @@
 // Fingerprint benchmark: idempo (Rust core through the addon) against JSON.parse + `canonicalize`
 // (npm) + SHA-256 and JSON.parse + `json-canonicalize` + SHA-256, on the same raw bodies, plus a
 // bare `crypto.createHash('sha256')` of the body. Prints ns/op and ratios; asserts nothing.
+import { execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { createRequire } from 'node:module';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
 
 const require = createRequire(import.meta.url);
 const idempo = require('../dist/index.js');
@@ -55,13 +60,32 @@ function compare(cands, rounds = 25, batchMs = 20) {
   return best;
 }
 
+/**
+ * The unicode-heavy bodies of evidence/bench/bodies.py (issue 17, "every body shape"; the same
+ * bytes `make bench-peers` times): written by that script into a temporary folder. `[]` (with a
+ * notice) when python3 is not available.
+ */
+function sharedBodies() {
+  const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
+  const dir = mkdtempSync(path.join(tmpdir(), 'idempo-bodies-'));
+  try {
+    execFileSync('python3', ['-c', 'import sys; from pathlib import Path; from evidence.bench.bodies import write; write(Path(sys.argv[1]))', dir], { cwd: root });
+    return ['6-unicode-raw', '7-unicode-escaped'].map((name) => [name.slice(2), readFileSync(path.join(dir, `${name}.json`))]);
+  } catch (e) {
+    console.log(`(unicode-heavy bodies skipped: ${e.message.split('\n')[0]})`);
+    return [];
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
 const f = new idempo.Fingerprinter();
 const sizes = [200, 2_000, 20_000, 200_000];
+const cases = [...sizes.map((size) => [null, body(size)]), ...sharedBodies()];
 const fmt = (ns) => (ns >= 1e6 ? `${(ns / 1e6).toFixed(2)} ms` : ns >= 1e3 ? `${(ns / 1e3).toFixed(2)} µs` : `${ns.toFixed(0)} ns`);
 console.log(`idempo ${idempo.nativeVersion()} fingerprint benchmark (node ${process.version}); best of 25 interleaved rounds`);
-console.log('size      idempo(route) idempo(obj)  sha256-only  canonicalize+sha  json-canon+sha  vs canonicalize  vs json-canon  vs sha256-only  obj vs canonicalize');
-for (const size of sizes) {
-  const b = body(size);
+console.log('size      body             idempo(route) idempo(obj)  sha256-only  canonicalize+sha  json-canon+sha  vs canonicalize  vs json-canon  vs sha256-only  obj vs canonicalize');
+for (const [label, b] of cases) {
   const route = f.forRoute('POST', '/payments');
   const m = compare([
     ['hot', () => route(b)],
@@ -72,7 +96,7 @@ for (const size of sizes) {
   ]);
   const [hot, obj, sha, npm, jc] = ['hot', 'obj', 'sha', 'npm', 'jc'].map((k) => m.get(k));
   console.log(
-    `${String(b.length).padEnd(9)} ${fmt(hot).padEnd(13)} ${fmt(obj).padEnd(12)} ${fmt(sha).padEnd(12)} ${fmt(npm).padEnd(17)} ${fmt(jc).padEnd(15)} ` +
+    `${String(b.length).padEnd(9)} ${(label ?? 'payments').padEnd(16)} ${fmt(hot).padEnd(13)} ${fmt(obj).padEnd(12)} ${fmt(sha).padEnd(12)} ${fmt(npm).padEnd(17)} ${fmt(jc).padEnd(15)} ` +
       `${(npm / hot).toFixed(2)}x`.padEnd(17) +
       `${(jc / hot).toFixed(2)}x`.padEnd(15) +
       `${(sha / hot).toFixed(2)}x`.padEnd(16) +

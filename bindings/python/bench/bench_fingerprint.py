@@ -13,11 +13,13 @@ figures and ratios; asserts nothing.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import random
 import statistics
 import sys
 import timeit
+from pathlib import Path
 from typing import Callable, Dict, List, Tuple
 
 import idempo
@@ -52,7 +54,23 @@ def bodies() -> Dict[str, bytes]:
     for name, obj in [("tiny", tiny), ("medium", medium), ("large", large),
                       ("numbers", numbers), ("unicode", unicode)]:
         out[name] = json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    out.update(shared_bodies())
     return out
+
+
+def shared_bodies() -> Dict[str, bytes]:
+    """The unicode-heavy bodies of ``evidence/bench/bodies.py`` (issue 17, "every body shape"; the
+    same bytes ``make bench-peers`` times): supplementary characters and U+E000-U+FFFF in member
+    names and values, written as UTF-8 (``uni-raw``) and as ``\\u`` escapes with surrogate pairs
+    (``uni-esc``)."""
+    path = Path(__file__).resolve().parents[3] / "evidence" / "bench" / "bodies.py"
+    spec = importlib.util.spec_from_file_location("idempo_bench_bodies", path)
+    if spec is None or spec.loader is None:  # pragma: no cover - the file ships with the repo
+        return {}
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    shared = module.bodies()
+    return {"uni-raw": shared["6-unicode-raw"], "uni-esc": shared["7-unicode-escaped"]}
 
 
 def per_call(fn: Callable[[], object], min_time: float = 0.25) -> float:

@@ -3,9 +3,10 @@
 use super::NumberMode;
 use super::error::{CanonError, CanonErrorKind as K};
 use super::number::{Num, at_most_15_digits, decimal_is_exact, format_finite, literal_is_exact};
-use super::parse::{Node, Tag, Tape, scan_plain};
 use super::pointer::{Exclusions, push_token};
+use super::scan::scan_plain;
 use super::sink::CanonSink;
+use super::tape::{Node, Tag, Tape};
 
 enum Frame {
     Object {
@@ -42,32 +43,38 @@ pub(crate) fn write_escaped<S: CanonSink + ?Sized>(sink: &mut S, s: &[u8]) {
             break;
         };
         sink.write(&s[run..i]);
-        let short: &[u8] = match b {
-            b'"' => b"\\\"",
-            b'\\' => b"\\\\",
-            0x08 => b"\\b",
-            0x09 => b"\\t",
-            0x0A => b"\\n",
-            0x0C => b"\\f",
-            0x0D => b"\\r",
-            _ => b"",
-        };
-        if short.is_empty() {
-            sink.write(&[
-                b'\\',
-                b'u',
-                b'0',
-                b'0',
-                HEX[usize::from(b >> 4)],
-                HEX[usize::from(b & 0xF)],
-            ]);
-        } else {
-            sink.write(short);
-        }
+        write_escaped_byte(sink, b);
         run = i + 1;
     }
     sink.write(&s[run..]);
     sink.write_byte(b'"');
+}
+
+/// Write the canonical escape of `b`, one of `"`, `\` or a control character (below 0x20).
+#[inline]
+pub(crate) fn write_escaped_byte<S: CanonSink + ?Sized>(sink: &mut S, b: u8) {
+    let short: &[u8] = match b {
+        b'"' => b"\\\"",
+        b'\\' => b"\\\\",
+        0x08 => b"\\b",
+        0x09 => b"\\t",
+        0x0A => b"\\n",
+        0x0C => b"\\f",
+        0x0D => b"\\r",
+        _ => b"",
+    };
+    if short.is_empty() {
+        sink.write(&[
+            b'\\',
+            b'u',
+            b'0',
+            b'0',
+            HEX[usize::from(b >> 4)],
+            HEX[usize::from(b & 0xF)],
+        ]);
+    } else {
+        sink.write(short);
+    }
 }
 
 #[inline(always)]
@@ -81,7 +88,7 @@ fn write_string<S: CanonSink + ?Sized>(tape: &Tape<'_>, n: Node, sink: &mut S) {
     }
 }
 
-/// The ES6 text of a number read as [`NumberForm::Float`](super::parse::NumberForm::Float)
+/// The ES6 text of a number read as [`NumberForm::Float`](super::number::NumberForm::Float)
 /// (its literal `lit`), or `None` when the number policy refuses it (precision loss).
 #[inline]
 pub(crate) fn float_text<'b>(

@@ -14,12 +14,25 @@
 //! ```
 //!
 //! # How it works
-//! One iterative pass (no recursion: depth is bounded by [`Limits::max_depth`] and by memory only,
-//! never by the call stack) parses the input into a flat tape. Strings without escapes are
-//! borrowed from the input. Each object's member indices are sorted once with an O(n log n) sort
-//! using a UTF-16 comparator over UTF-8 bytes; duplicates (compared after unescaping) are then
-//! adjacent. A second iterative walk writes the canonical bytes into a [`CanonSink`]: a `Vec<u8>`,
-//! or a hasher through [`DigestSink`] so the fingerprint never materializes the canonical text.
+//! Two paths give the same bytes and the same errors:
+//!
+//! - **The small-document fast path** (`small.rs`), tried first for inputs up to 1 MiB without
+//!   exclusions: one recursive pass (nesting bounded at 48 levels) writes the canonical text
+//!   straight into a buffer, sorting each object's members as it closes. It handles the plain
+//!   documents request bodies usually are; on anything else (an escaped member name, a
+//!   duplicate, a limit, any error) it gives up without output and the full path runs.
+//! - **The full path** (`parse.rs`, then `emit.rs`): one iterative pass (no recursion: depth is
+//!   bounded by [`Limits::max_depth`] and by memory only, never by the call stack) parses the
+//!   input into a flat tape (`tape.rs`). Strings without escapes are borrowed from the input.
+//!   Each object's member names are sorted once with an O(n log n) sort using a UTF-16
+//!   comparator over UTF-8 bytes (`keys.rs`); duplicates (compared after unescaping) are then
+//!   adjacent. A second iterative walk writes the canonical bytes into a [`CanonSink`]: a
+//!   `Vec<u8>`, or a hasher through [`DigestSink`] so the fingerprint never materializes the
+//!   canonical text. It is the reference the fast path is tested against, and it decides every
+//!   error.
+//!
+//! Both paths share the byte scanners (`scan.rs`), the number reader (`number.rs`), the escape
+//! decoder (`escape.rs`) and the member-name order (`keys.rs`).
 //!
 //! # Errors and their order
 //! The parser reports the first error met left to right. Duplicate member names are reported when
@@ -29,11 +42,15 @@
 
 mod emit;
 mod error;
+mod escape;
+mod keys;
 mod number;
 mod parse;
 mod pointer;
+mod scan;
 mod sink;
 mod small;
+mod tape;
 
 pub use error::{CanonError, CanonErrorKind};
 pub use number::format_number;

@@ -1,7 +1,10 @@
-//! ES6 number serialization (RFC 8785 §3.2.2.3) and the exact-decimal precision check.
+//! Numbers: reading a literal (where it ends, whether it is already canonical, its exact decimal
+//! value), ES6 serialization (RFC 8785 §3.2.2.3) and the exact-decimal precision check.
+//!
+//! The full parser and the small-document fast path both read numbers with [`read_number`].
 
 use super::error::{CanonError, CanonErrorKind};
-use super::parse::digit_run;
+use super::scan::LO;
 
 /// Format a finite double with ECMAScript `Number::toString` into `buf` (a stack buffer).
 ///
@@ -545,6 +548,242 @@ pub(crate) fn literal_is_exact(lit: &[u8], shortest: &str) -> bool {
     }
 }
 
+/// Number of consecutive ASCII digits in `input` from `i`, eight bytes per step: the loop exit
+/// does not depend on each digit, so digit counts that vary from number to number cost no
+/// branch misprediction per digit.
+#[inline(always)]
+pub(crate) fn digit_run(input: &[u8], start: usize) -> usize {
+    const F0: u64 = 0xF0F0_F0F0_F0F0_F0F0;
+    const D0: u64 = 0x3030_3030_3030_3030;
+    if !input.get(start).is_some_and(u8::is_ascii_digit) {
+        return 0;
+    }
+    let mut i = start;
+    while let Some(chunk) = input.get(i..i + 8) {
+        let mut w8 = [0u8; 8];
+        w8.copy_from_slice(chunk);
+        let w = u64::from_le_bytes(w8);
+        // A byte is a digit when its high nibble is 3, also after adding 6 (low nibble <= 9).
+        // A carry out of a byte only comes from a non-digit (>= 0xFA) and only affects the
+        // bytes above it, so the lowest flagged byte is exact.
+        let t = ((w & F0) ^ D0) | ((w.wrapping_add(LO * 6) & F0) ^ D0);
+        if t != 0 {
+            return i + (t.trailing_zeros() / 8) as usize - start;
+        }
+        i += 8;
+    }
+    while input.get(i).is_some_and(u8::is_ascii_digit) {
+        i += 1;
+    }
+    i - start
+}
+
+/// The canonical length of a number literal without exponent that is certainly exact and prints
+/// in ES6 fixed notation as itself (trailing fractional zeros and a bare dot removed), or `None`.
+///
+/// Any decimal of at most 15 significant digits converts to a double whose shortest round-trip
+/// form has the same value (DBL_DIG = 15) as long as the double is normal, which holds at or above
+/// 1e-6; ES6 prints such a value in fixed notation, i.e. as the normalized literal.
+#[inline]
+pub(crate) fn exact_fixed(
+    input: &[u8],
+    start: usize,
+    int_start: usize,
+    int_end: usize,
+    frac_end: Option<usize>,
+) -> Option<usize> {
+    let form = fixed_form(input, start, int_start, int_end, frac_end)?;
+    let int_digits = int_end - int_start;
+    let exact = if form.integer {
+        // Integers of up to 15 digits, and of 16 digits up to 2^53: exact doubles whose
+        // shortest round-trip form is the integer itself (the spacing of doubles there is at
+        // most 1).
+        int_digits <= 15
+            || (int_digits == 16
+                && input.get(int_start..int_end) <= Some(b"9007199254740992".as_slice()))
+    } else {
+        form.significant <= 15
+    };
+    exact.then_some(form.len)
+}
+
+/// A number literal without exponent as ES6 fixed notation would print its value, when its
+/// digits are the shortest round-trip digits of its double (see [`fixed_form`]).
+struct FixedForm {
+    /// The canonical length: the literal minus trailing fractional zeros and a bare dot.
+    len: usize,
+    /// Significant digits (integer: its digit count).
+    significant: usize,
+    /// No fractional digits other than zeros.
+    integer: bool,
+}
+
+/// The fixed-notation form of a literal without exponent, or `None` when ES6 prints its value
+/// in exponent notation: more than 21 integer digits, or below 1e-6 (a zero integer part and no
+/// non-zero digit among the first six fractional ones).
+#[inline]
+fn fixed_form(
+    input: &[u8],
+    start: usize,
+    int_start: usize,
+    int_end: usize,
+    frac_end: Option<usize>,
+) -> Option<FixedForm> {
+    let int_digits = int_end - int_start;
+    let int_zero = input.get(int_start) == Some(&b'0');
+    if !int_zero && int_digits > 21 {
+        return None;
+    }
+    let integer = FixedForm {
+        len: int_end - start,
+        significant: int_digits,
+        integer: true,
+    };
+    let Some(fe) = frac_end else {
+        return Some(integer);
+    };
+    let frac = input.get(int_end + 1..fe)?;
+    let kept = frac.iter().rposition(|&d| d != b'0').map_or(0, |p| p + 1);
+    if kept == 0 {
+        // `x.000`: an integer.
+        return Some(integer);
+    }
+    let significant = if int_zero {
+        // Only the first six fractional digits matter (below 1e-6 is exponent notation): a
+        // long run of leading zeros is not scanned here.
+        kept - frac.iter().take(6).position(|&d| d != b'0')?
+    } else {
+        int_digits + kept
+    };
+    Some(FixedForm {
+        len: int_end + 1 + kept - start,
+        significant,
+        integer: false,
+    })
+}
+
+/// How a number literal's canonical text is found (see [`read_number`]).
+#[derive(Clone, Copy)]
+pub(crate) enum NumberForm {
+    /// The first `len` bytes of the literal (`-0` is written `0`).
+    Prefix(usize),
+    /// Written into the string buffer, at this range.
+    Text(usize, usize),
+    /// Formatted from the value when written ([`super::emit::float_text`]).
+    Float(Num),
+}
+
+/// Read the number literal at `start` (which holds `-` or a digit): where it ends and how its
+/// canonical text is found, or why it is refused (and where). Canonical text written here goes
+/// to `strbuf`. The full parser and the small-document fast path both read numbers with it.
+#[inline(always)]
+pub(crate) fn read_number(
+    input: &[u8],
+    start: usize,
+    strict: bool,
+    strbuf: &mut Vec<u8>,
+) -> Result<(usize, NumberForm), (CanonErrorKind, usize)> {
+    let mut i = start;
+    let digit = |i: usize| matches!(input.get(i), Some(b'0'..=b'9'));
+    if input.get(i) == Some(&b'-') {
+        i += 1;
+        if input[i..].starts_with(b"Infinity") {
+            return Err((CanonErrorKind::NonFiniteNumber, start));
+        }
+    }
+    match input.get(i) {
+        Some(b'0') => {
+            i += 1;
+            if digit(i) {
+                return Err((CanonErrorKind::LeadingZero, start));
+            }
+        }
+        Some(b'1'..=b'9') => {
+            i += 1 + digit_run(input, i + 1);
+        }
+        None => return Err((CanonErrorKind::UnexpectedEnd, i)),
+        _ => return Err((CanonErrorKind::InvalidNumber, start)),
+    }
+    let int_end = i;
+    let mut frac_end = None;
+    if input.get(i) == Some(&b'.') {
+        i += 1;
+        let n = digit_run(input, i);
+        if n == 0 {
+            return Err((CanonErrorKind::InvalidNumber, start));
+        }
+        i += n;
+        frac_end = Some(i);
+    }
+    let mut has_exp = false;
+    if matches!(input.get(i), Some(b'e' | b'E')) {
+        i += 1;
+        if matches!(input.get(i), Some(b'+' | b'-')) {
+            i += 1;
+        }
+        let n = digit_run(input, i);
+        if n == 0 {
+            return Err((CanonErrorKind::InvalidNumber, start));
+        }
+        i += n;
+        has_exp = true;
+    }
+    let int_start = start + usize::from(input[start] == b'-');
+    if !has_exp && let Some(verbatim) = exact_fixed(input, start, int_start, int_end, frac_end) {
+        return Ok((i, NumberForm::Prefix(verbatim)));
+    }
+    let lit = &input[start..i];
+    // A short literal with more than 15 digits gains nothing from being read here unless
+    // its exact value is needed (strict mode): the standard parser reads it as fast.
+    let digit_chars = int_end - int_start + frac_end.map_or(0, |fe| fe - int_end - 1);
+    let read = if strict || digit_chars <= 15 || lit.len() > 32 {
+        read_literal_digits(lit)
+    } else {
+        None
+    };
+    let exact = read.map(|(d, n, _)| (d, n));
+    if let Some((d, digits, (a, b))) = &read {
+        if strbuf.capacity() == 0 {
+            // The first number written out: room for a share of the rest at once.
+            strbuf.reserve((input.len() - i) / 4 + 32);
+        }
+        let text = lit.get(*a..*b).unwrap_or(&[]);
+        let at = strbuf.len();
+        if es6_from_literal(d, *digits, text, strbuf) {
+            return Ok((i, NumberForm::Text(at, strbuf.len())));
+        }
+    }
+    let value = match &read {
+        Some((d, _, (a, b))) => decimal_to_f64(d, lit.get(*a..*b).unwrap_or(&[]), lit),
+        None => std::str::from_utf8(lit)
+            .ok()
+            .and_then(|s| s.parse::<f64>().ok()),
+    };
+    let Some(value) = value else {
+        return Err((CanonErrorKind::InvalidNumber, start));
+    };
+    if !value.is_finite() {
+        return Err((CanonErrorKind::NumberOutOfRange, start));
+    }
+    // Strict mode accepts a 16-17 digit literal only when it is its double's shortest
+    // form, which then prints from the literal's digits: proven here without the formatter.
+    // Written in fixed notation, the literal is (nearly always) already that text.
+    if let (true, Some((d, digits, (a, b)))) = (strict, &read)
+        && (16..=17).contains(digits)
+        && literal_is_shortest(d, value)
+    {
+        if !has_exp && let Some(form) = fixed_form(input, start, int_start, int_end, frac_end) {
+            return Ok((i, NumberForm::Prefix(form.len)));
+        }
+        let text = lit.get(*a..*b).unwrap_or(&[]);
+        let at = strbuf.len();
+        if write_es6_digits(d, *digits, text, strbuf) {
+            return Ok((i, NumberForm::Text(at, strbuf.len())));
+        }
+    }
+    Ok((i, NumberForm::Float(Num::new(value, exact))))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -831,5 +1070,34 @@ mod tests {
             everyday > 10_000 && everyday_proven * 100 > everyday * 90,
             "{everyday_proven} of {everyday} everyday shortest forms proven"
         );
+    }
+
+    #[test]
+    fn digit_runs() {
+        let cases: [&[u8]; 9] = [
+            b"",
+            b"x",
+            b"7",
+            b"123,",
+            b"1234567890123456789]",
+            b"12345678",
+            b"0123456789:/",
+            b"12\xff9",
+            b"99999999\xfa1",
+        ];
+        for case in cases {
+            for start in 0..=case.len() {
+                let want = case[start..]
+                    .iter()
+                    .take_while(|b| b.is_ascii_digit())
+                    .count();
+                assert_eq!(digit_run(case, start), want, "{case:?} at {start}");
+            }
+        }
+        for b in 0..=255u8 {
+            let s = [b'1', b'2', b, b'3', b'4', b'5', b'6', b'7', b'8', b'9'];
+            let want = if b.is_ascii_digit() { 10 } else { 2 };
+            assert_eq!(digit_run(&s, 0), want, "byte {b:#x}");
+        }
     }
 }

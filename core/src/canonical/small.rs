@@ -4,10 +4,11 @@
 //! without escapes, strings mostly without escapes, integers and short decimals that are already
 //! in canonical form. For those, the canonical form is the input's own tokens, rearranged:
 //! members sorted by name, whitespace dropped. This pass writes exactly that. Numbers are read
-//! with the full parser's own number reader (`read_number`, `float_text`) and string escapes
-//! with its escape reader (`read_escape`, then the emitter's `write_escaped`), so a number or a
-//! string that needs rewriting is written as it would be in place. Anything else it does not
-//! handle (an escaped member name, a duplicate name, a limit reached, a syntax error) makes it
+//! with the full parser's own number reader (`read_number`, `float_text`) and string escapes,
+//! in values and member names, with its escape reader (`read_escape`, then the emitter's
+//! `write_escaped`), so a number or a string that needs rewriting is written as it would be in
+//! place; names are ordered with the same UTF-16 order (`keys.rs`). Anything else it does not
+//! handle (a duplicate name, a limit reached, a syntax error) makes it
 //! give up, with no output, and the full parser ([`super::parse`]) runs instead and gives the
 //! result or the precise error. So the fast path never decides an error and never accepts what
 //! the full parser refuses: a differential test and a fuzz target check that it agrees with the
@@ -18,10 +19,11 @@
 //! (nested containers land in the buffer), then sorts them, writes itself after them and
 //! moves that text down over them.
 
-use super::emit::{float_text, write_escaped};
-use super::parse::{
-    NumberForm, cmp_utf16, digit_run, read_escape, read_number, scan_plain, valid_utf8,
-};
+use super::emit::{float_text, write_escaped, write_escaped_byte};
+use super::escape::{decode_escape, read_escape, utf8};
+use super::keys::{cmp_utf16, key_prefix, utf16_sortable};
+use super::number::{NumberForm, digit_run, read_number};
+use super::scan::{scan_plain, valid_utf8};
 use super::{CanonOptions, CanonSink, NumberMode};
 
 /// Inputs up to this size try the fast path (its buffer is twice the input while it runs).
@@ -44,10 +46,15 @@ enum Text {
 
 #[derive(Clone, Copy)]
 struct Member {
-    /// The first eight bytes of the name, big-endian, zero-padded: orders ASCII names.
+    /// The first eight bytes of the (unescaped) name, big-endian, zero-padded: orders ASCII
+    /// names (others once remapped by [`utf16_sortable`], when their object is sorted).
     prefix: u64,
-    /// The name's content range in the input.
+    /// The name's content range: in the input, or (an escaped name) its unescaped bytes in
+    /// `names`.
     name: (u32, u32),
+    /// An escaped name: its canonical text (quotes included) in the buffer. `(0, 0)` for a name
+    /// without escapes, whose canonical text is its input text.
+    escaped: (u32, u32),
     /// `"name":value` as one input run (no whitespace inside, value a token), else the value.
     text: Text,
     /// Whether `text` is the whole member or only its value.
@@ -55,6 +62,11 @@ struct Member {
     /// Its position in the object's input order (set when the object is sorted).
     index: u32,
 }
+
+/// A member name as read: its prefix (not yet remapped), its content range (in the input, or
+/// in `names` when escaped) and the range of its canonical text in the buffer (`(0, 0)` when it
+/// has no escapes).
+type NameRead = (u64, (u32, u32), (u32, u32));
 
 /// Working memory kept between calls.
 #[derive(Default)]
@@ -64,6 +76,7 @@ pub(crate) struct SmallScratch {
     numbers: NumberScratch,
     shapes: Vec<Shape>,
     reorder: Vec<Member>,
+    names: Vec<u8>,
 }
 
 /// Where numbers that are not a prefix of their literal, and decoded strings, are written.
@@ -73,8 +86,13 @@ struct NumberScratch {
     ryu: ryu_js::Buffer,
 }
 
-/// Output buffers larger than this are freed after use rather than kept.
+/// Member and name vectors larger than this are freed after use rather than kept.
 const KEEP_BYTES: usize = 256 * 1024;
+
+/// An output buffer larger than [`KEEP_BYTES`] is kept for the next call only while inputs
+/// need at least this share of it (1/4): a run of large bodies pays for zeroing its buffer
+/// once, not per body, and a large body followed by smaller ones does not pin its memory.
+const KEEP_SHARE: usize = 4;
 
 /// Room past twice the input (tiny inputs whose numbers print longer than written).
 const SLACK: usize = 32;
@@ -100,10 +118,14 @@ impl SmallScratch {
         // text: twice the input is room enough. Every write is checked: out of room, the pass
         // gives up.
         let room = 2 * input.len() + SLACK;
+        if self.buf.len() > KEEP_BYTES && room * KEEP_SHARE < self.buf.len() {
+            self.buf = Vec::new();
+        }
         if self.buf.len() < room {
             self.buf.resize(room, 0);
         }
         self.members.clear();
+        self.names.clear();
         for shape in &mut self.shapes {
             // Ranges of an earlier input mean nothing here.
             shape.names.clear();
@@ -120,6 +142,7 @@ impl SmallScratch {
             numbers: &mut self.numbers,
             shapes: &mut self.shapes,
             reorder: &mut self.reorder,
+            names: &mut self.names,
             arrays: 0,
         };
         pass.skip_ws();
@@ -145,13 +168,13 @@ impl SmallScratch {
             }
             None => false,
         };
-        if self.buf.len() > KEEP_BYTES {
-            self.buf = Vec::new();
-        }
         if self.members.capacity() > KEEP_BYTES / 16 {
             self.members = Vec::new();
             self.reorder = Vec::new();
             self.shapes = Vec::new();
+        }
+        if self.names.capacity() > KEEP_BYTES {
+            self.names = Vec::new();
         }
         ok
     }
@@ -169,7 +192,10 @@ fn write_members<S: CanonSink + ?Sized>(
         if i > 0 {
             sink.write_byte(b',');
         }
-        if !m.whole {
+        if m.escaped.1 != 0 {
+            sink.write(&buf[m.escaped.0 as usize..m.escaped.1 as usize]);
+            sink.write_byte(b':');
+        } else if !m.whole {
             sink.write_in(
                 input,
                 m.name.0 as usize - 1,
@@ -210,7 +236,8 @@ struct Pass<'a, 's> {
     input: &'a [u8],
     pos: usize,
     opts: &'s CanonOptions,
-    /// The whole input is ASCII (names order by their bytes).
+    /// Every member name is ASCII (names order by their bytes): the whole input is, and no
+    /// escaped name decoded to anything else.
     ascii: bool,
     /// Output area (sized once); `n` bytes are written.
     buf: &'s mut [u8],
@@ -221,6 +248,8 @@ struct Pass<'a, 's> {
     shapes: &'s mut Vec<Shape>,
     /// Room for reordering members by a kept shape.
     reorder: &'s mut Vec<Member>,
+    /// The unescaped bytes of escaped member names.
+    names: &'s mut Vec<u8>,
     /// Arrays open around the current value (objects in arrays keep their shapes).
     arrays: usize,
 }
@@ -317,40 +346,110 @@ impl Pass<'_, '_> {
     }
 
     /// A string value at `pos` whose first special byte is at `first` (a backslash, if it is
-    /// one this pass reads): decoded with the full parser's escape reader, then written into the
-    /// buffer with canonical escaping. A control character or a bad escape: `None`.
-    #[cold]
+    /// one this pass reads), written into the buffer in canonical form in one pass: the runs
+    /// between escapes as they are (they hold no `"`, `\\` or control character), each escape
+    /// decoded with the full parser's escape reader and written as the character, or as its
+    /// canonical escape when it decodes to `"`, `\\` or a control character. This is the
+    /// emitter's `write_escaped` of the decoded string. A control character or a bad escape:
+    /// `None`.
+    #[inline(never)]
     fn escaped_string(&mut self, first: usize) -> Option<Text> {
         let input = self.input;
-        let raw = &mut self.numbers.strbuf;
-        raw.clear();
+        let buf = &mut *self.buf;
+        let start = self.n;
+        *buf.get_mut(start)? = b'"';
+        let mut n = start + 1;
         let mut run = self.pos + 1;
         let mut at = first;
         loop {
             match input.get(at)? {
                 b'"' => break,
                 b'\\' => {
-                    raw.extend_from_slice(input.get(run..at)?);
-                    run = read_escape(input, at, raw).ok()?;
+                    if at > run {
+                        let plain = input.get(run..at)?;
+                        buf.get_mut(n..n + plain.len())?.copy_from_slice(plain);
+                        n += plain.len();
+                    }
+                    let (cp, next) = decode_escape(input, at).ok()?;
+                    run = next;
+                    if cp < 0x20 || cp == u32::from(b'"') || cp == u32::from(b'\\') {
+                        let mut out = BufSink {
+                            buf,
+                            n,
+                            full: false,
+                        };
+                        write_escaped_byte(&mut out, cp as u8);
+                        if out.full {
+                            return None;
+                        }
+                        n = out.n;
+                    } else {
+                        // All four bytes when there is room (nothing past `n` is live), so the
+                        // copy has a fixed length.
+                        let (bytes, len) = utf8(cp);
+                        match buf.get_mut(n..n + 4) {
+                            Some(dst) => dst.copy_from_slice(&bytes),
+                            None => buf.get_mut(n..n + len)?.copy_from_slice(bytes.get(..len)?),
+                        }
+                        n += len;
+                    }
                     at = scan_plain(input, run);
                 }
                 _ => return None,
             }
         }
-        raw.extend_from_slice(input.get(run..at)?);
+        let plain = input.get(run..at)?;
+        buf.get_mut(n..n + plain.len())?.copy_from_slice(plain);
+        n += plain.len();
+        *buf.get_mut(n)? = b'"';
         self.pos = at + 1;
-        let start = self.n;
+        self.n = n + 1;
+        Some(Text::Buffer(start as u32, self.n as u32))
+    }
+
+    /// A member name at `pos` (its opening quote) whose first special byte is at `first`: when
+    /// it is a backslash, the name is decoded with the full parser's escape reader into `names`
+    /// (where it is ordered and compared) and its canonical text is written into the buffer.
+    /// Returns the name's prefix (not yet remapped), its range in `names` and its text's range
+    /// in the buffer; a control character or a bad escape: `None`.
+    #[inline(never)]
+    fn escaped_name(&mut self, first: usize) -> Option<NameRead> {
+        let input = self.input;
+        let names = &mut *self.names;
+        let start = names.len();
+        let mut run = self.pos + 1;
+        let mut at = first;
+        loop {
+            match input.get(at)? {
+                b'"' => break,
+                b'\\' => {
+                    names.extend_from_slice(input.get(run..at)?);
+                    run = read_escape(input, at, names).ok()?;
+                    at = scan_plain(input, run);
+                }
+                _ => return None,
+            }
+        }
+        names.extend_from_slice(input.get(run..at)?);
+        self.pos = at + 1;
+        let name = names.get(start..)?;
+        self.ascii &= name.is_ascii();
+        let text_at = self.n;
         let mut out = BufSink {
             buf: self.buf,
-            n: start,
+            n: text_at,
             full: false,
         };
-        write_escaped(&mut out, raw);
+        write_escaped(&mut out, name);
         if out.full {
             return None;
         }
         self.n = out.n;
-        Some(Text::Buffer(start as u32, self.n as u32))
+        Some((
+            key_prefix(name),
+            (start as u32, names.len() as u32),
+            (text_at as u32, self.n as u32),
+        ))
     }
 
     fn literal(&mut self, word: &'static [u8]) -> Option<Text> {
@@ -416,7 +515,11 @@ impl Pass<'_, '_> {
     /// duplicate names: `None`).
     fn order_members(&mut self, base: usize, depth: usize) -> Option<()> {
         let input = self.input;
-        let name = |a: u32, b: u32| &input[a as usize..b as usize];
+        let names: &[u8] = self.names;
+        let name = |(a, b): (u32, u32), escaped: bool| {
+            let from = if escaped { names } else { input };
+            from.get(a as usize..b as usize).unwrap_or(&[])
+        };
         let members = &mut self.members[base..];
         if self.arrays > 0
             && let Some(shape) = self.shapes.get(depth)
@@ -425,10 +528,10 @@ impl Pass<'_, '_> {
                 .names
                 .iter()
                 .zip(members.iter())
-                .all(|(&(p, a, b), m)| {
+                .all(|(&(p, (a, b), escaped), m)| {
                     p == m.prefix
                         && (b - a == m.name.1 - m.name.0)
-                        && (b - a <= 8 || name(a, b) == name(m.name.0, m.name.1))
+                        && (b - a <= 8 || name((a, b), escaped) == member_name(m, &name))
                 })
         {
             // The same names in the same order: the same permutation, and no duplicates.
@@ -439,7 +542,7 @@ impl Pass<'_, '_> {
             }
             return Some(());
         }
-        let names_of = |m: &Member| name(m.name.0, m.name.1);
+        let names_of = |m: &Member| member_name(m, &name);
         let ascii = self.ascii || members.iter().all(|m| names_of(m).is_ascii());
         if self.arrays == 0 {
             // Outside arrays shapes rarely repeat: sort only.
@@ -456,7 +559,7 @@ impl Pass<'_, '_> {
         shape.names.clear();
         shape
             .names
-            .extend(members.iter().map(|m| (m.prefix, m.name.0, m.name.1)));
+            .extend(members.iter().map(|m| (m.prefix, m.name, m.escaped.1 != 0)));
         sort_members(members, ascii, &names_of);
         shape.perm.clear();
         if no_duplicates(members, &names_of).is_none() {
@@ -537,27 +640,29 @@ impl Pass<'_, '_> {
                 return None;
             }
             let end = scan_plain(input, quote + 1);
-            if input.get(end) != Some(&b'"') {
-                return None;
-            }
-            let mut head = [0u8; 8];
-            match input.get(quote + 1..quote + 9) {
-                Some(w) => head.copy_from_slice(w),
-                None => {
-                    for (h, &b) in head.iter_mut().zip(&input[quote + 1..]) {
-                        *h = b;
+            let (prefix, name, escaped) = if input.get(end) == Some(&b'"') {
+                let mut head = [0u8; 8];
+                match input.get(quote + 1..quote + 9) {
+                    Some(w) => head.copy_from_slice(w),
+                    None => {
+                        for (h, &b) in head.iter_mut().zip(&input[quote + 1..]) {
+                            *h = b;
+                        }
                     }
                 }
-            }
-            // Bytes of the word past the name (its closing quote on) do not belong to it.
-            let len = end - quote - 1;
-            let prefix = match len {
-                0 => 0,
-                1..=7 => u64::from_be_bytes(head) & !(u64::MAX >> (8 * len)),
-                _ => u64::from_be_bytes(head),
+                // Bytes of the word past the name (its closing quote on) do not belong to it.
+                let len = end - quote - 1;
+                let prefix = match len {
+                    0 => 0,
+                    1..=7 => u64::from_be_bytes(head) & !(u64::MAX >> (8 * len)),
+                    _ => u64::from_be_bytes(head),
+                };
+                self.pos = end + 1;
+                (prefix, ((quote + 1) as u32, end as u32), (0, 0))
+            } else {
+                self.escaped_name(end)?
             };
-            self.pos = end + 1;
-            let tight = self.peek() == Some(b':');
+            let tight = escaped.1 == 0 && self.peek() == Some(b':');
             if !tight {
                 self.skip_ws();
                 if self.peek()? != b':' {
@@ -575,7 +680,8 @@ impl Pass<'_, '_> {
             };
             self.members.push(Member {
                 prefix,
-                name: ((quote + 1) as u32, end as u32),
+                name,
+                escaped,
                 text,
                 whole,
                 index: 0,
@@ -602,7 +708,10 @@ impl Pass<'_, '_> {
         self.put(b'{')?;
         for i in base..self.members.len() {
             let m = self.members[i];
-            if !m.whole {
+            if m.escaped.1 != 0 {
+                self.copy_text(Text::Buffer(m.escaped.0, m.escaped.1))?;
+                self.put(b':')?;
+            } else if !m.whole {
                 let (a, b) = m.name;
                 self.copy_input(a as usize - 1, b as usize + 1)?;
                 self.put(b':')?;
@@ -625,10 +734,16 @@ impl Pass<'_, '_> {
 /// that sorted them: objects in arrays mostly repeat their shape.
 #[derive(Default)]
 struct Shape {
-    /// Prefix and input range of each name.
-    names: Vec<(u64, u32, u32)>,
+    /// Prefix, range and whether it is escaped (the range is then in `names`), of each name.
+    names: Vec<(u64, (u32, u32), bool)>,
     /// `perm[i]`: the input position of the i-th member in canonical order.
     perm: Vec<u32>,
+}
+
+/// The unescaped bytes of a member's name, through `name` (range, escaped).
+#[inline(always)]
+fn member_name<'i>(m: &Member, name: &impl Fn((u32, u32), bool) -> &'i [u8]) -> &'i [u8] {
+    name(m.name, m.escaped.1 != 0)
 }
 
 /// `None` when two adjacent members of a sorted object have the same name (the full parser
@@ -641,14 +756,24 @@ fn no_duplicates<'i>(members: &[Member], name: &impl Fn(&Member) -> &'i [u8]) ->
 }
 
 /// Sort an object's members into canonical (UTF-16) name order: ASCII names by prefix, then
-/// bytes; others as UTF-16. Small objects by insertion.
+/// bytes; others by prefix, then as UTF-16. Small objects by insertion.
 fn sort_members<'i>(members: &mut [Member], ascii: bool, name: &impl Fn(&Member) -> &'i [u8]) {
-    let less = |x: &Member, y: &Member| {
-        if ascii {
-            x.prefix < y.prefix || (x.prefix == y.prefix && name(x) < name(y))
-        } else {
-            cmp_utf16(name(x), name(y)) == std::cmp::Ordering::Less
+    // Prefixes are remapped to UTF-16 order (a bijection: equal names keep equal prefixes for
+    // the duplicate check): the names themselves are compared only on a tie (the same first
+    // eight bytes), and as UTF-16 only when some name is not ASCII.
+    if !ascii {
+        for m in members.iter_mut() {
+            m.prefix = utf16_sortable(m.prefix);
         }
+    }
+    let less = |x: &Member, y: &Member| {
+        x.prefix < y.prefix
+            || (x.prefix == y.prefix
+                && if ascii {
+                    name(x) < name(y)
+                } else {
+                    cmp_utf16(name(x), name(y)) == std::cmp::Ordering::Less
+                })
     };
     if members.len() <= 16 {
         for i in 1..members.len() {
@@ -733,6 +858,20 @@ mod tests {
                 "{\"a\":\"\u{1F600} \\u001f\\\"\",\"b\":\"\\n\u{e9}/\"}".as_bytes(),
             ),
             (br#"["x\\y", "\t"]"#, br#"["x\\y","\t"]"#),
+            // Escaped member names are decoded, ordered as UTF-16 and written canonically.
+            (br#"{"a\u0062":1}"#, br#"{"ab":1}"#),
+            (
+                br#"{"\u0062":1,"a":[{"\"":2}]}"#,
+                br#"{"a":[{"\"":2}],"b":1}"#,
+            ),
+            (
+                br#"{"\uff61":1,"\ud83d\ude00":2,"z\n":3}"#,
+                "{\"z\\n\":3,\"\u{1F600}\":2,\"\u{FF61}\":1}".as_bytes(),
+            ),
+            (
+                br#"[{"\u00e9":1,"e":2},{"\u00e9":3,"e":4}]"#,
+                "[{\"e\":2,\"\u{e9}\":1},{\"e\":4,\"\u{e9}\":3}]".as_bytes(),
+            ),
         ] {
             assert_eq!(
                 fast(input).as_deref(),
@@ -754,7 +893,10 @@ mod tests {
             br#"{"a":"\ud83d"}"#,
             b"[\"a\tb\"]",
             br#"["\x"]"#,
-            br#"{"a\u0062":1}"#,
+            br#"{"a":1,"\u0061":2}"#,
+            r#"{"\u00e9":1,"é":2}"#.as_bytes(),
+            br#"{"\ud83d":1}"#,
+            b"{\"a\tb\":1}",
             b"[1,]",
             b"{\"a\":1,}",
             b"[1 2]",
@@ -856,7 +998,33 @@ mod tests {
     }
 
     /// Pieces of JSON text, plain and not, for the differential test.
-    const NAMES: [&str; 14] = [
+    /// Member names, adversarial for the order and the duplicate check: escaped spellings of
+    /// other names (duplicates once decoded), supplementary characters against U+E000-U+FFFF
+    /// (UTF-16 order differs from byte order) in the first eight bytes and after them (the
+    /// prefixes tie), escaped control characters, and escapes the full parser refuses.
+    const NAMES: [&str; 37] = [
+        "\"\\ud83d\\ude00\"",
+        "\"\\uff61\"",
+        "\"\\u00e9\"",
+        "\"\\u0041\"",
+        "\"prefix12\u{1F600}\"",
+        "\"prefix12\u{E000}\"",
+        "\"prefix12\\uE000x\"",
+        "\"prefix12\\ud83d\\ude01\"",
+        "\"prefix12\\uD83D\\uDE00\"",
+        "\"\u{E000}\"",
+        "\"\u{FFFF}\"",
+        "\"\u{10FFFF}\"",
+        "\"\\uFFFF\"",
+        "\"\\udbff\\udfff\"",
+        "\"\\n\"",
+        "\"\\u000a\"",
+        "\"\\u0000\"",
+        "\"\\\\\"",
+        "\"\\/\"",
+        "\"\\udc00\"",
+        "\"a\\u0062\"",
+        "\"ab\"",
         "\"a\"",
         "\"b\"",
         "\"amount\"",
@@ -871,8 +1039,9 @@ mod tests {
         "\"a\\\"\"",
         "\"longer name 1\"",
         "\"longer name 2\"",
+        "\"\\uZZZZ\"",
     ];
-    const SCALARS: [&str; 34] = [
+    const SCALARS: [&str; 36] = [
         "0",
         "-0",
         "1",
@@ -907,6 +1076,9 @@ mod tests {
         "\"\\ud83d\"",
         "\"\\u0000\\u001F\"",
         "\"\u{1F600}\"",
+        // Escapes that decode to characters written escaped again, and to ones written raw.
+        "\"a\\u0022b\\u005c\\u001f\\u001F\\u0008\\u000d\\u007f\\u2028\\ud800\\udc00\u{E000}z\"",
+        "\"\\uDBFF\\uDFFF\\u00e9\\/\\b\\f\\r\\t\u{10FFFF}\\uffff\\u0000\"",
     ];
     const SPACE: [&str; 5] = ["", "", "", " ", "\n\t "];
 
