@@ -69,6 +69,28 @@ pub enum Variant {
     /// claimed (the host takes "no error" for success) instead of `StoreResult::Locked`: the
     /// duplicate runs the handler while the first request's transaction still holds the row.
     LockWaitAssumedClaimed,
+    /// Core's abandon (renew with 0 ms after a handler that may have acted failed) done as a
+    /// release: a retry of the same request runs it again at once.
+    AbandonReleases,
+    /// Core's `takeover` renews the lease but leaves the old token in the record: the paused
+    /// owner still holds the key, the new one is fenced out.
+    TakeoverKeepsToken,
+    /// Core's `renew` without the token comparison: a stale owner's heartbeat renews the lease
+    /// of the flow that took its record over.
+    RenewWithoutToken,
+    /// The host runs the handler's side effect before the store is consulted (optimistic
+    /// execution), then lets the flow answer.
+    ExecuteBeforeAdmission,
+    /// Core's `complete` with no condition at all (Powertools' `_update_record`): any flow's
+    /// completion overwrites the record, a completed one included.
+    CompleteUnconditional,
+    /// The host builds every request's scope from the first client's principal.
+    ScopeOfFirstClient,
+    /// The store adapter reads an in-progress record's lease as its retention (`lease_until`
+    /// taken from `expires_at`): an expired lease looks live.
+    LeaseReadAsExpiry,
+    /// The store adapter maps a completion's answer to the wrong result type (a `Got`).
+    ResultMisreported,
 }
 
 /// One modelled client: who it is (principal: its scope) and what it sends.

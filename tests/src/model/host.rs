@@ -3,7 +3,7 @@
 //! reaction to an answer (core's retry policy), and transactional rollback.
 use super::{
     Body, Busy, Client, ClientPhase, Effect, EffectMode, Handler, IdempoModel, PendingCleanup, Tx,
-    Variant, Worker, World, body_of, props, token_bytes,
+    Variant, Worker, World, body_of, contract, props, token_bytes,
 };
 use idempo_core::machine::problem::ProblemKind;
 use idempo_core::machine::{Action, Event, HttpResponse, Outcome};
@@ -153,6 +153,7 @@ impl IdempoModel {
             .completed
             .retain(|&(cs, e), _| cs != scope || e <= tx.pre_epoch);
         w.ghost.epoch[s] = tx.pre_epoch;
+        w.ghost.granted[s] = tx.pre_granted;
     }
 
     /// The request answered its client: record what the properties need, then let the client
@@ -191,6 +192,9 @@ impl IdempoModel {
             now_ms: Self::now_ms(w),
         };
         props::check_answer(self, w, &obs);
+        if outcome == Outcome::Replayed {
+            contract::check_replay(self, w, who.client, obs.body);
+        }
         let client = &mut w.clients[usize::from(who.client)];
         if client.phase == ClientPhase::Waiting(who.token) {
             // The client classifies the answer with core, as every binding's client does: an
@@ -234,7 +238,9 @@ impl IdempoModel {
             token: b.token,
             client: b.client,
             owner,
+            took_over: b.took_over,
         };
+        contract::on_effect(self, w, b.client, owner, b.took_over, Self::now_ms(w));
         if b.epoch >= 2 {
             w.ghost.seen |= props::Seen::RerunAfterTtl.bit();
         }

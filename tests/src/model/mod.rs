@@ -26,9 +26,11 @@ use idempo_core::scope::ScopeId;
 
 mod cache_sim;
 mod config;
+pub mod contract;
 mod flowkey;
 pub mod harness;
 mod host;
+pub mod liveness;
 mod mutated;
 pub mod props;
 pub mod recipe_check;
@@ -72,6 +74,8 @@ pub struct IdempoModel {
     client_fp: Vec<u8>,
     config: Arc<Config>,
     retry: RetryPolicy,
+    /// With the liveness property on: the patient twin its continuations run on.
+    patient: Option<Arc<IdempoModel>>,
 }
 
 impl IdempoModel {
@@ -142,6 +146,7 @@ impl IdempoModel {
             client_fp,
             config: Arc::new(config),
             retry,
+            patient: None,
         }
     }
 
@@ -153,6 +158,44 @@ impl IdempoModel {
             Arc::make_mut(&mut self.config).transactional = false;
         }
         self
+    }
+
+    /// The same model with the liveness property [`liveness::L`] checked on every state (costly:
+    /// one continuation per state; for small configurations).
+    #[must_use]
+    pub fn with_liveness(mut self) -> Self {
+        self.patient = None;
+        self.patient = Some(Arc::new(self.patient_twin()));
+        self
+    }
+
+    /// Whether [`liveness::L`] is among the properties.
+    #[must_use]
+    pub fn checks_liveness(&self) -> bool {
+        self.patient.is_some()
+    }
+
+    fn patient_twin(&self) -> Self {
+        let mut p = self.clone();
+        p.patient = None;
+        p.retry = RetryPolicy::new(RetryConfig {
+            max_attempts: 250,
+            ..RetryConfig::default()
+        })
+        .expect("valid retry policy");
+        p.bounds.max_crashes = 0;
+        p.bounds.store_faults = 0;
+        p.bounds.failures = false;
+        p
+    }
+
+    /// The twin the liveness continuations run on: the same model, core and mutation, with
+    /// patient clients (attempts enough) and no crashes, store faults or handler failures.
+    #[must_use]
+    pub fn patient(&self) -> Arc<Self> {
+        self.patient
+            .clone()
+            .unwrap_or_else(|| Arc::new(self.patient_twin()))
     }
 
     /// Number of distinct scopes among the clients.
@@ -179,6 +222,15 @@ impl IdempoModel {
         self.client_fp
             .get(usize::from(c))
             .and_then(|f| self.fingerprints.get(usize::from(*f)))
+    }
+
+    /// The index of a fingerprint some client sends.
+    #[must_use]
+    pub fn fingerprint_index(&self, fp: &FingerprintText) -> Option<u8> {
+        self.fingerprints
+            .iter()
+            .position(|f| f == fp)
+            .and_then(|i| u8::try_from(i).ok())
     }
 
     /// True when clients `a` and `b` send the same request in the same scope.

@@ -3,11 +3,11 @@
 //! background cleanup; and the mutated primitives of the store variants.
 use super::{
     Busy, EffectMode, Fault, IdempoModel, PendingCleanup, Tx, Variant, Worker, World, body_of,
-    props, token_bytes,
+    contract, props, token_bytes,
 };
 use idempo_core::machine::store::{self, ClaimOutcome};
 use idempo_core::machine::{Event, StoreOp, StoreResult};
-use idempo_core::record::{FencingToken, Record, StoredResponse};
+use idempo_core::record::{FencingToken, Record, RecordState, StoredResponse};
 use idempo_core::scope::ScopeId;
 
 pub(super) fn op_scope(op: &StoreOp) -> &ScopeId {
@@ -43,6 +43,16 @@ pub(super) fn without_token_check(
 
 impl IdempoModel {
     pub(super) fn with_requester_fp(&self, record: Record, client: u8) -> Record {
+        if self.variant == Variant::LeaseReadAsExpiry
+            && let RecordState::InProgress { .. } = record.state
+        {
+            return Record {
+                state: RecordState::InProgress {
+                    lease_until_ms: record.expires_at_ms,
+                },
+                ..record
+            };
+        }
         if self.variant == Variant::NoFingerprintCheck {
             Record {
                 fingerprint: self.fingerprints[usize::from(self.fp_of(client))].clone(),
@@ -117,6 +127,7 @@ impl IdempoModel {
             .as_ref()
             .is_some_and(|r| w.ghost.orphan != 0 && r.token.0 == token_bytes(w.ghost.orphan));
         let mut read_epoch = None;
+        let op_seen = op.clone();
         let result = match op {
             StoreOp::Claim {
                 fingerprint,
@@ -176,8 +187,10 @@ impl IdempoModel {
                             b.tx = Some(Tx {
                                 pre: pre.clone(),
                                 pre_epoch: w.ghost.epoch[si],
+                                pre_granted: w.ghost.granted[si],
                             });
                         }
+                        contract::on_grant(w, si, b.token);
                         if fresh {
                             w.ghost.epoch[si] = w.ghost.epoch[si].saturating_add(1);
                         }
@@ -196,7 +209,7 @@ impl IdempoModel {
             StoreOp::Get { .. } => {
                 read_epoch = Some(w.ghost.epoch[si]);
                 StoreResult::Got {
-                    record: pre.map(|r| self.with_requester_fp(r, b.client)),
+                    record: pre.clone().map(|r| self.with_requester_fp(r, b.client)),
                     now_ms,
                 }
             }
@@ -208,7 +221,14 @@ impl IdempoModel {
             } => {
                 let got =
                     store::takeover(&mut w.store[si], seen_token, new_token, lease_ms, now_ms);
+                if got.is_some() && self.variant == Variant::TakeoverKeepsToken {
+                    // The takeover renews the lease but leaves the old token in place.
+                    if let Some(r) = w.store[si].as_mut() {
+                        r.token = seen_token;
+                    }
+                }
                 if got.is_some() {
+                    contract::on_grant(w, si, new_token.0[15]);
                     b.epoch = w.ghost.epoch[si];
                     b.took_over = true;
                     if orphan {
@@ -243,14 +263,30 @@ impl IdempoModel {
                     without_token_check(&mut w.store[si], token, |slot| {
                         store::complete(slot, token, stored, ttl_ms, now_ms)
                     })
+                } else if self.variant == Variant::CompleteUnconditional {
+                    // An `UPDATE … SET state = completed WHERE scope_key = $1`: no token, no
+                    // state in the condition.
+                    if let Some(r) = w.store[si].as_mut() {
+                        r.token = token;
+                        r.state = RecordState::InProgress {
+                            lease_until_ms: now_ms,
+                        };
+                    }
+                    store::complete(&mut w.store[si], token, stored, ttl_ms, now_ms)
                 } else {
                     store::complete(&mut w.store[si], token, stored, ttl_ms, now_ms)
                 };
                 if ok {
                     props::check_owner_write(w, &pre, token);
+                    contract::check_fenced(w, si, token);
                     if let Some(body) = body {
                         let e = w.ghost.epoch[si];
                         w.ghost.completed.entry((s, e)).or_insert(body);
+                        if b.tx.is_some() && self.config.transactional {
+                            b.stored = Some(body);
+                        } else {
+                            contract::on_stored(self, w, b.client, body);
+                        }
                     }
                     if !self.config.transactional && b.tx.take().is_some() {
                         // A host that commits with the completion (core not told: the
@@ -270,6 +306,7 @@ impl IdempoModel {
                 };
                 if ok {
                     props::check_owner_write(w, &pre, token);
+                    contract::check_fenced(w, si, token);
                     if let Some(tx) = b.tx.take() {
                         // Transactional release is the rollback.
                         Self::rollback(w, si, &tx);
@@ -280,9 +317,20 @@ impl IdempoModel {
             StoreOp::Renew {
                 token, lease_ms, ..
             } => {
-                let ok = store::renew(&mut w.store[si], token, lease_ms, now_ms);
+                let ok = if self.variant == Variant::AbandonReleases && lease_ms == 0 {
+                    // The flow's abandon (renew with 0 ms: hand the execution to the
+                    // takeover policy) done as a release: the key is free at once.
+                    store::release(&mut w.store[si], token)
+                } else if self.variant == Variant::RenewWithoutToken {
+                    without_token_check(&mut w.store[si], token, |slot| {
+                        store::renew(slot, token, lease_ms, now_ms)
+                    })
+                } else {
+                    store::renew(&mut w.store[si], token, lease_ms, now_ms)
+                };
                 if ok {
                     props::check_owner_write(w, &pre, token);
+                    contract::check_fenced(w, si, token);
                 }
                 StoreResult::Renewed(ok)
             }
@@ -292,9 +340,37 @@ impl IdempoModel {
                 if b.tx.take().is_some() {
                     self.record_effect(w, &b, true);
                 }
+                if let Some(body) = b.stored.take() {
+                    contract::on_stored(self, w, b.client, body);
+                }
                 StoreResult::Committed
             }
         };
+        let applied = matches!(
+            result,
+            StoreResult::Claimed { .. }
+                | StoreResult::TookOver(Some(_))
+                | StoreResult::MarkedUnknown(true)
+                | StoreResult::Completed(true)
+                | StoreResult::Released(true)
+                | StoreResult::Renewed(true)
+        );
+        let post = w.store[si].clone();
+        // A transactional release is the rollback: the slot is the one before the claim.
+        let shaped =
+            !(self.mode == EffectMode::Transactional && matches!(op_seen, StoreOp::Release { .. }));
+        contract::check_write(w, Some(&op_seen), &pre, &post, applied, shaped);
+        if self.variant == Variant::ResultMisreported
+            && let StoreResult::Completed(_) = result
+        {
+            // A store adapter that maps the completion's answer to the wrong result type.
+            let wrong = StoreResult::Got {
+                record: None,
+                now_ms,
+            };
+            self.feed(w, b, Event::Store(wrong), read_epoch);
+            return;
+        }
         if fault == Fault::Lost {
             // Applied, answer lost. The host cannot tell this from a failure: a `COMMIT` that
             // went through stays committed (the host does not know it), any other open
@@ -349,8 +425,11 @@ impl IdempoModel {
                 return;
             }
         };
+        let post = w.store[si].clone();
+        contract::check_write(w, Some(&c.op), &pre, &post, ok, true);
         if ok {
             props::check_owner_write(w, &pre, token);
+            contract::check_fenced(w, si, token);
             if orphan {
                 w.ghost.seen |=
                     props::Seen::OrphanResolved.bit() | props::Seen::OrphanCleaned.bit();

@@ -1,7 +1,7 @@
 //! The [`Model`] impl: the initial state, the enabled actions and the transition of each.
 use super::{
     Act, Busy, Client, ClientPhase, EffectMode, Fault, FlowKey, Ghost, IdempoModel, Variant,
-    Worker, World, op_scope, props, token_bytes,
+    Worker, World, contract, liveness, op_scope, props, token_bytes,
 };
 use idempo_core::machine::store::{self};
 use idempo_core::machine::{Event, HandlerResponse, ServerFlow, StoreOp, StoreResult};
@@ -41,6 +41,7 @@ impl Model for IdempoModel {
             cleanups: Vec::new(),
             ghost: Ghost {
                 epoch: vec![0; self.scopes.len()],
+                granted: vec![0; self.scopes.len()],
                 ..Ghost::default()
             },
         }]
@@ -143,12 +144,20 @@ impl Model for IdempoModel {
                 client.phase = ClientPhase::Waiting(token);
                 if self.cache_answers(&mut w, c, token) {
                     w.workers.push(Worker::Idle);
+                    contract::after_step(self, &mut w);
                     Self::canonical(&mut w);
                     return Some(w);
                 }
                 let s = usize::from(self.scope_of(c));
+                // The host builds the scope from the authenticated principal (under the
+                // mutation, from the first client's, as if it were cached across requests).
+                let scope = if self.variant == Variant::ScopeOfFirstClient {
+                    self.scopes[0]
+                } else {
+                    self.scopes[s]
+                };
                 let (flow, first) = ServerFlow::start(
-                    self.scopes[s],
+                    scope,
                     self.fingerprints[usize::from(self.fp_of(c))].clone(),
                     Arc::clone(&self.config),
                     token_bytes(token),
@@ -166,7 +175,12 @@ impl Model for IdempoModel {
                     admitted: false,
                     admission_fault: false,
                     lock_waited: false,
+                    stored: None,
                 });
+                if self.variant == Variant::ExecuteBeforeAdmission {
+                    // The side effect runs before the store is consulted.
+                    self.record_effect(&mut w, &b, false);
+                }
                 self.apply(&mut w, b, first, None);
             }
             Act::Timeout(c) => {
@@ -232,7 +246,10 @@ impl Model for IdempoModel {
                     }
                 }
             }
-            Act::Purge(s) => w.store[usize::from(s)] = None,
+            Act::Purge(s) => {
+                let pre = w.store[usize::from(s)].take();
+                contract::check_write(&mut w, None, &pre, &None, true, true);
+            }
             Act::CacheRead(s) => self.cache_read(&mut w, usize::from(s)),
             Act::CacheWrite(s) => self.cache_write(&mut w, usize::from(s)),
             Act::Cleanup(t) => {
@@ -261,11 +278,16 @@ impl Model for IdempoModel {
                 self.feed(&mut w, b, event, None);
             }
         }
+        contract::after_step(self, &mut w);
         Self::canonical(&mut w);
         Some(w)
     }
 
     fn properties(&self) -> Vec<Property<Self>> {
-        props::all()
+        let mut all = props::all();
+        if self.checks_liveness() {
+            all.push(Property::always(liveness::L, liveness::holds));
+        }
+        all
     }
 }

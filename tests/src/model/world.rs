@@ -22,6 +22,8 @@ pub struct Effect {
     pub client: u8,
     /// Whether the executing flow's token was the record's current token at that moment.
     pub owner: bool,
+    /// Whether the executing flow took an expired lease over.
+    pub took_over: bool,
 }
 
 /// The handler of a flow that was told to run it.
@@ -62,6 +64,9 @@ pub struct Busy {
     pub admission_fault: bool,
     /// Ghost: the flow's claim waited on another request's row lock and timed out.
     pub lock_waited: bool,
+    /// Transactional mode: the response the completion wrote in the open transaction (stored
+    /// for the contract only once the `COMMIT` applies).
+    pub stored: Option<Body>,
 }
 
 /// A cached copy of a completed record (`spec/STORAGE.md` §9).
@@ -105,6 +110,8 @@ pub struct Tx {
     pub pre: Option<Record>,
     /// The ghost generation-instance counter before the claim.
     pub pre_epoch: u8,
+    /// The contract's latest granted token before the claim.
+    pub pre_granted: u8,
 }
 
 /// A server worker.
@@ -156,6 +163,15 @@ pub struct Ghost {
     pub violated: u32,
     /// Events seen (bits of [`props::Seen`]).
     pub seen: u32,
+    /// Contract history (`contract`): the open retention windows of requests that had an
+    /// effect, by (scope, fingerprint index, made by the current owner), each open until the
+    /// `expires_at` of that request's record as last written (ms).
+    pub windows: BTreeMap<(u8, u8, bool), u64>,
+    /// Contract history: the last response stored (committed) per (scope, fingerprint index).
+    pub stored: BTreeMap<(u8, u8), Body>,
+    /// Contract history: per scope, the token of the latest claim or takeover the store ever
+    /// applied (0: none), whether or not its answer arrived.
+    pub granted: Vec<u8>,
 }
 
 /// The model state.
