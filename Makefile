@@ -3,8 +3,12 @@
 #   make demo    set up what is missing and run the main demo
 #   make test    run every test (lint, Rust, and each binding's suite)
 #   make bench   print benchmark figures (never asserted)
-#   make lint    cargo fmt --check, clippy -D warnings, and the check that the Python and
-#                TypeScript hosts make no protocol decision (scripts/check_edge_rules.py)
+#   make lint    cargo fmt --check, clippy -D warnings (the workspace's lint policy is
+#                [workspace.lints] in Cargo.toml), each crate's rust-version against its
+#                dependencies under the committed Cargo.lock (scripts/check-msrv.py), and the
+#                check that the Python and TypeScript hosts make no protocol decision
+#                (scripts/check_edge_rules.py)
+#   make ci      what .ci/run does: setup, then test (CI exports CARGO="cargo --locked")
 #   make check   fast and offline, for a contributor's loop (after one `make setup`): lint, core's
 #                unit tests, and the Python and Node suites without the tests that need
 #                PostgreSQL or Redis
@@ -18,7 +22,7 @@ TEST_TARGETS :=
 BENCH_TARGETS :=
 DEMO_TARGET := demo-cli
 
-.PHONY: demo demo-cli setup test lint check test-rust bench bench-rust bench-report fmt clean
+.PHONY: demo demo-cli setup test ci lint check test-rust bench bench-rust bench-report fmt clean
 
 -include $(sort $(wildcard mk/*.mk))
 
@@ -35,9 +39,13 @@ demo-cli:
 test: setup lint test-rust $(TEST_TARGETS)
 	@echo "make test: all suites passed"
 
+ci: setup test
+
 lint:
+	python3 scripts/check-msrv.py
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -q -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc -q -p idempo-core --no-deps
 	python3 scripts/check_edge_rules.py
 
 check: lint

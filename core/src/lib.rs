@@ -27,6 +27,11 @@
 //! - [`policy`]: per-route lease, takeover, response-caching and retention policy.
 //! - [`machine`]: the key state machine: `decide`, completion, takeover and the sans-IO server flow.
 //! - [`vocab`]: the stable names of core's enumerations (`FromStr`, `as_str`, `Display`).
+//! - [`metrics`]: the fixed shapes of the metrics every binding exports (histogram bounds).
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -34,6 +39,7 @@ pub mod canonical;
 pub mod fingerprint;
 pub mod intent;
 pub mod key;
+pub mod metrics;
 pub mod machine;
 pub mod policy;
 pub mod recipes;

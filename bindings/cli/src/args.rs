@@ -8,10 +8,10 @@ use std::ffi::{OsStr, OsString};
 
 /// A usage error: the message explains it; the caller adds a pointer to `--help`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UsageError(pub String);
+pub(crate) struct UsageError(pub String);
 
 /// What a command accepts.
-pub struct Spec {
+pub(crate) struct Spec {
     /// Options that take a value, e.g. `"method"` for `--method M`.
     pub valued: &'static [&'static str],
     /// Boolean flags, e.g. `"strict"`.
@@ -22,7 +22,7 @@ pub struct Spec {
 
 /// Parsed arguments of one command.
 #[derive(Debug, Default)]
-pub struct Parsed {
+pub(crate) struct Parsed {
     /// `(name, value)` for valued options, in command-line order (repeatable ones appear often).
     pub values: Vec<(&'static str, String)>,
     /// Flags that were given.
@@ -35,7 +35,7 @@ pub struct Parsed {
 
 impl Parsed {
     /// The last value of a valued option.
-    pub fn value(&self, name: &str) -> Option<&str> {
+    pub(crate) fn value(&self, name: &str) -> Option<&str> {
         self.values
             .iter()
             .rev()
@@ -44,7 +44,7 @@ impl Parsed {
     }
 
     /// Every value of a repeatable option, in order.
-    pub fn all(&self, name: &str) -> Vec<&str> {
+    pub(crate) fn all(&self, name: &str) -> Vec<&str> {
         self.values
             .iter()
             .filter(|(n, _)| *n == name)
@@ -53,18 +53,18 @@ impl Parsed {
     }
 
     /// Whether a flag was given.
-    pub fn flag(&self, name: &str) -> bool {
+    pub(crate) fn flag(&self, name: &str) -> bool {
         self.flags.contains(&name)
     }
 
     /// A required valued option.
-    pub fn required(&self, name: &str) -> Result<&str, UsageError> {
+    pub(crate) fn required(&self, name: &str) -> Result<&str, UsageError> {
         self.value(name)
             .ok_or_else(|| UsageError(format!("--{name} is required")))
     }
 
     /// A valued option read as an unsigned number.
-    pub fn number(&self, name: &str) -> Result<Option<usize>, UsageError> {
+    pub(crate) fn number(&self, name: &str) -> Result<Option<usize>, UsageError> {
         self.value(name)
             .map(|v| {
                 v.parse::<usize>().map_err(|_| {
@@ -76,7 +76,7 @@ impl Parsed {
 }
 
 /// Parses `args` (without the program and command names) against `spec`.
-pub fn parse(args: &[OsString], spec: &Spec) -> Result<Parsed, UsageError> {
+pub(crate) fn parse(args: &[OsString], spec: &Spec) -> Result<Parsed, UsageError> {
     let mut out = Parsed::default();
     let mut i = 0;
     let mut only_positionals = false;
@@ -139,7 +139,7 @@ pub fn parse(args: &[OsString], spec: &Spec) -> Result<Parsed, UsageError> {
 }
 
 /// An argument shown in a message: escaped, never raw.
-pub fn shown(arg: &OsStr) -> String {
+pub(crate) fn shown(arg: &OsStr) -> String {
     format!("{:?}", arg.to_string_lossy())
 }
 

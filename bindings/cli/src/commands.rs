@@ -12,11 +12,11 @@ use idempo_core::scope::ScopeId;
 use crate::args::{self, Spec, UsageError, shown};
 
 /// Exit status: success, or `check-key` found the key valid.
-pub const EXIT_OK: u8 = 0;
+pub(crate) const EXIT_OK: u8 = 0;
 /// Exit status: the input was rejected (invalid JSON, key, body).
-pub const EXIT_REJECTED: u8 = 1;
+pub(crate) const EXIT_REJECTED: u8 = 1;
 /// Exit status: usage error, unreadable file, or output failure.
-pub const EXIT_USAGE: u8 = 2;
+pub(crate) const EXIT_USAGE: u8 = 2;
 
 const MAIN_HELP: &str = "\
 idempo: debug idempotency keys, canonical JSON and request fingerprints
@@ -111,7 +111,7 @@ Options:
 ";
 
 /// Runs the program on `argv` (without the program name). Returns the exit status.
-pub fn run(
+pub(crate) fn run(
     argv: &[OsString],
     stdin: &mut dyn Read,
     out: &mut dyn Write,

@@ -11,6 +11,10 @@
 //! Exit status: 0 success (for `check-key`: valid), 1 the input was rejected (invalid JSON,
 //! invalid key, unfingerprintable body), 2 usage or I/O error. All logic lives in `idempo-core`;
 //! this binary only reads arguments and files and prints.
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 #![forbid(unsafe_code)]
 
 mod args;

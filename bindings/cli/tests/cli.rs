@@ -1,3 +1,4 @@
+#![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
 //! Runs the built `idempo` binary as a user would: exit codes, stdout/stderr, files and stdin.
 use std::io::Write;
 use std::path::PathBuf;

@@ -736,3 +736,6 @@ export interface ScopeReturn {
    */
   text?: string
 }
+
+/** Histogram bounds, in seconds, of `idempo_store_operation_duration_seconds`. */
+export declare function storeLatencyBuckets(): Array<number>

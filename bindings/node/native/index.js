@@ -869,3 +869,4 @@ module.exports.responseBodyNeeded = nativeBinding.responseBodyNeeded
 module.exports.routeFingerprint = nativeBinding.routeFingerprint
 module.exports.scopeId = nativeBinding.scopeId
 module.exports.scopeIdHex = nativeBinding.scopeIdHex
+module.exports.storeLatencyBuckets = nativeBinding.storeLatencyBuckets

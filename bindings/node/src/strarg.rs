@@ -1,4 +1,8 @@
 //! Reading short JS string arguments without a heap allocation.
+//!
+//! The one module of the workspace allowed `unsafe`: one N-API call into a stack buffer, with
+//! its safety argument beside it.
+#![allow(unsafe_code)]
 use napi::{JsString, JsValue, sys};
 
 /// Stack buffer size for short string arguments (methods, route templates).

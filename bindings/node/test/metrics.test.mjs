@@ -214,3 +214,9 @@ test('prometheusMetrics refuses a second registration in one registry; openTelem
   assert.throws(() => idempo.prometheusMetrics(new idempo.IdempotencyEvents(), { registry }), (e) => e instanceof idempo.ConfigError && /already registered/.test(e.message));
   assert.throws(() => idempo.openTelemetryMetrics(new idempo.IdempotencyEvents(), {}), (e) => e instanceof idempo.ConfigError && /getMeter/.test(e.message));
 });
+
+test('the latency histogram bounds are core\'s and the vector\'s', () => {
+  const spec = VECTORS.metrics.find((m) => m.id === 'store_latency');
+  assert.deepEqual([...idempo.STORE_LATENCY_BUCKETS], spec.buckets);
+  assert.ok(Object.isFrozen(idempo.STORE_LATENCY_BUCKETS));
+});

@@ -14,10 +14,11 @@
  * template, the outcome and the primitive's name only (never a key, body or principal).
  */
 import { ConfigError } from './errors';
+import native = require('./native');
 import type { IdempotencyEvents } from './server/session';
 
-/** Histogram bounds (seconds) of `idempo_store_operation_duration_seconds`. */
-export const STORE_LATENCY_BUCKETS: readonly number[] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5];
+/** Histogram bounds (seconds) of `idempo_store_operation_duration_seconds`, from core (the same in every binding). */
+export const STORE_LATENCY_BUCKETS: readonly number[] = Object.freeze(native.storeLatencyBuckets());
 
 /** A prom-client `Registry` (typed structurally: the package's declarations do not need prom-client). */
 export interface PrometheusRegistryLike {

@@ -4,6 +4,10 @@
 //! errors to Python exception classes, and makes no protocol decision of its own. Every function
 //! takes raw bytes where core does, and no input can make it panic: conversions are fallible and
 //! every core error becomes a typed Python exception.
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 #![forbid(unsafe_code)]
 
 mod admit;
@@ -40,6 +44,10 @@ fn _idempo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(memory::memory_partition, m)?)?;
     m.add_function(wrap_pyfunction!(memory::cache_servable, m)?)?;
     m.add_function(wrap_pyfunction!(memory::cache_fill_px, m)?)?;
+    m.add(
+        "STORE_LATENCY_BUCKETS",
+        pyo3::types::PyTuple::new(m.py(), idempo_core::metrics::STORE_LATENCY_BUCKETS_SECONDS)?,
+    )?;
     m.add_class::<flow::Config>()?;
     m.add_class::<admit::Admission>()?;
     m.add_class::<admit::ScopeRule>()?;

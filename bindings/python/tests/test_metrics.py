@@ -243,3 +243,26 @@ def test_a_raising_hook_never_changes_the_answer() -> None:
 def test_opentelemetry_hooks_refuses_what_is_not_a_meter() -> None:
     with pytest.raises(TypeError, match="get_meter"):
         opentelemetry_hooks(object())
+
+
+def test_latency_buckets_are_cores_and_the_vectors() -> None:
+    """The histogram bounds come from core, equal the vector's, and are what prometheus_client
+    exports (an operator's bucket-based alert reads every binding the same way)."""
+    from prometheus_client import CollectorRegistry
+
+    from idempo.metrics import STORE_LATENCY_BUCKETS
+
+    spec = next(m for m in VECTORS["metrics"] if m["id"] == "store_latency")
+    assert list(STORE_LATENCY_BUCKETS) == spec["buckets"]
+    registry = CollectorRegistry()
+    hooks = prometheus_hooks(registry)
+    assert hooks.on_store_op is not None
+    hooks.on_store_op("/payments", "claim", 0.0001, False)
+    bounds = [
+        float(s.labels["le"])
+        for family in registry.collect()
+        if family.name == "idempo_store_operation_duration_seconds"
+        for s in family.samples
+        if s.name.endswith("_bucket") and s.labels["le"] != "+Inf"
+    ]
+    assert bounds == spec["buckets"]

@@ -12,6 +12,11 @@
 //! carries core's stable snake_case `code` where core has one, and core's message. No function
 //! panics on bad input, so nothing unwinds across the FFI boundary.
 
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
+
 uniffi::setup_scaffolding!();
 
 mod canonical;

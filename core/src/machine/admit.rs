@@ -23,7 +23,7 @@
 //! [`ServerFlow`]: super::ServerFlow
 use thiserror::Error;
 
-use super::flow::HttpResponse;
+use super::io::HttpResponse;
 use super::memory::Partition;
 use super::problem::{self, ProblemKind, problem_response};
 use crate::canonical::{CanonError, CanonErrorKind};
@@ -32,6 +32,26 @@ use crate::key::{IdempotencyKey, parse_key_bytes};
 use crate::policy::{Config, KeyRequirement};
 use crate::record::FingerprintText;
 use crate::scope::ScopeId;
+
+/// What to do with a request that has no `Idempotency-Key`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[must_use]
+pub enum MissingKey {
+    /// Answer with this 400 problem.
+    Reject(HttpResponse),
+    /// The key is optional on this route: run the handler without idempotency protection.
+    RunUnprotected,
+}
+
+/// The answer for a request without a key, per [`Config::key`].
+pub fn missing_key(config: &Config) -> MissingKey {
+    match config.key {
+        KeyRequirement::Required => {
+            MissingKey::Reject(problem_response(ProblemKind::MissingKey, None, None, None))
+        }
+        KeyRequirement::Optional => MissingKey::RunUnprotected,
+    }
+}
 
 /// A request admission refused: the problem response to send. The handler does not run and no
 /// store operation happens.

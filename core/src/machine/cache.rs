@@ -5,7 +5,7 @@
 //! - [`servable`]: a cached copy answers only when it is **completed** and unexpired on the
 //!   cache's clock; anything else falls through to the authority.
 //! - [`answer`]: what the cached copy answers a request with, decided by
-//!   [`decide`](super::decide): a replay or a mismatch is answered from the cache, anything else
+//!   [`decide`]: a replay or a mismatch is answered from the cache, anything else
 //!   falls through.
 //! - [`fill_px_ms`]: the `PX` of a fill, `min(cache_ttl, expires_at − now_at_read)` shrunk by the
 //!   fill's own delay (from when the read was sent to when the `SET` is sent, on the host's

@@ -38,529 +38,23 @@
 //! is what [`ServerFlow::cleanup`] undoes. So a flow needs exactly 16 fresh random bytes.
 use std::sync::Arc;
 
-use sha2::{Digest, Sha256};
 use thiserror::Error;
 
 use super::capture::not_retained_response;
+use super::cleanup::Cleanup;
+use super::io::{
+    Action, Event, HandlerResponse, HttpResponse, Outcome, RunHandler, StoreOp, StoreResult,
+    downstream_key, replay_owned,
+};
 use super::problem::{ProblemKind, problem_response};
 use super::{Decision, decide};
-use crate::policy::{Config, KeyRequirement, ResponseOrigin, StoreVerdict, TakeoverPolicy};
-use crate::record::{FencingToken, FingerprintText, Record, RecordState, StoredResponse, hex};
+use crate::policy::{Config, StoreVerdict, TakeoverPolicy};
+use crate::record::{FencingToken, FingerprintText, Record, RecordState, StoredResponse};
 use crate::scope::ScopeId;
-
-/// The replay marker header added to every replayed response.
-pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 
 /// The `detail` of the 503 answered when a transactional handler's writes did not commit.
 const NOT_COMMITTED_DETAIL: &str = "The request's transaction did not commit, so nothing it did \
     was recorded. Retry with the same key: it replays the response if the commit did happen.";
-
-/// An HTTP response for the host to send.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct HttpResponse {
-    /// Status code.
-    pub status: u16,
-    /// Header fields, in order (names lowercase for responses idempo builds).
-    pub headers: Vec<(String, String)>,
-    /// Body bytes.
-    pub body: Vec<u8>,
-}
-
-/// What the handler returned.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct HandlerResponse {
-    /// Status code.
-    pub status: u16,
-    /// All header fields; only allow-listed ones are stored, all are sent to the live client.
-    pub headers: Vec<(String, String)>,
-    /// The body sent to the live client.
-    pub body: Vec<u8>,
-    /// The redaction hook's output: when `Some`, this body is stored and replayed instead of
-    /// `body` (see [`Redaction::HostHook`](crate::policy::Redaction::HostHook)).
-    pub body_to_store: Option<Vec<u8>>,
-    /// Who produced the response: [`ResponseOrigin::Framework`] when the framework rejected the
-    /// request before the handler ran (never stored, `spec/PROTOCOL.md` §9).
-    pub origin: ResponseOrigin,
-    /// True when the host stopped recording the body at the capture limit
-    /// ([`BodyCapture::truncated`](super::BodyCapture::truncated)): `body` is then not the whole
-    /// body (the client got it streamed), and a storable response is completed with the
-    /// `response-not-retained` problem (`spec/PROTOCOL.md` §7.5).
-    pub body_truncated: bool,
-}
-
-impl HandlerResponse {
-    /// A handler's response with the whole body, no redacted copy, origin
-    /// [`ResponseOrigin::Handler`].
-    #[must_use]
-    pub fn new(status: u16, headers: Vec<(String, String)>, body: Vec<u8>) -> Self {
-        Self {
-            status,
-            headers,
-            body,
-            body_to_store: None,
-            origin: ResponseOrigin::Handler,
-            body_truncated: false,
-        }
-    }
-
-    fn into_http(self) -> HttpResponse {
-        HttpResponse {
-            status: self.status,
-            headers: self.headers,
-            body: self.body,
-        }
-    }
-}
-
-/// The idempotency key a handler passes to a downstream service for its side effect.
-///
-/// Derived from (scope, fingerprint, generation), never from the fencing token, so a takeover
-/// re-run sends the same downstream key and the downstream service deduplicates; a new generation
-/// (after the record expired) gets a new one. The fingerprint is part of it because a generation
-/// restarts at 1 once a record was purged or released: without it, another body under the same key
-/// would reuse the old downstream key and be answered with the old effect's result (found by the
-/// model checker, `spec/MODEL.md` §4). 64 lowercase hex characters; append a suffix such as
-/// `:charge` when a handler makes several downstream calls.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct DownstreamKey(String);
-
-impl DownstreamKey {
-    /// The key text.
-    #[must_use]
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Display for DownstreamKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-/// `hex(SHA-256("idempo-downstream-v2" ‖ 0x00 ‖ scope (32 bytes) ‖ len(fingerprint) (u32 BE) ‖
-/// fingerprint text ‖ generation (u32 BE)))`.
-#[must_use]
-pub fn downstream_key(
-    scope: &ScopeId,
-    fingerprint: &FingerprintText,
-    generation: u32,
-) -> DownstreamKey {
-    let fingerprint = fingerprint.as_str().as_bytes();
-    // FingerprintText is at most 200 bytes, so the length always fits.
-    let fingerprint_len = u32::try_from(fingerprint.len()).unwrap_or(u32::MAX);
-    let mut h = Sha256::new();
-    h.update(b"idempo-downstream-v2\0");
-    h.update(scope.as_bytes());
-    h.update(fingerprint_len.to_be_bytes());
-    h.update(fingerprint);
-    h.update(generation.to_be_bytes());
-    DownstreamKey(hex(&h.finalize()))
-}
-
-/// The replay of a stored response: its status, headers and body plus `Idempotent-Replayed: true`.
-#[must_use]
-pub fn replay_response(stored: &StoredResponse) -> HttpResponse {
-    replay_owned(stored.clone())
-}
-
-fn replay_owned(stored: StoredResponse) -> HttpResponse {
-    let mut headers = stored.headers;
-    headers.push((REPLAYED_HEADER.to_owned(), "true".to_owned()));
-    HttpResponse {
-        status: stored.status,
-        headers,
-        body: stored.body,
-    }
-}
-
-/// What to do with a request that has no `Idempotency-Key`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[must_use]
-pub enum MissingKey {
-    /// Answer with this 400 problem.
-    Reject(HttpResponse),
-    /// The key is optional on this route: run the handler without idempotency protection.
-    RunUnprotected,
-}
-
-/// The answer for a request without a key, per [`Config::key`].
-pub fn missing_key(config: &Config) -> MissingKey {
-    match config.key {
-        KeyRequirement::Required => {
-            MissingKey::Reject(problem_response(ProblemKind::MissingKey, None, None, None))
-        }
-        KeyRequirement::Optional => MissingKey::RunUnprotected,
-    }
-}
-
-/// A storage primitive to execute atomically (`spec/STORAGE.md` §3).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum StoreOp {
-    /// Primitive 1; answer [`StoreResult::Claimed`] or [`StoreResult::Existing`].
-    Claim {
-        /// Record key.
-        scope: ScopeId,
-        /// Fingerprint to store.
-        fingerprint: FingerprintText,
-        /// Token to store.
-        token: FencingToken,
-        /// Lease length.
-        lease_ms: u64,
-        /// Retention.
-        ttl_ms: u64,
-    },
-    /// Primitive 2; answer [`StoreResult::Got`].
-    Get {
-        /// Record key.
-        scope: ScopeId,
-    },
-    /// Primitive 3; answer [`StoreResult::TookOver`].
-    TakeOver {
-        /// Record key.
-        scope: ScopeId,
-        /// Token the record must still hold.
-        seen_token: FencingToken,
-        /// Token to write.
-        new_token: FencingToken,
-        /// Lease length.
-        lease_ms: u64,
-    },
-    /// Primitive 4; answer [`StoreResult::MarkedUnknown`].
-    MarkUnknown {
-        /// Record key.
-        scope: ScopeId,
-        /// Token the record must still hold.
-        seen_token: FencingToken,
-        /// Retention of the terminal record.
-        ttl_ms: u64,
-    },
-    /// Primitive 5; answer [`StoreResult::Completed`].
-    Complete {
-        /// Record key.
-        scope: ScopeId,
-        /// The owner's token.
-        token: FencingToken,
-        /// The encoded [`StoredResponse`] (the `response` column).
-        response: Vec<u8>,
-        /// Retention.
-        ttl_ms: u64,
-    },
-    /// Primitive 6; answer [`StoreResult::Released`].
-    Release {
-        /// Record key.
-        scope: ScopeId,
-        /// The owner's token.
-        token: FencingToken,
-    },
-    /// Primitive 7; answer [`StoreResult::Renewed`]. `lease_ms` may be 0 (expire own lease).
-    Renew {
-        /// Record key.
-        scope: ScopeId,
-        /// The owner's token.
-        token: FencingToken,
-        /// New lease length from the store's now.
-        lease_ms: u64,
-    },
-    /// Transactional mode only: `COMMIT` the request's transaction (the record as written so far
-    /// and the handler's writes); answer [`StoreResult::Committed`], or [`Event::StoreFailed`]
-    /// when the commit failed or its result is unknown.
-    Commit {
-        /// Record key.
-        scope: ScopeId,
-    },
-}
-
-/// The result of a [`StoreOp`].
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum StoreResult {
-    /// Claim inserted a new record.
-    Claimed {
-        /// Its generation.
-        generation: u32,
-        /// The store's clock.
-        now_ms: u64,
-    },
-    /// Claim found a live record.
-    Existing {
-        /// The record.
-        record: Record,
-        /// The store's clock.
-        now_ms: u64,
-    },
-    /// Get's answer (an expired record may be returned; it counts as absent).
-    Got {
-        /// The record, if any.
-        record: Option<Record>,
-        /// The store's clock.
-        now_ms: u64,
-    },
-    /// Takeover's answer: the generation when it applied.
-    TookOver(Option<u32>),
-    /// Mark-unknown's answer: whether it applied.
-    MarkedUnknown(bool),
-    /// Complete's answer: whether it applied.
-    Completed(bool),
-    /// Release's answer: whether it applied.
-    Released(bool),
-    /// Renew's answer: whether it applied.
-    Renewed(bool),
-    /// Commit's answer: the transaction committed.
-    Committed,
-    /// Transactional mode: the claim (or get) waited for the record's row lock past the store's
-    /// lock timeout. The lock belongs to another request's uncommitted claim, in flight by
-    /// definition: answered 409 `in-flight` with `Retry-After` (`spec/PROTOCOL.md` §7.6). Nothing
-    /// was written.
-    Locked {
-        /// The store's clock.
-        now_ms: u64,
-    },
-}
-
-/// An input to the flow.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum Event {
-    /// The result of the last [`Action::Store`].
-    Store(StoreResult),
-    /// The last [`Action::Store`] failed (connection error, timeout, corrupt row...).
-    StoreFailed,
-    /// The handler returned a response.
-    HandlerFinished(HandlerResponse),
-    /// The handler raised an error. `maybe_side_effect`: it may have acted before failing.
-    HandlerFailed {
-        /// False only when the handler certainly had no effect (e.g. validation before any write).
-        maybe_side_effect: bool,
-    },
-    /// The heartbeat timer fired while the handler runs.
-    HeartbeatDue,
-}
-
-/// Parameters for running the handler.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct RunHandler {
-    /// The fencing token this execution owns.
-    pub token: FencingToken,
-    /// The record's generation.
-    pub generation: u32,
-    /// Key for downstream side effects (see [`DownstreamKey`]).
-    pub downstream_key: DownstreamKey,
-    /// Feed [`Event::HeartbeatDue`] at this interval while the handler runs (`None`: never).
-    pub heartbeat_ms: Option<u64>,
-}
-
-/// How the request ended (for metrics and logs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Outcome {
-    /// Handler ran; response stored for replays.
-    Stored,
-    /// Handler ran; status not stored by policy; key released.
-    NotStored,
-    /// Handler ran; its response was sent but is too large (or not encodable) to retain: the
-    /// record was completed with the `response-not-retained` problem, which retries replay.
-    NotRetained,
-    /// Handler ran; the lease was lost to a takeover, so nothing was written.
-    LeaseLost,
-    /// Handler ran; the store failed while recording the result.
-    CompletionFailed,
-    /// Transactional mode: the handler ran but its transaction did not commit (the completion,
-    /// a step after it or the `COMMIT` failed or did not apply); answered 503 `store-unavailable`
-    /// instead of the handler's response, since its writes were rolled back (or, for a `COMMIT`
-    /// whose answer was lost, may have committed: a retry then replays).
-    NotCommitted,
-    /// Handler raised an error.
-    HandlerFailed,
-    /// Stored response replayed.
-    Replayed,
-    /// 409: another request holds a live lease.
-    InFlight,
-    /// 422: fingerprint mismatch.
-    Mismatch,
-    /// Outcome-unknown problem answered.
-    OutcomeUnknown,
-    /// 503: store unavailable before the handler ran.
-    StoreUnavailable,
-    /// 503: too many store rounds.
-    Contention,
-}
-
-impl Outcome {
-    /// Stable snake_case name.
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Stored => "stored",
-            Self::NotStored => "not_stored",
-            Self::NotRetained => "not_retained",
-            Self::LeaseLost => "lease_lost",
-            Self::CompletionFailed => "completion_failed",
-            Self::NotCommitted => "not_committed",
-            Self::HandlerFailed => "handler_failed",
-            Self::Replayed => "replayed",
-            Self::InFlight => "in_flight",
-            Self::Mismatch => "mismatch",
-            Self::OutcomeUnknown => "outcome_unknown",
-            Self::StoreUnavailable => "store_unavailable",
-            Self::Contention => "contention",
-        }
-    }
-
-    /// True when the handler ran in this flow.
-    #[must_use]
-    pub fn handler_ran(self) -> bool {
-        matches!(
-            self,
-            Self::Stored
-                | Self::NotStored
-                | Self::NotRetained
-                | Self::LeaseLost
-                | Self::CompletionFailed
-                | Self::NotCommitted
-                | Self::HandlerFailed
-        )
-    }
-}
-
-/// What the host does next.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-#[must_use]
-pub enum Action {
-    /// Execute this storage primitive and feed its result.
-    Store(StoreOp),
-    /// Run the handler now.
-    RunHandler(RunHandler),
-    /// Nothing to do; keep waiting for the handler.
-    Wait,
-    /// The lease was lost (another request took over): the host may cancel the handler; it still
-    /// feeds the handler's end.
-    LeaseLost,
-    /// Send this response; the flow is finished.
-    Respond {
-        /// The response.
-        response: HttpResponse,
-        /// How the request ended.
-        outcome: Outcome,
-    },
-    /// Re-raise the handler's error; the flow is finished.
-    PropagateError {
-        /// How the request ended (always [`Outcome::HandlerFailed`]).
-        outcome: Outcome,
-    },
-}
-
-/// First delay between cleanup attempts; doubled after each attempt up to
-/// [`Cleanup::max_delay_ms`].
-pub const CLEANUP_FIRST_DELAY_MS: u64 = 100;
-/// Largest delay between cleanup attempts at any lease (at a lease shorter than 4 s the cap is
-/// half the lease, see [`Cleanup::max_delay_ms`]).
-pub const CLEANUP_MAX_DELAY_MS: u64 = 2_000;
-
-/// Undoing a claim or takeover whose answer was lost (`spec/PROTOCOL.md` §7.4).
-///
-/// When the flow's claim or takeover ends in [`Event::StoreFailed`], the flow answers 503
-/// `store-unavailable` and the handler never runs under its token. The statement may still have
-/// been applied (the store received it and ran it later, e.g. a PostgreSQL server that was
-/// stopped and resumed): the record would then hold the flow's token in progress until the lease
-/// ends, answering 409 and then `outcome-unknown` for a handler that never ran. The cleanup's
-/// [`op`](Cleanup::op) undoes that, fenced by the flow's token so it can never touch a record
-/// anyone else owns:
-///
-/// - after a claim, [`StoreOp::Release`] (deletes the record only where it is in progress and
-///   holds this token);
-/// - after a takeover, [`StoreOp::Renew`] with `lease_ms` 0 (expires the lease at once and keeps
-///   the record and its generation, as it was before the takeover, so the next request takes
-///   over again with the same downstream key).
-///
-/// How hosts run it: in the background, after the response has been sent, never blocking the
-/// request and never raising into it. Run [`op`](Cleanup::op), then feed its result (or
-/// [`Event::StoreFailed`]) to [`next`](Cleanup::next) with the attempt number (0 first) and the
-/// milliseconds elapsed since the first attempt started (host monotonic clock): it answers
-/// [`CleanupStep::RetryAfter`] (sleep, then run the op again) or [`CleanupStep::Done`]. An
-/// attempt that did not apply is retried too: the lost statement may be applied only later (it
-/// can reach the store after the first cleanup attempt, e.g. once a frozen server resumes).
-/// Attempts stop once the next one would start after [`budget_ms`](Cleanup::budget_ms): the
-/// larger of the route's [`Config::cleanup_budget_ms`]
-/// (default 30 s) and the lease, so the cleanup outlives a store that stays frozen for longer
-/// than a short lease. The delay between attempts is capped at
-/// [`max_delay_ms`](Cleanup::max_delay_ms) (at most half the lease), so a lost write that lands
-/// while the cleanup still runs is undone before its lease ends and the record never reaches
-/// `outcome-unknown` for a handler that never ran. Store errors during cleanup are logged at
-/// most, never surfaced.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Cleanup {
-    op: StoreOp,
-    budget_ms: u64,
-    max_delay_ms: u64,
-}
-
-/// What a host does after a cleanup attempt (see [`Cleanup::next`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[must_use]
-pub enum CleanupStep {
-    /// Wait this many milliseconds, then run [`Cleanup::op`] again.
-    RetryAfter(u64),
-    /// Stop: the cleanup applied, or the retry budget is spent.
-    Done,
-}
-
-impl Cleanup {
-    /// The token-fenced store operation to run (a [`StoreOp::Release`] or a
-    /// [`StoreOp::Renew`] with `lease_ms` 0).
-    #[must_use]
-    pub fn op(&self) -> &StoreOp {
-        &self.op
-    }
-
-    /// How long, in milliseconds from the first attempt, retries continue: the larger of the
-    /// route's [`Config::cleanup_budget_ms`] and its
-    /// lease.
-    #[must_use]
-    pub fn budget_ms(&self) -> u64 {
-        self.budget_ms
-    }
-
-    /// The largest delay between two attempts: [`CLEANUP_MAX_DELAY_MS`], or half the lease when
-    /// that is shorter (at least 1 ms).
-    #[must_use]
-    pub fn max_delay_ms(&self) -> u64 {
-        self.max_delay_ms
-    }
-
-    /// The cleanup of a lost write of a flow under `config`: `op` with the route's budget and
-    /// delay cap.
-    fn new(op: StoreOp, config: &Config) -> Self {
-        let lease_ms = config.lease.lease_ms();
-        Self {
-            op,
-            budget_ms: lease_ms.max(config.cleanup_budget_ms.get()),
-            max_delay_ms: CLEANUP_MAX_DELAY_MS.min((lease_ms / 2).max(1)),
-        }
-    }
-
-    /// The step after attempt number `attempt` (0 for the first) ended with `result`
-    /// ([`Event::Store`] with the op's result, or [`Event::StoreFailed`]), `elapsed_ms` after the
-    /// first attempt started. Applied means done; anything else is retried with a doubling delay
-    /// ([`CLEANUP_FIRST_DELAY_MS`] up to [`max_delay_ms`](Cleanup::max_delay_ms)) while the next
-    /// attempt would start within [`budget_ms`](Cleanup::budget_ms).
-    pub fn next(&self, attempt: u32, elapsed_ms: u64, result: &Event) -> CleanupStep {
-        let applied = matches!(
-            result,
-            Event::Store(StoreResult::Released(true) | StoreResult::Renewed(true))
-        );
-        if applied {
-            return CleanupStep::Done;
-        }
-        let delay = CLEANUP_FIRST_DELAY_MS
-            .checked_shl(attempt.min(32))
-            .unwrap_or(self.max_delay_ms)
-            .min(self.max_delay_ms);
-        if elapsed_ms.saturating_add(delay) <= self.budget_ms {
-            CleanupStep::RetryAfter(delay)
-        } else {
-            CleanupStep::Done
-        }
-    }
-}
 
 /// A host fed an event the flow cannot accept in its current phase (a binding bug).
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -646,6 +140,10 @@ fn event_name(e: &Event) -> &'static str {
     }
 }
 
+/// What a stage of [`ServerFlow::handle`] returns: the next action, or `None` when the event
+/// does not fit the phase (the stage has put the phase back; see [`ServerFlow::reject`]).
+type Step = Option<Action>;
+
 /// The server flow for one request with a valid key (see the module docs).
 #[derive(Clone, Debug)]
 pub struct ServerFlow {
@@ -713,15 +211,49 @@ impl ServerFlow {
     }
 
     /// Feeds one event and returns the next action. A rejected event leaves the flow unchanged.
+    ///
+    /// The phase picks the stage (admission, the running handler, then settling in the route's
+    /// mode: autocommit or transactional, both ending in the steps they share); within each
+    /// stage the arms are disjoint, so their order carries no meaning.
     pub fn handle(&mut self, event: Event) -> Result<Action, FlowError> {
+        let rejected = FlowError::UnexpectedEvent {
+            phase: self.phase.name(),
+            event: event_name(&event),
+        };
         let phase = std::mem::replace(&mut self.phase, Phase::Finished);
-        match (phase, event) {
-            (Phase::Finished, _) => Err(FlowError::Finished),
+        let step = match phase {
+            Phase::Finished => return Err(FlowError::Finished),
+            Phase::Claiming | Phase::Reading | Phase::TakingOver | Phase::MarkingUnknown => {
+                self.on_admission(phase, event)
+            }
+            Phase::Running { .. } => self.on_running(phase, event),
+            Phase::Completing(..)
+            | Phase::Releasing(_)
+            | Phase::Expiring(_)
+            | Phase::Abandoning(_)
+            | Phase::Committing { .. } => {
+                if self.config.transactional {
+                    self.on_settling_transactional(phase, event)
+                } else {
+                    self.on_settling_autocommit(phase, event)
+                }
+            }
+        };
+        step.ok_or(rejected)
+    }
 
-            // Admission: claim, read, takeover, mark-unknown.
+    /// A stage's answer to an event that does not fit `phase`: the flow keeps `phase`.
+    fn reject(&mut self, phase: Phase) -> Step {
+        self.phase = phase;
+        None
+    }
+
+    /// Admission: claim, read, takeover, mark-unknown.
+    fn on_admission(&mut self, phase: Phase, event: Event) -> Step {
+        match (phase, event) {
             (Phase::Claiming, Event::Store(StoreResult::Claimed { generation, .. }))
             | (Phase::TakingOver, Event::Store(StoreResult::TookOver(Some(generation)))) => {
-                Ok(self.run(generation))
+                Some(self.run(generation))
             }
             (Phase::Claiming, Event::Store(StoreResult::Existing { record, now_ms }))
             | (
@@ -730,14 +262,14 @@ impl ServerFlow {
                     record: Some(record),
                     now_ms,
                 }),
-            ) => Ok(self.on_record(record, now_ms)),
+            ) => Some(self.on_record(record, now_ms)),
             (Phase::Reading, Event::Store(StoreResult::Got { record: None, .. })) => {
-                Ok(self.claim())
+                Some(self.claim())
             }
             (Phase::Claiming | Phase::Reading, Event::Store(StoreResult::Locked { .. })) => {
                 // Another request's uncommitted claim holds the row: it is in flight. Nothing
                 // was written, so there is nothing to clean up.
-                Ok(self.problem(
+                Some(self.problem(
                     ProblemKind::InFlight,
                     Some(self.config.in_flight_retry_after_ms.get()),
                     Outcome::InFlight,
@@ -745,7 +277,7 @@ impl ServerFlow {
             }
             (Phase::TakingOver, Event::Store(StoreResult::TookOver(None)))
             | (Phase::MarkingUnknown, Event::Store(StoreResult::MarkedUnknown(false))) => {
-                Ok(self.get())
+                Some(self.get())
             }
             (Phase::MarkingUnknown, Event::Store(StoreResult::MarkedUnknown(true))) => {
                 let fin = Self::problem_finish(
@@ -753,7 +285,7 @@ impl ServerFlow {
                     None,
                     Outcome::OutcomeUnknown,
                 );
-                Ok(if self.config.transactional {
+                Some(if self.config.transactional {
                     // The mark was written in the transaction: keep it. The answer is the same
                     // whether or not the commit succeeds (a later request marks again).
                     self.commit(fin.clone(), fin)
@@ -761,81 +293,65 @@ impl ServerFlow {
                     self.finish(fin)
                 })
             }
-            (
-                phase @ (Phase::Claiming
-                | Phase::Reading
-                | Phase::TakingOver
-                | Phase::MarkingUnknown),
-                Event::StoreFailed,
-            ) => {
+            (phase, Event::StoreFailed) => {
                 self.cleanup = self.lost_write_cleanup(&phase);
-                Ok(self.problem(
+                Some(self.problem(
                     ProblemKind::StoreUnavailable,
                     Some(self.config.unavailable_retry_after_ms.get()),
                     Outcome::StoreUnavailable,
                 ))
             }
+            (phase, _) => self.reject(phase),
+        }
+    }
 
-            // The handler runs.
-            (
-                Phase::Running {
-                    renewing: false,
-                    lease_lost,
-                },
-                Event::HeartbeatDue,
-            ) if !self.config.transactional => {
+    /// The handler runs: heartbeats (never in transactional mode) and the handler's end.
+    fn on_running(&mut self, phase: Phase, event: Event) -> Step {
+        let Phase::Running {
+            renewing,
+            lease_lost,
+        } = phase
+        else {
+            return self.reject(phase);
+        };
+        match (renewing, event) {
+            (false, Event::HeartbeatDue) if !self.config.transactional => {
                 if lease_lost {
                     self.phase = Phase::Running {
                         renewing: false,
                         lease_lost,
                     };
-                    Ok(Action::Wait)
+                    Some(Action::Wait)
                 } else {
                     self.phase = Phase::Running {
                         renewing: true,
                         lease_lost,
                     };
-                    Ok(Action::Store(StoreOp::Renew {
+                    Some(Action::Store(StoreOp::Renew {
                         scope: self.scope,
                         token: self.token,
                         lease_ms: self.config.lease.lease_ms(),
                     }))
                 }
             }
-            (Phase::Running { renewing: true, .. }, Event::Store(StoreResult::Renewed(ok))) => {
+            (true, Event::Store(StoreResult::Renewed(ok))) => {
                 self.phase = Phase::Running {
                     renewing: false,
                     lease_lost: !ok,
                 };
-                Ok(if ok { Action::Wait } else { Action::LeaseLost })
+                Some(if ok { Action::Wait } else { Action::LeaseLost })
             }
-            (
-                Phase::Running {
-                    renewing: true,
-                    lease_lost,
-                },
-                Event::StoreFailed,
-            ) => {
+            (true, Event::StoreFailed) => {
                 self.phase = Phase::Running {
                     renewing: false,
                     lease_lost,
                 };
-                Ok(Action::Wait)
+                Some(Action::Wait)
             }
-            (
-                Phase::Running {
-                    renewing: false,
-                    lease_lost,
-                },
-                Event::HandlerFinished(response),
-            ) => Ok(self.on_finished(response, lease_lost)),
-            (
-                Phase::Running {
-                    renewing: false,
-                    lease_lost,
-                },
-                Event::HandlerFailed { maybe_side_effect },
-            ) => Ok(if lease_lost {
+            (false, Event::HandlerFinished(response)) => {
+                Some(self.on_finished(response, lease_lost))
+            }
+            (false, Event::HandlerFailed { maybe_side_effect }) => Some(if lease_lost {
                 self.finish(Finish::Propagate)
             } else if self.config.transactional {
                 // Its writes roll back with the claim: whatever it did, nothing happened.
@@ -845,49 +361,64 @@ impl ServerFlow {
             } else {
                 self.release(Finish::Propagate)
             }),
+            (renewing, _) => self.reject(Phase::Running {
+                renewing,
+                lease_lost,
+            }),
+        }
+    }
 
-            // After the handler, transactional mode.
-            (Phase::Completing(response, outcome), Event::Store(StoreResult::Completed(true)))
-                if self.config.transactional =>
-            {
-                let failed = self.not_committed();
-                Ok(self.commit(Finish::Respond(response, outcome), failed))
+    /// After the handler, outside a transaction: the completion's answer and a failed release.
+    fn on_settling_autocommit(&mut self, phase: Phase, event: Event) -> Step {
+        match (phase, event) {
+            (Phase::Completing(response, outcome), Event::Store(StoreResult::Completed(ok))) => {
+                let outcome = if ok { outcome } else { Outcome::LeaseLost };
+                Some(self.finish(Finish::Respond(response, outcome)))
             }
-            (Phase::Completing(..), Event::Store(StoreResult::Completed(false)))
-                if self.config.transactional =>
-            {
+            (Phase::Completing(response, _), Event::StoreFailed) => {
+                Some(self.finish(Finish::Respond(response, Outcome::CompletionFailed)))
+            }
+            (Phase::Releasing(fin), Event::StoreFailed) => Some(self.finish(fin)),
+            (phase, event) => self.on_settling_shared(phase, event),
+        }
+    }
+
+    /// After the handler, transactional mode: nothing is answered before the `COMMIT` (or the
+    /// rollback) says what happened (`spec/PROTOCOL.md` §7.6).
+    fn on_settling_transactional(&mut self, phase: Phase, event: Event) -> Step {
+        match (phase, event) {
+            (Phase::Completing(response, outcome), Event::Store(StoreResult::Completed(true))) => {
+                let failed = self.not_committed();
+                Some(self.commit(Finish::Respond(response, outcome), failed))
+            }
+            (Phase::Completing(..), Event::Store(StoreResult::Completed(false))) => {
                 // The record is not ours: roll back, never commit the handler's writes.
                 let fin = self.not_committed();
-                Ok(self.release(fin))
+                Some(self.release(fin))
             }
-            (Phase::Completing(..), Event::StoreFailed) if self.config.transactional => {
+            (Phase::Completing(..), Event::StoreFailed) => {
                 let fin = self.not_committed();
-                Ok(self.finish(fin))
+                Some(self.finish(fin))
             }
-            (Phase::Releasing(_), Event::StoreFailed) if self.config.transactional => {
+            (Phase::Releasing(_), Event::StoreFailed) => {
                 // The rollback after the handler failed (e.g. the server went away during the
                 // handler's own SQL): nothing committed, so the answer is the store's 503 with
                 // Retry-After, never the handler's error or its uncommitted response (§7.6).
                 let fin = self.not_committed();
-                Ok(self.finish(fin))
+                Some(self.finish(fin))
             }
             (Phase::Committing { ok, .. }, Event::Store(StoreResult::Committed)) => {
-                Ok(self.finish(ok))
+                Some(self.finish(ok))
             }
-            (Phase::Committing { failed, .. }, Event::StoreFailed) => Ok(self.finish(failed)),
+            (Phase::Committing { failed, .. }, Event::StoreFailed) => Some(self.finish(failed)),
+            (phase, event) => self.on_settling_shared(phase, event),
+        }
+    }
 
-            // After the handler.
-            (Phase::Completing(response, outcome), Event::Store(StoreResult::Completed(ok))) => {
-                let outcome = if ok { outcome } else { Outcome::LeaseLost };
-                Ok(self.finish(Finish::Respond(response, outcome)))
-            }
-            (Phase::Completing(response, _), Event::StoreFailed) => {
-                Ok(self.finish(Finish::Respond(response, Outcome::CompletionFailed)))
-            }
-            (
-                Phase::Releasing(fin),
-                Event::Store(StoreResult::Released(_)) | Event::StoreFailed,
-            )
+    /// After the handler, the same in both modes: a release, an expiry or an abandon answered.
+    fn on_settling_shared(&mut self, phase: Phase, event: Event) -> Step {
+        match (phase, event) {
+            (Phase::Releasing(fin), Event::Store(StoreResult::Released(_)))
             | (
                 Phase::Expiring(fin),
                 Event::Store(StoreResult::Renewed(false)) | Event::StoreFailed,
@@ -895,25 +426,17 @@ impl ServerFlow {
             | (
                 Phase::Abandoning(fin),
                 Event::Store(StoreResult::MarkedUnknown(_)) | Event::StoreFailed,
-            ) => Ok(self.finish(fin)),
+            ) => Some(self.finish(fin)),
             (Phase::Expiring(fin), Event::Store(StoreResult::Renewed(true))) => {
                 match self.config.takeover {
                     TakeoverPolicy::OutcomeUnknown => {
                         self.phase = Phase::Abandoning(fin);
-                        Ok(self.mark_own_unknown())
+                        Some(self.mark_own_unknown())
                     }
-                    TakeoverPolicy::ReRun => Ok(self.finish(fin)),
+                    TakeoverPolicy::ReRun => Some(self.finish(fin)),
                 }
             }
-
-            (phase, event) => {
-                let err = FlowError::UnexpectedEvent {
-                    phase: phase.name(),
-                    event: event_name(&event),
-                };
-                self.phase = phase;
-                Err(err)
-            }
+            (phase, _) => self.reject(phase),
         }
     }
 
@@ -1168,7 +691,8 @@ mod tests {
     //! end, for both takeover policies) checking the transactional-mode guarantees of
     //! `spec/PROTOCOL.md` §7.6 at every leaf.
     use super::*;
-    use crate::policy::{HeaderAllowlist, Redaction, ResponsePolicy};
+    use crate::machine::{CLEANUP_MAX_DELAY_MS, CleanupStep};
+    use crate::policy::{HeaderAllowlist, Redaction, ResponseOrigin, ResponsePolicy};
 
     const MINE: FencingToken = FencingToken([7; 16]);
     const OTHER: FencingToken = FencingToken([9; 16]);

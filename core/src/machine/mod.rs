@@ -12,28 +12,32 @@
 //!   binding wraps.
 //! - [`cache`]: the cache rule: when a cached record may be served and how long a fill lives.
 //! - [`problem`]: RFC 9457 problem+json responses for every non-handler answer.
-//! - [`admit`]: admission before the flow (key, body size, fingerprint, scope), in the order of
+//! - [`admit`](mod@admit): admission before the flow (key, body size, fingerprint, scope), in the order of
 //!   `spec/PROTOCOL.md` §7.2.
 //!
 //! The normative description is `spec/PROTOCOL.md`.
 pub mod admit;
 pub mod cache;
 pub mod capture;
+mod cleanup;
 mod flow;
+mod io;
 pub mod memory;
 pub mod problem;
 pub mod store;
 
 pub use admit::{
     Admitted, AwaitingBody, AwaitingScope, BodyRead, BodyStage, FingerprintFailed, KeyStage,
-    Refusal, ScopeResolution, ScopeRule, ScopeRuleError, ScopeStage, admit,
+    MissingKey, Refusal, ScopeResolution, ScopeRule, ScopeRuleError, ScopeStage, admit,
+    missing_key,
 };
 pub use capture::{BodyCapture, CapturePlan, CaptureStep, capture_plan, not_retained_response};
 
-pub use flow::{
-    Action, CLEANUP_FIRST_DELAY_MS, CLEANUP_MAX_DELAY_MS, Cleanup, CleanupStep, DownstreamKey,
-    Event, FlowError, HandlerResponse, HttpResponse, MissingKey, Outcome, REPLAYED_HEADER,
-    RunHandler, ServerFlow, StoreOp, StoreResult, downstream_key, missing_key, replay_response,
+pub use cleanup::{CLEANUP_FIRST_DELAY_MS, CLEANUP_MAX_DELAY_MS, Cleanup, CleanupStep};
+pub use flow::{FlowError, ServerFlow};
+pub use io::{
+    Action, DownstreamKey, Event, HandlerResponse, HttpResponse, Outcome, REPLAYED_HEADER,
+    RunHandler, StoreOp, StoreResult, downstream_key, replay_response,
 };
 
 use crate::policy::{Config, TakeoverPolicy};

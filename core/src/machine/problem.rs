@@ -4,7 +4,7 @@
 //! member; `Content-Type: application/problem+json`; `Retry-After` (delta-seconds, rounded up,
 //! at least 1) on 409 and 503. Type URIs are `urn:idempo:problem:<slug>` (non-resolvable by
 //! design; see `spec/PROTOCOL.md` §9).
-use super::flow::HttpResponse;
+use super::io::HttpResponse;
 use crate::canonical::{CanonError, CanonErrorKind};
 use crate::key::KeyError;
 

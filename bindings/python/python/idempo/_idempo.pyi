@@ -17,8 +17,8 @@ __all__ = [
     "InvalidKey",
     "KeyInUse",
     "KeyReusedWithDifferentRequest",
-    "MemoryStoreCore",
     "LeaseLost",
+    "MemoryStoreCore",
     "MissingKey",
     "OutcomeUnknown",
     "RecordCorrupt",
@@ -26,6 +26,7 @@ __all__ = [
     "RetryAdvice",
     "RetryPolicy",
     "RouteFingerprinter",
+    "STORE_LATENCY_BUCKETS",
     "ScopeRule",
     "ServerFlow",
     "StoreUnavailable",
@@ -86,6 +87,9 @@ class RequestTooLarge(IdempotencyError): ...
 
 class InvalidArgument(IdempotencyError):
     code: str
+
+STORE_LATENCY_BUCKETS: tuple[float, ...]
+"""Histogram bounds (seconds) of ``idempo_store_operation_duration_seconds`` (core's)."""
 
 def canonicalize(
     data: _Bytes,

@@ -26,27 +26,14 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from idempo._flow import Hooks
+from idempo._idempo import STORE_LATENCY_BUCKETS as _STORE_LATENCY_BUCKETS
 
 __all__ = ["STORE_LATENCY_BUCKETS", "opentelemetry_hooks", "prometheus_hooks"]
 
-STORE_LATENCY_BUCKETS: Sequence[float] = (
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-)
-"""Histogram bounds (seconds) of ``idempo_store_operation_duration_seconds``: an embedded
-store answers in well under a millisecond, a networked one in a few, a failing one at its
-timeout."""
+STORE_LATENCY_BUCKETS: Sequence[float] = _STORE_LATENCY_BUCKETS
+"""Histogram bounds (seconds) of ``idempo_store_operation_duration_seconds``, from core (the
+same in every binding): an embedded store answers in well under a millisecond, a networked one
+in a few, a failing one at its timeout."""
 
 
 def prometheus_hooks(registry: Any = None, *, namespace: str = "idempo") -> Hooks:
