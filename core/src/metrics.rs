@@ -13,8 +13,16 @@ mod tests {
 
     #[test]
     fn buckets_are_increasing_and_positive() {
-        assert!(STORE_LATENCY_BUCKETS_SECONDS.first().is_some_and(|b| *b > 0.0));
-        assert!(STORE_LATENCY_BUCKETS_SECONDS.windows(2).all(|w| w[0] < w[1]));
+        assert!(
+            STORE_LATENCY_BUCKETS_SECONDS
+                .first()
+                .is_some_and(|b| *b > 0.0)
+        );
+        assert!(
+            STORE_LATENCY_BUCKETS_SECONDS
+                .windows(2)
+                .all(|w| w[0] < w[1])
+        );
     }
 
     #[test]
