@@ -535,6 +535,9 @@ fn heartbeats_meet_a_same_body_duplicate() {
 
 /// A lease (3 ticks) longer than the TTL (2 ticks): a claim's record lives as long as its lease
 /// (`expires_at = now + max(ttl, lease)`), a completion keeps the TTL; clock to 4; liveness on.
+/// An expired lease is then always an expired record: no takeover or mark-unknown is reachable,
+/// the next attempt claims a new generation (`spec/MODEL.md` §4.4; the re-run mode explores the
+/// very same 348,993 states and fails the same properties, so it is not repeated here).
 #[test]
 fn lease_longer_than_ttl() {
     let mut pins = Vec::new();
@@ -559,27 +562,12 @@ fn lease_longer_than_ttl() {
     );
     pins.push((unique, 348_993));
     let unique = guarantees(
-        "re-run A/B, lease 3 > TTL 2, liveness",
-        ab(EffectMode::UnkeyedReRun, long).with_liveness(),
-        &[C1, C1O, P1, P5A, P8E],
-        &[
-            W_REPLAY,
-            W_IN_FLIGHT,
-            W_MISMATCH,
-            W_TAKEOVER,
-            W_STALE_REJECTED,
-            W_RERUN_TTL,
-            W_EXHAUSTED,
-        ],
-    );
-    pins.push((unique, 0));
-    let unique = guarantees(
         "transactional A/B, lease 3 > TTL 2, liveness",
         ab(EffectMode::Transactional, long).with_liveness(),
         &[],
         &[W_REPLAY, W_MISMATCH, W_RERUN_TTL, W_EXHAUSTED, W_LOCK_WAIT],
     );
-    pins.push((unique, 0));
+    pins.push((unique, 154_897));
     pinned(&pins);
 }
 
