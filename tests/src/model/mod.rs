@@ -11,6 +11,13 @@
 //! A [`Variant`] other than [`Variant::Correct`] wraps one core call (or one host step) and
 //! mutates its effect, to show that the properties catch the bug class (see `spec/MODEL.md`).
 //!
+//! Properties: [`props`] (P1–P10, F, in the implementation's terms, and the witnesses),
+//! [`contract`] (C1–C4, on the history of requests, effects and writes) and [`liveness`] (L, a
+//! fair continuation from every state, for configurations built [`IdempoModel::with_liveness`]).
+//! Files: `config.rs` (mode, variant, clients, bounds), `world.rs` (the state and actions),
+//! `host.rs` (the host step), `cache_sim.rs` (the cache), `store_step.rs` (store operations with
+//! faults, cleanups, the store mutations), `transitions.rs` (the `Model` impl).
+//!
 //! Optional parts: store faults ([`Bounds::store_faults`]: a store operation fails, or applies
 //! and its answer is lost, and the flow is fed [`Event::StoreFailed`]) and a cache in front of
 //! the store ([`Bounds::cache`]: copies of completed records that serve replays, `spec/STORAGE.md`
