@@ -159,9 +159,9 @@ pub struct Ghost {
     pub downstream: BTreeMap<DownstreamKey, Body>,
     /// Token of the last flow whose claim or takeover applied with its answer lost (0: none).
     pub orphan: u8,
-    /// Violations seen at transitions (bits of [`props::Check`]).
+    /// Violations seen at transitions (bits of [`Check`](super::props::Check)).
     pub violated: u32,
-    /// Events seen (bits of [`props::Seen`]).
+    /// Events seen (bits of [`Seen`](super::props::Seen)).
     pub seen: u32,
     /// Contract history (`contract`): the open retention windows of requests that had an
     /// effect, by (scope, fingerprint index, made by the current owner), each open until the
