@@ -9,8 +9,9 @@ pub enum EffectMode {
     /// lock, a crash rolls everything back. The route runs core's transactional mode
     /// (`Config::transactional`: the flow asks for the `COMMIT`). Takeover policy re-run.
     Transactional,
-    /// The effect is an external call carrying the flow's [`DownstreamKey`](idempo_core::machine::DownstreamKey); the downstream
-    /// service deduplicates on it (forever, in the model). Takeover policy re-run.
+    /// The effect is an external call carrying the flow's
+    /// [`DownstreamKey`](idempo_core::machine::DownstreamKey); the downstream service deduplicates
+    /// on it (forever, in the model). Takeover policy re-run.
     DownstreamKeyed,
     /// An external effect without deduplication; an expired lease is taken over and re-run.
     UnkeyedReRun,

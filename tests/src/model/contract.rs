@@ -5,9 +5,10 @@
 //! - **C1** at most one effect per request (scope and fingerprint) within its retention window,
 //!   whatever releases, expiries, takeovers or purges happen in between. A request's window opens
 //!   at its effect and lasts until the `expires_at` of the request's record as last written (a
-//!   renewal, completion or mark-unknown moves it; a release does not end it early). **C1o** and **C1r** are the documented exceptions, as separate properties:
-//!   C1o leaves out effects made by a flow that no longer held the key (a paused owner acting
-//!   late: every external-effect mode), C1r also a takeover's re-run (the unkeyed re-run mode).
+//!   renewal, completion or mark-unknown moves it; a release does not end it early). **C1o**
+//!   and **C1r** are the documented exceptions, as separate properties: C1o leaves out effects
+//!   made by a flow that no longer held the key (a paused owner acting late: every
+//!   external-effect mode), C1r also a takeover's re-run (the unkeyed re-run mode).
 //! - **C2** a replay's body is the last response stored (committed) for the same request.
 //! - **C3** fencing is monotonic against the latest token ever granted for the key: a
 //!   token-fenced write (complete, renew, release) succeeds only with the token of the latest

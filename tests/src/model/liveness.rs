@@ -3,18 +3,19 @@
 //! stateright's `eventually` is unsound on cycles and knows no fairness, so the model checks
 //! liveness the other way round: from **each** reachable state, [`continuation`] plays one fair,
 //! fault-free schedule to its end and requires that every client receives a definitive answer
-//! (success or replay, mismatch, outcome-unknown) and that every claim ends (no flow left
-//! running, no cleanup left pending, and every in-progress record's lease runs out), with the
-//! clock moving no more than one lease in all. A state from which that schedule fails is a counterexample of
+//! (success or replay, mismatch, outcome-unknown) and that every claim ends (no flow left running,
+//! no cleanup left pending, and every in-progress record's lease runs out), with the clock moving
+//! no more than one lease in all. A state from which that schedule fails is a counterexample of
 //! [`L`].
 //!
-//! The schedule, from the state as it is (whatever crashes, faults, pauses and give-ups led
-//! there): no more crashes, store faults or handler failures; clients are patient (core's retry
-//! policy with attempts enough; a client that stopped before sends again, and one that had its
-//! answer gets it again); every running flow and pending store operation, cleanup and cache fill
-//! runs first; a client whose request died with its worker times out; a client sends only when
-//! its key has no live lease and, after a retryable answer (409, 5xx), only once the clock has
-//! moved (it honours `Retry-After`); the clock moves only when a client waits on it.
+//! The schedule, from the state as it is (whatever crashes, faults, pauses and give-ups led there):
+//! no more crashes, store faults or handler failures; clients are patient (core's retry policy with
+//! attempts enough; a client that stopped before sends again, and one that had its answer gets it
+//! again); every running flow and pending store operation, cleanup and cache fill runs first; a
+//! client whose request died with its worker times out; a client sends only when its key has no
+//! live lease and, after a retryable answer (409, 5xx), only once the clock has moved (it honours
+//! `Retry-After`); the clock moves only when a client waits on it.
+
 use idempo_core::record::RecordState;
 
 use stateright::Model;

@@ -1,9 +1,9 @@
 //! A stateright model of idempo's key state machine that runs the shipped core.
 //!
 //! [`IdempoModel`] is a plain [`stateright::Model`]. Its transitions call `idempo_core` itself:
-//! every request is a real [`ServerFlow`](idempo_core::machine::ServerFlow) (so `decide`, the flow's phases, the response policy
-//! and the response encoding are the shipped code), and every store operation the flow asks for
-//! is executed with the pure primitives of [`idempo_core::machine::store`] on the model's store.
+//! every request is a real [`ServerFlow`](idempo_core::machine::ServerFlow) (so `decide`, the
+//! flow's phases, the response policy and the response encoding are the shipped code), and every
+//! store operation the flow asks for is executed with the pure primitives of [`idempo_core::machine::store`] on the model's store.
 //! The model owns only what the host owns: the store (one slot per scope), a logical clock, the
 //! schedule (which worker or client moves next), a token counter fed to the flow as entropy, and
 //! ghost variables that turn history into state for the properties (see [`props`]).
@@ -19,8 +19,9 @@
 //! faults, cleanups, the store mutations), `transitions.rs` (the `Model` impl).
 //!
 //! Optional parts: store faults ([`Bounds::store_faults`]: a store operation fails, or applies
-//! and its answer is lost, and the flow is fed [`Event::StoreFailed`](idempo_core::machine::Event::StoreFailed)) and a cache in front of
-//! the store ([`Bounds::cache`]: copies of completed records that serve replays, `spec/STORAGE.md`
+//! and its answer is lost, and the flow is fed
+//! [`Event::StoreFailed`](idempo_core::machine::Event::StoreFailed)) and a cache in front of the
+//! store ([`Bounds::cache`]: copies of completed records that serve replays, `spec/STORAGE.md`
 //! §9).
 use std::sync::Arc;
 
