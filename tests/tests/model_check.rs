@@ -8,6 +8,7 @@
 //! property it breaks, of the pinned shortest length. Measured figures and the deep tier:
 //! `spec/MODEL.md`.
 use idempo_tests::model::harness::{self, Search};
+use idempo_tests::model::liveness::L;
 use idempo_tests::model::props::*;
 use idempo_tests::model::{Bounds, ClientSpec, EffectMode, IdempoModel, Variant};
 
@@ -16,6 +17,14 @@ fn guarantees(label: &str, model: IdempoModel, failing: &[&str], reached: &[&str
 }
 
 use harness::mutation;
+
+/// Asserts pinned unique-state counts, all of a test's configurations at once (measured, pinned).
+fn pinned(pins: &[(usize, usize)]) {
+    assert!(
+        pins.iter().all(|(got, pin)| got == pin),
+        "unique state counts (measured, pinned): {pins:?}"
+    );
+}
 
 /// Alice sends body A.
 pub const ALICE_A: ClientSpec = ClientSpec {
@@ -37,6 +46,10 @@ fn ab(mode: EffectMode, bounds: Bounds) -> IdempoModel {
     IdempoModel::new(mode, &[ALICE_A, ALICE_B], bounds)
 }
 
+fn aa(mode: EffectMode, bounds: Bounds) -> IdempoModel {
+    IdempoModel::new(mode, &[ALICE_A, ALICE_A], bounds)
+}
+
 fn no_purge() -> Bounds {
     Bounds {
         purge: false,
@@ -56,13 +69,14 @@ fn failures() -> Bounds {
 
 #[test]
 fn transactional_holds_everything() {
+    let mut pins = Vec::new();
     let unique = guarantees(
         "transactional A/B",
-        ab(EffectMode::Transactional, Bounds::default()),
+        ab(EffectMode::Transactional, Bounds::default()).with_liveness(),
         &[],
         &[W_REPLAY, W_MISMATCH, W_RERUN_TTL, W_EXHAUSTED, W_LOCK_WAIT],
     );
-    assert_eq!(unique, 74_736);
+    pins.push((unique, 74_736));
     let unique = guarantees(
         "transactional A/A",
         IdempoModel::new(
@@ -73,7 +87,8 @@ fn transactional_holds_everything() {
         &[],
         &[W_REPLAY, W_RERUN_TTL, W_EXHAUSTED, W_LOCK_WAIT],
     );
-    assert_eq!(unique, 70_750);
+    pins.push((unique, 70_750));
+    pinned(&pins);
 }
 
 #[test]
@@ -81,7 +96,7 @@ fn downstream_keyed_without_purge() {
     let unique = guarantees(
         "downstream-keyed A/B, no purge",
         ab(EffectMode::DownstreamKeyed, no_purge()),
-        &[P8E],
+        &[C1, P8E],
         &[
             W_REPLAY,
             W_IN_FLIGHT,
@@ -92,7 +107,7 @@ fn downstream_keyed_without_purge() {
             W_EXHAUSTED,
         ],
     );
-    assert_eq!(unique, 281_736);
+    assert_eq!(unique, 309_154);
 }
 
 /// Regression for the model's finding (`spec/MODEL.md` §4): the downstream key used to be derived
@@ -104,7 +119,7 @@ fn downstream_keyed_with_purge() {
     let unique = guarantees(
         "downstream-keyed A/B, purge",
         ab(EffectMode::DownstreamKeyed, Bounds::default()),
-        &[P8E],
+        &[C1, P8E],
         &[
             W_REPLAY,
             W_IN_FLIGHT,
@@ -115,7 +130,7 @@ fn downstream_keyed_with_purge() {
             W_EXHAUSTED,
         ],
     );
-    assert_eq!(unique, 578_558);
+    assert_eq!(unique, 641_604);
 }
 
 #[test]
@@ -123,7 +138,7 @@ fn unkeyed_rerun_executes_twice() {
     let unique = guarantees(
         "unkeyed re-run A/B",
         ab(EffectMode::UnkeyedReRun, Bounds::default()),
-        &[P1, P5A, P8E],
+        &[C1, C1O, P1, P5A, P8E],
         &[
             W_REPLAY,
             W_IN_FLIGHT,
@@ -134,7 +149,7 @@ fn unkeyed_rerun_executes_twice() {
             W_EXHAUSTED,
         ],
     );
-    assert_eq!(unique, 621_448);
+    assert_eq!(unique, 795_218);
 }
 
 #[test]
@@ -142,7 +157,7 @@ fn unkeyed_outcome_unknown_runs_at_most_once() {
     let unique = guarantees(
         "unkeyed outcome-unknown A/B",
         ab(EffectMode::UnkeyedOutcomeUnknown, Bounds::default()),
-        &[P8E],
+        &[C1, P8E],
         &[
             W_REPLAY,
             W_IN_FLIGHT,
@@ -153,7 +168,7 @@ fn unkeyed_outcome_unknown_runs_at_most_once() {
             W_EXHAUSTED,
         ],
     );
-    assert_eq!(unique, 354_218);
+    assert_eq!(unique, 378_000);
 }
 
 #[test]
@@ -168,7 +183,7 @@ fn two_scopes_sharing_a_raw_key_stay_apart() {
                 ..Bounds::default()
             },
         ),
-        &[P8E],
+        &[C1, P8E],
         &[
             W_REPLAY,
             W_IN_FLIGHT,
@@ -179,32 +194,34 @@ fn two_scopes_sharing_a_raw_key_stay_apart() {
             W_BOTH_SCOPES,
         ],
     );
-    assert_eq!(unique, 723_620);
+    assert_eq!(unique, 888_864);
 }
 
 #[test]
 fn handler_failures_and_heartbeats() {
+    let mut pins = Vec::new();
     let unique = guarantees(
         "outcome-unknown A/B, failures + heartbeats",
-        ab(EffectMode::UnkeyedOutcomeUnknown, failures()),
+        ab(EffectMode::UnkeyedOutcomeUnknown, failures()).with_liveness(),
         &[P8E],
         &[W_MISMATCH, W_STALE_REJECTED, W_RERUN_TTL, W_EXHAUSTED],
     );
-    assert_eq!(unique, 45_848);
+    pins.push((unique, 46_790));
     let unique = guarantees(
         "re-run A/B, failures + heartbeats",
-        ab(EffectMode::UnkeyedReRun, failures()),
+        ab(EffectMode::UnkeyedReRun, failures()).with_liveness(),
         &[P8E],
         &[W_MISMATCH, W_STALE_REJECTED, W_RERUN_TTL, W_EXHAUSTED],
     );
-    assert_eq!(unique, 38_662);
+    pins.push((unique, 39_386));
     let unique = guarantees(
         "transactional A/B, failures + heartbeats",
-        ab(EffectMode::Transactional, failures()),
+        ab(EffectMode::Transactional, failures()).with_liveness(),
         &[],
         &[W_MISMATCH, W_RERUN_TTL, W_EXHAUSTED, W_LOCK_WAIT],
     );
-    assert_eq!(unique, 3_212);
+    pins.push((unique, 3_212));
+    pinned(&pins);
 }
 
 #[test]
@@ -246,7 +263,7 @@ fn mutation_no_fingerprint_check_replays_another_body() {
         "no fingerprint check",
         ab(EffectMode::UnkeyedOutcomeUnknown, Bounds::default())
             .with_variant(Variant::NoFingerprintCheck),
-        &[P2, P4],
+        &[P2, P4, C2],
     );
     assert_eq!(depth, 7);
 }
@@ -283,10 +300,11 @@ fn cached() -> Bounds {
 
 #[test]
 fn store_faults_fail_closed() {
+    let mut pins = Vec::new();
     let unique = guarantees(
         "outcome-unknown A/B, 1 store fault",
         ab(EffectMode::UnkeyedOutcomeUnknown, store_faults()),
-        &[P8E],
+        &[C1, P8E],
         &[
             W_REPLAY,
             W_IN_FLIGHT,
@@ -300,13 +318,13 @@ fn store_faults_fail_closed() {
             W_ORPHAN_CLEANED,
         ],
     );
-    assert_eq!(unique, 666_386);
+    pins.push((unique, 712_960));
     // The host that ignores core's cleanup (before it existed): the same guarantees, minus the
     // cleanup witness, in exactly the state space measured before the cleanup was modelled.
     let unique = guarantees(
         "outcome-unknown A/B, 1 store fault, host ignores the cleanup",
         ab(EffectMode::UnkeyedOutcomeUnknown, store_faults()).with_variant(Variant::NoCleanup),
-        &[P8E],
+        &[C1, P8E],
         &[
             W_REPLAY,
             W_IN_FLIGHT,
@@ -319,7 +337,7 @@ fn store_faults_fail_closed() {
             W_ORPHAN_RESOLVED,
         ],
     );
-    assert_eq!(unique, 368_522);
+    pins.push((unique, 393_128));
     let unique = guarantees(
         "downstream-keyed A/B, 1 store fault, no purge",
         ab(
@@ -329,7 +347,7 @@ fn store_faults_fail_closed() {
                 ..store_faults()
             },
         ),
-        &[P8E],
+        &[C1, P8E],
         &[
             W_REPLAY,
             W_IN_FLIGHT,
@@ -343,7 +361,7 @@ fn store_faults_fail_closed() {
             W_ORPHAN_CLEANED,
         ],
     );
-    assert_eq!(unique, 567_792);
+    pins.push((unique, 620_654));
     let unique = guarantees(
         "transactional A/B, 1 store fault, 1 crash",
         ab(
@@ -363,15 +381,17 @@ fn store_faults_fail_closed() {
             W_LOCK_WAIT,
         ],
     );
-    assert_eq!(unique, 177_622);
+    pins.push((unique, 177_622));
+    pinned(&pins);
 }
 
 #[test]
 fn cache_in_front_replays_only_the_live_generation() {
+    let mut pins = Vec::new();
     let unique = guarantees(
         "outcome-unknown A/B, cache",
         ab(EffectMode::UnkeyedOutcomeUnknown, cached()),
-        &[P8E],
+        &[C1, P8E],
         &[
             W_REPLAY,
             W_IN_FLIGHT,
@@ -384,7 +404,7 @@ fn cache_in_front_replays_only_the_live_generation() {
             W_CACHE_MISMATCH,
         ],
     );
-    assert_eq!(unique, 234_342);
+    pins.push((unique, 249_592));
     let unique = guarantees(
         "transactional A/B, cache, 1 crash",
         ab(
@@ -405,7 +425,8 @@ fn cache_in_front_replays_only_the_live_generation() {
             W_LOCK_WAIT,
         ],
     );
-    assert_eq!(unique, 265_220);
+    pins.push((unique, 265_220));
+    pinned(&pins);
 }
 
 /// A lock wait past the timeout taken for a successful claim (what a host that invents a result
@@ -473,4 +494,194 @@ fn mutation_cache_without_decide_replays_another_body() {
         &[P2, P4],
     );
     assert_eq!(depth, 8);
+}
+
+/// Two clients sending the same body: a duplicate arrives while the first request's handler
+/// runs and heartbeats (renewals meet a same-body duplicate's read, takeover or mark), with
+/// handler failures; the liveness property on every state.
+#[test]
+fn heartbeats_meet_a_same_body_duplicate() {
+    let mut pins = Vec::new();
+    let unique = guarantees(
+        "outcome-unknown A/A, failures + heartbeats, liveness",
+        aa(EffectMode::UnkeyedOutcomeUnknown, failures()).with_liveness(),
+        &[C1, P8E],
+        &[
+            W_REPLAY,
+            W_IN_FLIGHT,
+            W_OUTCOME_UNKNOWN,
+            W_STALE_REJECTED,
+            W_RERUN_TTL,
+            W_EXHAUSTED,
+        ],
+    );
+    pins.push((unique, 90_442));
+    let unique = guarantees(
+        "re-run A/A, failures + heartbeats, liveness",
+        aa(EffectMode::UnkeyedReRun, failures()).with_liveness(),
+        &[C1, C1O, P1, P5A, P8E],
+        &[
+            W_REPLAY,
+            W_IN_FLIGHT,
+            W_TAKEOVER,
+            W_STALE_REJECTED,
+            W_RERUN_TTL,
+            W_EXHAUSTED,
+        ],
+    );
+    pins.push((unique, 135_852));
+    pinned(&pins);
+}
+
+/// A lease (3 ticks) longer than the TTL (2 ticks): a claim's record lives as long as its lease
+/// (`expires_at = now + max(ttl, lease)`), a completion keeps the TTL; clock to 4; liveness on.
+/// An expired lease is then always an expired record: no takeover or mark-unknown is reachable,
+/// the next attempt claims a new generation (`spec/MODEL.md` §4.4; the re-run mode explores the
+/// very same 348,993 states and fails the same properties, so it is not repeated here).
+#[test]
+fn lease_longer_than_ttl() {
+    let mut pins = Vec::new();
+    let long = Bounds {
+        lease: 3,
+        ttl: 2,
+        t_max: 4,
+        ..Bounds::default()
+    };
+    let unique = guarantees(
+        "outcome-unknown A/B, lease 3 > TTL 2, liveness",
+        ab(EffectMode::UnkeyedOutcomeUnknown, long).with_liveness(),
+        &[C1, P8E],
+        &[
+            W_REPLAY,
+            W_IN_FLIGHT,
+            W_MISMATCH,
+            W_STALE_REJECTED,
+            W_RERUN_TTL,
+            W_EXHAUSTED,
+        ],
+    );
+    pins.push((unique, 348_993));
+    let unique = guarantees(
+        "transactional A/B, lease 3 > TTL 2, liveness",
+        ab(EffectMode::Transactional, long).with_liveness(),
+        &[],
+        &[W_REPLAY, W_MISMATCH, W_RERUN_TTL, W_EXHAUSTED, W_LOCK_WAIT],
+    );
+    pins.push((unique, 154_897));
+    pinned(&pins);
+}
+
+/// Core's abandon (after a handler that may have acted failed) done as a release: a retry of the
+/// same request runs it again at once. P1 counts per generation instance and a release starts a
+/// new one, so P1 holds; the contract's C1 (per request, within the retention window) fails.
+#[test]
+fn mutation_abandon_as_release_runs_a_request_twice() {
+    let model =
+        aa(EffectMode::UnkeyedOutcomeUnknown, failures()).with_variant(Variant::AbandonReleases);
+    guarantees(
+        "abandon done as a release",
+        model.clone(),
+        &[C1, C1O, C1R, C4, P8E],
+        &[
+            W_REPLAY,
+            W_IN_FLIGHT,
+            W_OUTCOME_UNKNOWN,
+            W_STALE_REJECTED,
+            W_RERUN_TTL,
+            W_EXHAUSTED,
+        ],
+    );
+    assert_eq!(
+        mutation("abandon done as a release", model, &[C1, C1O, C1R]),
+        8
+    );
+}
+
+/// A takeover that renews the lease but keeps the old token: the record's token is the paused
+/// owner's, so P8 (which compares with the record) sees nothing; C3 compares with the latest
+/// token granted.
+#[test]
+fn mutation_takeover_keeping_the_token_breaks_fencing() {
+    let depth = mutation(
+        "takeover keeps the old token",
+        aa(EffectMode::UnkeyedReRun, Bounds::default()).with_variant(Variant::TakeoverKeepsToken),
+        &[C3],
+    );
+    assert_eq!(depth, 9);
+}
+
+#[test]
+fn mutation_renew_without_token_is_a_write_without_its_precondition() {
+    let depth = mutation(
+        "renew without token check",
+        aa(EffectMode::UnkeyedReRun, failures()).with_variant(Variant::RenewWithoutToken),
+        &[C4, C3],
+    );
+    assert_eq!(depth, 8);
+}
+
+#[test]
+fn mutation_execute_before_admission_runs_a_mismatch() {
+    let depth = mutation(
+        "side effect before the store is consulted",
+        ab(EffectMode::UnkeyedOutcomeUnknown, Bounds::default())
+            .with_variant(Variant::ExecuteBeforeAdmission),
+        &[P3],
+    );
+    assert_eq!(depth, 4);
+}
+
+#[test]
+fn mutation_unconditional_complete_overwrites_a_completed_response() {
+    let depth = mutation(
+        "complete without any condition",
+        aa(EffectMode::UnkeyedReRun, Bounds::default())
+            .with_variant(Variant::CompleteUnconditional),
+        &[P5],
+    );
+    assert_eq!(depth, 12);
+}
+
+#[test]
+fn mutation_scope_of_the_first_client_crosses_scopes() {
+    let depth = mutation(
+        "scope built from the first client's principal",
+        IdempoModel::new(
+            EffectMode::DownstreamKeyed,
+            &[ALICE_A, BOB_A],
+            Bounds {
+                max_crashes: 0,
+                ..Bounds::default()
+            },
+        )
+        .with_variant(Variant::ScopeOfFirstClient),
+        &[P6],
+    );
+    assert_eq!(depth, 2);
+}
+
+/// An adapter that reads `lease_until` from `expires_at`: an expired lease looks live, a
+/// duplicate gets 409 where it should take over or mark (P7, P7x), and a retrying client waits
+/// longer than a lease (L).
+#[test]
+fn mutation_lease_read_as_expiry_answers_409_and_keeps_clients_waiting() {
+    let depth = mutation(
+        "lease read from expires_at",
+        aa(EffectMode::UnkeyedOutcomeUnknown, Bounds::default())
+            .with_variant(Variant::LeaseReadAsExpiry)
+            .with_liveness(),
+        &[P7, P7X, L],
+    );
+    assert_eq!(depth, 5);
+}
+
+#[test]
+fn mutation_completion_answer_misreported_is_refused_by_the_flow() {
+    let depth = mutation(
+        "completion answered with the wrong result type",
+        ab(EffectMode::UnkeyedOutcomeUnknown, Bounds::default())
+            .with_variant(Variant::ResultMisreported),
+        &[F],
+    );
+    assert_eq!(depth, 5);
 }

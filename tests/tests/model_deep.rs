@@ -41,7 +41,7 @@ fn deep_outcome_unknown_with_failures_and_heartbeats() {
             failures_and_heartbeats(),
         ),
         DEEP,
-        &[P8E],
+        &[C1, P8E],
         &[
             W_REPLAY,
             W_IN_FLIGHT,
@@ -65,7 +65,7 @@ fn deep_rerun_with_failures_and_heartbeats() {
             failures_and_heartbeats(),
         ),
         DEEP,
-        &[P1, P5A, P8E],
+        &[C1, C1O, P1, P5A, P8E],
         &[
             W_REPLAY,
             W_IN_FLIGHT,
@@ -89,7 +89,7 @@ fn deep_two_scopes_with_crash() {
             Bounds::default(),
         ),
         DEEP,
-        &[P8E],
+        &[C1, P8E],
         &[
             W_REPLAY,
             W_IN_FLIGHT,
@@ -139,7 +139,7 @@ fn deep_outcome_unknown_three_clients() {
             Bounds::default(),
         ),
         DEEP,
-        &[P8E],
+        &[C1, P8E],
         &[
             W_REPLAY,
             W_IN_FLIGHT,
@@ -169,7 +169,7 @@ fn deep_downstream_keyed_more_retries_and_crashes() {
             },
         ),
         DEEP,
-        &[P8E],
+        &[C1, P8E],
         &[
             W_REPLAY,
             W_IN_FLIGHT,
@@ -196,7 +196,7 @@ fn deep_outcome_unknown_two_store_faults_and_a_crash() {
             },
         ),
         DEEP,
-        &[P8E],
+        &[C1, P8E],
         &[
             W_REPLAY,
             W_IN_FLIGHT,
@@ -227,7 +227,7 @@ fn deep_outcome_unknown_cache_with_a_store_fault_and_a_crash() {
             },
         ),
         DEEP,
-        &[P8E],
+        &[C1, P8E],
         &[
             W_REPLAY,
             W_IN_FLIGHT,
@@ -285,7 +285,7 @@ fn deep_downstream_keyed_store_fault_crash_and_purge() {
             },
         ),
         DEEP,
-        &[P8E],
+        &[C1, P8E],
         &[
             W_REPLAY,
             W_IN_FLIGHT,

@@ -60,12 +60,12 @@ fn shipped_recipes_agree_with_core_on_every_reachable_step() {
         (
             "outcome-unknown A/B, failures + heartbeats",
             ab(EffectMode::UnkeyedOutcomeUnknown, failures()),
-            45_848,
+            46_790,
         ),
         (
             "re-run A/B, failures + heartbeats",
             ab(EffectMode::UnkeyedReRun, failures()),
-            38_662,
+            39_386,
         ),
         (
             "transactional A/B",

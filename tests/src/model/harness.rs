@@ -3,9 +3,9 @@
 use std::collections::BTreeSet;
 use std::time::Instant;
 
-use stateright::{Checker, HasDiscoveries, Model};
+use stateright::{Checker, Expectation, HasDiscoveries, Model};
 
-use super::{IdempoModel, props};
+use super::IdempoModel;
 
 /// How to explore.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,7 +76,12 @@ fn table<C: Checker<IdempoModel>>(
     );
     let found: BTreeSet<&str> = checker.discoveries().keys().copied().collect();
     let mut problems = Vec::new();
-    for p in props::safety() {
+    let (safety, witnesses): (Vec<_>, Vec<_>) = checker
+        .model()
+        .properties()
+        .into_iter()
+        .partition(|p| p.expectation == Expectation::Always);
+    for p in safety {
         if let Some(path) = checker.discovery(p.name) {
             println!(
                 "  counterexample {:?} ({} steps)",
@@ -90,7 +95,7 @@ fn table<C: Checker<IdempoModel>>(
             _ => {}
         }
     }
-    for p in props::witnesses() {
+    for p in witnesses {
         match (found.contains(p.name), reached.contains(&p.name)) {
             (true, false) => problems.push(format!("witness {:?} unexpectedly reached", p.name)),
             (false, true) => problems.push(format!("witness {:?} not reached", p.name)),
@@ -142,8 +147,10 @@ pub fn mutation(label: &str, model: IdempoModel, expected: &[&'static str]) -> u
 /// When `name` is not a safety property or holds along the whole path.
 #[must_use]
 pub fn first_failure(model: &IdempoModel, name: &str, states: Vec<super::World>) -> usize {
-    let property = props::safety()
+    let property = model
+        .properties()
         .into_iter()
+        .filter(|p| p.expectation == Expectation::Always)
         .find(|p| p.name == name)
         .unwrap_or_else(|| panic!("{name:?} is not a safety property"));
     states

@@ -10,6 +10,7 @@ use idempo_core::machine::Outcome;
 use idempo_core::record::{FencingToken, Record, RecordState};
 use stateright::Property;
 
+pub use super::contract::{C1, C1O, C1R, C2, C3, C4};
 use super::{Body, IdempoModel, World};
 
 /// P1: at most one side effect per (scope, key, generation instance).
@@ -104,6 +105,18 @@ pub enum Check {
     FailClosed = 1 << 9,
     /// [`P10`].
     Cache = 1 << 10,
+    /// [`C1`](super::contract::C1).
+    Once = 1 << 11,
+    /// [`C1O`](super::contract::C1O).
+    OnceOwners = 1 << 12,
+    /// [`C1R`](super::contract::C1R).
+    OnceReRun = 1 << 13,
+    /// [`C2`](super::contract::C2).
+    ReplayStored = 1 << 14,
+    /// [`C3`](super::contract::C3).
+    Fencing = 1 << 15,
+    /// [`C4`](super::contract::C4).
+    Conditional = 1 << 16,
 }
 
 impl Check {
@@ -380,6 +393,12 @@ pub fn safety() -> Vec<Property<IdempoModel>> {
         Property::always(P9, clear::<{ Check::FailClosed as u32 }>),
         Property::always(P10, clear::<{ Check::Cache as u32 }>),
         Property::always(F, clear::<{ Check::Flow as u32 }>),
+        Property::always(C1, clear::<{ Check::Once as u32 }>),
+        Property::always(C1O, clear::<{ Check::OnceOwners as u32 }>),
+        Property::always(C1R, clear::<{ Check::OnceReRun as u32 }>),
+        Property::always(C2, clear::<{ Check::ReplayStored as u32 }>),
+        Property::always(C3, clear::<{ Check::Fencing as u32 }>),
+        Property::always(C4, clear::<{ Check::Conditional as u32 }>),
     ]
 }
 
