@@ -9,7 +9,8 @@
 #                [workspace.lints] in Cargo.toml), each crate's rust-version against its
 #                dependencies under the committed Cargo.lock (scripts/check-msrv.py), and the
 #                check that the Python and TypeScript hosts make no protocol decision
-#                (scripts/check_edge_rules.py), and ruff over every Python file (ruff.toml)
+#                (scripts/check_edge_rules.py), ruff over every Python file (ruff.toml) and
+#                Biome over the TypeScript and JavaScript of bindings/node (biome.json)
 #   make ci      what .ci/run does: setup, then test (CI exports CARGO="cargo --locked")
 #   make check   fast and offline, for a contributor's loop (after one `make setup`): lint, core's
 #                unit tests, and the Python and Node suites without the tests that need
@@ -50,6 +51,7 @@ lint:
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc -q -p idempo-core --no-deps
 	python3 scripts/check_edge_rules.py
 	$(CURDIR)/.venv/bin/ruff check --quiet .
+	cd bindings/node && node_modules/.bin/biome lint --error-on-warnings .
 
 check: lint
 	$(CARGO) test -q -p idempo-core

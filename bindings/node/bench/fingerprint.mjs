@@ -43,7 +43,7 @@ function body(targetBytes) {
  */
 function compare(cands, rounds = 25, batchMs = 20) {
   const best = new Map();
-  for (const [name, fn] of cands) for (let i = 0; i < 100; i++) fn();
+  for (const [, fn] of cands) for (let i = 0; i < 100; i++) fn();
   for (let r = 0; r < rounds; r++) {
     for (const [name, fn] of cands) {
       let n = 0;

@@ -291,7 +291,7 @@ async function runCall<A extends unknown[], R>(p: Prepared<A, R>, run: () => Pro
  * `fn` made idempotent per key: the returned function has `fn`'s parameters and resolves to its
  * (awaited) result, replayed from the record for a key already done.
  */
-// eslint-disable-next-line @typescript-eslint/no-explicit-any
+// biome-ignore lint/suspicious/noExplicitAny: the wrapped function's own parameter types are kept through F
 export function idempotent<F extends (...args: any[]) => unknown>(
   fn: F,
   options: IdempotentOptions<Parameters<F>, Awaited<ReturnType<F>>>,

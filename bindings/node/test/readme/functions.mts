@@ -15,4 +15,5 @@ const charge = idempotent(
   },
   { store, name: 'billing.charge', key: (msg) => msg.msgId, leaseMs: 30_000 },
 );
-const receipt = await charge({ msgId: 'm-1', order: 'o-42' }); // typed as provider.charge's result
+const receipt = await charge({ msgId: 'm-1', order: 'o-42' }); // provider.charge's result type
+console.log(receipt.id); // a redelivery of m-1 gets the same receipt without charging again

@@ -40,7 +40,9 @@ export function createIdempotentFetch(defaults: IdempotentFetchOptions = {}) {
 
 function headersObject(h: HeadersInit | undefined): Record<string, string> {
   const out: Record<string, string> = {};
-  if (h) new Headers(h).forEach((v, k) => (out[k] = v));
+  if (h) new Headers(h).forEach((v, k) => {
+    out[k] = v;
+  });
   return out;
 }
 

@@ -94,7 +94,7 @@ function usesNodeMethods(res: object): boolean {
   const top = ServerResponse.prototype as object;
   for (let o: object | null = res; o !== null; o = Object.getPrototypeOf(o) as object | null) {
     if (o === top) return true;
-    for (const m of METHODS) if (Object.prototype.hasOwnProperty.call(o, m)) return false;
+    for (const m of METHODS) if (Object.hasOwn(o, m)) return false;
   }
   return false;
 }

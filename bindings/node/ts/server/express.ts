@@ -82,7 +82,10 @@ interface AppLike {
 /** Reports a handler error to the flow, then lets it continue. */
 function errorTap(err: unknown, req: IncomingMessage, res: ServerResponse, next: Next): void {
   const st = (req as Req)[IDEMPO];
-  if (!st || st.done) return next(err);
+  if (!st || st.done) {
+    next(err);
+    return;
+  }
   st.onError(err, res, next);
 }
 
@@ -323,7 +326,10 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
     onError(err: unknown, _res: Res, n: Next): void {
       // An error after the response was written (e.g. `res.json(x); throw e`): the flow has
       // the response already; the error goes on to the error handlers untouched.
-      if (this.captured) return n(err);
+      if (this.captured) {
+        n(err);
+        return;
+      }
       this.err = err;
       this.errNext = n;
       this.session.fail(!p.isSideEffectFree(err)).then(this.#failed, this.#brokenAfterError);

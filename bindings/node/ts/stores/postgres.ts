@@ -624,7 +624,7 @@ export class PostgresTransaction implements TransactionSession {
       const s = this.store;
       if (this.#client === null) await this.#begin();
       for (let round = 0; round < CLAIM_ROUNDS; round++) {
-        let ins;
+        let ins: { rows: { generation: number; now_ms: string }[]; rowCount: number };
         try {
           ins = await this.#call<{ generation: number; now_ms: string }>(
             s.sql.claim,
