@@ -11,7 +11,7 @@
 #                check that the Python and TypeScript hosts make no protocol decision
 #                (scripts/check_edge_rules.py), ruff over every Python file (ruff.toml) and
 #                Biome over the TypeScript and JavaScript of bindings/node (biome.json)
-#   make ci      what .ci/run does: setup, then test (CI exports CARGO="cargo --locked")
+#   make ci      what .ci/run does: setup, then test (CI sets IDEMPO_CARGO_FLAGS=--locked)
 #   make check   fast and offline, for a contributor's loop (after one `make setup`): lint, core's
 #                unit tests, and the Python and Node suites without the tests that need
 #                PostgreSQL or Redis
@@ -20,7 +20,8 @@
 # BENCH_TARGETS; setup steps live in scripts/setup.d/.
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
-CARGO ?= cargo
+IDEMPO_CARGO_FLAGS ?=
+CARGO ?= cargo $(IDEMPO_CARGO_FLAGS)
 TEST_TARGETS :=
 BENCH_TARGETS :=
 DEMO_TARGET := demo-cli
