@@ -97,6 +97,8 @@ class Storm:
     requests: int = 0
     died: int = 0
     labels: Counter = field(default_factory=Counter)
+    faults_at: List[float] = field(default_factory=list)
+    """When each fault was injected (seconds since t0)."""
 
 
 async def client(t: Target, s: Storm, row: Row, key: str, data: bytes, sleep_ms: int, deadline: float,
@@ -309,7 +311,7 @@ async def run_row(app: str, topo: Topo, fault_name: str, prof: Dict[str, Any], w
                 row.bad(f"{key[:8]}: a client got no final answer within {prof['deadline']:.0f} s "
                         f"(last: {dict(s.gave_up_on)})")
         row.outcomes.update({f"answers: {k}": n for k, n in s.labels.items()})
-        fa: List[float] = getattr(s, "faults_at", [])
+        fa: List[float] = s.faults_at
         windows, before = windows_503(s.t503, fa)
         w = "; ".join(f"fault {i + 1}: " + (f"503 window {hi - lo:.1f} s ({n} x 503, +{lo - f:.1f} to +{hi - f:.1f} s "
                                               "after the fault)" if n else "no 503")
