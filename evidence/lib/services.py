@@ -278,6 +278,12 @@ class Server:
             os.unlink(self.log_path)
             self.log_path = ""
 
+    def last_traceback(self, n: int = 12000) -> str:
+        """The last Python traceback the server logged (a violation's cause), or ``""``."""
+        text = self.log_tail(200_000)
+        at = text.rfind("Traceback (most recent call last)")
+        return text[at:at + n] if at >= 0 else ""
+
     def log_tail(self, n: int = 3000) -> str:
         try:
             return Path(self.log_path).read_text()[-n:]

@@ -336,6 +336,11 @@ async def run_row(app: str, topo: Topo, fault_name: str, prof: Dict[str, Any], w
         row.bad(f"{type(exc).__name__}: {exc}")
         row.notes.append(server.log_tail(800).replace("\n", " | "))
     finally:
+        if row.violations:
+            tb = server.last_traceback()
+            if tb:
+                print(f"[topologies] {app} {topo.name} / {fault_name}: the server's last traceback:\n{tb}",
+                      flush=True)
         server.stop()
     row.seconds = time.monotonic() - t0
     if summary and summary[-1]["app"] == app and summary[-1]["fault"] == fault_name and summary[-1]["topology"] == topo.name:

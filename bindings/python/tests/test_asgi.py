@@ -431,3 +431,35 @@ def test_an_app_that_sends_no_response_does_not_leave_its_key_in_flight() -> Non
             assert retry.status_code != 409, retry.text
 
     run(main())
+
+
+def test_handler_ending_during_a_renewal_waits_for_it() -> None:
+    """The handler ends while a heartbeat's renewal is still at the store (a slow store, a
+    failover): its end is fed to the flow after the renewal's answer, never beside it (the
+    flow takes one event at a time; feeding both was a plain 500 under a Redis failover)."""
+    from idempo.stores import AsyncMemoryStore
+
+    renewals: List[str] = []
+
+    class SlowRenewals(AsyncMemoryStore):
+        async def renew(self, scope_key: bytes, token: bytes, lease_ms: int) -> bool:
+            renewals.append("start")
+            await asyncio.sleep(0.4)
+            renewals.append("end")
+            return await super().renew(scope_key, token, lease_ms)
+
+    effects = Effects()
+    app = make_app(SlowRenewals(), effects,
+                   config=idempo.Config(lease_ms=1000, heartbeat_ms=150))
+
+    async def main() -> None:
+        async with client(app) as c:
+            # Due at 150 ms, the renewal answers at ~550 ms; the handler ends at 250 ms.
+            first = await c.post("/payments/a", json={"sleep": 0.25}, headers=key(1))
+            assert first.status_code == 201, first.text
+            again = await c.post("/payments/a", json={"sleep": 0.25}, headers=key(1))
+            assert again.status_code == 201 and again.headers["idempotent-replayed"] == "true"
+
+    run(main())
+    assert renewals[:2] == ["start", "end"]
+    assert len(effects.runs) == 1

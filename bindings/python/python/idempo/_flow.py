@@ -755,21 +755,24 @@ class AsyncRequest(_Steps):
             self._beats.remove(self)
             self._beats = None
 
-    async def _step(self, action: Action) -> Action:
+    async def _step(self, event: Callable[[], Action]) -> Action:
         """The store steps after the handler: with the heartbeat stopped first (waiting for a
-        renewal under way, never cancelling one mid-step)."""
+        renewal under way, never cancelling one mid-step). ``event`` feeds the flow the
+        handler's end only then: core takes one event at a time, and a renewal in flight is one
+        (PROTOCOL.md §7.1: after a store action the next event is its result)."""
         assert self._run is not None
         self._stop_timer()
         if self._beat is None or self._lock is None:
-            return await _store_step_async(self._run, self._store, action, self.mode)
+            return await _store_step_async(self._run, self._store, event(), self.mode)
         async with self._lock:
             # Cancelled only while sleeping or waiting for the lock: never mid-renewal.
             self._beat.cancel()
-            return await _store_step_async(self._run, self._store, action, self.mode)
+            return await _store_step_async(self._run, self._store, event(), self.mode)
 
     async def finished(self, result: HandlerResult) -> Response:
         assert self._run is not None
-        action = await self._step(_handler_finished(self._run, result))
+        run = self._run
+        action = await self._step(lambda: _handler_finished(run, result))
         return await self._end(action, result)
 
     async def failed(self, maybe_side_effect: bool = True) -> Optional[Response]:
@@ -779,7 +782,7 @@ class AsyncRequest(_Steps):
         assert self._run is not None
         run = self._run
         try:
-            action = await self._step(run.flow.handler_failed(maybe_side_effect))
+            action = await self._step(lambda: run.flow.handler_failed(maybe_side_effect))
             if action.kind == "respond":
                 return await self._end(action, None)
             run.hooks.outcome(run.route, action.outcome or "handler_failed")
