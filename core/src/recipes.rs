@@ -69,21 +69,40 @@ pub const POSTGRES_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS idempo_record (
 CREATE INDEX IF NOT EXISTS idempo_record_expires_at ON idempo_record (expires_at);";
 
 /// §4.3 claim (primitive 1): `$1` scope_key, `$2` fingerprint, `$3` token, `$4` lease_ms,
-/// `$5` ttl_ms, `$6` now override. One row (`generation`, `now_ms`) when claimed; zero rows when a
-/// live record exists (read it with [`POSTGRES_GET`] in a new statement).
+/// `$5` ttl_ms, `$6` now override. One round trip whether it claims or finds a live record: one
+/// row (`claimed`, `fingerprint`, `state`, `token`, `generation`, `lease_until`, `expires_at`,
+/// `response`, `now_ms`; the columns after `claimed` are shaped like [`POSTGRES_GET`]'s). Claimed:
+/// `claimed` true, `generation` and `now_ms` set, the record columns NULL. A live record:
+/// `claimed` false and the record as the conflict arm locked it (`FOR SHARE` reads that version,
+/// not the statement's older snapshot). Zero rows: the conflicting row is not in this statement's
+/// snapshot (an inserter committed after it began) or vanished: run the claim again.
 pub const POSTGRES_CLAIM: &str = concat!(
     "WITH c AS (SELECT coalesce($6::bigint, ",
     pg_clock!(),
-    ") AS now)
-INSERT INTO idempo_record AS r
-       (scope_key, fingerprint, state, token, generation, lease_until, expires_at, response)
-SELECT $1::bytea, $2::text, 1, $3::bytea, 1, c.now + $4::bigint, c.now + greatest($5::bigint, $4::bigint), NULL FROM c
-ON CONFLICT (scope_key) DO UPDATE
-   SET fingerprint = EXCLUDED.fingerprint, state = 1, token = EXCLUDED.token,
-       generation = least(r.generation + 1, 2147483647),
-       lease_until = EXCLUDED.lease_until, expires_at = EXCLUDED.expires_at, response = NULL
- WHERE r.expires_at <= EXCLUDED.lease_until - $4::bigint
-RETURNING r.generation, r.lease_until - $4::bigint AS now_ms"
+    ") AS now),
+     claimed AS (
+       INSERT INTO idempo_record AS r
+              (scope_key, fingerprint, state, token, generation, lease_until, expires_at, response)
+       SELECT $1::bytea, $2::text, 1, $3::bytea, 1, c.now + $4::bigint, c.now + greatest($5::bigint, $4::bigint), NULL FROM c
+       ON CONFLICT (scope_key) DO UPDATE
+          SET fingerprint = EXCLUDED.fingerprint, state = 1, token = EXCLUDED.token,
+              generation = least(r.generation + 1, 2147483647),
+              lease_until = EXCLUDED.lease_until, expires_at = EXCLUDED.expires_at, response = NULL
+        WHERE r.expires_at <= EXCLUDED.lease_until - $4::bigint
+       RETURNING r.generation, r.lease_until - $4::bigint AS now_ms),
+     live AS (
+       SELECT fingerprint, state, token, generation, lease_until, expires_at, response
+         FROM idempo_record
+        WHERE scope_key = $1::bytea AND NOT EXISTS (SELECT FROM claimed)
+          FOR SHARE)
+SELECT true AS claimed, NULL::text AS fingerprint, NULL::smallint AS state, NULL::bytea AS token,
+       generation, NULL::bigint AS lease_until, NULL::bigint AS expires_at, NULL::bytea AS response,
+       now_ms
+  FROM claimed
+UNION ALL
+SELECT false, l.fingerprint, l.state, l.token, l.generation, l.lease_until, l.expires_at, l.response,
+       c.now
+  FROM live l, c"
 );
 
 /// §4.3 get (primitive 2): `$1` scope_key, `$2` now override. Always one row: the record's

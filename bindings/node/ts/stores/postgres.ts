@@ -22,8 +22,23 @@ export function postgresSchema(table = 'idempo_record', index = 'idempo_record_e
 /** The DDL of `spec/STORAGE.md` §4.1, verbatim names. */
 export const POSTGRES_SCHEMA = postgresSchema();
 
-/** Claim/read rounds before a contention error. */
+/** Claim rounds before a contention error. */
 const CLAIM_ROUNDS = 3;
+
+/** A row of the claim recipe: `claimed`, then the columns of a `get` row. */
+interface ClaimRow extends RecipeRow {
+  claimed: boolean;
+}
+
+/** The claim statement's answer (`spec/STORAGE.md` §4.3); null when it returned no row or a
+ * record no longer live: claim again. */
+function claimAnswer(row: ClaimRow | undefined): ClaimResult | null {
+  if (row === undefined) return null;
+  const nowMs = Number(row.now_ms);
+  if (row.claimed) return { claimed: true as const, generation: Number(row.generation), nowMs };
+  const record = recordFromRow(row);
+  return record !== null && record.expiresAt > nowMs ? { claimed: false as const, record, nowMs } : null;
+}
 
 /** The statements of `spec/STORAGE.md` §4.3 (from core) on table `t`. */
 function recipes(t: string) {
@@ -400,10 +415,11 @@ export class PostgresStore implements TransactionalStore {
   claim(scopeKey: Uint8Array, fingerprint: string, token: Uint8Array, leaseMs: number, ttlMs: number): Promise<ClaimResult> {
     checkKeyAndToken(scopeKey, token);
     return this.#q(async () => {
-      // Claim, then read the live row in a new statement; if it vanished in between (released
-      // or purged), claim again. Bounded: contention past that is a store failure (503).
+      // One statement claims or reads the live row (spec/STORAGE.md §4.3); no row: the
+      // conflicting row was not in its snapshot, or vanished: claim again. Bounded: contention
+      // past that is a store failure (503).
       for (let round = 0; round < CLAIM_ROUNDS; round++) {
-        const ins = await this.#rows<{ generation: number; now_ms: string }>(this.#sql.claim, [
+        const r = await this.#rows<ClaimRow>(this.#sql.claim, [
           asBuffer(scopeKey),
           fingerprint,
           asBuffer(token),
@@ -411,12 +427,8 @@ export class PostgresStore implements TransactionalStore {
           ttlMs,
           this.#now(),
         ]);
-        const first = ins.rows[0];
-        if (first) return { claimed: true as const, generation: Number(first.generation), nowMs: Number(first.now_ms) };
-        const got = await this.#rows<RecipeRow>(this.#sql.get, [asBuffer(scopeKey), this.#now()]);
-        const row = got.rows[0] as RecipeRow;
-        const record = recordFromRow(row);
-        if (record !== null) return { claimed: false as const, record, nowMs: Number(row.now_ms) };
+        const answer = claimAnswer(r.rows[0]);
+        if (answer !== null) return answer;
       }
       throw new StoreUnavailableError(`claim contention: the row kept vanishing after ${CLAIM_ROUNDS} rounds`);
     });
@@ -624,9 +636,9 @@ export class PostgresTransaction implements TransactionSession {
       const s = this.store;
       if (this.#client === null) await this.#begin();
       for (let round = 0; round < CLAIM_ROUNDS; round++) {
-        let ins: { rows: { generation: number; now_ms: string }[]; rowCount: number };
+        let r: { rows: ClaimRow[]; rowCount: number };
         try {
-          ins = await this.#call<{ generation: number; now_ms: string }>(
+          r = await this.#call<ClaimRow>(
             s.sql.claim,
             [asBuffer(scopeKey), fingerprint, asBuffer(token), leaseMs, ttlMs, s.nowOverride()],
             s.timeoutMs + s.lockTimeoutMs,
@@ -638,12 +650,8 @@ export class PostgresTransaction implements TransactionSession {
           }
           throw e;
         }
-        const first = ins.rows[0];
-        if (first) return { claimed: true as const, generation: Number(first.generation), nowMs: Number(first.now_ms) };
-        const got = await this.#call<RecipeRow>(s.sql.get, [asBuffer(scopeKey), s.nowOverride()], s.timeoutMs);
-        const row = got.rows[0] as RecipeRow;
-        const record = recordFromRow(row);
-        if (record !== null) return { claimed: false as const, record, nowMs: Number(row.now_ms) };
+        const answer = claimAnswer(r.rows[0]);
+        if (answer !== null) return answer;
       }
       throw new StoreUnavailableError(`claim contention: the row kept vanishing after ${CLAIM_ROUNDS} rounds`);
     });

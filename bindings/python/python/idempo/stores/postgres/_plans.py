@@ -153,6 +153,8 @@ def _claim(
 
 
 def _claim_steps(claim: _Op, lock_wait_ms: Optional[int]) -> "_Plan[ClaimResult]":
+    """One statement claims or reads the live record (``spec/STORAGE.md`` §4.3); no row: the
+    conflicting row was not in the statement's snapshot, or vanished: claim again."""
     key: bytes = claim.params["p1"]
     for _ in range(CLAIM_ATTEMPTS):
         try:
@@ -162,9 +164,11 @@ def _claim_steps(claim: _Op, lock_wait_ms: Optional[int]) -> "_Plan[ClaimResult]
                 raise
             now = yield _stmt(SQL_NOW)
             return Locked(int(now[0]))
-        if row is not None:
-            return Claimed(int(row[0]), int(row[1]))
-        record, now_ms = yield from _get_steps(key)
+        if row is None:
+            continue
+        if row[0]:
+            return Claimed(int(row[4]), int(row[8]))
+        record, now_ms = record_or_none(key, row[1:]), int(row[8])
         if record is not None and record.expires_at > now_ms:
             return Existing(record, now_ms)
     raise _contention()
