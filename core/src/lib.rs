@@ -28,6 +28,7 @@
 //! - [`machine`]: the key state machine: `decide`, completion, takeover and the sans-IO server flow.
 //! - [`vocab`]: the stable names of core's enumerations (`FromStr`, `as_str`, `Display`).
 //! - [`metrics`]: the fixed shapes of the metrics every binding exports (histogram bounds).
+//! - [`options`]: the host and store options every binding shares: one name, one default.
 #![cfg_attr(
     not(test),
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
@@ -41,6 +42,7 @@ pub mod intent;
 pub mod key;
 pub mod machine;
 pub mod metrics;
+pub mod options;
 pub mod policy;
 pub mod recipes;
 pub mod record;

@@ -180,7 +180,7 @@ def make_store() -> Any:
     if STORE == "sqlite":
         return stores.SQLiteStore(STORE_URL, busy_timeout_ms=int(os.environ.get("EV_BUSY_MS", "5000")))
     if STORE == "postgres":
-        return stores.PostgresStore(STORE_URL, connect_timeout=2, timeout=STORE_TIMEOUT_MS / 1000)
+        return stores.PostgresStore(STORE_URL, connect_timeout_ms=2000, timeout_ms=STORE_TIMEOUT_MS)
     if STORE == "redis":
         return stores.RedisStore(STORE_URL)
     if STORE == "redis-cluster":

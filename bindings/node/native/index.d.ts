@@ -679,6 +679,25 @@ export declare function memoryPartition(principal: string): Buffer
 /** The version of the native addon (the workspace version). */
 export declare function nativeVersion(): string
 
+/** One option's default: exactly one of `number`, `flag`, `text`, `list` is set, or none (unset). */
+export interface OptionDefaultEntry {
+  /** `host`, `memory_store`, `sqlite_store`, `postgres_store`, `redis_store`, `cached_store`, `purge`. */
+  owner: string
+  /** The option's name in camelCase (`timeoutMs`). */
+  name: string
+  /** A duration (ms) or a count. */
+  number?: number
+  /** A switch. */
+  flag?: boolean
+  /** A text. */
+  text?: string
+  /** A list of texts. */
+  list?: Array<string>
+}
+
+/** Every host and store option's default (`spec/OPTIONS.md`), in the reference table's order. */
+export declare function optionDefaults(): Array<OptionDefaultEntry>
+
 /** A parsed key with the form it was sent in. */
 export interface ParsedKeyData {
   /** The key text. */

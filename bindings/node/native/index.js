@@ -866,6 +866,7 @@ module.exports.intentRequestFingerprint = nativeBinding.intentRequestFingerprint
 module.exports.keyHeaderValue = nativeBinding.keyHeaderValue
 module.exports.memoryPartition = nativeBinding.memoryPartition
 module.exports.nativeVersion = nativeBinding.nativeVersion
+module.exports.optionDefaults = nativeBinding.optionDefaults
 module.exports.parseKey = nativeBinding.parseKey
 module.exports.parseKeyBytes = nativeBinding.parseKeyBytes
 module.exports.parseRetryAfter = nativeBinding.parseRetryAfter

@@ -25,6 +25,7 @@ mod key;
 mod memstore;
 mod metrics;
 mod num;
+mod options;
 mod recipes;
 mod record;
 mod retry;

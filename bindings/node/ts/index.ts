@@ -43,6 +43,8 @@ export {
 } from './client/fetch';
 export type { IdempotentFetchOptions } from './client/fetch';
 export { prometheusMetrics, openTelemetryMetrics, STORE_LATENCY_BUCKETS } from './metrics';
+export { OPTION_DEFAULTS } from './defaults';
+export type { OptionValue } from './defaults';
 export type { PrometheusMetricsOptions, PrometheusRegistryLike, MeterLike, StopMetrics } from './metrics';
 export { IntentError, IntentChangedWhilePendingError, IntentKeyDiffersError } from './client/intent';
 export { MemoryPendingKeyStore, FilePendingKeyStore, PendingKeyFileError } from './client/pending';

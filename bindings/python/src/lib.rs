@@ -20,6 +20,7 @@ mod flow;
 mod intent;
 mod key;
 mod memory;
+mod options;
 mod recipes;
 mod retry;
 mod scope;
@@ -47,6 +48,7 @@ fn _idempo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(flow::body_problem, m)?)?;
     m.add_function(wrap_pyfunction!(flow::unavailable_problem, m)?)?;
     m.add_function(wrap_pyfunction!(recipes::recipes, m)?)?;
+    m.add_function(wrap_pyfunction!(options::option_defaults, m)?)?;
     m.add_function(wrap_pyfunction!(memory::memory_partition, m)?)?;
     m.add_function(wrap_pyfunction!(memory::cache_servable, m)?)?;
     m.add_function(wrap_pyfunction!(memory::cache_fill_px, m)?)?;

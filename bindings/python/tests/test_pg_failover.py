@@ -76,7 +76,7 @@ def _until_available(call: Any, deadline_s: float) -> Any:
 
 
 def test_completed_records_survive_a_promotion_and_retries_replay(pair: Pair) -> None:
-    store = PostgresStore(pair.multihost, timeout=2.0)
+    store = PostgresStore(pair.multihost, timeout_ms=2000)
     try:
         store.create_schema()
         tokens = {}
@@ -104,7 +104,7 @@ def test_completed_records_survive_a_promotion_and_retries_replay(pair: Pair) ->
 
 def test_async_store_follows_a_promotion(pair: Pair) -> None:
     async def run() -> None:
-        store = AsyncPostgresStore(pair.multihost, timeout=2.0)
+        store = AsyncPostgresStore(pair.multihost, timeout_ms=2000)
         try:
             await store.create_schema()
             token = os.urandom(16)

@@ -27,6 +27,7 @@ from idempo.stores import AsyncPostgresStore, PostgresStore
 pytestmark = pytest.mark.services
 
 TIMEOUT = 1.0
+TIMEOUT_MS = 1000
 
 
 def scope_key() -> bytes:
@@ -48,7 +49,7 @@ def server(own_pg: PgServer) -> PgServer:
 
 
 def test_frozen_server_sync_store_fails_within_deadline_then_recovers(server: PgServer) -> None:
-    store = PostgresStore(server.dsn, timeout=TIMEOUT)
+    store = PostgresStore(server.dsn, timeout_ms=TIMEOUT_MS)
     try:
         key = scope_key()
         store.claim(key, "v1:" + "0" * 64, token(), 30_000, 60_000)  # a warm connection
@@ -74,7 +75,7 @@ def test_frozen_server_sync_store_fails_within_deadline_then_recovers(server: Pg
 
 def test_frozen_server_async_store_fails_within_deadline_then_recovers(server: PgServer) -> None:
     async def scenario() -> None:
-        store = AsyncPostgresStore(server.dsn, timeout=TIMEOUT)
+        store = AsyncPostgresStore(server.dsn, timeout_ms=TIMEOUT_MS)
         try:
             key = scope_key()
             await store.claim(key, "v1:" + "0" * 64, token(), 30_000, 60_000)
@@ -114,9 +115,9 @@ def test_frozen_server_through_asgi_is_503_and_the_handler_never_runs(
 ) -> None:
     async def scenario() -> None:
         store: Any = (
-            PostgresStore(server.dsn, timeout=TIMEOUT)
+            PostgresStore(server.dsn, timeout_ms=TIMEOUT_MS)
             if flavour == "sync"
-            else AsyncPostgresStore(server.dsn, timeout=TIMEOUT)
+            else AsyncPostgresStore(server.dsn, timeout_ms=TIMEOUT_MS)
         )
         runs: List[int] = []
         app = make_app(store, runs)
@@ -181,7 +182,7 @@ def test_many_concurrent_requests_on_a_frozen_server_all_answer_within_the_deadl
             assert slowest < TIMEOUT + 1, f"slowest 503 after {slowest:.2f} s"
             assert runs == [1], "the handler ran while the store was down"
 
-    store = PostgresStore(server.dsn, timeout=TIMEOUT)
+    store = PostgresStore(server.dsn, timeout_ms=TIMEOUT_MS)
     # Calls that outlived their deadline finish in their threads after the thaw; asyncio.run
     # waits for those threads, so the store is closed only once nothing can still connect.
     asyncio.run(scenario())
@@ -189,7 +190,7 @@ def test_many_concurrent_requests_on_a_frozen_server_all_answer_within_the_deadl
 
 
 def test_restart_sync_store_no_request_fails(server: PgServer) -> None:
-    store = PostgresStore(server.dsn, timeout=5.0)
+    store = PostgresStore(server.dsn, timeout_ms=5000)
     workers = 4
     barrier = threading.Barrier(workers)
 
@@ -212,7 +213,7 @@ def test_restart_sync_store_no_request_fails(server: PgServer) -> None:
 
 def test_restart_async_store_no_request_fails(server: PgServer) -> None:
     async def scenario() -> None:
-        store = AsyncPostgresStore(server.dsn, timeout=5.0)
+        store = AsyncPostgresStore(server.dsn, timeout_ms=5000)
         try:
             await store.get(scope_key())
             await asyncio.to_thread(server.restart)
@@ -278,7 +279,7 @@ def test_transactional_frozen_before_commit_is_503_and_nothing_commits(server: P
         return JSONResponse({"ok": True}, status_code=201)
 
     async def scenario() -> None:
-        store = AsyncPostgresStore(server.dsn, timeout=TIMEOUT)
+        store = AsyncPostgresStore(server.dsn, timeout_ms=TIMEOUT_MS)
         app = Starlette(routes=[Route("/pay", pay, methods=["POST"])])
         app.add_middleware(IdempotencyMiddleware, store=store, config=Config(transactional=True))
         transport = httpx.ASGITransport(app=app)
@@ -306,7 +307,7 @@ def test_transactional_frozen_before_commit_is_503_and_nothing_commits(server: P
 
 
 def test_transactional_claim_on_a_frozen_server_fails_in_time(server: PgServer) -> None:
-    store = PostgresStore(server.dsn, timeout=TIMEOUT, lock_timeout=0.5)
+    store = PostgresStore(server.dsn, timeout_ms=TIMEOUT_MS, lock_timeout_ms=500)
     try:
         store.get(scope_key())
         pids = server.freeze()
@@ -350,7 +351,7 @@ def test_claims_refused_by_the_deadline_rarely_survive_the_thaw(server: PgServer
     cleanup) and counts, and prints, how often the claim survived: a measurement, not a pass
     mark. What is asserted is that every refusal failed closed and that a surviving row is
     exactly the refused claim (never anything else)."""
-    store = PostgresStore(server.dsn, timeout=TIMEOUT)
+    store = PostgresStore(server.dsn, timeout_ms=TIMEOUT_MS)
     survived = 0
     try:
         for _ in range(ORPHAN_TRIALS):
@@ -401,9 +402,9 @@ def test_the_flow_releases_a_claim_refused_by_the_deadline(
 
     seen = remaining = 0
     store: Any = (
-        PostgresStore(server.dsn, timeout=TIMEOUT)
+        PostgresStore(server.dsn, timeout_ms=TIMEOUT_MS)
         if flavour == "sync"
-        else AsyncPostgresStore(server.dsn, timeout=TIMEOUT)
+        else AsyncPostgresStore(server.dsn, timeout_ms=TIMEOUT_MS)
     )
 
     def _released() -> int:
@@ -489,7 +490,7 @@ class TinyPool:
 
 def test_restart_with_a_pool_replaces_dead_connections(server: PgServer) -> None:
     pool = TinyPool(server.dsn)
-    store = PostgresStore(pool, timeout=5.0)
+    store = PostgresStore(pool, timeout_ms=5000)
     try:
         store.get(scope_key())
         assert pool.opened == 1

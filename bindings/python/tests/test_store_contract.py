@@ -268,7 +268,7 @@ def test_store_down_fails_closed(tmp_path: Path) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # nothing listens here once closed
-    pg = PostgresStore(f"postgresql://postgres@127.0.0.1:{port}/postgres", connect_timeout=2)
+    pg = PostgresStore(f"postgresql://postgres@127.0.0.1:{port}/postgres", connect_timeout_ms=2000)
     with pytest.raises(idempo.StoreUnavailable) as exc:
         pg.claim(key(1), FP, tok(1), 1_000, 1_000)
     assert exc.value.retry_after == 1.0

@@ -1,5 +1,6 @@
 /** Options shared by the Express middleware and the Fastify plugin, and the request admission. */
 import native = require('../native');
+import { defaultOf } from '../defaults';
 import { ConfigError, fromNative, TransactionalUnsupportedError } from '../errors';
 import { Fingerprinter, flatHeaders } from '../fingerprint';
 import type { NumberMode } from '../core';
@@ -175,8 +176,8 @@ export class Prepared<Req> {
     if (o.numbers) fo.numbers = o.numbers;
     this.fingerprinter = new Fingerprinter(fo);
     this.events = o.events ?? new IdempotencyEvents();
-    this.header = (o.headerName ?? 'idempotency-key').toLowerCase();
-    this.methods = new Set((o.methods ?? ['POST', 'PATCH']).map((m) => m.toUpperCase()));
+    this.header = (o.headerName ?? defaultOf<string>('host', 'headerName')).toLowerCase();
+    this.methods = new Set((o.methods ?? defaultOf<readonly string[]>('host', 'methods')).map((m) => m.toUpperCase()));
   }
 
   #warned = new Set<string>();

@@ -5,6 +5,7 @@ import { asBuffer } from './types';
 import { hashToRecord } from './redis';
 import { recipe } from './recipes';
 import type { StoreStats } from './types';
+import { defaultOf } from '../defaults';
 
 /** The cache scripts (from core, shared with the Python binding): read with the clock, fill. */
 const CACHE_SCRIPTS = {
@@ -64,8 +65,8 @@ export class CachedStore implements IdempotencyStore {
   constructor(options: CachedStoreOptions) {
     this.authority = options.authority;
     this.#redis = options.redis;
-    this.#prefix = options.prefix ?? 'idempo:cache:';
-    this.#cacheTtl = options.cacheTtlMs ?? 60_000;
+    this.#prefix = options.prefix ?? defaultOf<string>('cached_store', 'prefix');
+    this.#cacheTtl = options.cacheTtlMs ?? defaultOf<number>('cached_store', 'cacheTtlMs');
     this.#onError = options.onCacheError ?? (() => undefined);
     this.#clock = options.clock;
     this.#mono = options.monotonic ?? (() => performance.now());

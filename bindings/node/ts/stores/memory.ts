@@ -2,6 +2,7 @@ import { performance } from 'node:perf_hooks';
 import native = require('../native');
 import { ConfigError, fromNative } from '../errors';
 import type { CallOptions, ClaimResult, ClockOverride, GetResult, IdempotencyStore, PurgeCounts, PurgeOptions, StoreRecord } from './types';
+import { defaultOf } from '../defaults';
 
 /** Options of {@link MemoryStore}. */
 export interface MemoryStoreOptions {
@@ -73,8 +74,8 @@ export class MemoryStore implements IdempotencyStore {
     }
     try {
       this.#core = new native.MemoryStoreCore(
-        options.maxEntries ?? 100_000,
-        options.maxBytes ?? 64 * 1024 * 1024,
+        options.maxEntries ?? defaultOf<number>('memory_store', 'maxEntries'),
+        options.maxBytes ?? defaultOf<number>('memory_store', 'maxBytes'),
         options.maxEntriesPerPartition,
         options.maxBytesPerPartition,
       );
@@ -150,7 +151,7 @@ export class MemoryStore implements IdempotencyStore {
   }
 
   purgeExpired(options: PurgeOptions = {}): Promise<PurgeCounts> {
-    return this.#call(() => this.#core.purgeExpired(options.batch ?? 1000, this.#clock()));
+    return this.#call(() => this.#core.purgeExpired(options.batch ?? defaultOf<number>('purge', 'batch'), this.#clock()));
   }
 
   close(): Promise<void> {

@@ -6,6 +6,7 @@ import { recipe, recordFromRow } from './recipes';
 import type { RecipeRow } from './recipes';
 import { statsFromRow } from './types';
 import type { StoreStats } from './types';
+import { defaultOf } from '../defaults';
 
 /** The table and index names of the recipes, replaced as whole words. */
 const NAMES = /\bidempo_record(_expires_at)?\b/g;
@@ -88,6 +89,8 @@ export interface PostgresStoreOptions {
   /** Transactional mode: `SET LOCAL idle_in_transaction_session_timeout` (default 60000 ms), so a
    * hung handler cannot hold the row lock forever. */
   idleInTransactionTimeoutMs?: number;
+  /** The deadline of one `purgeExpired` batch (up to `batch` rows deleted; default 30000 ms). */
+  purgeTimeoutMs?: number;
   /** Called with errors of idle pool connections (e.g. a server restart); they never crash the
    * process: the pool drops the connection and opens a new one on demand. */
   onPoolError?: (err: Error) => void;
@@ -260,6 +263,8 @@ export class PostgresStore implements TransactionalStore {
   readonly lockTimeoutMs: number;
   /** Transactional mode idle limit, ms. */
   readonly idleInTransactionTimeoutMs: number;
+  /** The deadline of one `purgeExpired` batch, ms. */
+  readonly purgeTimeoutMs: number;
   readonly #onPoolError: (err: Error) => void;
 
   constructor(options: PostgresStoreOptions) {
@@ -279,9 +284,11 @@ export class PostgresStore implements TransactionalStore {
     this.#table = options.schema ? `${quoteIdent(options.schema)}.idempo_record` : 'idempo_record';
     this.#sql = recipes(this.#table);
     this.#clock = options.clock;
-    this.timeoutMs = ms('timeoutMs', options.timeoutMs, 2000);
-    this.lockTimeoutMs = ms('lockTimeoutMs', options.lockTimeoutMs, 2000);
-    this.idleInTransactionTimeoutMs = ms('idleInTransactionTimeoutMs', options.idleInTransactionTimeoutMs, 60_000);
+    const d = (name: string): number => defaultOf<number>('postgres_store', name);
+    this.timeoutMs = ms('timeoutMs', options.timeoutMs, d('timeoutMs'));
+    this.lockTimeoutMs = ms('lockTimeoutMs', options.lockTimeoutMs, d('lockTimeoutMs'));
+    this.idleInTransactionTimeoutMs = ms('idleInTransactionTimeoutMs', options.idleInTransactionTimeoutMs, d('idleInTransactionTimeoutMs'));
+    this.purgeTimeoutMs = ms('purgeTimeoutMs', options.purgeTimeoutMs, d('purgeTimeoutMs'));
     this.#onPoolError = options.onPoolError ?? (() => undefined);
     // An idle connection the server closed (restart, terminated backend) makes the pool emit
     // 'error' after dropping it; without a listener Node would crash the process.
@@ -387,15 +394,15 @@ export class PostgresStore implements TransactionalStore {
   }
 
   /** One statement within the deadline, on a pool connection (see {@link PostgresStore.timeoutMs}). */
-  async #rows<R>(sql: string, params: unknown[]): Promise<{ rows: R[]; rowCount: number }> {
-    const deadline = Date.now() + this.timeoutMs;
+  async #rows<R>(sql: string, params: unknown[], timeoutMs = this.timeoutMs): Promise<{ rows: R[]; rowCount: number }> {
+    const deadline = Date.now() + timeoutMs;
     if (typeof this.#pool.connect !== 'function') {
       // A bare `query` object: only the wait can be bounded.
       const q = this.#pool.query(sql, params);
       const t = timer(deadline);
       q.catch(() => undefined);
       const r = await Promise.race([q, t.promise]).finally(t.clear);
-      if (r === 'timeout') throw new StoreUnavailableError(`PostgreSQL did not answer within ${this.timeoutMs} ms`);
+      if (r === 'timeout') throw new StoreUnavailableError(`PostgreSQL did not answer within ${timeoutMs} ms`);
       return { rows: r.rows as R[], rowCount: r.rowCount ?? 0 };
     }
     const c = await this.acquire(deadline);
@@ -510,10 +517,11 @@ export class PostgresStore implements TransactionalStore {
 
   purgeExpired(options: PurgeOptions = {}): Promise<PurgeCounts> {
     return this.#q(async () => {
-      const r = await this.#rows<{ in_progress: string; completed: string; outcome_unknown: string }>(this.#sql.purge, [
-        options.batch ?? 1000,
-        this.#now(),
-      ]);
+      const r = await this.#rows<{ in_progress: string; completed: string; outcome_unknown: string }>(
+        this.#sql.purge,
+        [options.batch ?? defaultOf<number>('purge', 'batch'), this.#now()],
+        this.purgeTimeoutMs,
+      );
       const c = r.rows[0];
       return {
         inProgress: Number(c?.in_progress ?? 0),

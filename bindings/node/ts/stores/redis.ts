@@ -5,6 +5,7 @@ import type { ClaimResult, ClockOverride, GetResult, IdempotencyStore, PurgeCoun
 import { asBuffer, checkKeyAndToken } from './types';
 import { recipe } from './recipes';
 import type { StoreStats } from './types';
+import { defaultOf } from '../defaults';
 
 /** The scripts of `spec/STORAGE.md` §5.2 from core (each is the prelude followed by its body). */
 export const REDIS_SCRIPTS = {
@@ -39,8 +40,10 @@ export interface RedisStoreOptions {
   prefix?: string;
   /**
    * Skip the start-up check that `maxmemory-policy` is `noeviction` (only for managed services
-   * that block `CONFIG`, and only when eviction is otherwise ruled out).
+   * that block `CONFIG`, and only when eviction is otherwise ruled out). Python: `assume_noeviction`.
    */
+  assumeNoeviction?: boolean;
+  /** @deprecated the former name of {@link RedisStoreOptions.assumeNoeviction}. */
   skipEvictionCheck?: boolean;
   /** Clock override for conformance runs only. */
   clock?: ClockOverride;
@@ -140,9 +143,9 @@ export class RedisStore implements IdempotencyStore {
         "RedisStore: the client's keyPrefix would move records away from the names every binding reads (spec/STORAGE.md §5.1); use the store's `prefix` option instead",
       );
     }
-    this.#prefix = options.prefix ?? 'idempo:';
+    this.#prefix = options.prefix ?? defaultOf<string>('redis_store', 'prefix');
     this.#clock = options.clock;
-    this.#skipCheck = options.skipEvictionCheck === true;
+    this.#skipCheck = options.assumeNoeviction === true || options.skipEvictionCheck === true;
     for (const [name, lua] of Object.entries(REDIS_SCRIPTS)) {
       if (!(name in this.client)) this.client.defineCommand(name, { numberOfKeys: 1, lua });
     }

@@ -7,6 +7,7 @@ import { recipe, recordFromRow } from './recipes';
 import type { RecipeRow } from './recipes';
 import { statsFromRow } from './types';
 import type { StoreStats } from './types';
+import { defaultOf } from '../defaults';
 
 /** The SQLite schema of `spec/STORAGE.md` §7 (§4.1 with SQLite types, `WITHOUT ROWID`). */
 export const SQLITE_SCHEMA = recipe('sqlite_schema');
@@ -184,7 +185,7 @@ export class SqliteStore implements TransactionalStore {
   #waiters: Waiter[] = [];
 
   constructor(options: SqliteStoreOptions = {}) {
-    const bt = options.busyTimeoutMs ?? 5000;
+    const bt = options.busyTimeoutMs ?? defaultOf<number>('sqlite_store', 'busyTimeoutMs');
     if (!Number.isFinite(bt) || bt < 0) throw new RangeError(`busyTimeoutMs must be a number of ms >= 0, got ${bt}`);
     this.busyTimeoutMs = Math.floor(bt);
     if (options.database) {
@@ -234,7 +235,7 @@ export class SqliteStore implements TransactionalStore {
     this.#tx = { claim: (p) => claim.immediate(p), purge: (p) => purge.immediate(p) };
     const group = this.db.transaction((f: () => void) => f());
     this.#group = (f) => group.immediate(f);
-    const lt = options.lockTimeoutMs ?? 2000;
+    const lt = options.lockTimeoutMs ?? defaultOf<number>('sqlite_store', 'lockTimeoutMs');
     if (!Number.isFinite(lt) || lt <= 0) throw new RangeError(`lockTimeoutMs must be a positive number of ms, got ${lt}`);
     this.lockTimeoutMs = lt;
   }
@@ -470,7 +471,7 @@ export class SqliteStore implements TransactionalStore {
   }
 
   purgeExpired(options: PurgeOptions = {}): Promise<PurgeCounts> {
-    return this.#wrap(undefined, () => this.#tx.purge({ batch: options.batch ?? 1000, now: this.#now() }));
+    return this.#wrap(undefined, () => this.#tx.purge({ batch: options.batch ?? defaultOf<number>('purge', 'batch'), now: this.#now() }));
   }
 
   /**

@@ -2,6 +2,7 @@
  * The storage contract (`spec/STORAGE.md` §3): eight atomic primitives, each answered with the
  * store's own clock. Every store in this package implements it exactly.
  */
+import { defaultOf } from '../defaults';
 
 /** 1 in progress, 2 completed, 3 outcome unknown. */
 export type RecordStateCode = 1 | 2 | 3;
@@ -190,7 +191,7 @@ export type ClockOverride = () => number;
 
 /** Loops `purgeExpired` while batches come back full; returns the totals. */
 export async function purgeAllExpired(store: IdempotencyStore, options: PurgeOptions = {}): Promise<PurgeCounts> {
-  const batch = options.batch ?? 1000;
+  const batch = options.batch ?? defaultOf<number>('purge', 'batch');
   const total: PurgeCounts = { inProgress: 0, completed: 0, outcomeUnknown: 0 };
   for (;;) {
     const c = await store.purgeExpired({ batch });

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 from idempo._flow import Hooks, Response, log, response_of
+from idempo._options import default
 from idempo._render import ProblemRenderer, check_renderer, render
 from idempo.stores._check import check_store
 from idempo.stores._tx import require_transactions
@@ -140,8 +141,8 @@ class HostOptions(TypedDict, total=False):
 
 HOST_DEFAULTS: HostOptions = {
     "config": None,
-    "methods": ("POST", "PATCH"),
-    "header_name": "Idempotency-Key",
+    "methods": default("host", "methods"),
+    "header_name": default("host", "header_name"),
     "scope": None,
     "fingerprint_headers": (),
     "exclude": (),

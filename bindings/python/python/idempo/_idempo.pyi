@@ -1,7 +1,7 @@
 """Type stubs for the ``idempo._idempo`` extension module (checked by ``mypy.stubtest``)."""
 
 from collections.abc import Iterable, Mapping
-from typing import Literal, final
+from typing import Any, Literal, final
 
 __all__ = [
     # idempotent function calls (src/call.rs)
@@ -52,6 +52,7 @@ __all__ = [
     "parse_key",
     "parse_key_details",
     "parse_retry_after",
+    "option_defaults",
     "recipes",
     "response_body_needed",
     "scope_id",
@@ -173,6 +174,7 @@ def intent_decide_send(
     "mint", "reuse", "intent_changed_while_pending", "intent_key_differs_from_pending"
 ]: ...
 def recipes() -> dict[str, str]: ...
+def option_defaults() -> dict[str, dict[str, Any]]: ...
 def memory_partition(principal: str) -> bytes: ...
 def cache_servable(state: int, expires_at: int, now_ms: int) -> bool: ...
 def cache_fill_px(

@@ -62,6 +62,7 @@ except ImportError as e:  # pragma: no cover - exercised in a subprocess by the 
     ) from e
 
 from idempo._flights import AsyncFlights, Flights
+from idempo._options import default
 from idempo._plan import Plan, drive, drive_async
 from idempo._idempo import (
     OutcomeUnknown,
@@ -77,7 +78,7 @@ from idempo._idempo import (
 )
 from idempo.pending import MemoryPendingKeyStore, PendingIntent, PendingKeyStore
 
-DEFAULT_METHODS = ("POST", "PATCH")
+DEFAULT_METHODS: Tuple[str, ...] = default("host", "methods")
 
 #: The stop reason core gives for idempo's outcome-unknown answer.
 OUTCOME_UNKNOWN_REASON = "outcome_unknown"

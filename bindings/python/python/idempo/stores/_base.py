@@ -25,6 +25,10 @@ from typing import (
 
 from idempo._idempo import InvalidArgument, StoreUnavailable
 from idempo._plan import drive, drive_async
+from idempo._options import default
+
+PURGE_BATCH: int = default("purge", "batch")
+"""Records one ``purge_expired`` call deletes at most, by default (from core)."""
 
 IN_PROGRESS = 1
 """Record state: claimed, the handler is (or may be) running under a lease."""
@@ -169,7 +173,7 @@ class Store(Protocol):
 
     def renew(self, scope_key: bytes, token: bytes, lease_ms: int) -> bool: ...
 
-    def purge_expired(self, batch: int = 1000) -> PurgeCounts: ...
+    def purge_expired(self, batch: int = PURGE_BATCH) -> PurgeCounts: ...
 
 
 class AsyncStore(Protocol):
@@ -195,7 +199,7 @@ class AsyncStore(Protocol):
 
     async def renew(self, scope_key: bytes, token: bytes, lease_ms: int) -> bool: ...
 
-    async def purge_expired(self, batch: int = 1000) -> PurgeCounts: ...
+    async def purge_expired(self, batch: int = PURGE_BATCH) -> PurgeCounts: ...
 
 
 def _purge_batches(
@@ -216,7 +220,7 @@ def _purge_batches(
 
 def purge_all(
     store: Store,
-    batch: int = 1000,
+    batch: int = PURGE_BATCH,
     max_batches: Optional[int] = None,
     on_counts: Optional[Callable[[PurgeCounts], None]] = None,
 ) -> PurgeCounts:
@@ -233,7 +237,7 @@ def purge_all(
 
 async def purge_all_async(
     store: AsyncStore,
-    batch: int = 1000,
+    batch: int = PURGE_BATCH,
     max_batches: Optional[int] = None,
     on_counts: Optional[Callable[[PurgeCounts], None]] = None,
 ) -> PurgeCounts:
@@ -262,7 +266,7 @@ class Purger:
         store: Store,
         *,
         interval_s: float = 300.0,
-        batch: int = 1000,
+        batch: int = PURGE_BATCH,
         max_batches: Optional[int] = 100,
         on_counts: Optional[Callable[[PurgeCounts], None]] = None,
         on_error: Optional[Callable[[BaseException], None]] = None,

@@ -8,7 +8,7 @@ from abc import ABC, abstractmethod
 from typing import Any, Optional, Tuple, Type, TypeVar
 
 from idempo._plan import Plan, drive, drive_async
-from idempo.stores._base import ClaimResult, PurgeCounts, StoredRecord, unavailable
+from idempo.stores._base import PURGE_BATCH, ClaimResult, PurgeCounts, StoredRecord, unavailable
 
 T = TypeVar("T")
 
@@ -114,7 +114,7 @@ class PrimitivesBase(PlanHooks):
         """Primitive 7: extend the caller's lease (heartbeat)."""
         return self._drive("renew", self._plan_renew(scope_key, token, lease_ms))
 
-    def purge_expired(self, batch: int = 1000) -> PurgeCounts:
+    def purge_expired(self, batch: int = PURGE_BATCH) -> PurgeCounts:
         """Primitive 8: delete up to ``batch`` expired records, earliest expiry first."""
         return self._drive("purge_expired", self._plan_purge_expired(batch))
 
@@ -171,7 +171,7 @@ class AsyncPrimitivesBase(PlanHooks):
         """Primitive 7: extend the caller's lease (heartbeat)."""
         return await self._drive("renew", self._plan_renew(scope_key, token, lease_ms))
 
-    async def purge_expired(self, batch: int = 1000) -> PurgeCounts:
+    async def purge_expired(self, batch: int = PURGE_BATCH) -> PurgeCounts:
         """Primitive 8: delete up to ``batch`` expired records, earliest expiry first."""
         return await self._drive("purge_expired", self._plan_purge_expired(batch))
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Tuple, Type
 
 from idempo._idempo import IdempotencyError, InvalidArgument
-from idempo.stores._base import unavailable
+from idempo.stores._base import PURGE_BATCH, unavailable
 
 
 class TransactionalUnsupported(InvalidArgument):
@@ -217,7 +217,7 @@ class SessionEnds(ABC):
         """Rolls back what is still open and gives the connection back."""
         self._end(commit=False)
 
-    def purge_expired(self, batch: int = 1000) -> Any:
+    def purge_expired(self, batch: int = PURGE_BATCH) -> Any:
         """Primitive 8 on the store itself (a background batch, never part of a request)."""
         return self.store.purge_expired(batch)
 

@@ -22,6 +22,7 @@ import time
 from typing import Any, Callable, List, NamedTuple, Optional, Tuple, Union
 
 from idempo._idempo import cache_fill_px, cache_servable
+from idempo._options import default
 from idempo.stores._base import (
     COMPLETED,
     ClaimResult,
@@ -42,7 +43,7 @@ try:
 except ImportError as exc:  # pragma: no cover - import guard for the optional dependency
     raise ImportError("idempo.stores.cached needs redis-py: pip install redis") from exc
 
-DEFAULT_CACHE_PREFIX = b"idempo:cache:"
+DEFAULT_CACHE_PREFIX: bytes = default("cached_store", "prefix").encode()
 
 LUA_CACHE_GET = recipe("redis_cache_get")
 """KEYS[1] the entry; ARGV[1] clock override ('' = Redis TIME); returns {now, HGETALL}."""
@@ -135,7 +136,7 @@ class _Plans(PlanHooks):
         redis_url_or_client: Any,
         postgres: Any,
         *,
-        cache_ttl_ms: int = 60_000,
+        cache_ttl_ms: int = default("cached_store", "cache_ttl_ms"),
         prefix: bytes = DEFAULT_CACHE_PREFIX,
         on_cache_error: ErrorHook = _ignore,
         clock: Optional[Callable[[], int]] = None,

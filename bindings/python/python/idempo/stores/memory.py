@@ -23,7 +23,9 @@ import time
 from typing import Any, Callable, Optional, Tuple
 
 from idempo._idempo import InvalidArgument, MemoryStoreCore, StoreUnavailable, memory_partition
+from idempo._options import default
 from idempo.stores._base import (
+    PURGE_BATCH,
     ClaimResult,
     Claimed,
     Existing,
@@ -56,6 +58,12 @@ def _record(scope_key: bytes, row: Tuple[Any, ...]) -> StoredRecord:
     )
 
 
+DEFAULT_MAX_ENTRIES: int = default("memory_store", "max_entries")
+"""Records a memory store keeps at most, by default (from core)."""
+DEFAULT_MAX_BYTES: int = default("memory_store", "max_bytes")
+"""Bytes a memory store keeps at most, by default (from core)."""
+
+
 class MemoryStore:
     """A bounded in-memory store for one process (core's memory store).
 
@@ -78,8 +86,8 @@ class MemoryStore:
     def __init__(
         self,
         *,
-        max_entries: int = 100_000,
-        max_bytes: int = 64 * 1024 * 1024,
+        max_entries: int = DEFAULT_MAX_ENTRIES,
+        max_bytes: int = DEFAULT_MAX_BYTES,
         max_entries_per_partition: Optional[int] = None,
         max_bytes_per_partition: Optional[int] = None,
         allow_multiprocess: bool = False,
@@ -213,7 +221,7 @@ class MemoryStore:
             now = self._step()
             return self._core.renew(key, tok, lease_ms, now)
 
-    def purge_expired(self, batch: int = 1000) -> PurgeCounts:
+    def purge_expired(self, batch: int = PURGE_BATCH) -> PurgeCounts:
         """Primitive 8: delete up to ``batch`` expired records (earliest expiry first), per state."""
         check_batch(batch)
         with self._lock:
@@ -293,5 +301,5 @@ class AsyncMemoryStore:
     async def renew(self, scope_key: bytes, token: bytes, lease_ms: int) -> bool:
         return self.sync.renew(scope_key, token, lease_ms)
 
-    async def purge_expired(self, batch: int = 1000) -> PurgeCounts:
+    async def purge_expired(self, batch: int = PURGE_BATCH) -> PurgeCounts:
         return self.sync.purge_expired(batch)

@@ -43,6 +43,7 @@ from typing import (
 )
 
 from idempo._idempo import InvalidArgument
+from idempo._options import default
 from idempo.stores._base import (
     ClaimResult,
     Claimed,
@@ -66,14 +67,14 @@ try:
 except ImportError as exc:  # pragma: no cover - import guard for the optional dependency
     raise ImportError("idempo.stores.redis needs redis-py: pip install redis") from exc
 
-DEFAULT_PREFIX = b"idempo:"
+DEFAULT_PREFIX: bytes = default("redis_store", "prefix").encode()
 
 # The scripts of spec/STORAGE.md §5.2 (and the optional purge of one record), from core, where
 # each one's ARGV is documented. KEYS[1] is the record; the last ARGV of every script is the clock
 # override ('' = Redis TIME, spec/STORAGE.md §6).
 _SCRIPTS = family("redis", (*PRIMITIVES, "purge_one"))
 
-SPEC_GRACE_MS = 60_000
+SPEC_GRACE_MS: int = default("redis_store", "grace_ms")
 """The grace the scripts carry (``PEXPIRE`` to ``expires_at - now + 60000``, §5.1)."""
 _GRACE_TEXT = f"int(exp - now + {SPEC_GRACE_MS}))"
 
@@ -293,7 +294,7 @@ class _Plans(PlanHooks):
         url_or_client: Any,
         *,
         prefix: bytes = DEFAULT_PREFIX,
-        grace_ms: int = 60_000,
+        grace_ms: int = SPEC_GRACE_MS,
         allow_eviction: bool = False,
         assume_noeviction: bool = False,
         cluster: bool = False,

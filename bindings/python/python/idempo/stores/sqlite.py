@@ -32,6 +32,7 @@ from typing import (
 )
 
 from idempo._idempo import InvalidArgument, StoreUnavailable
+from idempo._options import default
 from idempo.stores._base import (
     ClaimResult,
     Claimed,
@@ -75,6 +76,8 @@ _SQL = family("sqlite", (*PRIMITIVES, "purge"))
 SQL_NOW = f"SELECT {_NOW}"
 SQL_STATS = recipe("sqlite_stats")
 CLAIM_ATTEMPTS = 3
+DEFAULT_BUSY_TIMEOUT_MS: int = default("sqlite_store", "busy_timeout_ms")
+"""SQLite's ``busy_timeout`` by default (from core)."""
 
 _errors: Tuple[Type[BaseException], ...] = (sqlite3.Error,)
 
@@ -236,7 +239,7 @@ class SQLiteStore(_Plans, PrimitivesBase):
         self,
         path: Union[str, "os.PathLike[str]"],
         *,
-        busy_timeout_ms: int = 5000,
+        busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
         create_schema: bool = True,
         clock: Optional[Callable[[], int]] = None,
     ) -> None:

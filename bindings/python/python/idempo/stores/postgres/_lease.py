@@ -10,13 +10,15 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional
 
 from idempo._idempo import InvalidArgument, StoreUnavailable
+from idempo._options import default, renamed_seconds
+from idempo.stores._base import check_ms
 from idempo.stores._deadline import WATCHDOG, idle_socket_is_dead
 
 try:
     import psycopg
 except ImportError as exc:  # pragma: no cover - import guard for the optional dependency
     raise ImportError("idempo.stores.postgres needs psycopg 3: pip install 'psycopg[binary]'") from exc
-from idempo.stores.postgres._plans import DEFAULT_TIMEOUT, _Plans
+from idempo.stores.postgres._plans import _Plans
 
 
 class _Lease:
@@ -49,19 +51,20 @@ def _timed_out(timeout: float) -> StoreUnavailable:
     return err
 
 
-def _check_timeout(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise InvalidArgument(f"{name} must be a positive number of seconds")
-    return float(value)
+def _positive(ms: int) -> float:
+    """Milliseconds (already checked) as the seconds the drivers take; 0 is refused."""
+    if ms <= 0:
+        raise InvalidArgument("a timeout must be positive")
+    return ms / 1000
 
 
-def _connect_timeout(timeout: float, given: Optional[int]) -> int:
-    # libpq counts whole seconds and treats anything below 2 as 2.
-    if given is None:
+def _connect_timeout(timeout: float, given_ms: Optional[int]) -> int:
+    """libpq's ``connect_timeout``: whole seconds, anything below 2 counts as 2."""
+    if given_ms is None:
         return max(2, math.ceil(timeout))
-    if isinstance(given, bool) or not isinstance(given, int) or given <= 0:
-        raise InvalidArgument("connect_timeout must be a positive whole number of seconds")
-    return given
+    if isinstance(given_ms, bool) or not isinstance(given_ms, int) or given_ms <= 0:
+        raise InvalidArgument("connect_timeout_ms must be a positive whole number of milliseconds")
+    return max(2, math.ceil(given_ms / 1000))
 
 
 MAX_IDLE_DEDICATED = 32
@@ -117,16 +120,26 @@ class _StoreBase(_Plans):
         self,
         conninfo_or_pool: Any,
         *,
-        timeout: float = DEFAULT_TIMEOUT,
-        connect_timeout: Optional[int] = None,
-        lock_timeout: float = 2.0,
-        idle_in_transaction_timeout: float = 60.0,
-        purge_timeout: float = 30.0,
-        prepared_statements: bool = False,
+        timeout_ms: Optional[int] = None,
+        connect_timeout_ms: Optional[int] = None,
+        lock_timeout_ms: Optional[int] = None,
+        idle_in_transaction_timeout_ms: Optional[int] = None,
+        purge_timeout_ms: Optional[int] = None,
+        prepared_statements: Optional[bool] = None,
         clock: Optional[Callable[[], int]] = None,
+        timeout: Optional[float] = None,
+        connect_timeout: Optional[int] = None,
+        lock_timeout: Optional[float] = None,
+        idle_in_transaction_timeout: Optional[float] = None,
+        purge_timeout: Optional[float] = None,
     ) -> None:
-        """``clock`` replaces the database clock (conformance tests only)."""
+        """Durations in milliseconds, defaults from core (``spec/OPTIONS.md``); the former
+        seconds-valued names (``timeout=2.0``) still work, with a :class:`DeprecationWarning`.
+        ``clock`` replaces the database clock (conformance tests only)."""
+        what = type(self).__name__
         self._clock = clock
+        if prepared_statements is None:
+            prepared_statements = bool(default("postgres_store", "prepared_statements"))
         if not isinstance(prepared_statements, bool):
             raise InvalidArgument("prepared_statements must be True or False")
         self.prepared_statements = prepared_statements
@@ -141,13 +154,28 @@ class _StoreBase(_Plans):
             self._pool = conninfo_or_pool
         else:
             raise TypeError(self._wrong_target)
-        self.timeout = _check_timeout("timeout", timeout)
-        self.lock_timeout = _check_timeout("lock_timeout", lock_timeout)
-        self.purge_timeout = _check_timeout("purge_timeout", purge_timeout)
-        self.idle_in_transaction_timeout = _check_timeout(
-            "idle_in_transaction_timeout", idle_in_transaction_timeout
-        )
-        self._connect_timeout = _connect_timeout(self.timeout, connect_timeout)
+
+        def ms(name: str, given: Optional[int], old: str, seconds: Optional[float]) -> int:
+            value = renamed_seconds(what, old, seconds, name, given)
+            return check_ms(name, default("postgres_store", name) if value is None else value)
+
+        self.timeout_ms = ms("timeout_ms", timeout_ms, "timeout", timeout)
+        self.lock_timeout_ms = ms("lock_timeout_ms", lock_timeout_ms, "lock_timeout", lock_timeout)
+        self.purge_timeout_ms = ms("purge_timeout_ms", purge_timeout_ms, "purge_timeout", purge_timeout)
+        self.idle_in_transaction_timeout_ms = ms(
+            "idle_in_transaction_timeout_ms", idle_in_transaction_timeout_ms,
+            "idle_in_transaction_timeout", idle_in_transaction_timeout)
+        if connect_timeout is not None:
+            connect_ms = renamed_seconds(
+                what, "connect_timeout", connect_timeout, "connect_timeout_ms", connect_timeout_ms)
+        else:
+            connect_ms = connect_timeout_ms
+        self.timeout = _positive(self.timeout_ms)
+        """Seconds one operation may take (``timeout_ms``)."""
+        self.lock_timeout = _positive(self.lock_timeout_ms)
+        self.purge_timeout = _positive(self.purge_timeout_ms)
+        self.idle_in_transaction_timeout = _positive(self.idle_in_transaction_timeout_ms)
+        self._connect_timeout = _connect_timeout(self.timeout, connect_ms)
         self._init_io()
 
     @abstractmethod

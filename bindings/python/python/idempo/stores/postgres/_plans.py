@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple, Type, TypeVar
 
 from idempo._idempo import StoreUnavailable
+from idempo._options import default
 from idempo.stores._primitives import Plan, PlanHooks
 from idempo.stores._recipes import pyformat, recipe
 from idempo.stores._base import (
@@ -31,8 +32,9 @@ except ImportError as exc:  # pragma: no cover - import guard for the optional d
 
 T = TypeVar("T")
 
-DEFAULT_TIMEOUT = 2.0
-"""Seconds a store operation may take before the store gives up on the server (client side)."""
+DEFAULT_TIMEOUT = default("postgres_store", "timeout_ms") / 1000
+"""Seconds a store operation may take before the store gives up on the server (client side;
+``timeout_ms``, from core)."""
 POOL_ATTEMPTS = 4
 
 NOW = recipe("postgres_now")

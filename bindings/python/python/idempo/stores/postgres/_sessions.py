@@ -10,6 +10,7 @@ from idempo._idempo import StoreUnavailable
 from idempo.stores._primitives import AsyncPrimitives, Primitives
 from idempo.stores._tx import SessionEnds, Transaction, no_open_transaction
 from idempo.stores._base import (
+    PURGE_BATCH,
     ClaimResult,
     PurgeCounts,
     fail_closed,
@@ -243,6 +244,6 @@ class AsyncPostgresTransaction(_Session, _Plans, AsyncPrimitives):
         """Rolls back what is still open and gives the connection back."""
         await self._end(commit=False)
 
-    async def purge_expired(self, batch: int = 1000) -> PurgeCounts:
+    async def purge_expired(self, batch: int = PURGE_BATCH) -> PurgeCounts:
         """Primitive 8 on the store itself (a background batch, never part of a request)."""
         return await self.store.purge_expired(batch)

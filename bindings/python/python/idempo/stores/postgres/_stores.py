@@ -47,11 +47,11 @@ T = TypeVar("T")
 class PostgresStore(_StoreBase, Primitives):
     """The storage contract on PostgreSQL (psycopg 3, sync).
 
-    Every operation has a client-side deadline of ``timeout`` seconds (default 2.0): past it the
+    Every operation has a client-side deadline of ``timeout_ms`` (default 2000): past it the
     socket is shut down, the connection discarded, and :class:`~idempo.StoreUnavailable` raised
     (the middleware answers 503 with ``Retry-After``; the handler never runs). Opening a
-    connection is bounded by ``connect_timeout`` (whole seconds, default ``ceil(timeout)``, at
-    least 2). Before each use an idle connection is checked without a round trip (its socket
+    connection is bounded by ``connect_timeout_ms`` (libpq counts whole seconds, at least 2;
+    default: ``timeout_ms``). Defaults come from core (``spec/OPTIONS.md``). Before each use an idle connection is checked without a round trip (its socket
     must have nothing to read): one the server closed (restart, terminated backend) is replaced
     before any statement is sent, so no request fails after the server is back. A statement that
     failed mid-request is never re-sent.
@@ -62,8 +62,8 @@ class PostgresStore(_StoreBase, Primitives):
     prepare the statements on each connection (slightly less parsing on a direct connection; never
     behind a transaction-mode pooler).
 
-    ``purge_expired`` (a background batch) has its own deadline, ``purge_timeout`` (default 30 s).
-    ``lock_timeout`` and ``idle_in_transaction_timeout`` apply to transactional mode
+    ``purge_expired`` (a background batch) has its own deadline, ``purge_timeout_ms`` (default 30000).
+    ``lock_timeout_ms`` and ``idle_in_transaction_timeout_ms`` apply to transactional mode
     (:meth:`transaction`): how long a duplicate waits for the first request's row lock before it
     is answered 409, and how long an open transaction may sit idle before the server ends it.
     """
