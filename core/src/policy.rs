@@ -89,6 +89,19 @@ pub enum ConfigError {
         /// Configured lease.
         lease_ms: u64,
     },
+    /// The retention (`ttl_ms`) is not longer than the lease: a crashed request's record would
+    /// expire with its lease, so no takeover policy could ever apply (`spec/MODEL.md` §4.4).
+    #[error(
+        "ttl_ms ({ttl_ms} ms) must be longer than lease_ms ({lease_ms} ms): a record that expires \
+         with its lease makes a crashed request run again at the lease's end whatever the takeover \
+         policy; raise ttl_ms or shorten lease_ms"
+    )]
+    TtlNotAboveLease {
+        /// Configured retention.
+        ttl_ms: u64,
+        /// Configured lease.
+        lease_ms: u64,
+    },
     /// A header name is not an RFC 9110 token.
     #[error("{0:?} is not a valid header name")]
     InvalidHeaderName(String),
@@ -126,6 +139,7 @@ impl ConfigError {
         match self {
             Self::LeaseTooShort(_) => "lease_too_short",
             Self::BadHeartbeat { .. } => "bad_heartbeat",
+            Self::TtlNotAboveLease { .. } => "ttl_not_above_lease",
             Self::InvalidHeaderName(_) => "invalid_header_name",
             Self::ForbiddenHeader(_) => "forbidden_header",
             Self::InvalidStatus(_) => "invalid_status",
@@ -649,11 +663,18 @@ impl ConfigOptions {
                 NonZeroU8::new(small).ok_or(ConfigError::NotPositive("max_store_rounds"))?
             }
         };
+        let ttl_ms = pos(self.ttl_ms, "ttl_ms", d.ttl_ms)?;
+        if ttl_ms.get() <= lease.lease_ms() {
+            return Err(ConfigError::TtlNotAboveLease {
+                ttl_ms: ttl_ms.get(),
+                lease_ms: lease.lease_ms(),
+            });
+        }
         Ok(Config {
             lease,
             takeover: self.takeover.unwrap_or(d.takeover),
             response,
-            ttl_ms: pos(self.ttl_ms, "ttl_ms", d.ttl_ms)?,
+            ttl_ms,
             key: match self.key_required {
                 None => d.key,
                 Some(true) => KeyRequirement::Required,
@@ -721,6 +742,31 @@ mod tests {
             }),
             Err(ConfigError::Key(_))
         ));
+        // spec/MODEL.md §4.4: a retention no longer than the lease makes every takeover policy moot.
+        assert_eq!(
+            o(|o| {
+                o.lease_ms = Some(30_000);
+                o.ttl_ms = Some(30_000);
+            }),
+            Err(ConfigError::TtlNotAboveLease {
+                ttl_ms: 30_000,
+                lease_ms: 30_000
+            })
+        );
+        assert!(matches!(
+            o(|o| o.ttl_ms = Some(10_000)),
+            Err(ConfigError::TtlNotAboveLease {
+                lease_ms: 30_000,
+                ..
+            })
+        ));
+        assert!(
+            o(|o| {
+                o.lease_ms = Some(5_000);
+                o.ttl_ms = Some(5_001);
+            })
+            .is_ok()
+        );
         let c = o(|o| {
             o.heartbeat_ms = Some(0);
             o.key_strict = Some(true);

@@ -79,3 +79,13 @@ test('options: the stores take their defaults from core', async () => {
     fs.rmSync(dir, { recursive: true, force: true });
   }
 });
+
+test('options: a retention no longer than the lease is refused (spec/PROTOCOL.md §6)', () => {
+  const store = new idempo.MemoryStore();
+  assert.throws(() => idempo.idempotency({ store, leaseMs: 30_000, ttlMs: 30_000 }), (e) => {
+    assert.ok(e instanceof idempo.ConfigError);
+    assert.match(e.message, /ttl_ms \(30000 ms\) must be longer than lease_ms/);
+    return true;
+  });
+  assert.doesNotThrow(() => idempo.idempotency({ store, leaseMs: 5_000, ttlMs: 5_001 }));
+});

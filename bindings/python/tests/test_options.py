@@ -89,3 +89,12 @@ def test_former_seconds_names_warn_and_convert() -> None:
         store = stores.AsyncPostgresStore("postgresql://127.0.0.1:1/none", timeout_ms=750,
                                           connect_timeout_ms=3000)
     assert store.timeout == 0.75 and store._connect_timeout == 3  # noqa: SLF001 - libpq's seconds
+
+
+def test_a_retention_no_longer_than_the_lease_is_refused() -> None:
+    """spec/PROTOCOL.md §6: records that expire with their lease make every takeover policy moot."""
+    with pytest.raises(idempo.InvalidArgument, match=r"ttl_ms \(30000 ms\) must be longer than lease_ms"):
+        idempo.Config(lease_ms=30_000, ttl_ms=30_000)
+    with pytest.raises(idempo.InvalidArgument, match="raise ttl_ms or shorten lease_ms"):
+        idempo.Config(ttl_ms=10_000)
+    assert idempo.Config(lease_ms=5_000, ttl_ms=5_001) is not None

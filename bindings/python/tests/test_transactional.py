@@ -343,7 +343,7 @@ def test_lock_wait_past_the_timeout_is_409_then_replay(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     options = (
-        {"lock_timeout": 0.2} if kind.endswith("postgres") else {"busy_timeout_ms": 200}
+        {"lock_timeout_ms": 200} if kind.endswith("postgres") else {"busy_timeout_ms": 200}
     )
 
     async def scenario() -> None:
