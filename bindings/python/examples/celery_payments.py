@@ -27,8 +27,7 @@ delivers it again (at once for a killed pool process, ``task_reject_on_worker_lo
 that is ``CallInFlight`` (retried); after it, the takeover policy decides: ``outcome_unknown``
 (the default) fails the task with ``CallOutcomeUnknown`` and never charges again, as the first
 charge may have gone through; ``re_run`` (``PAYMENTS_TAKEOVER=re_run``, safe because the provider
-deduplicates on the downstream key) charges again under the same downstream key: one charge. The
-same holds for Celery's own duplicate on Redis, a task whose ETA outlives ``visibility_timeout``.
+deduplicates on the downstream key) charges again under the same downstream key: one charge.
 
 Run a worker (from this folder):
     IDEMPO_CELERY_REDIS_URL=redis://localhost:6379/0 celery -A celery_payments worker -c 2
