@@ -37,6 +37,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -168,6 +169,8 @@ class Row:
     takeover: str
     messages: int = 0
     adds: int = 0
+    entries: int = 0
+    producer_retries: int = 0
     deliveries: int = 0
     executions: int = 0
     re_runs: int = 0
@@ -208,16 +211,44 @@ def plan(mode: Mode, rng: random.Random) -> Tuple[List[Dict[str, str]], Dict[str
     return [a for _, a in timed], truth
 
 
-def xadd(url: str, client: "redis.Redis", fields: Dict[str, str]) -> "redis.Redis":
-    """XADD, retried through an outage (each retry after an error may add a second entry: one
-    more duplicate, as a real producer's retry does)."""
+def xadd(url: str, client: "redis.Redis", fields: Dict[str, str]) -> Tuple["redis.Redis", int]:
+    """XADD, retried through an outage (a retry after a lost reply adds a second entry: one more
+    duplicate, as a real producer's retry does); returns the client and the retries."""
+    retries = 0
     while True:
         try:
             client.xadd(STREAM, fields)  # type: ignore[arg-type]
-            return client
+            return client, retries
         except redis.RedisError:
+            retries += 1
             time.sleep(0.05)
             client = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
+
+
+def inject(schedule: List[Tuple[float, str]], start: float, row: "Row", consumers: List[Consumer],
+           server: RedisServer, app: str, work: Path, takeover: str, mode: Mode, seed: int) -> None:
+    """The faults, at their moments, while the producer goes on: kill -9 of a consumer (inside
+    the function when one is, within a second) replaced by a new process of the same name, or the
+    Redis server killed with SIGKILL and started again on the same port and AOF."""
+    rng = random.Random(seed + 1)
+    for moment, fault in schedule:
+        pause = start + moment - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)
+        if fault == "kill":
+            victim = mid_function(consumers, rng)
+            victim.proc.send_signal(signal.SIGKILL)
+            victim.proc.wait(timeout=10)
+            row.kills += 1
+            gen = sum(1 for c in consumers if c.name == victim.name)
+            consumers.append(spawn(app, victim.name, server.url, work / f"{victim.name}-{gen}.log", takeover))
+        else:
+            down = time.monotonic()
+            server.kill()
+            time.sleep(mode.outage_s)
+            server.start()
+            row.outages += 1
+            row.outage_s += time.monotonic() - down
 
 
 def settled(url: str) -> Tuple[bool, int]:
@@ -231,6 +262,16 @@ def settled(url: str) -> Tuple[bool, int]:
         return pending == 0 and read_all, pending
     except (redis.RedisError, StopIteration):
         return False, -1
+
+
+def entries(url: str) -> int:
+    try:
+        c: "redis.Redis" = redis.Redis.from_url(url, socket_timeout=1)
+        n = int(c.xlen(STREAM))
+        c.close()
+        return n
+    except redis.RedisError:
+        return -1
 
 
 def run_row(app: str, takeover: str, mode: Mode, seed: int) -> Row:
@@ -258,29 +299,19 @@ def run_row(app: str, takeover: str, mode: Mode, seed: int) -> Row:
         schedule = list(zip(moments, faults))
         producer: "redis.Redis" = redis.Redis.from_url(server.url, socket_timeout=1, socket_connect_timeout=1)
         start = time.monotonic()
-        for i, fields in enumerate(adds):
-            due = start + mode.produce_s * i / len(adds)
-            while schedule and time.monotonic() - start >= schedule[0][0]:
-                _, fault = schedule.pop(0)
-                if fault == "kill":
-                    victim = mid_function(consumers, rng)
-                    victim.proc.send_signal(signal.SIGKILL)
-                    victim.proc.wait(timeout=10)
-                    row.kills += 1
-                    gen = sum(1 for c in consumers if c.name == victim.name)
-                    consumers.append(spawn(app, victim.name, server.url,
-                                           work / f"{victim.name}-{gen}.log", takeover))
-                else:
-                    down = time.monotonic()
-                    server.kill()
-                    time.sleep(mode.outage_s)
-                    server.start()
-                    row.outages += 1
-                    row.outage_s += time.monotonic() - down
-            pause = due - time.monotonic()
-            if pause > 0:
-                time.sleep(pause)
-            producer = xadd(server.url, producer, fields)
+        injector = threading.Thread(
+            target=inject, args=(schedule, start, row, consumers, server, app, work, takeover, mode, seed)
+        )
+        injector.start()
+        try:
+            for i, fields in enumerate(adds):
+                pause = start + mode.produce_s * i / len(adds) - time.monotonic()
+                if pause > 0:
+                    time.sleep(pause)
+                producer, retries = xadd(server.url, producer, fields)
+                row.producer_retries += retries
+        finally:
+            injector.join()
         producer.close()
         deadline = time.monotonic() + 60
         pending = -1
@@ -290,6 +321,7 @@ def run_row(app: str, takeover: str, mode: Mode, seed: int) -> Row:
                 break
             time.sleep(0.2)
         row.pending = max(pending, 0)
+        row.entries = entries(server.url)
         if pending != 0:
             row.violations.append(f"{pending} entries still pending at the end")
         time.sleep(0.3)  # the last acknowledgements' log lines
@@ -368,7 +400,9 @@ def print_table(rows: List[Row]) -> None:
     print("-" * 150)
     for r in rows:
         typed = ", ".join(f"{k} {v}" for k, v in sorted(r.typed.items(), key=lambda kv: -kv[1]))
-        extra = [typed or "no typed errors", f"changed payloads {r.tampered}", f"broker errors {r.broker_errors}"]
+        extra = [typed or "no typed errors", f"changed payloads {r.tampered}",
+                 f"stream entries {r.entries} (producer retries {r.producer_retries})",
+                 f"consumers' broker errors {r.broker_errors}"]
         if r.untyped:
             extra.append("UNTYPED " + ", ".join(f"{k} {v}" for k, v in r.untyped.items()))
         print(f"{r.app:<7} {r.takeover:<16} {r.messages:>5} {r.adds:>5} {r.deliveries:>6} {r.executions:>6} "
@@ -391,6 +425,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--rows", default=None, help="comma list of app:takeover (apps: python, node)")
     ap.add_argument("--seed", type=int, default=22)
     args = ap.parse_args(argv)
+    # SIGTERM (make interrupted, a CI timeout) ends the run through the rows' cleanup: no
+    # consumer process or Redis server outlives it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     mode = MODES[args.mode]
     rows = []
     for spec in (args.rows or DEFAULT_ROWS[args.mode]).split(","):
