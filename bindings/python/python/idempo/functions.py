@@ -80,49 +80,58 @@ __all__ = [
 ]
 
 
-class PayloadMismatch(KeyReusedWithDifferentRequest):
+class _Rebuildable(Exception):
+    """A typed error whose ``args`` are its constructor's, so that ``pickle`` (a process pool, a
+    Celery prefork worker handing the error to its parent) and a task queue's JSON result backend
+    (Celery's rebuilds ``cls(*args)``) give the same class back; ``str`` is the message alone."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class PayloadMismatch(_Rebuildable, KeyReusedWithDifferentRequest):
     """The key was already used with a different payload: a bug in the producer (two messages
     share an id) or a key function that is not specific enough. ``key`` names it."""
 
     def __init__(self, message: str, key: str) -> None:
-        super().__init__(message)
+        super().__init__(message, key)
         self.key = key
 
 
-class CallInFlight(KeyInUse):
+class CallInFlight(_Rebuildable, KeyInUse):
     """Another call with this key is running (not yet finished): nack or redeliver later, after
     ``retry_after`` seconds, or pass ``wait=`` to poll."""
 
     def __init__(self, message: str, key: str, retry_after: float) -> None:
-        super().__init__(message)
+        super().__init__(message, key, retry_after)
         self.key = key
         self.retry_after = retry_after
 
 
-class CallOutcomeUnknown(OutcomeUnknown):
+class CallOutcomeUnknown(_Rebuildable, OutcomeUnknown):
     """A call with this key may have acted but never finished (``on_error="unknown"`` or a crash,
     under the ``outcome_unknown`` takeover policy): it is not run again. Reconcile by hand."""
 
     def __init__(self, message: str, key: str) -> None:
-        super().__init__(message)
+        super().__init__(message, key)
         self.key = key
 
 
-class CallStoreUnavailable(StoreUnavailable):
+class CallStoreUnavailable(_Rebuildable, StoreUnavailable):
     """The store failed or is contended: nothing this call did was recorded. Redeliver later."""
 
     def __init__(self, message: str, key: str, retry_after: float, outcome: str) -> None:
-        super().__init__(message)
+        super().__init__(message, key, retry_after, outcome)
         self.key = key
         self.retry_after = retry_after
         self.outcome = outcome
 
 
-class ResultNotRetained(IdempotencyError):
+class ResultNotRetained(_Rebuildable, IdempotencyError):
     """The call ran earlier but its result was too large to keep (``max_stored_body_bytes``)."""
 
     def __init__(self, message: str, key: str) -> None:
-        super().__init__(message)
+        super().__init__(message, key)
         self.key = key
 
 
@@ -131,10 +140,13 @@ class StoredError(IdempotencyError):
     ``error_type`` and ``error_message`` are those of the original exception."""
 
     def __init__(self, key: str, error_type: str, error_message: str) -> None:
-        super().__init__(f"{error_type}: {error_message}")
+        super().__init__(key, error_type, error_message)  # pickles and rebuilds (see _Rebuildable)
         self.key = key
         self.error_type = error_type
         self.error_message = error_message
+
+    def __str__(self) -> str:
+        return f"{self.error_type}: {self.error_message}"
 
 
 class Serializer(Protocol):
