@@ -206,3 +206,50 @@ export const storeKinds = {
     },
   },
 };
+
+/** Per store: a fresh store, how the handler writes through its transaction, and how to count. */
+export const txStoreKinds = {
+  sqlite: {
+    skip: false,
+    async make(opts = {}) {
+      const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'idempo-node-tx-'));
+      const filename = path.join(dir, 'db.sqlite3');
+      const store = new idempo.SqliteStore({ filename, ...opts });
+      store.db.exec('CREATE TABLE business (id INTEGER PRIMARY KEY, k TEXT NOT NULL)');
+      const Database = require('better-sqlite3');
+      const reader = new Database(filename, { readonly: true });
+      return {
+        store,
+        where: filename,
+        schema: '-',
+        insert: async (tx, k) => tx.prepare('INSERT INTO business (k) VALUES (?)').run(k),
+        count: async (k) => reader.prepare('SELECT count(*) AS n FROM business WHERE k = ?').get(k).n,
+        records: async () => reader.prepare('SELECT count(*) AS n FROM idempo_record').get().n,
+        cleanup: async () => {
+          reader.close();
+          await store.close();
+          fs.rmSync(dir, { recursive: true, force: true });
+        },
+      };
+    },
+  },
+  postgres: {
+    skip: missing('postgres') ?? false,
+    async make(opts = {}) {
+      const schema = uniqueName('tx');
+      const pool = sharedPgPool();
+      const store = new idempo.PostgresStore({ pool, schema, ...opts });
+      await store.createSchema();
+      await pool.query(`CREATE TABLE "${schema}".business (id serial PRIMARY KEY, k text NOT NULL)`);
+      return {
+        store,
+        where: PG_DSN,
+        schema,
+        insert: (tx, k) => tx.query(`INSERT INTO "${schema}".business (k) VALUES ($1)`, [k]),
+        count: async (k) => Number((await pool.query(`SELECT count(*) AS n FROM "${schema}".business WHERE k = $1`, [k])).rows[0].n),
+        records: async () => Number((await pool.query(`SELECT count(*) AS n FROM "${schema}".idempo_record`)).rows[0].n),
+        cleanup: async () => pool.query(`DROP SCHEMA "${schema}" CASCADE`),
+      };
+    },
+  },
+};

@@ -13,6 +13,7 @@ import { AsyncLocalStorage } from 'node:async_hooks';
 import native = require('./native');
 import {
   IdempoError,
+  TransactionalUnsupportedError,
   IdempotencyKeyInUseError,
   IdempotencyKeyReusedError,
   OutcomeUnknownError,
@@ -23,7 +24,10 @@ import { Fingerprinter } from './fingerprint';
 import { IdempotencyEvents, Session } from './server/session';
 import type { FlowEnd } from './server/session';
 import { defaultStoreTimeoutMs } from './server/options';
-import type { IdempotencyStore } from './stores/types';
+import type { IdempotencyStore, TransactionSession } from './stores/types';
+import { supportsTransactions } from './stores/types';
+import { txStorage } from './server/tx';
+import type { TxHolder } from './server/tx';
 
 /** The key was already used with a different payload. */
 export class PayloadMismatchError extends IdempotencyKeyReusedError {
@@ -100,6 +104,12 @@ export interface CallContext {
   downstreamKey: string;
   /** Aborted when another call took the key over. */
   signal: AbortSignal;
+  /**
+   * Transactional mode: the store's open transaction (a `pg` client for `PostgresStore`, the
+   * better-sqlite3 database for `SqliteStore`; also `currentTransaction()`). Write the job's rows
+   * through it and never commit it: idempo commits them with the stored result, or rolls back.
+   */
+  tx?: unknown;
 }
 
 const current = new AsyncLocalStorage<CallContext>();
@@ -132,6 +142,12 @@ export interface IdempotentOptions<A extends unknown[], R> {
   heartbeatMs?: number;
   ttlMs?: number;
   takeover?: 'outcome_unknown' | 're_run';
+  /**
+   * Run the function inside the store's transaction (`PostgresStore`, `SqliteStore`): its writes
+   * through `currentCall().tx` commit with the stored result, or roll back with the claim, so a
+   * crash or a failure leaves nothing and a redelivery runs it again (`spec/PROTOCOL.md` §7.6).
+   */
+  transactional?: boolean;
   events?: IdempotencyEvents;
 }
 
@@ -159,6 +175,14 @@ function prepare<A extends unknown[], R>(name: string, o: IdempotentOptions<A, R
   if (o.heartbeatMs !== undefined) c.heartbeatMs = o.heartbeatMs;
   if (o.ttlMs !== undefined) c.ttlMs = o.ttlMs;
   if (o.takeover !== undefined) c.takeover = o.takeover;
+  if (o.transactional) {
+    if (!supportsTransactions(o.store)) {
+      throw new TransactionalUnsupportedError(
+        `idempotent(): transactional: true needs a store that runs the function in its transaction (PostgresStore or SqliteStore), not ${o.store.kind}`,
+      );
+    }
+    c.transactional = true;
+  }
   wrapNative(() => native.callFraming(name));
   const fo: ConstructorParameters<typeof Fingerprinter>[0] = {};
   if (o.exclude) fo.exclude = o.exclude;
@@ -221,14 +245,18 @@ function read<A extends unknown[], R>(p: Prepared<A, R>, a: native.CallAnswerDat
 }
 
 async function once<A extends unknown[], R>(p: Prepared<A, R>, run: () => Promise<R> | R, scope: Buffer, fingerprint: string, key: string): Promise<R> {
+  const tx: TransactionSession | undefined =
+    p.o.transactional && supportsTransactions(p.o.store) ? p.o.store.transaction() : undefined;
   const session = new Session({
     store: p.o.store,
     config: p.config,
     scope,
     fingerprint,
-    storeTimeoutMs: defaultStoreTimeoutMs(p.o.store),
+    // A transactional session bounds every step itself (statement deadlines, the lock wait).
+    storeTimeoutMs: tx ? 0 : defaultStoreTimeoutMs(p.o.store),
     events: p.events,
     route: p.name,
+    ...(tx ? { tx } : {}),
   });
   const admitted = await session.admit();
   if (admitted.kind === 'respond') return read(p, answerOf(admitted), key);
@@ -239,14 +267,18 @@ async function once<A extends unknown[], R>(p: Prepared<A, R>, run: () => Promis
     downstreamKey: admitted.context.downstreamKey,
     signal: admitted.context.signal,
   };
+  const holder: TxHolder = { tx: admitted.context.tx ?? null };
+  if (admitted.context.tx !== undefined) ctx.tx = admitted.context.tx;
   let value: R | undefined;
   let failed = false;
   let error: unknown;
   try {
-    value = await current.run(ctx, run);
+    value = await txStorage.run(holder, () => current.run(ctx, run));
   } catch (e) {
     failed = true;
     error = e;
+  } finally {
+    holder.tx = null; // the transaction ends with the flow: no write through it after this
   }
   let end: FlowEnd;
   if (!failed) {
