@@ -6,13 +6,16 @@
 #                           each prints cargo-mutants' kill table (caught / missed / unviable /
 #                           timeout) and keeps its outcomes in target/mutants/<pass>/mutants.out
 #   make mutants-list       the mutants cargo-mutants would try, without running them
+#   make mutants-core       the scoped pass of spec/MODEL.md §5.2: the store primitives, decide and
+#                           the cleanup machine (store.rs, mod.rs, cleanup.rs; 46 mutants) judged by
+#                           core's own tests and vectors (about an hour on 2 cores)
 #
 # Needs cargo-mutants from crates.io: `cargo install cargo-mutants --locked`.
 # 396 mutants today (cargo mutants --list). Slow: every mutant is a rebuild plus a test run. On
 # 2 cores expect days for pass 1 and a day for pass 2;
 # narrow it with MUTANTS_FILES (e.g. MUTANTS_FILES=core/src/machine/store.rs) or
 # MUTANTS_ARGS (e.g. MUTANTS_ARGS='--shard 0/8'). Not in TEST_TARGETS.
-.PHONY: mutants mutants-list mutants-suite mutants-model
+.PHONY: mutants mutants-list mutants-suite mutants-model mutants-core
 
 MUTANTS_FILES ?= core/src/machine/*.rs core/src/policy.rs
 MUTANTS_TIMEOUT ?= 900
@@ -28,10 +31,20 @@ mutants-list:
 
 # Pass 1: the whole workspace's tests judge each mutant of core.
 mutants-suite:
+	@mkdir -p target/mutants/suite
 	$(CARGO) mutants $(MUTANTS_FLAGS) --test-workspace=true \
 		--output target/mutants/suite
 
 # Pass 2: only the model's fast tier judges (what the model alone catches).
 mutants-model:
+	@mkdir -p target/mutants/model
 	$(CARGO) mutants $(MUTANTS_FLAGS) --test-package idempo-tests \
 		--output target/mutants/model -- --test model_check
+
+# The scoped pass: the primitives, decide and the cleanup machine, judged by core's tests alone.
+MUTANTS_CORE_FILES = core/src/machine/store.rs core/src/machine/mod.rs core/src/machine/cleanup.rs
+mutants-core:
+	@mkdir -p target/mutants/core-primitives
+	$(CARGO) mutants --no-shuffle -j $(MUTANTS_JOBS) --timeout 300 \
+		$(foreach f,$(MUTANTS_CORE_FILES),--file '$(f)') --test-package idempo-core \
+		--output target/mutants/core-primitives $(MUTANTS_ARGS)

@@ -171,35 +171,16 @@ pub fn call_answer(
             o,
         ),
     };
-    let mut out = CallAnswerData {
-        kind: answer.kind().to_owned(),
-        serializer: None,
-        body: None,
-        replayed: false,
-        retry_after_ms: None,
-        status: None,
+    let flat = answer.into_flat();
+    #[allow(clippy::cast_precision_loss)] // a Retry-After in ms is far below 2^53
+    let out = CallAnswerData {
+        kind: flat.kind.to_owned(),
+        serializer: flat.serializer,
+        body: flat.body.map(Buffer::from),
+        replayed: flat.replayed,
+        retry_after_ms: flat.retry_after_ms.map(|ms| ms as f64),
+        status: flat.status.map(u32::from),
     };
-    match answer {
-        CoreAnswer::Returned {
-            serializer,
-            body,
-            replayed,
-        } => {
-            out.serializer = Some(serializer);
-            out.body = Some(Buffer::from(body));
-            out.replayed = replayed;
-        }
-        CoreAnswer::StoredError { body, replayed } => {
-            out.body = Some(Buffer::from(body));
-            out.replayed = replayed;
-        }
-        CoreAnswer::InFlight { retry_after_ms }
-        | CoreAnswer::Unavailable { retry_after_ms, .. } => {
-            out.retry_after_ms = Some(retry_after_ms as f64);
-        }
-        CoreAnswer::Foreign { status } => out.status = Some(u32::from(status)),
-        _ => {}
-    }
     Ok(out)
 }
 

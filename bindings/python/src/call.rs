@@ -205,36 +205,16 @@ pub(crate) fn call_answer(py: Python<'_>, action: &Bound<'_, PyAny>) -> PyResult
             outcome,
         )
     };
-    let mut out = CallAnswer {
-        kind: answer.kind(),
-        serializer: None,
-        body: None,
-        replayed: false,
-        retry_after_ms: None,
+    let flat = answer.into_flat();
+    let out = CallAnswer {
+        kind: flat.kind,
+        serializer: flat.serializer,
+        body: flat.body.map(|b| PyBytes::new(py, &b).unbind()),
+        replayed: flat.replayed,
+        retry_after_ms: flat.retry_after_ms,
         outcome: outcome_text,
-        status: None,
+        status: flat.status,
     };
-    match answer {
-        CoreAnswer::Returned {
-            serializer,
-            body,
-            replayed,
-        } => {
-            out.serializer = Some(serializer);
-            out.body = Some(PyBytes::new(py, &body).unbind());
-            out.replayed = replayed;
-        }
-        CoreAnswer::StoredError { body, replayed } => {
-            out.body = Some(PyBytes::new(py, &body).unbind());
-            out.replayed = replayed;
-        }
-        CoreAnswer::InFlight { retry_after_ms }
-        | CoreAnswer::Unavailable { retry_after_ms, .. } => {
-            out.retry_after_ms = Some(retry_after_ms);
-        }
-        CoreAnswer::Foreign { status } => out.status = Some(status),
-        _ => {}
-    }
     Ok(out)
 }
 

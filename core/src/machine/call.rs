@@ -261,6 +261,25 @@ pub enum CallAnswer {
     },
 }
 
+/// [`CallAnswer`] as flat fields ([`CallAnswer::into_flat`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct FlatCallAnswer {
+    /// [`CallAnswer::kind`].
+    pub kind: &'static str,
+    /// `returned`: the serializer named when it was stored.
+    pub serializer: Option<String>,
+    /// `returned`, `stored_error`: the encoded result or error.
+    pub body: Option<Vec<u8>>,
+    /// `returned`, `stored_error`: read from the record (this call did not run the function).
+    pub replayed: bool,
+    /// `in_flight`, `unavailable`: when to try again, in milliseconds.
+    pub retry_after_ms: Option<u64>,
+    /// `unavailable`: how the call ended.
+    pub outcome: Option<Outcome>,
+    /// `foreign`: the record's status.
+    pub status: Option<u16>,
+}
+
 impl CallAnswer {
     /// The answer of a finished flow (`None` for an action that does not end it).
     #[must_use]
@@ -341,6 +360,42 @@ impl CallAnswer {
             Self::Unavailable { .. } => "unavailable",
             Self::Foreign { .. } => "foreign",
         }
+    }
+
+    /// The answer as flat fields (`kind` and whichever of the others it carries), for hosts whose
+    /// foreign-function layer carries records rather than enums (Python, Node).
+    #[must_use]
+    pub fn into_flat(self) -> FlatCallAnswer {
+        let mut out = FlatCallAnswer {
+            kind: self.kind(),
+            ..FlatCallAnswer::default()
+        };
+        match self {
+            Self::Returned {
+                serializer,
+                body,
+                replayed,
+            } => {
+                out.serializer = Some(serializer);
+                out.body = Some(body);
+                out.replayed = replayed;
+            }
+            Self::StoredError { body, replayed } => {
+                out.body = Some(body);
+                out.replayed = replayed;
+            }
+            Self::InFlight { retry_after_ms } => out.retry_after_ms = Some(retry_after_ms),
+            Self::Unavailable {
+                retry_after_ms,
+                outcome,
+            } => {
+                out.retry_after_ms = Some(retry_after_ms);
+                out.outcome = Some(outcome);
+            }
+            Self::Foreign { status } => out.status = Some(status),
+            Self::Propagate | Self::NotRetained | Self::Mismatch | Self::OutcomeUnknown => {}
+        }
+        out
     }
 }
 
