@@ -10,6 +10,7 @@ use idempo_core::machine::{
     self, Action, CleanupStep, Event, HandlerResponse, HttpResponse, ServerFlow as CoreFlow,
     StoreOp, StoreResult,
 };
+use idempo_core::options::camel_case;
 use idempo_core::policy::{Config, ConfigError, ConfigOptions, ResponseOrigin, TakeoverPolicy};
 use idempo_core::record::FingerprintText;
 use idempo_core::scope::ScopeId;
@@ -118,39 +119,23 @@ fn build_config(o: FlowConfigOptions) -> Result<Config, Fail> {
     };
     options.build().map_err(|e| match e {
         // Name the option as Node spells it.
-        ConfigError::NotPositive(name) => {
-            Fail::new(code::CONFIG, format!("{} must be positive", camel(name)))
-        }
+        ConfigError::NotPositive(name) => Fail::new(
+            code::CONFIG,
+            format!("{} must be positive", camel_case(name)),
+        ),
         ConfigError::TooLarge { option, value, max } => Fail::new(
             code::CONFIG,
-            format!("{} must be at most {max}, got {value}", camel(option)),
+            format!("{} must be at most {max}, got {value}", camel_case(option)),
         ),
         other => config_fail(&other),
     })
-}
-
-/// The mechanical camelCase of a snake_case option name.
-fn camel(name: &str) -> String {
-    let mut out = String::with_capacity(name.len());
-    let mut upper = false;
-    for c in name.chars() {
-        if c == '_' {
-            upper = true;
-        } else if upper {
-            out.push(c.to_ascii_uppercase());
-            upper = false;
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// The names of core's `Config` options in camelCase (what `FlowConfigOptions` accepts).
 #[napi(catch_unwind)]
 #[must_use]
 pub fn config_option_names() -> Vec<String> {
-    ConfigOptions::NAMES.iter().map(|n| camel(n)).collect()
+    ConfigOptions::NAMES.iter().map(|n| camel_case(n)).collect()
 }
 
 /// An HTTP response to send.
