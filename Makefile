@@ -56,8 +56,8 @@ lint:
 
 check: lint
 	$(CARGO) test -q -p idempo-core
-	cd bindings/python && IDEMPO_SKIP_SERVICES=1 $(CURDIR)/.venv/bin/python -m pytest -q -x -p no:cacheprovider
-	cd bindings/node && node --test --test-concurrency=1 test/*.test.mjs
+	cd bindings/python && IDEMPO_SKIP_SERVICES=1 $(CURDIR)/.venv/bin/python -m pytest -q -x -p no:cacheprovider -n 2
+	cd bindings/node && IDEMPO_SKIP_SERVICES=1 node --test --test-concurrency=4 test/*.test.mjs
 	@echo "make check: passed (services-backed tests skipped; make test runs everything)"
 
 test-rust:

@@ -10,7 +10,7 @@ deps=(
   "maturin>=1.9,<2" "pytest>=8" "httpx>=0.27" "starlette>=0.37" "fastapi>=0.110" "uvicorn>=0.29"
   "psycopg[binary]>=3.1" "redis>=5" "rfc8785>=0.1.4" "mypy>=1.10" "flask>=2.3" "django>=4.2"
   "prometheus-client>=0.20" "openapi-spec-validator>=0.7" "opentelemetry-sdk>=1.20" "ruff>=0.6"
-  "celery[redis]>=5.3,<6"
+  "celery[redis]>=5.3,<6" "pytest-xdist>=3.5"
 )
 
 if [ ! -x "$venv/bin/python" ]; then

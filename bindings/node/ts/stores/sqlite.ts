@@ -36,6 +36,31 @@ function isBusy(e: unknown): boolean {
   return typeof code === 'string' && (code === 'SQLITE_BUSY' || code.startsWith('SQLITE_BUSY_'));
 }
 
+/**
+ * Runs one step of the store's synchronous setup (constructor), retrying while SQLite refuses it
+ * with `SQLITE_BUSY` until `boundMs` from the first attempt; the pauses (doubling, 1 ms up to 25 ms)
+ * block, as the constructor does. Switching a fresh file to WAL needs an exclusive lock and SQLite
+ * refuses it at once, without its busy handler, while another connection opens the same file.
+ */
+function setupStep<T>(boundMs: number, what: string, step: () => T): T {
+  const since = performance.now();
+  let pause = BUSY_FIRST_PAUSE_MS;
+  const sleeper = new Int32Array(new SharedArrayBuffer(4));
+  for (;;) {
+    try {
+      return step();
+    } catch (e) {
+      if (!isBusy(e)) throw storeError(e);
+      const waited = performance.now() - since;
+      if (waited >= boundMs) {
+        throw new StoreUnavailableError(`SQLite: ${what} found the database locked for ${Math.round(waited)} ms (busyTimeoutMs ${boundMs})`, { cause: e });
+      }
+      Atomics.wait(sleeper, 0, 0, Math.min(pause, boundMs - waited));
+      pause = Math.min(pause * 2, BUSY_MAX_PAUSE_MS);
+    }
+  }
+}
+
 /** The error a store call rejects with: argument errors as they are, the rest `STORE_UNAVAILABLE`. */
 function storeError(e: unknown): Error {
   if (e instanceof RangeError || e instanceof StoreUnavailableError) return e;
@@ -200,14 +225,23 @@ export class SqliteStore implements TransactionalStore {
     }
     // The one-time setup below is synchronous (a constructor): it may wait up to busyTimeoutMs.
     this.db.pragma(`busy_timeout = ${this.busyTimeoutMs}`);
-    this.db.pragma('journal_mode = WAL');
-    this.db.pragma('synchronous = FULL');
+    const bound = this.busyTimeoutMs;
+    const mode = setupStep(bound, 'switching to WAL', () => this.db.pragma('journal_mode = WAL', { simple: true }));
+    if (String(mode).toLowerCase() !== 'wal' && this.db.name !== ':memory:') {
+      throw new StoreUnavailableError(`SQLite refused WAL mode for ${this.db.name} (journal_mode is ${String(mode)})`);
+    }
+    setupStep(bound, 'setting synchronous', () => this.db.pragma('synchronous = FULL'));
     const version = (this.db.prepare('SELECT sqlite_version() AS v').get() as { v: string }).v;
     const [maj, min] = version.split('.').map(Number);
     if ((maj ?? 0) < 3 || ((maj ?? 0) === 3 && (min ?? 0) < 35)) {
       throw new StoreUnavailableError(`SQLite ${version} lacks RETURNING (3.35.0 or later is required)`);
     }
-    if (options.createSchema !== false) this.db.exec(SQLITE_SCHEMA);
+    // One BEGIN IMMEDIATE transaction: in autocommit each DDL statement reads the schema before
+    // taking the write lock, and SQLite refuses that upgrade at once (no busy wait) when another
+    // connection (a worker process opening the same file) wrote in between.
+    if (options.createSchema !== false) {
+      setupStep(bound, 'creating the schema', () => this.db.transaction(() => this.db.exec(SQLITE_SCHEMA)).immediate());
+    }
     this.#clock = options.clock;
     const stmts = {} as Record<string, BetterSqlite3.Statement>;
     for (const [k, sql] of Object.entries(SQL)) stmts[k] = this.db.prepare(sql);

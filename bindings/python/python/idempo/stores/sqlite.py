@@ -16,6 +16,7 @@ import asyncio
 import os
 import sqlite3
 import threading
+import time
 from contextlib import contextmanager
 from typing import (
     Any,
@@ -284,12 +285,16 @@ class SQLiteStore(_Plans, PrimitivesBase):
             # elsewhere.
             check_same_thread=False,
         )
-        conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
-        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()
-        if mode is None or str(mode[0]).lower() != "wal" and self.path != ":memory:":
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+            mode = _while_busy(self._busy_timeout_ms, "switching to WAL",
+                               lambda: conn.execute("PRAGMA journal_mode = WAL").fetchone())
+            if mode is None or str(mode[0]).lower() != "wal" and self.path != ":memory:":
+                raise InvalidArgument(f"SQLite refused WAL mode for {self.path!r}")
+            conn.execute("PRAGMA synchronous = FULL")
+        except BaseException:
             conn.close()
-            raise InvalidArgument(f"SQLite refused WAL mode for {self.path!r}")
-        conn.execute("PRAGMA synchronous = FULL")
+            raise
         with self._all_lock:
             self._all.append(conn)
         return conn
@@ -360,8 +365,23 @@ class SQLiteStore(_Plans, PrimitivesBase):
 
     @fail_closed(_errors, "SQLite create_schema failed")
     def create_schema(self) -> None:
-        """Creates the table and its expiry index (idempotent)."""
-        self._conn().executescript(SCHEMA)
+        """Creates the table and its expiry index (idempotent). One ``BEGIN IMMEDIATE``
+        transaction: statements in autocommit would each read the schema before taking the
+        write lock, and SQLite refuses that upgrade at once (no busy wait) when another
+        connection (a thread or worker process opening the same file) wrote in between."""
+        conn = self._conn()
+        writer = _writer_lock(self.path)
+        if not writer.acquire(timeout=self._busy_timeout_ms / 1000):
+            raise sqlite3.OperationalError(
+                "database is locked (this process's other writers held it past busy_timeout_ms)")
+        try:
+            conn.executescript(f"BEGIN IMMEDIATE;\n{SCHEMA};\nCOMMIT;")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        finally:
+            writer.release()
 
     def close(self) -> None:
         """Closes every connection this store opened (in any thread)."""
@@ -394,6 +414,28 @@ class AsyncSQLiteStore(_Plans, AsyncPrimitivesBase):
     def close(self) -> None:
         """Closes the underlying connections."""
         self.sync.close()
+
+
+def _while_busy(bound_ms: int, what: str, step: Callable[[], T]) -> T:
+    """Runs one setup step of a new connection, again while SQLite refuses it as busy, until
+    ``bound_ms`` from the first attempt (pauses doubling from 1 ms to 25 ms). Switching a fresh
+    file to WAL needs an exclusive lock, and SQLite refuses it at once, without its busy handler,
+    while another connection opens the same file."""
+    deadline = time.monotonic() + bound_ms / 1000
+    pause = 0.001
+    while True:
+        try:
+            return step()
+        except sqlite3.OperationalError as exc:
+            left = deadline - time.monotonic()
+            if not _busy(exc):
+                raise
+            if left <= 0:
+                raise sqlite3.OperationalError(
+                    f"{what}: the database stayed locked past busy_timeout_ms ({bound_ms} ms)"
+                ) from exc
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, 0.025)
 
 
 def _busy(exc: sqlite3.OperationalError) -> bool:

@@ -77,13 +77,21 @@ class PostgresStore(_StoreBase, Primitives):
         self._all: List[psycopg.Connection[Any]] = []
         self._all_lock = threading.Lock()
         self._idle: List[psycopg.Connection[Any]] = []
+        self._closed = False
 
     def _connect(self) -> psycopg.Connection[Any]:
         assert self._dsn is not None
+        if self._closed:
+            raise unavailable("PostgreSQL", RuntimeError("the store is closed"))
         conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=self._connect_timeout)
         with self._all_lock:
-            self._all.append(conn)
-        return conn
+            # A call that outlived close() (a worker thread past its deadline) must not leave a
+            # connection nobody closes.
+            if not self._closed:
+                self._all.append(conn)
+                return conn
+        conn.close()
+        raise unavailable("PostgreSQL", RuntimeError("the store is closed"))
 
     def _forget(self, conn: psycopg.Connection[Any]) -> None:
         with self._all_lock:
@@ -224,6 +232,7 @@ class PostgresStore(_StoreBase, Primitives):
     def close(self) -> None:
         """Closes the connections this store opened (not a pool or connection passed in)."""
         with self._all_lock:
+            self._closed = True
             conns, self._all = self._all, []
             self._idle = []
         for conn in conns:
