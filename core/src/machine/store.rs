@@ -257,4 +257,20 @@ mod tests {
         assert!(s.is_none());
         assert!(!release(&mut s, A));
     }
+
+    #[test]
+    fn purge_keeps_live_records_and_takes_expired_ones() {
+        let mut s = None;
+        let _ = claim(&mut s, &fp(), A, 1_000, 5_000, 0);
+        let in_flight = s.clone().expect("claimed");
+        assert!(!purgeable(&in_flight, 4_999), "an in-flight record is live");
+        assert!(purgeable(&in_flight, 5_000), "due at expires_at");
+        assert!(complete(&mut s, A, resp(), 3_000, 500));
+        let done = s.clone().expect("completed");
+        assert!(
+            !purgeable(&done, done.expires_at_ms - 1),
+            "a stored answer is live"
+        );
+        assert!(purgeable(&done, done.expires_at_ms));
+    }
 }
