@@ -68,6 +68,14 @@ pub const POSTGRES_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS idempo_record (
 );
 CREATE INDEX IF NOT EXISTS idempo_record_expires_at ON idempo_record (expires_at);";
 
+/// §4.1: the first statement of the transaction that creates the schema: a transaction-scoped
+/// advisory lock, so hosts starting together run the DDL one after another (two concurrent
+/// `CREATE TABLE IF NOT EXISTS` can both miss the table and one fails with a unique violation on
+/// `pg_type`); no parameters. Works behind a transaction-mode pooler (the lock ends with the
+/// transaction).
+pub const POSTGRES_SCHEMA_LOCK: &str =
+    "SELECT pg_advisory_xact_lock(hashtext('idempo.create_schema'));";
+
 /// §4.3 claim (primitive 1): `$1` scope_key, `$2` fingerprint, `$3` token, `$4` lease_ms,
 /// `$5` ttl_ms, `$6` now override. One round trip whether it claims or finds a live record: one
 /// row (`claimed`, `fingerprint`, `state`, `token`, `generation`, `lease_until`, `expires_at`,
@@ -486,6 +494,7 @@ return 1
 pub const ALL: &[(&str, &str)] = &[
     ("postgres_now", POSTGRES_NOW),
     ("postgres_schema", POSTGRES_SCHEMA),
+    ("postgres_schema_lock", POSTGRES_SCHEMA_LOCK),
     ("postgres_claim", POSTGRES_CLAIM),
     ("postgres_get", POSTGRES_GET),
     ("postgres_takeover", POSTGRES_TAKEOVER),
@@ -620,6 +629,7 @@ mod tests {
             assert_in_spec("postgres_schema", stmt);
         }
         assert_in_spec("postgres_now", POSTGRES_NOW);
+        assert_in_spec("postgres_schema_lock", POSTGRES_SCHEMA_LOCK);
     }
 
     #[test]

@@ -372,11 +372,18 @@ export class PostgresStore implements TransactionalStore {
     return r as T;
   }
 
-  /** Creates the table and index of `spec/STORAGE.md` §4.1 if missing (and the schema, if set). */
+  /**
+   * Creates the table and index of `spec/STORAGE.md` §4.1 if missing (and the schema, if set), in
+   * one transaction after the advisory lock of §4.1, so workers starting together against an
+   * empty database wait for each other instead of failing. One simple-protocol query (the
+   * statements run as one implicit transaction, also behind a transaction-mode pooler).
+   */
   async createSchema(): Promise<void> {
+    const ddl = [recipe('postgres_schema_lock')];
+    if (this.#schema) ddl.push(`CREATE SCHEMA IF NOT EXISTS ${quoteIdent(this.#schema)};`);
+    ddl.push(postgresSchema(this.#table));
     await this.#q(async () => {
-      if (this.#schema) await this.#pool.query(`CREATE SCHEMA IF NOT EXISTS ${quoteIdent(this.#schema)}`);
-      await this.#pool.query(postgresSchema(this.#table));
+      await this.#pool.query(ddl.join('\n'));
     });
   }
 

@@ -22,6 +22,7 @@ from idempo.stores.postgres._plans import (
     CLAIM_ATTEMPTS,
     DEFAULT_TIMEOUT,
     POOL_ATTEMPTS,
+    SCHEMA_LOCK,
     SCHEMA_STATEMENTS,
     CompletedRow,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "MAX_IDLE_DEDICATED",
     "POOL_ATTEMPTS",
+    "SCHEMA_LOCK",
     "SCHEMA_STATEMENTS",
     "AsyncPostgresStore",
     "AsyncPostgresTransaction",

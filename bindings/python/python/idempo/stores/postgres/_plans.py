@@ -47,6 +47,10 @@ SCHEMA_STATEMENTS = tuple(
 )
 """The DDL ``create_schema()`` runs; copy it into your migrations instead if you prefer."""
 
+SCHEMA_LOCK = recipe("postgres_schema_lock")
+"""The advisory lock ``create_schema()`` takes first, in the same transaction as the DDL, so
+workers starting together create the schema one after another (``spec/STORAGE.md`` §4.1)."""
+
 # The statements of spec/STORAGE.md §4.3, from core, with psycopg placeholders (``%(p1)s`` for
 # ``$1``). The last parameter of each (except release) is the clock override, NULL in production.
 SQL_CLAIM = pyformat(recipe("postgres_claim"))

@@ -20,6 +20,7 @@ from psycopg.pq import TransactionStatus
 from idempo.stores.postgres._plans import (
     CompletedRow,
     POOL_ATTEMPTS,
+    SCHEMA_LOCK,
     SCHEMA_STATEMENTS,
     _Op,
     _bind,
@@ -215,17 +216,22 @@ class PostgresStore(_StoreBase, Primitives):
                 "transactional mode needs a DSN or a pool, not a single connection"
             )
 
-    @fail_closed(_errors, "PostgreSQL create_schema failed")
+    @fail_closed(_errors, "PostgreSQL stats failed")
     def stats(self) -> StoreStats:
         """The table's figures for metrics (``spec/STORAGE.md`` §4.7): records by state, expired
         records and the purge lag, size in bytes. Reads the whole table."""
         return self._drive("stats", _stats())
 
+    @fail_closed(_errors, "PostgreSQL create_schema failed")
     def create_schema(self) -> None:
-        """Creates the table and its expiry index if missing (see :data:`SCHEMA_STATEMENTS`)."""
+        """Creates the table and its expiry index if missing (see :data:`SCHEMA_STATEMENTS`), in
+        one transaction after :data:`SCHEMA_LOCK`: workers starting together against an empty
+        database wait for each other instead of failing (``spec/STORAGE.md`` §4.1)."""
         with self._conn() as conn:
-            for stmt in SCHEMA_STATEMENTS:
-                conn.execute(stmt)  # type: ignore[arg-type]
+            with conn.transaction():
+                conn.execute(SCHEMA_LOCK)  # type: ignore[arg-type]
+                for stmt in SCHEMA_STATEMENTS:
+                    conn.execute(stmt)  # type: ignore[arg-type]
             if not conn.autocommit:
                 conn.commit()
 
@@ -385,16 +391,19 @@ class AsyncPostgresStore(_StoreBase, AsyncPrimitives):
                 "transactional mode needs a DSN or a pool, not a single connection"
             )
 
-    @fail_closed_async(_errors, "PostgreSQL create_schema failed")
+    @fail_closed_async(_errors, "PostgreSQL stats failed")
     async def stats(self) -> StoreStats:
         """As :meth:`PostgresStore.stats`."""
         return await self._drive("stats", _stats())
 
+    @fail_closed_async(_errors, "PostgreSQL create_schema failed")
     async def create_schema(self) -> None:
-        """Creates the table and its expiry index if missing."""
+        """As :meth:`PostgresStore.create_schema` (one transaction after the advisory lock)."""
         async with self._conn() as conn:
-            for stmt in SCHEMA_STATEMENTS:
-                await conn.execute(stmt)  # type: ignore[arg-type]
+            async with conn.transaction():
+                await conn.execute(SCHEMA_LOCK)  # type: ignore[arg-type]
+                for stmt in SCHEMA_STATEMENTS:
+                    await conn.execute(stmt)  # type: ignore[arg-type]
             if not conn.autocommit:
                 await conn.commit()
 
