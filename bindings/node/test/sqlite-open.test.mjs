@@ -87,3 +87,13 @@ test('a file another connection holds past busyTimeoutMs fails the open with STO
   // Released, the same file opens.
   new idempo.SqliteStore({ filename }).close();
 });
+
+test('a missing directory is STORE_UNAVAILABLE naming the path (not a TypeError)', async () => {
+  const { createRequire } = await import('node:module');
+  const idempo = createRequire(import.meta.url)(pkgRoot);
+  const filename = path.join(os.tmpdir(), `idempo-missing-${process.pid}`, 'db.sqlite3');
+  assert.throws(
+    () => new idempo.SqliteStore({ filename }),
+    (e) => e instanceof idempo.StoreUnavailableError && e.code === 'STORE_UNAVAILABLE' && e.message.includes(filename) && /directory exist/.test(e.message),
+  );
+});

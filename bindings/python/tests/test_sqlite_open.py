@@ -77,3 +77,9 @@ def test_a_file_held_past_busy_timeout_fails_the_open_with_store_unavailable(tmp
         holder.execute("ROLLBACK")
         holder.close()
     stores.SQLiteStore(path).close()
+
+
+def test_a_missing_directory_is_store_unavailable_naming_the_path(tmp_path: Path) -> None:
+    path = tmp_path / "no-such-dir" / "calls.sqlite3"
+    with pytest.raises(StoreUnavailable, match="no-such-dir.*does its directory exist"):
+        stores.SQLiteStore(path)

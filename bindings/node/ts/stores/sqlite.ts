@@ -220,7 +220,13 @@ export class SqliteStore implements TransactionalStore {
       // Loaded lazily so the package works without better-sqlite3 when another store is used.
       // eslint-disable-next-line @typescript-eslint/no-require-imports
       const Database = require('better-sqlite3') as typeof BetterSqlite3;
-      this.db = new Database(options.filename ?? 'idempo.sqlite3');
+      const filename = options.filename ?? 'idempo.sqlite3';
+      try {
+        this.db = new Database(filename);
+      } catch (e) {
+        // better-sqlite3 throws a TypeError for a missing directory, a SqliteError otherwise.
+        throw new StoreUnavailableError(`SQLite: cannot open ${JSON.stringify(filename)}: ${(e as Error).message} (does its directory exist, and may this process write there?)`, { cause: e });
+      }
       this.#owned = true;
     }
     // The one-time setup below is synchronous (a constructor): it may wait up to busyTimeoutMs.

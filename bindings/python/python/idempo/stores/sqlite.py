@@ -277,14 +277,21 @@ class SQLiteStore(_Plans, PrimitivesBase):
         return conn
 
     def _open(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(
-            self.path,
-            timeout=self._busy_timeout_ms / 1000,
-            isolation_level=None,
-            # Each connection is used only by the thread that opened it; close() may run
-            # elsewhere.
-            check_same_thread=False,
-        )
+        try:
+            conn = sqlite3.connect(
+                self.path,
+                timeout=self._busy_timeout_ms / 1000,
+                isolation_level=None,
+                # Each connection is used only by the thread that opened it; close() may run
+                # elsewhere.
+                check_same_thread=False,
+            )
+        except sqlite3.OperationalError as exc:
+            if _busy(exc):
+                raise
+            raise sqlite3.OperationalError(
+                f"cannot open {self.path!r}: {exc} (does its directory exist, and may this "
+                "process write there?)") from exc
         try:
             conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
             mode = _while_busy(self._busy_timeout_ms, "switching to WAL",
