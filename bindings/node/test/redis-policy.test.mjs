@@ -22,3 +22,24 @@ test('RedisStore checks maxmemory-policy at start-up', { skip: missing('redis') 
   const ok = new idempo.RedisStore({ client, prefix: `${uniqueName('p')}:` });
   assert.equal((await ok.claim(randomBytes(32), `v1:${'a'.repeat(64)}`, randomBytes(16), 1000, 2000)).claimed, true);
 });
+
+test('a server or ACL user refusing CONFIG is a ConfigError naming assumeNoeviction', { skip: missing('redis') ?? false }, async () => {
+  const { REDIS_URL } = await import('./helpers.mjs');
+  const client = sharedRedis();
+  const user = `idempo_noconfig_${process.pid}`;
+  await client.call('ACL', 'SETUSER', user, 'on', '>pw', '~*', '&*', '+@all', '-config');
+  const url = REDIS_URL.replace('redis://', `redis://${user}:pw@`);
+  try {
+    const store = new idempo.RedisStore({ url, prefix: `${uniqueName('p')}:` });
+    await assert.rejects(
+      store.get(randomBytes(32)),
+      (e) => e instanceof idempo.ConfigError && e.code === 'CONFIG_INVALID' && /assumeNoeviction: true/.test(e.message) && /NOPERM/.test(e.message),
+    );
+    await store.close();
+    const checkedByHand = new idempo.RedisStore({ url, prefix: `${uniqueName('p')}:`, assumeNoeviction: true });
+    assert.equal((await checkedByHand.get(randomBytes(32))).record, null);
+    await checkedByHand.close();
+  } finally {
+    await client.call('ACL', 'DELUSER', user);
+  }
+});

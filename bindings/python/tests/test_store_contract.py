@@ -298,6 +298,39 @@ def test_redis_refuses_evicting_policy(services: Any) -> None:
         RedisStore(redis.Redis.from_url(services.redis_url, decode_responses=True))
 
 
+def test_redis_refusing_config_get_is_a_config_error_naming_the_fix(services: Any) -> None:
+    """A server (or ACL user) that refuses ``CONFIG`` (managed services do) fails closed with a
+    configuration error that names ``assume_noeviction``, not a store outage on every call."""
+    import redis
+
+    from idempo.stores import AsyncRedisStore, RedisStore
+
+    admin = redis.Redis.from_url(services.redis_url)
+    user = f"idempo_noconfig_{os.getpid()}"
+    admin.execute_command("ACL", "SETUSER", user, "on", ">pw", "~*", "&*", "+@all", "-config")
+    url = services.redis_url.replace("redis://", f"redis://{user}:pw@", 1)
+    try:
+        with pytest.raises(idempo.InvalidArgument, match="assume_noeviction=True") as exc:
+            RedisStore(url).get(key(1))
+        assert "config|get" in str(exc.value)
+
+        async def async_store() -> None:
+            store = AsyncRedisStore(url)
+            try:
+                with pytest.raises(idempo.InvalidArgument, match="assume_noeviction=True"):
+                    await store.get(key(1))
+            finally:
+                await store.close()
+
+        asyncio.run(async_store())
+        checked_by_hand = RedisStore(url, assume_noeviction=True)
+        assert checked_by_hand.get(key(1))[0] is None
+        checked_by_hand.close()
+    finally:
+        admin.execute_command("ACL", "DELUSER", user)
+        admin.close()
+
+
 def test_memory_store_bounds_and_fork_guard() -> None:
     from idempo.stores import MemoryStore, memory_partition
 

@@ -94,7 +94,19 @@ function refusePolicies(policies: Array<[string, unknown]>): void {
 }
 
 async function policyOf(client: IORedis): Promise<unknown> {
-  const r = (await client.config('GET', 'maxmemory-policy')) as string[];
+  let r: string[];
+  try {
+    r = (await client.config('GET', 'maxmemory-policy')) as string[];
+  } catch (e) {
+    const text = String((e as Error).message);
+    if (/unknown command/i.test(text) || text.includes('NOPERM')) {
+      throw new ConfigError(
+        `Redis refused CONFIG GET maxmemory-policy (${text.trim()}): CONFIG is disabled, renamed or not permitted for this user (as on some managed services), so idempo cannot check that claims are never evicted (an evicted claim is a double execution). Check that maxmemory-policy is noeviction yourself and pass assumeNoeviction: true, or grant +config|get`,
+        { cause: e },
+      );
+    }
+    throw e;
+  }
   return r[1];
 }
 

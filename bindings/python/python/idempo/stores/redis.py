@@ -30,6 +30,7 @@ from __future__ import annotations
 import threading
 from typing import (
     Any,
+    Awaitable,
     Callable,
     Dict,
     FrozenSet,
@@ -169,6 +170,45 @@ def _refuse_policies(policies: Dict[str, Optional[str]]) -> None:
         )
 
 
+CONFIG_REFUSED = (
+    "Redis refused CONFIG GET maxmemory-policy ({reason}): CONFIG is disabled, renamed or not "
+    "permitted for this user (as on some managed services), so idempo cannot check that claims "
+    "are never evicted (an evicted claim is a double execution). Check that maxmemory-policy is "
+    "'noeviction' yourself and pass assume_noeviction=True, or grant +config|get"
+)
+"""The refusal when ``CONFIG GET`` itself is refused (it names the fix)."""
+
+
+def _config_refused(exc: redis.ResponseError) -> Optional[InvalidArgument]:
+    """The configuration error for a refused ``CONFIG GET`` (an unknown command or an ACL
+    denial), or None for any other error (a store error)."""
+    text = str(exc)
+    denied = isinstance(exc, redis.exceptions.NoPermissionError) or "NOPERM" in text
+    if denied or "unknown command" in text.lower():
+        return InvalidArgument(CONFIG_REFUSED.format(reason=text.strip()))
+    return None
+
+
+def _config_get(call: Callable[[], Any]) -> Any:
+    try:
+        return call()
+    except redis.ResponseError as exc:
+        refused = _config_refused(exc)
+        if refused is not None:
+            raise refused from exc
+        raise
+
+
+async def _config_get_async(call: Callable[[], Awaitable[Any]]) -> Any:
+    try:
+        return await call()
+    except redis.ResponseError as exc:
+        refused = _config_refused(exc)
+        if refused is not None:
+            raise refused from exc
+        raise
+
+
 def _refuse_cluster_node(info: Any) -> None:
     """Refuses a single-node client whose server is a cluster node (``INFO cluster``)."""
     if int(info.get("cluster_enabled", 0) or 0) == 1:
@@ -201,9 +241,8 @@ class _ServerCheck:
             nodes = _primaries(client)
             if self.check_policy:
                 target = redis.cluster.RedisCluster.PRIMARIES
-                _refuse_policies(
-                    _node_policies(client.config_get("maxmemory-policy", target_nodes=target))
-                )
+                _refuse_policies(_node_policies(_config_get(
+                    lambda: client.config_get("maxmemory-policy", target_nodes=target))))
             self.checked = nodes
             return
         try:
@@ -212,7 +251,8 @@ class _ServerCheck:
             info = {}  # INFO disabled: nothing to learn
         _refuse_cluster_node(info)
         if self.check_policy:
-            _refuse_policies({"the server": _policy(client.config_get("maxmemory-policy"))})
+            reply = _config_get(lambda: client.config_get("maxmemory-policy"))
+            _refuse_policies({"the server": _policy(reply)})
         self.checked = frozenset()
 
     async def run_async(self, client: Any) -> None:
@@ -220,7 +260,8 @@ class _ServerCheck:
             nodes = _primaries(client)
             if self.check_policy:
                 target = redis.asyncio.cluster.RedisCluster.PRIMARIES
-                reply = await client.config_get("maxmemory-policy", target_nodes=target)
+                reply = await _config_get_async(
+                    lambda: client.config_get("maxmemory-policy", target_nodes=target))
                 _refuse_policies(_node_policies(reply))
             self.checked = nodes
             return
@@ -230,7 +271,7 @@ class _ServerCheck:
             info = {}
         _refuse_cluster_node(info)
         if self.check_policy:
-            reply = await client.config_get("maxmemory-policy")
+            reply = await _config_get_async(lambda: client.config_get("maxmemory-policy"))
             _refuse_policies({"the server": _policy(reply)})
         self.checked = frozenset()
 
