@@ -50,7 +50,10 @@ function setupStep<T>(boundMs: number, what: string, step: () => T): T {
     try {
       return step();
     } catch (e) {
-      if (!isBusy(e)) throw storeError(e);
+      if (!isBusy(e)) {
+        if (e instanceof RangeError || e instanceof StoreUnavailableError) throw e;
+        throw new StoreUnavailableError(`SQLite: ${what} failed: ${(e as Error).message}`, { cause: e });
+      }
       const waited = performance.now() - since;
       if (waited >= boundMs) {
         throw new StoreUnavailableError(`SQLite: ${what} found the database locked for ${Math.round(waited)} ms (busyTimeoutMs ${boundMs})`, { cause: e });
@@ -232,7 +235,7 @@ export class SqliteStore implements TransactionalStore {
     // The one-time setup below is synchronous (a constructor): it may wait up to busyTimeoutMs.
     this.db.pragma(`busy_timeout = ${this.busyTimeoutMs}`);
     const bound = this.busyTimeoutMs;
-    const mode = setupStep(bound, 'switching to WAL', () => this.db.pragma('journal_mode = WAL', { simple: true }));
+    const mode = setupStep(bound, `switching ${JSON.stringify(this.db.name)} to WAL`, () => this.db.pragma('journal_mode = WAL', { simple: true }));
     if (String(mode).toLowerCase() !== 'wal' && this.db.name !== ':memory:') {
       throw new StoreUnavailableError(`SQLite refused WAL mode for ${this.db.name} (journal_mode is ${String(mode)})`);
     }
