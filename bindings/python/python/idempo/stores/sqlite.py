@@ -376,19 +376,10 @@ class SQLiteStore(_Plans, PrimitivesBase):
         transaction: statements in autocommit would each read the schema before taking the
         write lock, and SQLite refuses that upgrade at once (no busy wait) when another
         connection (a thread or worker process opening the same file) wrote in between."""
-        conn = self._conn()
-        writer = _writer_lock(self.path)
-        if not writer.acquire(timeout=self._busy_timeout_ms / 1000):
-            raise sqlite3.OperationalError(
-                "database is locked (this process's other writers held it past busy_timeout_ms)")
-        try:
-            conn.executescript(f"BEGIN IMMEDIATE;\n{SCHEMA};\nCOMMIT;")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        finally:
-            writer.release()
+        with self._immediate() as conn:
+            for statement in SCHEMA.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
 
     def close(self) -> None:
         """Closes every connection this store opened (in any thread)."""
