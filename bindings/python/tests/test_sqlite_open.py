@@ -55,7 +55,7 @@ def test_processes_opening_one_fresh_file_together_all_succeed(tmp_path: Path) -
     ctx = multiprocessing.get_context("spawn")
     failures: List[str] = []
     with ctx.Manager() as manager, ctx.Pool(4) as pool:
-        for round_ in range(10):
+        for round_ in range(60):
             path = str(tmp_path / f"p{round_}.sqlite3")
             gate = manager.Barrier(4)
             results = pool.starmap(_gated, [(path, gate)] * 4)

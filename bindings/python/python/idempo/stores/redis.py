@@ -28,12 +28,13 @@ authority for money; use PostgreSQL there, with :class:`~idempo.stores.CachedSto
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 from typing import (
     Any,
-    Awaitable,
     Callable,
     Dict,
     FrozenSet,
+    Iterator,
     List,
     NamedTuple,
     Optional,
@@ -189,19 +190,12 @@ def _config_refused(exc: redis.ResponseError) -> Optional[InvalidArgument]:
     return None
 
 
-def _config_get(call: Callable[[], Any]) -> Any:
+@contextmanager
+def _config_refusal() -> Iterator[None]:
+    """Around one ``CONFIG GET`` (sync or awaited inside): a refused command becomes the
+    configuration error that names the fix; any other error passes as it is (a store error)."""
     try:
-        return call()
-    except redis.ResponseError as exc:
-        refused = _config_refused(exc)
-        if refused is not None:
-            raise refused from exc
-        raise
-
-
-async def _config_get_async(call: Callable[[], Awaitable[Any]]) -> Any:
-    try:
-        return await call()
+        yield
     except redis.ResponseError as exc:
         refused = _config_refused(exc)
         if refused is not None:
@@ -241,8 +235,9 @@ class _ServerCheck:
             nodes = _primaries(client)
             if self.check_policy:
                 target = redis.cluster.RedisCluster.PRIMARIES
-                _refuse_policies(_node_policies(_config_get(
-                    lambda: client.config_get("maxmemory-policy", target_nodes=target))))
+                with _config_refusal():
+                    reply = client.config_get("maxmemory-policy", target_nodes=target)
+                _refuse_policies(_node_policies(reply))
             self.checked = nodes
             return
         try:
@@ -251,7 +246,8 @@ class _ServerCheck:
             info = {}  # INFO disabled: nothing to learn
         _refuse_cluster_node(info)
         if self.check_policy:
-            reply = _config_get(lambda: client.config_get("maxmemory-policy"))
+            with _config_refusal():
+                reply = client.config_get("maxmemory-policy")
             _refuse_policies({"the server": _policy(reply)})
         self.checked = frozenset()
 
@@ -260,8 +256,8 @@ class _ServerCheck:
             nodes = _primaries(client)
             if self.check_policy:
                 target = redis.asyncio.cluster.RedisCluster.PRIMARIES
-                reply = await _config_get_async(
-                    lambda: client.config_get("maxmemory-policy", target_nodes=target))
+                with _config_refusal():
+                    reply = await client.config_get("maxmemory-policy", target_nodes=target)
                 _refuse_policies(_node_policies(reply))
             self.checked = nodes
             return
@@ -271,7 +267,8 @@ class _ServerCheck:
             info = {}
         _refuse_cluster_node(info)
         if self.check_policy:
-            reply = await _config_get_async(lambda: client.config_get("maxmemory-policy"))
+            with _config_refusal():
+                reply = await client.config_get("maxmemory-policy")
             _refuse_policies({"the server": _policy(reply)})
         self.checked = frozenset()
 
