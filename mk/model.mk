@@ -4,10 +4,22 @@
 #                     liveness L), the mutations, the recipes under the model and the proptest
 #                     suite (all also run in `cargo test --workspace`; model_check alone takes
 #                     about 2 min 45 s of CPU: 1.5 min on an idle 2-core machine, 4-7 min loaded)
+#   make test-recipes-pg   the shipped PostgreSQL recipes under concurrency: histories of four
+#                     clients against a real server, direct and through PgBouncer, each checked for
+#                     linearizability against core's primitives (tests/tests/recipes_postgres.rs;
+#                     starts the servers with scripts/test-services.sh; about 10 s)
 #   make model-deep   deep tier: larger configurations (#[ignore]d tests in tests/tests/model_deep.rs),
 #                     depth-first on 2 threads; tens of minutes, several GB of memory
-# Not in TEST_TARGETS: the fast tier already runs in test-rust.
-.PHONY: model model-deep
+# Not in TEST_TARGETS: the fast tier already runs in test-rust (test-recipes-pg is: test-rust has
+# no servers, so there it only prints a notice).
+TEST_TARGETS += test-recipes-pg
+.PHONY: model model-deep test-recipes-pg
+
+test-recipes-pg:
+	svc=$$(mktemp -d); trap '$(CURDIR)/scripts/test-services.sh stop '"$$svc"' >/dev/null 2>&1 || true; rm -rf '"$$svc" EXIT; \
+	  scripts/test-services.sh start "$$svc" >/dev/null; \
+	  set -a; . "$$svc/env"; set +a; \
+	  $(CARGO) test -q -p idempo-tests --test recipes_postgres -- --nocapture --test-threads=1
 
 model:
 	$(CARGO) test -p idempo-tests --test model_check --test recipes_model --test machine_proptest -- --nocapture

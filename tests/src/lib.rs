@@ -1,6 +1,7 @@
 //! Shared helpers for idempo's workspace tests: locating `spec/vectors` and `../shared` reference data.
 use std::path::PathBuf;
 
+pub mod linearize;
 pub mod memstore;
 pub mod model;
 pub mod recipes;
