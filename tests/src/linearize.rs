@@ -13,6 +13,10 @@
 //! every pending operation returned), applying core's primitive and pruning a branch whose answer
 //! differs, with a cache of (operations placed, record) already shown to fail. One key is one
 //! object; linearizability is local, so histories over several keys are checked key by key.
+//!
+//! One primitive is not a function of the record: a purge may pass over an expired record (it
+//! deletes *at most* its batch and never waits on a row another statement holds), so a purge
+//! that deleted nothing is accepted where core's primitive would delete, and the record stays.
 use std::collections::HashSet;
 
 use idempo_core::machine::StoreOp;
@@ -157,6 +161,18 @@ pub fn check(history: &[Entry], initial: Option<Record>) -> Result<Verdict, Stri
     }
 }
 
+/// A purge that deleted nothing where core's primitive would delete the expired record: allowed,
+/// the record stays. `spec/STORAGE.md` §3 item 8: a batch deletes *at most* its rows and never
+/// waits on a live claim, so PostgreSQL's `FOR UPDATE SKIP LOCKED` passes over a row another
+/// statement holds at that moment (a claim reading it `FOR SHARE`, say); an expired record counts
+/// as absent to every primitive, so leaving it changes no other answer.
+fn skipped_purge(e: &Entry, core: &Applied) -> bool {
+    matches!(
+        (&e.call, &e.answer, core),
+        (Call::Purge, Applied::Purge(None), Applied::Purge(Some(_)))
+    )
+}
+
 struct Search<'h> {
     history: &'h [Entry],
     placed: Vec<bool>,
@@ -190,10 +206,14 @@ impl Search<'_> {
             if self.placed[i] || e.invoked > horizon {
                 continue;
             }
-            let (answer, after) = core_step(record, e.call.step(), e.now_ms)?;
+            let (answer, mut after) = core_step(record, e.call.step(), e.now_ms)?;
             if answer != e.answer {
-                refused.push((i, answer));
-                continue;
+                if !skipped_purge(e, &answer) {
+                    refused.push((i, answer));
+                    continue;
+                }
+                // The purge left the expired record for a later batch.
+                after = record.clone();
             }
             self.placed[i] = true;
             self.order.push(i);
@@ -282,6 +302,35 @@ mod tests {
             entry(1, claim(2), claimed(), 1, 2),
         ];
         assert_eq!(check(&h, None).unwrap(), Verdict::Linearizable(vec![1, 0]));
+    }
+
+    fn purge(answer: Option<i64>, invoked: u64, returned: u64) -> Entry {
+        Entry {
+            client: 1,
+            call: Call::Purge,
+            now_ms: 1_000 + invoked,
+            answer: Applied::Purge(answer),
+            invoked,
+            returned,
+        }
+    }
+
+    #[test]
+    fn a_purge_may_pass_over_an_expired_record_but_never_take_a_live_one() {
+        // Claimed at 1000 (lease 10, TTL 100: expires at 1100).
+        let first = entry(0, claim(1), claimed(), 0, 1);
+        let skipped = [first.clone(), purge(None, 200, 201)];
+        assert!(matches!(
+            check(&skipped, None).unwrap(),
+            Verdict::Linearizable(_)
+        ));
+        let taken = [first.clone(), purge(Some(1), 200, 201)];
+        assert!(matches!(
+            check(&taken, None).unwrap(),
+            Verdict::Linearizable(_)
+        ));
+        let live = [first, purge(Some(1), 50, 51)];
+        assert!(matches!(check(&live, None).unwrap(), Verdict::Violation(_)));
     }
 
     #[test]

@@ -19,7 +19,15 @@ fn guarantees(label: &str, model: IdempoModel, failing: &[&str], reached: &[&str
 use harness::mutation;
 
 /// Asserts pinned unique-state counts, all of a test's configurations at once (measured, pinned).
+///
+/// `IDEMPO_MODEL_NO_PINS=1` skips them, so that only the properties and witnesses judge: the
+/// model-only mutation pass (`make mutants-model`) runs that way, since a changed state count
+/// says a mutant changed something, not that a guarantee broke.
 fn pinned(pins: &[(usize, usize)]) {
+    if std::env::var_os("IDEMPO_MODEL_NO_PINS").is_some() {
+        eprintln!("IDEMPO_MODEL_NO_PINS: state counts not checked: {pins:?}");
+        return;
+    }
     assert!(
         pins.iter().all(|(got, pin)| got == pin),
         "unique state counts (measured, pinned): {pins:?}"
@@ -107,7 +115,7 @@ fn downstream_keyed_without_purge() {
             W_EXHAUSTED,
         ],
     );
-    assert_eq!(unique, 309_154);
+    pinned(&[(unique, 309_154)]);
 }
 
 /// Regression for the model's finding (`spec/MODEL.md` §4): the downstream key used to be derived
@@ -130,7 +138,7 @@ fn downstream_keyed_with_purge() {
             W_EXHAUSTED,
         ],
     );
-    assert_eq!(unique, 641_604);
+    pinned(&[(unique, 641_604)]);
 }
 
 #[test]
@@ -149,7 +157,7 @@ fn unkeyed_rerun_executes_twice() {
             W_EXHAUSTED,
         ],
     );
-    assert_eq!(unique, 795_218);
+    pinned(&[(unique, 795_218)]);
 }
 
 #[test]
@@ -168,7 +176,7 @@ fn unkeyed_outcome_unknown_runs_at_most_once() {
             W_EXHAUSTED,
         ],
     );
-    assert_eq!(unique, 378_000);
+    pinned(&[(unique, 378_000)]);
 }
 
 #[test]
@@ -194,7 +202,7 @@ fn two_scopes_sharing_a_raw_key_stay_apart() {
             W_BOTH_SCOPES,
         ],
     );
-    assert_eq!(unique, 888_864);
+    pinned(&[(unique, 888_864)]);
 }
 
 #[test]

@@ -128,6 +128,25 @@ fn deep_transactional_three_clients() {
     );
 }
 
+/// Three clients on one key (the duplicate and the mismatch racing the first request), within
+/// the default bounds: the three-client transactional bound that finishes (the one above, with a
+/// second scope, two retries and a longer clock, has not).
+#[test]
+#[ignore = "deep tier: make model-deep"]
+fn deep_transactional_three_clients_one_key() {
+    guarantees(
+        "deep: transactional alice-A/alice-A/alice-B",
+        IdempoModel::new(
+            EffectMode::Transactional,
+            &[ALICE_A, ALICE_A, ALICE_B],
+            Bounds::default(),
+        ),
+        DEEP,
+        &[],
+        &[W_REPLAY, W_MISMATCH, W_RERUN_TTL, W_EXHAUSTED, W_LOCK_WAIT],
+    );
+}
+
 #[test]
 #[ignore = "deep tier: make model-deep"]
 fn deep_outcome_unknown_three_clients() {

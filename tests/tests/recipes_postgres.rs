@@ -170,6 +170,15 @@ impl Pg<'_> {
         ttl: i64,
         now: i64,
     ) -> Result<Applied, String> {
+        // The shipped claim's parameters; the check-then-write mutant takes the same.
+        let params: [(&(dyn ToSql + Sync), Type); 6] = [
+            (&&SCOPE[..], Type::BYTEA),
+            (&fp, Type::TEXT),
+            (&token, Type::BYTEA),
+            (&lease, Type::INT8),
+            (&ttl, Type::INT8),
+            (&now, Type::INT8),
+        ];
         if self.mutant == Mutant::ClaimCheckThenWrite {
             if let Some(r) = self.get(now)? {
                 if !r.is_expired(u64::try_from(now).map_err(err)?) {
@@ -186,17 +195,7 @@ impl Pg<'_> {
                  RETURNING generation",
                 t = self.texts.table
             );
-            let rows = self.rows(
-                &sql,
-                &[
-                    (&&SCOPE[..], Type::BYTEA),
-                    (&fp, Type::TEXT),
-                    (&token, Type::BYTEA),
-                    (&lease, Type::INT8),
-                    (&ttl, Type::INT8),
-                    (&now, Type::INT8),
-                ],
-            )?;
+            let rows = self.rows(&sql, &params)?;
             let generation: i32 = rows
                 .first()
                 .ok_or("upsert returned no row")?
@@ -210,17 +209,7 @@ impl Pg<'_> {
         // Zero rows: the conflicting row is not in the statement's snapshot; run it again
         // (spec/STORAGE.md §4.3), as every host does.
         for _ in 0..50 {
-            let rows = self.rows(
-                &t.claim,
-                &[
-                    (&&SCOPE[..], Type::BYTEA),
-                    (&fp, Type::TEXT),
-                    (&token, Type::BYTEA),
-                    (&lease, Type::INT8),
-                    (&ttl, Type::INT8),
-                    (&now, Type::INT8),
-                ],
-            )?;
+            let rows = self.rows(&t.claim, &params)?;
             let Some(row) = rows.first() else { continue };
             if rows.len() > 1 {
                 return Err(format!("claim returned {} rows", rows.len()));
@@ -317,6 +306,25 @@ impl Pg<'_> {
         }
     }
 
+    /// A conditional write of the shape (`scope_key`, token, milliseconds, now): mark_unknown and
+    /// renew.
+    fn fenced(
+        &mut self,
+        sql: &str,
+        token: &FencingToken,
+        ms: i64,
+        now: i64,
+    ) -> Result<Applied, String> {
+        let token: &[u8] = &token.0;
+        let params: [(&(dyn ToSql + Sync), Type); 4] = [
+            (&&SCOPE[..], Type::BYTEA),
+            (&token, Type::BYTEA),
+            (&ms, Type::INT8),
+            (&now, Type::INT8),
+        ];
+        Ok(Applied::Applied(self.count(sql, &params)?))
+    }
+
     /// Runs `call` at `now_ms`: the store's answer in core's terms.
     fn run(&mut self, call: &Call, now_ms: u64) -> Result<Applied, String> {
         let now = int(now_ms)?;
@@ -346,18 +354,7 @@ impl Pg<'_> {
                 } => self.takeover(&seen_token.0, &new_token.0, int(*lease_ms)?, now),
                 StoreOp::MarkUnknown {
                     seen_token, ttl_ms, ..
-                } => {
-                    let ttl = int(*ttl_ms)?;
-                    Ok(Applied::Applied(self.count(
-                        &t.mark_unknown,
-                        &[
-                            (&&SCOPE[..], Type::BYTEA),
-                            (&&seen_token.0[..], Type::BYTEA),
-                            (&ttl, Type::INT8),
-                            (&now, Type::INT8),
-                        ],
-                    )?))
-                }
+                } => self.fenced(&t.mark_unknown, seen_token, int(*ttl_ms)?, now),
                 StoreOp::Complete {
                     token,
                     response,
@@ -382,18 +379,7 @@ impl Pg<'_> {
                 )?)),
                 StoreOp::Renew {
                     token, lease_ms, ..
-                } => {
-                    let lease = int(*lease_ms)?;
-                    Ok(Applied::Applied(self.count(
-                        &t.renew,
-                        &[
-                            (&&SCOPE[..], Type::BYTEA),
-                            (&&token.0[..], Type::BYTEA),
-                            (&lease, Type::INT8),
-                            (&now, Type::INT8),
-                        ],
-                    )?))
-                }
+                } => self.fenced(&t.renew, token, int(*lease_ms)?, now),
                 StoreOp::Commit { .. } => Err("COMMIT is not a recipe".into()),
             },
         }
