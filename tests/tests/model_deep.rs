@@ -147,6 +147,26 @@ fn deep_transactional_three_clients_one_key() {
     );
 }
 
+/// The same three clients, each on a worker of its own: all three requests in flight at once.
+#[test]
+#[ignore = "deep tier: make model-deep"]
+fn deep_transactional_three_clients_three_workers() {
+    guarantees(
+        "deep: transactional alice-A/alice-A/alice-B, 3 workers",
+        IdempoModel::new(
+            EffectMode::Transactional,
+            &[ALICE_A, ALICE_A, ALICE_B],
+            Bounds {
+                workers: 3,
+                ..Bounds::default()
+            },
+        ),
+        DEEP,
+        &[],
+        &[W_REPLAY, W_MISMATCH, W_RERUN_TTL, W_EXHAUSTED, W_LOCK_WAIT],
+    );
+}
+
 #[test]
 #[ignore = "deep tier: make model-deep"]
 fn deep_outcome_unknown_three_clients() {
