@@ -118,6 +118,8 @@ pub struct GatewayConfig {
     pub store: StoreConfig,
     /// The routes, in file order (the first match wins).
     pub routes: Vec<RouteConfig>,
+    /// Where requests that match no route go, unprotected (`fallback_upstream`); `None`: 404.
+    pub fallback: Option<Uri>,
 }
 
 type Opt<T> = Option<Spanned<T>>;
@@ -132,6 +134,7 @@ struct RawConfig {
     shutdown_deadline_ms: Opt<u64>,
     purge_interval_ms: Opt<u64>,
     purge_batch: Opt<u64>,
+    fallback_upstream: Opt<String>,
     store: Spanned<RawStore>,
     principal: Opt<RawPrincipal>,
     #[serde(default)]
@@ -330,6 +333,22 @@ fn build(raw: &RawConfig, issues: &mut Issues<'_>) -> Option<GatewayConfig> {
     if raw.routes.is_empty() {
         issues.at(0..0, "no [[routes]]: the gateway would protect nothing");
     }
+    let fallback = match &raw.fallback_upstream {
+        None => None,
+        Some(name) => {
+            let found = upstreams.get(name.get_ref()).cloned();
+            if found.is_none() {
+                issues.at(
+                    name.span(),
+                    format!(
+                        "fallback_upstream {:?} is not declared in [upstreams]",
+                        name.get_ref()
+                    ),
+                );
+            }
+            found
+        }
+    };
     let mut routes = Vec::new();
     for route in &raw.routes {
         if let Some(r) = build_route(route, &upstreams, principal_header.is_some(), issues) {
@@ -348,6 +367,7 @@ fn build(raw: &RawConfig, issues: &mut Issues<'_>) -> Option<GatewayConfig> {
         downstream_key_header,
         store: store?,
         routes,
+        fallback,
     })
 }
 

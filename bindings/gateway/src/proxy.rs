@@ -147,7 +147,10 @@ pub async fn handle(
         .find(|r| r.method == method && r.template.matches(path))
         .cloned()
     else {
-        return Ok(text(404, "no route\n"));
+        return Ok(match &shared.cfg.fallback {
+            Some(base) => pass_through(&shared, base, req).await,
+            None => text(404, "no route\n"),
+        });
     };
     Ok(protected(shared, route, req).await)
 }
@@ -181,7 +184,7 @@ async fn protected(
         admit(config, &key_fields, declared)
     };
     let awaiting = match stage {
-        KeyStage::PassThrough => return pass_through(&shared, &route, req).await,
+        KeyStage::PassThrough => return pass_through(&shared, &route.upstream_base, req).await,
         KeyStage::Refuse(r) => return refuse(&shared, &route, r),
         KeyStage::Continue(a) => a,
     };
@@ -283,7 +286,7 @@ async fn protected(
         ScopeStage::Refuse(r) => return refuse(&shared, &route, r),
         ScopeStage::Admitted(a) => a,
     };
-    let upstream = match upstream_request(&route, &parts, full(Bytes::from(buf))) {
+    let upstream = match upstream_request(&route.upstream_base, &parts, full(Bytes::from(buf))) {
         Ok(r) => r,
         Err(e) => {
             log::error("bad upstream URI", &[("error", json!(e))]);
@@ -312,11 +315,10 @@ async fn protected(
 /// The request to the upstream: the same method, path and query under the upstream's base
 /// URL, the end-to-end headers, and `body`.
 fn upstream_request(
-    route: &RouteConfig,
+    base: &Uri,
     parts: &hyper::http::request::Parts,
     body: BoxBody,
 ) -> Result<Request<BoxBody>, String> {
-    let base = &route.upstream_base;
     let prefix = base.path().trim_end_matches('/');
     let pq = parts
         .uri
@@ -340,16 +342,13 @@ fn upstream_request(
     Ok(req)
 }
 
-/// A request core lets through unprotected (no key on a route where it is optional): forwarded
-/// and answered as is, streaming both ways.
-async fn pass_through(
-    shared: &Shared,
-    route: &RouteConfig,
-    req: Request<Incoming>,
-) -> Response<BoxBody> {
+/// A request forwarded unprotected (no key on a route where core says the key is optional, or
+/// a request that matches no route, to the fallback upstream): answered as is, streaming both
+/// ways.
+async fn pass_through(shared: &Shared, base: &Uri, req: Request<Incoming>) -> Response<BoxBody> {
     let (parts, body) = req.into_parts();
     let body = body.map_err(Into::into).boxed();
-    let upstream = match upstream_request(route, &parts, body) {
+    let upstream = match upstream_request(base, &parts, body) {
         Ok(r) => r,
         Err(e) => return text(500, format!("bad upstream URI: {e}\n")),
     };

@@ -378,3 +378,71 @@ fn check_config_names_the_line() {
     assert!(out.status.success());
     assert_eq!(String::from_utf8_lossy(&out.stdout), "OK\n");
 }
+
+#[tokio::test]
+async fn unprotected_traffic_passes_through() {
+    let dir = temp_dir("fallback");
+    let (up, seen) = upstream().await;
+    let cfg = config("kind = \"memory\"", up, "/payments", "key_required = false")
+        .replace("[store]", "fallback_upstream = \"app\"\n\n[store]");
+    let gw = Gateway::start(&dir, &cfg);
+    let c = client();
+    // No route: forwarded to the fallback upstream, no key involved.
+    let other = get(&c, &gw.url("/accounts/1")).await;
+    assert_eq!(other.status, 201);
+    // The key is optional on this route: without one core lets the request through unprotected.
+    let a = post(&c, &gw.url("/payments"), &[ALICE], "{}")
+        .await
+        .unwrap();
+    let b = post(&c, &gw.url("/payments"), &[ALICE], "{}")
+        .await
+        .unwrap();
+    assert_eq!((a.status, b.status), (201, 201));
+    assert!(b.header("idempotent-replayed").is_none());
+    let s = seen.lock().unwrap();
+    assert_eq!(s.calls.get("/payments"), Some(&2));
+    assert_eq!(s.calls.get("/accounts/1"), Some(&1));
+    assert!(
+        s.keys.iter().all(Option::is_none),
+        "no downstream key: {:?}",
+        s.keys
+    );
+}
+
+#[tokio::test]
+async fn the_purge_task_deletes_expired_records() {
+    let dir = temp_dir("purge");
+    let (up, _seen) = upstream().await;
+    let cfg = config(
+        &sqlite(&dir),
+        up,
+        "/payments",
+        "lease_ms = 1000\nttl_ms = 1200",
+    )
+    .replace("[store]", "purge_interval_ms = 200\n\n[store]");
+    let gw = Gateway::start(&dir, &cfg);
+    let c = client();
+    let h = [("Idempotency-Key", "key-0000-k-purge"), ALICE];
+    assert_eq!(
+        post(&c, &gw.url("/payments"), &h, "{}")
+            .await
+            .unwrap()
+            .status,
+        201
+    );
+    let rows = || {
+        let conn = rusqlite::Connection::open(dir.join("idempo.sqlite3")).unwrap();
+        conn.query_row("SELECT count(*) FROM idempo_record", [], |r| {
+            r.get::<_, i64>(0)
+        })
+        .unwrap()
+    };
+    assert_eq!(rows(), 1);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while rows() != 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(rows(), 0, "the expired record was purged");
+    let logs = gw.logs.lock().unwrap().join("\n");
+    assert!(logs.contains("purged expired records"), "{logs}");
+}
