@@ -508,3 +508,19 @@ async fn a_locked_store_fails_closed_with_503() {
         "{metrics}"
     );
 }
+
+#[tokio::test]
+async fn an_upstream_that_dies_mid_body_aborts_the_client_then_outcome_unknown() {
+    let dir = temp_dir("midbody");
+    let (up, calls) = common::crashing_upstream_with(true).await;
+    let gw = Gateway::start(&dir, &config(&sqlite(&dir), up, "/payments", ""));
+    let c = client();
+    let h = [("Idempotency-Key", "key-0000-k-midbody"), ALICE];
+    // The head was streamed (201), then the body broke: the client's read fails.
+    let first = post(&c, &gw.url("/payments"), &h, "{}").await;
+    assert!(first.is_err(), "{first:?}");
+    let retry = post(&c, &gw.url("/payments"), &h, "{}").await.unwrap();
+    assert_eq!(retry.status, 500, "{}", retry.text());
+    assert_eq!(retry.problem_type(), "urn:idempo:problem:outcome-unknown");
+    assert_eq!(*calls.lock().unwrap(), 1);
+}

@@ -267,9 +267,10 @@ fn futures_stream<T>(rx: tokio::sync::mpsc::Receiver<T>) -> Rx<T> {
     Rx(rx)
 }
 
-/// An upstream that reads a request and drops the connection without answering.
-pub async fn crashing_upstream() -> (SocketAddr, Arc<Mutex<u64>>) {
-    use tokio::io::AsyncReadExt;
+/// An upstream that reads a request and drops the connection: without answering, or (with
+/// `partial`) after a chunked response head and the first chunk.
+pub async fn crashing_upstream_with(partial: bool) -> (SocketAddr, Arc<Mutex<u64>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let calls = Arc::new(Mutex::new(0));
@@ -290,11 +291,23 @@ pub async fn crashing_upstream() -> (SocketAddr, Arc<Mutex<u64>>) {
                     }
                 }
                 *c.lock().unwrap() += 1;
+                if partial {
+                    let head = "HTTP/1.1 201 Created\r\ncontent-type: application/json\r\n\
+                                transfer-encoding: chunked\r\n\r\n6\r\n{\"a\":1\r\n";
+                    let _ = stream.write_all(head.as_bytes()).await;
+                    let _ = stream.flush().await;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
                 drop(stream);
             });
         }
     });
     (addr, calls)
+}
+
+/// An upstream that reads a request and drops the connection without answering.
+pub async fn crashing_upstream() -> (SocketAddr, Arc<Mutex<u64>>) {
+    crashing_upstream_with(false).await
 }
 
 /// A client answer.
