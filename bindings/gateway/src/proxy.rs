@@ -157,6 +157,14 @@ pub async fn handle(
 
 fn refuse(shared: &Shared, route: &RouteConfig, r: Refusal) -> Response<BoxBody> {
     shared.metrics.request(route.template.as_str(), r.outcome());
+    log::info(
+        "request",
+        &[
+            ("route", json!(route.template.as_str())),
+            ("outcome", json!(r.outcome())),
+            ("status", json!(r.response.status)),
+        ],
+    );
     if let Some(line) = &r.log {
         log::error(line, &[("route", json!(route.template.as_str()))]);
     }
@@ -264,16 +272,26 @@ async fn protected(
     };
     let principal_value;
     let resolution = match (route.scope_rule, &shared.cfg.principal_header) {
-        (ScopeRule::Function { .. }, Some(h)) => match parts.headers.get(h.as_str()) {
-            None => {
-                principal_value = format!("no {h} header");
-                ScopeResolution::Nothing(&principal_value)
+        (ScopeRule::Function { .. }, Some(h)) => {
+            let mut values = parts.headers.get_all(h.as_str()).iter();
+            match (values.next(), values.next()) {
+                (None, _) => {
+                    principal_value = format!("no {h} header");
+                    ScopeResolution::Nothing(&principal_value)
+                }
+                // Several principal fields: which one the auth proxy set is unknown; refuse.
+                (Some(_), Some(_)) => {
+                    principal_value = format!("several {h} headers");
+                    ScopeResolution::NotAString(&principal_value)
+                }
+                (Some(v), None) => match v.to_str() {
+                    Ok(p) => ScopeResolution::Principal(p),
+                    Err(_) => {
+                        ScopeResolution::NotAString("a header value that is not visible ASCII")
+                    }
+                },
             }
-            Some(v) => match v.to_str() {
-                Ok(p) => ScopeResolution::Principal(p),
-                Err(_) => ScopeResolution::NotAString("a header value that is not visible ASCII"),
-            },
-        },
+        }
         _ => ScopeResolution::NotCalled,
     };
     let admitted = match scope_stage.scope(

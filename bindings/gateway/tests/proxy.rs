@@ -105,6 +105,18 @@ async fn refusals_forward_nothing() {
         no_principal.problem_type(),
         "urn:idempo:problem:scope-unresolved"
     );
+    // Two principal fields (one injected by the client): refused, never guessed.
+    let mut req = hyper::Request::post(&url)
+        .header("content-type", "application/json")
+        .header("Idempotency-Key", "key-0000-k-two")
+        .header("X-Principal", "alice")
+        .header("X-Principal", "mallory")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))
+        .unwrap();
+    req.headers_mut()
+        .append("x-principal", "bob".parse().unwrap());
+    let two = c.request(req).await.unwrap();
+    assert_eq!(two.status(), 500);
     let no_key = post(&c, &url, &[ALICE], "{}").await.unwrap();
     assert_eq!(no_key.status, 400);
     assert_eq!(no_key.problem_type(), "urn:idempo:problem:missing-key");
