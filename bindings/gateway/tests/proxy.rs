@@ -336,7 +336,7 @@ async fn kill_9_mid_request_then_restart_on_the_same_file_runs_once_downstream()
 #[tokio::test]
 async fn health_readiness_and_graceful_shutdown() {
     let dir = temp_dir("ops");
-    let (up, _seen) = upstream().await;
+    let (up, seen) = upstream().await;
     let mut gw = Gateway::start(&dir, &config(&sqlite(&dir), up, "/slow", ""));
     let c = client();
     assert_eq!(get(&c, &gw.url("/healthz")).await.status, 200);
@@ -354,7 +354,9 @@ async fn health_readiness_and_graceful_shutdown() {
             .await
         })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    while !seen.lock().unwrap().calls.contains_key("/slow") {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let status = tokio::task::spawn_blocking(move || {
         let s = gw.terminate(Duration::from_secs(5));
         (s, gw)
