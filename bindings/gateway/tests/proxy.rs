@@ -538,3 +538,28 @@ async fn an_upstream_that_dies_mid_body_aborts_the_client_then_outcome_unknown()
     assert_eq!(retry.problem_type(), "urn:idempo:problem:outcome-unknown");
     assert_eq!(*calls.lock().unwrap(), 1);
 }
+
+#[tokio::test]
+async fn two_gateways_share_one_sqlite_file() {
+    let dir = temp_dir("shared");
+    let (up, seen) = upstream().await;
+    let cfg = config(&sqlite(&dir), up, "/payments", "");
+    let a_dir = dir.join("a");
+    let b_dir = dir.join("b");
+    std::fs::create_dir_all(&a_dir).unwrap();
+    std::fs::create_dir_all(&b_dir).unwrap();
+    let a = Gateway::start(&a_dir, &cfg);
+    let b = Gateway::start(&b_dir, &cfg);
+    let c = client();
+    let h = [("Idempotency-Key", "key-0000-k-shared"), ALICE];
+    let first = post(&c, &a.url("/payments"), &h, r#"{"amount":3}"#)
+        .await
+        .unwrap();
+    assert_eq!(first.status, 201);
+    let other = post(&c, &b.url("/payments"), &h, r#"{"amount":3}"#)
+        .await
+        .unwrap();
+    assert_eq!(other.header("idempotent-replayed"), Some("true"));
+    assert_eq!(other.body, first.body);
+    assert_eq!(seen.lock().unwrap().calls.get("/payments"), Some(&1));
+}
