@@ -196,7 +196,10 @@ pub async fn run_flow(
         tokio::pin!(ex);
         let mut ticker = run.heartbeat_ms.map(|ms| {
             let every = Duration::from_millis(ms.max(1));
-            tokio::time::interval_at(tokio::time::Instant::now() + every, every)
+            let mut i = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            // A renewal that took long is followed by the next one a whole interval later.
+            i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            i
         });
         loop {
             tokio::select! {
