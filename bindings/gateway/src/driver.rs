@@ -218,16 +218,19 @@ pub async fn run_flow(
             }
         }
     };
-    let (event, streamed, failure) = match end {
-        ExchangeEnd::Finished { response, streamed } => {
-            (Event::HandlerFinished(response), streamed, None)
-        }
+    let (event, streamed, failure, hold) = match end {
+        ExchangeEnd::Finished {
+            response,
+            streamed,
+            hold,
+        } => (Event::HandlerFinished(response), streamed, None, hold),
         ExchangeEnd::Failed { failure, streamed } => (
             Event::HandlerFailed {
                 maybe_side_effect: failure.maybe_side_effect(),
             },
             streamed,
             Some(failure),
+            None,
         ),
     };
     let action = match flow.handle(event) {
@@ -264,10 +267,14 @@ pub async fn run_flow(
             Outcome::CompletionFailed
         }
     };
+    finish(&shared, &template, &admitted, outcome, started, failure);
+    // The flow has settled the record: now the streamed body may end.
+    if let Some(hold) = hold {
+        hold.release().await;
+    }
     if lease_lost || outcome == Outcome::LeaseLost {
         shared.metrics.lease_lost(&template);
     }
-    finish(&shared, &template, &admitted, outcome, started, failure);
     spawn_cleanup(&shared, &template, &admitted, flow.cleanup());
 }
 

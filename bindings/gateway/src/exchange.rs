@@ -62,6 +62,10 @@ pub enum ExchangeEnd {
         response: HandlerResponse,
         /// The client already has it.
         streamed: bool,
+        /// The end of a streamed body, which the driver releases once the flow has settled the
+        /// record: the client never has the whole response before its record is written, so an
+        /// immediate retry replays (or runs again, for a status that is not stored).
+        hold: Option<BodyEnd>,
     },
     /// No whole response: fed to the flow as `HandlerFailed`. `streamed` as above (the client
     /// then saw its connection fail mid-body).
@@ -71,6 +75,23 @@ pub enum ExchangeEnd {
         /// The client already got the head.
         streamed: bool,
     },
+}
+
+/// The end of a streamed body, held back until the record is written: the last frame and the
+/// channel whose closing ends the client's body.
+#[derive(Debug)]
+pub struct BodyEnd {
+    sender: mpsc::Sender<Result<Frame<Bytes>, BoxError>>,
+    last: Option<Frame<Bytes>>,
+}
+
+impl BodyEnd {
+    /// Sends the last frame and ends the body.
+    pub async fn release(self) {
+        if let Some(frame) = self.last {
+            let _ = self.sender.send(Ok(frame)).await;
+        }
+    }
 }
 
 /// Runs the exchange. When the plan streams, the response head goes to `head` as soon as it is
@@ -159,6 +180,7 @@ async fn buffer(
     ExchangeEnd::Finished {
         response,
         streamed: false,
+        hold: None,
     }
 }
 
@@ -181,6 +203,8 @@ async fn tee(
     };
     let mut capture = limit.map(BodyCapture::new);
     let mut recorded = Vec::new();
+    // One frame of look-ahead: the last one is sent only after the record is written.
+    let mut pending: Option<Frame<Bytes>> = None;
     loop {
         let frame = match next_frame(&mut body, timeout).await {
             Err(f) => {
@@ -203,8 +227,10 @@ async fn tee(
         }
         // A client that went away does not stop the exchange: the upstream's answer is still
         // recorded for the retry.
-        if !client_gone && tx.send(Ok(frame)).await.is_err() {
-            client_gone = true;
+        if let Some(previous) = pending.replace(frame) {
+            if !client_gone && tx.send(Ok(previous)).await.is_err() {
+                client_gone = true;
+            }
         }
     }
     let mut response = HandlerResponse::new(status, headers, recorded);
@@ -212,6 +238,10 @@ async fn tee(
     ExchangeEnd::Finished {
         response,
         streamed: true,
+        hold: (!client_gone).then_some(BodyEnd {
+            sender: tx,
+            last: pending,
+        }),
     }
 }
 

@@ -563,3 +563,83 @@ async fn two_gateways_share_one_sqlite_file() {
     assert_eq!(other.body, first.body);
     assert_eq!(seen.lock().unwrap().calls.get("/payments"), Some(&1));
 }
+
+#[tokio::test]
+async fn a_status_core_does_not_store_passes_through_and_releases_the_key() {
+    let dir = temp_dir("notstored");
+    let (up, seen) = upstream().await;
+    let gw = Gateway::start(&dir, &config(&sqlite(&dir), up, "/fail", ""));
+    let c = client();
+    let h = [("Idempotency-Key", "key-0000-k-fail"), ALICE];
+    for _ in 0..2 {
+        let a = post(&c, &gw.url("/fail"), &h, "{}").await.unwrap();
+        assert_eq!(a.status, 500);
+        assert_eq!(a.text(), "{\"error\":\"boom\"}");
+        assert!(a.header("idempotent-replayed").is_none());
+    }
+    // 5xx is not stored by default: the key was released and the retry ran again.
+    assert_eq!(seen.lock().unwrap().calls.get("/fail"), Some(&2));
+    // A passed-through answer reaches the client while the flow releases the key: the count
+    // follows within moments.
+    let want = "idempo_requests_total{route=\"/fail\",outcome=\"not_stored\"} 2";
+    let mut metrics = String::new();
+    for _ in 0..50 {
+        metrics = get(&c, &gw.url("/metrics")).await.text();
+        if metrics.contains(want) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(metrics.contains(want), "{metrics}");
+    // With store_server_errors the same answer is kept and replayed.
+    let dir = temp_dir("stored500");
+    let gw = Gateway::start(
+        &dir,
+        &config(&sqlite(&dir), up, "/fail", "store_server_errors = true"),
+    );
+    let h = [("Idempotency-Key", "key-0000-k-fail2"), ALICE];
+    let _ = post(&c, &gw.url("/fail"), &h, "{}").await.unwrap();
+    let b = post(&c, &gw.url("/fail"), &h, "{}").await.unwrap();
+    assert_eq!(b.status, 500);
+    assert_eq!(b.header("idempotent-replayed"), Some("true"));
+    assert_eq!(seen.lock().unwrap().calls.get("/fail"), Some(&3));
+}
+
+#[tokio::test]
+async fn a_streamed_answer_ends_only_once_recorded_so_an_immediate_retry_replays() {
+    let dir = temp_dir("hold");
+    let (up, seen) = upstream().await;
+    let gw = Gateway::start(&dir, &config(&sqlite(&dir), up, "/big", ""));
+    let c = client();
+    let h = [("Idempotency-Key", "key-0000-k-hold"), ALICE];
+    let url = gw.url("/big?kb=8&ms=300");
+    let first = {
+        let c = c.clone();
+        let url = url.clone();
+        tokio::spawn(async move { post(&c, &url, &h, "{}").await })
+    };
+    while !seen.lock().unwrap().calls.contains_key("/big") {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The key is claimed; hold the file's write lock while the chunked answer streams, so the
+    // completion waits.
+    let conn = rusqlite::Connection::open(dir.join("idempo.sqlite3")).unwrap();
+    conn.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(
+        !first.is_finished(),
+        "the client had the whole answer before its record was written"
+    );
+    conn.execute_batch("COMMIT").unwrap();
+    let a = first.await.unwrap().unwrap();
+    assert_eq!((a.status, a.body.len()), (200, 8 << 10));
+    let b = post(&c, &url, &h, "{}").await.unwrap();
+    assert_eq!(
+        b.header("idempotent-replayed"),
+        Some("true"),
+        "{}",
+        b.text()
+    );
+    assert_eq!(b.body, a.body);
+    assert_eq!(seen.lock().unwrap().calls.get("/big"), Some(&1));
+}

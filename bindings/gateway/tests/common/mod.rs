@@ -134,7 +134,7 @@ pub type SeenRef = Arc<Mutex<Seen>>;
 
 /// The small upstream: `/payments` (201 JSON), `/slow?ms=N` (answers after N ms the first
 /// time it sees a downstream key), `/big?mb=N`
-/// (streams N MiB, chunked), `/fail` (500).
+/// (streams N MiB, or `kb=N` KiB, chunked, after `ms=N`), `/fail` (500).
 pub async fn upstream() -> (SocketAddr, SeenRef) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -189,6 +189,7 @@ async fn serve_upstream(
     };
     let ms = query(&req, "ms");
     let mb = query(&req, "mb");
+    let kb = query(&req, "kb");
     let body = req
         .into_body()
         .collect()
@@ -218,11 +219,14 @@ async fn serve_upstream(
             ))
         }
         "/big" => {
-            let total = mb.unwrap_or(50) << 20;
-            let chunk = Bytes::from(vec![b'x'; 64 << 10]);
+            let total = kb.map_or(mb.unwrap_or(50) << 20, |kb| kb << 10);
+            let chunk = Bytes::from(vec![b'x'; (64 << 10).min(total.max(1) as usize)]);
             let (tx, rx) =
                 tokio::sync::mpsc::channel::<Result<hyper::body::Frame<Bytes>, std::io::Error>>(2);
             tokio::spawn(async move {
+                if let Some(ms) = ms {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                }
                 let mut sent = 0u64;
                 while sent < total {
                     if tx
