@@ -6,8 +6,8 @@
 //! core's; this crate does the I/O: sockets, the upstream exchange, the stores, timers.
 //!
 //! Modules: [`config`] (the TOML file), [`route`] (path templates), [`store`] (memory and
-//! SQLite), [`proxy`] (the server and admission), [`driver`] (core's flow), [`exchange`] (the
-//! upstream call and the tee), [`metrics`], [`log`], [`purge`], [`shutdown`], [`body`].
+//! SQLite), [`proxy`] (the server, routing, operations endpoints), [`admission`] (core's admission),
+//! [`driver`] (core's flow), [`exchange`] (the upstream call and the tee), [`forward`], [`metrics`], [`log`], [`purge`], [`shutdown`], [`body`].
 #![cfg_attr(
     not(test),
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
@@ -15,10 +15,12 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod admission;
 pub mod body;
 pub mod config;
 pub mod driver;
 pub mod exchange;
+pub mod forward;
 pub mod log;
 pub mod metrics;
 pub mod proxy;
