@@ -1,7 +1,7 @@
 //! Core's admission for a request on a protected route, in the order of `spec/PROTOCOL.md`
 //! §7.2: the key (core's [`admit()`]), the body read within core's limit and fingerprinted by core,
 //! the scope from the principal header; a refusal is core's problem response and nothing is
-//! forwarded. An admitted request goes to the [`driver`](crate::driver).
+//! forwarded. An admitted request goes to the [`driver`](mod@crate::driver).
 use std::sync::Arc;
 use std::time::Duration;
 

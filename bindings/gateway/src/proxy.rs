@@ -1,6 +1,6 @@
 //! The HTTP/1.1 server: the accept loop with graceful shutdown, the operations endpoints
-//! (`/healthz`, `/readyz`, `/metrics`) and routing to [`admission`](crate::admission) (a
-//! protected route) or [`forward`](crate::forward) (the fallback upstream).
+//! (`/healthz`, `/readyz`, `/metrics`) and routing to [`crate::admission`] (a
+//! protected route) or [`crate::forward`] (the fallback upstream).
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
