@@ -663,6 +663,16 @@ lease_ms = 5000
 "#;
 
     #[test]
+    fn the_example_file_is_valid() {
+        let text = include_str!("../gateway.example.toml");
+        let c = GatewayConfig::parse("gateway.example.toml", text).expect("valid example");
+        assert_eq!(c.routes.len(), 2);
+        assert_eq!(c.routes[1].template.as_str(), "/payments/{id}/refunds");
+        assert_eq!(c.routes[1].config.takeover, TakeoverPolicy::ReRun);
+        assert!(c.fallback.is_some());
+    }
+
+    #[test]
     fn a_good_file_takes_core_defaults() {
         let c = GatewayConfig::parse("g.toml", GOOD).expect("valid");
         assert_eq!(c.routes.len(), 1);
