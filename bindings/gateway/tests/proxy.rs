@@ -643,3 +643,48 @@ async fn a_streamed_answer_ends_only_once_recorded_so_an_immediate_retry_replays
     assert_eq!(b.body, a.body);
     assert_eq!(seen.lock().unwrap().calls.get("/big"), Some(&1));
 }
+
+#[tokio::test]
+async fn shutdown_stops_waiting_at_its_deadline() {
+    let dir = temp_dir("deadline");
+    let (up, seen) = upstream().await;
+    let cfg = config(&sqlite(&dir), up, "/slow", "")
+        .replace("shutdown_deadline_ms = 5000", "shutdown_deadline_ms = 300");
+    let mut gw = Gateway::start(&dir, &cfg);
+    let c = client();
+    let url = gw.url("/slow?ms=5000");
+    let pending = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            post(
+                &c,
+                &url,
+                &[("Idempotency-Key", "key-0000-k-deadline"), ALICE],
+                "{}",
+            )
+            .await
+        })
+    };
+    while !seen.lock().unwrap().calls.contains_key("/slow") {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let started = std::time::Instant::now();
+    let (status, gw) = tokio::task::spawn_blocking(move || {
+        let s = gw.terminate(Duration::from_secs(4));
+        (s, gw)
+    })
+    .await
+    .unwrap();
+    assert!(status.is_some(), "the gateway exited");
+    assert!(
+        started.elapsed() < Duration::from_millis(2500),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        pending.await.unwrap().is_err(),
+        "the request was cut at the deadline"
+    );
+    let logs = gw.logs.lock().unwrap().join("\n");
+    assert!(logs.contains("shutdown deadline passed"), "{logs}");
+}
