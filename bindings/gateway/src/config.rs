@@ -349,9 +349,23 @@ fn build(raw: &RawConfig, issues: &mut Issues<'_>) -> Option<GatewayConfig> {
             found
         }
     };
-    let mut routes = Vec::new();
+    let mut routes: Vec<RouteConfig> = Vec::new();
     for route in &raw.routes {
         if let Some(r) = build_route(route, &upstreams, principal_header.is_some(), issues) {
+            if routes
+                .iter()
+                .any(|o| o.method == r.method && o.template == r.template)
+            {
+                issues.at(
+                    route.get_ref().path.span(),
+                    format!(
+                        "route {} {} is declared twice (the first one would always win)",
+                        r.method,
+                        r.template.as_str()
+                    ),
+                );
+                continue;
+            }
             routes.push(r);
         }
     }
@@ -738,6 +752,16 @@ lease_ms = 5000
         let e = one_issue(&text);
         assert_eq!(e.line, 18, "{e}");
         assert!(e.message.contains("ttl_ms"), "{e}");
+    }
+
+    #[test]
+    fn a_duplicate_route_names_its_line() {
+        let text = format!(
+            "{GOOD}\n[[routes]]\nmethod = \"post\"\npath = \"/payments/{{id}}\"\nupstream = \"payments\"\n"
+        );
+        let e = one_issue(&text);
+        assert_eq!(e.line, 21, "{e}");
+        assert!(e.message.contains("declared twice"), "{e}");
     }
 
     #[test]
