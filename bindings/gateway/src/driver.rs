@@ -192,7 +192,16 @@ pub async fn run_flow(
     let timeout = Duration::from_millis(shared.cfg.upstream_timeout_ms);
     let mut lease_lost = false;
     let end = {
-        let ex = exchange(&shared.client, upstream, &route.config, timeout, &mut head);
+        // The exchange runs on a task of its own, so a slow renewal never pauses the stream.
+        let (end_tx, end_rx) = oneshot::channel();
+        let client = shared.client.clone();
+        let config = route.config.clone();
+        let mut sender = head.take();
+        tokio::spawn(async move {
+            let end = exchange(&client, upstream, &config, timeout, &mut sender).await;
+            let _ = end_tx.send((end, sender));
+        });
+        let ex = end_rx;
         tokio::pin!(ex);
         let mut ticker = run.heartbeat_ms.map(|ms| {
             let every = Duration::from_millis(ms.max(1));
@@ -203,7 +212,18 @@ pub async fn run_flow(
         });
         loop {
             tokio::select! {
-                end = &mut ex => break end,
+                got = &mut ex => match got {
+                    Ok((end, sender)) => {
+                        head = sender;
+                        break end;
+                    }
+                    // The exchange task is gone (it cannot panic on input): the upstream may
+                    // have acted, and the client's response is lost with it.
+                    Err(_) => break ExchangeEnd::Failed {
+                        failure: UpstreamFailure::Broken,
+                        streamed: true,
+                    },
+                },
                 () = tick(&mut ticker) => {
                     let step = match flow.handle(Event::HeartbeatDue) {
                         Ok(a) => settle(&shared, &template, &admitted, &mut flow, a).await,
