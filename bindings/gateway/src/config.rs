@@ -1,0 +1,784 @@
+//! The gateway's configuration: one TOML file, validated at start.
+//!
+//! Every error names the line and column it comes from (TOML syntax and type errors through
+//! `toml`'s spans, semantic errors through [`toml::Spanned`] fields). The per-route options are
+//! core's vocabulary ([`ConfigOptions::NAMES`], `spec/OPTIONS.md`) with core's defaults; the
+//! route's [`Config`] is built by [`ConfigOptions::build`], never here.
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use hyper::Uri;
+use idempo_core::fingerprint::{FingerprintConfig, Fingerprinter};
+use idempo_core::machine::ScopeRule;
+use idempo_core::options;
+use idempo_core::policy::{Config, ConfigError, ConfigOptions, TakeoverPolicy};
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::route::{RouteTemplate, TemplateError};
+
+/// Default time an upstream has to answer with its response head (and between body chunks).
+pub const DEFAULT_UPSTREAM_TIMEOUT_MS: u64 = 30_000;
+/// Default time graceful shutdown leaves in-flight requests to finish.
+pub const DEFAULT_SHUTDOWN_DEADLINE_MS: u64 = 10_000;
+/// Default interval of the purge task.
+pub const DEFAULT_PURGE_INTERVAL_MS: u64 = 60_000;
+
+/// One configuration error, with the line and column (1-based) it points at.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}:{line}:{column}: {message}")]
+pub struct ConfigIssue {
+    /// The file's name as given.
+    pub file: String,
+    /// 1-based line.
+    pub line: usize,
+    /// 1-based column.
+    pub column: usize,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// Why a configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The path given.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file was read but is not a valid configuration; every issue found.
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
+    Invalid(Vec<ConfigIssue>),
+}
+
+/// Where the memory or SQLite store lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreConfig {
+    /// Core's bounded in-memory store.
+    Memory {
+        /// Records kept at most (`memory_store.max_entries`).
+        max_entries: usize,
+        /// Bytes kept at most (`memory_store.max_bytes`).
+        max_bytes: usize,
+    },
+    /// A SQLite file (`spec/STORAGE.md` §7), shareable with the Python and Node stores.
+    Sqlite {
+        /// The database file.
+        path: PathBuf,
+        /// `sqlite_store.busy_timeout_ms`.
+        busy_timeout_ms: u64,
+    },
+}
+
+/// One protected route.
+#[derive(Debug, Clone)]
+pub struct RouteConfig {
+    /// The method, upper case.
+    pub method: String,
+    /// The path template (the scope's route).
+    pub template: RouteTemplate,
+    /// The upstream's name.
+    pub upstream: String,
+    /// The upstream's base URL.
+    pub upstream_base: Uri,
+    /// Core's per-route policy.
+    pub config: Arc<Config>,
+    /// The route's prepared fingerprinter (headers, exclusions).
+    pub fingerprinter: Arc<Fingerprinter>,
+    /// Where the principal comes from.
+    pub scope_rule: ScopeRule,
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    /// Address to listen on.
+    pub listen: SocketAddr,
+    /// The request header carrying the key (`host.header_name`).
+    pub header_name: String,
+    /// The header set by the trusted auth proxy that names the principal, if any.
+    pub principal_header: Option<String>,
+    /// Time the upstream has for its response head and between body chunks.
+    pub upstream_timeout_ms: u64,
+    /// Time graceful shutdown leaves in-flight requests.
+    pub shutdown_deadline_ms: u64,
+    /// Interval of the purge task.
+    pub purge_interval_ms: u64,
+    /// Records one purge call deletes at most (`purge.batch`).
+    pub purge_batch: u64,
+    /// The header the downstream key is sent to the upstream in.
+    pub downstream_key_header: String,
+    /// The store.
+    pub store: StoreConfig,
+    /// The routes, in file order (the first match wins).
+    pub routes: Vec<RouteConfig>,
+    /// Where requests that match no route go, unprotected (`fallback_upstream`); `None`: 404.
+    pub fallback: Option<Uri>,
+}
+
+type Opt<T> = Option<Spanned<T>>;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    listen: Spanned<String>,
+    header_name: Opt<String>,
+    downstream_key_header: Opt<String>,
+    upstream_timeout_ms: Opt<u64>,
+    shutdown_deadline_ms: Opt<u64>,
+    purge_interval_ms: Opt<u64>,
+    purge_batch: Opt<u64>,
+    fallback_upstream: Opt<String>,
+    store: Spanned<RawStore>,
+    principal: Opt<RawPrincipal>,
+    #[serde(default)]
+    upstreams: BTreeMap<String, Spanned<String>>,
+    #[serde(default)]
+    routes: Vec<Spanned<RawRoute>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStore {
+    kind: Spanned<String>,
+    path: Opt<String>,
+    busy_timeout_ms: Opt<u64>,
+    max_entries: Opt<u64>,
+    max_bytes: Opt<u64>,
+    /// Room for the PostgreSQL and Redis stores of a later increment.
+    dsn: Opt<String>,
+    url: Opt<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPrincipal {
+    header: Opt<String>,
+    /// Room for verified JWT claims (a later increment).
+    jwt: Opt<toml::Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRoute {
+    method: Spanned<String>,
+    path: Spanned<String>,
+    upstream: Spanned<String>,
+    public: Opt<bool>,
+    fingerprint_headers: Opt<Vec<String>>,
+    exclude: Opt<Vec<String>>,
+    lease_ms: Opt<u64>,
+    heartbeat_ms: Opt<u64>,
+    takeover: Opt<String>,
+    ttl_ms: Opt<u64>,
+    key_required: Opt<bool>,
+    key_min_len: Opt<u64>,
+    key_max_len: Opt<u64>,
+    key_strict: Opt<bool>,
+    transient_statuses: Opt<Vec<u16>>,
+    store_server_errors: Opt<bool>,
+    max_stored_body_bytes: Opt<u64>,
+    stored_headers: Opt<Vec<String>>,
+    redact: Opt<bool>,
+    in_flight_retry_after_ms: Opt<u64>,
+    unavailable_retry_after_ms: Opt<u64>,
+    max_store_rounds: Opt<u64>,
+    cleanup_budget_ms: Opt<u64>,
+    max_request_body_bytes: Opt<u64>,
+    transactional: Opt<bool>,
+}
+
+/// Collects issues with their positions in one file.
+struct Issues<'a> {
+    file: &'a str,
+    text: &'a str,
+    found: Vec<ConfigIssue>,
+}
+
+impl Issues<'_> {
+    fn at(&mut self, span: Range<usize>, message: impl Into<String>) {
+        let (line, column) = line_column(self.text, span.start);
+        self.found.push(ConfigIssue {
+            file: self.file.to_owned(),
+            line,
+            column,
+            message: message.into(),
+        });
+    }
+}
+
+/// The 1-based line and column of byte `offset` in `text`.
+#[must_use]
+pub fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let offset = offset.min(text.len());
+    let before = text.get(..offset).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let column = before.rfind('\n').map_or(before.chars().count(), |nl| {
+        before.get(nl + 1..).map_or(0, |s| s.chars().count())
+    }) + 1;
+    (line, column)
+}
+
+fn val<T: Clone>(o: &Opt<T>) -> Option<T> {
+    o.as_ref().map(|s| s.get_ref().clone())
+}
+
+fn usize_of(o: &Opt<u64>) -> Option<usize> {
+    o.as_ref()
+        .map(|s| usize::try_from(*s.get_ref()).unwrap_or(usize::MAX))
+}
+
+fn span_of<T>(o: &Opt<T>) -> Option<Range<usize>> {
+    o.as_ref().map(Spanned::span)
+}
+
+impl GatewayConfig {
+    /// Reads and validates the file at `path`.
+    ///
+    /// # Errors
+    /// [`LoadError`] when it cannot be read or is not valid.
+    pub fn load(path: &Path) -> Result<Self, LoadError> {
+        let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::parse(&path.display().to_string(), &text).map_err(LoadError::Invalid)
+    }
+
+    /// Validates `text`, the contents of the file named `file`.
+    ///
+    /// # Errors
+    /// Every issue found, each naming its line and column.
+    pub fn parse(file: &str, text: &str) -> Result<Self, Vec<ConfigIssue>> {
+        let mut issues = Issues {
+            file,
+            text,
+            found: Vec::new(),
+        };
+        let raw: RawConfig = match toml::from_str(text) {
+            Ok(raw) => raw,
+            Err(e) => {
+                let span = e.span().unwrap_or(0..0);
+                issues.at(span, e.message().to_owned());
+                return Err(issues.found);
+            }
+        };
+        let built = build(&raw, &mut issues);
+        match built {
+            Some(cfg) if issues.found.is_empty() => Ok(cfg),
+            _ => Err(issues.found),
+        }
+    }
+}
+
+fn build(raw: &RawConfig, issues: &mut Issues<'_>) -> Option<GatewayConfig> {
+    let listen = match raw.listen.get_ref().parse::<SocketAddr>() {
+        Ok(a) => Some(a),
+        Err(e) => {
+            issues.at(
+                raw.listen.span(),
+                format!(
+                    "listen: {:?} is not an address such as \"127.0.0.1:8080\" ({e})",
+                    raw.listen.get_ref()
+                ),
+            );
+            None
+        }
+    };
+    let header_name = val(&raw.header_name).unwrap_or_else(|| options::HEADER_NAME.to_owned());
+    if !is_header_name(&header_name) {
+        issues.at(
+            span_of(&raw.header_name).unwrap_or(0..0),
+            format!("header_name: {header_name:?} is not a valid header name"),
+        );
+    }
+    let downstream_key_header =
+        val(&raw.downstream_key_header).unwrap_or_else(|| "Idempotency-Key".to_owned());
+    if !is_header_name(&downstream_key_header) {
+        issues.at(
+            span_of(&raw.downstream_key_header).unwrap_or(0..0),
+            format!("downstream_key_header: {downstream_key_header:?} is not a valid header name"),
+        );
+    }
+    for (name, o) in [
+        ("upstream_timeout_ms", &raw.upstream_timeout_ms),
+        ("shutdown_deadline_ms", &raw.shutdown_deadline_ms),
+        ("purge_interval_ms", &raw.purge_interval_ms),
+        ("purge_batch", &raw.purge_batch),
+    ] {
+        if let Some(s) = o {
+            if *s.get_ref() == 0 {
+                issues.at(s.span(), format!("{name} must be positive"));
+            }
+        }
+    }
+    let store = build_store(raw.store.get_ref(), issues);
+    let principal_header = build_principal(raw.principal.as_ref(), issues);
+
+    let mut upstreams = BTreeMap::new();
+    for (name, url) in &raw.upstreams {
+        match parse_base(url.get_ref()) {
+            Ok(uri) => {
+                upstreams.insert(name.clone(), uri);
+            }
+            Err(why) => issues.at(url.span(), format!("upstream {name:?}: {why}")),
+        }
+    }
+    if raw.routes.is_empty() {
+        issues.at(0..0, "no [[routes]]: the gateway would protect nothing");
+    }
+    let fallback = match &raw.fallback_upstream {
+        None => None,
+        Some(name) => {
+            let found = upstreams.get(name.get_ref()).cloned();
+            if found.is_none() {
+                issues.at(
+                    name.span(),
+                    format!(
+                        "fallback_upstream {:?} is not declared in [upstreams]",
+                        name.get_ref()
+                    ),
+                );
+            }
+            found
+        }
+    };
+    let mut routes: Vec<RouteConfig> = Vec::new();
+    for route in &raw.routes {
+        if let Some(r) = build_route(route, &upstreams, principal_header.is_some(), issues) {
+            if routes
+                .iter()
+                .any(|o| o.method == r.method && o.template == r.template)
+            {
+                issues.at(
+                    route.get_ref().path.span(),
+                    format!(
+                        "route {} {} is declared twice (the first one would always win)",
+                        r.method,
+                        r.template.as_str()
+                    ),
+                );
+                continue;
+            }
+            routes.push(r);
+        }
+    }
+    Some(GatewayConfig {
+        listen: listen?,
+        header_name,
+        principal_header,
+        upstream_timeout_ms: val(&raw.upstream_timeout_ms).unwrap_or(DEFAULT_UPSTREAM_TIMEOUT_MS),
+        shutdown_deadline_ms: val(&raw.shutdown_deadline_ms)
+            .unwrap_or(DEFAULT_SHUTDOWN_DEADLINE_MS),
+        purge_interval_ms: val(&raw.purge_interval_ms).unwrap_or(DEFAULT_PURGE_INTERVAL_MS),
+        purge_batch: val(&raw.purge_batch).unwrap_or(options::PURGE_BATCH),
+        downstream_key_header,
+        store: store?,
+        routes,
+        fallback,
+    })
+}
+
+fn is_header_name(name: &str) -> bool {
+    hyper::header::HeaderName::from_bytes(name.as_bytes()).is_ok()
+}
+
+fn parse_base(url: &str) -> Result<Uri, String> {
+    let uri: Uri = url
+        .parse()
+        .map_err(|e| format!("{url:?} is not a URL ({e})"))?;
+    if uri.scheme_str() != Some("http") {
+        return Err(format!(
+            "{url:?}: only http:// upstreams are supported (TLS to the upstream is not supported yet)"
+        ));
+    }
+    if uri.authority().is_none() {
+        return Err(format!("{url:?} has no host"));
+    }
+    Ok(uri)
+}
+
+fn build_store(raw: &RawStore, issues: &mut Issues<'_>) -> Option<StoreConfig> {
+    let kind = raw.kind.get_ref().as_str();
+    let not_here = |issues: &mut Issues<'_>, field: &str, o: Option<Range<usize>>| {
+        if let Some(span) = o {
+            issues.at(
+                span,
+                format!("store: {field} does not apply to the {kind} store"),
+            );
+        }
+    };
+    match kind {
+        "memory" => {
+            not_here(issues, "path", span_of(&raw.path));
+            not_here(issues, "busy_timeout_ms", span_of(&raw.busy_timeout_ms));
+            not_here(issues, "dsn", span_of(&raw.dsn));
+            not_here(issues, "url", span_of(&raw.url));
+            Some(StoreConfig::Memory {
+                max_entries: usize_of(&raw.max_entries)
+                    .unwrap_or(idempo_core::machine::memory::DEFAULT_MAX_ENTRIES),
+                max_bytes: usize_of(&raw.max_bytes)
+                    .unwrap_or(idempo_core::machine::memory::DEFAULT_MAX_BYTES),
+            })
+        }
+        "sqlite" => {
+            not_here(issues, "max_entries", span_of(&raw.max_entries));
+            not_here(issues, "max_bytes", span_of(&raw.max_bytes));
+            not_here(issues, "dsn", span_of(&raw.dsn));
+            not_here(issues, "url", span_of(&raw.url));
+            let Some(path) = val(&raw.path) else {
+                issues.at(
+                    raw.kind.span(),
+                    "store: the sqlite store needs a path = \"...\"",
+                );
+                return None;
+            };
+            Some(StoreConfig::Sqlite {
+                path: PathBuf::from(path),
+                busy_timeout_ms: val(&raw.busy_timeout_ms)
+                    .unwrap_or(options::SQLITE_BUSY_TIMEOUT_MS),
+            })
+        }
+        "postgres" | "redis" | "cached" => {
+            issues.at(
+                raw.kind.span(),
+                format!(
+                    "store: kind {kind:?} is not supported yet by the gateway (use \"sqlite\" or \"memory\")"
+                ),
+            );
+            None
+        }
+        other => {
+            issues.at(
+                raw.kind.span(),
+                format!("store: unknown kind {other:?} (expected \"sqlite\" or \"memory\")"),
+            );
+            None
+        }
+    }
+}
+
+fn build_principal(raw: Option<&Spanned<RawPrincipal>>, issues: &mut Issues<'_>) -> Option<String> {
+    let raw = raw?;
+    let p = raw.get_ref();
+    if let Some(jwt) = &p.jwt {
+        issues.at(
+            jwt.span(),
+            "principal: jwt is not supported yet (use header = \"...\" set by a trusted auth proxy)",
+        );
+    }
+    match &p.header {
+        Some(h) if is_header_name(h.get_ref()) => Some(h.get_ref().clone()),
+        Some(h) => {
+            issues.at(
+                h.span(),
+                format!("principal: {:?} is not a valid header name", h.get_ref()),
+            );
+            None
+        }
+        None => {
+            if p.jwt.is_none() {
+                issues.at(
+                    raw.span(),
+                    "principal: set header = \"X-Principal\" (or the header your auth proxy sets)",
+                );
+            }
+            None
+        }
+    }
+}
+
+fn build_route(
+    route: &Spanned<RawRoute>,
+    upstreams: &BTreeMap<String, Uri>,
+    has_principal: bool,
+    issues: &mut Issues<'_>,
+) -> Option<RouteConfig> {
+    let r = route.get_ref();
+    let before = issues.found.len();
+    let method = r.method.get_ref().to_ascii_uppercase();
+    if hyper::Method::from_bytes(method.as_bytes()).is_err() {
+        issues.at(
+            r.method.span(),
+            format!("method {:?} is not an HTTP method", r.method.get_ref()),
+        );
+    }
+    let template = match RouteTemplate::parse(r.path.get_ref()) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            let TemplateError { message, offset } = e;
+            // +1: the span starts at the opening quote.
+            let start = r.path.span().start + 1 + offset;
+            issues.at(start..start, format!("path: {message}"));
+            None
+        }
+    };
+    let upstream_base = upstreams.get(r.upstream.get_ref()).cloned();
+    if upstream_base.is_none() {
+        issues.at(
+            r.upstream.span(),
+            format!(
+                "upstream {:?} is not declared in [upstreams]",
+                r.upstream.get_ref()
+            ),
+        );
+    }
+    for (name, o) in [("transactional", &r.transactional), ("redact", &r.redact)] {
+        if let Some(s) = o {
+            if *s.get_ref() {
+                let why = if name == "transactional" {
+                    "transactional mode is not offered by the gateway: the upstream's database is not the gateway's"
+                } else {
+                    "redact needs a host hook, which the gateway does not have"
+                };
+                issues.at(s.span(), format!("{name}: {why}"));
+            }
+        }
+    }
+    let public = val(&r.public).unwrap_or(false);
+    let scope_rule = match ScopeRule::new(has_principal && !public, public, false) {
+        Ok(rule) => rule,
+        Err(e) => {
+            issues.at(route.span(), e.to_string());
+            ScopeRule::Public
+        }
+    };
+    if !has_principal && !public {
+        issues.at(
+            r.path.span(),
+            "this route has no principal: set [principal] header = \"...\" or declare the route public = true",
+        );
+    }
+    let takeover = match &r.takeover {
+        None => None,
+        Some(s) => match s.get_ref().parse::<TakeoverPolicy>() {
+            Ok(t) => Some(t),
+            Err(e) => {
+                issues.at(s.span(), format!("takeover: {e}"));
+                None
+            }
+        },
+    };
+    let opts = ConfigOptions {
+        lease_ms: val(&r.lease_ms),
+        heartbeat_ms: val(&r.heartbeat_ms),
+        takeover,
+        ttl_ms: val(&r.ttl_ms),
+        key_required: val(&r.key_required),
+        key_min_len: usize_of(&r.key_min_len),
+        key_max_len: usize_of(&r.key_max_len),
+        key_strict: val(&r.key_strict),
+        transient_statuses: val(&r.transient_statuses),
+        store_server_errors: val(&r.store_server_errors),
+        max_stored_body_bytes: usize_of(&r.max_stored_body_bytes),
+        stored_headers: val(&r.stored_headers),
+        redact: None,
+        in_flight_retry_after_ms: val(&r.in_flight_retry_after_ms),
+        unavailable_retry_after_ms: val(&r.unavailable_retry_after_ms),
+        max_store_rounds: val(&r.max_store_rounds),
+        cleanup_budget_ms: val(&r.cleanup_budget_ms),
+        max_request_body_bytes: usize_of(&r.max_request_body_bytes),
+        transactional: None,
+    };
+    let config = match opts.build() {
+        Ok(c) => Some(c),
+        Err(e) => {
+            let span = option_span(r, &e).unwrap_or_else(|| route.span());
+            issues.at(span, format!("route {method} {}: {e}", r.path.get_ref()));
+            None
+        }
+    };
+    let fp = FingerprintConfig {
+        header_names: val(&r.fingerprint_headers).unwrap_or_default(),
+        exclude: val(&r.exclude).unwrap_or_default(),
+        ..FingerprintConfig::default()
+    };
+    let fingerprinter = match Fingerprinter::new(&fp) {
+        Ok(f) => Some(Arc::new(f)),
+        Err(e) => {
+            let span = span_of(&r.exclude)
+                .or_else(|| span_of(&r.fingerprint_headers))
+                .unwrap_or_else(|| route.span());
+            issues.at(span, format!("fingerprint: {e}"));
+            None
+        }
+    };
+    if issues.found.len() != before {
+        return None;
+    }
+    Some(RouteConfig {
+        method,
+        template: template?,
+        upstream: r.upstream.get_ref().clone(),
+        upstream_base: upstream_base?,
+        config: Arc::new(config?),
+        fingerprinter: fingerprinter?,
+        scope_rule,
+    })
+}
+
+/// The span of the option a [`ConfigError`] is about.
+fn option_span(r: &RawRoute, e: &ConfigError) -> Option<Range<usize>> {
+    let name = match e {
+        ConfigError::LeaseTooShort(_) => "lease_ms",
+        ConfigError::BadHeartbeat { .. } => "heartbeat_ms",
+        ConfigError::TtlNotAboveLease { .. } => "ttl_ms",
+        ConfigError::InvalidHeaderName(_) | ConfigError::ForbiddenHeader(_) => "stored_headers",
+        ConfigError::InvalidStatus(_) => "transient_statuses",
+        ConfigError::NotPositive(n) => n,
+        ConfigError::TooLarge { option, .. } => option,
+        ConfigError::Key(_) => "key_max_len",
+        _ => return None,
+    };
+    match name {
+        "lease_ms" => span_of(&r.lease_ms),
+        "heartbeat_ms" => span_of(&r.heartbeat_ms),
+        "ttl_ms" => span_of(&r.ttl_ms).or_else(|| span_of(&r.lease_ms)),
+        "stored_headers" => span_of(&r.stored_headers),
+        "transient_statuses" => span_of(&r.transient_statuses),
+        "in_flight_retry_after_ms" => span_of(&r.in_flight_retry_after_ms),
+        "unavailable_retry_after_ms" => span_of(&r.unavailable_retry_after_ms),
+        "max_store_rounds" => span_of(&r.max_store_rounds),
+        "cleanup_budget_ms" => span_of(&r.cleanup_budget_ms),
+        "max_request_body_bytes" => span_of(&r.max_request_body_bytes),
+        "max_stored_body_bytes" => span_of(&r.max_stored_body_bytes),
+        "key_max_len" => span_of(&r.key_max_len).or_else(|| span_of(&r.key_min_len)),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+listen = "127.0.0.1:0"
+
+[store]
+kind = "memory"
+
+[principal]
+header = "X-Principal"
+
+[upstreams]
+payments = "http://127.0.0.1:9000"
+
+[[routes]]
+method = "POST"
+path = "/payments/{id}"
+upstream = "payments"
+lease_ms = 5000
+"#;
+
+    #[test]
+    fn the_example_file_is_valid() {
+        let text = include_str!("../gateway.example.toml");
+        let c = GatewayConfig::parse("gateway.example.toml", text).expect("valid example");
+        assert_eq!(c.routes.len(), 2);
+        assert_eq!(c.routes[1].template.as_str(), "/payments/{id}/refunds");
+        assert_eq!(c.routes[1].config.takeover, TakeoverPolicy::ReRun);
+        assert!(c.fallback.is_some());
+    }
+
+    #[test]
+    fn a_good_file_takes_core_defaults() {
+        let c = GatewayConfig::parse("g.toml", GOOD).expect("valid");
+        assert_eq!(c.routes.len(), 1);
+        assert_eq!(c.header_name, "Idempotency-Key");
+        let r = &c.routes[0];
+        assert_eq!(r.config.lease.lease_ms(), 5000);
+        assert_eq!(r.config.ttl_ms, Config::default().ttl_ms);
+        assert_eq!(
+            r.scope_rule,
+            ScopeRule::Function {
+                empty_is_anonymous: false
+            }
+        );
+    }
+
+    fn one_issue(text: &str) -> ConfigIssue {
+        let mut e = GatewayConfig::parse("g.toml", text).expect_err("invalid");
+        assert!(!e.is_empty());
+        e.remove(0)
+    }
+
+    #[test]
+    fn an_unknown_store_kind_names_its_line() {
+        let text = GOOD.replace("kind = \"memory\"", "kind = \"mongo\"");
+        let e = one_issue(&text);
+        assert_eq!((e.line, e.column), (5, 8), "{e}");
+        assert!(e.message.contains("unknown kind"), "{e}");
+    }
+
+    #[test]
+    fn postgres_is_not_supported_yet() {
+        let text = GOOD.replace("kind = \"memory\"", "kind = \"postgres\"");
+        let e = one_issue(&text);
+        assert_eq!(e.line, 5);
+        assert!(e.message.contains("not supported yet"), "{e}");
+    }
+
+    #[test]
+    fn a_bad_template_names_line_and_column() {
+        let text = GOOD.replace("/payments/{id}", "/payments/{id");
+        let e = one_issue(&text);
+        assert_eq!(e.line, 15, "{e}");
+        assert!(e.message.contains("path"), "{e}");
+    }
+
+    #[test]
+    fn a_syntax_error_names_its_line() {
+        let text = GOOD.replace("lease_ms = 5000", "lease_ms = = 5000");
+        let e = one_issue(&text);
+        assert_eq!(e.line, 17, "{e}");
+    }
+
+    #[test]
+    fn an_unknown_option_is_refused() {
+        let text = GOOD.replace("lease_ms = 5000", "lease_msec = 5000");
+        let e = one_issue(&text);
+        assert_eq!(e.line, 17, "{e}");
+    }
+
+    #[test]
+    fn a_core_option_error_points_at_the_option() {
+        let text = GOOD.replace("lease_ms = 5000", "lease_ms = 5000\nttl_ms = 10");
+        let e = one_issue(&text);
+        assert_eq!(e.line, 18, "{e}");
+        assert!(e.message.contains("ttl_ms"), "{e}");
+    }
+
+    #[test]
+    fn a_duplicate_route_names_its_line() {
+        let text = format!(
+            "{GOOD}\n[[routes]]\nmethod = \"post\"\npath = \"/payments/{{id}}\"\nupstream = \"payments\"\n"
+        );
+        let e = one_issue(&text);
+        assert_eq!(e.line, 21, "{e}");
+        assert!(e.message.contains("declared twice"), "{e}");
+    }
+
+    #[test]
+    fn transactional_is_refused() {
+        let text = GOOD.replace("lease_ms = 5000", "transactional = true");
+        let e = one_issue(&text);
+        assert_eq!(e.line, 17);
+        assert!(e.message.contains("not offered"), "{e}");
+    }
+
+    #[test]
+    fn a_route_without_principal_or_public_is_refused() {
+        let text = GOOD.replace("[principal]\nheader = \"X-Principal\"\n", "");
+        let e = one_issue(&text);
+        assert!(e.message.contains("principal"), "{e}");
+        let public = text.replace("lease_ms = 5000", "public = true");
+        let c = GatewayConfig::parse("g.toml", &public).expect("public route");
+        assert_eq!(c.routes[0].scope_rule, ScopeRule::Public);
+    }
+}

@@ -1,0 +1,95 @@
+//! # idempo-gateway
+//!
+//! An HTTP/1.1 reverse proxy that applies the idempo protocol in front of any upstream
+//! service: a Rust host of `idempo-core`. Every protocol decision (admission, fingerprint,
+//! scope, the flow, capture, problem responses, the downstream key, defaults, metric names) is
+//! core's; this crate does the I/O: sockets, the upstream exchange, the stores, timers.
+//!
+//! Modules: [`config`] (the TOML file), [`route`] (path templates), [`store`] (memory and
+//! SQLite), [`proxy`] (the server, routing, operations endpoints), [`admission`] (core's admission),
+//! [`driver`] (core's flow), [`exchange`] (the upstream call and the tee), [`forward`], [`metrics`], [`log`], [`purge`], [`shutdown`], [`body`].
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod admission;
+pub mod body;
+pub mod config;
+pub mod driver;
+pub mod exchange;
+pub mod forward;
+pub mod log;
+pub mod metrics;
+pub mod proxy;
+pub mod purge;
+pub mod route;
+pub mod shutdown;
+pub mod store;
+
+use std::sync::Arc;
+
+use config::{GatewayConfig, StoreConfig};
+use store::{Clock, Store, StoreError};
+
+/// Opens the configured store (SQLite on the blocking pool).
+///
+/// # Errors
+/// [`StoreError`] when the store cannot be opened.
+pub async fn open_store(cfg: &GatewayConfig) -> Result<Store, StoreError> {
+    match &cfg.store {
+        StoreConfig::Memory {
+            max_entries,
+            max_bytes,
+        } => Ok(Store::Memory(store::memory::MemStore::new(
+            *max_entries,
+            *max_bytes,
+            Clock::System,
+        ))),
+        StoreConfig::Sqlite {
+            path,
+            busy_timeout_ms,
+        } => {
+            let path = path.clone();
+            let busy = *busy_timeout_ms;
+            let s = tokio::task::spawn_blocking(move || {
+                store::sqlite::SqliteStore::open(&path, busy, Clock::System)
+            })
+            .await
+            .map_err(|e| StoreError::Worker(e.to_string()))??;
+            Ok(Store::Sqlite(s))
+        }
+    }
+}
+
+/// Runs the gateway for `cfg` until `shutdown` resolves: opens the store, binds the listener
+/// (its address is logged as `listening`), serves.
+///
+/// # Errors
+/// A message when the store cannot be opened or the address bound.
+pub async fn run(
+    cfg: GatewayConfig,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), String> {
+    let store = open_store(&cfg)
+        .await
+        .map_err(|e| format!("cannot open the store: {e}"))?;
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", cfg.listen))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| format!("no local address: {e}"))?;
+    log::info(
+        "listening",
+        &[
+            ("addr", serde_json::json!(addr.to_string())),
+            ("routes", serde_json::json!(cfg.routes.len())),
+        ],
+    );
+    let shared = proxy::Shared::new(cfg, store);
+    proxy::serve(Arc::clone(&shared), listener, shutdown).await;
+    Ok(())
+}

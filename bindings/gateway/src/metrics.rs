@@ -1,0 +1,198 @@
+//! The request-path metrics of `spec/METRICS.md`, exported as Prometheus text on `/metrics`.
+//!
+//! Labels are the route template, core's outcome name and core's primitive name
+//! ([`StoreOp::name`](idempo_core::machine::StoreOp::name)); never a key, body, fingerprint or
+//! principal. Histogram bounds are core's [`STORE_LATENCY_BUCKETS_SECONDS`].
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Mutex;
+
+use idempo_core::metrics::STORE_LATENCY_BUCKETS_SECONDS;
+
+/// `idempo_requests_total{route,outcome}`.
+pub const REQUESTS: &str = "idempo_requests_total";
+/// `idempo_lease_lost_total{route}`.
+pub const LEASE_LOST: &str = "idempo_lease_lost_total";
+/// `idempo_takeovers_total{route}`.
+pub const TAKEOVERS: &str = "idempo_takeovers_total";
+/// `idempo_store_errors_total{route,op}`.
+pub const STORE_ERRORS: &str = "idempo_store_errors_total";
+/// `idempo_store_operation_duration_seconds{op}`.
+pub const STORE_LATENCY: &str = "idempo_store_operation_duration_seconds";
+
+#[derive(Default, Debug)]
+struct Histogram {
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+#[derive(Default, Debug)]
+struct Inner {
+    requests: BTreeMap<(String, String), u64>,
+    lease_lost: BTreeMap<String, u64>,
+    takeovers: BTreeMap<String, u64>,
+    store_errors: BTreeMap<(String, String), u64>,
+    latency: BTreeMap<String, Histogram>,
+}
+
+/// The gateway's metric registry.
+#[derive(Default, Debug)]
+pub struct Metrics {
+    inner: Mutex<Inner>,
+}
+
+impl Metrics {
+    fn with(&self, f: impl FnOnce(&mut Inner)) {
+        let mut g = self
+            .inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        f(&mut g);
+    }
+
+    /// One answered protected request.
+    pub fn request(&self, route: &str, outcome: &str) {
+        self.with(|i| {
+            *i.requests
+                .entry((route.to_owned(), outcome.to_owned()))
+                .or_default() += 1
+        });
+    }
+
+    /// A handler whose lease was taken over while it ran.
+    pub fn lease_lost(&self, route: &str) {
+        self.with(|i| *i.lease_lost.entry(route.to_owned()).or_default() += 1);
+    }
+
+    /// A takeover that re-runs the upstream.
+    pub fn takeover(&self, route: &str) {
+        self.with(|i| *i.takeovers.entry(route.to_owned()).or_default() += 1);
+    }
+
+    /// A store primitive that failed.
+    pub fn store_error(&self, route: &str, op: &str) {
+        self.with(|i| {
+            *i.store_errors
+                .entry((route.to_owned(), op.to_owned()))
+                .or_default() += 1;
+        });
+    }
+
+    /// A store primitive's duration.
+    pub fn store_latency(&self, op: &str, seconds: f64) {
+        self.with(|i| {
+            let h = i.latency.entry(op.to_owned()).or_insert_with(|| Histogram {
+                counts: vec![0; STORE_LATENCY_BUCKETS_SECONDS.len()],
+                ..Histogram::default()
+            });
+            for (c, bound) in h.counts.iter_mut().zip(STORE_LATENCY_BUCKETS_SECONDS) {
+                if seconds <= *bound {
+                    *c += 1;
+                }
+            }
+            h.sum += seconds;
+            h.count += 1;
+        });
+    }
+
+    /// The Prometheus text exposition.
+    #[must_use]
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        self.with(|i| {
+            let _ = writeln!(out, "# TYPE {REQUESTS} counter");
+            for ((route, outcome), v) in &i.requests {
+                let _ = writeln!(
+                    out,
+                    "{REQUESTS}{{route=\"{}\",outcome=\"{}\"}} {v}",
+                    esc(route),
+                    esc(outcome)
+                );
+            }
+            for (name, map) in [(LEASE_LOST, &i.lease_lost), (TAKEOVERS, &i.takeovers)] {
+                let _ = writeln!(out, "# TYPE {name} counter");
+                for (route, v) in map {
+                    let _ = writeln!(out, "{name}{{route=\"{}\"}} {v}", esc(route));
+                }
+            }
+            let _ = writeln!(out, "# TYPE {STORE_ERRORS} counter");
+            for ((route, op), v) in &i.store_errors {
+                let _ = writeln!(
+                    out,
+                    "{STORE_ERRORS}{{route=\"{}\",op=\"{}\"}} {v}",
+                    esc(route),
+                    esc(op)
+                );
+            }
+            let _ = writeln!(out, "# TYPE {STORE_LATENCY} histogram");
+            for (op, h) in &i.latency {
+                for (c, bound) in h.counts.iter().zip(STORE_LATENCY_BUCKETS_SECONDS) {
+                    let _ = writeln!(
+                        out,
+                        "{STORE_LATENCY}_bucket{{op=\"{}\",le=\"{bound}\"}} {c}",
+                        esc(op)
+                    );
+                }
+                let _ = writeln!(
+                    out,
+                    "{STORE_LATENCY}_bucket{{op=\"{}\",le=\"+Inf\"}} {}",
+                    esc(op),
+                    h.count
+                );
+                let _ = writeln!(out, "{STORE_LATENCY}_sum{{op=\"{}\"}} {}", esc(op), h.sum);
+                let _ = writeln!(
+                    out,
+                    "{STORE_LATENCY}_count{{op=\"{}\"}} {}",
+                    esc(op),
+                    h.count
+                );
+            }
+        });
+        out
+    }
+}
+
+fn esc(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_the_vectors() {
+        let doc: serde_json::Value =
+            serde_json::from_str(include_str!("../../../spec/vectors/metrics/request.json"))
+                .expect("JSON");
+        let want: Vec<&str> = doc["metrics"]
+            .as_array()
+            .expect("metrics")
+            .iter()
+            .map(|m| m["prometheus"].as_str().expect("name"))
+            .collect();
+        assert_eq!(
+            want,
+            [REQUESTS, LEASE_LOST, TAKEOVERS, STORE_ERRORS, STORE_LATENCY]
+        );
+    }
+
+    #[test]
+    fn render_counts_and_buckets() {
+        let m = Metrics::default();
+        m.request("/payments", "stored");
+        m.request("/payments", "stored");
+        m.store_latency("claim", 0.002);
+        let text = m.render();
+        assert!(text.contains("idempo_requests_total{route=\"/payments\",outcome=\"stored\"} 2"));
+        assert!(text.contains(
+            "idempo_store_operation_duration_seconds_bucket{op=\"claim\",le=\"0.001\"} 0"
+        ));
+        assert!(text.contains(
+            "idempo_store_operation_duration_seconds_bucket{op=\"claim\",le=\"0.0025\"} 1"
+        ));
+    }
+}

@@ -1,0 +1,149 @@
+//! The HTTP/1.1 server: the accept loop with graceful shutdown, the operations endpoints
+//! (`/healthz`, `/readyz`, `/metrics`) and routing to [`crate::admission`] (a
+//! protected route) or [`crate::forward`] (the fallback upstream).
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::json;
+use tokio::net::TcpListener;
+
+use crate::body::{BoxBody, text};
+use crate::config::{GatewayConfig, RouteConfig};
+use crate::exchange::Client;
+use crate::metrics::Metrics;
+use crate::shutdown::Inflight;
+use crate::store::Store;
+use crate::{admission, forward, log, purge};
+
+/// What every request handler shares.
+#[derive(Debug)]
+pub struct Shared {
+    /// The validated configuration.
+    pub cfg: GatewayConfig,
+    /// The routes, shared with the flows.
+    pub routes: Vec<Arc<RouteConfig>>,
+    /// The store.
+    pub store: Store,
+    /// The pooled upstream client.
+    pub client: Client,
+    /// The metrics.
+    pub metrics: Metrics,
+    /// The flows still running.
+    pub inflight: Inflight,
+}
+
+impl Shared {
+    /// The shared state for `cfg` on `store`.
+    #[must_use]
+    pub fn new(cfg: GatewayConfig, store: Store) -> Arc<Self> {
+        let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build_http();
+        Arc::new(Self {
+            routes: cfg.routes.iter().cloned().map(Arc::new).collect(),
+            cfg,
+            store,
+            client,
+            metrics: Metrics::default(),
+            inflight: Inflight::default(),
+        })
+    }
+}
+
+/// Serves on `listener` until `shutdown` resolves, then stops accepting and gives in-flight
+/// requests up to the configured deadline to finish.
+pub async fn serve(shared: Arc<Shared>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let purge = tokio::spawn(purge::run(shared.clone()));
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        log::warn("accept failed", &[("error", json!(e.to_string()))]);
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                };
+                let s = shared.clone();
+                let svc = service_fn(move |req| handle(s.clone(), req));
+                let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), svc);
+                let conn = graceful.watch(conn);
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                });
+            }
+            () = &mut shutdown => break,
+        }
+    }
+    drop(listener);
+    log::info(
+        "shutting down",
+        &[("in_flight", json!(shared.inflight.count()))],
+    );
+    let deadline = Duration::from_millis(shared.cfg.shutdown_deadline_ms);
+    let finished = tokio::time::timeout(deadline, async {
+        graceful.shutdown().await;
+        shared.inflight.wait_idle().await;
+    })
+    .await;
+    if finished.is_err() {
+        log::warn(
+            "shutdown deadline passed with requests in flight",
+            &[("in_flight", json!(shared.inflight.count()))],
+        );
+    }
+    purge.abort();
+}
+
+/// One request.
+///
+/// # Errors
+/// Never: every failure is an HTTP response.
+pub async fn handle(
+    shared: Arc<Shared>,
+    req: Request<Incoming>,
+) -> Result<Response<BoxBody>, Infallible> {
+    let path = req.uri().path();
+    if req.method() == hyper::Method::GET {
+        match path {
+            "/healthz" => return Ok(text(200, "ok\n")),
+            "/readyz" => {
+                return Ok(match shared.store.ping().await {
+                    Ok(()) => text(200, "ready\n"),
+                    Err(e) => text(503, format!("store unreachable: {e}\n")),
+                });
+            }
+            "/metrics" => {
+                let mut r = text(200, shared.metrics.render());
+                if let Ok(v) = hyper::header::HeaderValue::from_str("text/plain; version=0.0.4") {
+                    r.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
+                }
+                return Ok(r);
+            }
+            _ => {}
+        }
+    }
+    let method = req.method().as_str().to_owned();
+    let Some(route) = shared
+        .routes
+        .iter()
+        .find(|r| r.method == method && r.template.matches(path))
+        .cloned()
+    else {
+        return Ok(match &shared.cfg.fallback {
+            Some(base) => forward::pass_through(&shared, base, req).await,
+            None => text(404, "no route\n"),
+        });
+    };
+    Ok(admission::protected(shared, route, req).await)
+}

@@ -1,0 +1,18 @@
+# The idempo-gateway reverse proxy (bindings/gateway, bindings/gateway/README.md).
+#
+#   make test-gateway   the gateway crate's tests: unit tests, spec/vectors/store on the memory and
+#                       SQLite stores, and the integration tests through real sockets (the built
+#                       binary in front of an upstream hyper server)
+#   make demo-gateway   builds the gateway, runs it on SQLite in front of a small payments service
+#                       written without idempo (Python standard library), plays new, replay,
+#                       mismatch and in-flight; exits non-zero if a case does not behave
+TEST_TARGETS += test-gateway
+
+.PHONY: test-gateway demo-gateway
+
+test-gateway:
+	$(CARGO) test -q -p idempo-gateway
+
+demo-gateway:
+	$(CARGO) build --release -q -p idempo-gateway
+	python3 bindings/gateway/demo/run.py target/release/idempo-gateway
