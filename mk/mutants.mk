@@ -38,9 +38,11 @@ mutants-suite:
 # Pass 2: only the model's fast tier judges (what the model alone catches): its guarantee
 # tables and witnesses, without the pinned state counts (IDEMPO_MODEL_NO_PINS) and without the
 # mutation tests (whose pinned depths would judge by step count, not by a broken guarantee).
+# --baseline skip: cargo-mutants 27 runs its unmutated baseline on the mutated package (core),
+# which has no model_check target; the fast tier passes unmutated in test-rust.
 mutants-model:
 	@mkdir -p target/mutants/model
-	IDEMPO_MODEL_NO_PINS=1 $(CARGO) mutants $(MUTANTS_FLAGS) --test-package idempo-tests \
+	IDEMPO_MODEL_NO_PINS=1 $(CARGO) mutants $(MUTANTS_FLAGS) --test-package idempo-tests --baseline skip \
 		--output target/mutants/model -- --test model_check -- --skip mutation_
 
 # The scoped pass: the primitives, decide and the cleanup machine, judged by core's tests alone.
