@@ -9,9 +9,7 @@
 //! host untouched, which runs it through its `MemoryStore` object as before (the refusal then
 //! reaches the host's error handling and events; the store changed nothing).
 use idempo_core::machine::memory::{MemoryStore, Partition};
-use idempo_core::machine::store::ClaimOutcome;
 use idempo_core::machine::{StoreOp, StoreResult};
-use idempo_core::record::StoredResponse;
 
 /// Runs `op` on `store` at `now_ms`: core's store result, or `None` when the host must run it.
 pub(crate) fn run(
@@ -21,43 +19,8 @@ pub(crate) fn run(
     partition: Option<Partition>,
 ) -> Option<StoreResult> {
     match op {
-        StoreOp::Claim {
-            scope,
-            fingerprint,
-            token,
-            lease_ms,
-            ttl_ms,
-        } => match store
-            .claim(
-                *scope,
-                partition,
-                fingerprint,
-                *token,
-                *lease_ms,
-                *ttl_ms,
-                now_ms,
-            )
-            .ok()?
-        {
-            ClaimOutcome::Claimed { generation } => {
-                Some(StoreResult::Claimed { generation, now_ms })
-            }
-            ClaimOutcome::Existing(record) => Some(StoreResult::Existing { record, now_ms }),
-        },
-        StoreOp::Complete {
-            scope,
-            token,
-            response,
-            ttl_ms,
-        } => {
-            let decoded = StoredResponse::decode(response).ok()?;
-            store
-                .complete(*scope, *token, decoded, *ttl_ms, now_ms)
-                .ok()
-                .map(StoreResult::Completed)
-        }
-        StoreOp::Release { scope, token } => {
-            Some(StoreResult::Released(store.release(*scope, *token)))
+        StoreOp::Claim { .. } | StoreOp::Complete { .. } | StoreOp::Release { .. } => {
+            store.run(op, partition, now_ms).ok()
         }
         _ => None,
     }

@@ -31,8 +31,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
+use super::io::{StoreOp, StoreResult};
 use super::store::{self as prim, ClaimOutcome};
-use crate::record::{FencingToken, FingerprintText, Record, RecordState, StoredResponse};
+use crate::record::{
+    DecodeError, FencingToken, FingerprintText, Record, RecordState, StoredResponse,
+};
 use crate::scope::ScopeId;
 
 /// Bytes counted for every record on top of its fingerprint and stored response (the map's and
@@ -133,6 +136,21 @@ pub enum MemoryError {
         /// Time until the partition's earliest unexpired record expires (≥ 1).
         retry_after_ms: u64,
     },
+}
+
+/// Why [`MemoryStore::run`] did not execute a store operation.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum RunError {
+    /// The store or the claim's partition is full; nothing changed.
+    #[error(transparent)]
+    Refused(#[from] MemoryError),
+    /// The completion's response does not decode (a host bug: the flow encodes it).
+    #[error("the response to store does not decode: {0}")]
+    Corrupt(DecodeError),
+    /// `Commit`: transactional mode's commit is not a primitive of a memory store.
+    #[error("COMMIT is not a memory store primitive (transactional mode needs a database)")]
+    NotAPrimitive,
 }
 
 impl MemoryError {
@@ -516,6 +534,83 @@ impl MemoryStore {
         self.with_slot(scope, None, |s| prim::renew(s, mine, lease_ms, now_ms))
     }
 
+    /// Runs one of the flow's store operations at `now_ms` and gives the result to feed back
+    /// into the flow: the translation every host of a memory store needs, written once (a claim
+    /// is held to `partition`'s quota; a completion's response is decoded first).
+    ///
+    /// # Errors
+    /// [`RunError::Refused`] when the store or the partition is full (nothing changed),
+    /// [`RunError::Corrupt`] for a completion whose response does not decode,
+    /// [`RunError::NotAPrimitive`] for `Commit` (transactional mode has no memory store).
+    pub fn run(
+        &mut self,
+        op: &StoreOp,
+        partition: Option<Partition>,
+        now_ms: u64,
+    ) -> Result<StoreResult, RunError> {
+        Ok(match op {
+            StoreOp::Claim {
+                scope,
+                fingerprint,
+                token,
+                lease_ms,
+                ttl_ms,
+            } => match self.claim(
+                *scope,
+                partition,
+                fingerprint,
+                *token,
+                *lease_ms,
+                *ttl_ms,
+                now_ms,
+            )? {
+                ClaimOutcome::Claimed { generation } => StoreResult::Claimed { generation, now_ms },
+                ClaimOutcome::Existing(record) => StoreResult::Existing { record, now_ms },
+            },
+            StoreOp::Get { scope } => StoreResult::Got {
+                record: self.get(scope).cloned(),
+                now_ms,
+            },
+            StoreOp::TakeOver {
+                scope,
+                seen_token,
+                new_token,
+                lease_ms,
+            } => StoreResult::TookOver(self.takeover(
+                *scope,
+                *seen_token,
+                *new_token,
+                *lease_ms,
+                now_ms,
+            )),
+            StoreOp::MarkUnknown {
+                scope,
+                seen_token,
+                ttl_ms,
+            } => {
+                StoreResult::MarkedUnknown(self.mark_unknown(*scope, *seen_token, *ttl_ms, now_ms))
+            }
+            StoreOp::Complete {
+                scope,
+                token,
+                response,
+                ttl_ms,
+            } => {
+                let response = StoredResponse::decode(response).map_err(RunError::Corrupt)?;
+                StoreResult::Completed(self.complete(*scope, *token, response, *ttl_ms, now_ms)?)
+            }
+            StoreOp::Release { scope, token } => {
+                StoreResult::Released(self.release(*scope, *token))
+            }
+            StoreOp::Renew {
+                scope,
+                token,
+                lease_ms,
+            } => StoreResult::Renewed(self.renew(*scope, *token, *lease_ms, now_ms)),
+            StoreOp::Commit { .. } => return Err(RunError::NotAPrimitive),
+        })
+    }
+
     /// Primitive 8, purge: deletes at most `batch` records with `expires_at <= now`, earliest
     /// expiry first, and counts them per state.
     pub fn purge_expired(&mut self, batch: usize, now_ms: u64) -> PurgeCounts {
@@ -561,6 +656,79 @@ mod tests {
             headers: vec![],
             body: b"ok".to_vec(),
         }
+    }
+
+    #[test]
+    fn run_translates_each_operation_and_reports_refusals() {
+        let mut m = MemoryStore::new(limits(1, 1));
+        let s = scope(1);
+        let claim = StoreOp::Claim {
+            scope: s,
+            fingerprint: fp(),
+            token: A,
+            lease_ms: 10,
+            ttl_ms: 100,
+        };
+        assert_eq!(
+            m.run(&claim, None, 1_000),
+            Ok(StoreResult::Claimed {
+                generation: 1,
+                now_ms: 1_000
+            })
+        );
+        let renew = StoreOp::Renew {
+            scope: s,
+            token: A,
+            lease_ms: 20,
+        };
+        assert_eq!(m.run(&renew, None, 1_001), Ok(StoreResult::Renewed(true)));
+        let other = StoreOp::Claim {
+            scope: scope(2),
+            fingerprint: fp(),
+            token: A,
+            lease_ms: 10,
+            ttl_ms: 100,
+        };
+        assert!(matches!(
+            m.run(&other, None, 1_002),
+            Err(RunError::Refused(MemoryError::Full { .. }))
+        ));
+        let garbled = StoreOp::Complete {
+            scope: s,
+            token: A,
+            response: vec![0xff],
+            ttl_ms: 100,
+        };
+        assert!(matches!(
+            m.run(&garbled, None, 1_003),
+            Err(RunError::Corrupt(_))
+        ));
+        let complete = StoreOp::Complete {
+            scope: s,
+            token: A,
+            response: resp().encode().expect("encodes"),
+            ttl_ms: 100,
+        };
+        assert_eq!(
+            m.run(&complete, None, 1_004),
+            Ok(StoreResult::Completed(true))
+        );
+        let Ok(StoreResult::Got {
+            record: Some(r),
+            now_ms: 1_005,
+        }) = m.run(&StoreOp::Get { scope: s }, None, 1_005)
+        else {
+            panic!("the completed record")
+        };
+        assert_eq!(r.state, RecordState::Completed { response: resp() });
+        assert_eq!(
+            m.run(&StoreOp::Release { scope: s, token: A }, None, 1_006),
+            Ok(StoreResult::Released(false))
+        );
+        assert_eq!(
+            m.run(&StoreOp::Commit { scope: s }, None, 1_007),
+            Err(RunError::NotAPrimitive)
+        );
     }
 
     fn limits(entries: usize, per: usize) -> MemoryLimits {

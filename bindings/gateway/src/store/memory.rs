@@ -1,10 +1,8 @@
 //! Core's bounded in-memory store ([`idempo_core::machine::memory::MemoryStore`]) behind a lock.
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use idempo_core::machine::memory::{MemoryLimits, MemoryStore, Partition, PurgeCounts};
-use idempo_core::machine::store::ClaimOutcome;
+use idempo_core::machine::memory::{MemoryLimits, MemoryStore, Partition, PurgeCounts, RunError};
 use idempo_core::machine::{StoreOp, StoreResult};
-use idempo_core::record::StoredResponse;
 
 use super::{Clock, StoreError};
 
@@ -47,62 +45,11 @@ impl MemStore {
         partition: Option<Partition>,
     ) -> Result<StoreResult, StoreError> {
         let now = self.clock.now_ms();
-        let mut m = self.lock();
-        Ok(match op {
-            StoreOp::Claim {
-                scope,
-                fingerprint,
-                token,
-                lease_ms,
-                ttl_ms,
-            } => match m
-                .claim(scope, partition, &fingerprint, token, lease_ms, ttl_ms, now)
-                .map_err(|e| StoreError::Memory(e.to_string()))?
-            {
-                ClaimOutcome::Claimed { generation } => StoreResult::Claimed {
-                    generation,
-                    now_ms: now,
-                },
-                ClaimOutcome::Existing(record) => StoreResult::Existing {
-                    record,
-                    now_ms: now,
-                },
-            },
-            StoreOp::Get { scope } => StoreResult::Got {
-                record: m.get(&scope).cloned(),
-                now_ms: now,
-            },
-            StoreOp::TakeOver {
-                scope,
-                seen_token,
-                new_token,
-                lease_ms,
-            } => StoreResult::TookOver(m.takeover(scope, seen_token, new_token, lease_ms, now)),
-            StoreOp::MarkUnknown {
-                scope,
-                seen_token,
-                ttl_ms,
-            } => StoreResult::MarkedUnknown(m.mark_unknown(scope, seen_token, ttl_ms, now)),
-            StoreOp::Complete {
-                scope,
-                token,
-                response,
-                ttl_ms,
-            } => {
-                let response = StoredResponse::decode(&response)
-                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-                StoreResult::Completed(
-                    m.complete(scope, token, response, ttl_ms, now)
-                        .map_err(|e| StoreError::Memory(e.to_string()))?,
-                )
-            }
-            StoreOp::Release { scope, token } => StoreResult::Released(m.release(scope, token)),
-            StoreOp::Renew {
-                scope,
-                token,
-                lease_ms,
-            } => StoreResult::Renewed(m.renew(scope, token, lease_ms, now)),
-            StoreOp::Commit { .. } => return Err(StoreError::Unsupported("COMMIT")),
+        self.lock().run(&op, partition, now).map_err(|e| match e {
+            RunError::Refused(e) => StoreError::Memory(e.to_string()),
+            RunError::Corrupt(e) => StoreError::Corrupt(e.to_string()),
+            RunError::NotAPrimitive => StoreError::Unsupported("COMMIT"),
+            other => StoreError::Memory(other.to_string()),
         })
     }
 
