@@ -243,9 +243,14 @@ async fn an_unreachable_store_is_503_and_nothing_is_forwarded() {
     let gw = Gateway::start(&dir, &config(&store, up, "/payments", ""));
     let c = client();
     let url = gw.url("/payments");
-    let ok = post(&c, &url, &[("Idempotency-Key", "key-0000-pg-up"), ALICE], "{}")
-        .await
-        .unwrap();
+    let ok = post(
+        &c,
+        &url,
+        &[("Idempotency-Key", "key-0000-pg-up"), ALICE],
+        "{}",
+    )
+    .await
+    .unwrap();
     assert_eq!(ok.status, 201, "{}", ok.text());
     let calls = || seen.lock().unwrap().calls.get("/payments").copied();
     assert_eq!(calls(), Some(1));
@@ -324,7 +329,13 @@ async fn a_record_the_gateway_wrote_is_read_by_the_same_recipes() {
             .await
             .unwrap()
             .iter()
-            .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1), r.get::<_, String>(2)))
+            .map(|r| {
+                (
+                    r.get::<_, String>(0),
+                    r.get::<_, String>(1),
+                    r.get::<_, String>(2),
+                )
+            })
             .collect::<Vec<_>>()
         }
     };

@@ -124,7 +124,10 @@ impl Texts {
         ddl.push_str(recipes::POSTGRES_SCHEMA_LOCK);
         ddl.push('\n');
         if let Some(s) = schema {
-            ddl.push_str(&format!("CREATE SCHEMA IF NOT EXISTS {};\n", quote_ident(s)));
+            ddl.push_str(&format!(
+                "CREATE SCHEMA IF NOT EXISTS {};\n",
+                quote_ident(s)
+            ));
         }
         ddl.push_str(&r(recipes::POSTGRES_SCHEMA));
         ddl.push_str(";\nCOMMIT;");
@@ -335,7 +338,11 @@ impl PostgresStore {
                 ttl_ms,
             } => {
                 let (lease, ttl) = (int(lease_ms), int(ttl_ms));
-                let (scope, fp, token) = (scope.as_bytes().as_slice(), fingerprint.as_str(), token.as_bytes().as_slice());
+                let (scope, fp, token) = (
+                    scope.as_bytes().as_slice(),
+                    fingerprint.as_str(),
+                    token.as_bytes().as_slice(),
+                );
                 let params: [(&(dyn ToSql + Sync), Type); 6] = [
                     (&scope, Type::BYTEA),
                     (&fp, Type::TEXT),
@@ -396,7 +403,11 @@ impl PostgresStore {
                 seen_token,
                 ttl_ms,
             } => {
-                let (scope, seen, ttl) = (scope.as_bytes().as_slice(), seen_token.as_bytes().as_slice(), int(ttl_ms));
+                let (scope, seen, ttl) = (
+                    scope.as_bytes().as_slice(),
+                    seen_token.as_bytes().as_slice(),
+                    int(ttl_ms),
+                );
                 let n = execute(
                     c,
                     &t.mark_unknown,
@@ -451,7 +462,11 @@ impl PostgresStore {
                 token,
                 lease_ms,
             } => {
-                let (scope, token, lease) = (scope.as_bytes().as_slice(), token.as_bytes().as_slice(), int(lease_ms));
+                let (scope, token, lease) = (
+                    scope.as_bytes().as_slice(),
+                    token.as_bytes().as_slice(),
+                    int(lease_ms),
+                );
                 let n = execute(
                     c,
                     &t.renew,
@@ -608,14 +623,20 @@ mod tests {
             t.schema_ddl
                 .contains("idempo_record_expires_at ON \"gw\".idempo_record")
         );
-        assert!(t.schema_ddl.starts_with("BEGIN;\nSELECT pg_advisory_xact_lock"));
+        assert!(
+            t.schema_ddl
+                .starts_with("BEGIN;\nSELECT pg_advisory_xact_lock")
+        );
         assert!(t.claim.contains("INSERT INTO \"gw\".idempo_record AS r"));
         assert!(!t.claim.contains(" idempo_record "));
         let plain = Texts::new(None);
         assert_eq!(plain.claim, recipes::POSTGRES_CLAIM);
         assert_eq!(plain.purge, recipes::POSTGRES_PURGE);
         assert_eq!(
-            rename_table("idempo_record_expires_at idempo_record x_idempo_record", "t"),
+            rename_table(
+                "idempo_record_expires_at idempo_record x_idempo_record",
+                "t"
+            ),
             "idempo_record_expires_at t x_idempo_record"
         );
     }
