@@ -482,10 +482,13 @@ fn build_store(raw: &RawStore, issues: &mut Issues<'_>) -> Option<StoreConfig> {
     }
 }
 
+/// Reports a store key given to a store kind it does not apply to.
+type NotHere<'f> = dyn Fn(&mut Issues<'_>, &str, Option<Range<usize>>) + 'f;
+
 fn build_postgres(
     raw: &RawStore,
     issues: &mut Issues<'_>,
-    not_here: &dyn Fn(&mut Issues<'_>, &str, Option<Range<usize>>),
+    not_here: &NotHere<'_>,
 ) -> Option<StoreConfig> {
     use crate::store::postgres::PostgresOptions;
     not_here(issues, "path", span_of(&raw.path));
