@@ -1,8 +1,10 @@
 # The idempo-gateway reverse proxy (bindings/gateway, bindings/gateway/README.md).
 #
-#   make test-gateway   the gateway crate's tests: unit tests, spec/vectors/store on the memory and
-#                       SQLite stores, and the integration tests through real sockets (the built
-#                       binary in front of an upstream hyper server)
+#   make test-gateway   the gateway crate's tests: unit tests, spec/vectors/store on the memory,
+#                       SQLite and PostgreSQL stores (directly and through PgBouncer), and the
+#                       integration tests through real sockets (the built binary in front of an
+#                       upstream hyper server), with throwaway PostgreSQL and PgBouncer servers
+#                       from scripts/test-services.sh
 #   make demo-gateway   builds the gateway, runs it on SQLite in front of a small payments service
 #                       written without idempo (Python standard library), plays new, replay,
 #                       mismatch and in-flight; exits non-zero if a case does not behave
@@ -11,7 +13,10 @@ TEST_TARGETS += test-gateway
 .PHONY: test-gateway demo-gateway
 
 test-gateway:
-	$(CARGO) test -q -p idempo-gateway
+	svc=$$(mktemp -d); trap '$(CURDIR)/scripts/test-services.sh stop '"$$svc"' >/dev/null 2>&1 || true; rm -rf '"$$svc" EXIT; \
+	  scripts/test-services.sh start "$$svc" >/dev/null; \
+	  set -a; . "$$svc/env"; set +a; \
+	  $(CARGO) test -q -p idempo-gateway
 
 demo-gateway:
 	$(CARGO) build --release -q -p idempo-gateway

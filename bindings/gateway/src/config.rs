@@ -57,7 +57,7 @@ pub enum LoadError {
     Invalid(Vec<ConfigIssue>),
 }
 
-/// Where the memory or SQLite store lives.
+/// Where the memory, SQLite or PostgreSQL store lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreConfig {
     /// Core's bounded in-memory store.
@@ -74,6 +74,8 @@ pub enum StoreConfig {
         /// `sqlite_store.busy_timeout_ms`.
         busy_timeout_ms: u64,
     },
+    /// A PostgreSQL table (`spec/STORAGE.md` §4), shareable with the Python and Node stores.
+    Postgres(crate::store::postgres::PostgresOptions),
 }
 
 /// One protected route.
@@ -151,8 +153,13 @@ struct RawStore {
     busy_timeout_ms: Opt<u64>,
     max_entries: Opt<u64>,
     max_bytes: Opt<u64>,
-    /// Room for the PostgreSQL and Redis stores of a later increment.
     dsn: Opt<String>,
+    pool_size: Opt<u64>,
+    timeout_ms: Opt<u64>,
+    purge_timeout_ms: Opt<u64>,
+    schema: Opt<String>,
+    create_schema: Opt<bool>,
+    /// Room for the Redis store of a later increment.
     url: Opt<String>,
 }
 
@@ -414,11 +421,19 @@ fn build_store(raw: &RawStore, issues: &mut Issues<'_>) -> Option<StoreConfig> {
             );
         }
     };
+    let pg_fields = |issues: &mut Issues<'_>| {
+        not_here(issues, "dsn", span_of(&raw.dsn));
+        not_here(issues, "pool_size", span_of(&raw.pool_size));
+        not_here(issues, "timeout_ms", span_of(&raw.timeout_ms));
+        not_here(issues, "purge_timeout_ms", span_of(&raw.purge_timeout_ms));
+        not_here(issues, "schema", span_of(&raw.schema));
+        not_here(issues, "create_schema", span_of(&raw.create_schema));
+    };
     match kind {
         "memory" => {
             not_here(issues, "path", span_of(&raw.path));
             not_here(issues, "busy_timeout_ms", span_of(&raw.busy_timeout_ms));
-            not_here(issues, "dsn", span_of(&raw.dsn));
+            pg_fields(issues);
             not_here(issues, "url", span_of(&raw.url));
             Some(StoreConfig::Memory {
                 max_entries: usize_of(&raw.max_entries)
@@ -430,7 +445,7 @@ fn build_store(raw: &RawStore, issues: &mut Issues<'_>) -> Option<StoreConfig> {
         "sqlite" => {
             not_here(issues, "max_entries", span_of(&raw.max_entries));
             not_here(issues, "max_bytes", span_of(&raw.max_bytes));
-            not_here(issues, "dsn", span_of(&raw.dsn));
+            pg_fields(issues);
             not_here(issues, "url", span_of(&raw.url));
             let Some(path) = val(&raw.path) else {
                 issues.at(
@@ -445,11 +460,12 @@ fn build_store(raw: &RawStore, issues: &mut Issues<'_>) -> Option<StoreConfig> {
                     .unwrap_or(options::SQLITE_BUSY_TIMEOUT_MS),
             })
         }
-        "postgres" | "redis" | "cached" => {
+        "postgres" => build_postgres(raw, issues, &not_here),
+        "redis" | "cached" => {
             issues.at(
                 raw.kind.span(),
                 format!(
-                    "store: kind {kind:?} is not supported yet by the gateway (use \"sqlite\" or \"memory\")"
+                    "store: kind {kind:?} is not supported yet by the gateway (use \"postgres\", \"sqlite\" or \"memory\")"
                 ),
             );
             None
@@ -457,11 +473,71 @@ fn build_store(raw: &RawStore, issues: &mut Issues<'_>) -> Option<StoreConfig> {
         other => {
             issues.at(
                 raw.kind.span(),
-                format!("store: unknown kind {other:?} (expected \"sqlite\" or \"memory\")"),
+                format!(
+                    "store: unknown kind {other:?} (expected \"postgres\", \"sqlite\" or \"memory\")"
+                ),
             );
             None
         }
     }
+}
+
+/// Reports a store key given to a store kind it does not apply to.
+type NotHere<'f> = dyn Fn(&mut Issues<'_>, &str, Option<Range<usize>>) + 'f;
+
+fn build_postgres(
+    raw: &RawStore,
+    issues: &mut Issues<'_>,
+    not_here: &NotHere<'_>,
+) -> Option<StoreConfig> {
+    use crate::store::postgres::PostgresOptions;
+    not_here(issues, "path", span_of(&raw.path));
+    not_here(issues, "busy_timeout_ms", span_of(&raw.busy_timeout_ms));
+    not_here(issues, "max_entries", span_of(&raw.max_entries));
+    not_here(issues, "max_bytes", span_of(&raw.max_bytes));
+    not_here(issues, "url", span_of(&raw.url));
+    let Some(dsn) = raw.dsn.as_ref() else {
+        issues.at(
+            raw.kind.span(),
+            "store: the postgres store needs a dsn = \"postgresql://...\"",
+        );
+        return None;
+    };
+    let before = issues.found.len();
+    if let Err(e) = <tokio_postgres::Config as std::str::FromStr>::from_str(dsn.get_ref()) {
+        issues.at(dsn.span(), format!("store: dsn: {e}"));
+    }
+    let mut o = PostgresOptions::new(dsn.get_ref().clone());
+    let mut positive = |name: &str, v: &Opt<u64>| -> Option<u64> {
+        let s = v.as_ref()?;
+        if *s.get_ref() == 0 {
+            issues.at(s.span(), format!("store: {name} must be at least 1"));
+        }
+        Some(*s.get_ref())
+    };
+    if let Some(n) = positive("pool_size", &raw.pool_size) {
+        o.pool_size = usize::try_from(n).unwrap_or(usize::MAX);
+    }
+    if let Some(ms) = positive("timeout_ms", &raw.timeout_ms) {
+        o.timeout_ms = ms;
+    }
+    if let Some(ms) = positive("purge_timeout_ms", &raw.purge_timeout_ms) {
+        o.purge_timeout_ms = ms;
+    }
+    if let Some(schema) = raw.schema.as_ref() {
+        let name = schema.get_ref();
+        if name.is_empty() || name.contains('\0') {
+            issues.at(
+                schema.span(),
+                "store: schema must be a non-empty name without NUL",
+            );
+        }
+        o.schema = Some(name.clone());
+    }
+    if let Some(c) = val(&raw.create_schema) {
+        o.create_schema = c;
+    }
+    (issues.found.len() == before).then_some(StoreConfig::Postgres(o))
 }
 
 fn build_principal(raw: Option<&Spanned<RawPrincipal>>, issues: &mut Issues<'_>) -> Option<String> {
@@ -717,11 +793,71 @@ lease_ms = 5000
     }
 
     #[test]
-    fn postgres_is_not_supported_yet() {
-        let text = GOOD.replace("kind = \"memory\"", "kind = \"postgres\"");
+    fn redis_is_not_supported_yet() {
+        let text = GOOD.replace("kind = \"memory\"", "kind = \"redis\"");
         let e = one_issue(&text);
         assert_eq!(e.line, 5);
         assert!(e.message.contains("not supported yet"), "{e}");
+    }
+
+    #[test]
+    fn postgres_takes_core_defaults() {
+        let text = GOOD.replace(
+            "kind = \"memory\"",
+            "kind = \"postgres\"\ndsn = \"postgresql://u@a:5432,b:5433/db?target_session_attrs=read-write\"",
+        );
+        let c = GatewayConfig::parse("g.toml", &text).expect("valid");
+        let StoreConfig::Postgres(o) = c.store else {
+            panic!("{:?}", c.store)
+        };
+        assert_eq!(o.timeout_ms, options::STORE_TIMEOUT_MS);
+        assert_eq!(o.purge_timeout_ms, options::PURGE_TIMEOUT_MS);
+        assert_eq!(o.pool_size, crate::store::postgres::DEFAULT_POOL_SIZE);
+        assert_eq!(o.schema, None);
+        assert!(o.create_schema);
+    }
+
+    #[test]
+    fn postgres_options_are_read() {
+        let text = GOOD.replace(
+            "kind = \"memory\"",
+            "kind = \"postgres\"\ndsn = \"host=/tmp dbname=x\"\npool_size = 3\ntimeout_ms = 500\npurge_timeout_ms = 900\nschema = \"gw\"\ncreate_schema = false",
+        );
+        let c = GatewayConfig::parse("g.toml", &text).expect("valid");
+        let StoreConfig::Postgres(o) = c.store else {
+            panic!("{:?}", c.store)
+        };
+        assert_eq!(
+            (o.pool_size, o.timeout_ms, o.purge_timeout_ms),
+            (3, 500, 900)
+        );
+        assert_eq!(o.schema.as_deref(), Some("gw"));
+        assert!(!o.create_schema);
+    }
+
+    #[test]
+    fn postgres_errors_name_line_and_column() {
+        let no_dsn = GOOD.replace("kind = \"memory\"", "kind = \"postgres\"");
+        let e = one_issue(&no_dsn);
+        assert_eq!((e.line, e.column), (5, 8), "{e}");
+        assert!(e.message.contains("needs a dsn"), "{e}");
+        let bad = GOOD.replace(
+            "kind = \"memory\"",
+            "kind = \"postgres\"\ndsn = \"postgresql://h:notaport/db\"",
+        );
+        let e = one_issue(&bad);
+        assert_eq!((e.line, e.column), (6, 7), "{e}");
+        assert!(e.message.contains("dsn"), "{e}");
+        let zero = GOOD.replace(
+            "kind = \"memory\"",
+            "kind = \"postgres\"\ndsn = \"host=h\"\ntimeout_ms = 0",
+        );
+        let e = one_issue(&zero);
+        assert_eq!((e.line, e.column), (7, 14), "{e}");
+        let foreign = GOOD.replace("kind = \"memory\"", "kind = \"memory\"\nschema = \"x\"");
+        let e = one_issue(&foreign);
+        assert_eq!(e.line, 6, "{e}");
+        assert!(e.message.contains("does not apply"), "{e}");
     }
 
     #[test]

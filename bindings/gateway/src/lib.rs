@@ -34,7 +34,8 @@ use std::sync::Arc;
 use config::{GatewayConfig, StoreConfig};
 use store::{Clock, Store, StoreError};
 
-/// Opens the configured store (SQLite on the blocking pool).
+/// Opens the configured store (SQLite on the blocking pool; PostgreSQL creates its schema
+/// unless `create_schema = false`).
 ///
 /// # Errors
 /// [`StoreError`] when the store cannot be opened.
@@ -61,6 +62,9 @@ pub async fn open_store(cfg: &GatewayConfig) -> Result<Store, StoreError> {
             .map_err(|e| StoreError::Worker(e.to_string()))??;
             Ok(Store::Sqlite(s))
         }
+        StoreConfig::Postgres(options) => Ok(Store::Postgres(
+            store::postgres::PostgresStore::open(options, Clock::System).await?,
+        )),
     }
 }
 

@@ -374,7 +374,7 @@ fn check_config_names_the_line() {
     let file = dir.join("bad.toml");
     std::fs::write(
         &file,
-        "listen = \"127.0.0.1:0\"\n\n[store]\nkind = \"postgres\"\n\n[upstreams]\na = \"http://127.0.0.1:1\"\n\n[[routes]]\nmethod = \"POST\"\npath = \"/p\"\nupstream = \"a\"\npublic = true\n",
+        "listen = \"127.0.0.1:0\"\n\n[store]\nkind = \"redis\"\n\n[upstreams]\na = \"http://127.0.0.1:1\"\n\n[[routes]]\nmethod = \"POST\"\npath = \"/p\"\nupstream = \"a\"\npublic = true\n",
     )
     .unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_idempo-gateway"))
@@ -388,7 +388,7 @@ fn check_config_names_the_line() {
     assert!(err.contains("not supported yet"), "{err}");
     let good = std::fs::read_to_string(&file)
         .unwrap()
-        .replace("postgres", "memory");
+        .replace("redis", "memory");
     std::fs::write(&file, good).unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_idempo-gateway"))
         .arg("check-config")

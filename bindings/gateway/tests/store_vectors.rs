@@ -1,6 +1,10 @@
 //! Runs the store conformance scenarios (`spec/vectors/store/*.json`, format in
 //! `spec/vectors/README.md`) against the gateway's memory store and its SQLite store (a real
-//! file, core's recipe texts, the clock override bound to `:now`).
+//! file, core's recipe texts, the clock override bound to `:now`), and against its PostgreSQL
+//! store directly and through a transaction-pooling PgBouncer (`IDEMPO_TEST_PG_DSN`,
+//! `IDEMPO_TEST_PGBOUNCER_DSN` as `scripts/test-services.sh start` writes them; without them
+//! those tests print a notice and pass). Each PostgreSQL scenario runs in a schema of its own
+//! (`idempo_gw_vec_<tag>_<pid>_<n>`, dropped at the end), so parallel runs never share a table.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeMap;
@@ -13,6 +17,7 @@ use idempo_core::machine::{StoreOp, StoreResult};
 use idempo_core::record::{FencingToken, FingerprintText, Record};
 use idempo_core::scope::ScopeId;
 use idempo_gateway::store::memory::MemStore;
+use idempo_gateway::store::postgres::{PostgresOptions, PostgresStore};
 use idempo_gateway::store::sqlite::SqliteStore;
 use idempo_gateway::store::{Clock, StoreError};
 use serde_json::Value;
@@ -51,6 +56,68 @@ impl Under for SqliteStore {
     fn purge(&self, batch: u64) -> Result<PurgeCounts, StoreError> {
         self.purge_sync(batch)
     }
+}
+
+/// The PostgreSQL store driven from a synchronous test on a runtime of its own.
+struct Pg {
+    rt: tokio::runtime::Runtime,
+    store: PostgresStore,
+}
+
+impl Under for Pg {
+    fn run(&self, op: StoreOp) -> Result<StoreResult, StoreError> {
+        self.rt.block_on(self.store.run(op))
+    }
+    fn purge(&self, batch: u64) -> Result<PurgeCounts, StoreError> {
+        self.rt.block_on(self.store.purge_expired(batch))
+    }
+}
+
+/// Drops `schema` (best effort).
+async fn drop_schema(dsn: &str, schema: &str) {
+    if let Ok((c, conn)) = tokio_postgres::connect(dsn, tokio_postgres::NoTls).await {
+        tokio::spawn(conn);
+        let _ = c
+            .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+            .await;
+    }
+}
+
+fn scenarios_on_postgres(var: &str, tag: &str) {
+    let Ok(dsn) = std::env::var(var) else {
+        eprintln!("{var} is not set: skipping (scripts/test-services.sh start DIR writes it)");
+        return;
+    };
+    let mut steps = 0;
+    for (i, f) in scenarios().into_iter().enumerate() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let schema = format!("idempo_gw_vec_{tag}_{}_{i}", std::process::id());
+        rt.block_on(drop_schema(&dsn, &schema));
+        let clock = Arc::new(AtomicU64::new(T0));
+        let mut options = PostgresOptions::new(dsn.clone());
+        options.schema = Some(schema.clone());
+        options.pool_size = 2;
+        let store = rt
+            .block_on(PostgresStore::open(&options, Clock::Fixed(clock.clone())))
+            .unwrap();
+        let pg = Pg { rt, store };
+        steps += run_scenario(&f, &pg, &clock);
+        pg.rt.block_on(drop_schema(&dsn, &schema));
+    }
+    assert!(steps > 50, "{steps} steps");
+}
+
+#[test]
+fn store_scenarios_pass_on_the_postgres_store() {
+    scenarios_on_postgres("IDEMPO_TEST_PG_DSN", "pg");
+}
+
+#[test]
+fn store_scenarios_pass_on_the_postgres_store_through_pgbouncer() {
+    scenarios_on_postgres("IDEMPO_TEST_PGBOUNCER_DSN", "bouncer");
 }
 
 struct Names {

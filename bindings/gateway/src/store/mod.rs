@@ -1,5 +1,5 @@
 //! The stores the gateway runs core's store primitives on (`spec/STORAGE.md` §3): core's
-//! in-memory store and SQLite with core's recipe texts. Each [`StoreOp`] runs atomically and
+//! in-memory store, and SQLite and PostgreSQL with core's recipe texts. Each [`StoreOp`] runs atomically and
 //! answers the [`StoreResult`] core's flow expects; any error is a [`StoreError`], which the
 //! flow turns into a fail-closed 503.
 use std::sync::Arc;
@@ -11,6 +11,7 @@ use idempo_core::machine::StoreResult;
 use idempo_core::machine::memory::{Partition, PurgeCounts};
 
 pub mod memory;
+pub mod postgres;
 pub mod sqlite;
 
 /// Why a store primitive failed (the request fails closed).
@@ -31,6 +32,23 @@ pub enum StoreError {
     /// The worker thread running the statement went away.
     #[error("the store's worker thread failed: {0}")]
     Worker(String),
+    /// PostgreSQL answered an error, or the connection to it failed or closed.
+    #[error("PostgreSQL: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
+    /// The store did not answer within its deadline (`timeout_ms`, `purge_timeout_ms`).
+    #[error("the store did not answer {op} within {ms} ms")]
+    Timeout {
+        /// The primitive that timed out.
+        op: &'static str,
+        /// The deadline it had.
+        ms: u64,
+    },
+    /// The store cannot be reached (its connection pool is closed).
+    #[error("the store is unavailable: {0}")]
+    Unavailable(String),
+    /// The store's configuration is invalid (a DSN the driver refuses).
+    #[error("store configuration: {0}")]
+    Config(String),
     /// The store cannot run this primitive (transactional `COMMIT`: not offered).
     #[error("the gateway's stores do not run {0}")]
     Unsupported(&'static str),
@@ -74,11 +92,13 @@ pub enum Store {
     Memory(memory::MemStore),
     /// A SQLite file.
     Sqlite(sqlite::SqliteStore),
+    /// A PostgreSQL table (directly or behind PgBouncer).
+    Postgres(postgres::PostgresStore),
 }
 
 impl Store {
     /// Runs one primitive atomically. `partition` is the principal's quota partition (the
-    /// memory store holds each principal to a quota; SQLite ignores it).
+    /// memory store holds each principal to a quota; SQLite and PostgreSQL ignore it).
     ///
     /// # Errors
     /// [`StoreError`] for any failure: the flow answers 503.
@@ -90,6 +110,7 @@ impl Store {
         match self {
             Self::Memory(m) => m.run(op, partition),
             Self::Sqlite(s) => s.run(op).await,
+            Self::Postgres(p) => p.run(op).await,
         }
     }
 
@@ -101,6 +122,7 @@ impl Store {
         match self {
             Self::Memory(m) => Ok(m.purge_expired(batch)),
             Self::Sqlite(s) => s.purge_expired(batch).await,
+            Self::Postgres(p) => p.purge_expired(batch).await,
         }
     }
 
@@ -112,6 +134,7 @@ impl Store {
         match self {
             Self::Memory(_) => Ok(()),
             Self::Sqlite(s) => s.ping().await,
+            Self::Postgres(p) => p.ping().await,
         }
     }
 }
