@@ -10,7 +10,7 @@
 //! - PostgreSQL texts use positional parameters `$1…$n` with explicit casts (`$4::bigint`), so
 //!   drivers that send untyped parameters (node-postgres) and typed ones (psycopg) get the same
 //!   plan. The table is `idempo_record`; a host that puts it in another schema replaces the whole
-//!   word `idempo_record` (never the index name `idempo_record_expires_at`).
+//!   word `idempo_record` (never the index name `idempo_record_expires_at`): [`rename_table`].
 //! - SQLite texts use named parameters `:name` (accepted by Python's `sqlite3` and by
 //!   better-sqlite3); `:now` is the clock override and `NULL` in production.
 //! - Redis scripts are [`REDIS_PRELUDE`] followed by a body; `KEYS[1]` is the record key and the
@@ -535,9 +535,46 @@ pub fn by_name(name: &str) -> Option<&'static str> {
     ALL.iter().find(|(n, _)| *n == name).map(|(_, text)| *text)
 }
 
+/// `sql` with the table moved: every whole word `idempo_record` replaced by `table` (for
+/// example `"tenant_a".idempo_record`), the index name `idempo_record_expires_at` and any other
+/// longer identifier left as they are. `table` is inserted verbatim: quote it first.
+#[must_use]
+pub fn rename_table(sql: &str, table: &str) -> String {
+    const WORD: &str = "idempo_record";
+    let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut out = String::with_capacity(sql.len() + 32);
+    let mut rest = sql;
+    while let Some(at) = rest.find(WORD) {
+        let (head, tail) = rest.split_at(at);
+        let after = tail.get(WORD.len()..).unwrap_or("");
+        out.push_str(head);
+        if head.chars().next_back().is_some_and(word) || after.chars().next().is_some_and(word) {
+            out.push_str(WORD);
+        } else {
+            out.push_str(table);
+        }
+        rest = after;
+    }
+    out.push_str(rest);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rename_table_replaces_whole_words_only() {
+        let sql = "DELETE FROM idempo_record WHERE x; CREATE INDEX idempo_record_expires_at ON idempo_record(expires_at); my_idempo_record";
+        assert_eq!(
+            rename_table(sql, "\"s\".idempo_record"),
+            "DELETE FROM \"s\".idempo_record WHERE x; CREATE INDEX idempo_record_expires_at ON \"s\".idempo_record(expires_at); my_idempo_record"
+        );
+        for text in [POSTGRES_SCHEMA, POSTGRES_CLAIM, POSTGRES_PURGE] {
+            let moved = rename_table(text, "t.idempo_record");
+            assert!(!moved.contains(" idempo_record ") && moved.contains("t.idempo_record"));
+        }
+    }
 
     const SPEC: &str = include_str!("../../spec/STORAGE.md");
 

@@ -47,14 +47,7 @@ impl Call {
     #[must_use]
     pub fn name(&self) -> &'static str {
         match self {
-            Call::Op(StoreOp::Claim { .. }) => "claim",
-            Call::Op(StoreOp::Get { .. }) => "get",
-            Call::Op(StoreOp::TakeOver { .. }) => "takeover",
-            Call::Op(StoreOp::MarkUnknown { .. }) => "mark_unknown",
-            Call::Op(StoreOp::Complete { .. }) => "complete",
-            Call::Op(StoreOp::Release { .. }) => "release",
-            Call::Op(StoreOp::Renew { .. }) => "renew",
-            Call::Op(StoreOp::Commit { .. }) => "commit",
+            Call::Op(op) => op.name(),
             Call::Purge => "purge",
         }
     }

@@ -59,32 +59,10 @@ struct Texts {
     table: String,
 }
 
-/// Replaces the whole word `idempo_record` (never `idempo_record_expires_at`), as a host that
-/// moves the table into another schema does (`idempo_core::recipes`' conventions).
-fn rename_table(sql: &str, table: &str) -> String {
-    const WORD: &str = "idempo_record";
-    let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
-    let mut out = String::with_capacity(sql.len() + 32);
-    let mut rest = sql;
-    while let Some(at) = rest.find(WORD) {
-        let before = rest[..at].chars().next_back();
-        let after = rest[at + WORD.len()..].chars().next();
-        out.push_str(&rest[..at]);
-        if before.is_some_and(word) || after.is_some_and(word) {
-            out.push_str(WORD);
-        } else {
-            out.push_str(table);
-        }
-        rest = &rest[at + WORD.len()..];
-    }
-    out.push_str(rest);
-    out
-}
-
 impl Texts {
     fn new(schema: &str) -> Self {
         let table = format!("{schema}.idempo_record");
-        let r = |sql: &str| rename_table(sql, &table);
+        let r = |sql: &str| recipes::rename_table(sql, &table);
         Self {
             schema: schema.to_owned(),
             claim: r(recipes::POSTGRES_CLAIM),
@@ -547,7 +525,7 @@ impl Schema {
         let mut db = Client::connect(dsn, NoTls).unwrap_or_else(|e| panic!("connect {dsn}: {e}"));
         db.batch_execute(&format!(
             "CREATE SCHEMA {name}; {}",
-            rename_table(recipes::POSTGRES_SCHEMA, &texts.table)
+            recipes::rename_table(recipes::POSTGRES_SCHEMA, &texts.table)
         ))
         .unwrap_or_else(|e| panic!("schema: {e}"));
         Self {

@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 
 use common::{Gateway, client, config, get, post, temp_dir, upstream};
 use idempo_core::recipes;
-use idempo_gateway::store::postgres::rename_table;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 use tokio_postgres::types::Type;
@@ -347,7 +346,7 @@ async fn a_record_the_gateway_wrote_is_read_by_the_same_recipes() {
     let table = format!("\"{reference}\".idempo_record");
     db.batch_execute(&format!(
         "CREATE SCHEMA \"{reference}\"; {}",
-        rename_table(recipes::POSTGRES_SCHEMA, &table)
+        recipes::rename_table(recipes::POSTGRES_SCHEMA, &table)
     ))
     .await
     .unwrap();
@@ -366,7 +365,7 @@ async fn a_record_the_gateway_wrote_is_read_by_the_same_recipes() {
     let none: Option<i64> = None;
     let got = db
         .query_typed(
-            &rename_table(recipes::POSTGRES_GET, &table),
+            &recipes::rename_table(recipes::POSTGRES_GET, &table),
             &[(&scope.as_slice(), Type::BYTEA), (&none, Type::INT8)],
         )
         .await

@@ -84,30 +84,6 @@ struct Texts {
     ping: String,
 }
 
-/// Replaces the whole word `idempo_record` (never `idempo_record_expires_at`) with `table`, as
-/// a host that moves the table into another schema does (`idempo_core::recipes`' conventions).
-#[must_use]
-pub fn rename_table(sql: &str, table: &str) -> String {
-    const WORD: &str = "idempo_record";
-    let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
-    let mut out = String::with_capacity(sql.len() + 32);
-    let mut rest = sql;
-    while let Some(at) = rest.find(WORD) {
-        let (head, tail) = rest.split_at(at);
-        let after = tail.get(WORD.len()..).unwrap_or("");
-        let before = head.chars().next_back();
-        out.push_str(head);
-        if before.is_some_and(word) || after.chars().next().is_some_and(word) {
-            out.push_str(WORD);
-        } else {
-            out.push_str(table);
-        }
-        rest = after;
-    }
-    out.push_str(rest);
-    out
-}
-
 /// `s` as a quoted SQL identifier.
 fn quote_ident(s: &str) -> String {
     format!("\"{}\"", s.replace('"', "\"\""))
@@ -119,7 +95,7 @@ impl Texts {
             || "idempo_record".to_owned(),
             |s| format!("{}.idempo_record", quote_ident(s)),
         );
-        let r = |sql: &str| rename_table(sql, &table);
+        let r = |sql: &str| recipes::rename_table(sql, &table);
         let mut ddl = String::from("BEGIN;\n");
         ddl.push_str(recipes::POSTGRES_SCHEMA_LOCK);
         ddl.push('\n');
@@ -316,7 +292,7 @@ impl PostgresStore {
     /// # Errors
     /// [`StoreError`] for any PostgreSQL failure, timeout or invalid row.
     pub async fn run(&self, op: StoreOp) -> Result<StoreResult, StoreError> {
-        let name = op_name(&op);
+        let name = op.name();
         self.bounded(self.inner.timeout, name, async {
             let mut conn = self.checkout().await?;
             let out = self.run_on(conn.client()?, op).await;
@@ -531,20 +507,6 @@ impl PostgresStore {
     }
 }
 
-/// The primitive's name in errors.
-fn op_name(op: &StoreOp) -> &'static str {
-    match op {
-        StoreOp::Claim { .. } => "claim",
-        StoreOp::Get { .. } => "get",
-        StoreOp::TakeOver { .. } => "takeover",
-        StoreOp::MarkUnknown { .. } => "mark_unknown",
-        StoreOp::Complete { .. } => "complete",
-        StoreOp::Release { .. } => "release",
-        StoreOp::Renew { .. } => "renew",
-        StoreOp::Commit { .. } => "commit",
-    }
-}
-
 /// The claim (primitive 1), run again while it returns zero rows.
 async fn claim(c: &Client, sql: &str, params: &Params<'_>) -> Result<StoreResult, StoreError> {
     for _ in 0..CLAIM_ATTEMPTS {
@@ -633,7 +595,7 @@ mod tests {
         assert_eq!(plain.claim, recipes::POSTGRES_CLAIM);
         assert_eq!(plain.purge, recipes::POSTGRES_PURGE);
         assert_eq!(
-            rename_table(
+            recipes::rename_table(
                 "idempo_record_expires_at idempo_record x_idempo_record",
                 "t"
             ),
