@@ -1,6 +1,6 @@
 //! Core's admission for a request on a protected route, in the order of `spec/PROTOCOL.md`
 //! §7.2: the key (core's [`admit()`]), the body read within core's limit and fingerprinted by core,
-//! the scope from the principal header; a refusal is core's problem response and nothing is
+//! the scope from the principal header or the verified JWT claim ([`crate::jwt`]); a refusal is core's problem response and nothing is
 //! forwarded. An admitted request goes to the [`driver`](mod@crate::driver).
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,10 +17,29 @@ use serde_json::json;
 use tokio::sync::oneshot;
 
 use crate::body::{BoxBody, full, text, to_hyper};
-use crate::config::RouteConfig;
+use crate::config::{PrincipalSource, RouteConfig};
 use crate::forward::{pass_through, upstream_request};
+use crate::jwt::{Claim, TokenError, unauthorized};
 use crate::proxy::Shared;
 use crate::{driver, log};
+
+/// A request whose bearer token does not verify: the principal does not resolve, so it is
+/// refused (counted under core's `scope_unresolved` outcome) with an authentication challenge,
+/// and nothing is forwarded.
+fn unauthenticated(shared: &Shared, route: &RouteConfig, e: &TokenError) -> Response<BoxBody> {
+    let outcome = "scope_unresolved";
+    shared.metrics.request(route.template.as_str(), outcome);
+    log::info(
+        "request",
+        &[
+            ("route", json!(route.template.as_str())),
+            ("outcome", json!(outcome)),
+            ("status", json!(e.status())),
+            ("token", json!(e.to_string())),
+        ],
+    );
+    unauthorized(e)
+}
 
 fn refuse(shared: &Shared, route: &RouteConfig, r: Refusal) -> Response<BoxBody> {
     shared.metrics.request(route.template.as_str(), r.outcome());
@@ -139,8 +158,26 @@ pub async fn protected(
         }
     };
     let principal_value;
-    let resolution = match (route.scope_rule, &shared.cfg.principal_header) {
-        (ScopeRule::Function { .. }, Some(h)) => {
+    let resolution = match (route.scope_rule, &shared.cfg.principal) {
+        (ScopeRule::Function { .. }, Some(PrincipalSource::Jwt(verifier))) => {
+            let claim = verifier.settings().claim.as_str();
+            match verifier.verify(&parts.headers) {
+                Ok(Claim::Principal(p)) => {
+                    principal_value = p;
+                    ScopeResolution::Principal(&principal_value)
+                }
+                Ok(Claim::Absent) => {
+                    principal_value = format!("a verified token without a {claim} claim");
+                    ScopeResolution::Nothing(&principal_value)
+                }
+                Ok(Claim::NotAString(t)) => {
+                    principal_value = format!("the token's {claim} claim is {t}");
+                    ScopeResolution::NotAString(&principal_value)
+                }
+                Err(e) => return unauthenticated(&shared, &route, &e),
+            }
+        }
+        (ScopeRule::Function { .. }, Some(PrincipalSource::Header(h))) => {
             let mut values = parts.headers.get_all(h.as_str()).iter();
             match (values.next(), values.next()) {
                 (None, _) => {

@@ -18,6 +18,7 @@ use idempo_core::policy::{Config, ConfigError, ConfigOptions, TakeoverPolicy};
 use serde::Deserialize;
 use toml::Spanned;
 
+use crate::jwt::{self, JwtSettings, JwtVerifier};
 use crate::route::{RouteTemplate, TemplateError};
 
 /// Default time an upstream has to answer with its response head (and between body chunks).
@@ -97,6 +98,15 @@ pub struct RouteConfig {
     pub scope_rule: ScopeRule,
 }
 
+/// Where the principal of a protected request comes from (`[principal]`).
+#[derive(Debug, Clone)]
+pub enum PrincipalSource {
+    /// A header set by the trusted auth proxy in front of the gateway (`header = "..."`).
+    Header(String),
+    /// A claim of a bearer JWT verified with the keys of a JWKS file (`jwt = { ... }`).
+    Jwt(Arc<JwtVerifier>),
+}
+
 /// The validated configuration.
 #[derive(Debug, Clone)]
 pub struct GatewayConfig {
@@ -104,8 +114,8 @@ pub struct GatewayConfig {
     pub listen: SocketAddr,
     /// The request header carrying the key (`host.header_name`).
     pub header_name: String,
-    /// The header set by the trusted auth proxy that names the principal, if any.
-    pub principal_header: Option<String>,
+    /// Where the principal comes from, if anywhere (without it every route is public).
+    pub principal: Option<PrincipalSource>,
     /// Time the upstream has for its response head and between body chunks.
     pub upstream_timeout_ms: u64,
     /// Time graceful shutdown leaves in-flight requests.
@@ -167,8 +177,27 @@ struct RawStore {
 #[serde(deny_unknown_fields)]
 struct RawPrincipal {
     header: Opt<String>,
-    /// Room for verified JWT claims (a later increment).
-    jwt: Opt<toml::Value>,
+    jwt: Opt<RawJwt>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawJwt {
+    jwks_file: Opt<String>,
+    issuer: Opt<String>,
+    audience: Opt<OneOrMany>,
+    claim: Opt<String>,
+    algorithms: Opt<Vec<Spanned<String>>>,
+    leeway_s: Opt<u64>,
+    header: Opt<String>,
+}
+
+/// A string or a list of strings.
+#[derive(Deserialize, Clone)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
 }
 
 #[derive(Deserialize)]
@@ -326,7 +355,7 @@ fn build(raw: &RawConfig, issues: &mut Issues<'_>) -> Option<GatewayConfig> {
         }
     }
     let store = build_store(raw.store.get_ref(), issues);
-    let principal_header = build_principal(raw.principal.as_ref(), issues);
+    let principal = build_principal(raw.principal.as_ref(), issues);
 
     let mut upstreams = BTreeMap::new();
     for (name, url) in &raw.upstreams {
@@ -358,7 +387,7 @@ fn build(raw: &RawConfig, issues: &mut Issues<'_>) -> Option<GatewayConfig> {
     };
     let mut routes: Vec<RouteConfig> = Vec::new();
     for route in &raw.routes {
-        if let Some(r) = build_route(route, &upstreams, principal_header.is_some(), issues) {
+        if let Some(r) = build_route(route, &upstreams, principal.is_some(), issues) {
             if routes
                 .iter()
                 .any(|o| o.method == r.method && o.template == r.template)
@@ -379,7 +408,7 @@ fn build(raw: &RawConfig, issues: &mut Issues<'_>) -> Option<GatewayConfig> {
     Some(GatewayConfig {
         listen: listen?,
         header_name,
-        principal_header,
+        principal,
         upstream_timeout_ms: val(&raw.upstream_timeout_ms).unwrap_or(DEFAULT_UPSTREAM_TIMEOUT_MS),
         shutdown_deadline_ms: val(&raw.shutdown_deadline_ms)
             .unwrap_or(DEFAULT_SHUTDOWN_DEADLINE_MS),
@@ -540,31 +569,156 @@ fn build_postgres(
     (issues.found.len() == before).then_some(StoreConfig::Postgres(o))
 }
 
-fn build_principal(raw: Option<&Spanned<RawPrincipal>>, issues: &mut Issues<'_>) -> Option<String> {
+fn build_principal(
+    raw: Option<&Spanned<RawPrincipal>>,
+    issues: &mut Issues<'_>,
+) -> Option<PrincipalSource> {
     let raw = raw?;
     let p = raw.get_ref();
-    if let Some(jwt) = &p.jwt {
-        issues.at(
-            jwt.span(),
-            "principal: jwt is not supported yet (use header = \"...\" set by a trusted auth proxy)",
-        );
-    }
-    match &p.header {
-        Some(h) if is_header_name(h.get_ref()) => Some(h.get_ref().clone()),
-        Some(h) => {
+    match (&p.header, &p.jwt) {
+        (Some(h), Some(_)) => {
+            issues.at(
+                h.span(),
+                "principal: set header or jwt, not both (the principal has one source)",
+            );
+            None
+        }
+        (Some(h), None) if is_header_name(h.get_ref()) => {
+            Some(PrincipalSource::Header(h.get_ref().clone()))
+        }
+        (Some(h), None) => {
             issues.at(
                 h.span(),
                 format!("principal: {:?} is not a valid header name", h.get_ref()),
             );
             None
         }
+        (None, Some(j)) => build_jwt(j, issues).map(|v| PrincipalSource::Jwt(Arc::new(v))),
+        (None, None) => {
+            issues.at(
+                raw.span(),
+                "principal: set header = \"X-Principal\" (the header your auth proxy sets) or \
+                 jwt = { jwks_file = \"...\", issuer = \"...\", audience = \"...\", algorithms = [\"RS256\"] }",
+            );
+            None
+        }
+    }
+}
+
+/// A required, non-empty string of `[principal] jwt`.
+fn jwt_string(
+    o: &Opt<String>,
+    name: &str,
+    whole: Range<usize>,
+    issues: &mut Issues<'_>,
+) -> Option<String> {
+    match o {
         None => {
-            if p.jwt.is_none() {
+            issues.at(
+                whole,
+                format!("principal.jwt: {name} = \"...\" is required"),
+            );
+            None
+        }
+        Some(s) if s.get_ref().trim().is_empty() => {
+            issues.at(s.span(), format!("principal.jwt: {name} must not be empty"));
+            None
+        }
+        Some(s) => Some(s.get_ref().clone()),
+    }
+}
+
+fn build_jwt(raw: &Spanned<RawJwt>, issues: &mut Issues<'_>) -> Option<JwtVerifier> {
+    let j = raw.get_ref();
+    let whole = raw.span();
+    let before = issues.found.len();
+    let jwks_file = jwt_string(&j.jwks_file, "jwks_file", whole.clone(), issues);
+    let issuer = jwt_string(&j.issuer, "issuer", whole.clone(), issues);
+    let audience = match &j.audience {
+        None => {
+            issues.at(
+                whole.clone(),
+                "principal.jwt: audience = \"...\" (or a list) is required",
+            );
+            None
+        }
+        Some(a) => {
+            let list = match a.get_ref().clone() {
+                OneOrMany::One(s) => vec![s],
+                OneOrMany::Many(v) => v,
+            };
+            if list.is_empty() || list.iter().any(|s| s.trim().is_empty()) {
                 issues.at(
-                    raw.span(),
-                    "principal: set header = \"X-Principal\" (or the header your auth proxy sets)",
+                    a.span(),
+                    "principal.jwt: audience must be a non-empty string or list of non-empty strings",
                 );
             }
+            Some(list)
+        }
+    };
+    let claim = match &j.claim {
+        None => jwt::DEFAULT_CLAIM.to_owned(),
+        Some(c) if c.get_ref().is_empty() => {
+            issues.at(c.span(), "principal.jwt: claim must not be empty");
+            String::new()
+        }
+        Some(c) => c.get_ref().clone(),
+    };
+    let mut algorithms = Vec::new();
+    match &j.algorithms {
+        None => issues.at(
+            whole.clone(),
+            "principal.jwt: algorithms = [\"RS256\", ...] is required (the ones your issuer signs with)",
+        ),
+        Some(list) if list.get_ref().is_empty() => {
+            issues.at(list.span(), "principal.jwt: algorithms must not be empty");
+        }
+        Some(list) => {
+            for a in list.get_ref() {
+                match jwt::parse_algorithm(a.get_ref()) {
+                    Ok(alg) if !algorithms.contains(&alg) => algorithms.push(alg),
+                    Ok(_) => {}
+                    Err(e) => issues.at(a.span(), format!("principal.jwt: algorithms: {e}")),
+                }
+            }
+        }
+    }
+    let leeway_s = val(&j.leeway_s).unwrap_or(jwt::DEFAULT_LEEWAY_S);
+    if leeway_s > jwt::MAX_LEEWAY_S {
+        issues.at(
+            span_of(&j.leeway_s).unwrap_or(whole),
+            format!(
+                "principal.jwt: leeway_s must be at most {} (seconds of clock skew)",
+                jwt::MAX_LEEWAY_S
+            ),
+        );
+    }
+    let header = val(&j.header).unwrap_or_else(|| jwt::DEFAULT_HEADER.to_owned());
+    if !is_header_name(&header) {
+        issues.at(
+            span_of(&j.header).unwrap_or(0..0),
+            format!("principal.jwt: header {header:?} is not a valid header name"),
+        );
+    }
+    if issues.found.len() != before {
+        return None;
+    }
+    let settings = JwtSettings {
+        jwks_file: PathBuf::from(jwks_file?),
+        issuer: issuer?,
+        audience: audience?,
+        claim,
+        algorithms,
+        leeway_s,
+        header,
+    };
+    match JwtVerifier::load(settings) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            issues.at(
+                span_of(&j.jwks_file).unwrap_or_else(|| raw.span()),
+                format!("principal.jwt.jwks_file: {e}"),
+            );
             None
         }
     }
@@ -628,7 +782,7 @@ fn build_route(
     if !has_principal && !public {
         issues.at(
             r.path.span(),
-            "this route has no principal: set [principal] header = \"...\" or declare the route public = true",
+            "this route has no principal: set [principal] header = \"...\" or jwt = { ... }, or declare the route public = true",
         );
     }
     let takeover = match &r.takeover {
@@ -906,6 +1060,142 @@ lease_ms = 5000
         let e = one_issue(&text);
         assert_eq!(e.line, 17);
         assert!(e.message.contains("not offered"), "{e}");
+    }
+
+    fn jwks_fixture() -> String {
+        format!(
+            "{}/tests/fixtures/jwt/jwks.json",
+            env!("CARGO_MANIFEST_DIR")
+        )
+    }
+
+    /// `GOOD` with `[principal] jwt = { <fields> }` (on line 8).
+    fn with_jwt(fields: &str) -> String {
+        GOOD.replace("header = \"X-Principal\"", &format!("jwt = {{ {fields} }}"))
+    }
+
+    fn jwt_fields() -> String {
+        format!(
+            "jwks_file = \"{}\", issuer = \"https://auth.test/\", audience = \"api\", algorithms = [\"RS256\", \"ES256\"]",
+            jwks_fixture()
+        )
+    }
+
+    #[test]
+    fn a_jwt_principal_loads_its_jwks() {
+        let c = GatewayConfig::parse("g.toml", &with_jwt(&jwt_fields())).expect("valid");
+        let Some(PrincipalSource::Jwt(v)) = &c.principal else {
+            panic!("{:?}", c.principal)
+        };
+        let s = v.settings();
+        assert_eq!(s.claim, "sub");
+        assert_eq!(s.header, "authorization");
+        assert_eq!(s.leeway_s, jwt::DEFAULT_LEEWAY_S);
+        assert_eq!(s.audience, vec!["api".to_owned()]);
+        assert_eq!(v.key_count(), 2);
+        assert_eq!(
+            c.routes[0].scope_rule,
+            ScopeRule::Function {
+                empty_is_anonymous: false
+            }
+        );
+        let list = with_jwt(&format!(
+            "{}, audience_x = 1",
+            jwt_fields().replace("audience = \"api\"", "audience = [\"a\", \"b\"]")
+        ));
+        // deny_unknown_fields: an unknown key in the jwt table names its line.
+        let e = one_issue(&list);
+        assert_eq!(e.line, 8, "{e}");
+        let list = with_jwt(&format!(
+            "{}, claim = \"tenant\", leeway_s = 5, header = \"X-Token\"",
+            jwt_fields().replace("audience = \"api\"", "audience = [\"a\", \"b\"]")
+        ));
+        let c = GatewayConfig::parse("g.toml", &list).expect("valid");
+        let Some(PrincipalSource::Jwt(v)) = &c.principal else {
+            panic!()
+        };
+        assert_eq!(v.settings().audience, vec!["a".to_owned(), "b".to_owned()]);
+        assert_eq!(
+            (
+                v.settings().claim.as_str(),
+                v.settings().leeway_s,
+                v.settings().header.as_str()
+            ),
+            ("tenant", 5, "X-Token")
+        );
+    }
+
+    #[test]
+    fn bad_jwt_sections_name_their_line() {
+        let f = jwt_fields();
+        let cases: Vec<(String, &str)> = vec![
+            (f.replace("issuer = \"https://auth.test/\", ", ""), "issuer"),
+            (f.replace("audience = \"api\", ", ""), "audience"),
+            (
+                f.replace(", algorithms = [\"RS256\", \"ES256\"]", ""),
+                "algorithms",
+            ),
+            (f.replace("\"RS256\", \"ES256\"", "\"none\""), "unsigned"),
+            (f.replace("\"RS256\", \"ES256\"", "\"HS256\""), "HMAC"),
+            (
+                f.replace("\"RS256\", \"ES256\"", "\"RS255\""),
+                "not a supported",
+            ),
+            (f.replace("\"RS256\", \"ES256\"", ""), "must not be empty"),
+            (
+                f.replace("issuer = \"https://auth.test/\"", "issuer = \"\""),
+                "issuer must not be empty",
+            ),
+            (format!("{f}, leeway_s = 100000"), "leeway_s"),
+            (format!("{f}, header = \"bad header\""), "header"),
+            (format!("{f}, claim = \"\""), "claim"),
+            (
+                f.replace(&jwks_fixture(), "/nonexistent/jwks.json"),
+                "cannot read",
+            ),
+            // The fixture has P-256 and RSA keys only.
+            (
+                f.replace("\"RS256\", \"ES256\"", "\"ES384\""),
+                "no key that can verify ES384",
+            ),
+        ];
+        for (fields, want) in cases {
+            let e = one_issue(&with_jwt(&fields));
+            assert_eq!(e.line, 8, "{fields}: {e}");
+            assert!(e.message.contains(want), "{fields}: {e}");
+        }
+        let both = GOOD.replace(
+            "header = \"X-Principal\"",
+            &format!("header = \"X-Principal\"\njwt = {{ {f} }}"),
+        );
+        let e = one_issue(&both);
+        assert!(e.message.contains("not both"), "{e}");
+        let neither = GOOD.replace("header = \"X-Principal\"", "");
+        let e = one_issue(&neither);
+        assert!(e.message.contains("jwt ="), "{e}");
+    }
+
+    #[test]
+    fn an_empty_or_broken_jwks_names_the_file() {
+        let dir = std::env::temp_dir().join(format!("idempo-gw-cfg-jwks-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        for (name, text, want) in [
+            ("empty.json", "", "not a JWKS"),
+            ("nokeys.json", "{\"keys\": []}", "no signature keys"),
+            (
+                "oct.json",
+                "{\"keys\": [{\"kty\": \"oct\", \"k\": \"c2VjcmV0\"}]}",
+                "symmetric",
+            ),
+        ] {
+            let path = dir.join(name);
+            std::fs::write(&path, text).expect("write");
+            let fields = jwt_fields().replace(&jwks_fixture(), &path.display().to_string());
+            let e = one_issue(&with_jwt(&fields));
+            assert_eq!(e.line, 8, "{e}");
+            assert!(e.message.contains(name) && e.message.contains(want), "{e}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

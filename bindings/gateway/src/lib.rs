@@ -7,7 +7,8 @@
 //!
 //! Modules: [`config`] (the TOML file), [`route`] (path templates), [`store`] (memory and
 //! SQLite), [`proxy`] (the server, routing, operations endpoints), [`admission`] (core's admission),
-//! [`driver`] (core's flow), [`exchange`] (the upstream call and the tee), [`forward`], [`metrics`], [`log`], [`purge`], [`shutdown`], [`body`].
+//! [`driver`] (core's flow), [`exchange`] (the upstream call and the tee), [`jwt`] (the principal
+//! from a verified JWT), [`forward`], [`metrics`], [`log`], [`purge`], [`shutdown`], [`body`].
 #![cfg_attr(
     not(test),
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
@@ -21,6 +22,7 @@ pub mod config;
 pub mod driver;
 pub mod exchange;
 pub mod forward;
+pub mod jwt;
 pub mod log;
 pub mod metrics;
 pub mod proxy;
