@@ -42,6 +42,20 @@ pub fn is_hop_by_hop(name: &str) -> bool {
     HOP.iter().any(|h| name.eq_ignore_ascii_case(h))
 }
 
+/// The fields a `Connection` header of `headers` nominates as hop-by-hop (RFC 9110 §7.6.1),
+/// lower case: a proxy removes them along with the fixed list of [`is_hop_by_hop`].
+#[must_use]
+pub fn connection_nominated(headers: &hyper::HeaderMap) -> Vec<String> {
+    headers
+        .get_all(hyper::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|t| t.trim().to_ascii_lowercase())
+        .filter(|t| !t.is_empty())
+        .collect()
+}
+
 /// Core's response as a hyper response (an invalid header from the store is dropped, never a
 /// panic; hop-by-hop fields are dropped).
 #[must_use]

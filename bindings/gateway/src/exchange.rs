@@ -14,7 +14,7 @@ use idempo_core::machine::{BodyCapture, CapturePlan, CaptureStep, HandlerRespons
 use idempo_core::policy::{Config, ResponseOrigin};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::body::{BoxBody, BoxError, boxed_error, is_hop_by_hop};
+use crate::body::{BoxBody, BoxError, boxed_error, connection_nominated, is_hop_by_hop};
 
 /// Frames buffered between the upstream and a slow client.
 const CHANNEL_FRAMES: usize = 4;
@@ -111,10 +111,11 @@ pub async fn exchange(
     };
     let (parts, body) = response.into_parts();
     let status = parts.status.as_u16();
+    let nominated = connection_nominated(&parts.headers);
     let headers: Vec<(String, String)> = parts
         .headers
         .iter()
-        .filter(|(n, _)| !is_hop_by_hop(n.as_str()))
+        .filter(|(n, _)| !is_hop_by_hop(n.as_str()) && !nominated.iter().any(|t| t == n.as_str()))
         .map(|(n, v)| {
             (
                 n.as_str().to_owned(),
@@ -267,9 +268,10 @@ impl futures_core::Stream for ChannelStream {
 
 /// Removes the hop-by-hop fields of a message the gateway forwards.
 pub fn strip_hop_by_hop(headers: &mut hyper::HeaderMap) {
+    let nominated = connection_nominated(headers);
     let names: Vec<_> = headers
         .keys()
-        .filter(|n| is_hop_by_hop(n.as_str()))
+        .filter(|n| is_hop_by_hop(n.as_str()) || nominated.iter().any(|t| t == n.as_str()))
         .cloned()
         .collect();
     for n in names {

@@ -6,7 +6,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::{Request, Response, Uri};
 
-use crate::body::{BoxBody, is_hop_by_hop, text};
+use crate::body::{BoxBody, connection_nominated, is_hop_by_hop, text};
 use crate::exchange::strip_hop_by_hop;
 use crate::proxy::Shared;
 
@@ -34,8 +34,14 @@ pub fn upstream_request(
     let mut req = Request::new(body);
     *req.method_mut() = parts.method.clone();
     *req.uri_mut() = uri;
+    // HTTP/2 requests carry the authority in the URI (`:authority`), HTTP/1.1 in `Host`: neither
+    // is forwarded, the upstream client sets the upstream's own.
+    let nominated = connection_nominated(&parts.headers);
     for (n, v) in &parts.headers {
-        if is_hop_by_hop(n.as_str()) || n == hyper::header::HOST {
+        if is_hop_by_hop(n.as_str())
+            || n == hyper::header::HOST
+            || nominated.iter().any(|t| t == n.as_str())
+        {
             continue;
         }
         req.headers_mut().append(n.clone(), v.clone());
@@ -66,5 +72,44 @@ pub async fn pass_through(
         }
         Ok(Err(_)) => text(502, "the upstream service failed\n"),
         Err(_) => text(504, "the upstream service did not answer in time\n"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::body::full;
+
+    #[test]
+    fn connection_specific_fields_are_not_forwarded_either_way() {
+        let mut req = Request::post("http://gw.example/payments?x=1")
+            .header("host", "gw.example")
+            .header("connection", "keep-alive, X-Hop")
+            .header("x-hop", "1")
+            .header("te", "trailers")
+            .header("transfer-encoding", "chunked")
+            .header("x-end", "2")
+            .body(())
+            .expect("request");
+        req.headers_mut()
+            .append("connection", "x-other".parse().expect("value"));
+        req.headers_mut()
+            .append("x-other", "3".parse().expect("value"));
+        let (parts, ()) = req.into_parts();
+        let base: Uri = "http://127.0.0.1:9000/api/".parse().expect("uri");
+        let up = upstream_request(&base, &parts, full(Vec::new())).expect("built");
+        assert_eq!(up.uri(), "http://127.0.0.1:9000/api/payments?x=1");
+        assert_eq!(up.version(), hyper::Version::HTTP_11);
+        let names: Vec<&str> = up
+            .headers()
+            .keys()
+            .map(hyper::header::HeaderName::as_str)
+            .collect();
+        assert_eq!(names, vec!["x-end"]);
+
+        let mut resp = parts.headers.clone();
+        strip_hop_by_hop(&mut resp);
+        let names: Vec<&str> = resp.keys().map(hyper::header::HeaderName::as_str).collect();
+        assert_eq!(names, vec!["host", "x-end"]);
     }
 }

@@ -1,6 +1,6 @@
 //! # idempo-gateway
 //!
-//! An HTTP/1.1 reverse proxy that applies the idempo protocol in front of any upstream
+//! An HTTP/1.1 and HTTP/2 reverse proxy that applies the idempo protocol in front of any upstream
 //! service: a Rust host of `idempo-core`. Every protocol decision (admission, fingerprint,
 //! scope, the flow, capture, problem responses, the downstream key, defaults, metric names) is
 //! core's; this crate does the I/O: sockets, the upstream exchange, the stores, timers.

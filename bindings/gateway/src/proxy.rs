@@ -1,4 +1,5 @@
-//! The HTTP/1.1 server: the accept loop with graceful shutdown, the operations endpoints
+//! The server (HTTP/1.1 and HTTP/2, h2c with prior knowledge on the same cleartext port): the
+//! accept loop with graceful shutdown, the operations endpoints
 //! (`/healthz`, `/readyz`, `/metrics`) and routing to [`crate::admission`] (a
 //! protected route) or [`crate::forward`] (the fallback upstream).
 use std::convert::Infallible;
@@ -7,10 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
 use serde_json::json;
 use tokio::net::TcpListener;
 
@@ -61,6 +62,8 @@ impl Shared {
 /// requests up to the configured deadline to finish.
 pub async fn serve(shared: Arc<Shared>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    // Each connection is HTTP/1.1 or HTTP/2, told apart by the HTTP/2 connection preface.
+    let server = auto::Builder::new(TokioExecutor::new());
     let purge = tokio::spawn(purge::run(shared.clone()));
     tokio::pin!(shutdown);
     loop {
@@ -76,7 +79,7 @@ pub async fn serve(shared: Arc<Shared>, listener: TcpListener, shutdown: impl Fu
                 };
                 let s = shared.clone();
                 let svc = service_fn(move |req| handle(s.clone(), req));
-                let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), svc);
+                let conn = server.serve_connection(TokioIo::new(stream), svc).into_owned();
                 let conn = graceful.watch(conn);
                 tokio::spawn(async move {
                     let _ = conn.await;
