@@ -612,6 +612,113 @@ mod tests {
         assert!(e.to_string().contains("key #2"), "{e}");
     }
 
+    fn fixture(name: &str) -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/jwt")
+            .join(name)
+    }
+
+    fn rsa1() -> jsonwebtoken::EncodingKey {
+        use base64::Engine as _;
+        let text = std::fs::read_to_string(fixture("rsa1.pem")).expect("fixture");
+        let b64: String = text.lines().filter(|l| !l.starts_with("-----")).collect();
+        let der = base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .expect("base64");
+        jsonwebtoken::EncodingKey::from_rsa_der(&der)
+    }
+
+    /// A verifier on `jwks` (a JWKS text written to a temporary file).
+    fn verifier(tag: &str, jwks: &str) -> JwtVerifier {
+        let path =
+            std::env::temp_dir().join(format!("idempo-jwt-{tag}-{}.json", std::process::id()));
+        std::fs::write(&path, jwks).expect("write");
+        let v = JwtVerifier::load(JwtSettings {
+            jwks_file: path.clone(),
+            issuer: "iss".to_owned(),
+            audience: vec!["aud".to_owned()],
+            claim: "sub".to_owned(),
+            algorithms: vec![Algorithm::RS256],
+            leeway_s: 0,
+            header: "authorization".to_owned(),
+        })
+        .expect("load");
+        let _ = std::fs::remove_file(path);
+        v
+    }
+
+    fn rsa1_jwk(kid: &str) -> serde_json::Value {
+        let text = std::fs::read_to_string(fixture("jwks.json")).expect("fixture");
+        let doc: serde_json::Value = serde_json::from_str(&text).expect("json");
+        let mut k = doc["keys"][0].clone();
+        k["kid"] = serde_json::json!(kid);
+        k
+    }
+
+    fn sign(kid: Option<&str>) -> String {
+        let mut h = jsonwebtoken::Header::new(Algorithm::RS256);
+        h.kid = kid.map(str::to_owned);
+        let exp = jsonwebtoken::get_current_timestamp() + 60;
+        let claims = serde_json::json!({"iss": "iss", "aud": "aud", "sub": "alice", "exp": exp});
+        jsonwebtoken::encode(&h, &claims, &rsa1()).expect("sign")
+    }
+
+    #[test]
+    fn a_token_without_kid_needs_a_single_fitting_key() {
+        let one = verifier(
+            "one",
+            &serde_json::json!({"keys": [rsa1_jwk("a")]}).to_string(),
+        );
+        assert_eq!(
+            one.verify_token(&sign(None)),
+            Ok(Claim::Principal("alice".to_owned()))
+        );
+        let two = verifier(
+            "two",
+            &serde_json::json!({"keys": [rsa1_jwk("a"), rsa1_jwk("b")]}).to_string(),
+        );
+        assert_eq!(two.verify_token(&sign(None)), Err(TokenError::NoKeyId));
+        assert_eq!(
+            two.verify_token(&sign(Some("b"))),
+            Ok(Claim::Principal("alice".to_owned()))
+        );
+        assert_eq!(
+            two.verify_token(&sign(Some("c"))),
+            Err(TokenError::UnknownKey("c".to_owned()))
+        );
+    }
+
+    #[test]
+    fn the_header_must_be_one_bearer_token() {
+        let v = verifier(
+            "hdr",
+            &serde_json::json!({"keys": [rsa1_jwk("a")]}).to_string(),
+        );
+        let t = sign(Some("a"));
+        let headers = |values: &[String]| {
+            let mut h = HeaderMap::new();
+            for value in values {
+                h.append("authorization", value.parse().expect("value"));
+            }
+            h
+        };
+        let ok = Ok(Claim::Principal("alice".to_owned()));
+        assert_eq!(v.verify(&headers(&[format!("Bearer {t}")])), ok);
+        assert_eq!(v.verify(&headers(&[format!("bearer   {t} ")])), ok);
+        let not_bearer = Err(TokenError::NotBearer("authorization".to_owned()));
+        assert_eq!(v.verify(&headers(&["Bearer".to_owned()])), not_bearer);
+        assert_eq!(v.verify(&headers(&["Bearer  ".to_owned()])), not_bearer);
+        assert_eq!(v.verify(&headers(&[format!("Token {t}")])), not_bearer);
+        assert_eq!(
+            v.verify(&headers(&[])),
+            Err(TokenError::Missing("authorization".to_owned()))
+        );
+        assert_eq!(
+            v.verify(&headers(&[format!("Bearer {t}"), format!("Bearer {t}")])),
+            Err(TokenError::Several("authorization".to_owned()))
+        );
+    }
+
     #[test]
     fn challenges_follow_rfc_6750() {
         assert_eq!(
