@@ -287,7 +287,8 @@ impl GatewayConfig {
         Self::parse(&path.display().to_string(), &text).map_err(LoadError::Invalid)
     }
 
-    /// Validates `text`, the contents of the file named `file`.
+    /// Validates `text`, the contents of the file named `file`. With `[principal] jwt`, this
+    /// reads its JWKS file too (an unusable one is an issue at the `jwks_file` line).
     ///
     /// # Errors
     /// Every issue found, each naming its line and column.
