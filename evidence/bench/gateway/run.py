@@ -16,9 +16,10 @@ keep-alive connections, pinned to CPU 1). Rows:
 - ``gateway memory | SQLite | PostgreSQL``: the protected route ``POST /pay`` (public, core's
   defaults) on each store; PostgreSQL when ``IDEMPO_BENCH_POSTGRES_URL`` is set, else a throwaway
   server from scripts/test-services.sh (``--no-services``: neither);
-- ``Python ASGI SQLite``: FastAPI behind idempo's ASGI middleware on the SQLite store
-  (evidence/bench/e2e/py_app.py, ``E2E_VARIANT=idempo-sqlite``), one uvicorn process: the
-  in-process integration the gateway's 5x target is stated against.
+- ``Python ASGI memory | SQLite | PostgreSQL``: FastAPI behind idempo's ASGI middleware on the
+  same store (evidence/bench/e2e/py_app.py, ``E2E_VARIANT=idempo-<store>``: MemoryStore,
+  SQLiteStore, AsyncPostgresStore), one uvicorn process: the in-process integration the gateway's
+  5x target is stated against, store for store.
 
 The server side is pinned to CPU 0 (the gateway process, all its threads, and the upstream it
 forwards to: the service as a whole on one core, as the ASGI app with its handler is); wrk alone
@@ -118,9 +119,9 @@ class Running:
 
 def start_row(row: Row, work: Path, tag: str, pg_dsn: str, upstream_cpu: int) -> Running:
     if row.kind == "asgi":
+        url = {"sqlite": str(work / f"asgi-{tag}.sqlite3"), "postgres": pg_dsn}.get(row.store, "")
         server = Server("evidence.bench.e2e.py_app:app",
-                        {"E2E_VARIANT": "idempo-sqlite", "E2E_STORE_URL": str(work / f"asgi-{tag}.sqlite3"),
-                         "E2E_COUNT": "0"}, workers=1)
+                        {"E2E_VARIANT": f"idempo-{row.store}", "E2E_STORE_URL": url, "E2E_COUNT": "0"}, workers=1)
         server.start()
         assert server.proc is not None
         e2e.pin(server.proc.pid, 0)
@@ -215,16 +216,13 @@ def table(rows: List[Row], commit_rate: float) -> None:
                 print(f"  {name}: p50 {g.med('p50_us') / 1e3:.3f} ms = {ratio:.2f}x the plain proxy's "
                       f"{plain.med('p50_us') / 1e3:.3f} ms (+{(ratio - 1) * 100:.0f}%), target <= +10%: "
                       f"{verdict(ratio <= P50_TARGET)}")
-    asgi = by.get("Python ASGI SQLite")
-    if asgi and asgi.med("rps"):
-        for name in ("gateway SQLite", "gateway memory"):
-            g = by.get(name)
-            if g and g.runs:
-                ratio = g.med("rps") / asgi.med("rps")
-                same = "same store" if g.store == "sqlite" else "not the same store: for reference"
-                print(f"  {name}: {g.med('rps'):,.0f} req/s = {ratio:.1f}x the Python ASGI integration's "
-                      f"{asgi.med('rps'):,.0f} on SQLite ({same}), target >= 5x: "
-                      f"{verdict(ratio >= RPS_TARGET) if g.store == 'sqlite' else '-'}")
+    for g in rows:
+        asgi = next((a for a in rows if a.kind == "asgi" and a.store == g.store), None)
+        if g.kind != "gateway" or asgi is None or not asgi.med("rps") or not g.runs:
+            continue
+        ratio = g.med("rps") / asgi.med("rps")
+        print(f"  {g.name}: {g.med('rps'):,.0f} req/s = {ratio:.1f}x the Python ASGI integration's "
+              f"{asgi.med('rps'):,.0f} on the same store, target >= 5x: {verdict(ratio >= RPS_TARGET)}")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -262,7 +260,14 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print(f"bench-gateway: no PostgreSQL row ({str(exc).splitlines()[0][:200]})", file=sys.stderr)
         if pg_dsn:
             rows.append(Row("gateway PostgreSQL", "gateway", "postgres"))
-    rows.append(Row("Python ASGI SQLite", "asgi", "sqlite"))
+    rows += [Row("Python ASGI memory", "asgi", "memory"), Row("Python ASGI SQLite", "asgi", "sqlite")]
+    if pg_dsn:
+        from idempo import stores
+
+        pg = stores.PostgresStore(pg_dsn)  # the table, for the Python row (the gateway creates its own)
+        pg.create_schema()
+        pg.close()
+        rows.append(Row("Python ASGI PostgreSQL", "asgi", "postgres"))
     if args.only:
         want = {w.strip() for w in args.only.split(",") if w.strip()}
         rows = [r for r in rows if r.name in want]
