@@ -59,8 +59,8 @@ MODES = ("ou", "keyed")
 UPSTREAM_STEPS = ("in_handler", "after_effect")
 
 PROFILES: Dict[str, Dict[str, Any]] = {
-    "short": dict(rounds={2: 20, 16: 8, 64: 3, 256: 1}, mixed={2: 10, 16: 4, 64: 2, 256: 1}, kill_trials=1,
-                  stop_trials=1, probes=5, hung_probes=5, ttl_keys=4, purge=10_000),
+    "short": dict(rounds={2: 40, 16: 12, 64: 4, 256: 2}, mixed={2: 20, 16: 8, 64: 3, 256: 1}, kill_trials=2,
+                  stop_trials=2, probes=5, hung_probes=5, ttl_keys=8, purge=10_000),
     "long": dict(rounds={2: 3000, 16: 600, 64: 150, 256: 60}, mixed={2: 1500, 16: 300, 64: 75, 256: 30},
                  kill_trials=10, stop_trials=5, probes=50, hung_probes=30, ttl_keys=50, purge=200_000),
 }
