@@ -5,6 +5,8 @@
 #   make bench   print benchmark figures (never asserted)
 #   make bench-e2e   idempo's added time per request against the bare app and the peer middlewares
 #                (FastAPI, Express 5, Fastify 5; every store; wrk; ~10 min; mk/bench-e2e.mk)
+#   make bench-gateway   idempo-gateway on each store against a plain reverse proxy, the upstream
+#                alone and the Python ASGI integration (wrk; ~2.5 min; mk/bench-gateway.mk)
 #   make lint    cargo fmt --check, clippy -D warnings (the workspace's lint policy is
 #                [workspace.lints] in Cargo.toml), each crate's rust-version against its
 #                dependencies under the committed Cargo.lock (scripts/check-msrv.py), and the

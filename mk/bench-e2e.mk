@@ -11,14 +11,17 @@
 #                         dedup checks, not the figures)
 BENCH_E2E_ARGS ?=
 
-.PHONY: bench-e2e bench-e2e-smoke bench-e2e-setup
+.PHONY: bench-e2e bench-e2e-smoke bench-e2e-setup bench-load-tools
 
-bench-e2e-setup: python-setup node-build
+# wrk and taskset, shared with mk/bench-gateway.mk.
+bench-load-tools:
 	@command -v wrk >/dev/null 2>&1 || { \
-	  [ "$$(id -u)" -eq 0 ] || { echo "bench-e2e: wrk is required (apt-get install wrk)" >&2; exit 1; }; \
-	  echo "bench-e2e: installing wrk (Debian package)"; export DEBIAN_FRONTEND=noninteractive; \
+	  [ "$$(id -u)" -eq 0 ] || { echo "bench: wrk is required (apt-get install wrk)" >&2; exit 1; }; \
+	  echo "bench: installing wrk (Debian package)"; export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get update -qq >/dev/null && apt-get install -y -qq --no-install-recommends wrk >/dev/null; }
-	@command -v taskset >/dev/null 2>&1 || { echo "bench-e2e: taskset (util-linux) is required" >&2; exit 1; }
+	@command -v taskset >/dev/null 2>&1 || { echo "bench: taskset (util-linux) is required" >&2; exit 1; }
+
+bench-e2e-setup: python-setup node-build bench-load-tools
 	PYTHON=$(CURDIR)/.venv/bin/python bash evidence/bench/e2e/install_peers.sh evidence/bench/e2e/.peers
 
 bench-e2e: bench-e2e-setup

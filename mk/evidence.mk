@@ -4,7 +4,10 @@
 #                         every store (kill -9, transactional kill -9 on both apps, SIGSTOP, outages,
 #                         hung PostgreSQL, TTL/purge, soak) + hostile-input suites from Python and
 #                         Node + the production topologies' short rows (below, one fault each,
-#                         ~2 min); fails on any violation. A few minutes.
+#                         ~2 min) + the same scenarios against idempo-gateway where they apply
+#                         (evidence/reliability/gateway.py: storms, kill -9 of the upstream and of
+#                         the gateway, SIGSTOP of each, PostgreSQL stopped and hung, TTL and the
+#                         purge task; the debug binary); fails on any violation. A few minutes.
 #   make evidence-short   the same suites, figures printed (alias of test-evidence)
 #   make evidence-long    publishing mode: >= 10^5 trials per store (Python app; the Node app at a
 #                         quarter of the rounds), purge of 10^6 rows, 1-minute soaks whose memory
@@ -30,11 +33,15 @@ test-evidence: evidence-short
 evidence-short: python-setup node-build
 	$(EV_PY) -m mypy --ignore-missing-imports evidence
 	$(EV_PY) -m evidence.reliability.run --mode short
+	$(CARGO) build -q -p idempo-gateway
+	IDEMPO_GATEWAY_BIN=$${CARGO_TARGET_DIR:-target}/debug/idempo-gateway $(EV_PY) -m evidence.reliability.gateway --mode short
 	$(EV_PY) -m evidence.reliability.topologies --mode short
 	$(EV_PY) -m evidence.hostile.run
 
 evidence-long: python-setup node-build
 	$(EV_PY) -m evidence.reliability.run --mode long
+	$(CARGO) build -q -p idempo-gateway
+	IDEMPO_GATEWAY_BIN=$${CARGO_TARGET_DIR:-target}/debug/idempo-gateway $(EV_PY) -m evidence.reliability.gateway --mode long
 	$(EV_PY) -m evidence.hostile.run
 	$(EV_PY) -m evidence.reliability.topologies --mode long
 
