@@ -46,6 +46,7 @@ pub mod options;
 pub mod policy;
 pub mod recipes;
 pub mod record;
+pub mod redis_check;
 pub mod retry;
 pub mod scope;
 pub mod vocab;

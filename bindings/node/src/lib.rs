@@ -28,6 +28,7 @@ mod num;
 mod options;
 mod recipes;
 mod record;
+mod redis_check;
 mod retry;
 mod scope;
 mod strarg;
