@@ -36,6 +36,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod busy;
 pub mod canonical;
 pub mod fingerprint;
 pub mod intent;

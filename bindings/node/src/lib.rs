@@ -12,6 +12,7 @@
 #![cfg_attr(test, allow(dead_code))]
 
 mod admit;
+mod busy;
 mod cache;
 mod call;
 mod canonical;

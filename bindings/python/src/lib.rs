@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 mod admit;
+mod busy;
 mod call;
 mod canonical;
 mod convert;
@@ -49,6 +50,7 @@ fn _idempo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(flow::body_problem, m)?)?;
     m.add_function(wrap_pyfunction!(flow::unavailable_problem, m)?)?;
     m.add_function(wrap_pyfunction!(recipes::recipes, m)?)?;
+    m.add_function(wrap_pyfunction!(busy::sqlite_setup_pause_ms, m)?)?;
     m.add_function(wrap_pyfunction!(
         redis_check::redis_cluster_node_refusal,
         m
