@@ -87,7 +87,7 @@ function primaries(client: Cluster): string {
 /** Refuses the policies that are not `noeviction` (`node` names the node; core's rule). */
 function refusePolicies(policies: Array<[string, unknown]>): void {
   const refusal = redisPolicyRefusal(
-    policies.map(([node, p]) => ({ node, policy: typeof p === 'string' ? p : p == null ? null : String(p) })),
+    policies.map(([node, p]) => ({ node, policy: p == null ? undefined : String(p) })),
   );
   if (refusal !== null) throw new ConfigError(refusal);
 }

@@ -68,13 +68,13 @@ function storeError(e: unknown): Error {
 }
 
 /**
- * The wait for a write lock held by another connection, off the event loop: doubling pauses
- * (`setTimeout`, 1 ms up to 25 ms) between attempts, bounded by `busyTimeoutMs` from the first one.
+ * The wait for a write lock held by another connection, off the event loop: core's doubling pauses
+ * (`setTimeout`, 1 ms up to 25 ms, `idempo_core::busy`) between attempts, bounded by `busyTimeoutMs` from the first one.
  */
 class BusyWait {
   readonly #since: number;
   readonly #boundMs: number;
-  #pause = BUSY_FIRST_PAUSE_MS;
+  #refused = 0;
 
   /** `since`: `performance.now()` at the first attempt. */
   constructor(since: number, boundMs: number) {
@@ -92,10 +92,9 @@ class BusyWait {
    * (a late timer never starts an attempt past the bound, so the store's callers can rely on it).
    */
   async pause(): Promise<boolean> {
-    const left = this.#boundMs - this.waitedMs;
-    if (left <= 0) return false;
-    const ms = Math.min(this.#pause, Math.ceil(left));
-    this.#pause = Math.min(this.#pause * 2, BUSY_MAX_PAUSE_MS);
+    this.#refused += 1;
+    const ms = sqliteSetupPauseMs(this.#refused, this.waitedMs, Math.ceil(this.#boundMs));
+    if (ms === null) return false;
     await new Promise<void>((resolve) => setTimeout(resolve, ms));
     return this.waitedMs < this.#boundMs;
   }
