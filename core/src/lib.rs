@@ -36,6 +36,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod busy;
 pub mod canonical;
 pub mod fingerprint;
 pub mod intent;
@@ -46,6 +47,7 @@ pub mod options;
 pub mod policy;
 pub mod recipes;
 pub mod record;
+pub mod redis_check;
 pub mod retry;
 pub mod scope;
 pub mod vocab;

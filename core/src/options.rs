@@ -235,6 +235,31 @@ pub fn option(owner: &str, name: &str) -> Option<&'static OptionSpec> {
     OPTIONS.iter().find(|o| o.owner == owner && o.name == name)
 }
 
+/// A host of core: how its users set an option, for refusals that name the fix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Host {
+    /// The Python package (keyword arguments, `snake_case`).
+    Python,
+    /// The Node package (option objects, `camelCase`).
+    Node,
+    /// The gateway (its TOML file, `snake_case`).
+    Gateway,
+}
+
+impl Host {
+    /// How this host's users switch the option `name` (`snake_case`) on: `assume_noeviction=True`
+    /// in Python, `assumeNoeviction: true` in Node, `assume_noeviction = true` in the gateway's
+    /// TOML.
+    #[must_use]
+    pub fn switch_on(self, name: &str) -> String {
+        match self {
+            Self::Python => format!("{name}=True"),
+            Self::Node => format!("{}: true", camel_case(name)),
+            Self::Gateway => format!("{name} = true"),
+        }
+    }
+}
+
 /// `snake_case` as `camelCase` (the spelling of Node and Swift).
 #[must_use]
 pub fn camel_case(name: &str) -> String {

@@ -10,7 +10,8 @@
 //! - PostgreSQL texts use positional parameters `$1…$n` with explicit casts (`$4::bigint`), so
 //!   drivers that send untyped parameters (node-postgres) and typed ones (psycopg) get the same
 //!   plan. The table is `idempo_record`; a host that puts it in another schema replaces the whole
-//!   word `idempo_record` (never the index name `idempo_record_expires_at`): [`rename_table`].
+//!   word `idempo_record` (never the index name `idempo_record_expires_at`): [`rename_table`]
+//!   ([`rename_table_and_index`] renames the index too).
 //! - SQLite texts use named parameters `:name` (accepted by Python's `sqlite3` and by
 //!   better-sqlite3); `:now` is the clock override and `NULL` in production.
 //! - Redis scripts are [`REDIS_PRELUDE`] followed by a body; `KEYS[1]` is the record key and the
@@ -540,18 +541,30 @@ pub fn by_name(name: &str) -> Option<&'static str> {
 /// longer identifier left as they are. `table` is inserted verbatim: quote it first.
 #[must_use]
 pub fn rename_table(sql: &str, table: &str) -> String {
-    const WORD: &str = "idempo_record";
-    let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    replace_word(sql, "idempo_record", table)
+}
+
+/// `sql` with the table moved as [`rename_table`] does and its expiry index renamed: every whole
+/// word `idempo_record_expires_at` replaced by `index` (inserted verbatim: quote it first).
+#[must_use]
+pub fn rename_table_and_index(sql: &str, table: &str, index: &str) -> String {
+    replace_word(&rename_table(sql, table), "idempo_record_expires_at", index)
+}
+
+/// `sql` with every whole word (identifier characters `[A-Za-z0-9_]` on neither side) `word`
+/// replaced by `with`.
+fn replace_word(sql: &str, word: &str, with: &str) -> String {
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
     let mut out = String::with_capacity(sql.len() + 32);
     let mut rest = sql;
-    while let Some(at) = rest.find(WORD) {
+    while let Some(at) = rest.find(word) {
         let (head, tail) = rest.split_at(at);
-        let after = tail.get(WORD.len()..).unwrap_or("");
+        let after = tail.get(word.len()..).unwrap_or("");
         out.push_str(head);
-        if head.chars().next_back().is_some_and(word) || after.chars().next().is_some_and(word) {
-            out.push_str(WORD);
+        if head.chars().next_back().is_some_and(ident) || after.chars().next().is_some_and(ident) {
+            out.push_str(word);
         } else {
-            out.push_str(table);
+            out.push_str(with);
         }
         rest = after;
     }
@@ -569,6 +582,10 @@ mod tests {
         assert_eq!(
             rename_table(sql, "\"s\".idempo_record"),
             "DELETE FROM \"s\".idempo_record WHERE x; CREATE INDEX idempo_record_expires_at ON \"s\".idempo_record(expires_at); my_idempo_record"
+        );
+        assert_eq!(
+            rename_table_and_index(sql, "t", "t_exp"),
+            "DELETE FROM t WHERE x; CREATE INDEX t_exp ON t(expires_at); my_idempo_record"
         );
         for text in [POSTGRES_SCHEMA, POSTGRES_CLAIM, POSTGRES_PURGE] {
             let moved = rename_table(text, "t.idempo_record");

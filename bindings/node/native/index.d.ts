@@ -788,6 +788,36 @@ export interface RecordRowData {
 }
 
 /**
+ * The refusal of a single-node client whose server's `INFO cluster` text says
+ * `cluster_enabled:1`, or `null`.
+ */
+export declare function redisClusterNodeRefusal(info: string): string | null
+
+/**
+ * The refusal for the error text a `CONFIG GET` answered with, when it means the command itself
+ * is refused (unknown command, ACL denial); `null` for any other error (a store error).
+ */
+export declare function redisConfigGetRefusal(error: string): string | null
+
+/** One node's `maxmemory-policy` as `CONFIG GET` reported it (`policy` null: not reported). */
+export interface RedisNodePolicy {
+  /** The node (`host:port`, or `the server`). */
+  node: string
+  /** Its `maxmemory-policy`. */
+  policy?: string
+}
+
+/** The refusal of the nodes' policies, or `null` when every node has `noeviction`. */
+export declare function redisPolicyRefusal(policies: Array<RedisNodePolicy>): string | null
+
+/**
+ * `sql` with the table `idempo_record` renamed to `table` and, when given, the index
+ * `idempo_record_expires_at` to `index`, whole words only (`idempo_core::recipes`); both are
+ * inserted verbatim: quote them first.
+ */
+export declare function renameRecipe(sql: string, table: string, index?: string | undefined | null): string
+
+/**
  * Whether core looks at the body of a response with this status and `Content-Type` to
  * recognise idempo's own problems (a 409, 422 or 500 `application/problem+json`).
  */
@@ -859,6 +889,12 @@ export interface ScopeReturn {
    */
   text?: string
 }
+
+/**
+ * The pause (ms) before the next attempt after the `refused`-th busy refusal (1 for the first),
+ * `waitedMs` after the first attempt began; `null` once `boundMs` is spent.
+ */
+export declare function sqliteSetupPauseMs(refused: number, waitedMs: number, boundMs: number): number | null
 
 /** Histogram bounds, in seconds, of `idempo_store_operation_duration_seconds`. */
 export declare function storeLatencyBuckets(): Array<number>

@@ -12,6 +12,7 @@
 #![cfg_attr(test, allow(dead_code))]
 
 mod admit;
+mod busy;
 mod cache;
 mod call;
 mod canonical;
@@ -28,6 +29,7 @@ mod num;
 mod options;
 mod recipes;
 mod record;
+mod redis_check;
 mod retry;
 mod scope;
 mod strarg;

@@ -13,3 +13,15 @@ pub fn recipes() -> HashMap<String, String> {
         .map(|(name, text)| ((*name).to_owned(), (*text).to_owned()))
         .collect()
 }
+
+/// `sql` with the table `idempo_record` renamed to `table` and, when given, the index
+/// `idempo_record_expires_at` to `index`, whole words only (`idempo_core::recipes`); both are
+/// inserted verbatim: quote them first.
+#[napi(catch_unwind)]
+#[must_use]
+pub fn rename_recipe(sql: String, table: String, index: Option<String>) -> String {
+    match index {
+        Some(index) => idempo_core::recipes::rename_table_and_index(&sql, &table, &index),
+        None => idempo_core::recipes::rename_table(&sql, &table),
+    }
+}

@@ -44,7 +44,7 @@ test('every primary is checked for noeviction', { skip }, async () => {
   await withPolicy(last, 'volatile-lru', async () => {
     const store = new idempo.RedisStore({ url: `redis://${nodes[0].host}:${nodes[0].port}`, cluster: true });
     try {
-      await assert.rejects(store.ready(), (e) => e instanceof idempo.ConfigError && e.message.includes(`${last.host}:${last.port} has volatile-lru`));
+      await assert.rejects(store.ready(), (e) => e instanceof idempo.ConfigError && e.message.includes(`${last.host}:${last.port} has 'volatile-lru'`));
     } finally {
       await store.close();
     }

@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 mod admit;
+mod busy;
 mod call;
 mod canonical;
 mod convert;
@@ -22,6 +23,7 @@ mod key;
 mod memory;
 mod options;
 mod recipes;
+mod redis_check;
 mod retry;
 mod scope;
 
@@ -48,6 +50,13 @@ fn _idempo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(flow::body_problem, m)?)?;
     m.add_function(wrap_pyfunction!(flow::unavailable_problem, m)?)?;
     m.add_function(wrap_pyfunction!(recipes::recipes, m)?)?;
+    m.add_function(wrap_pyfunction!(busy::sqlite_setup_pause_ms, m)?)?;
+    m.add_function(wrap_pyfunction!(
+        redis_check::redis_cluster_node_refusal,
+        m
+    )?)?;
+    m.add_function(wrap_pyfunction!(redis_check::redis_policy_refusal, m)?)?;
+    m.add_function(wrap_pyfunction!(redis_check::redis_config_get_refusal, m)?)?;
     m.add_function(wrap_pyfunction!(options::option_defaults, m)?)?;
     m.add_function(wrap_pyfunction!(memory::memory_partition, m)?)?;
     m.add_function(wrap_pyfunction!(memory::cache_servable, m)?)?;

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use idempo_core::busy;
 use idempo_core::machine::memory::PurgeCounts;
 use idempo_core::machine::{StoreOp, StoreResult};
 use idempo_core::recipes;
@@ -58,8 +59,8 @@ impl SqliteStore {
                 rusqlite::version()
             )));
         }
-        let deadline = Instant::now() + Duration::from_millis(busy_timeout_ms);
-        let mut pause = Duration::from_millis(1);
+        let since = Instant::now();
+        let mut refused = 0_u32;
         loop {
             match conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get::<_, String>(0)) {
                 Ok(mode) if mode.eq_ignore_ascii_case("wal") => break,
@@ -69,9 +70,13 @@ impl SqliteStore {
                         path.display()
                     )));
                 }
-                Err(e) if is_busy(&e) && Instant::now() < deadline => {
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(Duration::from_millis(25));
+                Err(e) if is_busy(&e) => {
+                    refused = refused.saturating_add(1);
+                    let waited = u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX);
+                    match busy::setup_pause_ms(refused, waited, busy_timeout_ms) {
+                        Some(pause) => std::thread::sleep(Duration::from_millis(pause)),
+                        None => return Err(e.into()),
+                    }
                 }
                 Err(e) => return Err(e.into()),
             }

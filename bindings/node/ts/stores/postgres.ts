@@ -3,16 +3,15 @@ import { StoreUnavailableError } from '../errors';
 import type { ClaimResult, ClockOverride, GetResult, PurgeCounts, PurgeOptions, TransactionalStore, TransactionSession } from './types';
 import { asBuffer, checkKeyAndToken } from './types';
 import { recipe, recordFromRow } from './recipes';
+import { renameRecipe } from '../native';
 import type { RecipeRow } from './recipes';
 import { statsFromRow } from './types';
 import type { StoreStats } from './types';
 import { defaultOf } from '../defaults';
 
-/** The table and index names of the recipes, replaced as whole words. */
-const NAMES = /\bidempo_record(_expires_at)?\b/g;
-
+/** A recipe with its table and index renamed, whole words only (core's `rename_table_and_index`). */
 function named(sql: string, table: string, index = 'idempo_record_expires_at'): string {
-  return sql.replace(NAMES, (m) => (m === 'idempo_record' ? table : index));
+  return renameRecipe(sql, table, index);
 }
 
 /** The PostgreSQL schema of `spec/STORAGE.md` §4.1 (for `schema`-qualified tables see `postgresSchema`). */

@@ -4,6 +4,7 @@ import { ConfigError, InvalidArgumentError, StoreUnavailableError } from '../err
 import type { ClaimResult, ClockOverride, GetResult, IdempotencyStore, PurgeCounts, StoreRecord } from './types';
 import { asBuffer, checkKeyAndToken } from './types';
 import { recipe } from './recipes';
+import { redisClusterNodeRefusal, redisConfigGetRefusal, redisPolicyRefusal } from '../native';
 import type { StoreStats } from './types';
 import { defaultOf } from '../defaults';
 
@@ -83,14 +84,12 @@ function primaries(client: Cluster): string {
     .join(',');
 }
 
-/** Refuses the policies that are not `noeviction` (`where` names the node). */
+/** Refuses the policies that are not `noeviction` (`node` names the node; core's rule). */
 function refusePolicies(policies: Array<[string, unknown]>): void {
-  const wrong = policies.filter(([, p]) => p !== 'noeviction');
-  if (wrong.length === 0) return;
-  const where = wrong.map(([node, p]) => `${node} has ${String(p)}`).join(', ');
-  throw new ConfigError(
-    `Redis maxmemory-policy must be noeviction on every node (${where}): evicting a claim is a double execution`,
+  const refusal = redisPolicyRefusal(
+    policies.map(([node, p]) => ({ node, policy: p == null ? undefined : String(p) })),
   );
+  if (refusal !== null) throw new ConfigError(refusal);
 }
 
 async function policyOf(client: IORedis): Promise<unknown> {
@@ -98,13 +97,8 @@ async function policyOf(client: IORedis): Promise<unknown> {
   try {
     r = (await client.config('GET', 'maxmemory-policy')) as string[];
   } catch (e) {
-    const text = String((e as Error).message);
-    if (/unknown command/i.test(text) || text.includes('NOPERM')) {
-      throw new ConfigError(
-        `Redis refused CONFIG GET maxmemory-policy (${text.trim()}): CONFIG is disabled, renamed or not permitted for this user (as on some managed services), so idempo cannot check that claims are never evicted (an evicted claim is a double execution). Check that maxmemory-policy is noeviction yourself and pass assumeNoeviction: true, or grant +config|get`,
-        { cause: e },
-      );
-    }
+    const refusal = redisConfigGetRefusal(String((e as Error).message));
+    if (refusal !== null) throw new ConfigError(refusal, { cause: e });
     throw e;
   }
   return r[1];
@@ -207,11 +201,8 @@ export class RedisStore implements IdempotencyStore {
     } catch {
       // INFO disabled: nothing to learn.
     }
-    if (/^cluster_enabled:1\s*$/m.test(info)) {
-      throw new ConfigError(
-        'this Redis server is a Redis Cluster node: a single-node client gets MOVED for most keys; pass `cluster: true` with the url, or an ioredis Cluster client',
-      );
-    }
+    const clusterRefusal = redisClusterNodeRefusal(info);
+    if (clusterRefusal !== null) throw new ConfigError(clusterRefusal);
     if (!this.#skipCheck) refusePolicies([['the server', await policyOf(client)]]);
     this.#checkedNodes = '';
   }

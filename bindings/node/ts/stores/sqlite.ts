@@ -4,6 +4,7 @@ import { StoreUnavailableError } from '../errors';
 import type { CallOptions, ClaimResult, ClockOverride, GetResult, PurgeCounts, PurgeOptions, TransactionalStore, TransactionSession } from './types';
 import { asBuffer, checkKeyAndToken } from './types';
 import { recipe, recordFromRow } from './recipes';
+import { sqliteSetupPauseMs } from '../native';
 import type { RecipeRow } from './recipes';
 import { statsFromRow } from './types';
 import type { StoreStats } from './types';
@@ -25,11 +26,6 @@ const SQL = {
   stats: recipe('sqlite_stats'),
 } as const;
 
-/** First pause before retrying a statement refused with `SQLITE_BUSY`, ms (doubles per retry). */
-const BUSY_FIRST_PAUSE_MS = 1;
-/** Longest pause between two retries of a statement refused with `SQLITE_BUSY`, ms. */
-const BUSY_MAX_PAUSE_MS = 25;
-
 /** True for better-sqlite3's `SQLITE_BUSY` and its extended codes (`SQLITE_BUSY_RECOVERY`, …). */
 function isBusy(e: unknown): boolean {
   const code = typeof e === 'object' && e !== null ? (e as { code?: unknown }).code : undefined;
@@ -38,13 +34,13 @@ function isBusy(e: unknown): boolean {
 
 /**
  * Runs one step of the store's synchronous setup (constructor), retrying while SQLite refuses it
- * with `SQLITE_BUSY` until `boundMs` from the first attempt; the pauses (doubling, 1 ms up to 25 ms)
+ * with `SQLITE_BUSY` until `boundMs` from the first attempt; the pauses (core's schedule: doubling, 1 ms up to 25 ms)
  * block, as the constructor does. Switching a fresh file to WAL needs an exclusive lock and SQLite
  * refuses it at once, without its busy handler, while another connection opens the same file.
  */
 function setupStep<T>(boundMs: number, what: string, step: () => T): T {
   const since = performance.now();
-  let pause = BUSY_FIRST_PAUSE_MS;
+  let refused = 0;
   const sleeper = new Int32Array(new SharedArrayBuffer(4));
   for (;;) {
     try {
@@ -54,12 +50,13 @@ function setupStep<T>(boundMs: number, what: string, step: () => T): T {
         if (e instanceof RangeError || e instanceof StoreUnavailableError) throw e;
         throw new StoreUnavailableError(`SQLite: ${what} failed: ${(e as Error).message}`, { cause: e });
       }
+      refused += 1;
       const waited = performance.now() - since;
-      if (waited >= boundMs) {
+      const pause = sqliteSetupPauseMs(refused, waited, boundMs);
+      if (pause === null) {
         throw new StoreUnavailableError(`SQLite: ${what} found the database locked for ${Math.round(waited)} ms (busyTimeoutMs ${boundMs})`, { cause: e });
       }
-      Atomics.wait(sleeper, 0, 0, Math.min(pause, boundMs - waited));
-      pause = Math.min(pause * 2, BUSY_MAX_PAUSE_MS);
+      Atomics.wait(sleeper, 0, 0, pause);
     }
   }
 }
@@ -71,13 +68,13 @@ function storeError(e: unknown): Error {
 }
 
 /**
- * The wait for a write lock held by another connection, off the event loop: doubling pauses
- * (`setTimeout`, 1 ms up to 25 ms) between attempts, bounded by `busyTimeoutMs` from the first one.
+ * The wait for a write lock held by another connection, off the event loop: core's doubling pauses
+ * (`setTimeout`, 1 ms up to 25 ms, `idempo_core::busy`) between attempts, bounded by `busyTimeoutMs` from the first one.
  */
 class BusyWait {
   readonly #since: number;
   readonly #boundMs: number;
-  #pause = BUSY_FIRST_PAUSE_MS;
+  #refused = 0;
 
   /** `since`: `performance.now()` at the first attempt. */
   constructor(since: number, boundMs: number) {
@@ -95,10 +92,9 @@ class BusyWait {
    * (a late timer never starts an attempt past the bound, so the store's callers can rely on it).
    */
   async pause(): Promise<boolean> {
-    const left = this.#boundMs - this.waitedMs;
-    if (left <= 0) return false;
-    const ms = Math.min(this.#pause, Math.ceil(left));
-    this.#pause = Math.min(this.#pause * 2, BUSY_MAX_PAUSE_MS);
+    this.#refused += 1;
+    const ms = sqliteSetupPauseMs(this.#refused, this.waitedMs, Math.ceil(this.#boundMs));
+    if (ms === null) return false;
     await new Promise<void>((resolve) => setTimeout(resolve, ms));
     return this.waitedMs < this.#boundMs;
   }

@@ -44,7 +44,12 @@ from typing import (
     Union,
 )
 
-from idempo._idempo import InvalidArgument
+from idempo._idempo import (
+    InvalidArgument,
+    redis_cluster_node_refusal,
+    redis_config_get_refusal,
+    redis_policy_refusal,
+)
 from idempo._options import default
 from idempo.stores._base import (
     ClaimResult,
@@ -162,32 +167,20 @@ def _node_policies(reply: Any) -> Dict[str, Optional[str]]:
 
 
 def _refuse_policies(policies: Dict[str, Optional[str]]) -> None:
-    wrong = {node: p for node, p in policies.items() if p != "noeviction"}
-    if wrong:
-        where = ", ".join(f"{node} has {p!r}" for node, p in sorted(wrong.items()))
-        raise InvalidArgument(
-            f"Redis maxmemory-policy must be 'noeviction' on every node ({where}): an evicted "
-            "claim is a double execution; fix the server or pass allow_eviction=True"
-        )
-
-
-CONFIG_REFUSED = (
-    "Redis refused CONFIG GET maxmemory-policy ({reason}): CONFIG is disabled, renamed or not "
-    "permitted for this user (as on some managed services), so idempo cannot check that claims "
-    "are never evicted (an evicted claim is a double execution). Check that maxmemory-policy is "
-    "'noeviction' yourself and pass assume_noeviction=True, or grant +config|get"
-)
-"""The refusal when ``CONFIG GET`` itself is refused (it names the fix)."""
+    """Raises core's refusal when a node's policy is not ``noeviction``."""
+    refusal = redis_policy_refusal(list(policies.items()))
+    if refusal is not None:
+        raise InvalidArgument(refusal)
 
 
 def _config_refused(exc: redis.ResponseError) -> Optional[InvalidArgument]:
     """The configuration error for a refused ``CONFIG GET`` (an unknown command or an ACL
-    denial), or None for any other error (a store error)."""
+    denial, as core tells them apart), or None for any other error (a store error)."""
     text = str(exc)
-    denied = isinstance(exc, redis.exceptions.NoPermissionError) or "NOPERM" in text
-    if denied or "unknown command" in text.lower():
-        return InvalidArgument(CONFIG_REFUSED.format(reason=text.strip()))
-    return None
+    if isinstance(exc, redis.exceptions.NoPermissionError) and "NOPERM" not in text:
+        text = f"NOPERM {text}"
+    refusal = redis_config_get_refusal(text)
+    return None if refusal is None else InvalidArgument(refusal)
 
 
 @contextmanager
@@ -205,11 +198,9 @@ def _config_refusal() -> Iterator[None]:
 
 def _refuse_cluster_node(info: Any) -> None:
     """Refuses a single-node client whose server is a cluster node (``INFO cluster``)."""
-    if int(info.get("cluster_enabled", 0) or 0) == 1:
-        raise InvalidArgument(
-            "this Redis server is a Redis Cluster node: a single-node client gets MOVED for "
-            "most keys; pass cluster=True with the URL, or a redis.cluster.RedisCluster client"
-        )
+    refusal = redis_cluster_node_refusal(int(info.get("cluster_enabled", 0) or 0) == 1)
+    if refusal is not None:
+        raise InvalidArgument(refusal)
 
 
 def _primaries(client: Any) -> FrozenSet[str]:

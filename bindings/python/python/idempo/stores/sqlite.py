@@ -32,7 +32,7 @@ from typing import (
     Union,
 )
 
-from idempo._idempo import InvalidArgument, StoreUnavailable
+from idempo._idempo import InvalidArgument, StoreUnavailable, sqlite_setup_pause_ms
 from idempo._options import default
 from idempo.stores._base import (
     ClaimResult,
@@ -416,24 +416,24 @@ class AsyncSQLiteStore(_Plans, AsyncPrimitivesBase):
 
 def _while_busy(bound_ms: int, what: str, step: Callable[[], T]) -> T:
     """Runs one setup step of a new connection, again while SQLite refuses it as busy, until
-    ``bound_ms`` from the first attempt (pauses doubling from 1 ms to 25 ms). Switching a fresh
-    file to WAL needs an exclusive lock, and SQLite refuses it at once, without its busy handler,
-    while another connection opens the same file."""
-    deadline = time.monotonic() + bound_ms / 1000
-    pause = 0.001
+    ``bound_ms`` from the first attempt (core's schedule: pauses doubling from 1 ms to 25 ms).
+    Switching a fresh file to WAL needs an exclusive lock, and SQLite refuses it at once, without
+    its busy handler, while another connection opens the same file."""
+    since = time.monotonic()
+    refused = 0
     while True:
         try:
             return step()
         except sqlite3.OperationalError as exc:
-            left = deadline - time.monotonic()
             if not _busy(exc):
                 raise
-            if left <= 0:
+            refused += 1
+            pause = sqlite_setup_pause_ms(refused, int((time.monotonic() - since) * 1000), bound_ms)
+            if pause is None:
                 raise sqlite3.OperationalError(
                     f"{what}: the database stayed locked past busy_timeout_ms ({bound_ms} ms)"
                 ) from exc
-            time.sleep(min(pause, left))
-            pause = min(pause * 2, 0.025)
+            time.sleep(pause / 1000)
 
 
 def _busy(exc: sqlite3.OperationalError) -> bool:
