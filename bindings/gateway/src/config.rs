@@ -945,6 +945,13 @@ lease_ms = 5000
         let e = one_issue(&bad);
         assert_eq!((e.line, e.column), (6, 7), "{e}");
         assert!(e.message.contains("not a Redis URL"), "{e}");
+        let tls = GOOD.replace(
+            "kind = \"memory\"",
+            "kind = \"redis\"\nurl = \"rediss://a:6379\"",
+        );
+        let e = one_issue(&tls);
+        assert_eq!((e.line, e.column), (6, 7), "{e}");
+        assert!(e.message.contains("TLS"), "{e}");
         let empty = GOOD.replace("kind = \"memory\"", "kind = \"redis\"\ncluster_nodes = []");
         let e = one_issue(&empty);
         assert_eq!(e.line, 6, "{e}");
