@@ -167,29 +167,93 @@ async fn an_unreachable_redis_is_503_and_nothing_is_forwarded() {
     );
 }
 
-#[test]
-fn a_gateway_whose_redis_is_down_at_start_refuses_to_start() {
-    // A port nothing listens on: the store cannot open, the binary exits non-zero naming it.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let dir = temp_dir("redis-absent");
-    let store = node_store(
-        &format!("redis://127.0.0.1:{port}/0"),
-        "absent",
-        "timeout_ms = 300",
-    );
+/// Runs `serve` on `store` and expects it to exit non-zero: its stderr.
+fn serve_fails(tag: &str, store: &str) -> String {
+    let dir = temp_dir(tag);
     let file = dir.join("gateway.toml");
     let up: std::net::SocketAddr = "127.0.0.1:9".parse().unwrap();
-    std::fs::write(&file, config(&store, up, "/payments", "")).unwrap();
+    std::fs::write(&file, config(store, up, "/payments", "")).unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_idempo-gateway"))
         .args(["serve", "--config"])
         .arg(&file)
         .output()
         .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{err}");
     assert!(err.contains("cannot open the store"), "{err}");
+    err
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn a_gateway_whose_redis_is_down_at_start_refuses_to_start() {
+    // A port nothing listens on: the store cannot open, the binary exits non-zero naming it.
+    let url = format!("redis://127.0.0.1:{}/0", free_port());
+    serve_fails(
+        "redis-absent",
+        &node_store(&url, "absent", "timeout_ms = 300"),
+    );
+}
+
+#[test]
+fn a_url_pointing_at_a_cluster_node_is_refused() {
+    let Some(nodes) = var("IDEMPO_TEST_REDIS_CLUSTER_NODES") else {
+        return;
+    };
+    let url = format!("redis://{}", nodes.split(',').next().unwrap());
+    let err = serve_fails("redis-node-of-cluster", &node_store(&url, "wrong", ""));
+    assert!(err.contains("cluster_nodes"), "{err}");
+}
+
+/// A throwaway `redis-server` of the test's own with `maxmemory-policy allkeys-lru`.
+struct EvictingRedis {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Drop for EvictingRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn a_server_that_may_evict_records_is_refused_unless_assumed() {
+    if var("IDEMPO_TEST_REDIS_URL").is_none() {
+        return;
+    }
+    let port = free_port();
+    let child = std::process::Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no"])
+        .args(["--maxmemory-policy", "allkeys-lru"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("redis-server (scripts/setup.d/20-services.sh installs it)");
+    let server = EvictingRedis { child, port };
+    let url = format!("redis://127.0.0.1:{}/0", server.port);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", server.port)).is_err() {
+        assert!(Instant::now() < deadline, "redis-server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let err = serve_fails("redis-evicting", &node_store(&url, "evict", ""));
+    assert!(err.contains("noeviction"), "{err}");
+    assert!(err.contains("allkeys-lru"), "{err}");
+    assert!(err.contains("assume_noeviction"), "{err}");
+    // The operator's explicit opt-out: the gateway starts.
+    let dir = temp_dir("redis-assumed");
+    let store = node_store(&url, "assumed", "assume_noeviction = true");
+    let up: std::net::SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let gw = Gateway::start(&dir, &config(&store, up, "/payments", ""));
+    drop(gw);
+    drop(server);
 }
