@@ -364,6 +364,15 @@ pub const REDIS_PRELUDE: &str = lua_prelude!();
 /// `expires_at − now + 60000`); the number the scripts below add.
 pub const REDIS_GRACE_MS: u64 = 60_000;
 
+/// §5.1 the key of a record's hash: `prefix` followed by the 64 lower-case hex digits of the
+/// scope key (the default prefix is [`crate::options::REDIS_PREFIX`]).
+#[must_use]
+pub fn redis_key(prefix: &[u8], scope_key: &[u8; 32]) -> Vec<u8> {
+    let mut key = prefix.to_vec();
+    key.extend_from_slice(crate::record::hex(scope_key).as_bytes());
+    key
+}
+
 /// §5.2 claim (primitive 1): `ARGV` fingerprint, token, lease_ms, ttl_ms, now override.
 /// Returns `{1, now, generation}` or `{0, now, HGETALL}`.
 pub const REDIS_CLAIM: &str = concat!(
@@ -575,6 +584,17 @@ fn replace_word(sql: &str, word: &str, with: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn redis_key_is_prefix_and_hex() {
+        let mut scope = [0u8; 32];
+        scope[0] = 0xab;
+        scope[31] = 0x01;
+        let key = redis_key(crate::options::REDIS_PREFIX.as_bytes(), &scope);
+        let want = format!("idempo:ab{}01", "00".repeat(30));
+        assert_eq!(key, want.as_bytes());
+        assert!(SPEC.contains("`<prefix><64-hex scope_key>`"));
+    }
 
     #[test]
     fn rename_table_replaces_whole_words_only() {

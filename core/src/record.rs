@@ -499,6 +499,73 @@ pub struct RecordRow {
     pub response: Option<Vec<u8>>,
 }
 
+impl RecordRow {
+    /// The row a Redis record hash holds (`spec/STORAGE.md` §5.1), from an `HGETALL` reply as
+    /// field/value pairs: `fingerprint`, `state`, `token`, `generation`, `expires_at` required,
+    /// `lease_until` and `response` optional; numbers are decimal strings, `token` and `response`
+    /// raw bytes; unknown fields are ignored. `None` for an empty reply (no record). Every Redis
+    /// store (Python, Node, the gateway) reads a hash this way; [`Record::from_row`] then checks
+    /// the invariants.
+    pub fn from_redis_hash<'a>(
+        pairs: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
+    ) -> Result<Option<Self>, RecordError> {
+        let mut fields: [Option<&[u8]>; 7] = [None; 7];
+        let mut any = false;
+        for (name, value) in pairs {
+            any = true;
+            if let Some(i) = REDIS_FIELDS.iter().position(|f| f.as_bytes() == name) {
+                fields[i] = Some(value);
+            }
+        }
+        if !any {
+            return Ok(None);
+        }
+        let [
+            fingerprint,
+            state,
+            token,
+            generation,
+            lease_until,
+            expires_at,
+            response,
+        ] = fields;
+        let int = |v: &[u8], name: &'static str| {
+            std::str::from_utf8(v)
+                .ok()
+                .and_then(|t| t.parse::<i64>().ok())
+                .ok_or(RecordError::NotAnInteger(name))
+        };
+        fn need<'v>(v: Option<&'v [u8]>, name: &'static str) -> Result<&'v [u8], RecordError> {
+            v.ok_or(RecordError::MissingField(name))
+        }
+        let fingerprint = need(fingerprint, "fingerprint")?;
+        Ok(Some(Self {
+            fingerprint: String::from_utf8(fingerprint.to_vec()).map_err(|_| {
+                RecordError::InvalidFingerprint {
+                    len: fingerprint.len(),
+                }
+            })?,
+            state: int(need(state, "state")?, "state")?,
+            token: need(token, "token")?.to_vec(),
+            generation: int(need(generation, "generation")?, "generation")?,
+            lease_until_ms: lease_until.map(|v| int(v, "lease_until")).transpose()?,
+            expires_at_ms: int(need(expires_at, "expires_at")?, "expires_at")?,
+            response: response.map(<[u8]>::to_vec),
+        }))
+    }
+}
+
+/// The fields of a Redis record hash, in [`RecordRow`]'s order (`spec/STORAGE.md` §5.1).
+pub const REDIS_FIELDS: [&str; 7] = [
+    "fingerprint",
+    "state",
+    "token",
+    "generation",
+    "lease_until",
+    "expires_at",
+    "response",
+];
+
 /// Why a row does not form a valid [`Record`].
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
@@ -544,6 +611,12 @@ pub enum RecordError {
         /// The expiry.
         expires_at_ms: u64,
     },
+    /// A Redis record hash lacks a required field.
+    #[error("the record hash has no {0} field")]
+    MissingField(&'static str),
+    /// A numeric field of a Redis record hash is not a decimal integer.
+    #[error("the record hash's {0} field is not a decimal integer")]
+    NotAnInteger(&'static str),
     /// The `response` column is corrupt.
     #[error("corrupt response column: {0}")]
     Response(#[from] DecodeError),
@@ -576,6 +649,48 @@ mod tests {
 
     fn fp(s: &str) -> FingerprintText {
         FingerprintText::new(s).expect("valid fingerprint")
+    }
+
+    #[test]
+    fn a_redis_hash_decodes_to_its_row() {
+        let token = [7u8; 16];
+        let pairs: Vec<(&[u8], &[u8])> = vec![
+            (b"fingerprint", b"v1:abc"),
+            (b"state", b"1"),
+            (b"token", &token),
+            (b"generation", b"3"),
+            (b"lease_until", b"1700000005000"),
+            (b"expires_at", b"1700000060000"),
+            (b"extra", b"ignored"),
+        ];
+        let row = RecordRow::from_redis_hash(pairs.iter().copied())
+            .expect("valid")
+            .expect("present");
+        assert_eq!(
+            row,
+            RecordRow {
+                fingerprint: "v1:abc".into(),
+                state: 1,
+                token: token.to_vec(),
+                generation: 3,
+                lease_until_ms: Some(1_700_000_005_000),
+                expires_at_ms: 1_700_000_060_000,
+                response: None,
+            }
+        );
+        assert!(Record::from_row(row).is_ok());
+        assert_eq!(RecordRow::from_redis_hash(std::iter::empty()), Ok(None));
+        let missing = &pairs[1..];
+        assert_eq!(
+            RecordRow::from_redis_hash(missing.iter().copied()),
+            Err(RecordError::MissingField("fingerprint"))
+        );
+        let mut bad = pairs.clone();
+        bad[3].1 = b"x";
+        assert_eq!(
+            RecordRow::from_redis_hash(bad.iter().copied()),
+            Err(RecordError::NotAnInteger("generation"))
+        );
     }
 
     #[test]

@@ -108,10 +108,15 @@ where
         .join(", ");
     let fix = match host {
         Host::Python => format!(
-            "set maxmemory-policy noeviction on the server, or pass {} (unsafe)",
+            "set maxmemory-policy noeviction on the server (CONFIG SET and redis.conf), or pass \
+             {} (unsafe)",
             host.switch_on(ALLOW_EVICTION)
         ),
-        Host::Node | Host::Gateway => "set maxmemory-policy noeviction on the server".to_owned(),
+        Host::Node | Host::Gateway => format!(
+            "set maxmemory-policy noeviction on the server (CONFIG SET and redis.conf), or set \
+             {} only if eviction is ruled out otherwise",
+            host.switch_on(ASSUME_NOEVICTION)
+        ),
     };
     Err(ServerRefusal::Evicting { nodes, fix })
 }
@@ -156,6 +161,8 @@ mod tests {
         assert!(!text.contains("a:1"), "{text}");
         let py = check_policies(Host::Python, [("the server", Some("volatile-lru"))]).unwrap_err();
         assert!(py.to_string().contains("allow_eviction=True"), "{py}");
+        let gw = check_policies(Host::Gateway, [("the server", Some("allkeys-lru"))]).unwrap_err();
+        assert!(gw.to_string().contains("assume_noeviction = true"), "{gw}");
     }
 
     #[test]

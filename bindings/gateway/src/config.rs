@@ -58,7 +58,7 @@ pub enum LoadError {
     Invalid(Vec<ConfigIssue>),
 }
 
-/// Where the memory, SQLite or PostgreSQL store lives.
+/// Where the memory, SQLite, PostgreSQL or Redis store lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreConfig {
     /// Core's bounded in-memory store.
@@ -77,6 +77,8 @@ pub enum StoreConfig {
     },
     /// A PostgreSQL table (`spec/STORAGE.md` §4), shareable with the Python and Node stores.
     Postgres(crate::store::postgres::PostgresOptions),
+    /// Redis or a Redis Cluster (`spec/STORAGE.md` §5), shareable with the Python and Node stores.
+    Redis(crate::store::redis::RedisOptions),
 }
 
 /// One protected route.
@@ -169,8 +171,10 @@ struct RawStore {
     purge_timeout_ms: Opt<u64>,
     schema: Opt<String>,
     create_schema: Opt<bool>,
-    /// Room for the Redis store of a later increment.
     url: Opt<String>,
+    cluster_nodes: Opt<Vec<String>>,
+    prefix: Opt<String>,
+    assume_noeviction: Opt<bool>,
 }
 
 #[derive(Deserialize)]
@@ -451,6 +455,12 @@ fn build_store(raw: &RawStore, issues: &mut Issues<'_>) -> Option<StoreConfig> {
             );
         }
     };
+    let redis_fields = |issues: &mut Issues<'_>| {
+        not_here(issues, "url", span_of(&raw.url));
+        not_here(issues, "cluster_nodes", span_of(&raw.cluster_nodes));
+        not_here(issues, "prefix", span_of(&raw.prefix));
+        not_here(issues, "assume_noeviction", span_of(&raw.assume_noeviction));
+    };
     let pg_fields = |issues: &mut Issues<'_>| {
         not_here(issues, "dsn", span_of(&raw.dsn));
         not_here(issues, "pool_size", span_of(&raw.pool_size));
@@ -464,7 +474,7 @@ fn build_store(raw: &RawStore, issues: &mut Issues<'_>) -> Option<StoreConfig> {
             not_here(issues, "path", span_of(&raw.path));
             not_here(issues, "busy_timeout_ms", span_of(&raw.busy_timeout_ms));
             pg_fields(issues);
-            not_here(issues, "url", span_of(&raw.url));
+            redis_fields(issues);
             Some(StoreConfig::Memory {
                 max_entries: usize_of(&raw.max_entries)
                     .unwrap_or(idempo_core::machine::memory::DEFAULT_MAX_ENTRIES),
@@ -476,7 +486,7 @@ fn build_store(raw: &RawStore, issues: &mut Issues<'_>) -> Option<StoreConfig> {
             not_here(issues, "max_entries", span_of(&raw.max_entries));
             not_here(issues, "max_bytes", span_of(&raw.max_bytes));
             pg_fields(issues);
-            not_here(issues, "url", span_of(&raw.url));
+            redis_fields(issues);
             let Some(path) = val(&raw.path) else {
                 issues.at(
                     raw.kind.span(),
@@ -490,12 +500,16 @@ fn build_store(raw: &RawStore, issues: &mut Issues<'_>) -> Option<StoreConfig> {
                     .unwrap_or(options::SQLITE_BUSY_TIMEOUT_MS),
             })
         }
-        "postgres" => build_postgres(raw, issues, &not_here),
-        "redis" | "cached" => {
+        "postgres" => {
+            redis_fields(issues);
+            build_postgres(raw, issues, &not_here)
+        }
+        "redis" => build_redis(raw, issues, &not_here),
+        "cached" => {
             issues.at(
                 raw.kind.span(),
                 format!(
-                    "store: kind {kind:?} is not supported yet by the gateway (use \"postgres\", \"sqlite\" or \"memory\")"
+                    "store: kind {kind:?} is not supported yet by the gateway (use \"postgres\", \"redis\", \"sqlite\" or \"memory\")"
                 ),
             );
             None
@@ -504,7 +518,7 @@ fn build_store(raw: &RawStore, issues: &mut Issues<'_>) -> Option<StoreConfig> {
             issues.at(
                 raw.kind.span(),
                 format!(
-                    "store: unknown kind {other:?} (expected \"postgres\", \"sqlite\" or \"memory\")"
+                    "store: unknown kind {other:?} (expected \"postgres\", \"redis\", \"sqlite\" or \"memory\")"
                 ),
             );
             None
@@ -525,7 +539,6 @@ fn build_postgres(
     not_here(issues, "busy_timeout_ms", span_of(&raw.busy_timeout_ms));
     not_here(issues, "max_entries", span_of(&raw.max_entries));
     not_here(issues, "max_bytes", span_of(&raw.max_bytes));
-    not_here(issues, "url", span_of(&raw.url));
     let Some(dsn) = raw.dsn.as_ref() else {
         issues.at(
             raw.kind.span(),
@@ -568,6 +581,92 @@ fn build_postgres(
         o.create_schema = c;
     }
     (issues.found.len() == before).then_some(StoreConfig::Postgres(o))
+}
+
+/// A Redis URL the `redis` crate accepts (`redis://host:port/db`, `redis+unix:///path`).
+fn check_redis_url(url: &str) -> Result<(), String> {
+    if redis::parse_redis_url(url).is_none() {
+        return Err(format!(
+            "{url:?} is not a Redis URL (expected redis://host:port/db)"
+        ));
+    }
+    redis::IntoConnectionInfo::into_connection_info(url)
+        .map(|_| ())
+        .map_err(|e| format!("{url:?}: {e}"))
+}
+
+fn build_redis(
+    raw: &RawStore,
+    issues: &mut Issues<'_>,
+    not_here: &NotHere<'_>,
+) -> Option<StoreConfig> {
+    use crate::store::redis::{RedisOptions, RedisTarget};
+    not_here(issues, "path", span_of(&raw.path));
+    not_here(issues, "busy_timeout_ms", span_of(&raw.busy_timeout_ms));
+    not_here(issues, "max_entries", span_of(&raw.max_entries));
+    not_here(issues, "max_bytes", span_of(&raw.max_bytes));
+    not_here(issues, "dsn", span_of(&raw.dsn));
+    not_here(issues, "pool_size", span_of(&raw.pool_size));
+    not_here(issues, "purge_timeout_ms", span_of(&raw.purge_timeout_ms));
+    not_here(issues, "schema", span_of(&raw.schema));
+    not_here(issues, "create_schema", span_of(&raw.create_schema));
+    let before = issues.found.len();
+    let target = match (raw.url.as_ref(), raw.cluster_nodes.as_ref()) {
+        (Some(url), None) => {
+            if let Err(e) = check_redis_url(url.get_ref()) {
+                issues.at(url.span(), format!("store: url: {e}"));
+            }
+            RedisTarget::Node(url.get_ref().clone())
+        }
+        (None, Some(nodes)) => {
+            if nodes.get_ref().is_empty() {
+                issues.at(
+                    nodes.span(),
+                    "store: cluster_nodes must list at least one node (\"redis://host:port\")",
+                );
+            }
+            for n in nodes.get_ref() {
+                if let Err(e) = check_redis_url(n) {
+                    issues.at(nodes.span(), format!("store: cluster_nodes: {e}"));
+                }
+            }
+            RedisTarget::Cluster(nodes.get_ref().clone())
+        }
+        (Some(_), Some(nodes)) => {
+            issues.at(
+                nodes.span(),
+                "store: the redis store takes url (one server) or cluster_nodes (a Redis Cluster), not both",
+            );
+            return None;
+        }
+        (None, None) => {
+            issues.at(
+                raw.kind.span(),
+                "store: the redis store needs url = \"redis://host:port/db\" (one server) or cluster_nodes = [\"redis://host:port\", ...] (a Redis Cluster)",
+            );
+            return None;
+        }
+    };
+    let mut o = RedisOptions::new(target);
+    if let Some(prefix) = raw.prefix.as_ref() {
+        if prefix.get_ref().is_empty() {
+            issues.at(
+                prefix.span(),
+                "store: prefix must not be empty (the default is \"idempo:\")",
+            );
+        }
+        o.prefix = prefix.get_ref().clone();
+    }
+    if let Some(ms) = raw.timeout_ms.as_ref() {
+        if *ms.get_ref() == 0 {
+            issues.at(ms.span(), "store: timeout_ms must be at least 1");
+        }
+        o.timeout_ms = *ms.get_ref();
+    }
+    if let Some(a) = val(&raw.assume_noeviction) {
+        o.assume_noeviction = a;
+    }
+    (issues.found.len() == before).then_some(StoreConfig::Redis(o))
 }
 
 fn build_principal(
@@ -948,8 +1047,94 @@ lease_ms = 5000
     }
 
     #[test]
-    fn redis_is_not_supported_yet() {
-        let text = GOOD.replace("kind = \"memory\"", "kind = \"redis\"");
+    fn redis_takes_core_defaults() {
+        use crate::store::redis::RedisTarget;
+        let text = GOOD.replace(
+            "kind = \"memory\"",
+            "kind = \"redis\"\nurl = \"redis://127.0.0.1:6379/0\"",
+        );
+        let c = GatewayConfig::parse("g.toml", &text).expect("valid");
+        let StoreConfig::Redis(o) = c.store else {
+            panic!("{:?}", c.store)
+        };
+        assert_eq!(
+            o.target,
+            RedisTarget::Node("redis://127.0.0.1:6379/0".to_owned())
+        );
+        assert_eq!(o.prefix, options::REDIS_PREFIX);
+        assert_eq!(o.timeout_ms, options::STORE_TIMEOUT_MS);
+        assert!(!o.assume_noeviction);
+        let text = GOOD.replace(
+            "kind = \"memory\"",
+            "kind = \"redis\"\ncluster_nodes = [\"redis://a:7000\", \"redis://b:7001\"]\nprefix = \"gw:\"\ntimeout_ms = 300\nassume_noeviction = true",
+        );
+        let c = GatewayConfig::parse("g.toml", &text).expect("valid");
+        let StoreConfig::Redis(o) = c.store else {
+            panic!("{:?}", c.store)
+        };
+        assert_eq!(
+            o.target,
+            RedisTarget::Cluster(vec!["redis://a:7000".into(), "redis://b:7001".into()])
+        );
+        assert_eq!((o.prefix.as_str(), o.timeout_ms), ("gw:", 300));
+        assert!(o.assume_noeviction);
+    }
+
+    #[test]
+    fn redis_errors_name_line_and_column() {
+        let none = GOOD.replace("kind = \"memory\"", "kind = \"redis\"");
+        let e = one_issue(&none);
+        assert_eq!((e.line, e.column), (5, 8), "{e}");
+        assert!(e.message.contains("needs url"), "{e}");
+        let both = GOOD.replace(
+            "kind = \"memory\"",
+            "kind = \"redis\"\nurl = \"redis://a\"\ncluster_nodes = [\"redis://b\"]",
+        );
+        let e = one_issue(&both);
+        assert_eq!(e.line, 7, "{e}");
+        assert!(e.message.contains("not both"), "{e}");
+        let bad = GOOD.replace(
+            "kind = \"memory\"",
+            "kind = \"redis\"\nurl = \"http://a:6379\"",
+        );
+        let e = one_issue(&bad);
+        assert_eq!((e.line, e.column), (6, 7), "{e}");
+        assert!(e.message.contains("not a Redis URL"), "{e}");
+        let tls = GOOD.replace(
+            "kind = \"memory\"",
+            "kind = \"redis\"\nurl = \"rediss://a:6379\"",
+        );
+        let e = one_issue(&tls);
+        assert_eq!((e.line, e.column), (6, 7), "{e}");
+        assert!(e.message.contains("TLS"), "{e}");
+        let empty = GOOD.replace("kind = \"memory\"", "kind = \"redis\"\ncluster_nodes = []");
+        let e = one_issue(&empty);
+        assert_eq!(e.line, 6, "{e}");
+        let zero = GOOD.replace(
+            "kind = \"memory\"",
+            "kind = \"redis\"\nurl = \"redis://a\"\ntimeout_ms = 0",
+        );
+        let e = one_issue(&zero);
+        assert_eq!((e.line, e.column), (7, 14), "{e}");
+        let foreign = GOOD.replace(
+            "kind = \"memory\"",
+            "kind = \"redis\"\nurl = \"redis://a\"\ndsn = \"host=h\"",
+        );
+        let e = one_issue(&foreign);
+        assert_eq!(e.line, 7, "{e}");
+        assert!(e.message.contains("does not apply"), "{e}");
+        let pg = GOOD.replace(
+            "kind = \"memory\"",
+            "kind = \"postgres\"\ndsn = \"host=h\"\nprefix = \"x\"",
+        );
+        let e = one_issue(&pg);
+        assert_eq!(e.line, 7, "{e}");
+        assert!(e.message.contains("does not apply"), "{e}");
+    }
+
+    #[test]
+    fn cached_is_not_supported_yet() {
+        let text = GOOD.replace("kind = \"memory\"", "kind = \"cached\"");
         let e = one_issue(&text);
         assert_eq!(e.line, 5);
         assert!(e.message.contains("not supported yet"), "{e}");

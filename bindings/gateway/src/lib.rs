@@ -5,10 +5,11 @@
 //! scope, the flow, capture, problem responses, the downstream key, defaults, metric names) is
 //! core's; this crate does the I/O: sockets, the upstream exchange, the stores, timers.
 //!
-//! Modules: [`config`] (the TOML file), [`route`] (path templates), [`store`] (memory and
-//! SQLite), [`proxy`] (the server, routing, operations endpoints), [`admission`] (core's admission),
-//! [`driver`] (core's flow), [`exchange`] (the upstream call and the tee), [`jwt`] (the principal
-//! from a verified JWT), [`forward`], [`metrics`], [`log`], [`purge`], [`shutdown`], [`body`].
+//! Modules: [`config`] (the TOML file), [`route`] (path templates), [`store`] (memory, SQLite,
+//! PostgreSQL, Redis), [`proxy`] (the server, routing, operations endpoints), [`admission`]
+//! (core's admission), [`driver`] (core's flow), [`exchange`] (the upstream call and the tee),
+//! [`jwt`] (the principal from a verified JWT), [`forward`], [`metrics`], [`log`], [`purge`],
+//! [`shutdown`], [`body`].
 #![cfg_attr(
     not(test),
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
@@ -37,7 +38,7 @@ use config::{GatewayConfig, StoreConfig};
 use store::{Clock, Store, StoreError};
 
 /// Opens the configured store (SQLite on the blocking pool; PostgreSQL creates its schema
-/// unless `create_schema = false`).
+/// unless `create_schema = false`; Redis checks the server's `maxmemory-policy`).
 ///
 /// # Errors
 /// [`StoreError`] when the store cannot be opened.
@@ -66,6 +67,9 @@ pub async fn open_store(cfg: &GatewayConfig) -> Result<Store, StoreError> {
         }
         StoreConfig::Postgres(options) => Ok(Store::Postgres(
             store::postgres::PostgresStore::open(options, Clock::System).await?,
+        )),
+        StoreConfig::Redis(options) => Ok(Store::Redis(
+            store::redis::RedisStore::open(options, Clock::System).await?,
         )),
     }
 }

@@ -385,7 +385,7 @@ fn check_config_names_the_line() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("bad.toml:4:8:"), "{err}");
-    assert!(err.contains("not supported yet"), "{err}");
+    assert!(err.contains("the redis store needs url"), "{err}");
     let good = std::fs::read_to_string(&file)
         .unwrap()
         .replace("redis", "memory");

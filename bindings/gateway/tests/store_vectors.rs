@@ -5,6 +5,10 @@
 //! `IDEMPO_TEST_PGBOUNCER_DSN` as `scripts/test-services.sh start` writes them; without them
 //! those tests print a notice and pass). Each PostgreSQL scenario runs in a schema of its own
 //! (`idempo_gw_vec_<tag>_<pid>_<n>`, dropped at the end), so parallel runs never share a table.
+//! The Redis store runs them on one server (`IDEMPO_TEST_REDIS_URL`) and on a Redis Cluster
+//! (`IDEMPO_TEST_REDIS_CLUSTER_NODES`, `host:port,...`), each scenario under a prefix of its own
+//! (its keys deleted at the end), with a real-time origin (`PEXPIRE` is real time); scenarios
+//! that require `"purge"` are skipped there (Redis expires hashes itself, `spec/STORAGE.md` §5.1).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeMap;
@@ -18,6 +22,7 @@ use idempo_core::record::{FencingToken, FingerprintText, Record};
 use idempo_core::scope::ScopeId;
 use idempo_gateway::store::memory::MemStore;
 use idempo_gateway::store::postgres::{PostgresOptions, PostgresStore};
+use idempo_gateway::store::redis::{RedisOptions, RedisStore, RedisTarget};
 use idempo_gateway::store::sqlite::SqliteStore;
 use idempo_gateway::store::{Clock, StoreError};
 use serde_json::Value;
@@ -73,6 +78,116 @@ impl Under for Pg {
     }
 }
 
+/// The Redis store driven from a synchronous test on a runtime of its own.
+struct Rd {
+    rt: tokio::runtime::Runtime,
+    store: RedisStore,
+}
+
+impl Under for Rd {
+    fn run(&self, op: StoreOp) -> Result<StoreResult, StoreError> {
+        self.rt.block_on(self.store.run(op))
+    }
+    fn purge(&self, batch: u64) -> Result<PurgeCounts, StoreError> {
+        self.rt.block_on(self.store.purge_expired(batch))
+    }
+}
+
+fn now_ms() -> u64 {
+    Clock::System.now_ms()
+}
+
+/// The Redis target of `var` (`IDEMPO_TEST_REDIS_URL`, or `IDEMPO_TEST_REDIS_CLUSTER_NODES` as
+/// `host:port,...`), or none (with a notice) when unset.
+fn redis_target(var: &str) -> Option<RedisTarget> {
+    let Ok(v) = std::env::var(var) else {
+        eprintln!("{var} is not set: skipping (scripts/test-services.sh start DIR writes it)");
+        return None;
+    };
+    Some(if var.ends_with("CLUSTER_NODES") {
+        RedisTarget::Cluster(v.split(',').map(|n| format!("redis://{n}")).collect())
+    } else {
+        RedisTarget::Node(v)
+    })
+}
+
+/// Deletes the records of `scopes` under `prefix` (a claim on each, then a release with the
+/// token read back would do the same; a plain DEL through a client of its own is simpler).
+async fn delete_keys(target: &RedisTarget, prefix: &str, scopes: &[ScopeId]) {
+    let keys: Vec<Vec<u8>> = scopes
+        .iter()
+        .map(|s| idempo_core::recipes::redis_key(prefix.as_bytes(), s.as_bytes()))
+        .collect();
+    match target {
+        RedisTarget::Node(url) => {
+            let Ok(mut c) = redis::Client::open(url.as_str())
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+            else {
+                return;
+            };
+            for k in keys {
+                let _: Result<i64, _> = redis::cmd("DEL").arg(k).query_async(&mut c).await;
+            }
+        }
+        RedisTarget::Cluster(nodes) => {
+            let client = redis::cluster::ClusterClient::new(nodes.clone()).unwrap();
+            let Ok(mut c) = client.get_async_connection().await else {
+                return;
+            };
+            for k in keys {
+                let _: Result<i64, _> = redis::cmd("DEL").arg(k).query_async(&mut c).await;
+            }
+        }
+    }
+}
+
+fn scenarios_on_redis(var: &str, tag: &str) {
+    let Some(target) = redis_target(var) else {
+        return;
+    };
+    let (mut steps, mut skipped) = (0, 0);
+    for (i, f) in scenarios().into_iter().enumerate() {
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
+        if v["requires"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|x| x == "purge"))
+        {
+            skipped += 1;
+            continue;
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let prefix = format!("idempo:gwvec:{tag}:{}:{i}:", std::process::id());
+        let t0 = now_ms();
+        let clock = Arc::new(AtomicU64::new(t0));
+        let mut options = RedisOptions::new(target.clone());
+        options.prefix = prefix.clone();
+        let store = rt
+            .block_on(RedisStore::open(&options, Clock::Fixed(clock.clone())))
+            .unwrap();
+        let scopes: Vec<ScopeId> = Names::load(&v).scopes.values().copied().collect();
+        let rd = Rd { rt, store };
+        steps += run_scenario(&f, &rd, &clock, t0);
+        rd.rt.block_on(delete_keys(&target, &prefix, &scopes));
+    }
+    assert!(steps > 50, "{steps} steps");
+    assert_eq!(skipped, 1, "only purge_counts requires purge");
+}
+
+#[test]
+fn store_scenarios_pass_on_the_redis_store() {
+    scenarios_on_redis("IDEMPO_TEST_REDIS_URL", "node");
+}
+
+#[test]
+fn store_scenarios_pass_on_the_redis_cluster_store() {
+    scenarios_on_redis("IDEMPO_TEST_REDIS_CLUSTER_NODES", "cluster");
+}
+
 /// Drops `schema` (best effort).
 async fn drop_schema(dsn: &str, schema: &str) {
     if let Ok((c, conn)) = tokio_postgres::connect(dsn, tokio_postgres::NoTls).await {
@@ -104,7 +219,7 @@ fn scenarios_on_postgres(var: &str, tag: &str) {
             .block_on(PostgresStore::open(&options, Clock::Fixed(clock.clone())))
             .unwrap();
         let pg = Pg { rt, store };
-        steps += run_scenario(&f, &pg, &clock);
+        steps += run_scenario(&f, &pg, &clock, T0);
         pg.rt.block_on(drop_schema(&dsn, &schema));
     }
     assert!(steps > 50, "{steps} steps");
@@ -164,7 +279,7 @@ fn u(v: &Value, f: &str) -> u64 {
     v[f].as_u64().unwrap_or_else(|| panic!("{f} in {v}"))
 }
 
-fn check_record(names: &Names, got: Option<&Record>, want: &Value, ctx: &str) {
+fn check_record(names: &Names, got: Option<&Record>, want: &Value, ctx: &str, t0: u64) {
     let Some(got) = got else {
         assert!(want.is_null(), "{ctx}: expected {want}, got none");
         return;
@@ -186,12 +301,12 @@ fn check_record(names: &Names, got: Option<&Record>, want: &Value, ctx: &str) {
         || (want["generation_restart_allowed"] == Value::Bool(true) && row.generation == 1);
     assert!(gen_ok, "{ctx}: generation {}", row.generation);
     assert_eq!(
-        row.lease_until_ms.map(|v| v as u64 - T0),
+        row.lease_until_ms.map(|v| v as u64 - t0),
         want["lease_until_ms"].as_u64(),
         "{ctx}: lease_until"
     );
     assert_eq!(
-        row.expires_at_ms as u64 - T0,
+        row.expires_at_ms as u64 - t0,
         u(want, "expires_at_ms"),
         "{ctx}: expires_at"
     );
@@ -201,11 +316,11 @@ fn check_record(names: &Names, got: Option<&Record>, want: &Value, ctx: &str) {
     assert_eq!(row.response, resp, "{ctx}: response");
 }
 
-fn run_scenario(path: &Path, store: &dyn Under, clock: &AtomicU64) -> usize {
+fn run_scenario(path: &Path, store: &dyn Under, clock: &AtomicU64, t0: u64) -> usize {
     let v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let name = v["name"].as_str().unwrap().to_owned();
     let names = Names::load(&v);
-    clock.store(T0, Ordering::SeqCst);
+    clock.store(t0, Ordering::SeqCst);
     let steps = v["steps"].as_array().unwrap();
     for (i, step) in steps.iter().enumerate() {
         let ctx = format!("{name} step {i}");
@@ -229,7 +344,7 @@ fn run_scenario(path: &Path, store: &dyn Under, clock: &AtomicU64) -> usize {
                     .unwrap();
                 match r {
                     StoreResult::Claimed { generation, now_ms } => {
-                        assert_eq!(now_ms - T0, u(expect, "now_ms"), "{ctx}: now");
+                        assert_eq!(now_ms - t0, u(expect, "now_ms"), "{ctx}: now");
                         let want = &expect["claimed"];
                         assert!(want.is_object(), "{ctx}: expected {expect}, got claimed");
                         let g = u64::from(generation);
@@ -240,16 +355,16 @@ fn run_scenario(path: &Path, store: &dyn Under, clock: &AtomicU64) -> usize {
                         );
                     }
                     StoreResult::Existing { record, now_ms } => {
-                        assert_eq!(now_ms - T0, u(expect, "now_ms"), "{ctx}: now");
+                        assert_eq!(now_ms - t0, u(expect, "now_ms"), "{ctx}: now");
                         assert!(expect["existing"].is_object(), "{ctx}: got existing");
-                        check_record(&names, Some(&record), &expect["existing"], &ctx);
+                        check_record(&names, Some(&record), &expect["existing"], &ctx, t0);
                     }
                     other => panic!("{ctx}: {other:?}"),
                 }
             }
             "get" => match store.run(StoreOp::Get { scope: scope() }).unwrap() {
                 StoreResult::Got { record, .. } => {
-                    check_record(&names, record.as_ref(), &expect["record"], &ctx);
+                    check_record(&names, record.as_ref(), &expect["record"], &ctx, t0);
                 }
                 other => panic!("{ctx}: {other:?}"),
             },
@@ -358,7 +473,7 @@ fn store_scenarios_pass_on_the_memory_store() {
     for f in scenarios() {
         let clock = Arc::new(AtomicU64::new(T0));
         let store = MemStore::new(100_000, 64 << 20, Clock::Fixed(clock.clone()));
-        steps += run_scenario(&f, &store, &clock);
+        steps += run_scenario(&f, &store, &clock, T0);
     }
     assert!(steps > 50, "{steps} steps");
 }
@@ -370,7 +485,7 @@ fn store_scenarios_pass_on_the_sqlite_store() {
         let path = temp_db(&format!("vectors{i}"));
         let clock = Arc::new(AtomicU64::new(T0));
         let store = SqliteStore::open(&path, 5000, Clock::Fixed(clock.clone())).unwrap();
-        steps += run_scenario(&f, &store, &clock);
+        steps += run_scenario(&f, &store, &clock, T0);
     }
     assert!(steps > 50, "{steps} steps");
 }
@@ -386,7 +501,7 @@ fn an_altered_expectation_fails_on_sqlite() {
     let clock = Arc::new(AtomicU64::new(T0));
     let store = SqliteStore::open(&path, 5000, Clock::Fixed(clock.clone())).unwrap();
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        run_scenario(&json, &store, &clock)
+        run_scenario(&json, &store, &clock, T0)
     }));
     assert!(result.is_err(), "an altered scenario must fail");
 }

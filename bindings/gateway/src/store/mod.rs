@@ -1,5 +1,6 @@
 //! The stores the gateway runs core's store primitives on (`spec/STORAGE.md` §3): core's
-//! in-memory store, and SQLite and PostgreSQL with core's recipe texts. Each [`StoreOp`] runs atomically and
+//! in-memory store, SQLite and PostgreSQL with core's recipe texts, and Redis (one server or a
+//! cluster) with core's Lua scripts. Each [`StoreOp`] runs atomically and
 //! answers the [`StoreResult`] core's flow expects; any error is a [`StoreError`], which the
 //! flow turns into a fail-closed 503.
 use std::sync::Arc;
@@ -12,6 +13,7 @@ use idempo_core::machine::memory::{Partition, PurgeCounts};
 
 pub mod memory;
 pub mod postgres;
+pub mod redis;
 pub mod sqlite;
 
 /// Why a store primitive failed (the request fails closed).
@@ -35,6 +37,11 @@ pub enum StoreError {
     /// PostgreSQL answered an error, or the connection to it failed or closed.
     #[error("PostgreSQL: {0}")]
     Postgres(#[from] tokio_postgres::Error),
+    /// Redis answered an error, or the connection to the server or the cluster failed or closed.
+    #[error(
+        "Redis: {0} (check that the server in [store] url, or the nodes in cluster_nodes, are up and reachable from the gateway)"
+    )]
+    Redis(#[from] ::redis::RedisError),
     /// The store did not answer within its deadline (`timeout_ms`, `purge_timeout_ms`).
     #[error("the store did not answer {op} within {ms} ms")]
     Timeout {
@@ -94,11 +101,13 @@ pub enum Store {
     Sqlite(sqlite::SqliteStore),
     /// A PostgreSQL table (directly or behind PgBouncer).
     Postgres(postgres::PostgresStore),
+    /// Redis: one server or a Redis Cluster.
+    Redis(redis::RedisStore),
 }
 
 impl Store {
     /// Runs one primitive atomically. `partition` is the principal's quota partition (the
-    /// memory store holds each principal to a quota; SQLite and PostgreSQL ignore it).
+    /// memory store holds each principal to a quota; the other stores ignore it).
     ///
     /// # Errors
     /// [`StoreError`] for any failure: the flow answers 503.
@@ -111,6 +120,7 @@ impl Store {
             Self::Memory(m) => m.run(op, partition),
             Self::Sqlite(s) => s.run(op).await,
             Self::Postgres(p) => p.run(op).await,
+            Self::Redis(r) => r.run(op).await,
         }
     }
 
@@ -123,6 +133,7 @@ impl Store {
             Self::Memory(m) => Ok(m.purge_expired(batch)),
             Self::Sqlite(s) => s.purge_expired(batch).await,
             Self::Postgres(p) => p.purge_expired(batch).await,
+            Self::Redis(r) => r.purge_expired(batch).await,
         }
     }
 
@@ -135,6 +146,7 @@ impl Store {
             Self::Memory(_) => Ok(()),
             Self::Sqlite(s) => s.ping().await,
             Self::Postgres(p) => p.ping().await,
+            Self::Redis(r) => r.ping().await,
         }
     }
 }

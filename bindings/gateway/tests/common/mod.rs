@@ -8,6 +8,8 @@
     unreachable_pub
 )]
 
+pub mod relay;
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
