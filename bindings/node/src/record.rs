@@ -146,3 +146,44 @@ pub fn check_record_row(env: Env, row: RecordRowData) -> napi::Result<RecordRowD
         .and_then(|r| from_record(&r))
         .map_err(|f| f.throw(&env))
 }
+
+/// The row a Redis record hash holds (`spec/STORAGE.md` §5.1), from an `HGETALL` reply as a
+/// flat field/value list of buffers (core's `RecordRow::from_redis_hash`); `null` for an empty
+/// reply. Throws `RECORD_CORRUPT` for an odd list, a missing field or a number that is not one.
+#[napi(catch_unwind)]
+pub fn redis_hash_row(env: Env, flat: Vec<Buffer>) -> napi::Result<Option<RecordRowData>> {
+    let run = || {
+        if flat.len() % 2 != 0 {
+            return Err(Fail::new(
+                code::RECORD_CORRUPT,
+                format!(
+                    "HGETALL answered {} items (field/value pairs expected)",
+                    flat.len()
+                ),
+            ));
+        }
+        let pairs = flat.chunks_exact(2).map(|p| (&p[0][..], &p[1][..]));
+        let Some(row) = RecordRow::from_redis_hash(pairs)
+            .map_err(|e| Fail::new(code::RECORD_CORRUPT, e.to_string()))?
+        else {
+            return Ok(None);
+        };
+        #[allow(clippy::cast_precision_loss)]
+        let t = |v: i64| v as f64;
+        Ok(Some(RecordRowData {
+            state: i32::try_from(row.state).map_err(|_| {
+                Fail::new(
+                    code::RECORD_CORRUPT,
+                    format!("unknown state code {}", row.state),
+                )
+            })?,
+            fingerprint: row.fingerprint,
+            token: Buffer::from(row.token),
+            generation: t(row.generation),
+            lease_until: row.lease_until_ms.map(t),
+            expires_at: t(row.expires_at_ms),
+            response: row.response.map(Buffer::from),
+        }))
+    };
+    run().map_err(|f| f.throw(&env))
+}

@@ -24,6 +24,7 @@ mod memory;
 mod options;
 mod recipes;
 mod redis_check;
+mod redis_record;
 mod retry;
 mod scope;
 
@@ -57,6 +58,7 @@ fn _idempo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     )?)?;
     m.add_function(wrap_pyfunction!(redis_check::redis_policy_refusal, m)?)?;
     m.add_function(wrap_pyfunction!(redis_check::redis_config_get_refusal, m)?)?;
+    m.add_function(wrap_pyfunction!(redis_record::redis_hash_row, m)?)?;
     m.add_function(wrap_pyfunction!(options::option_defaults, m)?)?;
     m.add_function(wrap_pyfunction!(memory::memory_partition, m)?)?;
     m.add_function(wrap_pyfunction!(memory::cache_servable, m)?)?;

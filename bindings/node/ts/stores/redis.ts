@@ -1,10 +1,10 @@
 import type IORedis from 'ioredis';
 import type { Cluster } from 'ioredis';
-import { ConfigError, InvalidArgumentError, StoreUnavailableError } from '../errors';
+import { ConfigError, InvalidArgumentError, StoreUnavailableError, fromNative } from '../errors';
 import type { ClaimResult, ClockOverride, GetResult, IdempotencyStore, PurgeCounts, StoreRecord } from './types';
 import { asBuffer, checkKeyAndToken } from './types';
 import { recipe } from './recipes';
-import { redisClusterNodeRefusal, redisConfigGetRefusal, redisPolicyRefusal } from '../native';
+import { redisClusterNodeRefusal, redisConfigGetRefusal, redisHashRow, redisPolicyRefusal } from '../native';
 import type { StoreStats } from './types';
 import { defaultOf } from '../defaults';
 
@@ -50,23 +50,26 @@ export interface RedisStoreOptions {
   clock?: ClockOverride;
 }
 
-/** Parses an HGETALL reply (buffers) into a record. */
+/**
+ * Parses an HGETALL reply (buffers) into a record, with core's decoder (a hash that lacks a field
+ * or holds a number that is not one throws `RECORD_CORRUPT`).
+ */
 export function hashToRecord(flat: Buffer[]): StoreRecord | null {
-  if (flat.length === 0) return null;
-  const m = new Map<string, Buffer>();
-  for (let i = 0; i + 1 < flat.length; i += 2) m.set((flat[i] as Buffer).toString('latin1'), flat[i + 1] as Buffer);
-  const num = (k: string): number | null => {
-    const v = m.get(k);
-    return v === undefined ? null : Number(v.toString('latin1'));
-  };
+  let row: ReturnType<typeof redisHashRow>;
+  try {
+    row = redisHashRow(flat);
+  } catch (e) {
+    throw fromNative(e);
+  }
+  if (row === null) return null;
   return {
-    fingerprint: m.get('fingerprint')?.toString('latin1') ?? '',
-    state: (num('state') ?? 0) as 1 | 2 | 3,
-    token: m.get('token') ?? Buffer.alloc(0),
-    generation: num('generation') ?? 0,
-    leaseUntil: num('lease_until'),
-    expiresAt: num('expires_at') ?? 0,
-    response: m.get('response') ?? null,
+    fingerprint: row.fingerprint,
+    state: row.state as 1 | 2 | 3,
+    token: row.token,
+    generation: row.generation,
+    leaseUntil: row.leaseUntil ?? null,
+    expiresAt: row.expiresAt,
+    response: row.response ?? null,
   };
 }
 

@@ -48,6 +48,7 @@ from idempo._idempo import (
     InvalidArgument,
     redis_cluster_node_refusal,
     redis_config_get_refusal,
+    redis_hash_row,
     redis_policy_refusal,
 )
 from idempo._options import default
@@ -99,20 +100,21 @@ def _scripts(grace_ms: int) -> Dict[str, str]:
 
 
 def record_from_hash(scope_key: bytes, flat: Sequence[bytes]) -> Optional[StoredRecord]:
-    """A :class:`StoredRecord` from an ``HGETALL`` reply (flat field/value list)."""
-    if not flat:
+    """A :class:`StoredRecord` from an ``HGETALL`` reply (flat field/value list), decoded by core
+    (:class:`RecordCorrupt` for a hash that lacks a field or holds a number that is not one)."""
+    row = redis_hash_row(list(flat))
+    if row is None:
         return None
-    h: Dict[bytes, bytes] = {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
-    lease = h.get(b"lease_until")
+    fingerprint, state, token, generation, lease, expires_at, response = row
     return StoredRecord(
         scope_key=scope_key,
-        fingerprint=h[b"fingerprint"].decode("ascii"),
-        state=int(h[b"state"]),
-        token=h[b"token"],
-        generation=int(h[b"generation"]),
-        lease_until=None if lease is None else int(lease),
-        expires_at=int(h[b"expires_at"]),
-        response=h.get(b"response"),
+        fingerprint=fingerprint,
+        state=state,
+        token=token,
+        generation=generation,
+        lease_until=lease,
+        expires_at=expires_at,
+        response=response,
     )
 
 
