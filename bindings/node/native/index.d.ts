@@ -799,6 +799,13 @@ export declare function redisClusterNodeRefusal(info: string): string | null
  */
 export declare function redisConfigGetRefusal(error: string): string | null
 
+/**
+ * The row a Redis record hash holds (`spec/STORAGE.md` §5.1), from an `HGETALL` reply as a
+ * flat field/value list of buffers (core's `RecordRow::from_redis_hash`); `null` for an empty
+ * reply. Throws `RECORD_CORRUPT` for an odd list, a missing field or a number that is not one.
+ */
+export declare function redisHashRow(flat: Array<Buffer>): RecordRowData | null
+
 /** One node's `maxmemory-policy` as `CONFIG GET` reported it (`policy` null: not reported). */
 export interface RedisNodePolicy {
   /** The node (`host:port`, or `the server`). */

@@ -874,6 +874,7 @@ module.exports.problemResponse = nativeBinding.problemResponse
 module.exports.recipes = nativeBinding.recipes
 module.exports.redisClusterNodeRefusal = nativeBinding.redisClusterNodeRefusal
 module.exports.redisConfigGetRefusal = nativeBinding.redisConfigGetRefusal
+module.exports.redisHashRow = nativeBinding.redisHashRow
 module.exports.redisPolicyRefusal = nativeBinding.redisPolicyRefusal
 module.exports.renameRecipe = nativeBinding.renameRecipe
 module.exports.responseBodyNeeded = nativeBinding.responseBodyNeeded
