@@ -16,6 +16,22 @@ pub mod postgres;
 pub mod redis;
 pub mod sqlite;
 
+/// Runs one store operation `work` within `limit` (for the network stores, that includes waiting
+/// for a connection): past it, [`StoreError::Timeout`] naming `op`.
+pub(crate) async fn bounded<T>(
+    limit: std::time::Duration,
+    op: &'static str,
+    work: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(limit, work).await {
+        Ok(r) => r,
+        Err(_) => Err(StoreError::Timeout {
+            op,
+            ms: u64::try_from(limit.as_millis()).unwrap_or(u64::MAX),
+        }),
+    }
+}
+
 /// Why a store primitive failed (the request fails closed).
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

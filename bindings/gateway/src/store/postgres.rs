@@ -29,7 +29,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, NoTls, Row};
 
-use super::{Clock, StoreError};
+use super::{Clock, StoreError, bounded};
 
 /// Claim attempts on zero rows before the claim fails as contended (as the Python and Node
 /// stores).
@@ -217,7 +217,7 @@ impl PostgresStore {
     /// # Errors
     /// [`StoreError`] when the server fails or does not answer within the purge timeout.
     pub async fn create_schema(&self) -> Result<(), StoreError> {
-        self.bounded(self.inner.purge_timeout, "create_schema", async {
+        bounded(self.inner.purge_timeout, "create_schema", async {
             let mut conn = self.checkout().await?;
             conn.client()?
                 .batch_execute(&self.inner.texts.schema_ddl)
@@ -267,22 +267,6 @@ impl PostgresStore {
         })
     }
 
-    /// Runs `work` within `limit` (it includes waiting for a pool slot and connecting).
-    async fn bounded<T>(
-        &self,
-        limit: Duration,
-        op: &'static str,
-        work: impl std::future::Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        match tokio::time::timeout(limit, work).await {
-            Ok(r) => r,
-            Err(_) => Err(StoreError::Timeout {
-                op,
-                ms: u64::try_from(limit.as_millis()).unwrap_or(u64::MAX),
-            }),
-        }
-    }
-
     fn now(&self) -> Option<i64> {
         self.inner.clock.override_ms().map(int)
     }
@@ -293,7 +277,7 @@ impl PostgresStore {
     /// [`StoreError`] for any PostgreSQL failure, timeout or invalid row.
     pub async fn run(&self, op: StoreOp) -> Result<StoreResult, StoreError> {
         let name = op.name();
-        self.bounded(self.inner.timeout, name, async {
+        bounded(self.inner.timeout, name, async {
             let mut conn = self.checkout().await?;
             let out = self.run_on(conn.client()?, op).await;
             conn.done = out.is_ok();
@@ -466,7 +450,7 @@ impl PostgresStore {
     /// [`StoreError`] when PostgreSQL fails or does not answer in time.
     pub async fn purge_expired(&self, batch: u64) -> Result<PurgeCounts, StoreError> {
         let now = self.now();
-        self.bounded(self.inner.purge_timeout, "purge_expired", async {
+        bounded(self.inner.purge_timeout, "purge_expired", async {
             let mut conn = self.checkout().await?;
             let batch = int(batch);
             let rows = conn
@@ -495,7 +479,7 @@ impl PostgresStore {
     /// # Errors
     /// [`StoreError`] when it does not within `timeout_ms`.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        self.bounded(self.inner.timeout, "ping", async {
+        bounded(self.inner.timeout, "ping", async {
             let mut conn = self.checkout().await?;
             conn.client()?
                 .query_typed(&self.inner.texts.ping, &[])

@@ -32,7 +32,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Script, Value};
 
-use super::{Clock, StoreError};
+use super::{Clock, StoreError, bounded};
 
 /// Where the Redis store's records live.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -407,21 +407,6 @@ async fn connect(target: &RedisTarget, timeout: Duration) -> Result<Conn, StoreE
                 .map_err(|e| StoreError::Config(format!("cluster_nodes: {e}")))?;
             Ok(Conn::Cluster(client.get_async_connection().await?))
         }
-    }
-}
-
-/// Runs `work` within `limit`.
-async fn bounded<T>(
-    limit: Duration,
-    op: &'static str,
-    work: impl std::future::Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    match tokio::time::timeout(limit, work).await {
-        Ok(r) => r,
-        Err(_) => Err(StoreError::Timeout {
-            op,
-            ms: u64::try_from(limit.as_millis()).unwrap_or(u64::MAX),
-        }),
     }
 }
 
