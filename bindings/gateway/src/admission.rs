@@ -67,7 +67,10 @@ pub async fn protected(
     let (parts, mut body) = req.into_parts();
     let limit = awaiting.body_limit();
     let timeout = Duration::from_millis(shared.cfg.upstream_timeout_ms);
+    // A body in one frame (the usual small JSON body) is kept as that frame, never copied.
+    let mut first: Option<Bytes> = None;
     let mut buf: Vec<u8> = Vec::new();
+    let mut held: usize = 0;
     let mut read: u64 = 0;
     let mut over = false;
     let mut broken = false;
@@ -77,11 +80,19 @@ pub async fn protected(
             Ok(Some(Ok(frame))) => {
                 if let Ok(data) = frame.into_data() {
                     read = read.saturating_add(u64::try_from(data.len()).unwrap_or(u64::MAX));
-                    if buf.len().saturating_add(data.len()) > limit {
+                    if held.saturating_add(data.len()) > limit {
                         over = true;
                         break;
                     }
-                    buf.extend_from_slice(&data);
+                    held += data.len();
+                    if held == data.len() && first.is_none() {
+                        first = Some(data);
+                    } else {
+                        if let Some(f) = first.take() {
+                            buf.extend_from_slice(&f);
+                        }
+                        buf.extend_from_slice(&data);
+                    }
                 }
             }
             Ok(Some(Err(_))) | Err(_) => {
@@ -90,6 +101,7 @@ pub async fn protected(
             }
         }
     }
+    let body_bytes = first.unwrap_or_else(|| Bytes::from(buf));
     let target = parts
         .uri
         .path_and_query()
@@ -116,7 +128,7 @@ pub async fn protected(
             route: &target,
             headers: &header_pairs,
             content_type,
-            body: &buf,
+            body: &body_bytes,
         })
     };
     let scope_stage = match awaiting.body(read_result, &route.fingerprinter) {
@@ -172,7 +184,7 @@ pub async fn protected(
         ScopeStage::Refuse(r) => return refuse(&shared, &route, r),
         ScopeStage::Admitted(a) => a,
     };
-    let upstream = match upstream_request(&route.upstream_base, &parts, full(Bytes::from(buf))) {
+    let upstream = match upstream_request(&route.upstream_base, &parts, full(body_bytes)) {
         Ok(r) => r,
         Err(e) => {
             log::error("bad upstream URI", &[("error", json!(e))]);

@@ -51,6 +51,15 @@ async fn a_retry_replays_and_the_upstream_runs_once() {
         metrics.contains("idempo_requests_total{route=\"/payments\",outcome=\"stored\"} 1"),
         "{metrics}"
     );
+    // The SQLite store's group commit: its batch sizes (sequential requests: batches of one).
+    assert!(
+        metrics.contains("# TYPE idempo_gateway_sqlite_batch_size histogram"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("idempo_gateway_sqlite_batch_size_bucket{le=\"1\"}"),
+        "{metrics}"
+    );
 }
 
 #[tokio::test]
