@@ -2,7 +2,10 @@
 //! §7.2: the key (core's [`admit()`]), the body read within core's limit and fingerprinted by core,
 //! the scope from the principal header; a refusal is core's problem response and nothing is
 //! forwarded. An admitted request goes to the [`driver`](mod@crate::driver).
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -191,21 +194,64 @@ pub async fn protected(
             return text(500, "bad upstream URI\n");
         }
     };
-    let (tx, rx) = oneshot::channel();
-    tokio::spawn(driver::run_flow(
+    let (tx, mut rx) = oneshot::channel();
+    // The flow runs on this request's task until its response is known (usually its end too);
+    // if it must go on past that (a streamed body, the record still to settle) or the client
+    // goes away first, the rest of it moves to a task of its own: it always runs to its end.
+    let mut flow = RunToEnd(Some(Box::pin(driver::run_flow(
         shared.clone(),
         route.clone(),
         admitted,
         upstream,
         tx,
-    ));
-    match rx.await {
-        Ok(r) => r,
-        Err(_) => to_hyper(idempo_core::machine::problem::problem_response(
+    ))));
+    let answer = std::future::poll_fn(|cx| {
+        if flow.poll_inner(cx).is_ready() {
+            return Poll::Ready(rx.try_recv().ok());
+        }
+        match Pin::new(&mut rx).poll(cx) {
+            Poll::Ready(r) => Poll::Ready(r.ok()),
+            Poll::Pending => Poll::Pending,
+        }
+    })
+    .await;
+    drop(flow);
+    match answer {
+        Some(r) => r,
+        None => to_hyper(idempo_core::machine::problem::problem_response(
             idempo_core::machine::problem::ProblemKind::StoreUnavailable,
             None,
             None,
             Some(route.config.unavailable_retry_after_ms.get()),
         )),
+    }
+}
+
+/// A flow that runs to its end: polled in place, and spawned onto the runtime if it is dropped
+/// unfinished (the response went out first, or the client went away).
+struct RunToEnd(Option<Pin<Box<dyn Future<Output = ()> + Send>>>);
+
+impl RunToEnd {
+    fn poll_inner(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        match self.0.as_mut() {
+            Some(f) => match f.as_mut().poll(cx) {
+                Poll::Ready(()) => {
+                    self.0 = None;
+                    Poll::Ready(())
+                }
+                Poll::Pending => Poll::Pending,
+            },
+            None => Poll::Ready(()),
+        }
+    }
+}
+
+impl Drop for RunToEnd {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                handle.spawn(f);
+            }
+        }
     }
 }
