@@ -2,7 +2,10 @@
 //! §7.2: the key (core's [`admit()`]), the body read within core's limit and fingerprinted by core,
 //! the scope from the principal header or the verified JWT claim ([`crate::jwt`]); a refusal is core's problem response and nothing is
 //! forwarded. An admitted request goes to the [`driver`](mod@crate::driver).
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -86,7 +89,10 @@ pub async fn protected(
     let (parts, mut body) = req.into_parts();
     let limit = awaiting.body_limit();
     let timeout = Duration::from_millis(shared.cfg.upstream_timeout_ms);
+    // A body in one frame (the usual small JSON body) is kept as that frame, never copied.
+    let mut first: Option<Bytes> = None;
     let mut buf: Vec<u8> = Vec::new();
+    let mut held: usize = 0;
     let mut read: u64 = 0;
     let mut over = false;
     let mut broken = false;
@@ -96,11 +102,19 @@ pub async fn protected(
             Ok(Some(Ok(frame))) => {
                 if let Ok(data) = frame.into_data() {
                     read = read.saturating_add(u64::try_from(data.len()).unwrap_or(u64::MAX));
-                    if buf.len().saturating_add(data.len()) > limit {
+                    if held.saturating_add(data.len()) > limit {
                         over = true;
                         break;
                     }
-                    buf.extend_from_slice(&data);
+                    held += data.len();
+                    if held == data.len() && first.is_none() {
+                        first = Some(data);
+                    } else {
+                        if let Some(f) = first.take() {
+                            buf.extend_from_slice(&f);
+                        }
+                        buf.extend_from_slice(&data);
+                    }
                 }
             }
             Ok(Some(Err(_))) | Err(_) => {
@@ -109,6 +123,7 @@ pub async fn protected(
             }
         }
     }
+    let body_bytes = first.unwrap_or_else(|| Bytes::from(buf));
     let target = parts
         .uri
         .path_and_query()
@@ -135,7 +150,7 @@ pub async fn protected(
             route: &target,
             headers: &header_pairs,
             content_type,
-            body: &buf,
+            body: &body_bytes,
         })
     };
     let scope_stage = match awaiting.body(read_result, &route.fingerprinter) {
@@ -209,28 +224,71 @@ pub async fn protected(
         ScopeStage::Refuse(r) => return refuse(&shared, &route, r),
         ScopeStage::Admitted(a) => a,
     };
-    let upstream = match upstream_request(&route.upstream_base, &parts, full(Bytes::from(buf))) {
+    let upstream = match upstream_request(&route.upstream_base, &parts, full(body_bytes)) {
         Ok(r) => r,
         Err(e) => {
             log::error("bad upstream URI", &[("error", json!(e))]);
             return text(500, "bad upstream URI\n");
         }
     };
-    let (tx, rx) = oneshot::channel();
-    tokio::spawn(driver::run_flow(
+    let (tx, mut rx) = oneshot::channel();
+    // The flow runs on this request's task until its response is known (usually its end too);
+    // if it must go on past that (a streamed body, the record still to settle) or the client
+    // goes away first, the rest of it moves to a task of its own: it always runs to its end.
+    let mut flow = RunToEnd(Some(Box::pin(driver::run_flow(
         shared.clone(),
         route.clone(),
         admitted,
         upstream,
         tx,
-    ));
-    match rx.await {
-        Ok(r) => r,
-        Err(_) => to_hyper(idempo_core::machine::problem::problem_response(
+    ))));
+    let answer = std::future::poll_fn(|cx| {
+        if flow.poll_inner(cx).is_ready() {
+            return Poll::Ready(rx.try_recv().ok());
+        }
+        match Pin::new(&mut rx).poll(cx) {
+            Poll::Ready(r) => Poll::Ready(r.ok()),
+            Poll::Pending => Poll::Pending,
+        }
+    })
+    .await;
+    drop(flow);
+    match answer {
+        Some(r) => r,
+        None => to_hyper(idempo_core::machine::problem::problem_response(
             idempo_core::machine::problem::ProblemKind::StoreUnavailable,
             None,
             None,
             Some(route.config.unavailable_retry_after_ms.get()),
         )),
+    }
+}
+
+/// A flow that runs to its end: polled in place, and spawned onto the runtime if it is dropped
+/// unfinished (the response went out first, or the client went away).
+struct RunToEnd(Option<Pin<Box<dyn Future<Output = ()> + Send>>>);
+
+impl RunToEnd {
+    fn poll_inner(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        match self.0.as_mut() {
+            Some(f) => match f.as_mut().poll(cx) {
+                Poll::Ready(()) => {
+                    self.0 = None;
+                    Poll::Ready(())
+                }
+                Poll::Pending => Poll::Pending,
+            },
+            None => Poll::Ready(()),
+        }
+    }
+}
+
+impl Drop for RunToEnd {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                handle.spawn(f);
+            }
+        }
     }
 }

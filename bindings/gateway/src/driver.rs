@@ -103,6 +103,38 @@ fn unavailable(route: &RouteConfig) -> Response<BoxBody> {
     ))
 }
 
+/// The upstream exchange with the client's response sender it hands back.
+type ExchangeFuture = std::pin::Pin<
+    Box<
+        dyn std::future::Future<Output = (ExchangeEnd, Option<oneshot::Sender<Response<BoxBody>>>)>
+            + Send,
+    >,
+>;
+
+/// 16 bytes for a fencing token from this thread's ChaCha20 generator, seeded once per thread
+/// from the operating system's generator (`getrandom`): tokens stay unpredictable without a
+/// system call per request.
+fn token_entropy() -> Result<[u8; 16], getrandom::Error> {
+    use rand_chacha::rand_core::{RngCore as _, SeedableRng as _};
+    thread_local! {
+        static RNG: std::cell::RefCell<Option<rand_chacha::ChaCha20Rng>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    RNG.with(|cell| {
+        let mut rng = cell.borrow_mut();
+        if rng.is_none() {
+            let mut seed = [0u8; 32];
+            getrandom::fill(&mut seed)?;
+            *rng = Some(rand_chacha::ChaCha20Rng::from_seed(seed));
+        }
+        let mut out = [0u8; 16];
+        if let Some(r) = rng.as_mut() {
+            r.fill_bytes(&mut out);
+        }
+        Ok(out)
+    })
+}
+
 async fn tick(t: &mut Option<tokio::time::Interval>) {
     match t {
         Some(i) => {
@@ -131,8 +163,7 @@ pub async fn run_flow(
             let _ = h.send(r);
         }
     };
-    let mut entropy = [0u8; 16];
-    if getrandom::fill(&mut entropy).is_err() {
+    let Ok(entropy) = token_entropy() else {
         log::error(
             "no entropy for a fencing token",
             &[("route", json!(template))],
@@ -142,7 +173,7 @@ pub async fn run_flow(
             .request(&template, Outcome::StoreUnavailable.as_str());
         send(&mut head, unavailable(&route));
         return;
-    }
+    };
     let (mut flow, first) = ServerFlow::start(
         admitted.scope,
         admitted.fingerprint.clone(),
@@ -192,47 +223,68 @@ pub async fn run_flow(
     let timeout = Duration::from_millis(shared.cfg.upstream_timeout_ms);
     let mut lease_lost = false;
     let end = {
-        // The exchange runs on a task of its own, so a slow renewal never pauses the stream.
-        let (end_tx, end_rx) = oneshot::channel();
         let client = shared.client.clone();
         let config = route.config.clone();
         let mut sender = head.take();
-        tokio::spawn(async move {
+        let mut ex: ExchangeFuture = Box::pin(async move {
             let end = exchange(&client, upstream, &config, timeout, &mut sender).await;
-            let _ = end_tx.send((end, sender));
+            (end, sender)
         });
-        let ex = end_rx;
-        tokio::pin!(ex);
-        let mut ticker = run.heartbeat_ms.map(|ms| {
-            let every = Duration::from_millis(ms.max(1));
-            let mut i = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-            // A renewal that took long is followed by the next one a whole interval later.
-            i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            i
-        });
-        loop {
-            tokio::select! {
-                got = &mut ex => match got {
-                    Ok((end, sender)) => {
-                        head = sender;
-                        break end;
-                    }
-                    // The exchange task is gone (it cannot panic on input): the upstream may
-                    // have acted, and the client's response is lost with it.
-                    Err(_) => break ExchangeEnd::Failed {
-                        failure: UpstreamFailure::Broken,
-                        streamed: true,
-                    },
-                },
-                () = tick(&mut ticker) => {
-                    let step = match flow.handle(Event::HeartbeatDue) {
-                        Ok(a) => settle(&shared, &template, &admitted, &mut flow, a).await,
-                        Err(e) => Err(e),
-                    };
-                    match step {
-                        Ok(Action::LeaseLost) => lease_lost = true,
-                        Ok(_) => {}
-                        Err(e) => bug(e),
+        let every = run.heartbeat_ms.map(|ms| Duration::from_millis(ms.max(1)));
+        // Most upstreams answer before the first heartbeat is due: then the exchange runs on
+        // this task and no timer task or channel is made. Past that point it moves to a task of
+        // its own, so a slow renewal never pauses the stream.
+        let first_beat = match every {
+            None => Some((&mut ex).await),
+            Some(every) => tokio::select! {
+                got = &mut ex => Some(got),
+                () = tokio::time::sleep(every) => None,
+            },
+        };
+        match first_beat {
+            Some((end, sender)) => {
+                head = sender;
+                end
+            }
+            None => {
+                let (end_tx, end_rx) = oneshot::channel();
+                tokio::spawn(async move {
+                    let _ = end_tx.send(ex.await);
+                });
+                tokio::pin!(end_rx);
+                let mut ticker = every.map(|every| {
+                    // The first heartbeat is due now; the next ones every interval.
+                    let mut i = tokio::time::interval(every);
+                    // A renewal that took long is followed by the next one a whole interval
+                    // later.
+                    i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    i
+                });
+                loop {
+                    tokio::select! {
+                        got = &mut end_rx => match got {
+                            Ok((end, sender)) => {
+                                head = sender;
+                                break end;
+                            }
+                            // The exchange task is gone (it cannot panic on input): the upstream
+                            // may have acted, and the client's response is lost with it.
+                            Err(_) => break ExchangeEnd::Failed {
+                                failure: UpstreamFailure::Broken,
+                                streamed: true,
+                            },
+                        },
+                        () = tick(&mut ticker) => {
+                            let step = match flow.handle(Event::HeartbeatDue) {
+                                Ok(a) => settle(&shared, &template, &admitted, &mut flow, a).await,
+                                Err(e) => Err(e),
+                            };
+                            match step {
+                                Ok(Action::LeaseLost) => lease_lost = true,
+                                Ok(_) => {}
+                                Err(e) => bug(e),
+                            }
+                        }
                     }
                 }
             }

@@ -100,6 +100,10 @@ pub async fn run(
         ],
     );
     let shared = proxy::Shared::new(cfg, store);
+    if let Store::Sqlite(s) = &shared.store {
+        shared.metrics.attach_sqlite_batches(s.batch_stats());
+    }
     proxy::serve(Arc::clone(&shared), listener, shutdown).await;
+    log::flush();
     Ok(())
 }

@@ -5,9 +5,11 @@
 //! principal. Histogram bounds are core's [`STORE_LATENCY_BUCKETS_SECONDS`].
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use idempo_core::metrics::STORE_LATENCY_BUCKETS_SECONDS;
+
+use crate::store::sqlite::BatchStats;
 
 /// `idempo_requests_total{route,outcome}`.
 pub const REQUESTS: &str = "idempo_requests_total";
@@ -19,6 +21,9 @@ pub const TAKEOVERS: &str = "idempo_takeovers_total";
 pub const STORE_ERRORS: &str = "idempo_store_errors_total";
 /// `idempo_store_operation_duration_seconds{op}`.
 pub const STORE_LATENCY: &str = "idempo_store_operation_duration_seconds";
+/// `idempo_gateway_sqlite_batch_size`: the gateway's own series (not in `spec/METRICS.md`), the
+/// write primitives each transaction of the SQLite store's group commit carried.
+pub const SQLITE_BATCH_SIZE: &str = "idempo_gateway_sqlite_batch_size";
 
 #[derive(Default, Debug)]
 struct Histogram {
@@ -40,6 +45,7 @@ struct Inner {
 #[derive(Default, Debug)]
 pub struct Metrics {
     inner: Mutex<Inner>,
+    sqlite_batches: OnceLock<Arc<BatchStats>>,
 }
 
 impl Metrics {
@@ -96,10 +102,26 @@ impl Metrics {
         });
     }
 
+    /// Exports the SQLite store's batch sizes as [`SQLITE_BATCH_SIZE`] (once; later calls are
+    /// ignored).
+    pub fn attach_sqlite_batches(&self, stats: Arc<BatchStats>) {
+        let _ = self.sqlite_batches.set(stats);
+    }
+
     /// The Prometheus text exposition.
     #[must_use]
     pub fn render(&self) -> String {
         let mut out = String::new();
+        if let Some(b) = self.sqlite_batches.get() {
+            let _ = writeln!(out, "# TYPE {SQLITE_BATCH_SIZE} histogram");
+            for (bound, c) in b.buckets() {
+                let _ = writeln!(out, "{SQLITE_BATCH_SIZE}_bucket{{le=\"{bound}\"}} {c}");
+            }
+            let count = b.transactions();
+            let _ = writeln!(out, "{SQLITE_BATCH_SIZE}_bucket{{le=\"+Inf\"}} {count}");
+            let _ = writeln!(out, "{SQLITE_BATCH_SIZE}_sum {}", b.ops());
+            let _ = writeln!(out, "{SQLITE_BATCH_SIZE}_count {count}");
+        }
         self.with(|i| {
             let _ = writeln!(out, "# TYPE {REQUESTS} counter");
             for ((route, outcome), v) in &i.requests {

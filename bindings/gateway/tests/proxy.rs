@@ -51,6 +51,15 @@ async fn a_retry_replays_and_the_upstream_runs_once() {
         metrics.contains("idempo_requests_total{route=\"/payments\",outcome=\"stored\"} 1"),
         "{metrics}"
     );
+    // The SQLite store's group commit: its batch sizes (sequential requests: batches of one).
+    assert!(
+        metrics.contains("# TYPE idempo_gateway_sqlite_batch_size histogram"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("idempo_gateway_sqlite_batch_size_bucket{le=\"1\"}"),
+        "{metrics}"
+    );
 }
 
 #[tokio::test]
@@ -687,4 +696,25 @@ async fn shutdown_stops_waiting_at_its_deadline() {
     );
     let logs = gw.logs.lock().unwrap().join("\n");
     assert!(logs.contains("shutdown deadline passed"), "{logs}");
+}
+
+#[tokio::test]
+async fn a_client_that_goes_away_mid_flow_still_gets_its_record_settled() {
+    let dir = temp_dir("client-gone");
+    let (up, seen) = upstream().await;
+    let gw = Gateway::start(&dir, &config(&sqlite(&dir), up, "/slow", ""));
+    let c = client();
+    let url = gw.url("/slow?ms=500");
+    let h = [("Idempotency-Key", "key-0000-k-gone"), ALICE];
+    // The client gives up while the upstream runs: the flow goes on without it.
+    let gave_up = tokio::time::timeout(Duration::from_millis(150), post(&c, &url, &h, "{}")).await;
+    assert!(
+        gave_up.is_err(),
+        "the first request should still be running"
+    );
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    let again = post(&client(), &url, &h, "{}").await.unwrap();
+    assert_eq!(again.status, 201, "{}", again.text());
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(seen.lock().unwrap().calls.get("/slow"), Some(&1));
 }

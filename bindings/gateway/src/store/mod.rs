@@ -38,6 +38,10 @@ pub enum StoreError {
     /// SQLite answered an error (locked past the busy timeout, I/O, corrupt file...).
     #[error("SQLite: {0}")]
     Sqlite(#[from] rusqlite::Error),
+    /// SQLite failed the transaction this primitive was batched in (its `BEGIN` or `COMMIT`,
+    /// or an error that rolled the whole transaction back): the primitive did not take effect.
+    #[error("SQLite: {0} (the group commit this primitive was part of)")]
+    SqliteBatch(String),
     /// A row read from the store is not a valid record.
     #[error("invalid record in the store: {0}")]
     Corrupt(String),

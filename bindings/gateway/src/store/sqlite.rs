@@ -3,12 +3,22 @@
 //! service can share one file.
 //!
 //! Every connection runs `journal_mode = WAL` (retried while another connection opening the file
-//! holds the lock, within the busy timeout), `synchronous = FULL` and `busy_timeout`; every
-//! write primitive runs in `BEGIN IMMEDIATE … COMMIT`; the schema is created in one
-//! `BEGIN IMMEDIATE` transaction. Statements run on tokio's blocking pool, never on the event
-//! loop.
+//! holds the lock, within the busy timeout), `synchronous = FULL` and `busy_timeout`; the schema
+//! is created in one `BEGIN IMMEDIATE` transaction.
+//!
+//! **Group commit.** One writer thread owns the connection. Callers queue their primitive and
+//! wait; the writer takes every queued primitive (at most [`MAX_BATCH`]) and runs the writes in
+//! ONE `BEGIN IMMEDIATE … COMMIT`, each inside its own `SAVEPOINT` (a primitive that fails rolls
+//! back only itself and answers its own error). Every waiter is answered only after `COMMIT`
+//! returned, so a claim is reported claimed only once it is durable; if `BEGIN` or `COMMIT` fails,
+//! every write of the batch answers the store error (the request fails closed). Reads (get,
+//! readiness) run before the batch's transaction, outside it, so they see committed state only.
+//! A fresh request is still two durable commits (claim, complete), but concurrent requests share
+//! them: the disk's synchronous commit rate no longer caps the request rate.
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use idempo_core::busy;
@@ -18,6 +28,7 @@ use idempo_core::recipes;
 use idempo_core::record::{Record, RecordRow};
 use rusqlite::types::Value;
 use rusqlite::{Connection, ErrorCode};
+use tokio::sync::oneshot;
 
 use super::{Clock, StoreError};
 
@@ -26,13 +37,113 @@ use super::{Clock, StoreError};
 const CLAIM_ATTEMPTS: u32 = 3;
 /// The oldest SQLite with `RETURNING`.
 const MIN_SQLITE: i32 = 3_035_000;
+/// The most primitives one transaction of the writer runs.
+pub const MAX_BATCH: usize = 64;
+/// The bounds of the batch-size histogram (`idempo_gateway_sqlite_batch_size`).
+pub const BATCH_SIZE_BUCKETS: [u64; 7] = [1, 2, 4, 8, 16, 32, 64];
+
+/// How many write primitives each transaction of the writer carried (a histogram with
+/// [`BATCH_SIZE_BUCKETS`]; cumulative counts, as Prometheus exposes them).
+#[derive(Debug, Default)]
+pub struct BatchStats {
+    le: [AtomicU64; BATCH_SIZE_BUCKETS.len()],
+    sum: AtomicU64,
+    count: AtomicU64,
+}
+
+impl BatchStats {
+    fn record(&self, ops: usize) {
+        let ops = u64::try_from(ops).unwrap_or(u64::MAX);
+        for (c, bound) in self.le.iter().zip(BATCH_SIZE_BUCKETS) {
+            if ops <= bound {
+                c.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.sum.fetch_add(ops, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Transactions run (each one `BEGIN IMMEDIATE … COMMIT`).
+    #[must_use]
+    pub fn transactions(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    /// Write primitives run in those transactions.
+    #[must_use]
+    pub fn ops(&self) -> u64 {
+        self.sum.load(Ordering::Relaxed)
+    }
+
+    /// `(bound, transactions with at most bound primitives)` for each of [`BATCH_SIZE_BUCKETS`].
+    #[must_use]
+    pub fn buckets(&self) -> Vec<(u64, u64)> {
+        BATCH_SIZE_BUCKETS
+            .iter()
+            .zip(&self.le)
+            .map(|(b, c)| (*b, c.load(Ordering::Relaxed)))
+            .collect()
+    }
+}
+
+/// What a caller queues for the writer.
+#[derive(Debug)]
+enum Work {
+    Op(StoreOp),
+    Purge(u64),
+    Ping,
+}
+
+/// What the writer answers.
+#[derive(Debug)]
+enum Answer {
+    Op(StoreResult),
+    Purged(PurgeCounts),
+    Pong,
+}
+
+type Reply = Result<Answer, StoreError>;
+
+#[derive(Debug)]
+enum Waiter {
+    Async(oneshot::Sender<Reply>),
+    Sync(mpsc::SyncSender<Reply>),
+}
+
+impl Waiter {
+    fn answer(self, reply: Reply) {
+        match self {
+            Self::Async(tx) => {
+                let _ = tx.send(reply);
+            }
+            Self::Sync(tx) => {
+                let _ = tx.send(reply);
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Job {
+    work: Work,
+    waiter: Waiter,
+}
+
+impl Job {
+    fn is_read(&self) -> bool {
+        matches!(
+            self.work,
+            Work::Ping | Work::Op(StoreOp::Get { .. } | StoreOp::Commit { .. })
+        )
+    }
+}
 
 /// A SQLite store on one file.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
-    conn: Arc<Mutex<Connection>>,
+    queue: mpsc::Sender<Job>,
+    stats: Arc<BatchStats>,
     path: PathBuf,
-    clock: Clock,
 }
 
 type Params = Vec<(&'static str, Value)>;
@@ -46,7 +157,8 @@ fn int(v: u64) -> Value {
 }
 
 impl SqliteStore {
-    /// Opens `path` with the open procedure of `spec/STORAGE.md` §7 and creates the schema.
+    /// Opens `path` with the open procedure of `spec/STORAGE.md` §7, creates the schema and
+    /// starts the writer thread (it ends when the last clone of the store is dropped).
     ///
     /// # Errors
     /// [`StoreError::Sqlite`] naming the step that failed.
@@ -82,12 +194,7 @@ impl SqliteStore {
             }
         }
         conn.execute_batch("PRAGMA synchronous = FULL")?;
-        let store = Self {
-            conn: Arc::new(Mutex::new(conn)),
-            path: path.to_owned(),
-            clock,
-        };
-        store.immediate(|c| {
+        immediate(&conn, |c| {
             for statement in recipes::SQLITE_SCHEMA.split(';') {
                 if !statement.trim().is_empty() {
                     c.execute_batch(statement)?;
@@ -95,7 +202,22 @@ impl SqliteStore {
             }
             Ok(())
         })?;
-        Ok(store)
+        let (queue, jobs) = mpsc::channel();
+        let stats = Arc::new(BatchStats::default());
+        let writer = Writer {
+            conn,
+            clock,
+            stats: stats.clone(),
+        };
+        std::thread::Builder::new()
+            .name("idempo-sqlite".to_owned())
+            .spawn(move || writer.run(&jobs))
+            .map_err(|e| StoreError::Worker(format!("cannot start the SQLite writer: {e}")))?;
+        Ok(Self {
+            queue,
+            stats,
+            path: path.to_owned(),
+        })
     }
 
     /// The database file.
@@ -104,58 +226,280 @@ impl SqliteStore {
         &self.path
     }
 
-    fn lock(&self) -> MutexGuard<'_, Connection> {
-        self.conn
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    /// The writer's batch sizes (the `idempo_gateway_sqlite_batch_size` histogram).
+    #[must_use]
+    pub fn batch_stats(&self) -> Arc<BatchStats> {
+        self.stats.clone()
     }
 
-    /// Runs `f` in `BEGIN IMMEDIATE … COMMIT` (rolled back on error).
-    fn immediate<T>(
-        &self,
-        f: impl FnOnce(&Connection) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
-        let conn = self.lock();
-        conn.execute_batch("BEGIN IMMEDIATE")?;
-        match f(&conn) {
-            Ok(v) => match conn.execute_batch("COMMIT") {
-                Ok(()) => Ok(v),
-                Err(e) => {
-                    let _ = conn.execute_batch("ROLLBACK");
-                    Err(e.into())
-                }
-            },
-            Err(e) => {
-                let _ = conn.execute_batch("ROLLBACK");
-                Err(e)
-            }
-        }
+    async fn submit(&self, work: Work) -> Reply {
+        let (tx, rx) = oneshot::channel();
+        self.queue
+            .send(Job {
+                work,
+                waiter: Waiter::Async(tx),
+            })
+            .map_err(|_| StoreError::Worker("the SQLite writer thread has stopped".to_owned()))?;
+        rx.await.map_err(|_| {
+            StoreError::Worker("the SQLite writer thread dropped a request".to_owned())
+        })?
     }
 
-    async fn blocking<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&Self) -> Result<T, StoreError> + Send + 'static,
-    ) -> Result<T, StoreError> {
-        let me = self.clone();
-        tokio::task::spawn_blocking(move || f(&me))
-            .await
-            .map_err(|e| StoreError::Worker(e.to_string()))?
+    fn submit_sync(&self, work: Work) -> Reply {
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.queue
+            .send(Job {
+                work,
+                waiter: Waiter::Sync(tx),
+            })
+            .map_err(|_| StoreError::Worker("the SQLite writer thread has stopped".to_owned()))?;
+        rx.recv().map_err(|_| {
+            StoreError::Worker("the SQLite writer thread dropped a request".to_owned())
+        })?
     }
 
-    /// Runs one primitive on the blocking pool.
+    /// Runs one primitive on the writer thread (batched with the other callers' primitives).
     ///
     /// # Errors
     /// [`StoreError`] for any SQLite failure or invalid row.
     pub async fn run(&self, op: StoreOp) -> Result<StoreResult, StoreError> {
-        self.blocking(move |s| s.run_sync(&op)).await
+        op_result(self.submit(Work::Op(op)).await)
     }
 
-    /// Runs one primitive on this thread.
+    /// As [`SqliteStore::run`], blocking this thread until the answer (never call it on an
+    /// async runtime's thread).
     ///
     /// # Errors
     /// As [`SqliteStore::run`].
     pub fn run_sync(&self, op: &StoreOp) -> Result<StoreResult, StoreError> {
-        let now = self.clock.override_ms().map(int).unwrap_or(Value::Null);
+        op_result(self.submit_sync(Work::Op(op.clone())))
+    }
+
+    /// Deletes up to `batch` expired records (in the writer's transaction).
+    ///
+    /// # Errors
+    /// [`StoreError`] when SQLite fails.
+    pub async fn purge_expired(&self, batch: u64) -> Result<PurgeCounts, StoreError> {
+        purge_result(self.submit(Work::Purge(batch)).await)
+    }
+
+    /// As [`SqliteStore::purge_expired`], blocking this thread.
+    ///
+    /// # Errors
+    /// [`StoreError`] when SQLite fails.
+    pub fn purge_sync(&self, batch: u64) -> Result<PurgeCounts, StoreError> {
+        purge_result(self.submit_sync(Work::Purge(batch)))
+    }
+
+    /// Reads the table (readiness: the file opens and answers).
+    ///
+    /// # Errors
+    /// [`StoreError`] when SQLite fails.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        match self.submit(Work::Ping).await? {
+            Answer::Pong => Ok(()),
+            other => Err(mismatch(&other)),
+        }
+    }
+}
+
+fn mismatch(a: &Answer) -> StoreError {
+    StoreError::Worker(format!(
+        "the SQLite writer answered {a:?} to another request"
+    ))
+}
+
+fn op_result(r: Reply) -> Result<StoreResult, StoreError> {
+    match r? {
+        Answer::Op(r) => Ok(r),
+        other => Err(mismatch(&other)),
+    }
+}
+
+fn purge_result(r: Reply) -> Result<PurgeCounts, StoreError> {
+    match r? {
+        Answer::Purged(c) => Ok(c),
+        other => Err(mismatch(&other)),
+    }
+}
+
+/// Runs `f` in `BEGIN IMMEDIATE … COMMIT` (rolled back on error).
+fn immediate<T>(
+    conn: &Connection,
+    f: impl FnOnce(&Connection) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    match f(conn) {
+        Ok(v) => match conn.execute_batch("COMMIT") {
+            Ok(()) => Ok(v),
+            Err(e) => {
+                let _ = conn.execute_batch("ROLLBACK");
+                Err(e.into())
+            }
+        },
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
+}
+
+/// The thread that owns the connection.
+struct Writer {
+    conn: Connection,
+    clock: Clock,
+    stats: Arc<BatchStats>,
+}
+
+impl Writer {
+    fn run(self, jobs: &mpsc::Receiver<Job>) {
+        // Ends when every sender (every clone of the store) is gone.
+        while let Ok(first) = jobs.recv() {
+            let mut batch = Vec::with_capacity(8);
+            batch.push(first);
+            while batch.len() < MAX_BATCH {
+                match jobs.try_recv() {
+                    Ok(job) => batch.push(job),
+                    Err(_) => break,
+                }
+            }
+            self.batch(batch);
+        }
+    }
+
+    fn now(&self) -> Value {
+        self.clock.override_ms().map(int).unwrap_or(Value::Null)
+    }
+
+    /// Runs one batch: the reads first (committed state, no transaction), then the writes in one
+    /// transaction, a savepoint each; answers the writes after `COMMIT`.
+    fn batch(&self, batch: Vec<Job>) {
+        let mut writes = Vec::with_capacity(batch.len());
+        for job in batch {
+            if job.is_read() {
+                let reply = self.read(&job.work);
+                job.waiter.answer(reply);
+            } else {
+                writes.push(job);
+            }
+        }
+        if writes.is_empty() {
+            return;
+        }
+        self.stats.record(writes.len());
+        if let Err(e) = self.conn.execute_batch("BEGIN IMMEDIATE") {
+            let msg = e.to_string();
+            let mut first = Some(e);
+            for job in writes {
+                let err = match first.take() {
+                    Some(e) => StoreError::Sqlite(e),
+                    None => StoreError::SqliteBatch(msg.clone()),
+                };
+                job.waiter.answer(Err(err));
+            }
+            return;
+        }
+        let mut done: Vec<(Waiter, Reply)> = Vec::with_capacity(writes.len());
+        let mut lost: Option<String> = None;
+        for job in writes {
+            if let Some(msg) = &lost {
+                // The transaction is gone (SQLite rolled it back after an I/O or full-disk
+                // error): nothing more runs in it.
+                done.push((job.waiter, Err(StoreError::SqliteBatch(msg.clone()))));
+                continue;
+            }
+            let reply = self.savepoint(&job.work);
+            if reply.is_err() && self.conn.is_autocommit() {
+                lost = Some(match &reply {
+                    Err(e) => format!("the transaction was rolled back after: {e}"),
+                    Ok(_) => String::new(),
+                });
+            }
+            done.push((job.waiter, reply));
+        }
+        let failure = match &lost {
+            Some(msg) => Some(msg.clone()),
+            None => match self.conn.execute_batch("COMMIT") {
+                Ok(()) => None,
+                Err(e) => {
+                    let _ = self.conn.execute_batch("ROLLBACK");
+                    Some(e.to_string())
+                }
+            },
+        };
+        for (waiter, reply) in done {
+            let reply = match (&failure, reply) {
+                // A primitive that failed keeps its own error; the others did not take effect.
+                (Some(_), Err(e)) => Err(e),
+                (Some(msg), Ok(_)) => Err(StoreError::SqliteBatch(msg.clone())),
+                (None, reply) => reply,
+            };
+            waiter.answer(reply);
+        }
+    }
+
+    /// One write inside `SAVEPOINT … RELEASE`, rolled back to the savepoint on error.
+    fn savepoint(&self, work: &Work) -> Reply {
+        let c = &self.conn;
+        c.prepare_cached("SAVEPOINT idempo_op")?.execute([])?;
+        let reply = self.write(work);
+        if reply.is_err() && !c.is_autocommit() {
+            c.prepare_cached("ROLLBACK TO idempo_op")?.execute([])?;
+        }
+        if !c.is_autocommit() {
+            c.prepare_cached("RELEASE idempo_op")?.execute([])?;
+        }
+        reply
+    }
+
+    fn read(&self, work: &Work) -> Reply {
+        let c = &self.conn;
+        match work {
+            Work::Op(StoreOp::Get { scope }) => {
+                let (record, now_ms) = get(c, scope.as_bytes(), &self.now())?;
+                Ok(Answer::Op(StoreResult::Got { record, now_ms }))
+            }
+            Work::Op(StoreOp::Commit { .. }) => Err(StoreError::Unsupported("COMMIT")),
+            Work::Ping => {
+                let mut stmt = c.prepare_cached("SELECT 1 FROM idempo_record LIMIT 1")?;
+                let mut rows = stmt.query([])?;
+                let _ = rows.next()?;
+                Ok(Answer::Pong)
+            }
+            Work::Op(_) | Work::Purge(_) => self.write(work),
+        }
+    }
+
+    fn write(&self, work: &Work) -> Reply {
+        match work {
+            Work::Op(op) => Ok(Answer::Op(self.op(op)?)),
+            Work::Purge(batch) => Ok(Answer::Purged(self.purge(*batch)?)),
+            Work::Ping => Ok(Answer::Pong),
+        }
+    }
+
+    fn purge(&self, batch: u64) -> Result<PurgeCounts, StoreError> {
+        let rows = query(
+            &self.conn,
+            recipes::SQLITE_PURGE,
+            &vec![(":batch", int(batch)), (":now", self.now())],
+        )?;
+        let mut counts = PurgeCounts::default();
+        for row in &rows {
+            match row.first() {
+                Some(Value::Integer(1)) => counts.in_progress += 1,
+                Some(Value::Integer(2)) => counts.completed += 1,
+                Some(Value::Integer(3)) => counts.outcome_unknown += 1,
+                other => return Err(StoreError::Corrupt(format!("purged state {other:?}"))),
+            }
+        }
+        Ok(counts)
+    }
+
+    /// One primitive on the connection (a write runs inside the caller's transaction).
+    fn op(&self, op: &StoreOp) -> Result<StoreResult, StoreError> {
+        let c = &self.conn;
+        let now = self.now();
         match op {
             StoreOp::Claim {
                 scope,
@@ -163,7 +507,7 @@ impl SqliteStore {
                 token,
                 lease_ms,
                 ttl_ms,
-            } => self.immediate(|c| {
+            } => {
                 let params: Params = vec![
                     (":scope", blob(scope.as_bytes())),
                     (":fp", Value::Text(fingerprint.as_str().to_owned())),
@@ -188,10 +532,9 @@ impl SqliteStore {
                     }
                 }
                 Err(StoreError::Contention(CLAIM_ATTEMPTS))
-            }),
+            }
             StoreOp::Get { scope } => {
-                let conn = self.lock();
-                let (record, now_ms) = get(&conn, scope.as_bytes(), &now)?;
+                let (record, now_ms) = get(c, scope.as_bytes(), &now)?;
                 Ok(StoreResult::Got { record, now_ms })
             }
             StoreOp::TakeOver {
@@ -199,7 +542,7 @@ impl SqliteStore {
                 seen_token,
                 new_token,
                 lease_ms,
-            } => self.immediate(|c| {
+            } => {
                 let rows = query(
                     c,
                     recipes::SQLITE_TAKEOVER,
@@ -208,19 +551,19 @@ impl SqliteStore {
                         (":seen", blob(seen_token.as_bytes())),
                         (":new", blob(new_token.as_bytes())),
                         (":lease", int(*lease_ms)),
-                        (":now", now.clone()),
+                        (":now", now),
                     ],
                 )?;
                 Ok(StoreResult::TookOver(match rows.first() {
                     Some(row) => Some(u32_at(row, 0)?),
                     None => None,
                 }))
-            }),
+            }
             StoreOp::MarkUnknown {
                 scope,
                 seen_token,
                 ttl_ms,
-            } => self.immediate(|c| {
+            } => {
                 let n = execute(
                     c,
                     recipes::SQLITE_MARK_UNKNOWN,
@@ -228,17 +571,17 @@ impl SqliteStore {
                         (":scope", blob(scope.as_bytes())),
                         (":seen", blob(seen_token.as_bytes())),
                         (":ttl", int(*ttl_ms)),
-                        (":now", now.clone()),
+                        (":now", now),
                     ],
                 )?;
                 Ok(StoreResult::MarkedUnknown(n == 1))
-            }),
+            }
             StoreOp::Complete {
                 scope,
                 token,
                 response,
                 ttl_ms,
-            } => self.immediate(|c| {
+            } => {
                 let n = execute(
                     c,
                     recipes::SQLITE_COMPLETE,
@@ -247,12 +590,12 @@ impl SqliteStore {
                         (":token", blob(token.as_bytes())),
                         (":response", blob(response)),
                         (":ttl", int(*ttl_ms)),
-                        (":now", now.clone()),
+                        (":now", now),
                     ],
                 )?;
                 Ok(StoreResult::Completed(n == 1))
-            }),
-            StoreOp::Release { scope, token } => self.immediate(|c| {
+            }
+            StoreOp::Release { scope, token } => {
                 let n = execute(
                     c,
                     recipes::SQLITE_RELEASE,
@@ -262,12 +605,12 @@ impl SqliteStore {
                     ],
                 )?;
                 Ok(StoreResult::Released(n == 1))
-            }),
+            }
             StoreOp::Renew {
                 scope,
                 token,
                 lease_ms,
-            } => self.immediate(|c| {
+            } => {
                 let n = execute(
                     c,
                     recipes::SQLITE_RENEW,
@@ -275,61 +618,13 @@ impl SqliteStore {
                         (":scope", blob(scope.as_bytes())),
                         (":token", blob(token.as_bytes())),
                         (":lease", int(*lease_ms)),
-                        (":now", now.clone()),
+                        (":now", now),
                     ],
                 )?;
                 Ok(StoreResult::Renewed(n == 1))
-            }),
+            }
             StoreOp::Commit { .. } => Err(StoreError::Unsupported("COMMIT")),
         }
-    }
-
-    /// Deletes up to `batch` expired records in one `BEGIN IMMEDIATE`.
-    ///
-    /// # Errors
-    /// [`StoreError`] when SQLite fails.
-    pub async fn purge_expired(&self, batch: u64) -> Result<PurgeCounts, StoreError> {
-        self.blocking(move |s| s.purge_sync(batch)).await
-    }
-
-    /// As [`SqliteStore::purge_expired`], on this thread.
-    ///
-    /// # Errors
-    /// [`StoreError`] when SQLite fails.
-    pub fn purge_sync(&self, batch: u64) -> Result<PurgeCounts, StoreError> {
-        let now = self.clock.override_ms().map(int).unwrap_or(Value::Null);
-        self.immediate(|c| {
-            let rows = query(
-                c,
-                recipes::SQLITE_PURGE,
-                &vec![(":batch", int(batch)), (":now", now)],
-            )?;
-            let mut counts = PurgeCounts::default();
-            for row in &rows {
-                match row.first() {
-                    Some(Value::Integer(1)) => counts.in_progress += 1,
-                    Some(Value::Integer(2)) => counts.completed += 1,
-                    Some(Value::Integer(3)) => counts.outcome_unknown += 1,
-                    other => return Err(StoreError::Corrupt(format!("purged state {other:?}"))),
-                }
-            }
-            Ok(counts)
-        })
-    }
-
-    /// Reads the table (readiness: the file opens and answers).
-    ///
-    /// # Errors
-    /// [`StoreError`] when SQLite fails.
-    pub async fn ping(&self) -> Result<(), StoreError> {
-        self.blocking(|s| {
-            let conn = s.lock();
-            let mut stmt = conn.prepare_cached("SELECT 1 FROM idempo_record LIMIT 1")?;
-            let mut rows = stmt.query([])?;
-            let _ = rows.next()?;
-            Ok(())
-        })
-        .await
     }
 }
 
