@@ -153,7 +153,7 @@ pub fn check_record_row(env: Env, row: RecordRowData) -> napi::Result<RecordRowD
 #[napi(catch_unwind)]
 pub fn redis_hash_row(env: Env, flat: Vec<Buffer>) -> napi::Result<Option<RecordRowData>> {
     let run = || {
-        if flat.len() % 2 != 0 {
+        if !flat.len().is_multiple_of(2) {
             return Err(Fail::new(
                 code::RECORD_CORRUPT,
                 format!(
