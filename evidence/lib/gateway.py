@@ -134,6 +134,9 @@ class Gateway(Proc):
 class BenchUpstream(Proc):
     """bindings/gateway/examples/bench_upstream.rs on a fixed port."""
 
-    def __init__(self, port: int = 0) -> None:
+    def __init__(self, port: int = 0, work_ms: float = 0.0) -> None:
         port = port or free_port()
-        super().__init__([str(binary("bench_upstream", example=True)), str(port)], port, "/health")
+        argv = [str(binary("bench_upstream", example=True)), str(port)]
+        if work_ms:
+            argv.append(f"{work_ms:g}")  # each POST waits this long before it answers
+        super().__init__(argv, port, "/health")

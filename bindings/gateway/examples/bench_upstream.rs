@@ -2,8 +2,12 @@
 //! service that counts what it executes, so the benchmark measures the proxy, not the service.
 //!
 //! ```text
-//! bench_upstream PORT      # 0 picks a port; prints `listening PORT` on stdout once bound
+//! bench_upstream PORT [WORK_MS]   # 0 picks a port; prints `listening PORT` on stdout once bound
 //! ```
+//!
+//! `WORK_MS` (default 0): each `POST` waits that long before it answers (a timer, no CPU), as a
+//! service that calls its database or a payment provider does; `make bench-gateway
+//! BENCH_GATEWAY_ARGS="--upstream-work-ms 1"` reads the gateway's latency beside such a service.
 //!
 //! `POST` any path: reads the body, counts one execution (and the distinct values of the
 //! `Idempotency-Key` header it was given: the gateway's downstream key), answers 201 with a
@@ -37,6 +41,7 @@ fn json(status: u16, text: String) -> Response<Full<Bytes>> {
 
 async fn serve(
     counts: Arc<Mutex<Counts>>,
+    work: std::time::Duration,
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, hyper::Error> {
     if req.method() == hyper::Method::GET {
@@ -60,6 +65,9 @@ async fn serve(
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     let body = req.into_body().collect().await?.to_bytes();
+    if !work.is_zero() {
+        tokio::time::sleep(work).await;
+    }
     let n = {
         let mut c = counts
             .lock()
@@ -84,6 +92,12 @@ fn main() -> std::io::Result<()> {
         .nth(1)
         .and_then(|p| p.parse().ok())
         .unwrap_or(0);
+    let work_ms: f64 = std::env::args()
+        .nth(2)
+        .and_then(|p| p.parse().ok())
+        .filter(|ms: &f64| ms.is_finite() && *ms >= 0.0)
+        .unwrap_or(0.0);
+    let work = std::time::Duration::from_secs_f64(work_ms / 1000.0);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -98,7 +112,7 @@ fn main() -> std::io::Result<()> {
             let _ = stream.set_nodelay(true);
             let c = counts.clone();
             tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |req| serve(c.clone(), req));
+                let svc = hyper::service::service_fn(move |req| serve(c.clone(), work, req));
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), svc)
                     .await;

@@ -2,7 +2,7 @@
 plain reverse proxy, the upstream alone and the Python ASGI integration. Printed, never asserted.
 
     python -m evidence.bench.gateway.run [--seconds 3] [--rounds 3] [--warmup 1] [--connections 16]
-                                         [--no-services] [--upstream-cpu 0]
+                                         [--no-services] [--upstream-cpu 0] [--upstream-work-ms 0]
 
 Every request is ``POST /pay`` with a fresh Idempotency-Key and the ~220-byte JSON body of
 `make bench-e2e` (its wrk script, evidence/bench/e2e/load.lua, and its wrk runner: `wrk -t1`, 16
@@ -27,6 +27,13 @@ on CPU 1. Each round starts every row's processes afresh (empty memory store, ne
 warms up, then measures; rounds are interleaved and the table shows the median. Before the
 rounds each gateway row is checked once: the same key twice runs the upstream once and the second
 answer is the replay.
+
+``--upstream-work-ms N`` makes the upstream wait N ms (a timer, no CPU) before each answer, as a
+service that calls its database or a payment provider does: the default 0 keeps the trivial
+upstream, the worst case for the p50 target (the protocol's fixed CPU cost against a service that
+costs ~7 µs); with it the p50 rows read the gateway beside a service with work of its own. The
+Python ASGI rows keep their trivial handler (the 5x target compares the two integrations' own
+cost), so with N > 0 run them apart: ``--only 'upstream direct,plain proxy,gateway memory,gateway SQLite'``.
 """
 
 from __future__ import annotations
@@ -117,7 +124,7 @@ class Running:
             stop()
 
 
-def start_row(row: Row, work: Path, tag: str, pg_dsn: str, upstream_cpu: int) -> Running:
+def start_row(row: Row, work: Path, tag: str, pg_dsn: str, upstream_cpu: int, work_ms: float = 0.0) -> Running:
     if row.kind == "asgi":
         url = {"sqlite": str(work / f"asgi-{tag}.sqlite3"), "postgres": pg_dsn}.get(row.store, "")
         server = Server("evidence.bench.e2e.py_app:app",
@@ -126,7 +133,7 @@ def start_row(row: Row, work: Path, tag: str, pg_dsn: str, upstream_cpu: int) ->
         assert server.proc is not None
         e2e.pin(server.proc.pid, 0)
         return Running(server.port, None, [server.stop])
-    up = BenchUpstream().start()
+    up = BenchUpstream(work_ms=work_ms).start()
     e2e.pin(up.pid, upstream_cpu)
     if row.kind == "direct":
         return Running(up.port, up, [up.close])
@@ -140,9 +147,9 @@ def upstream_count(up: BenchUpstream) -> int:
     return int(json.loads(e2e.call(up.port, "GET", "/count")[1])["handler"])
 
 
-def check(row: Row, work: Path, pg_dsn: str, upstream_cpu: int) -> None:
+def check(row: Row, work: Path, pg_dsn: str, upstream_cpu: int, work_ms: float = 0.0) -> None:
     """The same key twice: one upstream execution, the second answer the stored one, replayed."""
-    run = start_row(row, work, "check", pg_dsn, upstream_cpu)
+    run = start_row(row, work, "check", pg_dsn, upstream_cpu, work_ms)
     try:
         if row.kind != "gateway":
             row.check = "n/a"
@@ -158,7 +165,7 @@ def check(row: Row, work: Path, pg_dsn: str, upstream_cpu: int) -> None:
 
 
 def measure(row: Row, work: Path, rnd: int, args: argparse.Namespace, pg_dsn: str) -> None:
-    run = start_row(row, work, f"r{rnd}", pg_dsn, args.upstream_cpu)
+    run = start_row(row, work, f"r{rnd}", pg_dsn, args.upstream_cpu, args.upstream_work_ms)
     try:
         if args.warmup > 0:
             e2e.wrk(run.port, "fresh", args.warmup, args.connections, uuid.uuid4().hex)
@@ -234,8 +241,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--connections", type=int, default=16)
     ap.add_argument("--no-services", action="store_true", help="skip the PostgreSQL row")
     ap.add_argument("--upstream-cpu", type=int, default=0, help="the CPU the upstream runs on (default 0, beside the gateway)")
+    ap.add_argument("--upstream-work-ms", type=float, default=0.0,
+                    help="the upstream waits this long (ms, a timer) before each answer (default 0: trivial)")
     ap.add_argument("--only", default="", help="comma-separated row names to run (e.g. 'plain proxy,gateway memory')")
     args = ap.parse_args(argv)
+    if not args.upstream_work_ms >= 0:
+        ap.error("--upstream-work-ms must be 0 or more")
     if shutil.which("wrk") is None:
         print("bench-gateway: wrk not found (apt-get install -y wrk; `make bench-gateway` installs it)", file=sys.stderr)
         return 2
@@ -275,7 +286,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"gateway {gw_bin}, upstream {up_bin}")
     print(f"server side on CPU 0 (upstream on CPU {args.upstream_cpu}), wrk -t1 -c{args.connections} on CPU 1; "
           f"{args.rounds} interleaved round(s) of {args.seconds:g} s after {args.warmup:g} s of warm-up; "
-          f"POST /pay, fresh Idempotency-Key per request, body {len(e2e.BODY)} B\n")
+          f"POST /pay, fresh Idempotency-Key per request, body {len(e2e.BODY)} B")
+    print(f"upstream work per request: {args.upstream_work_ms:g} ms (a timer, no CPU)"
+          + ("; the Python ASGI rows' handler does none" if args.upstream_work_ms else " (the trivial upstream)") + "\n")
     t0 = time.monotonic()
     DATA.mkdir(exist_ok=True)
     try:
@@ -283,7 +296,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             work = Path(d)
             for r in rows:
                 try:
-                    check(r, work, pg_dsn, args.upstream_cpu)
+                    check(r, work, pg_dsn, args.upstream_cpu, args.upstream_work_ms)
                 except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
                     r.check = "FAILED"
                     print(f"bench-gateway: {r.name} left out: {str(exc).splitlines()[0][:300]}", file=sys.stderr)
