@@ -881,4 +881,99 @@ mod tests {
             Err(ConfigError::InvalidStatus(42))
         );
     }
+
+    /// The defaults `spec/PROTOCOL.md` documents (§6 the lease, §7.2 the request body, §9 what is
+    /// stored and for how long), written out: the constants they come from are checked against
+    /// the spec's figures, not against themselves.
+    #[test]
+    fn defaults_are_the_documented_figures() {
+        let c = Config::default();
+        assert_eq!(c.ttl_ms.get(), 86_400_000, "TTL 24 h");
+        assert_eq!(c.lease.lease_ms(), 30_000, "lease 30 s");
+        assert_eq!(c.lease.heartbeat_ms(), Some(10_000), "a third of the lease");
+        assert_eq!(
+            c.max_request_body_bytes.get(),
+            1_048_576,
+            "request body 1 MiB"
+        );
+        assert_eq!(c.response.max_body_bytes(), 1_048_576, "stored body 1 MiB");
+        assert!(!c.response.store_server_errors(), "5xx released");
+        assert_eq!(c.response.redaction(), Redaction::None);
+        assert_eq!(c.response.headers(), &HeaderAllowlist::default());
+        assert_eq!(c.in_flight_retry_after_ms.get(), 1_000);
+        assert_eq!(c.unavailable_retry_after_ms.get(), 1_000);
+        assert_eq!(c.cleanup_budget_ms.get(), 30_000);
+        assert!(!c.transactional);
+    }
+
+    #[test]
+    fn a_response_policy_reads_back_what_it_was_built_with() {
+        let headers = HeaderAllowlist::new(["Location", "x-request-id"]).expect("valid");
+        let p = ResponsePolicy::new(&[429], true, 64, headers.clone(), Redaction::HostHook)
+            .expect("valid");
+        assert!(p.store_server_errors());
+        assert_eq!(p.max_body_bytes(), 64);
+        assert_eq!(p.headers(), &headers);
+        assert!(p.headers().allows("location"));
+        assert_eq!(p.redaction(), Redaction::HostHook);
+    }
+
+    /// The codes the bindings raise as their typed errors' `code` (Python `ConfigError.code`,
+    /// Node `err.code`): stable snake_case, one per variant.
+    #[test]
+    fn config_error_codes_are_stable() {
+        let cases = [
+            (ConfigError::LeaseTooShort(10), "lease_too_short"),
+            (
+                ConfigError::BadHeartbeat {
+                    heartbeat_ms: 0,
+                    lease_ms: 30_000,
+                },
+                "bad_heartbeat",
+            ),
+            (
+                ConfigError::TtlNotAboveLease {
+                    ttl_ms: 1_000,
+                    lease_ms: 30_000,
+                },
+                "ttl_not_above_lease",
+            ),
+            (
+                ConfigError::InvalidHeaderName("a b".into()),
+                "invalid_header_name",
+            ),
+            (
+                ConfigError::ForbiddenHeader("cookie".into()),
+                "forbidden_header",
+            ),
+            (ConfigError::InvalidStatus(42), "invalid_status"),
+            (ConfigError::NotPositive("ttl_ms"), "not_positive"),
+            (
+                ConfigError::TooLarge {
+                    option: "lease_ms",
+                    value: 2,
+                    max: 1,
+                },
+                "too_large",
+            ),
+            (
+                ConfigError::Name(ParseNameError {
+                    what: "takeover",
+                    got: "rerun".into(),
+                    accepted: &["outcome_unknown", "re_run"],
+                    hint: None,
+                }),
+                "invalid_name",
+            ),
+        ];
+        for (err, code) in cases {
+            assert_eq!(err.code(), code, "{err}");
+        }
+    }
+
+    #[test]
+    fn response_origins_have_stable_names() {
+        assert_eq!(ResponseOrigin::Handler.as_str(), "handler");
+        assert_eq!(ResponseOrigin::Framework.as_str(), "framework");
+    }
 }

@@ -1302,4 +1302,136 @@ mod tests {
             assert_eq!(flow.cleanup(), None);
         }
     }
+
+    fn started() -> ServerFlow {
+        ServerFlow::start(
+            ScopeId::from_bytes([3; 32]),
+            fp('a'),
+            config(false, TakeoverPolicy::OutcomeUnknown),
+            MINE.0,
+        )
+        .0
+    }
+
+    fn claimed(generation: u32) -> Event {
+        Event::Store(StoreResult::Claimed {
+            generation,
+            now_ms: NOW,
+        })
+    }
+
+    #[test]
+    fn the_generation_is_the_one_claimed() {
+        let mut flow = started();
+        assert_eq!(flow.generation(), None, "nothing owned before the claim");
+        assert!(matches!(
+            flow.handle(claimed(5)),
+            Ok(Action::RunHandler(RunHandler { generation: 5, .. }))
+        ));
+        assert_eq!(flow.generation(), Some(5));
+    }
+
+    /// `handle` documents that a rejected event leaves the flow unchanged: the error names the
+    /// phase and the event, and the event that fits is still accepted afterwards.
+    #[test]
+    fn a_rejected_event_leaves_the_flow_where_it_was() {
+        let mut flow = started();
+        assert_eq!(
+            flow.handle(handler(201, b"early")),
+            Err(FlowError::UnexpectedEvent {
+                phase: "claiming",
+                event: "handler_finished",
+            })
+        );
+        assert!(!flow.is_finished());
+        assert!(matches!(flow.handle(claimed(1)), Ok(Action::RunHandler(_))));
+        assert_eq!(
+            flow.handle(Event::Store(StoreResult::Renewed(true))),
+            Err(FlowError::UnexpectedEvent {
+                phase: "running",
+                event: "renewed",
+            })
+        );
+        assert!(matches!(
+            flow.handle(handler(201, b"small")),
+            Ok(Action::Store(StoreOp::Complete { .. }))
+        ));
+    }
+
+    /// A heartbeat the store renewed keeps the flow the owner: the handler's answer is
+    /// completed; one the store refused (a takeover) loses the lease, and nothing is completed.
+    #[test]
+    fn a_renewed_lease_completes_and_a_refused_one_does_not() {
+        for renewed in [true, false] {
+            let mut flow = started();
+            let _ = flow.handle(claimed(1)).expect("accepted");
+            assert!(matches!(
+                flow.handle(Event::HeartbeatDue),
+                Ok(Action::Store(StoreOp::Renew { .. }))
+            ));
+            assert_eq!(
+                flow.handle(Event::HeartbeatDue),
+                Err(FlowError::UnexpectedEvent {
+                    phase: "running_renewing",
+                    event: "heartbeat_due",
+                })
+            );
+            let after = flow
+                .handle(Event::Store(StoreResult::Renewed(renewed)))
+                .expect("accepted");
+            let end = flow.handle(handler(201, b"small")).expect("accepted");
+            if renewed {
+                assert_eq!(after, Action::Wait);
+                assert!(
+                    matches!(end, Action::Store(StoreOp::Complete { .. })),
+                    "{end:?}"
+                );
+            } else {
+                assert_eq!(after, Action::LeaseLost);
+                assert!(
+                    matches!(
+                        end,
+                        Action::Respond {
+                            outcome: Outcome::LeaseLost,
+                            ..
+                        }
+                    ),
+                    "{end:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_completed_record_of_the_same_request_is_replayed() {
+        let done = records()
+            .into_iter()
+            .find(|r| matches!(r.state, RecordState::Completed { .. }))
+            .expect("a completed record");
+        let mut flow = started();
+        let end = flow
+            .handle(Event::Store(StoreResult::Existing {
+                record: done,
+                now_ms: NOW,
+            }))
+            .expect("accepted");
+        let Action::Respond {
+            response,
+            outcome: Outcome::Replayed,
+        } = end
+        else {
+            panic!("not a replay: {end:?}");
+        };
+        assert_eq!(response.status, 201);
+        assert_eq!(response.body, b"ok");
+        assert!(
+            response
+                .headers
+                .iter()
+                .any(|(n, v)| n.eq_ignore_ascii_case("idempotent-replayed") && v == "true"),
+            "{response:?}"
+        );
+        assert!(flow.is_finished());
+        assert_eq!(flow.handle(handler(201, b"x")), Err(FlowError::Finished));
+    }
 }
