@@ -18,10 +18,11 @@ from typing import (
     Any, Awaitable, Callable, Dict, List, NamedTuple, Optional, Tuple, TypeVar, Union,
 )
 
-from idempo._idempo import Action, Cleanup, Config, ServerFlow
+from idempo._idempo import Action, Cleanup, Config, InlineMemory, ServerFlow
 from idempo._render import ProblemRenderer, render
 from idempo._plan import Plan, drive, drive_async
 from idempo.stores._tx import ThreadedSession, Transaction, enter, leave, require_transactions
+from idempo.stores.memory import inline_memory
 
 log = logging.getLogger("idempo")
 
@@ -242,6 +243,8 @@ class _Run:
     route: str
     hooks: Hooks
     renderer: Optional[ProblemRenderer] = None
+    memory: Optional[InlineMemory] = None
+    """The request's memory store, when the flow's calls run its primitives (:func:`_memory`)."""
     lock: threading.Lock = field(default_factory=threading.Lock)
     lease_lost: bool = False
     """Reported to ``hooks.lease_lost`` (once per request: at a heartbeat or at the end)."""
@@ -252,15 +255,26 @@ class _Run:
             self.hooks.lease_lost(self.route)
 
 
-def _start(request: _Request, session: Any) -> Tuple[_Run, Action]:
+def _memory(store: Any, hooks: Hooks) -> Optional[InlineMemory]:
+    """The memory store whose claim, completion and release core's flow runs within its own
+    calls (:func:`idempo.stores.memory.inline_memory`: idempo's ``MemoryStore``, unpatched), or
+    None: every other store, and any store when ``on_store_op`` times each primitive."""
+    if hooks.on_store_op is not None:
+        return None
+    return inline_memory(store)
+
+
+def _start(request: _Request, session: Any, store: Any = None) -> Tuple[_Run, Action]:
     """Starts core's flow for the request (transactional when it runs in a ``session``)."""
+    memory = None if session is not None or store is None else _memory(store, request.hooks)
     flow, action = ServerFlow.start(
         request.scope,
         request.fingerprint,
         request.config,
         os.urandom(16),
+        memory,
     )
-    return _Run(flow, request.route, request.hooks, request.renderer), action
+    return _Run(flow, request.route, request.hooks, request.renderer, memory), action
 
 
 def _execution(request: _Request, action: Action, session: Any) -> Execution:
@@ -279,6 +293,7 @@ def _handler_finished(run: _Run, result: HandlerResult) -> Action:
         result.body_to_store,
         framework=result.framework,
         body_truncated=result.body_truncated,
+        memory=run.memory,
     )
 
 
@@ -485,7 +500,7 @@ class SyncRequest(_Steps):
         self._beat: Optional[threading.Thread] = None
 
     def begin(self) -> Union[Response, Execution]:
-        run, action = _start(self._request, self._session)
+        run, action = _start(self._request, self._session, self._store)
         self._run = run
         action = _store_step(run, self._store, action)
         if action.kind != "run_handler":
@@ -537,7 +552,7 @@ class SyncRequest(_Steps):
         try:
             with run.lock:
                 action = _store_step(
-                    run, self._store, run.flow.handler_failed(maybe_side_effect)
+                    run, self._store, run.flow.handler_failed(maybe_side_effect, memory=run.memory)
                 )
             if action.kind == "respond":
                 return self._end(action, None)
@@ -728,7 +743,7 @@ class AsyncRequest(_Steps):
         self._beat: "Optional[asyncio.Future[None]]" = None
 
     async def begin(self) -> Union[Response, Execution]:
-        run, action = _start(self._request, self._session)
+        run, action = _start(self._request, self._session, self._store)
         self._run = run
         action = await _store_step_async(run, self._store, action, self.mode)
         if action.kind != "run_handler":
@@ -782,7 +797,7 @@ class AsyncRequest(_Steps):
         assert self._run is not None
         run = self._run
         try:
-            action = await self._step(lambda: run.flow.handler_failed(maybe_side_effect))
+            action = await self._step(lambda: run.flow.handler_failed(maybe_side_effect, memory=run.memory))
             if action.kind == "respond":
                 return await self._end(action, None)
             run.hooks.outcome(run.route, action.outcome or "handler_failed")

@@ -22,7 +22,9 @@ import threading
 import time
 from typing import Any, Callable, Optional, Tuple
 
-from idempo._idempo import InvalidArgument, MemoryStoreCore, StoreUnavailable, memory_partition
+from idempo._idempo import (
+    InlineMemory, InvalidArgument, MemoryStoreCore, StoreUnavailable, memory_partition,
+)
 from idempo._options import default
 from idempo.stores._base import (
     PURGE_BATCH,
@@ -255,6 +257,35 @@ class _AsyncPartitionView(_PartitionView):
         return self._store.sync.claim(  # type: ignore[no-any-return]
             scope_key, fingerprint, token, lease_ms, ttl_ms, partition=self._partition
         )
+
+
+_OWN = ("claim", "get", "takeover", "mark_unknown", "complete", "release", "renew", "_step")
+"""The methods whose behaviour the flow's inline calls reproduce (:func:`inline_memory`)."""
+_OWN_METHODS = tuple(MemoryStore.__dict__[name] for name in _OWN)
+
+
+def inline_memory(store: Any) -> Optional[InlineMemory]:
+    """The parts of ``store`` the flow's own calls run its claim, completion and release on
+    (``ServerFlow.start(memory=...)``), or None: only for idempo's :class:`MemoryStore` itself
+    (or its partition view) with none of its methods replaced, on the class or the instance (a
+    subclass or a patched store goes through its methods, as every other store does)."""
+    partition = None
+    if type(store) is _PartitionView:
+        if len(store.__dict__) != 2:
+            return None
+        partition = store._partition
+        store = store._store
+    if type(store) is not MemoryStore or type(store._core) is not MemoryStoreCore:
+        return None
+    own = MemoryStore.__dict__
+    mine = store.__dict__
+    for name, method in zip(_OWN, _OWN_METHODS):
+        if own.get(name) is not method or name in mine:
+            return None
+    try:
+        return InlineMemory(store._core, store._lock, store._step, partition)
+    except InvalidArgument:  # not a partition core takes: the claim refuses it as usual
+        return None
 
 
 class AsyncMemoryStore:
