@@ -250,6 +250,13 @@ def test_inline_memory_is_only_for_idempos_own_unpatched_memory_store(
     view = store.with_partition(memory_partition("bob"))
     view.complete = lambda *a, **k: None  # type: ignore[attr-defined]
     assert inline_memory(view) is None
+    from idempo.stores.memory import _PartitionView
+
+    for name in ("claim", "complete", "release"):
+        with monkeypatch.context() as mp:
+            mp.setattr(_PartitionView, name, lambda *a, **k: None)
+            assert inline_memory(store.with_partition(memory_partition("bob"))) is None, name
+    assert inline_memory(store.with_partition(memory_partition("bob"))) is not None
 
 
 class Recording(MemoryStore):

@@ -13,7 +13,7 @@ import os
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import (
     Any, Awaitable, Callable, Dict, List, NamedTuple, Optional, Tuple, TypeVar, Union,
 )
@@ -214,40 +214,66 @@ def is_async_store(store: Any) -> bool:
 
 
 def _execute(store: Any, action: Action) -> Any:
-    if action.op == "commit":
+    op = action.op
+    if op == "commit":
         # Transactional mode: the session's ``COMMIT``; a failure raises StoreUnavailable, which
         # core answers 503 (outcome ``not_committed``).
         return store.commit()
-    return getattr(store, action.op or "")(*action.args)
+    return getattr(store, op or "")(*action.args)
 
 
-@dataclass(frozen=True)
 class _Request:
-    """What one request brings to the flow, the same for both hosts."""
+    """What one request brings to the flow, the same for both hosts (set once, read only)."""
 
-    config: Config
-    scope: bytes
-    fingerprint: str
-    key: str
-    route: str
-    hooks: Hooks
-    renderer: Optional[ProblemRenderer] = None
+    __slots__ = ("config", "scope", "fingerprint", "key", "route", "hooks", "renderer")
+
+    def __init__(
+        self,
+        config: Config,
+        scope: bytes,
+        fingerprint: str,
+        key: str,
+        route: str,
+        hooks: Hooks,
+        renderer: Optional[ProblemRenderer] = None,
+    ) -> None:
+        self.config = config
+        self.scope = scope
+        self.fingerprint = fingerprint
+        self.key = key
+        self.route = route
+        self.hooks = hooks
+        self.renderer = renderer
 
 
 T = TypeVar("T")
 
 
-@dataclass
 class _Run:
-    flow: ServerFlow
-    route: str
-    hooks: Hooks
-    renderer: Optional[ProblemRenderer] = None
-    memory: Optional[InlineMemory] = None
-    """The request's memory store, when the flow's calls run its primitives (:func:`_memory`)."""
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    lease_lost: bool = False
-    """Reported to ``hooks.lease_lost`` (once per request: at a heartbeat or at the end)."""
+    """One request's flow once started, with what its steps report to."""
+
+    __slots__ = ("flow", "route", "hooks", "renderer", "memory", "lock", "lease_lost")
+
+    def __init__(
+        self,
+        flow: ServerFlow,
+        route: str,
+        hooks: Hooks,
+        renderer: Optional[ProblemRenderer] = None,
+        memory: Optional[InlineMemory] = None,
+    ) -> None:
+        self.flow = flow
+        self.route = route
+        self.hooks = hooks
+        self.renderer = renderer
+        self.memory = memory
+        """The request's memory store, when the flow's calls run its primitives
+        (:func:`_memory`)."""
+        self.lock: Optional[threading.Lock] = None
+        """The thread host's: one store step at a time between the request and its heartbeat
+        thread (set by :meth:`SyncRequest.begin`; asyncio needs none)."""
+        self.lease_lost = False
+        """Reported to ``hooks.lease_lost`` (once per request: at a heartbeat or at the end)."""
 
     def lost(self) -> None:
         if not self.lease_lost:
@@ -501,6 +527,7 @@ class SyncRequest(_Steps):
 
     def begin(self) -> Union[Response, Execution]:
         run, action = _start(self._request, self._session, self._store)
+        run.lock = threading.Lock()
         self._run = run
         action = _store_step(run, self._store, action)
         if action.kind != "run_handler":
@@ -534,6 +561,7 @@ class SyncRequest(_Steps):
         assert self._run is not None
         self._stop_beat()
         run = self._run
+        assert run.lock is not None
         with run.lock:
             action = _store_step(run, self._store, _handler_finished(run, result))
         return self._end(action, result)
@@ -549,6 +577,7 @@ class SyncRequest(_Steps):
         assert self._run is not None
         self._stop_beat()
         run = self._run
+        assert run.lock is not None
         try:
             with run.lock:
                 action = _store_step(
@@ -664,8 +693,10 @@ def _spawn_cleanup_async(cleanup: Cleanup, store: Any, route: str) -> None:
 
 
 def _heartbeat_sync(run: _Run, store: Any, interval: float, stop: threading.Event) -> None:
+    lock = run.lock
+    assert lock is not None
     while not stop.wait(interval):
-        with run.lock:
+        with lock:
             if stop.is_set():
                 return
             action = _store_step(run, store, run.flow.heartbeat_due())

@@ -249,6 +249,20 @@ class _PartitionView:
             scope_key, fingerprint, token, lease_ms, ttl_ms, partition=self._partition
         )
 
+    # The primitives a request's flow calls after its claim, delegated directly (a lookup that
+    # falls through to ``__getattr__`` costs a failed attribute search first).
+    def get(self, *args: Any) -> Any:
+        return self._store.get(*args)
+
+    def complete(self, *args: Any) -> Any:
+        return self._store.complete(*args)
+
+    def release(self, *args: Any) -> Any:
+        return self._store.release(*args)
+
+    def renew(self, *args: Any) -> Any:
+        return self._store.renew(*args)
+
 
 class _AsyncPartitionView(_PartitionView):
     async def claim(  # type: ignore[override]
@@ -262,6 +276,7 @@ class _AsyncPartitionView(_PartitionView):
 _OWN = ("claim", "get", "takeover", "mark_unknown", "complete", "release", "renew", "_step")
 """The methods whose behaviour the flow's inline calls reproduce (:func:`inline_memory`)."""
 _OWN_METHODS = tuple(MemoryStore.__dict__[name] for name in _OWN)
+_VIEW = tuple(map(_PartitionView.__dict__.get, _OWN))
 
 
 def inline_memory(store: Any) -> Optional[InlineMemory]:
@@ -271,17 +286,16 @@ def inline_memory(store: Any) -> Optional[InlineMemory]:
     subclass or a patched store goes through its methods, as every other store does)."""
     partition = None
     if type(store) is _PartitionView:
-        if len(store.__dict__) != 2:
+        if len(store.__dict__) != 2 or tuple(map(_PartitionView.__dict__.get, _OWN)) != _VIEW:
             return None
         partition = store._partition
         store = store._store
     if type(store) is not MemoryStore or type(store._core) is not MemoryStoreCore:
         return None
-    own = MemoryStore.__dict__
-    mine = store.__dict__
-    for name, method in zip(_OWN, _OWN_METHODS):
-        if own.get(name) is not method or name in mine:
-            return None
+    if tuple(map(MemoryStore.__dict__.get, _OWN)) != _OWN_METHODS:
+        return None  # a method replaced on the class (functions compare by identity)
+    if not store.__dict__.keys().isdisjoint(_OWN):
+        return None  # a method replaced on the instance
     try:
         return InlineMemory(store._core, store._lock, store._step, partition)
     except InvalidArgument:  # not a partition core takes: the claim refuses it as usual
