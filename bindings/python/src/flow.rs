@@ -19,8 +19,10 @@ use idempo_core::policy::{
 };
 use idempo_core::record::{FencingToken, FingerprintText, Record, RecordRow, StoredResponse};
 use idempo_core::scope::ScopeId;
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyList, PyString, PyTuple, PyType};
 
 use crate::convert::{header_pairs, strings, with_bytes};
 use crate::errors::{CanonicalizationError, invalid_argument};
@@ -550,6 +552,10 @@ fn record_from_py(obj: &Bound<'_, PyAny>) -> PyResult<Result<Record, String>> {
     Ok(Record::from_row(row).map_err(|e| e.to_string()))
 }
 
+/// `idempo.stores.Claimed` and `idempo.stores.Existing` (imported at their first claim result).
+static CLAIMED: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static EXISTING: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+
 /// The server flow for one request with a valid key.
 #[pyclass(module = "idempo._idempo")]
 pub(crate) struct ServerFlow {
@@ -666,12 +672,25 @@ impl ServerFlow {
     ) -> PyResult<Action> {
         let event = match op {
             "claim" => {
-                let now_ms: u64 = result.getattr("now_ms")?.extract()?;
-                if result.hasattr("locked")? && result.getattr("locked")?.is_truthy()? {
+                let now_ms: u64 = result.getattr(intern!(py, "now_ms"))?.extract()?;
+                // idempo's own result classes are known by their type; any other result by the
+                // attributes it has (the probes of a missing attribute cost an exception each).
+                let kind = result.get_type();
+                let is = |cell: &'static PyOnceLock<Py<PyType>>, name: &str| {
+                    cell.import(py, "idempo.stores._base", name)
+                        .is_ok_and(|t| kind.is(t))
+                };
+                let claimed = is(&CLAIMED, "Claimed");
+                let existing = !claimed && is(&EXISTING, "Existing");
+                if !claimed
+                    && !existing
+                    && result.hasattr(intern!(py, "locked"))?
+                    && result.getattr(intern!(py, "locked"))?.is_truthy()?
+                {
                     // idempo.stores.Locked: the lock wait timed out (spec/PROTOCOL.md §7.6).
                     Event::Store(StoreResult::Locked { now_ms })
-                } else if result.hasattr("record")? {
-                    match record_from_py(&result.getattr("record")?)? {
+                } else if existing || (!claimed && result.hasattr(intern!(py, "record"))?) {
+                    match record_from_py(&result.getattr(intern!(py, "record"))?)? {
                         Ok(record) => Event::Store(StoreResult::Existing { record, now_ms }),
                         Err(why) => {
                             self.corrupt = Some(why);
@@ -679,7 +698,7 @@ impl ServerFlow {
                         }
                     }
                 } else {
-                    let generation: u32 = result.getattr("generation")?.extract()?;
+                    let generation: u32 = result.getattr(intern!(py, "generation"))?.extract()?;
                     Event::Store(StoreResult::Claimed { generation, now_ms })
                 }
             }
