@@ -394,6 +394,8 @@ def _store_plan(run: _Run, action: Action) -> "Plan[Action, Action]":
 
 def _store_step(run: _Run, store: Any, action: Action) -> Action:
     """Executes store actions until the flow asks for something else."""
+    if action.kind != "store":
+        return action  # nothing to execute (the plan would return it as it is)
     return drive(_store_plan(run, action), lambda op: _execute(store, op))
 
 
@@ -709,6 +711,8 @@ async def _store_step_async(
 ) -> Action:
     """As :func:`_store_step`, from asyncio, as ``mode`` (:func:`store_mode`) says: inline on the
     loop, in worker threads, or awaited."""
+    if action.kind != "store":
+        return action  # nothing to execute (the plan would return it as it is)
     mode = mode or store_mode(store)
     if mode == INLINE:
         return _store_step(run, store, action)
