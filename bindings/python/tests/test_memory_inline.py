@@ -330,3 +330,14 @@ def test_a_store_refusal_reaches_the_hooks_as_before() -> None:
     assert full["status"] == 503 and full["headers"][b"retry-after"].isdigit()
     assert runs == [1] and len(errors) == 1 and errors[0].startswith("StoreUnavailable")
     assert issubclass(StoreUnavailable, Exception)
+
+
+def test_a_partition_view_runs_as_its_store_does() -> None:
+    partition = memory_partition("carol")
+    assert _flow.store_mode(MemoryStore().with_partition(partition)) == _flow.INLINE
+    assert _flow.store_mode(AsyncMemoryStore().with_partition(partition)) == _flow.AWAIT
+
+    class Blocking(MemoryStore):
+        blocking = True
+
+    assert _flow.store_mode(Blocking().with_partition(partition)) == _flow.THREAD

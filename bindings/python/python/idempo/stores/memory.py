@@ -242,6 +242,11 @@ class _PartitionView:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
+    @property
+    def blocking(self) -> Any:
+        """The store's (read by every asyncio request: found here, not after a failed lookup)."""
+        return getattr(self._store, "blocking", True)
+
     def claim(
         self, scope_key: bytes, fingerprint: str, token: bytes, lease_ms: int, ttl_ms: int
     ) -> ClaimResult:
