@@ -19,11 +19,14 @@ use idempo_core::policy::{
 };
 use idempo_core::record::{FencingToken, FingerprintText, Record, RecordRow, StoredResponse};
 use idempo_core::scope::ScopeId;
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyList, PyString, PyTuple, PyType};
 
 use crate::convert::{header_pairs, strings, with_bytes};
 use crate::errors::{CanonicalizationError, invalid_argument};
+use crate::memory::InlineMemory;
 
 /// Per-route idempotency policy (core's `Config`), validated on construction by core's
 /// `ConfigOptions::build`. Every keyword is an option of core's flat option set, spelled as in
@@ -549,6 +552,10 @@ fn record_from_py(obj: &Bound<'_, PyAny>) -> PyResult<Result<Record, String>> {
     Ok(Record::from_row(row).map_err(|e| e.to_string()))
 }
 
+/// `idempo.stores.Claimed` and `idempo.stores.Existing` (imported at their first claim result).
+static CLAIMED: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static EXISTING: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+
 /// The server flow for one request with a valid key.
 #[pyclass(module = "idempo._idempo")]
 pub(crate) struct ServerFlow {
@@ -558,20 +565,50 @@ pub(crate) struct ServerFlow {
 }
 
 impl ServerFlow {
-    fn feed(&mut self, py: Python<'_>, event: Event) -> PyResult<Action> {
-        match self.inner.handle(event) {
-            Ok(action) => {
-                self.pending = pending_of(&action);
-                to_action(py, &action)
-            }
-            Err(e) => {
-                let code = match e {
-                    FlowError::Finished => "finished",
-                    _ => "unexpected_event",
+    /// Core's next action after `event`.
+    fn advance(&mut self, py: Python<'_>, event: Event) -> PyResult<CoreAction> {
+        self.inner.handle(event).map_err(|e| {
+            let code = match e {
+                FlowError::Finished => "finished",
+                _ => "unexpected_event",
+            };
+            invalid_argument(py, e.to_string(), code)
+        })
+    }
+
+    /// `action` for the host, after running on `memory` the store operations it executes
+    /// inline ([`InlineMemory::run`]) and feeding their results; the first one it hands back
+    /// (or any other action) goes to the host.
+    fn settle(
+        &mut self,
+        py: Python<'_>,
+        mut action: CoreAction,
+        memory: Option<&Bound<'_, InlineMemory>>,
+    ) -> PyResult<Action> {
+        if let Some(memory) = memory {
+            while let CoreAction::Store(op) = &action {
+                let Some(result) = memory.get().run(py, op) else {
+                    break;
                 };
-                Err(invalid_argument(py, e.to_string(), code))
+                action = self.advance(py, Event::Store(result))?;
             }
         }
+        self.pending = pending_of(&action);
+        to_action(py, &action)
+    }
+
+    fn feed(&mut self, py: Python<'_>, event: Event) -> PyResult<Action> {
+        self.feed_inline(py, event, None)
+    }
+
+    fn feed_inline(
+        &mut self,
+        py: Python<'_>,
+        event: Event,
+        memory: Option<&Bound<'_, InlineMemory>>,
+    ) -> PyResult<Action> {
+        let action = self.advance(py, event)?;
+        self.settle(py, action, memory)
     }
 }
 
@@ -582,13 +619,19 @@ impl ServerFlow {
     /// With `config.transactional` the host runs the flow's store operations and the handler's
     /// writes in one database transaction (core's transactional mode: no heartbeat, `"release"`
     /// is the rollback, `"commit"` asked for where the outcome is kept).
+    ///
+    /// With `memory` (an `InlineMemory` of the request's `MemoryStore`), the store operations
+    /// it runs inline are executed within this call (and within `handler_finished` and
+    /// `handler_failed` given it); the action returned is the first one it does not run.
     #[staticmethod]
+    #[pyo3(signature = (scope, fingerprint, config, entropy, memory = None))]
     fn start(
         py: Python<'_>,
         scope: &[u8],
         fingerprint: &Bound<'_, PyString>,
         config: &Config,
         entropy: &[u8],
+        memory: Option<&Bound<'_, InlineMemory>>,
     ) -> PyResult<(Self, Action)> {
         let scope =
             ScopeId::try_from(scope).map_err(|e| invalid_argument(py, e.to_string(), e.code()))?;
@@ -599,15 +642,13 @@ impl ServerFlow {
         })?;
         let (inner, first) =
             CoreFlow::start(scope, fingerprint, Arc::clone(&config.inner), entropy);
-        let action = to_action(py, &first)?;
-        Ok((
-            Self {
-                inner,
-                pending: pending_of(&first),
-                corrupt: None,
-            },
-            action,
-        ))
+        let mut flow = Self {
+            inner,
+            pending: pending_of(&first),
+            corrupt: None,
+        };
+        let action = flow.settle(py, first, memory)?;
+        Ok((flow, action))
     }
 
     /// Feeds the return value of the store primitive the last action asked for.
@@ -631,12 +672,25 @@ impl ServerFlow {
     ) -> PyResult<Action> {
         let event = match op {
             "claim" => {
-                let now_ms: u64 = result.getattr("now_ms")?.extract()?;
-                if result.hasattr("locked")? && result.getattr("locked")?.is_truthy()? {
+                let now_ms: u64 = result.getattr(intern!(py, "now_ms"))?.extract()?;
+                // idempo's own result classes are known by their type; any other result by the
+                // attributes it has (the probes of a missing attribute cost an exception each).
+                let kind = result.get_type();
+                let is = |cell: &'static PyOnceLock<Py<PyType>>, name: &str| {
+                    cell.import(py, "idempo.stores._base", name)
+                        .is_ok_and(|t| kind.is(t))
+                };
+                let claimed = is(&CLAIMED, "Claimed");
+                let existing = !claimed && is(&EXISTING, "Existing");
+                if !claimed
+                    && !existing
+                    && result.hasattr(intern!(py, "locked"))?
+                    && result.getattr(intern!(py, "locked"))?.is_truthy()?
+                {
                     // idempo.stores.Locked: the lock wait timed out (spec/PROTOCOL.md §7.6).
                     Event::Store(StoreResult::Locked { now_ms })
-                } else if result.hasattr("record")? {
-                    match record_from_py(&result.getattr("record")?)? {
+                } else if existing || (!claimed && result.hasattr(intern!(py, "record"))?) {
+                    match record_from_py(&result.getattr(intern!(py, "record"))?)? {
                         Ok(record) => Event::Store(StoreResult::Existing { record, now_ms }),
                         Err(why) => {
                             self.corrupt = Some(why);
@@ -644,7 +698,7 @@ impl ServerFlow {
                         }
                     }
                 } else {
-                    let generation: u32 = result.getattr("generation")?.extract()?;
+                    let generation: u32 = result.getattr(intern!(py, "generation"))?.extract()?;
                     Event::Store(StoreResult::Claimed { generation, now_ms })
                 }
             }
@@ -694,7 +748,8 @@ impl ServerFlow {
     /// `framework=True` when the framework rejected the request before the handler ran (never
     /// stored); `body_truncated=True` when the host stopped recording the body at the capture
     /// limit (`BodyCapture`), so the record becomes the response-not-retained problem.
-    #[pyo3(signature = (status, headers, body, body_to_store = None, *, framework = false, body_truncated = false))]
+    /// `memory`: as for `start`.
+    #[pyo3(signature = (status, headers, body, body_to_store = None, *, framework = false, body_truncated = false, memory = None))]
     #[allow(clippy::too_many_arguments)]
     fn handler_finished(
         &mut self,
@@ -705,6 +760,7 @@ impl ServerFlow {
         body_to_store: Option<&Bound<'_, PyAny>>,
         framework: bool,
         body_truncated: bool,
+        memory: Option<&Bound<'_, InlineMemory>>,
     ) -> PyResult<Action> {
         let headers = header_pairs(Some(headers))?;
         let body = with_bytes(body, <[u8]>::to_vec)?;
@@ -712,7 +768,7 @@ impl ServerFlow {
             Some(b) if !b.is_none() => Some(with_bytes(b, <[u8]>::to_vec)?),
             _ => None,
         };
-        self.feed(
+        self.feed_inline(
             py,
             Event::HandlerFinished(HandlerResponse {
                 status,
@@ -726,13 +782,20 @@ impl ServerFlow {
                 },
                 body_truncated,
             }),
+            memory,
         )
     }
 
     /// The handler raised. `maybe_side_effect=False` only when it certainly did nothing.
-    #[pyo3(signature = (maybe_side_effect = true))]
-    fn handler_failed(&mut self, py: Python<'_>, maybe_side_effect: bool) -> PyResult<Action> {
-        self.feed(py, Event::HandlerFailed { maybe_side_effect })
+    /// `memory`: as for `start`.
+    #[pyo3(signature = (maybe_side_effect = true, *, memory = None))]
+    fn handler_failed(
+        &mut self,
+        py: Python<'_>,
+        maybe_side_effect: bool,
+        memory: Option<&Bound<'_, InlineMemory>>,
+    ) -> PyResult<Action> {
+        self.feed_inline(py, Event::HandlerFailed { maybe_side_effect }, memory)
     }
 
     /// The heartbeat timer fired while the handler runs.

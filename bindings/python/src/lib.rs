@@ -79,5 +79,6 @@ fn _idempo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<retry::RetryPolicy>()?;
     m.add_class::<retry::RetryAdvice>()?;
     m.add_class::<memory::MemoryStoreCore>()?;
+    m.add_class::<memory::InlineMemory>()?;
     Ok(())
 }

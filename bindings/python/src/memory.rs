@@ -9,8 +9,10 @@ use idempo_core::machine::memory::{
     MemoryError, MemoryLimits, MemoryStore, Partition, default_partition_share,
 };
 use idempo_core::machine::store::ClaimOutcome;
+use idempo_core::machine::{StoreOp, StoreResult};
 use idempo_core::record::{FencingToken, FingerprintText, Record, StoredResponse};
 use idempo_core::scope::ScopeId;
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
 
@@ -105,6 +107,78 @@ pub(crate) fn cache_fill_px(
 #[pyclass(module = "idempo._idempo")]
 pub(crate) struct MemoryStoreCore {
     inner: MemoryStore,
+}
+
+/// A `MemoryStore` as the flow's own calls drive it (`ServerFlow.start`, `handler_finished`,
+/// `handler_failed` with `memory=`): its core, its lock and its step (the fork check and the
+/// clock, `MemoryStore._step`), and the request's partition. A translation shortcut, not a
+/// decision: core's flow asks for the primitive, core's memory store executes it (`run`) and
+/// the result goes back into the flow, exactly as the host loop does through the store's
+/// methods, minus the crossings and the objects between.
+#[pyclass(frozen, module = "idempo._idempo")]
+pub(crate) struct InlineMemory {
+    core: Py<MemoryStoreCore>,
+    lock: Py<PyAny>,
+    step: Py<PyAny>,
+    partition: Option<Partition>,
+}
+
+#[pymethods]
+impl InlineMemory {
+    /// `core`: the store's `MemoryStoreCore`; `lock`: its lock (`acquire()`/`release()`);
+    /// `step`: called holding the lock, returns the store's now in ms; `partition`: 8 bytes.
+    #[new]
+    #[pyo3(signature = (core, lock, step, partition=None))]
+    fn new(
+        py: Python<'_>,
+        core: Py<MemoryStoreCore>,
+        lock: Py<PyAny>,
+        step: Py<PyAny>,
+        partition: Option<&[u8]>,
+    ) -> PyResult<Self> {
+        let partition = partition
+            .map(|b| {
+                b.try_into().map(Partition).map_err(|_| {
+                    invalid_argument(py, "a partition is 8 bytes".into(), "invalid_partition")
+                })
+            })
+            .transpose()?;
+        Ok(Self {
+            core,
+            lock,
+            step,
+            partition,
+        })
+    }
+}
+
+impl InlineMemory {
+    /// Runs `op` as the store's own method would (holding its lock, at its step's time) when it
+    /// is a primitive of the common paths (claim, complete, release). `None`: the host runs `op`
+    /// through the store as usual. That is any other primitive, a refusal (full, over quota),
+    /// and a step that raised (a forked process): the store changed nothing, and the store's
+    /// own method then raises the error into the host's error handling and hooks.
+    pub(crate) fn run(&self, py: Python<'_>, op: &StoreOp) -> Option<StoreResult> {
+        if !matches!(
+            op,
+            StoreOp::Claim { .. } | StoreOp::Complete { .. } | StoreOp::Release { .. }
+        ) {
+            return None;
+        }
+        let lock = self.lock.bind(py);
+        lock.call_method0(intern!(py, "acquire")).ok()?;
+        let out = self.locked(py, op);
+        // Releasing a lock this call holds does not fail; if it did, `out` is still what the
+        // store did.
+        let _ = lock.call_method0(intern!(py, "release"));
+        out
+    }
+
+    fn locked(&self, py: Python<'_>, op: &StoreOp) -> Option<StoreResult> {
+        let now_ms: u64 = self.step.bind(py).call0().ok()?.extract().ok()?;
+        let mut core = self.core.bind(py).try_borrow_mut().ok()?;
+        core.inner.run(op, self.partition, now_ms).ok()
+    }
 }
 
 #[pymethods]

@@ -13,15 +13,16 @@ import os
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import (
     Any, Awaitable, Callable, Dict, List, NamedTuple, Optional, Tuple, TypeVar, Union,
 )
 
-from idempo._idempo import Action, Cleanup, Config, ServerFlow
+from idempo._idempo import Action, Cleanup, Config, InlineMemory, ServerFlow
 from idempo._render import ProblemRenderer, render
 from idempo._plan import Plan, drive, drive_async
 from idempo.stores._tx import ThreadedSession, Transaction, enter, leave, require_transactions
+from idempo.stores.memory import inline_memory
 
 log = logging.getLogger("idempo")
 
@@ -213,38 +214,66 @@ def is_async_store(store: Any) -> bool:
 
 
 def _execute(store: Any, action: Action) -> Any:
-    if action.op == "commit":
+    op = action.op
+    if op == "commit":
         # Transactional mode: the session's ``COMMIT``; a failure raises StoreUnavailable, which
         # core answers 503 (outcome ``not_committed``).
         return store.commit()
-    return getattr(store, action.op or "")(*action.args)
+    return getattr(store, op or "")(*action.args)
 
 
-@dataclass(frozen=True)
 class _Request:
-    """What one request brings to the flow, the same for both hosts."""
+    """What one request brings to the flow, the same for both hosts (set once, read only)."""
 
-    config: Config
-    scope: bytes
-    fingerprint: str
-    key: str
-    route: str
-    hooks: Hooks
-    renderer: Optional[ProblemRenderer] = None
+    __slots__ = ("config", "scope", "fingerprint", "key", "route", "hooks", "renderer")
+
+    def __init__(
+        self,
+        config: Config,
+        scope: bytes,
+        fingerprint: str,
+        key: str,
+        route: str,
+        hooks: Hooks,
+        renderer: Optional[ProblemRenderer] = None,
+    ) -> None:
+        self.config = config
+        self.scope = scope
+        self.fingerprint = fingerprint
+        self.key = key
+        self.route = route
+        self.hooks = hooks
+        self.renderer = renderer
 
 
 T = TypeVar("T")
 
 
-@dataclass
 class _Run:
-    flow: ServerFlow
-    route: str
-    hooks: Hooks
-    renderer: Optional[ProblemRenderer] = None
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    lease_lost: bool = False
-    """Reported to ``hooks.lease_lost`` (once per request: at a heartbeat or at the end)."""
+    """One request's flow once started, with what its steps report to."""
+
+    __slots__ = ("flow", "route", "hooks", "renderer", "memory", "lock", "lease_lost")
+
+    def __init__(
+        self,
+        flow: ServerFlow,
+        route: str,
+        hooks: Hooks,
+        renderer: Optional[ProblemRenderer] = None,
+        memory: Optional[InlineMemory] = None,
+    ) -> None:
+        self.flow = flow
+        self.route = route
+        self.hooks = hooks
+        self.renderer = renderer
+        self.memory = memory
+        """The request's memory store, when the flow's calls run its primitives
+        (:func:`_memory`)."""
+        self.lock: Optional[threading.Lock] = None
+        """The thread host's: one store step at a time between the request and its heartbeat
+        thread (set by :meth:`SyncRequest.begin`; asyncio needs none)."""
+        self.lease_lost = False
+        """Reported to ``hooks.lease_lost`` (once per request: at a heartbeat or at the end)."""
 
     def lost(self) -> None:
         if not self.lease_lost:
@@ -252,15 +281,26 @@ class _Run:
             self.hooks.lease_lost(self.route)
 
 
-def _start(request: _Request, session: Any) -> Tuple[_Run, Action]:
+def _memory(store: Any, hooks: Hooks) -> Optional[InlineMemory]:
+    """The memory store whose claim, completion and release core's flow runs within its own
+    calls (:func:`idempo.stores.memory.inline_memory`: idempo's ``MemoryStore``, unpatched), or
+    None: every other store, and any store when ``on_store_op`` times each primitive."""
+    if hooks.on_store_op is not None:
+        return None
+    return inline_memory(store)
+
+
+def _start(request: _Request, session: Any, store: Any = None) -> Tuple[_Run, Action]:
     """Starts core's flow for the request (transactional when it runs in a ``session``)."""
+    memory = None if session is not None or store is None else _memory(store, request.hooks)
     flow, action = ServerFlow.start(
         request.scope,
         request.fingerprint,
         request.config,
         os.urandom(16),
+        memory,
     )
-    return _Run(flow, request.route, request.hooks, request.renderer), action
+    return _Run(flow, request.route, request.hooks, request.renderer, memory), action
 
 
 def _execution(request: _Request, action: Action, session: Any) -> Execution:
@@ -279,6 +319,7 @@ def _handler_finished(run: _Run, result: HandlerResult) -> Action:
         result.body_to_store,
         framework=result.framework,
         body_truncated=result.body_truncated,
+        memory=run.memory,
     )
 
 
@@ -353,6 +394,8 @@ def _store_plan(run: _Run, action: Action) -> "Plan[Action, Action]":
 
 def _store_step(run: _Run, store: Any, action: Action) -> Action:
     """Executes store actions until the flow asks for something else."""
+    if action.kind != "store":
+        return action  # nothing to execute (the plan would return it as it is)
     return drive(_store_plan(run, action), lambda op: _execute(store, op))
 
 
@@ -485,7 +528,8 @@ class SyncRequest(_Steps):
         self._beat: Optional[threading.Thread] = None
 
     def begin(self) -> Union[Response, Execution]:
-        run, action = _start(self._request, self._session)
+        run, action = _start(self._request, self._session, self._store)
+        run.lock = threading.Lock()
         self._run = run
         action = _store_step(run, self._store, action)
         if action.kind != "run_handler":
@@ -519,6 +563,7 @@ class SyncRequest(_Steps):
         assert self._run is not None
         self._stop_beat()
         run = self._run
+        assert run.lock is not None
         with run.lock:
             action = _store_step(run, self._store, _handler_finished(run, result))
         return self._end(action, result)
@@ -534,10 +579,11 @@ class SyncRequest(_Steps):
         assert self._run is not None
         self._stop_beat()
         run = self._run
+        assert run.lock is not None
         try:
             with run.lock:
                 action = _store_step(
-                    run, self._store, run.flow.handler_failed(maybe_side_effect)
+                    run, self._store, run.flow.handler_failed(maybe_side_effect, memory=run.memory)
                 )
             if action.kind == "respond":
                 return self._end(action, None)
@@ -649,8 +695,10 @@ def _spawn_cleanup_async(cleanup: Cleanup, store: Any, route: str) -> None:
 
 
 def _heartbeat_sync(run: _Run, store: Any, interval: float, stop: threading.Event) -> None:
+    lock = run.lock
+    assert lock is not None
     while not stop.wait(interval):
-        with run.lock:
+        with lock:
             if stop.is_set():
                 return
             action = _store_step(run, store, run.flow.heartbeat_due())
@@ -663,6 +711,8 @@ async def _store_step_async(
 ) -> Action:
     """As :func:`_store_step`, from asyncio, as ``mode`` (:func:`store_mode`) says: inline on the
     loop, in worker threads, or awaited."""
+    if action.kind != "store":
+        return action  # nothing to execute (the plan would return it as it is)
     mode = mode or store_mode(store)
     if mode == INLINE:
         return _store_step(run, store, action)
@@ -728,7 +778,7 @@ class AsyncRequest(_Steps):
         self._beat: "Optional[asyncio.Future[None]]" = None
 
     async def begin(self) -> Union[Response, Execution]:
-        run, action = _start(self._request, self._session)
+        run, action = _start(self._request, self._session, self._store)
         self._run = run
         action = await _store_step_async(run, self._store, action, self.mode)
         if action.kind != "run_handler":
@@ -782,7 +832,7 @@ class AsyncRequest(_Steps):
         assert self._run is not None
         run = self._run
         try:
-            action = await self._step(lambda: run.flow.handler_failed(maybe_side_effect))
+            action = await self._step(lambda: run.flow.handler_failed(maybe_side_effect, memory=run.memory))
             if action.kind == "respond":
                 return await self._end(action, None)
             run.hooks.outcome(run.route, action.outcome or "handler_failed")

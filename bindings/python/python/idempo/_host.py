@@ -229,6 +229,9 @@ class HostCore:
     def _rule(self, opts: RouteOptions) -> ScopeRule:
         """Core's validated scope rule of a route (a contradiction raises InvalidArgument)."""
         key = (opts.scope is not None, opts.public, opts.empty_scope_is_anonymous)
+        found = self._rules.get(key)  # a dict read needs no lock (the GIL); a miss takes it
+        if found is not None:
+            return found
         with self._lock:
             rule = self._rules.get(key)
             if rule is None:
@@ -304,6 +307,9 @@ class HostCore:
 
     def fingerprinter(self, opts: RouteOptions) -> Fingerprinter:
         cache_key = (opts.fingerprint_headers, opts.exclude)
+        found = self._fingerprinters.get(cache_key)
+        if found is not None:
+            return found
         with self._lock:
             fp = self._fingerprinters.get(cache_key)
             if fp is None:

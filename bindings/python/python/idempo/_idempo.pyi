@@ -20,6 +20,7 @@ __all__ = [
     "FingerprintError",
     "Fingerprinter",
     "IdempotencyError",
+    "InlineMemory",
     "InvalidArgument",
     "InvalidKey",
     "KeyInUse",
@@ -194,6 +195,16 @@ def cache_fill_px(
 ) -> int | None: ...
 
 _Row = tuple[str, int, bytes, int, int | None, int, bytes | None]
+
+@final
+class InlineMemory:
+    def __new__(
+        cls,
+        core: MemoryStoreCore,
+        lock: Any,
+        step: Any,
+        partition: bytes | None = None,
+    ) -> InlineMemory: ...
 
 @final
 class MemoryStoreCore:
@@ -445,6 +456,7 @@ class ServerFlow:
         fingerprint: str,
         config: Config,
         entropy: bytes,
+        memory: InlineMemory | None = None,
     ) -> tuple[ServerFlow, Action]: ...
     def store_result(self, result: object) -> Action: ...
     def store_event(self, op: str, result: object) -> Action: ...
@@ -458,8 +470,11 @@ class ServerFlow:
         *,
         framework: bool = False,
         body_truncated: bool = False,
+        memory: InlineMemory | None = None,
     ) -> Action: ...
-    def handler_failed(self, maybe_side_effect: bool = True) -> Action: ...
+    def handler_failed(
+        self, maybe_side_effect: bool = True, *, memory: InlineMemory | None = None
+    ) -> Action: ...
     def heartbeat_due(self) -> Action: ...
     @property
     def token(self) -> bytes: ...

@@ -615,7 +615,7 @@ async def run_captured(
         answer = await flow.finished(result)
         answered.append(answer)
         if not capture.sent:
-            await _send(send, answer)
+            await _send(send, answer, capture)
 
     capture.on_complete = complete
     try:
@@ -641,7 +641,31 @@ async def run_captured(
     return answered[0] if answered else None
 
 
-async def _send(send: Send, response: Response) -> None:
+def _own_start(response: Response, capture: Optional[_Capture]) -> Optional[Message]:
+    """The application's own ``http.response.start`` message when ``response`` starts exactly
+    as it did (same status, the same header pairs, a ``content-length`` among them, and nothing
+    else in the message), to send again as it is instead of building it anew."""
+    if capture is None:
+        return None
+    start = capture.start
+    if (
+        start is None
+        or len(start) != 3
+        or type(start.get("headers")) is not list
+        or response.status != capture.status
+        or response.headers != capture.headers
+        or not _has_length(capture.headers)
+    ):
+        return None
+    return start
+
+
+async def _send(send: Send, response: Response, capture: Optional[_Capture] = None) -> None:
+    start = _own_start(response, capture)
+    if start is not None:
+        await send(start)
+        await send({"type": "http.response.body", "body": response.body, "more_body": False})
+        return
     headers = with_content_length(response.headers, response.body)
     await send(
         {

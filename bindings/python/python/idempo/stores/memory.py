@@ -22,7 +22,9 @@ import threading
 import time
 from typing import Any, Callable, Optional, Tuple
 
-from idempo._idempo import InvalidArgument, MemoryStoreCore, StoreUnavailable, memory_partition
+from idempo._idempo import (
+    InlineMemory, InvalidArgument, MemoryStoreCore, StoreUnavailable, memory_partition,
+)
 from idempo._options import default
 from idempo.stores._base import (
     PURGE_BATCH,
@@ -240,12 +242,31 @@ class _PartitionView:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
+    @property
+    def blocking(self) -> Any:
+        """The store's (read by every asyncio request: found here, not after a failed lookup)."""
+        return getattr(self._store, "blocking", True)
+
     def claim(
         self, scope_key: bytes, fingerprint: str, token: bytes, lease_ms: int, ttl_ms: int
     ) -> ClaimResult:
         return self._store.claim(  # type: ignore[no-any-return]
             scope_key, fingerprint, token, lease_ms, ttl_ms, partition=self._partition
         )
+
+    # The primitives a request's flow calls after its claim, delegated directly (a lookup that
+    # falls through to ``__getattr__`` costs a failed attribute search first).
+    def get(self, *args: Any) -> Any:
+        return self._store.get(*args)
+
+    def complete(self, *args: Any) -> Any:
+        return self._store.complete(*args)
+
+    def release(self, *args: Any) -> Any:
+        return self._store.release(*args)
+
+    def renew(self, *args: Any) -> Any:
+        return self._store.renew(*args)
 
 
 class _AsyncPartitionView(_PartitionView):
@@ -255,6 +276,35 @@ class _AsyncPartitionView(_PartitionView):
         return self._store.sync.claim(  # type: ignore[no-any-return]
             scope_key, fingerprint, token, lease_ms, ttl_ms, partition=self._partition
         )
+
+
+_OWN = ("claim", "get", "takeover", "mark_unknown", "complete", "release", "renew", "_step")
+"""The methods whose behaviour the flow's inline calls reproduce (:func:`inline_memory`)."""
+_OWN_METHODS = tuple(MemoryStore.__dict__[name] for name in _OWN)
+_VIEW = tuple(map(_PartitionView.__dict__.get, _OWN))
+
+
+def inline_memory(store: Any) -> Optional[InlineMemory]:
+    """The parts of ``store`` the flow's own calls run its claim, completion and release on
+    (``ServerFlow.start(memory=...)``), or None: only for idempo's :class:`MemoryStore` itself
+    (or its partition view) with none of its methods replaced, on the class or the instance (a
+    subclass or a patched store goes through its methods, as every other store does)."""
+    partition = None
+    if type(store) is _PartitionView:
+        if len(store.__dict__) != 2 or tuple(map(_PartitionView.__dict__.get, _OWN)) != _VIEW:
+            return None
+        partition = store._partition
+        store = store._store
+    if type(store) is not MemoryStore or type(store._core) is not MemoryStoreCore:
+        return None
+    if tuple(map(MemoryStore.__dict__.get, _OWN)) != _OWN_METHODS:
+        return None  # a method replaced on the class (functions compare by identity)
+    if not store.__dict__.keys().isdisjoint(_OWN):
+        return None  # a method replaced on the instance
+    try:
+        return InlineMemory(store._core, store._lock, store._step, partition)
+    except InvalidArgument:  # not a partition core takes: the claim refuses it as usual
+        return None
 
 
 class AsyncMemoryStore:
