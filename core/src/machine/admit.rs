@@ -586,6 +586,48 @@ mod tests {
         assert!(matches!(ok, BodyStage::Continue(_)));
     }
 
+    /// The body limit is inclusive: a declared length at the limit is read, one past it is
+    /// answered 413 before any byte is read (`spec/PROTOCOL.md` §7.2).
+    #[test]
+    fn a_declared_length_at_the_limit_is_read() {
+        assert!(matches!(
+            admit(&small(), &[b"abcdefgh1"], Some(8)),
+            KeyStage::Continue(_)
+        ));
+        assert_eq!(refused(admit(&small(), &[b"abcdefgh1"], Some(9))), 413);
+        assert!(matches!(
+            admit(&small(), &[b"abcdefgh1"], Some(u64::MAX)),
+            KeyStage::Refuse(r) if r.kind == ProblemKind::BodyTooLarge
+        ));
+    }
+
+    /// The outcome names the metrics carry (`spec/METRICS.md`): one per refusal.
+    #[test]
+    fn each_refusal_names_its_outcome() {
+        let KeyStage::Refuse(missing) = admit(&small(), &[], None) else {
+            panic!("refused");
+        };
+        assert_eq!(missing.outcome(), "missing_key");
+        let KeyStage::Refuse(invalid) = admit(&small(), &[b"short"], None) else {
+            panic!("refused");
+        };
+        assert_eq!(invalid.outcome(), "invalid_key");
+        let KeyStage::Refuse(large) = admit(&small(), &[b"abcdefgh1"], Some(9)) else {
+            panic!("refused");
+        };
+        assert_eq!(large.outcome(), "body_too_large");
+        let KeyStage::Continue(b) = admit(&small(), &[b"abcdefgh1"], None) else {
+            panic!("valid key");
+        };
+        let Ok(BodyStage::Refuse(bad)) = b.body(
+            BodyRead::Complete(RequestParts::json("POST", "/p", b"{")),
+            &fp(),
+        ) else {
+            panic!("refused");
+        };
+        assert_eq!(bad.outcome(), "invalid_body");
+    }
+
     fn awaiting_scope() -> AwaitingScope {
         let KeyStage::Continue(b) = admit(&Config::default(), &[b"abcdefgh1"], None) else {
             panic!("valid key");

@@ -163,4 +163,27 @@ mod tests {
         assert_eq!(fill_px_ms(STATE_COMPLETED, 10_000, 0, 0, 0), None);
         assert_eq!(fill_px_ms(STATE_IN_PROGRESS, 10_000, 60_000, 0, 0), None);
     }
+
+    /// A fill with nothing left is no fill (`None`, never a `PX` of 0): a record that expires
+    /// at the read, or a cache TTL of 0.
+    #[test]
+    fn a_fill_budget_of_nothing_is_none() {
+        assert_eq!(
+            fill_budget_ms(STATE_COMPLETED, 10_000, 60_000, 10_000),
+            None
+        );
+        assert_eq!(fill_budget_ms(STATE_COMPLETED, 10_000, 0, 0), None);
+        assert_eq!(
+            fill_budget_ms(STATE_COMPLETED, 10_001, 60_000, 10_000),
+            Some(1)
+        );
+        assert_eq!(
+            fill_budget_ms(STATE_COMPLETED, 90_000, 60_000, 10_000),
+            Some(60_000)
+        );
+        assert_eq!(
+            fill_budget_ms(STATE_OUTCOME_UNKNOWN, 90_000, 60_000, 10_000),
+            None
+        );
+    }
 }

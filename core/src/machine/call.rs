@@ -675,4 +675,20 @@ mod tests {
         assert_eq!(wait_delay(30, 60_000, 0, 10_000, u16::MAX), Some(2_000));
         assert_eq!(wait_delay(0, 1_000, 9_990, 10_000, u16::MAX), None);
     }
+
+    /// The codes the bindings' typed errors carry, and the name a call reads back.
+    #[test]
+    fn call_errors_have_stable_codes_and_a_call_its_name() {
+        assert_eq!(CallError::BadName(0).code(), "bad_name");
+        assert_eq!(CallError::BadKey(0).code(), "bad_key");
+        assert_eq!(
+            CallError::BadSerializer("a b".into()).code(),
+            "bad_serializer"
+        );
+        assert_eq!(
+            Call::new("billing.charge").unwrap().name(),
+            "billing.charge"
+        );
+        assert_eq!(Call::new(""), Err(CallError::BadName(0)));
+    }
 }

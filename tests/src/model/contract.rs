@@ -14,8 +14,9 @@
 //!   token-fenced write (complete, renew, release) succeeds only with the token of the latest
 //!   claim or takeover the store applied for that key, whatever the record holds now.
 //! - **C4** every conditional write (claim, takeover, renew, complete, release, mark-unknown,
-//!   purge) applies only when its precondition, written here from `spec/STORAGE.md` and not
-//!   taken from core, holds, and leaves the record its contract says.
+//!   purge) applies exactly when its precondition, written here from `spec/STORAGE.md` and not
+//!   taken from core, holds (never without it, always with it: a write the store executed with
+//!   its precondition holding must report success), and leaves the record its contract says.
 //!
 //! "A mismatch never executes" is P3 (already stated on the history: no effect for a request
 //! answered 422).
@@ -35,8 +36,8 @@ pub const C1R: &str =
 pub const C2: &str = "C2 a replay is the last response stored for the same request";
 /// C3: fencing against the latest token ever granted for the key.
 pub const C3: &str = "C3 a fenced write carries the latest token granted for the key";
-/// C4: conditional writes apply only when their precondition holds.
-pub const C4: &str = "C4 every conditional write applies only when its precondition holds";
+/// C4: conditional writes apply exactly when their precondition holds (only then, and always then).
+pub const C4: &str = "C4 every conditional write applies exactly when its precondition holds";
 
 /// An effect of `client`'s request in `scope` happened at `now_ms`; `owner`: the executing flow
 /// held the key; `took_over`: it had taken an expired lease over. Checks C1, C1o, C1r against
@@ -182,7 +183,8 @@ fn contract(
 
 /// C4 after a store step: `op` (`None`: the purge) took slot `pre` to `post` at `now_ms`, and
 /// reported `ok`. A write that changed the slot or reported success must have had its
-/// precondition; one that reported success must leave what its contract says (`check_post`:
+/// precondition, and one whose precondition held must report success; one that reported
+/// success must leave what its contract says (`check_post`:
 /// false where the model itself replaces the slot afterwards, a transactional rollback).
 pub(super) fn check_write(
     w: &mut World,
@@ -195,7 +197,22 @@ pub(super) fn check_write(
     let now_ms = IdempoModel::clock_ms(w);
     let (may, shape) = contract(op, pre, post, now_ms);
     let changed = pre != post;
-    if ((ok || changed) && !may) || (ok && check_post && !shape) {
+    // The converse: a conditional write the store executed with its precondition holding must
+    // apply (a primitive that refuses a valid write, e.g. a renew that always answers false,
+    // strands its owner). The purge is always reported applied; reads and `COMMIT` are not
+    // conditional writes.
+    let conditional = matches!(
+        op,
+        Some(
+            StoreOp::Claim { .. }
+                | StoreOp::TakeOver { .. }
+                | StoreOp::MarkUnknown { .. }
+                | StoreOp::Complete { .. }
+                | StoreOp::Renew { .. }
+                | StoreOp::Release { .. }
+        )
+    );
+    if ((ok || changed) && !may) || (ok && check_post && !shape) || (conditional && may && !ok) {
         w.ghost.violated |= props::Check::Conditional.bit();
     }
 }
