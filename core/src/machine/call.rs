@@ -691,4 +691,140 @@ mod tests {
         );
         assert_eq!(Call::new(""), Err(CallError::BadName(0)));
     }
+
+    #[test]
+    fn a_call_key_is_1_to_512_bytes() {
+        let call = Call::new("billing.charge").unwrap();
+        assert!(call.scope("", &"k".repeat(MAX_KEY_BYTES)).is_ok());
+        assert!(call.scope("", "k").is_ok());
+        assert_eq!(
+            call.scope("", &"k".repeat(MAX_KEY_BYTES + 1)),
+            Err(CallError::BadKey(MAX_KEY_BYTES + 1))
+        );
+        assert_eq!(call.scope("", ""), Err(CallError::BadKey(0)));
+    }
+
+    /// An in-flight or unavailable answer carries the flow's `Retry-After` in milliseconds
+    /// (one second when the response has none).
+    #[test]
+    fn retry_after_is_read_from_the_response() {
+        let with = |headers: Vec<(String, String)>| HttpResponse {
+            status: 409,
+            headers,
+            body: vec![],
+        };
+        assert_eq!(
+            CallAnswer::of_response(
+                &with(vec![("Retry-After".into(), " 3 ".into())]),
+                Outcome::InFlight
+            ),
+            CallAnswer::InFlight {
+                retry_after_ms: 3_000
+            }
+        );
+        assert_eq!(
+            CallAnswer::of_response(&with(vec![]), Outcome::StoreUnavailable),
+            CallAnswer::Unavailable {
+                outcome: Outcome::StoreUnavailable,
+                retry_after_ms: 1_000
+            }
+        );
+    }
+
+    #[test]
+    fn dispositions_read_back_by_name() {
+        for (d, name) in [
+            (ErrorDisposition::Store, "store"),
+            (ErrorDisposition::Release, "release"),
+            (ErrorDisposition::Unknown, "unknown"),
+        ] {
+            assert_eq!(d.as_str(), name);
+            assert_eq!(ErrorDisposition::named(name), Some(d));
+        }
+        assert_eq!(ErrorDisposition::named("Store"), None);
+        assert_eq!(ErrorDisposition::named(""), None);
+    }
+
+    /// Each answer's kind, and the flat form the bindings carry, field by field.
+    #[test]
+    fn answers_flatten_with_their_kind_and_fields() {
+        assert_eq!(
+            CallAnswer::of(&Action::PropagateError {
+                outcome: Outcome::HandlerFailed
+            }),
+            Some(CallAnswer::Propagate)
+        );
+        assert_eq!(CallAnswer::of(&Action::Wait), None);
+        let flat = |a: CallAnswer| a.into_flat();
+        assert_eq!(
+            flat(CallAnswer::Returned {
+                serializer: "json".into(),
+                body: b"1".to_vec(),
+                replayed: true,
+            }),
+            FlatCallAnswer {
+                kind: "returned",
+                serializer: Some("json".into()),
+                body: Some(b"1".to_vec()),
+                replayed: true,
+                ..FlatCallAnswer::default()
+            }
+        );
+        assert_eq!(
+            flat(CallAnswer::StoredError {
+                body: b"e".to_vec(),
+                replayed: false,
+            }),
+            FlatCallAnswer {
+                kind: "stored_error",
+                body: Some(b"e".to_vec()),
+                ..FlatCallAnswer::default()
+            }
+        );
+        assert_eq!(
+            flat(CallAnswer::InFlight {
+                retry_after_ms: 1_000
+            }),
+            FlatCallAnswer {
+                kind: "in_flight",
+                retry_after_ms: Some(1_000),
+                ..FlatCallAnswer::default()
+            }
+        );
+        assert_eq!(
+            flat(CallAnswer::Unavailable {
+                outcome: Outcome::Contention,
+                retry_after_ms: 1_000,
+            }),
+            FlatCallAnswer {
+                kind: "unavailable",
+                retry_after_ms: Some(1_000),
+                outcome: Some(Outcome::Contention),
+                ..FlatCallAnswer::default()
+            }
+        );
+        assert_eq!(
+            flat(CallAnswer::Foreign { status: 201 }),
+            FlatCallAnswer {
+                kind: "foreign",
+                status: Some(201),
+                ..FlatCallAnswer::default()
+            }
+        );
+        for (a, kind) in [
+            (CallAnswer::Propagate, "propagate"),
+            (CallAnswer::NotRetained, "not_retained"),
+            (CallAnswer::Mismatch, "mismatch"),
+            (CallAnswer::OutcomeUnknown, "outcome_unknown"),
+        ] {
+            assert_eq!(a.kind(), kind);
+            assert_eq!(
+                flat(a),
+                FlatCallAnswer {
+                    kind,
+                    ..FlatCallAnswer::default()
+                }
+            );
+        }
+    }
 }

@@ -199,11 +199,11 @@ pub(super) fn check_write(
     let changed = pre != post;
     // The converse: a conditional write the store executed with its precondition holding must
     // apply (a primitive that refuses a valid write, e.g. a renew that always answers false,
-    // strands its owner). The purge is always reported applied; reads and `COMMIT` are not
-    // conditional writes.
+    // strands its owner; a purge that keeps an expired record never frees it). Reads and
+    // `COMMIT` are not conditional writes.
     let conditional = matches!(
         op,
-        Some(
+        None | Some(
             StoreOp::Claim { .. }
                 | StoreOp::TakeOver { .. }
                 | StoreOp::MarkUnknown { .. }

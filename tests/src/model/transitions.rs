@@ -119,12 +119,14 @@ impl Model for IdempoModel {
             }
         }
         if self.bounds.purge {
-            let now_ms = Self::now_ms(w);
             for (s, slot) in w.store.iter().enumerate() {
                 let locked = w.workers.iter().any(|x| {
                     matches!(x, Worker::Busy(b) if b.tx.is_some() && usize::from(self.scope_of(b.client)) == s)
                 });
-                if !locked && slot.as_ref().is_some_and(|r| store::purgeable(r, now_ms)) {
+                // The purge job may visit any record; core's `purgeable` decides whether it
+                // goes, and C4 judges that decision against the contract (expired: deleted;
+                // live: kept). A visit that keeps the record leaves the state as it was.
+                if !locked && slot.is_some() {
                     actions.push(Act::Purge(u8::try_from(s).unwrap_or(u8::MAX)));
                 }
             }
@@ -247,8 +249,15 @@ impl Model for IdempoModel {
                 }
             }
             Act::Purge(s) => {
-                let pre = w.store[usize::from(s)].take();
-                contract::check_write(&mut w, None, &pre, &None, true, true);
+                let now_ms = Self::now_ms(&w);
+                let slot = &mut w.store[usize::from(s)];
+                let pre = slot.clone();
+                let purged = pre.as_ref().is_some_and(|r| store::purgeable(r, now_ms));
+                if purged {
+                    *slot = None;
+                }
+                let post = w.store[usize::from(s)].clone();
+                contract::check_write(&mut w, None, &pre, &post, purged, true);
             }
             Act::CacheRead(s) => self.cache_read(&mut w, usize::from(s)),
             Act::CacheWrite(s) => self.cache_write(&mut w, usize::from(s)),
