@@ -263,4 +263,14 @@ mod tests {
         assert_eq!(v["type"], "urn:idempo:problem:response-not-retained");
         assert!(r.encode().is_ok());
     }
+
+    #[test]
+    fn plans_have_stable_names_and_their_limit() {
+        assert_eq!(CapturePlan::PassThrough.as_str(), "pass_through");
+        assert_eq!(CapturePlan::Buffer { limit: 7 }.as_str(), "buffer");
+        assert_eq!(CapturePlan::Tee { limit: 7 }.as_str(), "tee");
+        assert_eq!(CapturePlan::PassThrough.limit(), None);
+        assert_eq!(CapturePlan::Buffer { limit: 7 }.limit(), Some(7));
+        assert_eq!(CapturePlan::Tee { limit: 9 }.limit(), Some(9));
+    }
 }

@@ -384,3 +384,46 @@ pub enum Action {
         outcome: Outcome,
     },
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_downstream_key_reads_back_as_its_hex_text() {
+        let fp = FingerprintText::new(format!("v1:{}", "a".repeat(64))).expect("valid");
+        let key = downstream_key(&ScopeId::from_bytes([3; 32]), &fp, 1);
+        let text = key.as_str();
+        assert_eq!(text.len(), 64);
+        assert!(text.bytes().all(|b| b.is_ascii_hexdigit()), "{text}");
+        assert_eq!(key.to_string(), text);
+        assert_ne!(
+            downstream_key(&ScopeId::from_bytes([3; 32]), &fp, 2).as_str(),
+            text
+        );
+    }
+
+    /// The outcomes in which this flow ran the handler (its metrics and logs say so).
+    #[test]
+    fn handler_ran_is_true_exactly_where_the_handler_ran() {
+        let ran = [
+            Outcome::Stored,
+            Outcome::NotStored,
+            Outcome::NotRetained,
+            Outcome::LeaseLost,
+            Outcome::CompletionFailed,
+            Outcome::NotCommitted,
+            Outcome::HandlerFailed,
+        ];
+        let not = [
+            Outcome::Replayed,
+            Outcome::InFlight,
+            Outcome::Mismatch,
+            Outcome::OutcomeUnknown,
+            Outcome::StoreUnavailable,
+            Outcome::Contention,
+        ];
+        assert!(ran.iter().all(|o| o.handler_ran()));
+        assert!(not.iter().all(|o| !o.handler_ran()));
+    }
+}

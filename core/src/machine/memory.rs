@@ -829,4 +829,38 @@ mod tests {
         assert_eq!(counts.completed, 1);
         assert_eq!((m.bytes(), m.len(), m.partition_len(None)), (0, 0, 0));
     }
+
+    /// A partition is the first 8 bytes of `SHA-256(tag || principal)` (spec/STORAGE.md), and
+    /// each holds a tenth of a global limit, at least one.
+    #[test]
+    fn partitions_and_their_default_share() {
+        let mut h = Sha256::new();
+        h.update(b"idempo-partition-v1:alice");
+        let digest: [u8; 32] = h.finalize().into();
+        let alice = Partition::of_principal("alice");
+        assert_eq!(alice.as_bytes()[..], digest[..8]);
+        assert_ne!(alice.as_bytes(), Partition::of_principal("bob").as_bytes());
+        assert_eq!(default_partition_share(100_000), 10_000);
+        assert_eq!(default_partition_share(25), 2);
+        assert_eq!(default_partition_share(3), 1);
+        let limits = MemoryLimits::new(1_000, 64);
+        assert_eq!(
+            (
+                limits.max_entries_per_partition,
+                limits.max_bytes_per_partition
+            ),
+            (100, 6)
+        );
+        assert_eq!(
+            MemoryError::Full {
+                retry_after_ms: 250
+            }
+            .retry_after_ms(),
+            250
+        );
+        assert_eq!(
+            MemoryError::QuotaExceeded { retry_after_ms: 40 }.retry_after_ms(),
+            40
+        );
+    }
 }
