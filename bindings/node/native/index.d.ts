@@ -558,6 +558,12 @@ export interface FlowAction {
    * (`claim`, `complete` or `release`); this action is what the flow asked for next.
    */
   ran?: string
+  /**
+   * `handlerFinishedInMemory` only, with `respond`: the response to send is exactly the
+   * handler's own (the status, header pairs and body passed in, unchanged), so `http` is
+   * left out and the host sends what it passed.
+   */
+  live?: boolean
 }
 
 /**

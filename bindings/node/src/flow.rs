@@ -484,6 +484,10 @@ pub struct FlowAction {
     /// The `...InMemory` methods: the primitive they ran on the memory store within the call
     /// (`claim`, `complete` or `release`); this action is what the flow asked for next.
     pub ran: Option<String>,
+    /// `handlerFinishedInMemory` only, with `respond`: the response to send is exactly the
+    /// handler's own (the status, header pairs and body passed in, unchanged), so `http` is
+    /// left out and the host sends what it passed.
+    pub live: Option<bool>,
 }
 
 fn empty(kind: &str) -> FlowAction {
@@ -505,6 +509,7 @@ fn empty(kind: &str) -> FlowAction {
         outcome: None,
         corrupt: None,
         ran: None,
+        live: None,
     }
 }
 
@@ -702,7 +707,7 @@ impl ServerFlow {
         next: Action,
         now_ms: u64,
         partition: Option<idempo_core::machine::memory::Partition>,
-        live: Option<Buffer>,
+        live: Option<Live>,
     ) -> napi::Result<FlowAction> {
         let Action::Store(op) = next else {
             return action(env, next);
@@ -715,9 +720,18 @@ impl ServerFlow {
             .handle(Event::Store(result))
             .map_err(|e| flow_fail(&e).throw(env))?;
         let mut a = match after {
+            // The handler's own response, unchanged: nothing crosses back (`live`).
+            Action::Respond { response, outcome }
+                if live.as_ref().is_some_and(|l| l.is(&response)) =>
+            {
+                let mut o = empty("respond");
+                o.live = Some(true);
+                o.outcome = Some(outcome.as_str().to_owned());
+                o
+            }
             // The handler's own body goes back as the very buffer the host passed (no copy).
             Action::Respond { response, outcome }
-                if live.as_deref() == Some(&response.body[..]) =>
+                if live.as_ref().map(|l| &l.body[..]) == Some(&response.body[..]) =>
             {
                 let mut o = empty("respond");
                 o.http = Some(HttpResponseData {
@@ -727,7 +741,7 @@ impl ServerFlow {
                         .into_iter()
                         .map(|(n, v)| vec![n, v])
                         .collect(),
-                    body: live.unwrap_or_else(|| Buffer::from(Vec::new())),
+                    body: live.map_or_else(|| Buffer::from(Vec::new()), |l| l.body),
                 });
                 o.outcome = Some(outcome.as_str().to_owned());
                 o
@@ -975,11 +989,19 @@ impl ServerFlow {
             body_truncated,
         )
         .map_err(|f| f.throw(&env))?;
+        let live = match &event {
+            Event::HandlerFinished(r) => Some(Live {
+                status: r.status,
+                headers: r.headers.clone(),
+                body,
+            }),
+            _ => None,
+        };
         let next = self
             .inner
             .handle(event)
             .map_err(|e| flow_fail(&e).throw(&env))?;
-        self.run_in_memory(&env, store, next, now, None, Some(body))
+        self.run_in_memory(&env, store, next, now, None, live)
     }
 
     /// The handler threw; `maybeSideEffect` false only when it certainly did nothing.
@@ -990,6 +1012,20 @@ impl ServerFlow {
         maybe_side_effect: bool,
     ) -> napi::Result<FlowAction> {
         self.feed(&env, Event::HandlerFailed { maybe_side_effect })
+    }
+}
+
+/// The response the host passed to `handlerFinishedInMemory`, to tell whether core's answer is
+/// that very response (then nothing is converted back).
+struct Live {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Buffer,
+}
+
+impl Live {
+    fn is(&self, r: &HttpResponse) -> bool {
+        r.status == self.status && r.headers == self.headers && r.body[..] == self.body[..]
     }
 }
 

@@ -198,8 +198,9 @@ export class Session {
   #ended = false;
   #lostReported = false;
   readonly #store: IdempotencyStore;
-  /** The store is idempo's own `MemoryStore` (methods not overridden): its primitives never
-   * block, so they get no deadline, and the common ones run inside the flow's native calls. */
+  /** The store is exactly idempo's own `MemoryStore` (no subclass, methods not overridden): its
+   * primitives never block, so they get no deadline, and while nothing listens to `store_op`
+   * the common ones run inside the flow's native calls (see {@link Session.#inline}). */
   readonly #mem: MemoryInline | undefined;
   /** Serialized steps queued or running: at 0, a synchronous step may run at once. */
   #running = 0;
@@ -241,15 +242,14 @@ export class Session {
     }
   }
 
-  /** A native call that ran a primitive on the memory store (`...InMemory`): reports the
-   * primitive it ran as the JS host loop does. */
-  #feedMem(f: () => native.FlowAction): native.FlowAction {
-    const ev = this.#o.events;
-    if (ev.listenerCount('store_op') === 0) return this.#feed(f);
-    const started = performance.now();
-    const a = this.#feed(f);
-    if (a.ran !== undefined) ev.emit('store_op', { route: this.#o.route, op: a.ran, durationMs: performance.now() - started, failed: false });
-    return a;
+  /**
+   * The memory store's primitives may run inside the flow's native calls now: the store is
+   * exactly idempo's `MemoryStore`, no step is queued, and nothing listens to `store_op` (a
+   * listener gets every primitive through the ordinary host loop, which times each one).
+   */
+  #inline(): MemoryInline | undefined {
+    const mem = this.#mem;
+    return mem !== undefined && this.#running === 0 && this.#o.events.listenerCount('store_op') === 0 ? mem : undefined;
   }
 
   async #execStore(a: native.FlowAction): Promise<native.FlowAction> {
@@ -360,12 +360,15 @@ export class Session {
     return end;
   }
 
-  /** The flow's end as the host sends it (the synchronous part of {@link Session.#end}). */
-  #ending(a: native.FlowAction): FlowEnd {
+  /** The flow's end as the host sends it (the synchronous part of {@link Session.#end}).
+   * `live`: the handler's response, for an action that says it is the one to send (`a.live`). */
+  #ending(a: native.FlowAction, live?: HttpResponse): FlowEnd {
     this.#stopHeartbeat();
     this.#ended = true;
     let end: FlowEnd;
-    if (a.type === 'respond') end = { kind: 'respond', response: toHttp(a.http as native.HttpResponseData), outcome: a.outcome ?? '' };
+    if (a.type === 'respond' && a.live === true && live !== undefined) {
+      end = { kind: 'respond', response: { status: live.status, headers: live.headers, body: live.body }, outcome: a.outcome ?? '' };
+    } else if (a.type === 'respond') end = { kind: 'respond', response: toHttp(a.http as native.HttpResponseData), outcome: a.outcome ?? '' };
     else if (a.type === 'propagate_error') end = { kind: 'propagate', outcome: a.outcome ?? '' };
     else throw new Error(`idempo: the flow ended with an unexpected action ${a.type}`);
     if (end.outcome === 'lease_lost') this.#leaseLost();
@@ -432,13 +435,13 @@ export class Session {
 
   /** Claims the key: run the handler, or answer at once (replay, 409, 422, 503...). */
   admit(): Promise<Admission> {
-    const mem = this.#mem;
-    if (mem !== undefined && this.#running === 0) {
+    const mem = this.#inline();
+    if (mem !== undefined) {
       // The memory store: the claim runs inside the flow's first native call, and the common
       // answers (run the handler, replay, 409, 422) need no further step.
       let a: native.FlowAction;
       try {
-        a = this.#feedMem(() => this.#flow.startInMemory(mem.core, mem.now(), this.#o.partition));
+        a = this.#feed(() => this.#flow.startInMemory(mem.core, mem.now(), this.#o.partition));
         if (a.type === 'run_handler' || a.type === 'respond') return Promise.resolve(this.#admittedSync(a));
       } catch (e) {
         return Promise.reject(e);
@@ -510,12 +513,12 @@ export class Session {
   /** The handler returned: record it (per core's policy) and get the response to send. */
   finish(result: HandlerResult): Promise<FlowEnd> {
     this.#stopHeartbeat();
-    const mem = this.#mem;
-    if (mem !== undefined && this.#running === 0 && !this.#ended) {
+    const mem = this.#inline();
+    if (mem !== undefined && !this.#ended) {
       // The memory store: the completion (or release) runs inside the same native call.
       let a: native.FlowAction;
       try {
-        a = this.#feedMem(() =>
+        a = this.#feed(() =>
           this.#flow.handlerFinishedInMemory(
             mem.core,
             mem.now(),
@@ -528,7 +531,7 @@ export class Session {
           ),
         );
         if (a.type === 'respond' || a.type === 'propagate_error') {
-          const end = this.#ending(a);
+          const end = this.#ending(a, result);
           this.#startCleanup();
           return Promise.resolve(end);
         }
