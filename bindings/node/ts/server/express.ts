@@ -23,10 +23,10 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Request as ExpressRequest } from 'express';
 import { Readable } from 'node:stream';
 import { ConfigError } from '../errors';
-import { admitKey, admitRest, Prepared } from './options';
-import type { IdempotencyOptions } from './options';
+import { admitKey, admitRestEager, Prepared } from './options';
+import type { Admitted, IdempotencyOptions } from './options';
 import native = require('../native');
-import type { ExecutionContext, FlowEnd, HandlerResult, HttpResponse, Session } from './session';
+import type { Admission, ExecutionContext, FlowEnd, HandlerResult, HttpResponse, Session } from './session';
 import { IdempotencyEvents, toHttp } from './session';
 import { ResponseCapture } from './express-capture';
 import type { CaptureOwner } from './express-capture';
@@ -257,6 +257,15 @@ function unprotectedRoute(req: Req, methods: Set<string>, events: IdempotencyEve
   return new ConfigError(message);
 }
 
+/** `req.body` from a JSON body (undefined when it does not parse). */
+function parseJson(req: Req, body: Buffer): void {
+  try {
+    req.body = JSON.parse(body.toString('utf8'));
+  } catch {
+    req.body = undefined;
+  }
+}
+
 function isJson(ct: string | undefined): boolean {
   if (!ct) return false;
   const essence = (ct.split(';')[0] ?? '').trim().toLowerCase();
@@ -318,9 +327,20 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
     ended(handled: HandlerResult, sent: boolean): void {
       this.captured = true;
       this.sent = sent;
-      const redacted = handled.bodyTruncated ? undefined : options.redact?.(handled);
-      const result = redacted ? { ...handled, bodyToStore: redacted } : handled;
-      this.session.finish(result).then(this.#finished, this.#broken);
+      let end: FlowEnd | Promise<FlowEnd>;
+      try {
+        const redacted = handled.bodyTruncated ? undefined : options.redact?.(handled);
+        const result = redacted ? { ...handled, bodyToStore: redacted } : handled;
+        end = this.session.finishEager(result);
+      } catch (e) {
+        // As a rejected finish: reported on the next turn, never into the handler's res.end().
+        void Promise.resolve().then(() => this.#broken(e));
+        return;
+      }
+      // The memory store's common case ends here, in the handler's own res.end() as without
+      // idempo (no promise, no closure).
+      if (end instanceof Promise) end.then(this.#finished, (e: unknown) => this.#broken(e));
+      else this.#onEnd(end);
     }
 
     onError(err: unknown, _res: Res, n: Next): void {
@@ -332,7 +352,10 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
       }
       this.err = err;
       this.errNext = n;
-      this.session.fail(!p.isSideEffectFree(err)).then(this.#failed, this.#brokenAfterError);
+      this.session.fail(!p.isSideEffectFree(err)).then(
+        (end: FlowEnd) => this.#failed(end),
+        (e: unknown) => this.#brokenAfterError(e),
+      );
     }
 
     #close(): void {
@@ -353,31 +376,35 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
       }
     }
 
-    readonly #finished = (end: FlowEnd): void => {
+    get #finished(): (end: FlowEnd) => void {
+      return (end) => this.#onEnd(end);
+    }
+
+    #onEnd(end: FlowEnd): void {
       try {
         this.#finishWith(end, this.next);
       } catch (e) {
         this.#broken(e);
       }
-    };
+    }
 
-    readonly #broken = (e: unknown): void => {
+    #broken(e: unknown): void {
       this.#close();
       this.next(e);
-    };
+    }
 
-    readonly #failed = (end: FlowEnd): void => {
+    #failed(end: FlowEnd): void {
       try {
         this.#finishWith(end, this.errNext as Next, this.err);
       } catch (e) {
         this.#brokenAfterError(e);
       }
-    };
+    }
 
-    readonly #brokenAfterError = (e: unknown): void => {
+    #brokenAfterError(e: unknown): void {
       this.#close();
       (this.errNext as Next)(e);
-    };
+    }
   }
 
   const mw = (async (req: Req, res: Res, next: Next) => {
@@ -418,23 +445,25 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
       body = await readBody(req, limit);
     }
     const ct = req.headers['content-type'];
+    // Parsers mounted after the middleware read these bytes again; with none, a JSON body is
+    // parsed here (other types stay in `req.rawBody`): before the admission when a `scope`
+    // function may read `req.body`, else only once the request goes on past the middleware (a
+    // replay, a 409 or a 422 answered here never parses it).
+    let unparsed: Buffer | null = null;
     if (body !== null && !consumed) {
       req.rawBody = body;
-      // Parsers mounted after the middleware read these bytes again; with none, a JSON body is
-      // parsed here (other types stay in `req.rawBody`).
       if (isJson(ct) && body.length > 0 && req.body === undefined) {
-        try {
-          req.body = JSON.parse(body.toString('utf8'));
-        } catch {
-          req.body = undefined;
-        }
+        if (options.scope) parseJson(req, body);
+        else unparsed = body;
       }
     }
     // Parsers after the middleware read the bytes again from the request stream, refilled only
     // when something downstream can read it (not for a replay, a 409 or a 422 answered here).
     const refill = body !== null && !consumed ? body : null;
     const user = (req as Req & { user?: unknown }).user;
-    const admitted = await admitRest(p, adm, {
+    let admitted: Admitted | Promise<Admitted>;
+    try {
+      admitted = admitRestEager(p, adm, {
       req: req as unknown as ExpressRequest,
       method,
       route,
@@ -444,18 +473,29 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
       body,
       ...(unavailableFix !== undefined ? { unavailableFix } : {}),
       authenticated: req.headers.authorization !== undefined || (user !== undefined && user !== null),
-    });
+      });
+      if (admitted instanceof Promise) admitted = await admitted;
+    } catch (e) {
+      // The error handlers see the request as it would be without the deferred parse.
+      if (unparsed !== null) parseJson(req, unparsed);
+      throw e;
+    }
     if (admitted.kind !== 'session') {
       if (refill !== null) replayBody(req, refill);
-      if (admitted.kind === 'unprotected') return next();
+      if (admitted.kind === 'unprotected') {
+        if (unparsed !== null) parseJson(req, unparsed);
+        return next();
+      }
       return refuse(admitted.response, admitted.outcome);
     }
     const session = admitted.session;
-    let a: Awaited<ReturnType<Session['admit']>>;
+    let a: Admission | Promise<Admission>;
     try {
-      a = await session.admit();
+      a = session.admitEager();
+      if (a instanceof Promise) a = await a;
     } catch (e) {
       if (refill !== null) replayBody(req, refill);
+      if (unparsed !== null) parseJson(req, unparsed);
       throw e;
     }
     if (a.kind === 'respond') {
@@ -463,6 +503,7 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
       return send(res, a.response);
     }
     if (refill !== null) replayBody(req, refill);
+    if (unparsed !== null) parseJson(req, unparsed);
     req.idempotency = a.context;
     const st = new Guarded(session, res, next, started, method, route);
     req[IDEMPO] = st;

@@ -305,17 +305,34 @@ export async function admitRest<Req>(p: Prepared<Req>, a: native.Admission, f: R
   return admitBody(p, a, f) ?? admitScope(p, a, f);
 }
 
+/** {@link admitRest} without a promise when no `scope` function has to be awaited. */
+export function admitRestEager<Req>(p: Prepared<Req>, a: native.Admission, f: RequestFacts<Req>): Admitted | Promise<Admitted> {
+  return admitBody(p, a, f) ?? admitScopeEager(p, a, f);
+}
+
 /** Stage 3 of core's admission (the scope function's return value), after {@link admitBody}, then
  * the session (no store call yet). */
 export async function admitScope<Req>(p: Prepared<Req>, a: native.Admission, f: RequestFacts<Req>): Promise<Admitted> {
-  let returned: native.ScopeReturn = { kind: 'not_called' };
-  if (p.o.scope) {
-    try {
-      returned = describe(await p.o.scope(f.req));
-    } catch (e) {
-      returned = { kind: 'raised', text: e instanceof Error ? `${e.name}: ${e.message}` : String(e) };
-    }
+  return admitScopeEager(p, a, f);
+}
+
+/** {@link admitScope} without a promise when there is no `scope` function to await. */
+export function admitScopeEager<Req>(p: Prepared<Req>, a: native.Admission, f: RequestFacts<Req>): Admitted | Promise<Admitted> {
+  if (!p.o.scope) return scoped(p, a, f, { kind: 'not_called' });
+  return scopeReturn(p.o.scope, f.req).then((returned) => scoped(p, a, f, returned));
+}
+
+/** How the scope function ended, as core reads it (a description, never a decision). */
+async function scopeReturn<Req>(scope: (req: Req) => unknown, req: Req): Promise<native.ScopeReturn> {
+  try {
+    return describe(await scope(req));
+  } catch (e) {
+    return { kind: 'raised', text: e instanceof Error ? `${e.name}: ${e.message}` : String(e) };
   }
+}
+
+/** Stage 3 once the scope function's return value is known, then the session. */
+function scoped<Req>(p: Prepared<Req>, a: native.Admission, f: RequestFacts<Req>, returned: native.ScopeReturn): Admitted {
   // The record key (32 bytes) and the partition (8) are written into one pooled allocation.
   const ids = Buffer.allocUnsafe(40);
   const admitted = a.scope(p.scopeRule, f.method, f.route, f.authenticated, returned, ids);

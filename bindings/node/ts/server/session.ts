@@ -435,17 +435,27 @@ export class Session {
 
   /** Claims the key: run the handler, or answer at once (replay, 409, 422, 503...). */
   admit(): Promise<Admission> {
+    let r: Admission | Promise<Admission>;
+    try {
+      r = this.admitEager();
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    return r instanceof Promise ? r : Promise.resolve(r);
+  }
+
+  /**
+   * {@link Session.admit}, answered synchronously when the claim ran inside the flow's native
+   * call and needs no further step (the memory store's common answers), else its promise. A
+   * failure of the synchronous part is thrown.
+   */
+  admitEager(): Admission | Promise<Admission> {
     const mem = this.#inline();
     if (mem !== undefined) {
       // The memory store: the claim runs inside the flow's first native call, and the common
       // answers (run the handler, replay, 409, 422) need no further step.
-      let a: native.FlowAction;
-      try {
-        a = this.#feed(() => this.#flow.startInMemory(mem.core, mem.now(), this.#o.partition));
-        if (a.type === 'run_handler' || a.type === 'respond') return Promise.resolve(this.#admittedSync(a));
-      } catch (e) {
-        return Promise.reject(e);
-      }
+      const a = this.#feed(() => this.#flow.startInMemory(mem.core, mem.now(), this.#o.partition));
+      if (a.type === 'run_handler' || a.type === 'respond') return this.#admittedSync(a);
       return this.#serial(() => this.#guarded(async () => this.#admittedAsync(await this.#settle(a))));
     }
     return this.#serial(() => this.#guarded(async () => this.#admittedAsync(await this.#settle(this.#feed(() => this.#flow.start())))));
@@ -512,31 +522,41 @@ export class Session {
 
   /** The handler returned: record it (per core's policy) and get the response to send. */
   finish(result: HandlerResult): Promise<FlowEnd> {
+    let r: FlowEnd | Promise<FlowEnd>;
+    try {
+      r = this.finishEager(result);
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    return r instanceof Promise ? r : Promise.resolve(r);
+  }
+
+  /**
+   * {@link Session.finish}, answered synchronously when the completion ran inside the flow's
+   * native call and the flow ended there (the memory store's common case), else its promise. A
+   * failure of the synchronous part is thrown.
+   */
+  finishEager(result: HandlerResult): FlowEnd | Promise<FlowEnd> {
     this.#stopHeartbeat();
     const mem = this.#inline();
     if (mem !== undefined && !this.#ended) {
       // The memory store: the completion (or release) runs inside the same native call.
-      let a: native.FlowAction;
-      try {
-        a = this.#feed(() =>
-          this.#flow.handlerFinishedInMemory(
-            mem.core,
-            mem.now(),
-            result.status,
-            result.headers,
-            result.body,
-            result.bodyToStore ?? null,
-            result.framework ?? false,
-            result.bodyTruncated ?? false,
-          ),
-        );
-        if (a.type === 'respond' || a.type === 'propagate_error') {
-          const end = this.#ending(a, result);
-          this.#startCleanup();
-          return Promise.resolve(end);
-        }
-      } catch (e) {
-        return Promise.reject(e);
+      const a = this.#feed(() =>
+        this.#flow.handlerFinishedInMemory(
+          mem.core,
+          mem.now(),
+          result.status,
+          result.headers,
+          result.body,
+          result.bodyToStore ?? null,
+          result.framework ?? false,
+          result.bodyTruncated ?? false,
+        ),
+      );
+      if (a.type === 'respond' || a.type === 'propagate_error') {
+        const end = this.#ending(a, result);
+        this.#startCleanup();
+        return end;
       }
       return this.#serial(() => this.#guarded(async () => this.#end(await this.#settle(a))));
     }
