@@ -280,6 +280,12 @@ function send(res: Res, r: HttpResponse): void {
   res.end(r.body);
 }
 
+/** {@link send} for a response whose status and headers are already on `res`. */
+function sendBody(res: Res, body: Buffer): void {
+  res.setHeader('content-length', String(body.length));
+  res.end(body);
+}
+
 /** An Express middleware with its event emitter attached. */
 export interface IdempotencyMiddleware {
   (req: IncomingMessage, res: ServerResponse, next: Next): void;
@@ -307,6 +313,8 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
     /** Transactional mode: what `currentTransaction()` answers (cleared when the flow ends). */
     holder: TxHolder | undefined;
     capture: ResponseCapture | undefined;
+    /** The handler's captured response, as given to the flow. */
+    live: HandlerResult | undefined;
     /** The error being reported (`onError`), handed on to `next` once the flow ends. */
     err: unknown;
     errNext: Next | undefined;
@@ -331,6 +339,7 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
       try {
         const redacted = handled.bodyTruncated ? undefined : options.redact?.(handled);
         const result = redacted ? { ...handled, bodyToStore: redacted } : handled;
+        this.live = handled;
         end = this.session.finishEager(result);
       } catch (e) {
         // As a rejected finish: reported on the next turn, never into the handler's res.end().
@@ -368,8 +377,14 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
       this.#close();
       if (end.kind === 'respond') {
         emitOutcome(this.method, this.route, end.outcome, end.response.status, this.started);
-        // A teed or passed-through response is already with the client.
-        if (!this.sent) send(this.res, end.response);
+        // A teed or passed-through response is already with the client. The session hands back
+        // the very header list it was given only when core's answer is the handler's response
+        // unchanged: the response object already carries that status and those headers.
+        const live = this.live;
+        if (this.sent) return;
+        if (live !== undefined && end.response.headers === live.headers && end.response.status === this.res.statusCode) {
+          sendBody(this.res, end.response.body);
+        } else send(this.res, end.response);
       } else {
         emitOutcome(this.method, this.route, end.outcome, 500, this.started);
         next(err);
