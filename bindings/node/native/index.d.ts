@@ -25,9 +25,12 @@ export declare const __napiBindingTarget: 'native' | 'wasm32-wasi' | 'wasm32-was
 export declare class Admission {
   /**
    * Stage 1: the raw `Idempotency-Key` field values (in order; empty: no key) and the
-   * declared body length (`Content-Length`, null when unknown).
+   * declared body length (`Content-Length`, null when unknown). With `facts` (at least 16
+   * bytes), the stage is also written to its first byte (0 `pass_through`, 1 `refuse`,
+   * 2 `read_body`) and `bodyLimit` as a little-endian f64 to bytes 8..16 (NaN when unset),
+   * so the host needs no getter call for them.
    */
-  static start(config: FlowConfig, keyFields: Array<Buffer>, declaredLength?: number | undefined | null): Admission
+  static start(config: FlowConfig, keyFields: Array<Buffer>, declaredLength?: number | undefined | null, facts?: Uint8Array | undefined | null): Admission
   /**
    * Stage 2: the body as read (`overLimit`: the host stopped reading past `bodyLimit`; `body`
    * is then ignored), with the route's fingerprinter handle, the method, the concrete request

@@ -118,14 +118,21 @@ impl Admission {
 #[napi]
 impl Admission {
     /// Stage 1: the raw `Idempotency-Key` field values (in order; empty: no key) and the
-    /// declared body length (`Content-Length`, null when unknown).
+    /// declared body length (`Content-Length`, null when unknown). With `facts` (at least 16
+    /// bytes), the stage is also written to its first byte (0 `pass_through`, 1 `refuse`,
+    /// 2 `read_body`) and `bodyLimit` as a little-endian f64 to bytes 8..16 (NaN when unset),
+    /// so the host needs no getter call for them.
     #[napi(factory, catch_unwind)]
-    #[must_use]
     pub fn start(
+        env: Env,
         config: &FlowConfig,
         key_fields: Vec<Buffer>,
         declared_length: Option<f64>,
-    ) -> Self {
+        facts: Option<&mut [u8]>,
+    ) -> napi::Result<Self> {
+        if facts.as_ref().is_some_and(|b| b.len() < 16) {
+            return Err(Fail::new(code::INVALID_ARGUMENT, "facts must hold 16 bytes").throw(&env));
+        }
         let fields: Vec<&[u8]> = key_fields.iter().map(|b| &b[..]).collect();
         // A length that is not a non-negative integer is no usable declaration.
         let declared = declared_length
@@ -160,7 +167,18 @@ impl Admission {
                 a.stage = Stage::Body(w);
             }
         }
-        a
+        if let Some(out) = facts {
+            out[0] = match a.kind {
+                "refuse" => 1,
+                "read_body" => 2,
+                _ => 0,
+            };
+            let limit = a.body_limit.map_or(f64::NAN, |v| {
+                crate::num::from_u64(u64::try_from(v).unwrap_or(u64::MAX))
+            });
+            out[8..16].copy_from_slice(&limit.to_le_bytes());
+        }
+        Ok(a)
     }
 
     /// Stage 2: the body as read (`overLimit`: the host stopped reading past `bodyLimit`; `body`

@@ -23,7 +23,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Request as ExpressRequest } from 'express';
 import { Readable } from 'node:stream';
 import { ConfigError } from '../errors';
-import { admitKey, admitRestEager, Prepared } from './options';
+import { admitKeyFacts, admitRestEager, Prepared } from './options';
 import type { Admitted, IdempotencyOptions } from './options';
 import native = require('../native');
 import type { Admission, ExecutionContext, FlowEnd, HandlerResult, HttpResponse, Session } from './session';
@@ -429,8 +429,9 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
     const ident = identity(req);
     const route = options.route ? options.route(req as never) : ident.route;
     // Core's admission, in core's order: the key first, then the body, then the scope.
-    const adm = admitKey(p, req.headers[p.header], req.headers['content-length']);
-    const kind = adm.kind;
+    const key = admitKeyFacts(p, req.headers[p.header], req.headers['content-length']);
+    const adm = key.a;
+    const kind = key.kind;
     if (kind === 'pass_through') return next();
     // A body parser mounted before the middleware read the stream (Express 4's sets `_body`).
     const consumed = req.readableEnded || req._body === true || (req.complete && !req.readable);
@@ -444,7 +445,7 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
       return send(res, response);
     };
     if (kind === 'refuse') return refuse(toHttp(adm.problem as native.HttpResponseData), adm.outcome ?? 'refused');
-    const limit = adm.bodyLimit as number;
+    const limit = key.bodyLimit;
     let body: Buffer | null;
     let unavailableFix: string | undefined;
     if (consumed) {

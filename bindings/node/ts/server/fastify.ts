@@ -29,7 +29,7 @@ import type { Readable } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest, RouteOptions } from 'fastify';
 import native = require('../native');
 import { ConfigError } from '../errors';
-import { admitBody, admitKey, admitScopeEager, Prepared } from './options';
+import { admitBody, admitKey, admitKeyFacts, admitScopeEager, Prepared } from './options';
 import type { Admitted, BodyFacts, IdempotencyOptions } from './options';
 import type { ExecutionContext, FlowEnd, HandlerResult, HttpResponse, IdempotencyEvents, Session } from './session';
 import { toHttp } from './session';
@@ -288,9 +288,10 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
     const req = request as Req;
     if (!isProtected(req)) return appLimited(req, reply, payload);
     const started = Date.now();
-    const adm = admitKey(p, req.headers[p.header], req.headers['content-length']);
+    const key = admitKeyFacts(p, req.headers[p.header], req.headers['content-length']);
+    const adm = key.a;
     req[ADMISSION] = adm;
-    const kind = adm.kind;
+    const kind = key.kind;
     if (kind === 'pass_through') return appLimited(req, reply, payload);
     if (kind === 'refuse') {
       const problem = toHttp(adm.problem as native.HttpResponseData);
@@ -309,7 +310,7 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
           "The request stream was already read before idempo's preParsing hook (an onRequest hook, or a preParsing hook registered before the plugin, consumed it): register idempotencyPlugin before hooks that read the body.",
       });
     } else {
-      raw = await readLimited(read, adm.bodyLimit as number);
+      raw = await readLimited(read, key.bodyLimit);
       refusal = admitBody(p, adm, { ...facts, body: raw });
     }
     if (refusal?.kind === 'respond') {

@@ -231,6 +231,30 @@ export function admitKey<Req>(p: Prepared<Req>, keyHeader: string | string[] | u
   return native.Admission.start(p.config, keyFields(keyHeader), declaredLength(contentLength));
 }
 
+/** Stage 1 and its facts (`kind`, `bodyLimit`), read from one call instead of two getters. */
+export interface KeyAdmission {
+  a: native.Admission;
+  /** `pass_through`, `refuse` or `read_body`. */
+  kind: string;
+  /** `read_body`: the most body bytes to read. */
+  bodyLimit: number;
+}
+
+/** The stage codes `Admission.start` writes to its `facts` buffer (byte 0). */
+const KEY_KINDS = ['pass_through', 'refuse', 'read_body'];
+/** Size of `Admission.start`'s facts: the stage byte, padding, the body limit (f64). */
+const FACTS_BYTES = 16;
+/** `Admission.start`'s facts: written by the call, read before anything else runs. */
+const FACTS = Buffer.alloc(FACTS_BYTES);
+
+/** {@link admitKey} with the stage's facts. */
+export function admitKeyFacts<Req>(p: Prepared<Req>, keyHeader: string | string[] | undefined, contentLength: string | string[] | undefined): KeyAdmission {
+  const a = native.Admission.start(p.config, keyFields(keyHeader), declaredLength(contentLength), FACTS);
+  const kind = KEY_KINDS[FACTS[0] as number];
+  if (kind === undefined) throw new Error(`idempo: Admission.start wrote an unknown stage ${FACTS[0]}`);
+  return { a, kind, bodyLimit: FACTS.readDoubleLE(8) };
+}
+
 /** The request parts admission needs after the key. */
 export interface RequestFacts<Req> {
   req: Req;
