@@ -280,6 +280,17 @@ function send(res: Res, r: HttpResponse): void {
   res.end(r.body);
 }
 
+/** Sends a refusal; when the rest of the upload was never read, the connection closes once the
+ * answer is out. */
+function refuse(req: Req, res: Res, consumed: boolean, response: HttpResponse): void {
+  if (!consumed && !req.readableEnded) {
+    res.on('finish', () => req.destroy());
+    send(res, { ...response, headers: [...response.headers, ['connection', 'close']] });
+    return;
+  }
+  send(res, response);
+}
+
 /** {@link send} for a response whose status and headers are already on `res`. */
 function sendBody(res: Res, body: Buffer): void {
   res.setHeader('content-length', String(body.length));
@@ -335,11 +346,11 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
     ended(handled: HandlerResult, sent: boolean): void {
       this.captured = true;
       this.sent = sent;
+      const redacted = handled.bodyTruncated ? undefined : options.redact?.(handled);
+      const result = redacted ? { ...handled, bodyToStore: redacted } : handled;
+      this.live = handled;
       let end: FlowEnd | Promise<FlowEnd>;
       try {
-        const redacted = handled.bodyTruncated ? undefined : options.redact?.(handled);
-        const result = redacted ? { ...handled, bodyToStore: redacted } : handled;
-        this.live = handled;
         end = this.session.finishEager(result);
       } catch (e) {
         // As a rejected finish: reported on the next turn, never into the handler's res.end().
@@ -435,16 +446,11 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
     if (kind === 'pass_through') return next();
     // A body parser mounted before the middleware read the stream (Express 4's sets `_body`).
     const consumed = req.readableEnded || req._body === true || (req.complete && !req.readable);
-    const refuse = (response: HttpResponse, outcome: string) => {
-      emitOutcome(method, route, outcome, response.status, started);
-      if (!consumed && !req.readableEnded) {
-        // The rest of the upload is never read: close the connection once the answer is out.
-        res.on('finish', () => req.destroy());
-        return send(res, { ...response, headers: [...response.headers, ['connection', 'close']] });
-      }
-      return send(res, response);
-    };
-    if (kind === 'refuse') return refuse(toHttp(adm.problem as native.HttpResponseData), adm.outcome ?? 'refused');
+    if (kind === 'refuse') {
+      const problem = toHttp(adm.problem as native.HttpResponseData);
+      emitOutcome(method, route, adm.outcome ?? 'refused', problem.status, started);
+      return refuse(req, res, consumed, problem);
+    }
     const limit = key.bodyLimit;
     let body: Buffer | null;
     let unavailableFix: string | undefined;
@@ -502,7 +508,8 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
         if (unparsed !== null) parseJson(req, unparsed);
         return next();
       }
-      return refuse(admitted.response, admitted.outcome);
+      emitOutcome(method, route, admitted.outcome, admitted.response.status, started);
+      return refuse(req, res, consumed, admitted.response);
     }
     const session = admitted.session;
     let a: Admission | Promise<Admission>;

@@ -355,9 +355,14 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
       }
     }
     const user = (req as FastifyRequest & { user?: unknown }).user;
+    // The same facts as bodyFacts(req), from the method and route already resolved above.
     let admitted = admitScopeEager(p, adm, {
       req,
-      ...bodyFacts(req),
+      method,
+      route,
+      target: req.url,
+      contentType: req.headers['content-type'],
+      headers: req.headers,
       body: null,
       authenticated: req.headers.authorization !== undefined || (user !== undefined && user !== null),
     });
