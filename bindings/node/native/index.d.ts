@@ -49,6 +49,21 @@ export declare class Admission {
    * than the `scopeId` and `partition` getters).
    */
   scope(rule: ScopeRule, method: string, route: string, authenticated: boolean, returned: ScopeReturn, ids?: Uint8Array | undefined | null): AdmittedData | null
+  /**
+   * Stage 3 as `scope()` takes it, then the flow with its claim run on `store` (idempo's
+   * memory store) at `nowMs` in the same call, as `new ServerFlow(config, scopeId,
+   * fingerprint, entropy)` then `startInMemory(store, nowMs, partition)` would (`partition`
+   * passed when `partitioned`). The answer is written to `facts` (at least 128 bytes): byte 0
+   * the result (0 refused: the getters say how, null returned; 1 run the handler: the flow is
+   * returned; 2 answer now: a Buffer is returned; 3 go on: the flow is returned and its
+   * `start()` gives the next action), byte 1 set when `warning` is to be emitted. For 1: the
+   * generation (u32 LE) at 12, `heartbeatMs` (f64 LE, NaN: none) at 16, the downstream key's
+   * length (u32 LE) at 24 and its ASCII bytes from 32. For 2: the status (u16 LE) at 2, and
+   * the Buffer holds the outcome name then each header name and value, every string as its
+   * length (u32 LE) and UTF-8 bytes, then the body; the string count (u32 LE) is at 4 and the
+   * body's offset (u32 LE) at 8.
+   */
+  scopeInMemory(rule: ScopeRule, method: string, route: string, authenticated: boolean, returned: ScopeReturn, config: FlowConfig, store: MemoryStoreCore, nowMs: number, entropy: Uint8Array, partitioned: boolean, facts: Uint8Array): ServerFlow | Buffer | null
   /** The stage: `pass_through`, `refuse`, `read_body`, `resolve_scope` or `admitted`. */
   get kind(): string
   /** The problem response (`refuse`). */

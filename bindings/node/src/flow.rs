@@ -1015,6 +1015,58 @@ impl ServerFlow {
     }
 }
 
+/// What the claim run inside [`ServerFlow::admit_memory`] led to.
+pub(crate) enum MemoryAdmission {
+    /// Run the handler.
+    Run(machine::RunHandler),
+    /// Answer now (a replay, 409, 422...): the response and core's outcome name.
+    Respond(HttpResponse, &'static str),
+    /// Anything else (a claim the store refused, a takeover to run, ...): kept as the flow's
+    /// first action, which `start()` hands to the host as usual.
+    Continue,
+}
+
+impl ServerFlow {
+    /// The flow of an admitted request with its claim run on `store` (core's memory store) at
+    /// `now_ms` in the same call, as `new ServerFlow()` then `startInMemory()` do.
+    pub(crate) fn admit_memory(
+        config: &FlowConfig,
+        scope: ScopeId,
+        fingerprint: FingerprintText,
+        entropy: [u8; 16],
+        store: &mut MemoryStoreCore,
+        now_ms: u64,
+        partition: Option<idempo_core::machine::memory::Partition>,
+    ) -> Result<(Self, MemoryAdmission), Fail> {
+        let (inner, first) =
+            CoreFlow::start(scope, fingerprint, Arc::clone(&config.inner), entropy);
+        let mut flow = Self { inner, first: None };
+        let Action::Store(op) = first else {
+            flow.first = Some(first);
+            return Ok((flow, MemoryAdmission::Continue));
+        };
+        let Some(result) = inline::run(&mut store.inner, &op, now_ms, partition) else {
+            flow.first = Some(Action::Store(op));
+            return Ok((flow, MemoryAdmission::Continue));
+        };
+        let after = flow
+            .inner
+            .handle(Event::Store(result))
+            .map_err(|e| flow_fail(&e))?;
+        let admitted = match after {
+            Action::RunHandler(r) => MemoryAdmission::Run(r),
+            Action::Respond { response, outcome } => {
+                MemoryAdmission::Respond(response, outcome.as_str())
+            }
+            other => {
+                flow.first = Some(other);
+                MemoryAdmission::Continue
+            }
+        };
+        Ok((flow, admitted))
+    }
+}
+
 /// The response the host passed to `handlerFinishedInMemory`, to tell whether core's answer is
 /// that very response (then nothing is converted back).
 struct Live {

@@ -10,6 +10,26 @@ const require = createRequire(import.meta.url);
 const express = require('express');
 const Fastify = require('fastify');
 
+const native = require('../dist/native.js');
+
+/** Counts the combined admissions (`Admission.scopeInMemory`: scope stage, flow and claim in one
+ * native call) during `f`. */
+async function countingCombined(f) {
+  const proto = native.Admission.prototype;
+  const orig = proto.scopeInMemory;
+  let n = 0;
+  proto.scopeInMemory = function (...args) {
+    n++;
+    return orig.apply(this, args);
+  };
+  try {
+    await f();
+  } finally {
+    proto.scopeInMemory = orig;
+  }
+  return n;
+}
+
 const PRIMITIVES = ['claim', 'get', 'takeover', 'markUnknown', 'complete', 'release', 'renew'];
 
 /** Counts the calls to MemoryStore's primitive methods (wrapped on its prototype) during `f`. */
@@ -102,7 +122,7 @@ const SCENARIO = [
 ];
 
 /** Runs the scenario; returns every answer (status, headers but the date, body) and the outcomes. */
-async function runScenario(framework, store, extra = {}) {
+async function runScenario(framework, store, extra = {}, scenario = SCENARIO) {
   const state = { runs: 0 };
   const events = new idempo.IdempotencyEvents();
   const outcomes = [];
@@ -110,7 +130,7 @@ async function runScenario(framework, store, extra = {}) {
   const srv = await FRAMEWORKS[framework]({ store, public: true, events, maxStoredBodyBytes: 1024, ...extra }, state);
   const answers = [];
   try {
-    for (const [key, body] of SCENARIO) {
+    for (const [key, body] of scenario) {
       const r = await fetch(`${srv.url}/pay/1`, {
         method: 'POST',
         headers: { 'content-type': 'application/json', 'idempotency-key': key },
@@ -144,7 +164,12 @@ for (const framework of Object.keys(FRAMEWORKS)) {
   });
 
   test(`${framework}: the fast path is taken for exactly MemoryStore and no store_op listener`, async () => {
-    const calls = await countingMethods(() => runScenario(framework, new idempo.MemoryStore()));
+    let combined = 0;
+    const calls = await countingMethods(async () => {
+      combined = await countingCombined(() => runScenario(framework, new idempo.MemoryStore()));
+    });
+    // Every admission took the combined native call (scope, flow and claim at once).
+    assert.equal(combined, SCENARIO.length);
     // Claims and completions ran inside the native calls; only the handler errors' release and
     // mark-unknown go through the store's methods.
     assert.equal(calls.claim, undefined);
@@ -153,6 +178,7 @@ for (const framework of Object.keys(FRAMEWORKS)) {
   });
 
   test(`${framework}: not taken for a subclass, an overridden primitive or a store_op listener`, async () => {
+    assert.equal(await countingCombined(() => runScenario(framework, new SubclassedStore())), 0);
     const sub = await countingMethods(() => runScenario(framework, new SubclassedStore()));
     assert.ok(sub.claim > 0 && sub.complete > 0, JSON.stringify(sub));
 
@@ -173,5 +199,32 @@ for (const framework of Object.keys(FRAMEWORKS)) {
     assert.equal(listened.claim, SCENARIO.length);
     assert.deepEqual(ops.slice(0, 3), ['claim', 'complete', 'claim']);
     assert.equal(ops.filter((o) => o === 'claim').length, SCENARIO.length);
+  });
+}
+
+// After every test above: the refused claims leave background cleanups that call the store's
+// methods for a while (the counting tests above would see them).
+for (const framework of Object.keys(FRAMEWORKS)) {
+  test(`${framework}: the combined admission answers as the ordinary one for a full store and a scope function`, async () => {
+    // A full store refuses the second key's claim (503 store_full, through the store's own
+    // method); a scope function names the principal (the scope and the partition).
+    const scenario = [
+      ['fast-full-key-1', { amount: 1 }],
+      ['fast-full-key-2', { amount: 2 }],
+      ['fast-full-key-1', { amount: 1 }],
+      ['fast-full-key-1', { amount: 9 }],
+    ];
+    const limits = { maxEntries: 1, maxEntriesPerPartition: 1 };
+    for (const extra of [{}, { public: false, scope: () => 'alice' }]) {
+      const fast = await runScenario(framework, new idempo.MemoryStore(limits), extra, scenario);
+      const slow = await runScenario(framework, new SubclassedStore(limits), extra, scenario);
+      assert.deepEqual(fast, slow);
+      assert.deepEqual(
+        fast.answers.map((a) => a.status),
+        [201, 503, 201, 422],
+      );
+      assert.equal(fast.answers[2].headers['idempotent-replayed'], 'true');
+    }
+    assert.equal(await countingCombined(() => runScenario(framework, new idempo.MemoryStore(limits), {}, scenario)), scenario.length);
   });
 }

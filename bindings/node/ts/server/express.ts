@@ -502,6 +502,11 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
       if (unparsed !== null) parseJson(req, unparsed);
       throw e;
     }
+    if (admitted.kind === 'answered') {
+      // Core's answer to the claim (the memory store's combined call): as a session's below.
+      emitOutcome(method, route, admitted.outcome, admitted.response.status, started);
+      return send(res, admitted.response);
+    }
     if (admitted.kind !== 'session') {
       if (refill !== null) replayBody(req, refill);
       if (admitted.kind === 'unprotected') {

@@ -368,7 +368,7 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
     });
     if (admitted instanceof Promise) admitted = await admitted;
     if (admitted.kind === 'unprotected') return;
-    if (admitted.kind === 'respond') {
+    if (admitted.kind === 'respond' || admitted.kind === 'answered') {
       answer(req, reply, admitted.response, admitted.outcome, false, started);
       return;
     }

@@ -6,7 +6,8 @@ import { Fingerprinter, flatHeaders } from '../fingerprint';
 import type { NumberMode } from '../core';
 import type { IdempotencyStore } from '../stores/types';
 import { supportsTransactions } from '../stores/types';
-import { IdempotencyEvents, Session, toHttp } from './session';
+import { admitInMemory, IdempotencyEvents, Session, toHttp } from './session';
+import { memoryInline } from '../stores/memory';
 import type { HttpResponse } from './session';
 
 /**
@@ -277,8 +278,11 @@ export interface RequestFacts<Req> {
 
 /** Admission result: a session to run, an answer to send now, or "not protected". */
 export type Admitted =
-  | { kind: 'session'; session: Session; key: string }
+  | { kind: 'session'; session: Session }
   | { kind: 'respond'; response: HttpResponse; outcome: string }
+  /** Core's answer to the claim (a replay, 409, 422...), from the memory store's combined call:
+   * sent as the session's admission answer is, not as a refusal. */
+  | { kind: 'answered'; response: HttpResponse; outcome: string }
   | { kind: 'unprotected' };
 
 /** How a scope function's return value looks to core (a description, never a decision). */
@@ -357,6 +361,22 @@ async function scopeReturn<Req>(scope: (req: Req) => unknown, req: Req): Promise
 
 /** Stage 3 once the scope function's return value is known, then the session. */
 function scoped<Req>(p: Prepared<Req>, a: native.Admission, f: RequestFacts<Req>, returned: native.ScopeReturn): Admitted {
+  const transactional = p.o.transactional && supportsTransactions(p.o.store);
+  // Exactly idempo's MemoryStore and nothing listening to `store_op`: the scope stage, the flow
+  // and its claim in one native call.
+  const mem = transactional || p.events.listenerCount('store_op') !== 0 ? undefined : memoryInline(p.o.store);
+  if (mem !== undefined) {
+    const r = admitInMemory(a, mem, p.scopeRule, f, returned, {
+      store: p.o.store,
+      config: p.config,
+      storeTimeoutMs: p.o.storeTimeoutMs ?? defaultStoreTimeoutMs(p.o.store),
+      events: p.events,
+      route: f.route,
+    }, (w) =>
+      p.warnOnce(f.route, w),
+    );
+    return r.kind === 'refused' ? refused(p, a, f.route, f.method) : r;
+  }
   // The record key (32 bytes) and the partition (8) are written into one pooled allocation.
   const ids = Buffer.allocUnsafe(40);
   const admitted = a.scope(p.scopeRule, f.method, f.route, f.authenticated, returned, ids);
@@ -377,7 +397,7 @@ function scoped<Req>(p: Prepared<Req>, a: native.Admission, f: RequestFacts<Req>
     // A store with per-partition quotas (the memory store) gets the principal's partition.
     ...(p.o.store.partitioned === true ? { partition: ids.subarray(32, 40) } : {}),
   });
-  return { kind: 'session', session, key: admitted.key };
+  return { kind: 'session', session };
 }
 
 /** Headroom over a store's own call bound before the host gives up on a call, ms. */

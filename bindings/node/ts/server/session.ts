@@ -182,6 +182,84 @@ export interface SessionOptions {
   partition?: Buffer;
 }
 
+/** What {@link Session} takes from {@link admitInMemory}: the flow it made and its claim's answer. */
+interface Preadmitted {
+  flow: native.ServerFlow;
+  /** The handler runs (`run`), or the flow goes on from its `start()` action (`continue`). */
+  run: { generation: number; downstreamKey: string; heartbeatMs: number | undefined } | 'continue';
+}
+
+/** `Admission.scopeInMemory`'s facts (layout in its docs), read right after each call. */
+const MEMORY_FACTS = Buffer.alloc(128);
+
+/** How {@link admitInMemory} ended. */
+export type MemoryAdmitted =
+  | { kind: 'refused' }
+  | { kind: 'answered'; response: HttpResponse; outcome: string }
+  | { kind: 'session'; session: Session };
+
+/** The string at `at` of an answer's buffer (u32 LE length, UTF-8 bytes), and the offset after it. */
+function readString(b: Buffer, at: number): [string, number] {
+  const n = b.readUInt32LE(at);
+  return [b.toString('utf8', at + 4, at + 4 + n), at + 4 + n];
+}
+
+/**
+ * Core's scope stage, then the flow with its claim run on the memory store, in one native call
+ * (`Admission.scopeInMemory`): for exactly idempo's `MemoryStore` (`mem`, see `memoryInline`) with
+ * no `store_op` listener and no transaction. `refused`: the admission's getters say how; `answered`:
+ * core's answer (a replay, 409, 422...) ready to send, with no session; else the session, whose
+ * `admitEager()` gives the claim's answer. `warn` is called with the admission's warning.
+ */
+export function admitInMemory(
+  adm: native.Admission,
+  mem: MemoryInline,
+  rule: native.ScopeRule,
+  f: { method: string; route: string; authenticated: boolean },
+  returned: native.ScopeReturn,
+  o: Omit<SessionOptions, 'scope' | 'fingerprint' | 'partition' | 'tx'>,
+  warn: (message: string) => void,
+): MemoryAdmitted {
+  const facts = MEMORY_FACTS;
+  let r: native.ServerFlow | Buffer | null;
+  try {
+    r = adm.scopeInMemory(rule, f.method, f.route, f.authenticated, returned, o.config, mem.core, mem.now(), entropy(), o.store.partitioned === true, facts);
+  } catch (e) {
+    throw fromNative(e);
+  }
+  const kind = facts[0];
+  if (r === null || kind === 0) return { kind: 'refused' };
+  if (facts[1] === 1 && adm.warning) warn(adm.warning);
+  if (kind === 2 && Buffer.isBuffer(r)) {
+    const count = facts.readUInt32LE(4);
+    const [outcome, first] = readString(r, 0);
+    let at = first;
+    const headers: Array<[string, string]> = [];
+    for (let i = 1; i < count; i += 2) {
+      const [n, next] = readString(r, at);
+      const [v, after] = readString(r, next);
+      headers.push([n, v]);
+      at = after;
+    }
+    const response = { status: facts.readUInt16LE(2), headers, body: r.subarray(facts.readUInt32LE(8)) };
+    return { kind: 'answered', response, outcome };
+  }
+  if (Buffer.isBuffer(r) || (kind !== 1 && kind !== 3)) throw new Error(`idempo: Admission.scopeInMemory wrote an unknown result ${kind}`);
+  let run: Preadmitted['run'] = 'continue';
+  if (kind === 1) {
+    const hb = facts.readDoubleLE(16);
+    run = {
+      generation: facts.readUInt32LE(12),
+      downstreamKey: facts.toString('latin1', 32, 32 + facts.readUInt32LE(24)),
+      heartbeatMs: Number.isNaN(hb) ? undefined : hb,
+    };
+  }
+  // The session needs no scope or fingerprint of its own: the flow holds them.
+  return { kind: 'session', session: new Session({ ...o, scope: EMPTY, fingerprint: '' }, { flow: r, run }) };
+}
+
+const EMPTY = Buffer.alloc(0);
+
 /**
  * One request's flow. Events are fed one at a time through a promise chain, so a heartbeat
  * renew and the handler's end never interleave.
@@ -209,11 +287,18 @@ export class Session {
   readonly #settled = (): void => {
     this.#running--;
   };
+  /** The claim's answer when the flow was made by {@link admitInMemory} (taken by `admitEager`). */
+  #pre: Preadmitted['run'] | undefined;
 
-  constructor(o: SessionOptions) {
+  constructor(o: SessionOptions, pre?: Preadmitted) {
     this.#o = o;
     this.#store = o.tx ?? o.store;
     this.#mem = o.tx ? undefined : memoryInline(o.store);
+    if (pre !== undefined) {
+      this.#flow = pre.flow;
+      this.#pre = pre.run;
+      return;
+    }
     try {
       this.#flow = new native.ServerFlow(o.config, o.scope, o.fingerprint, entropy());
     } catch (e) {
@@ -450,6 +535,13 @@ export class Session {
    * failure of the synchronous part is thrown.
    */
   admitEager(): Admission | Promise<Admission> {
+    const pre = this.#pre;
+    if (pre !== undefined) {
+      // The claim already ran inside Admission.scopeInMemory.
+      this.#pre = undefined;
+      if (pre !== 'continue') return this.#runWith(pre.generation, pre.downstreamKey, pre.heartbeatMs);
+      return this.#serial(() => this.#guarded(async () => this.#admittedAsync(await this.#settle(this.#feed(() => this.#flow.start())))));
+    }
     const mem = this.#inline();
     if (mem !== undefined) {
       // The memory store: the claim runs inside the flow's first native call, and the common
@@ -483,9 +575,13 @@ export class Session {
   }
 
   #run(a: native.FlowAction): Admission {
-    this.#heartbeatMs = a.heartbeatMs;
+    return this.#runWith(a.generation as number, a.downstreamKey as string, a.heartbeatMs);
+  }
+
+  #runWith(generation: number, downstreamKey: string, heartbeatMs: number | undefined): Admission {
+    this.#heartbeatMs = heartbeatMs;
     this.#scheduleHeartbeat();
-    const context = new Context(a.generation as number, a.downstreamKey as string, this);
+    const context = new Context(generation, downstreamKey, this);
     if (this.#o.tx) context.tx = this.#o.tx.tx;
     return { kind: 'run' as const, context };
   }
