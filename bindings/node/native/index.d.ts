@@ -54,8 +54,8 @@ export declare class Admission {
    * memory store) at `nowMs` in the same call, as `new ServerFlow(config, scopeId,
    * fingerprint, entropy)` then `startInMemory(store, nowMs, partition)` would (`partition`
    * passed when `partitioned`). The answer is written to `facts` (at least 128 bytes): byte 0
-   * the result (0 refused: the getters say how, null returned; 1 run the handler: the flow is
-   * returned; 2 answer now: a Buffer is returned; 3 go on: the flow is returned and its
+   * the result (0 refused: the getters say how, null returned; 1 run the handler: null
+   * returned, the flow stays in the admission (`finishInMemory()`, `takeFlow()`); 2 answer now: a Buffer is returned; 3 go on: the flow is returned and its
    * `start()` gives the next action), byte 1 set when `warning` is to be emitted. For 1: the
    * generation (u32 LE) at 12, `heartbeatMs` (f64 LE, NaN: none) at 16, the downstream key's
    * length (u32 LE) at 24 and its ASCII bytes from 32. For 2: the status (u16 LE) at 2, and
@@ -64,6 +64,13 @@ export declare class Admission {
    * body's offset (u32 LE) at 8.
    */
   scopeInMemory(rule: ScopeRule, method: string, route: string, authenticated: boolean, returned: ScopeReturn, config: FlowConfig, store: MemoryStoreCore, nowMs: number, entropy: Uint8Array, partitioned: boolean, facts: Uint8Array): ServerFlow | Buffer | null
+  /**
+   * The flow `scopeInMemory()` kept (result 1), as a `ServerFlow` (callable once): for any
+   * step other than `finishInMemory()`.
+   */
+  takeFlow(): ServerFlow
+  /** `ServerFlow.handlerFinishedInMemory()` on the flow `scopeInMemory()` kept (result 1). */
+  finishInMemory(store: MemoryStoreCore, nowMs: number, status: number, headers: Array<Array<string>>, body: Buffer, bodyToStore?: Uint8Array | undefined | null, framework?: boolean | undefined | null, bodyTruncated?: boolean | undefined | null): string | FlowAction
   /** The stage: `pass_through`, `refuse`, `read_body`, `resolve_scope` or `admitted`. */
   get kind(): string
   /** The problem response (`refuse`). */
@@ -315,9 +322,11 @@ export declare class ServerFlow {
    * `store` (core's memory store) at `nowMs` in the same call: the action after that
    * primitive's answer, with `ran` naming it (a `respond` whose body is the handler's carries
    * the `body` buffer passed in). Any other action, and a primitive the store refuses, is
-   * returned as it is (run it through the `MemoryStore` as usual).
+   * returned as it is (run it through the `MemoryStore` as usual). When the flow answers with
+   * exactly the handler's own response (a `respond` with `live`), only the outcome name is
+   * returned, as a string: no action object.
    */
-  handlerFinishedInMemory(store: MemoryStoreCore, nowMs: number, status: number, headers: Array<Array<string>>, body: Buffer, bodyToStore?: Uint8Array | undefined | null, framework?: boolean | undefined | null, bodyTruncated?: boolean | undefined | null): FlowAction
+  handlerFinishedInMemory(store: MemoryStoreCore, nowMs: number, status: number, headers: Array<Array<string>>, body: Buffer, bodyToStore?: Uint8Array | undefined | null, framework?: boolean | undefined | null, bodyTruncated?: boolean | undefined | null): string | FlowAction
   /** The handler threw; `maybeSideEffect` false only when it certainly did nothing. */
   handlerFailed(maybeSideEffect: boolean): FlowAction
 }

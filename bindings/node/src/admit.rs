@@ -17,7 +17,7 @@ use napi::bindgen_prelude::{Buffer, External};
 use napi_derive::napi;
 
 use crate::error::{Fail, code};
-use crate::flow::{FlowConfig, HttpResponseData, MemoryAdmission, ServerFlow, http};
+use crate::flow::{FlowAction, FlowConfig, HttpResponseData, MemoryAdmission, ServerFlow, http};
 use crate::jsbuf;
 use crate::memstore::MemoryStoreCore;
 use crate::num::{from_u64, to_u64};
@@ -109,6 +109,8 @@ pub struct Admission {
     scope_id: Option<[u8; 32]>,
     fingerprint: Option<String>,
     partition: Option<[u8; 8]>,
+    /// The flow `scopeInMemory` started when the handler is to run (`takeFlow()` hands it out).
+    flow: Option<ServerFlow>,
 }
 
 impl Admission {
@@ -169,6 +171,7 @@ impl Admission {
             scope_id: None,
             fingerprint: None,
             partition: None,
+            flow: None,
         };
         match core_admit::admit(&config.inner, &fields, declared) {
             KeyStage::PassThrough => {}
@@ -296,8 +299,8 @@ impl Admission {
     /// memory store) at `nowMs` in the same call, as `new ServerFlow(config, scopeId,
     /// fingerprint, entropy)` then `startInMemory(store, nowMs, partition)` would (`partition`
     /// passed when `partitioned`). The answer is written to `facts` (at least 128 bytes): byte 0
-    /// the result (0 refused: the getters say how, null returned; 1 run the handler: the flow is
-    /// returned; 2 answer now: a Buffer is returned; 3 go on: the flow is returned and its
+    /// the result (0 refused: the getters say how, null returned; 1 run the handler: null
+    /// returned, the flow stays in the admission (`finishInMemory()`, `takeFlow()`); 2 answer now: a Buffer is returned; 3 go on: the flow is returned and its
     /// `start()` gives the next action), byte 1 set when `warning` is to be emitted. For 1: the
     /// generation (u32 LE) at 12, `heartbeatMs` (f64 LE, NaN: none) at 16, the downstream key's
     /// length (u32 LE) at 24 and its ASCII bytes from 32. For 2: the status (u16 LE) at 2, and
@@ -363,7 +366,10 @@ impl Admission {
                 facts[16..24].copy_from_slice(&hb.to_le_bytes());
                 facts[24..28].copy_from_slice(&len32(dk.len()).to_le_bytes());
                 facts[32..32 + dk.len()].copy_from_slice(dk);
-                Either::A(flow)
+                // The flow stays here (no object per request): `finishInMemory()` ends it, and
+                // `takeFlow()` hands it out for any other step.
+                self.flow = Some(flow);
+                return Ok(None);
             }
             MemoryAdmission::Respond(response, outcome) => {
                 facts[0] = 2;
@@ -398,6 +404,46 @@ impl Admission {
                 Either::A(flow)
             }
         }))
+    }
+
+    /// The flow `scopeInMemory()` kept (result 1), as a `ServerFlow` (callable once): for any
+    /// step other than `finishInMemory()`.
+    #[napi(catch_unwind)]
+    pub fn take_flow(&mut self, env: Env) -> napi::Result<ServerFlow> {
+        self.flow
+            .take()
+            .ok_or_else(|| Fail::new(code::FLOW, "the admission holds no flow").throw(&env))
+    }
+
+    /// `ServerFlow.handlerFinishedInMemory()` on the flow `scopeInMemory()` kept (result 1).
+    #[napi(catch_unwind, ts_return_type = "string | FlowAction")]
+    #[allow(clippy::too_many_arguments)]
+    pub fn finish_in_memory(
+        &mut self,
+        env: Env,
+        store: &mut MemoryStoreCore,
+        now_ms: f64,
+        status: u32,
+        headers: Vec<Vec<String>>,
+        body: Buffer,
+        body_to_store: Option<&[u8]>,
+        framework: Option<bool>,
+        body_truncated: Option<bool>,
+    ) -> napi::Result<Either<String, FlowAction>> {
+        let Some(flow) = self.flow.as_mut() else {
+            return Err(Fail::new(code::FLOW, "the admission holds no flow").throw(&env));
+        };
+        flow.handler_finished_in_memory(
+            env,
+            store,
+            now_ms,
+            status,
+            headers,
+            body,
+            body_to_store,
+            framework,
+            body_truncated,
+        )
     }
 
     /// Core's scope stage: the admitted request (its facts kept for the getters), or `None` when

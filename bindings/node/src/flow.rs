@@ -14,6 +14,7 @@ use idempo_core::options::camel_case;
 use idempo_core::policy::{Config, ConfigError, ConfigOptions, ResponseOrigin, TakeoverPolicy};
 use idempo_core::record::FingerprintText;
 use idempo_core::scope::ScopeId;
+use napi::Either;
 use napi::Env;
 use napi::bindgen_prelude::Buffer;
 use napi_derive::napi;
@@ -964,8 +965,10 @@ impl ServerFlow {
     /// `store` (core's memory store) at `nowMs` in the same call: the action after that
     /// primitive's answer, with `ran` naming it (a `respond` whose body is the handler's carries
     /// the `body` buffer passed in). Any other action, and a primitive the store refuses, is
-    /// returned as it is (run it through the `MemoryStore` as usual).
-    #[napi(catch_unwind)]
+    /// returned as it is (run it through the `MemoryStore` as usual). When the flow answers with
+    /// exactly the handler's own response (a `respond` with `live`), only the outcome name is
+    /// returned, as a string: no action object.
+    #[napi(catch_unwind, ts_return_type = "string | FlowAction")]
     #[allow(clippy::too_many_arguments)]
     pub fn handler_finished_in_memory(
         &mut self,
@@ -978,7 +981,7 @@ impl ServerFlow {
         body_to_store: Option<&[u8]>,
         framework: Option<bool>,
         body_truncated: Option<bool>,
-    ) -> napi::Result<FlowAction> {
+    ) -> napi::Result<Either<String, FlowAction>> {
         let now = to_u64(now_ms, "nowMs").map_err(|f| f.throw(&env))?;
         let event = finished(
             status,
@@ -1001,7 +1004,11 @@ impl ServerFlow {
             .inner
             .handle(event)
             .map_err(|e| flow_fail(&e).throw(&env))?;
-        self.run_in_memory(&env, store, next, now, None, live)
+        let a = self.run_in_memory(&env, store, next, now, None, live)?;
+        Ok(match a.outcome {
+            Some(outcome) if a.live == Some(true) => Either::A(outcome),
+            _ => Either::B(a),
+        })
     }
 
     /// The handler threw; `maybeSideEffect` false only when it certainly did nothing.

@@ -184,7 +184,8 @@ export interface SessionOptions {
 
 /** What {@link Session} takes from {@link admitInMemory}: the flow it made and its claim's answer. */
 interface Preadmitted {
-  flow: native.ServerFlow;
+  /** The flow (`continue`), or the admission holding it (`run`: see `Admission.takeFlow`). */
+  flow: native.ServerFlow | native.Admission;
   /** The handler runs (`run`), or the flow goes on from its `start()` action (`continue`). */
   run: { generation: number; downstreamKey: string; heartbeatMs: number | undefined } | 'continue';
 }
@@ -228,7 +229,7 @@ export function admitInMemory(
     throw fromNative(e);
   }
   const kind = facts[0];
-  if (r === null || kind === 0) return { kind: 'refused' };
+  if (kind === 0) return { kind: 'refused' };
   if (facts[1] === 1 && adm.warning) warn(adm.warning);
   if (kind === 2 && Buffer.isBuffer(r)) {
     const count = facts.readUInt32LE(4);
@@ -244,18 +245,21 @@ export function admitInMemory(
     const response = { status: facts.readUInt16LE(2), headers, body: r.subarray(facts.readUInt32LE(8)) };
     return { kind: 'answered', response, outcome };
   }
-  if (Buffer.isBuffer(r) || (kind !== 1 && kind !== 3)) throw new Error(`idempo: Admission.scopeInMemory wrote an unknown result ${kind}`);
   let run: Preadmitted['run'] = 'continue';
-  if (kind === 1) {
+  let flow: native.ServerFlow | native.Admission;
+  if (kind === 3 && r instanceof native.ServerFlow) flow = r;
+  else if (kind === 1 && r === null) {
+    // The flow stays in the admission until a step other than the memory completion needs it.
+    flow = adm;
     const hb = facts.readDoubleLE(16);
     run = {
       generation: facts.readUInt32LE(12),
       downstreamKey: facts.toString('latin1', 32, 32 + facts.readUInt32LE(24)),
       heartbeatMs: Number.isNaN(hb) ? undefined : hb,
     };
-  }
+  } else throw new Error(`idempo: Admission.scopeInMemory wrote an unknown result ${kind}`);
   // The session needs no scope or fingerprint of its own: the flow holds them.
-  return { kind: 'session', session: new Session({ ...o, scope: EMPTY, fingerprint: '' }, { flow: r, run }) };
+  return { kind: 'session', session: new Session({ ...o, scope: EMPTY, fingerprint: '' }, { flow, run }) };
 }
 
 const EMPTY = Buffer.alloc(0);
@@ -265,7 +269,10 @@ const EMPTY = Buffer.alloc(0);
  * renew and the handler's end never interleave.
  */
 export class Session {
-  readonly #flow: native.ServerFlow;
+  /** The flow, once this session holds it (see {@link Session.#flow}). */
+  #own: native.ServerFlow | undefined;
+  /** The admission holding the flow (`Admission.scopeInMemory`), until it is taken out. */
+  #adm: native.Admission | undefined;
   readonly #o: SessionOptions;
   #chain: Promise<unknown> = Promise.resolve();
   #heartbeatMs: number | undefined;
@@ -295,15 +302,30 @@ export class Session {
     this.#store = o.tx ?? o.store;
     this.#mem = o.tx ? undefined : memoryInline(o.store);
     if (pre !== undefined) {
-      this.#flow = pre.flow;
+      if (pre.flow instanceof native.ServerFlow) this.#own = pre.flow;
+      else this.#adm = pre.flow;
       this.#pre = pre.run;
       return;
     }
     try {
-      this.#flow = new native.ServerFlow(o.config, o.scope, o.fingerprint, entropy());
+      this.#own = new native.ServerFlow(o.config, o.scope, o.fingerprint, entropy());
     } catch (e) {
       throw fromNative(e);
     }
+  }
+
+  /** The flow: taken out of the admission that kept it the first time a step needs it. */
+  get #flow(): native.ServerFlow {
+    if (this.#own !== undefined) return this.#own;
+    let flow: native.ServerFlow;
+    try {
+      flow = (this.#adm as native.Admission).takeFlow();
+    } catch (e) {
+      throw fromNative(e);
+    }
+    this.#own = flow;
+    this.#adm = undefined;
+    return flow;
   }
 
   /** Serializes a step on the flow. */
@@ -637,8 +659,10 @@ export class Session {
     const mem = this.#inline();
     if (mem !== undefined && !this.#ended) {
       // The memory store: the completion (or release) runs inside the same native call.
-      const a = this.#feed(() =>
-        this.#flow.handlerFinishedInMemory(
+      let r: string | native.FlowAction;
+      const adm = this.#own === undefined ? this.#adm : undefined;
+      try {
+        const args = [
           mem.core,
           mem.now(),
           result.status,
@@ -647,8 +671,18 @@ export class Session {
           result.bodyToStore ?? null,
           result.framework ?? false,
           result.bodyTruncated ?? false,
-        ),
-      );
+        ] as const;
+        r = adm !== undefined ? adm.finishInMemory(...args) : this.#flow.handlerFinishedInMemory(...args);
+      } catch (e) {
+        throw fromNative(e);
+      }
+      if (typeof r === 'string') {
+        // Core answers with the handler's own response, unchanged: only the outcome came back.
+        const end = this.#ending({ type: 'respond', live: true, outcome: r }, result);
+        this.#startCleanup();
+        return end;
+      }
+      const a = this.#feed(() => r as native.FlowAction);
       if (a.type === 'respond' || a.type === 'propagate_error') {
         const end = this.#ending(a, result);
         this.#startCleanup();
