@@ -25,9 +25,12 @@ export declare const __napiBindingTarget: 'native' | 'wasm32-wasi' | 'wasm32-was
 export declare class Admission {
   /**
    * Stage 1: the raw `Idempotency-Key` field values (in order; empty: no key) and the
-   * declared body length (`Content-Length`, null when unknown).
+   * declared body length (`Content-Length`, null when unknown). With `facts` (at least 16
+   * bytes), the stage is also written to its first byte (0 `pass_through`, 1 `refuse`,
+   * 2 `read_body`) and `bodyLimit` as a little-endian f64 to bytes 8..16 (NaN when unset),
+   * so the host needs no getter call for them.
    */
-  static start(config: FlowConfig, keyFields: Array<Buffer>, declaredLength?: number | undefined | null): Admission
+  static start(config: FlowConfig, keyFields: Array<Buffer>, declaredLength?: number | undefined | null, facts?: Uint8Array | undefined | null): Admission
   /**
    * Stage 2: the body as read (`overLimit`: the host stopped reading past `bodyLimit`; `body`
    * is then ignored), with the route's fingerprinter handle, the method, the concrete request
@@ -46,6 +49,28 @@ export declare class Admission {
    * than the `scopeId` and `partition` getters).
    */
   scope(rule: ScopeRule, method: string, route: string, authenticated: boolean, returned: ScopeReturn, ids?: Uint8Array | undefined | null): AdmittedData | null
+  /**
+   * Stage 3 as `scope()` takes it, then the flow with its claim run on `store` (idempo's
+   * memory store) at `nowMs` in the same call, as `new ServerFlow(config, scopeId,
+   * fingerprint, entropy)` then `startInMemory(store, nowMs, partition)` would (`partition`
+   * passed when `partitioned`). The answer is written to `facts` (at least 128 bytes): byte 0
+   * the result (0 refused: the getters say how, null returned; 1 run the handler: null
+   * returned, the flow stays in the admission (`finishInMemory()`, `takeFlow()`); 2 answer now: a Buffer is returned; 3 go on: the flow is returned and its
+   * `start()` gives the next action), byte 1 set when `warning` is to be emitted. For 1: the
+   * generation (u32 LE) at 12, `heartbeatMs` (f64 LE, NaN: none) at 16, the downstream key's
+   * length (u32 LE) at 24 and its ASCII bytes from 32. For 2: the status (u16 LE) at 2, and
+   * the Buffer holds the outcome name then each header name and value, every string as its
+   * length (u32 LE) and UTF-8 bytes, then the body; the string count (u32 LE) is at 4 and the
+   * body's offset (u32 LE) at 8.
+   */
+  scopeInMemory(rule: ScopeRule, method: string, route: string, authenticated: boolean, returned: ScopeReturn, config: FlowConfig, store: MemoryStoreCore, nowMs: number, entropy: Uint8Array, partitioned: boolean, facts: Uint8Array): ServerFlow | Buffer | null
+  /**
+   * The flow `scopeInMemory()` kept (result 1), as a `ServerFlow` (callable once): for any
+   * step other than `finishInMemory()`.
+   */
+  takeFlow(): ServerFlow
+  /** `ServerFlow.handlerFinishedInMemory()` on the flow `scopeInMemory()` kept (result 1). */
+  finishInMemory(store: MemoryStoreCore, nowMs: number, status: number, headers: Array<Array<string>>, body: Buffer, bodyToStore?: Uint8Array | undefined | null, framework?: boolean | undefined | null, bodyTruncated?: boolean | undefined | null): string | FlowAction
   /** The stage: `pass_through`, `refuse`, `read_body`, `resolve_scope` or `admitted`. */
   get kind(): string
   /** The problem response (`refuse`). */
@@ -297,9 +322,11 @@ export declare class ServerFlow {
    * `store` (core's memory store) at `nowMs` in the same call: the action after that
    * primitive's answer, with `ran` naming it (a `respond` whose body is the handler's carries
    * the `body` buffer passed in). Any other action, and a primitive the store refuses, is
-   * returned as it is (run it through the `MemoryStore` as usual).
+   * returned as it is (run it through the `MemoryStore` as usual). When the flow answers with
+   * exactly the handler's own response (a `respond` with `live`), only the outcome name is
+   * returned, as a string: no action object.
    */
-  handlerFinishedInMemory(store: MemoryStoreCore, nowMs: number, status: number, headers: Array<Array<string>>, body: Buffer, bodyToStore?: Uint8Array | undefined | null, framework?: boolean | undefined | null, bodyTruncated?: boolean | undefined | null): FlowAction
+  handlerFinishedInMemory(store: MemoryStoreCore, nowMs: number, status: number, headers: Array<Array<string>>, body: Buffer, bodyToStore?: Uint8Array | undefined | null, framework?: boolean | undefined | null, bodyTruncated?: boolean | undefined | null): string | FlowAction
   /** The handler threw; `maybeSideEffect` false only when it certainly did nothing. */
   handlerFailed(maybeSideEffect: boolean): FlowAction
 }
@@ -558,6 +585,12 @@ export interface FlowAction {
    * (`claim`, `complete` or `release`); this action is what the flow asked for next.
    */
   ran?: string
+  /**
+   * `handlerFinishedInMemory` only, with `respond`: the response to send is exactly the
+   * handler's own (the status, header pairs and body passed in, unchanged), so `http` is
+   * left out and the host sends what it passed.
+   */
+  live?: boolean
 }
 
 /**

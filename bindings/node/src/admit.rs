@@ -17,7 +17,20 @@ use napi::bindgen_prelude::{Buffer, External};
 use napi_derive::napi;
 
 use crate::error::{Fail, code};
-use crate::flow::{FlowConfig, HttpResponseData, http};
+use crate::flow::{FlowAction, FlowConfig, HttpResponseData, MemoryAdmission, ServerFlow, http};
+use crate::jsbuf;
+use crate::memstore::MemoryStoreCore;
+use crate::num::{from_u64, to_u64};
+use idempo_core::machine::memory::Partition as MemoryPartition;
+use napi::Either;
+
+/// The size of `Admission.scopeInMemory`'s `facts`.
+const MEMORY_FACTS: usize = 128;
+
+/// A length as u32 (the addon's lengths are far below 4 GiB; saturates otherwise).
+fn len32(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
 
 /// What a route declares about its scope (principal), validated by core: a scope function, or
 /// `public` (keys shared by every caller), or neither (shared, with a warning for authenticated
@@ -96,6 +109,8 @@ pub struct Admission {
     scope_id: Option<[u8; 32]>,
     fingerprint: Option<String>,
     partition: Option<[u8; 8]>,
+    /// The flow `scopeInMemory` started when the handler is to run (`takeFlow()` hands it out).
+    flow: Option<ServerFlow>,
 }
 
 impl Admission {
@@ -118,14 +133,21 @@ impl Admission {
 #[napi]
 impl Admission {
     /// Stage 1: the raw `Idempotency-Key` field values (in order; empty: no key) and the
-    /// declared body length (`Content-Length`, null when unknown).
+    /// declared body length (`Content-Length`, null when unknown). With `facts` (at least 16
+    /// bytes), the stage is also written to its first byte (0 `pass_through`, 1 `refuse`,
+    /// 2 `read_body`) and `bodyLimit` as a little-endian f64 to bytes 8..16 (NaN when unset),
+    /// so the host needs no getter call for them.
     #[napi(factory, catch_unwind)]
-    #[must_use]
     pub fn start(
+        env: Env,
         config: &FlowConfig,
         key_fields: Vec<Buffer>,
         declared_length: Option<f64>,
-    ) -> Self {
+        facts: Option<&mut [u8]>,
+    ) -> napi::Result<Self> {
+        if facts.as_ref().is_some_and(|b| b.len() < 16) {
+            return Err(Fail::new(code::INVALID_ARGUMENT, "facts must hold 16 bytes").throw(&env));
+        }
         let fields: Vec<&[u8]> = key_fields.iter().map(|b| &b[..]).collect();
         // A length that is not a non-negative integer is no usable declaration.
         let declared = declared_length
@@ -149,6 +171,7 @@ impl Admission {
             scope_id: None,
             fingerprint: None,
             partition: None,
+            flow: None,
         };
         match core_admit::admit(&config.inner, &fields, declared) {
             KeyStage::PassThrough => {}
@@ -160,7 +183,18 @@ impl Admission {
                 a.stage = Stage::Body(w);
             }
         }
-        a
+        if let Some(out) = facts {
+            out[0] = match a.kind {
+                "refuse" => 1,
+                "read_body" => 2,
+                _ => 0,
+            };
+            let limit = a.body_limit.map_or(f64::NAN, |v| {
+                crate::num::from_u64(u64::try_from(v).unwrap_or(u64::MAX))
+            });
+            out[8..16].copy_from_slice(&limit.to_le_bytes());
+        }
+        Ok(a)
     }
 
     /// Stage 2: the body as read (`overLimit`: the host stopped reading past `bodyLimit`; `body`
@@ -246,6 +280,183 @@ impl Admission {
         let Stage::Scope(s) = std::mem::replace(&mut self.stage, Stage::Done) else {
             return Err(self.out_of_order("scope").throw(&env));
         };
+        Ok(self
+            .scoped(s, rule, &method, &route, authenticated, &returned)
+            .map(|a| {
+                if let Some(out) = ids {
+                    out[..32].copy_from_slice(a.scope.as_bytes());
+                    out[32..40].copy_from_slice(a.partition.as_bytes());
+                }
+                AdmittedData {
+                    key: a.key.as_str().to_owned(),
+                    fingerprint: a.fingerprint.as_str().to_owned(),
+                    warning: a.warning,
+                }
+            }))
+    }
+
+    /// Stage 3 as `scope()` takes it, then the flow with its claim run on `store` (idempo's
+    /// memory store) at `nowMs` in the same call, as `new ServerFlow(config, scopeId,
+    /// fingerprint, entropy)` then `startInMemory(store, nowMs, partition)` would (`partition`
+    /// passed when `partitioned`). The answer is written to `facts` (at least 128 bytes): byte 0
+    /// the result (0 refused: the getters say how, null returned; 1 run the handler: null
+    /// returned, the flow stays in the admission (`finishInMemory()`, `takeFlow()`); 2 answer now: a Buffer is returned; 3 go on: the flow is returned and its
+    /// `start()` gives the next action), byte 1 set when `warning` is to be emitted. For 1: the
+    /// generation (u32 LE) at 12, `heartbeatMs` (f64 LE, NaN: none) at 16, the downstream key's
+    /// length (u32 LE) at 24 and its ASCII bytes from 32. For 2: the status (u16 LE) at 2, and
+    /// the Buffer holds the outcome name then each header name and value, every string as its
+    /// length (u32 LE) and UTF-8 bytes, then the body; the string count (u32 LE) is at 4 and the
+    /// body's offset (u32 LE) at 8.
+    #[napi(
+        catch_unwind,
+        ts_return_type = "ServerFlow | Buffer | null",
+        ts_args_type = "rule: ScopeRule, method: string, route: string, authenticated: boolean, returned: ScopeReturn, config: FlowConfig, store: MemoryStoreCore, nowMs: number, entropy: Uint8Array, partitioned: boolean, facts: Uint8Array"
+    )]
+    #[allow(clippy::too_many_arguments)]
+    pub fn scope_in_memory(
+        &mut self,
+        env: Env,
+        rule: &ScopeRule,
+        method: String,
+        route: String,
+        authenticated: bool,
+        returned: ScopeReturn,
+        config: &FlowConfig,
+        store: &mut MemoryStoreCore,
+        now_ms: f64,
+        entropy: &[u8],
+        partitioned: bool,
+        facts: Option<&mut [u8]>,
+    ) -> napi::Result<Option<Either<ServerFlow, Buffer>>> {
+        let Some(facts) = facts.filter(|b| b.len() >= MEMORY_FACTS) else {
+            return Err(Fail::new(code::INVALID_ARGUMENT, "facts must hold 128 bytes").throw(&env));
+        };
+        let entropy: [u8; 16] = entropy.try_into().map_err(|_| {
+            Fail::new(code::INVALID_ARGUMENT, "the flow needs 16 bytes of entropy").throw(&env)
+        })?;
+        let now = to_u64(now_ms, "nowMs").map_err(|f| f.throw(&env))?;
+        let Stage::Scope(s) = std::mem::replace(&mut self.stage, Stage::Done) else {
+            return Err(self.out_of_order("scopeInMemory").throw(&env));
+        };
+        facts[..MEMORY_FACTS].fill(0);
+        let Some(a) = self.scoped(s, rule, &method, &route, authenticated, &returned) else {
+            return Ok(None);
+        };
+        facts[1] = u8::from(a.warning.is_some());
+        let partition = partitioned.then_some(MemoryPartition(*a.partition.as_bytes()));
+        let (flow, admitted) = ServerFlow::admit_memory(
+            config,
+            a.scope,
+            a.fingerprint,
+            entropy,
+            store,
+            now,
+            partition,
+        )
+        .map_err(|f| f.throw(&env))?;
+        Ok(Some(match admitted {
+            MemoryAdmission::Run(r) => {
+                let dk = r.downstream_key.as_str().as_bytes();
+                if dk.len() > MEMORY_FACTS - 32 {
+                    return Err(Fail::new(code::FLOW, "downstream key too long").throw(&env));
+                }
+                facts[0] = 1;
+                facts[12..16].copy_from_slice(&r.generation.to_le_bytes());
+                let hb = r.heartbeat_ms.map_or(f64::NAN, from_u64);
+                facts[16..24].copy_from_slice(&hb.to_le_bytes());
+                facts[24..28].copy_from_slice(&len32(dk.len()).to_le_bytes());
+                facts[32..32 + dk.len()].copy_from_slice(dk);
+                // The flow stays here (no object per request): `finishInMemory()` ends it, and
+                // `takeFlow()` hands it out for any other step.
+                self.flow = Some(flow);
+                return Ok(None);
+            }
+            MemoryAdmission::Respond(response, outcome) => {
+                facts[0] = 2;
+                facts[2..4].copy_from_slice(&response.status.to_le_bytes());
+                let mut out = Vec::with_capacity(
+                    response.body.len()
+                        + outcome.len()
+                        + 4
+                        + response
+                            .headers
+                            .iter()
+                            .map(|(n, v)| n.len() + v.len() + 8)
+                            .sum::<usize>(),
+                );
+                let mut put = |t: &str| {
+                    out.extend_from_slice(&len32(t.len()).to_le_bytes());
+                    out.extend_from_slice(t.as_bytes());
+                };
+                put(outcome);
+                for (n, v) in &response.headers {
+                    put(n);
+                    put(v);
+                }
+                let count = 1 + 2 * response.headers.len();
+                facts[4..8].copy_from_slice(&len32(count).to_le_bytes());
+                facts[8..12].copy_from_slice(&len32(out.len()).to_le_bytes());
+                out.extend_from_slice(&response.body);
+                Either::B(jsbuf::copy(&env, &out)?)
+            }
+            MemoryAdmission::Continue => {
+                facts[0] = 3;
+                Either::A(flow)
+            }
+        }))
+    }
+
+    /// The flow `scopeInMemory()` kept (result 1), as a `ServerFlow` (callable once): for any
+    /// step other than `finishInMemory()`.
+    #[napi(catch_unwind)]
+    pub fn take_flow(&mut self, env: Env) -> napi::Result<ServerFlow> {
+        self.flow
+            .take()
+            .ok_or_else(|| Fail::new(code::FLOW, "the admission holds no flow").throw(&env))
+    }
+
+    /// `ServerFlow.handlerFinishedInMemory()` on the flow `scopeInMemory()` kept (result 1).
+    #[napi(catch_unwind, ts_return_type = "string | FlowAction")]
+    #[allow(clippy::too_many_arguments)]
+    pub fn finish_in_memory(
+        &mut self,
+        env: Env,
+        store: &mut MemoryStoreCore,
+        now_ms: f64,
+        status: u32,
+        headers: Vec<Vec<String>>,
+        body: Buffer,
+        body_to_store: Option<&[u8]>,
+        framework: Option<bool>,
+        body_truncated: Option<bool>,
+    ) -> napi::Result<Either<String, FlowAction>> {
+        let Some(flow) = self.flow.as_mut() else {
+            return Err(Fail::new(code::FLOW, "the admission holds no flow").throw(&env));
+        };
+        flow.handler_finished_in_memory(
+            env,
+            store,
+            now_ms,
+            status,
+            headers,
+            body,
+            body_to_store,
+            framework,
+            body_truncated,
+        )
+    }
+
+    /// Core's scope stage: the admitted request (its facts kept for the getters), or `None` when
+    /// it is refused.
+    fn scoped(
+        &mut self,
+        s: AwaitingScope,
+        rule: &ScopeRule,
+        method: &str,
+        route: &str,
+        authenticated: bool,
+        returned: &ScopeReturn,
+    ) -> Option<core_admit::Admitted> {
         let text = returned.text.as_deref().unwrap_or("");
         let resolution = match returned.kind.as_str() {
             "not_called" => ScopeResolution::NotCalled,
@@ -255,27 +466,21 @@ impl Admission {
             // Anything else is a value core cannot use as a principal: fail closed.
             _ => ScopeResolution::NotAString(text),
         };
-        match s.scope(rule.inner, resolution, authenticated, &method, &route) {
-            ScopeStage::Refuse(r) => self.refused(r),
+        match s.scope(rule.inner, resolution, authenticated, method, route) {
+            ScopeStage::Refuse(r) => {
+                self.refused(r);
+                None
+            }
             ScopeStage::Admitted(a) => {
                 self.kind = "admitted";
                 self.key = Some(a.key.as_str().to_owned());
                 self.scope_id = Some(*a.scope.as_bytes());
                 self.partition = Some(*a.partition.as_bytes());
                 self.fingerprint = Some(a.fingerprint.as_str().to_owned());
-                self.warning = a.warning;
-                if let Some(out) = ids {
-                    out[..32].copy_from_slice(a.scope.as_bytes());
-                    out[32..40].copy_from_slice(a.partition.as_bytes());
-                }
-                return Ok(Some(AdmittedData {
-                    key: a.key.as_str().to_owned(),
-                    fingerprint: a.fingerprint.as_str().to_owned(),
-                    warning: self.warning.clone(),
-                }));
+                self.warning.clone_from(&a.warning);
+                Some(a)
             }
         }
-        Ok(None)
     }
 
     /// The stage: `pass_through`, `refuse`, `read_body`, `resolve_scope` or `admitted`.

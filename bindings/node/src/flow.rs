@@ -14,6 +14,7 @@ use idempo_core::options::camel_case;
 use idempo_core::policy::{Config, ConfigError, ConfigOptions, ResponseOrigin, TakeoverPolicy};
 use idempo_core::record::FingerprintText;
 use idempo_core::scope::ScopeId;
+use napi::Either;
 use napi::Env;
 use napi::bindgen_prelude::Buffer;
 use napi_derive::napi;
@@ -484,6 +485,10 @@ pub struct FlowAction {
     /// The `...InMemory` methods: the primitive they ran on the memory store within the call
     /// (`claim`, `complete` or `release`); this action is what the flow asked for next.
     pub ran: Option<String>,
+    /// `handlerFinishedInMemory` only, with `respond`: the response to send is exactly the
+    /// handler's own (the status, header pairs and body passed in, unchanged), so `http` is
+    /// left out and the host sends what it passed.
+    pub live: Option<bool>,
 }
 
 fn empty(kind: &str) -> FlowAction {
@@ -505,6 +510,7 @@ fn empty(kind: &str) -> FlowAction {
         outcome: None,
         corrupt: None,
         ran: None,
+        live: None,
     }
 }
 
@@ -702,7 +708,7 @@ impl ServerFlow {
         next: Action,
         now_ms: u64,
         partition: Option<idempo_core::machine::memory::Partition>,
-        live: Option<Buffer>,
+        live: Option<Live>,
     ) -> napi::Result<FlowAction> {
         let Action::Store(op) = next else {
             return action(env, next);
@@ -715,9 +721,18 @@ impl ServerFlow {
             .handle(Event::Store(result))
             .map_err(|e| flow_fail(&e).throw(env))?;
         let mut a = match after {
+            // The handler's own response, unchanged: nothing crosses back (`live`).
+            Action::Respond { response, outcome }
+                if live.as_ref().is_some_and(|l| l.is(&response)) =>
+            {
+                let mut o = empty("respond");
+                o.live = Some(true);
+                o.outcome = Some(outcome.as_str().to_owned());
+                o
+            }
             // The handler's own body goes back as the very buffer the host passed (no copy).
             Action::Respond { response, outcome }
-                if live.as_deref() == Some(&response.body[..]) =>
+                if live.as_ref().map(|l| &l.body[..]) == Some(&response.body[..]) =>
             {
                 let mut o = empty("respond");
                 o.http = Some(HttpResponseData {
@@ -727,7 +742,7 @@ impl ServerFlow {
                         .into_iter()
                         .map(|(n, v)| vec![n, v])
                         .collect(),
-                    body: live.unwrap_or_else(|| Buffer::from(Vec::new())),
+                    body: live.map_or_else(|| Buffer::from(Vec::new()), |l| l.body),
                 });
                 o.outcome = Some(outcome.as_str().to_owned());
                 o
@@ -950,8 +965,10 @@ impl ServerFlow {
     /// `store` (core's memory store) at `nowMs` in the same call: the action after that
     /// primitive's answer, with `ran` naming it (a `respond` whose body is the handler's carries
     /// the `body` buffer passed in). Any other action, and a primitive the store refuses, is
-    /// returned as it is (run it through the `MemoryStore` as usual).
-    #[napi(catch_unwind)]
+    /// returned as it is (run it through the `MemoryStore` as usual). When the flow answers with
+    /// exactly the handler's own response (a `respond` with `live`), only the outcome name is
+    /// returned, as a string: no action object.
+    #[napi(catch_unwind, ts_return_type = "string | FlowAction")]
     #[allow(clippy::too_many_arguments)]
     pub fn handler_finished_in_memory(
         &mut self,
@@ -964,7 +981,7 @@ impl ServerFlow {
         body_to_store: Option<&[u8]>,
         framework: Option<bool>,
         body_truncated: Option<bool>,
-    ) -> napi::Result<FlowAction> {
+    ) -> napi::Result<Either<String, FlowAction>> {
         let now = to_u64(now_ms, "nowMs").map_err(|f| f.throw(&env))?;
         let event = finished(
             status,
@@ -975,11 +992,23 @@ impl ServerFlow {
             body_truncated,
         )
         .map_err(|f| f.throw(&env))?;
+        let live = match &event {
+            Event::HandlerFinished(r) => Some(Live {
+                status: r.status,
+                headers: r.headers.clone(),
+                body,
+            }),
+            _ => None,
+        };
         let next = self
             .inner
             .handle(event)
             .map_err(|e| flow_fail(&e).throw(&env))?;
-        self.run_in_memory(&env, store, next, now, None, Some(body))
+        let a = self.run_in_memory(&env, store, next, now, None, live)?;
+        Ok(match a.outcome {
+            Some(outcome) if a.live == Some(true) => Either::A(outcome),
+            _ => Either::B(a),
+        })
     }
 
     /// The handler threw; `maybeSideEffect` false only when it certainly did nothing.
@@ -990,6 +1019,72 @@ impl ServerFlow {
         maybe_side_effect: bool,
     ) -> napi::Result<FlowAction> {
         self.feed(&env, Event::HandlerFailed { maybe_side_effect })
+    }
+}
+
+/// What the claim run inside [`ServerFlow::admit_memory`] led to.
+pub(crate) enum MemoryAdmission {
+    /// Run the handler.
+    Run(machine::RunHandler),
+    /// Answer now (a replay, 409, 422...): the response and core's outcome name.
+    Respond(HttpResponse, &'static str),
+    /// Anything else (a claim the store refused, a takeover to run, ...): kept as the flow's
+    /// first action, which `start()` hands to the host as usual.
+    Continue,
+}
+
+impl ServerFlow {
+    /// The flow of an admitted request with its claim run on `store` (core's memory store) at
+    /// `now_ms` in the same call, as `new ServerFlow()` then `startInMemory()` do.
+    pub(crate) fn admit_memory(
+        config: &FlowConfig,
+        scope: ScopeId,
+        fingerprint: FingerprintText,
+        entropy: [u8; 16],
+        store: &mut MemoryStoreCore,
+        now_ms: u64,
+        partition: Option<idempo_core::machine::memory::Partition>,
+    ) -> Result<(Self, MemoryAdmission), Fail> {
+        let (inner, first) =
+            CoreFlow::start(scope, fingerprint, Arc::clone(&config.inner), entropy);
+        let mut flow = Self { inner, first: None };
+        let Action::Store(op) = first else {
+            flow.first = Some(first);
+            return Ok((flow, MemoryAdmission::Continue));
+        };
+        let Some(result) = inline::run(&mut store.inner, &op, now_ms, partition) else {
+            flow.first = Some(Action::Store(op));
+            return Ok((flow, MemoryAdmission::Continue));
+        };
+        let after = flow
+            .inner
+            .handle(Event::Store(result))
+            .map_err(|e| flow_fail(&e))?;
+        let admitted = match after {
+            Action::RunHandler(r) => MemoryAdmission::Run(r),
+            Action::Respond { response, outcome } => {
+                MemoryAdmission::Respond(response, outcome.as_str())
+            }
+            other => {
+                flow.first = Some(other);
+                MemoryAdmission::Continue
+            }
+        };
+        Ok((flow, admitted))
+    }
+}
+
+/// The response the host passed to `handlerFinishedInMemory`, to tell whether core's answer is
+/// that very response (then nothing is converted back).
+struct Live {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Buffer,
+}
+
+impl Live {
+    fn is(&self, r: &HttpResponse) -> bool {
+        r.status == self.status && r.headers == self.headers && r.body[..] == self.body[..]
     }
 }
 

@@ -180,3 +180,27 @@ test('renamed and unknown options throw a ConfigError naming the new name', () =
   assert.equal(config.maxRequestBodyBytes, 1024 * 1024);
   assert.equal(config.takeover, 'outcome_unknown');
 });
+
+test('Admission.start facts (kind, bodyLimit) agree with its getters', () => {
+  const native = require('../dist/native.js');
+  const config = new native.FlowConfig({ maxRequestBodyBytes: 4096 });
+  const cases = [
+    [[], null], // no key: refused (keyRequired)
+    [[Buffer.from('short')], 10], // too short: refused
+    [[Buffer.from('a-valid-key-123')], 10], // read the body
+    [[Buffer.from('a-valid-key-123')], 1e9], // declared over the limit: refused
+  ];
+  const optional = new native.FlowConfig({ keyRequired: false });
+  const kinds = ['pass_through', 'refuse', 'read_body'];
+  for (const [cfg, fields, declared] of [...cases.map(([f, d]) => [config, f, d]), [optional, [], null]]) {
+    const facts = Buffer.alloc(16, 0xff);
+    const a = native.Admission.start(cfg, fields, declared, facts);
+    const plain = native.Admission.start(cfg, fields, declared);
+    assert.equal(kinds[facts[0]], a.kind);
+    assert.equal(a.kind, plain.kind);
+    const limit = facts.readDoubleLE(8);
+    if (a.bodyLimit === undefined || a.bodyLimit === null) assert.ok(Number.isNaN(limit));
+    else assert.equal(limit, a.bodyLimit);
+  }
+  assert.throws(() => native.Admission.start(config, [], null, Buffer.alloc(8)), /16 bytes/);
+});

@@ -23,10 +23,10 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Request as ExpressRequest } from 'express';
 import { Readable } from 'node:stream';
 import { ConfigError } from '../errors';
-import { admitKey, admitRest, Prepared } from './options';
-import type { IdempotencyOptions } from './options';
+import { admitKeyFacts, admitRestEager, Prepared } from './options';
+import type { Admitted, IdempotencyOptions } from './options';
 import native = require('../native');
-import type { ExecutionContext, FlowEnd, HandlerResult, HttpResponse, Session } from './session';
+import type { Admission, ExecutionContext, FlowEnd, HandlerResult, HttpResponse, Session } from './session';
 import { IdempotencyEvents, toHttp } from './session';
 import { ResponseCapture } from './express-capture';
 import type { CaptureOwner } from './express-capture';
@@ -257,6 +257,15 @@ function unprotectedRoute(req: Req, methods: Set<string>, events: IdempotencyEve
   return new ConfigError(message);
 }
 
+/** `req.body` from a JSON body (undefined when it does not parse). */
+function parseJson(req: Req, body: Buffer): void {
+  try {
+    req.body = JSON.parse(body.toString('utf8'));
+  } catch {
+    req.body = undefined;
+  }
+}
+
 function isJson(ct: string | undefined): boolean {
   if (!ct) return false;
   const essence = (ct.split(';')[0] ?? '').trim().toLowerCase();
@@ -269,6 +278,23 @@ function send(res: Res, r: HttpResponse): void {
   for (const [n, v] of r.headers) res.appendHeader(n, v);
   res.setHeader('content-length', String(r.body.length));
   res.end(r.body);
+}
+
+/** Sends a refusal; when the rest of the upload was never read, the connection closes once the
+ * answer is out. */
+function refuse(req: Req, res: Res, consumed: boolean, response: HttpResponse): void {
+  if (!consumed && !req.readableEnded) {
+    res.on('finish', () => req.destroy());
+    send(res, { ...response, headers: [...response.headers, ['connection', 'close']] });
+    return;
+  }
+  send(res, response);
+}
+
+/** {@link send} for a response whose status and headers are already on `res`. */
+function sendBody(res: Res, body: Buffer): void {
+  res.setHeader('content-length', String(body.length));
+  res.end(body);
 }
 
 /** An Express middleware with its event emitter attached. */
@@ -298,6 +324,8 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
     /** Transactional mode: what `currentTransaction()` answers (cleared when the flow ends). */
     holder: TxHolder | undefined;
     capture: ResponseCapture | undefined;
+    /** The handler's captured response, as given to the flow. */
+    live: HandlerResult | undefined;
     /** The error being reported (`onError`), handed on to `next` once the flow ends. */
     err: unknown;
     errNext: Next | undefined;
@@ -320,7 +348,19 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
       this.sent = sent;
       const redacted = handled.bodyTruncated ? undefined : options.redact?.(handled);
       const result = redacted ? { ...handled, bodyToStore: redacted } : handled;
-      this.session.finish(result).then(this.#finished, this.#broken);
+      this.live = handled;
+      let end: FlowEnd | Promise<FlowEnd>;
+      try {
+        end = this.session.finishEager(result);
+      } catch (e) {
+        // As a rejected finish: reported on the next turn, never into the handler's res.end().
+        void Promise.resolve().then(() => this.#broken(e));
+        return;
+      }
+      // The memory store's common case ends here, in the handler's own res.end() as without
+      // idempo (no promise, no closure).
+      if (end instanceof Promise) end.then(this.#finished, (e: unknown) => this.#broken(e));
+      else this.#onEnd(end);
     }
 
     onError(err: unknown, _res: Res, n: Next): void {
@@ -332,7 +372,10 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
       }
       this.err = err;
       this.errNext = n;
-      this.session.fail(!p.isSideEffectFree(err)).then(this.#failed, this.#brokenAfterError);
+      this.session.fail(!p.isSideEffectFree(err)).then(
+        (end: FlowEnd) => this.#failed(end),
+        (e: unknown) => this.#brokenAfterError(e),
+      );
     }
 
     #close(): void {
@@ -345,39 +388,49 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
       this.#close();
       if (end.kind === 'respond') {
         emitOutcome(this.method, this.route, end.outcome, end.response.status, this.started);
-        // A teed or passed-through response is already with the client.
-        if (!this.sent) send(this.res, end.response);
+        // A teed or passed-through response is already with the client. The session hands back
+        // the very header list it was given only when core's answer is the handler's response
+        // unchanged: the response object already carries that status and those headers.
+        const live = this.live;
+        if (this.sent) return;
+        if (live !== undefined && end.response.headers === live.headers && end.response.status === this.res.statusCode) {
+          sendBody(this.res, end.response.body);
+        } else send(this.res, end.response);
       } else {
         emitOutcome(this.method, this.route, end.outcome, 500, this.started);
         next(err);
       }
     }
 
-    readonly #finished = (end: FlowEnd): void => {
+    get #finished(): (end: FlowEnd) => void {
+      return (end) => this.#onEnd(end);
+    }
+
+    #onEnd(end: FlowEnd): void {
       try {
         this.#finishWith(end, this.next);
       } catch (e) {
         this.#broken(e);
       }
-    };
+    }
 
-    readonly #broken = (e: unknown): void => {
+    #broken(e: unknown): void {
       this.#close();
       this.next(e);
-    };
+    }
 
-    readonly #failed = (end: FlowEnd): void => {
+    #failed(end: FlowEnd): void {
       try {
         this.#finishWith(end, this.errNext as Next, this.err);
       } catch (e) {
         this.#brokenAfterError(e);
       }
-    };
+    }
 
-    readonly #brokenAfterError = (e: unknown): void => {
+    #brokenAfterError(e: unknown): void {
       this.#close();
       (this.errNext as Next)(e);
-    };
+    }
   }
 
   const mw = (async (req: Req, res: Res, next: Next) => {
@@ -387,22 +440,18 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
     const ident = identity(req);
     const route = options.route ? options.route(req as never) : ident.route;
     // Core's admission, in core's order: the key first, then the body, then the scope.
-    const adm = admitKey(p, req.headers[p.header], req.headers['content-length']);
-    const kind = adm.kind;
+    const key = admitKeyFacts(p, req.headers[p.header], req.headers['content-length']);
+    const adm = key.a;
+    const kind = key.kind;
     if (kind === 'pass_through') return next();
     // A body parser mounted before the middleware read the stream (Express 4's sets `_body`).
     const consumed = req.readableEnded || req._body === true || (req.complete && !req.readable);
-    const refuse = (response: HttpResponse, outcome: string) => {
-      emitOutcome(method, route, outcome, response.status, started);
-      if (!consumed && !req.readableEnded) {
-        // The rest of the upload is never read: close the connection once the answer is out.
-        res.on('finish', () => req.destroy());
-        return send(res, { ...response, headers: [...response.headers, ['connection', 'close']] });
-      }
-      return send(res, response);
-    };
-    if (kind === 'refuse') return refuse(toHttp(adm.problem as native.HttpResponseData), adm.outcome ?? 'refused');
-    const limit = adm.bodyLimit as number;
+    if (kind === 'refuse') {
+      const problem = toHttp(adm.problem as native.HttpResponseData);
+      emitOutcome(method, route, adm.outcome ?? 'refused', problem.status, started);
+      return refuse(req, res, consumed, problem);
+    }
+    const limit = key.bodyLimit;
     let body: Buffer | null;
     let unavailableFix: string | undefined;
     if (consumed) {
@@ -418,23 +467,25 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
       body = await readBody(req, limit);
     }
     const ct = req.headers['content-type'];
+    // Parsers mounted after the middleware read these bytes again; with none, a JSON body is
+    // parsed here (other types stay in `req.rawBody`): before the admission when a `scope`
+    // function may read `req.body`, else only once the request goes on past the middleware (a
+    // replay, a 409 or a 422 answered here never parses it).
+    let unparsed: Buffer | null = null;
     if (body !== null && !consumed) {
       req.rawBody = body;
-      // Parsers mounted after the middleware read these bytes again; with none, a JSON body is
-      // parsed here (other types stay in `req.rawBody`).
       if (isJson(ct) && body.length > 0 && req.body === undefined) {
-        try {
-          req.body = JSON.parse(body.toString('utf8'));
-        } catch {
-          req.body = undefined;
-        }
+        if (options.scope) parseJson(req, body);
+        else unparsed = body;
       }
     }
     // Parsers after the middleware read the bytes again from the request stream, refilled only
     // when something downstream can read it (not for a replay, a 409 or a 422 answered here).
     const refill = body !== null && !consumed ? body : null;
     const user = (req as Req & { user?: unknown }).user;
-    const admitted = await admitRest(p, adm, {
+    let admitted: Admitted | Promise<Admitted>;
+    try {
+      admitted = admitRestEager(p, adm, {
       req: req as unknown as ExpressRequest,
       method,
       route,
@@ -444,18 +495,35 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
       body,
       ...(unavailableFix !== undefined ? { unavailableFix } : {}),
       authenticated: req.headers.authorization !== undefined || (user !== undefined && user !== null),
-    });
+      });
+      if (admitted instanceof Promise) admitted = await admitted;
+    } catch (e) {
+      // The error handlers see the request as it would be without the deferred parse.
+      if (unparsed !== null) parseJson(req, unparsed);
+      throw e;
+    }
+    if (admitted.kind === 'answered') {
+      // Core's answer to the claim (the memory store's combined call): as a session's below.
+      emitOutcome(method, route, admitted.outcome, admitted.response.status, started);
+      return send(res, admitted.response);
+    }
     if (admitted.kind !== 'session') {
       if (refill !== null) replayBody(req, refill);
-      if (admitted.kind === 'unprotected') return next();
-      return refuse(admitted.response, admitted.outcome);
+      if (admitted.kind === 'unprotected') {
+        if (unparsed !== null) parseJson(req, unparsed);
+        return next();
+      }
+      emitOutcome(method, route, admitted.outcome, admitted.response.status, started);
+      return refuse(req, res, consumed, admitted.response);
     }
     const session = admitted.session;
-    let a: Awaited<ReturnType<Session['admit']>>;
+    let a: Admission | Promise<Admission>;
     try {
-      a = await session.admit();
+      a = session.admitEager();
+      if (a instanceof Promise) a = await a;
     } catch (e) {
       if (refill !== null) replayBody(req, refill);
+      if (unparsed !== null) parseJson(req, unparsed);
       throw e;
     }
     if (a.kind === 'respond') {
@@ -463,6 +531,7 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
       return send(res, a.response);
     }
     if (refill !== null) replayBody(req, refill);
+    if (unparsed !== null) parseJson(req, unparsed);
     req.idempotency = a.context;
     const st = new Guarded(session, res, next, started, method, route);
     req[IDEMPO] = st;

@@ -29,7 +29,7 @@ import type { Readable } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest, RouteOptions } from 'fastify';
 import native = require('../native');
 import { ConfigError } from '../errors';
-import { admitBody, admitKey, admitScope, Prepared } from './options';
+import { admitBody, admitKey, admitKeyFacts, admitScopeEager, Prepared } from './options';
 import type { Admitted, BodyFacts, IdempotencyOptions } from './options';
 import type { ExecutionContext, FlowEnd, HandlerResult, HttpResponse, IdempotencyEvents, Session } from './session';
 import { toHttp } from './session';
@@ -288,9 +288,10 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
     const req = request as Req;
     if (!isProtected(req)) return appLimited(req, reply, payload);
     const started = Date.now();
-    const adm = admitKey(p, req.headers[p.header], req.headers['content-length']);
+    const key = admitKeyFacts(p, req.headers[p.header], req.headers['content-length']);
+    const adm = key.a;
     req[ADMISSION] = adm;
-    const kind = adm.kind;
+    const kind = key.kind;
     if (kind === 'pass_through') return appLimited(req, reply, payload);
     if (kind === 'refuse') {
       const problem = toHttp(adm.problem as native.HttpResponseData);
@@ -309,7 +310,7 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
           "The request stream was already read before idempo's preParsing hook (an onRequest hook, or a preParsing hook registered before the plugin, consumed it): register idempotencyPlugin before hooks that read the body.",
       });
     } else {
-      raw = await readLimited(read, adm.bodyLimit as number);
+      raw = await readLimited(read, key.bodyLimit);
       refusal = admitBody(p, adm, { ...facts, body: raw });
     }
     if (refusal?.kind === 'respond') {
@@ -354,18 +355,25 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
       }
     }
     const user = (req as FastifyRequest & { user?: unknown }).user;
-    const admitted = await admitScope(p, adm, {
+    // The same facts as bodyFacts(req), from the method and route already resolved above.
+    let admitted = admitScopeEager(p, adm, {
       req,
-      ...bodyFacts(req),
+      method,
+      route,
+      target: req.url,
+      contentType: req.headers['content-type'],
+      headers: req.headers,
       body: null,
       authenticated: req.headers.authorization !== undefined || (user !== undefined && user !== null),
     });
+    if (admitted instanceof Promise) admitted = await admitted;
     if (admitted.kind === 'unprotected') return;
-    if (admitted.kind === 'respond') {
+    if (admitted.kind === 'respond' || admitted.kind === 'answered') {
       answer(req, reply, admitted.response, admitted.outcome, false, started);
       return;
     }
-    const a = await admitted.session.admit();
+    let a = admitted.session.admitEager();
+    if (a instanceof Promise) a = await a;
     if (a.kind === 'respond') {
       answer(req, reply, a.response, a.outcome, false, started);
       return;
@@ -419,26 +427,52 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
     if (st.holder) st.holder.tx = null;
   });
 
-  app.addHook('onSend', async (request, reply, payload) => {
-    const st = (request as Req)[STATE];
+  app.addHook('onSend', (request, reply, payload, done) => {
+    let r: unknown;
+    try {
+      r = onSend(request as Req, reply, payload);
+    } catch (e) {
+      done(e as Error);
+      return;
+    }
+    if (r instanceof Promise) r.then((v: unknown) => done(null, v), (e: Error) => done(e));
+    else done(null, r);
+  });
+
+  /** The onSend stage: the flow's end and the reply's payload (synchronous when the memory
+   * store's completion ended the flow in the native call). */
+  function onSend(req: Req, reply: FastifyReply, payload: unknown): unknown {
+    const st = req[STATE];
     if (!st || st.done) return payload;
     st.done = true;
-    let end = st.end;
+    const end = st.end;
     if (!end && isStream(payload)) {
       const headers = replyHeaders(reply);
       const plan = st.session.capturePlan(reply.statusCode, headers, true);
       if (plan.kind !== 'buffer') return tee(st, reply.statusCode, headers, payload, plan.limit);
       return held(st, reply, headers, payload, plan.limit as number);
     }
-    if (!end) end = await st.session.finish(result(reply.statusCode, replyHeaders(reply), payloadBytes(payload), false));
+    if (end) return sent(st, reply, payload, end, undefined);
+    const live = result(reply.statusCode, replyHeaders(reply), payloadBytes(payload), false);
+    const r = st.session.finishEager(live);
+    if (r instanceof Promise) return r.then((e) => sent(st, reply, payload, e, live));
+    return sent(st, reply, payload, r, live);
+  }
+
+  /** The payload once the flow ended: the flow's response on the reply (the handler's own
+   * response, `live`, is on it already). */
+  function sent(st: State, reply: FastifyReply, payload: unknown, end: FlowEnd, live: HandlerResult | undefined): unknown {
     if (st.holder) st.holder.tx = null;
     if (end.kind === 'propagate') {
       emit(st, end.outcome, reply.statusCode);
       return payload;
     }
     emit(st, end.outcome, end.response.status);
+    // The session hands back the very header list it was given only when core's answer is the
+    // handler's response unchanged: the reply already carries that status and those headers.
+    if (live !== undefined && end.response.headers === live.headers && end.response.status === reply.statusCode) return end.response.body;
     return apply(reply, end.response);
-  });
+  }
 
   /** The handler's result as core takes it (with the redaction hook's stored body). */
   function result(status: number, headers: Array<[string, string]>, body: Buffer, truncated: boolean): HandlerResult {

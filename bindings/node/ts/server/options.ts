@@ -6,7 +6,8 @@ import { Fingerprinter, flatHeaders } from '../fingerprint';
 import type { NumberMode } from '../core';
 import type { IdempotencyStore } from '../stores/types';
 import { supportsTransactions } from '../stores/types';
-import { IdempotencyEvents, Session, toHttp } from './session';
+import { admitInMemory, IdempotencyEvents, Session, toHttp } from './session';
+import { memoryInline } from '../stores/memory';
 import type { HttpResponse } from './session';
 
 /**
@@ -231,6 +232,30 @@ export function admitKey<Req>(p: Prepared<Req>, keyHeader: string | string[] | u
   return native.Admission.start(p.config, keyFields(keyHeader), declaredLength(contentLength));
 }
 
+/** Stage 1 and its facts (`kind`, `bodyLimit`), read from one call instead of two getters. */
+export interface KeyAdmission {
+  a: native.Admission;
+  /** `pass_through`, `refuse` or `read_body`. */
+  kind: string;
+  /** `read_body`: the most body bytes to read. */
+  bodyLimit: number;
+}
+
+/** The stage codes `Admission.start` writes to its `facts` buffer (byte 0). */
+const KEY_KINDS = ['pass_through', 'refuse', 'read_body'];
+/** Size of `Admission.start`'s facts: the stage byte, padding, the body limit (f64). */
+const FACTS_BYTES = 16;
+/** `Admission.start`'s facts: written by the call, read before anything else runs. */
+const FACTS = Buffer.alloc(FACTS_BYTES);
+
+/** {@link admitKey} with the stage's facts. */
+export function admitKeyFacts<Req>(p: Prepared<Req>, keyHeader: string | string[] | undefined, contentLength: string | string[] | undefined): KeyAdmission {
+  const a = native.Admission.start(p.config, keyFields(keyHeader), declaredLength(contentLength), FACTS);
+  const kind = KEY_KINDS[FACTS[0] as number];
+  if (kind === undefined) throw new Error(`idempo: Admission.start wrote an unknown stage ${FACTS[0]}`);
+  return { a, kind, bodyLimit: FACTS.readDoubleLE(8) };
+}
+
 /** The request parts admission needs after the key. */
 export interface RequestFacts<Req> {
   req: Req;
@@ -253,8 +278,11 @@ export interface RequestFacts<Req> {
 
 /** Admission result: a session to run, an answer to send now, or "not protected". */
 export type Admitted =
-  | { kind: 'session'; session: Session; key: string }
+  | { kind: 'session'; session: Session }
   | { kind: 'respond'; response: HttpResponse; outcome: string }
+  /** Core's answer to the claim (a replay, 409, 422...), from the memory store's combined call:
+   * sent as the session's admission answer is, not as a refusal. */
+  | { kind: 'answered'; response: HttpResponse; outcome: string }
   | { kind: 'unprotected' };
 
 /** How a scope function's return value looks to core (a description, never a decision). */
@@ -305,16 +333,49 @@ export async function admitRest<Req>(p: Prepared<Req>, a: native.Admission, f: R
   return admitBody(p, a, f) ?? admitScope(p, a, f);
 }
 
+/** {@link admitRest} without a promise when no `scope` function has to be awaited. */
+export function admitRestEager<Req>(p: Prepared<Req>, a: native.Admission, f: RequestFacts<Req>): Admitted | Promise<Admitted> {
+  return admitBody(p, a, f) ?? admitScopeEager(p, a, f);
+}
+
 /** Stage 3 of core's admission (the scope function's return value), after {@link admitBody}, then
  * the session (no store call yet). */
 export async function admitScope<Req>(p: Prepared<Req>, a: native.Admission, f: RequestFacts<Req>): Promise<Admitted> {
-  let returned: native.ScopeReturn = { kind: 'not_called' };
-  if (p.o.scope) {
-    try {
-      returned = describe(await p.o.scope(f.req));
-    } catch (e) {
-      returned = { kind: 'raised', text: e instanceof Error ? `${e.name}: ${e.message}` : String(e) };
-    }
+  return admitScopeEager(p, a, f);
+}
+
+/** {@link admitScope} without a promise when there is no `scope` function to await. */
+export function admitScopeEager<Req>(p: Prepared<Req>, a: native.Admission, f: RequestFacts<Req>): Admitted | Promise<Admitted> {
+  if (!p.o.scope) return scoped(p, a, f, { kind: 'not_called' });
+  return scopeReturn(p.o.scope, f.req).then((returned) => scoped(p, a, f, returned));
+}
+
+/** How the scope function ended, as core reads it (a description, never a decision). */
+async function scopeReturn<Req>(scope: (req: Req) => unknown, req: Req): Promise<native.ScopeReturn> {
+  try {
+    return describe(await scope(req));
+  } catch (e) {
+    return { kind: 'raised', text: e instanceof Error ? `${e.name}: ${e.message}` : String(e) };
+  }
+}
+
+/** Stage 3 once the scope function's return value is known, then the session. */
+function scoped<Req>(p: Prepared<Req>, a: native.Admission, f: RequestFacts<Req>, returned: native.ScopeReturn): Admitted {
+  const transactional = p.o.transactional && supportsTransactions(p.o.store);
+  // Exactly idempo's MemoryStore and nothing listening to `store_op`: the scope stage, the flow
+  // and its claim in one native call.
+  const mem = transactional || p.events.listenerCount('store_op') !== 0 ? undefined : memoryInline(p.o.store);
+  if (mem !== undefined) {
+    const r = admitInMemory(a, mem, p.scopeRule, f, returned, {
+      store: p.o.store,
+      config: p.config,
+      storeTimeoutMs: p.o.storeTimeoutMs ?? defaultStoreTimeoutMs(p.o.store),
+      events: p.events,
+      route: f.route,
+    }, (w) =>
+      p.warnOnce(f.route, w),
+    );
+    return r.kind === 'refused' ? refused(p, a, f.route, f.method) : r;
   }
   // The record key (32 bytes) and the partition (8) are written into one pooled allocation.
   const ids = Buffer.allocUnsafe(40);
@@ -336,7 +397,7 @@ export async function admitScope<Req>(p: Prepared<Req>, a: native.Admission, f: 
     // A store with per-partition quotas (the memory store) gets the principal's partition.
     ...(p.o.store.partitioned === true ? { partition: ids.subarray(32, 40) } : {}),
   });
-  return { kind: 'session', session, key: admitted.key };
+  return { kind: 'session', session };
 }
 
 /** Headroom over a store's own call bound before the host gives up on a call, ms. */

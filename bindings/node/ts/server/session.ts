@@ -182,12 +182,97 @@ export interface SessionOptions {
   partition?: Buffer;
 }
 
+/** What {@link Session} takes from {@link admitInMemory}: the flow it made and its claim's answer. */
+interface Preadmitted {
+  /** The flow (`continue`), or the admission holding it (`run`: see `Admission.takeFlow`). */
+  flow: native.ServerFlow | native.Admission;
+  /** The handler runs (`run`), or the flow goes on from its `start()` action (`continue`). */
+  run: { generation: number; downstreamKey: string; heartbeatMs: number | undefined } | 'continue';
+}
+
+/** `Admission.scopeInMemory`'s facts (layout in its docs), read right after each call. */
+const MEMORY_FACTS = Buffer.alloc(128);
+
+/** How {@link admitInMemory} ended. */
+export type MemoryAdmitted =
+  | { kind: 'refused' }
+  | { kind: 'answered'; response: HttpResponse; outcome: string }
+  | { kind: 'session'; session: Session };
+
+/** The string at `at` of an answer's buffer (u32 LE length, UTF-8 bytes), and the offset after it. */
+function readString(b: Buffer, at: number): [string, number] {
+  const n = b.readUInt32LE(at);
+  return [b.toString('utf8', at + 4, at + 4 + n), at + 4 + n];
+}
+
+/**
+ * Core's scope stage, then the flow with its claim run on the memory store, in one native call
+ * (`Admission.scopeInMemory`): for exactly idempo's `MemoryStore` (`mem`, see `memoryInline`) with
+ * no `store_op` listener and no transaction. `refused`: the admission's getters say how; `answered`:
+ * core's answer (a replay, 409, 422...) ready to send, with no session; else the session, whose
+ * `admitEager()` gives the claim's answer. `warn` is called with the admission's warning.
+ */
+export function admitInMemory(
+  adm: native.Admission,
+  mem: MemoryInline,
+  rule: native.ScopeRule,
+  f: { method: string; route: string; authenticated: boolean },
+  returned: native.ScopeReturn,
+  o: Omit<SessionOptions, 'scope' | 'fingerprint' | 'partition' | 'tx'>,
+  warn: (message: string) => void,
+): MemoryAdmitted {
+  const facts = MEMORY_FACTS;
+  let r: native.ServerFlow | Buffer | null;
+  try {
+    r = adm.scopeInMemory(rule, f.method, f.route, f.authenticated, returned, o.config, mem.core, mem.now(), entropy(), o.store.partitioned === true, facts);
+  } catch (e) {
+    throw fromNative(e);
+  }
+  const kind = facts[0];
+  if (kind === 0) return { kind: 'refused' };
+  if (facts[1] === 1 && adm.warning) warn(adm.warning);
+  if (kind === 2 && Buffer.isBuffer(r)) {
+    const count = facts.readUInt32LE(4);
+    const [outcome, first] = readString(r, 0);
+    let at = first;
+    const headers: Array<[string, string]> = [];
+    for (let i = 1; i < count; i += 2) {
+      const [n, next] = readString(r, at);
+      const [v, after] = readString(r, next);
+      headers.push([n, v]);
+      at = after;
+    }
+    const response = { status: facts.readUInt16LE(2), headers, body: r.subarray(facts.readUInt32LE(8)) };
+    return { kind: 'answered', response, outcome };
+  }
+  let run: Preadmitted['run'] = 'continue';
+  let flow: native.ServerFlow | native.Admission;
+  if (kind === 3 && r instanceof native.ServerFlow) flow = r;
+  else if (kind === 1 && r === null) {
+    // The flow stays in the admission until a step other than the memory completion needs it.
+    flow = adm;
+    const hb = facts.readDoubleLE(16);
+    run = {
+      generation: facts.readUInt32LE(12),
+      downstreamKey: facts.toString('latin1', 32, 32 + facts.readUInt32LE(24)),
+      heartbeatMs: Number.isNaN(hb) ? undefined : hb,
+    };
+  } else throw new Error(`idempo: Admission.scopeInMemory wrote an unknown result ${kind}`);
+  // The session needs no scope or fingerprint of its own: the flow holds them.
+  return { kind: 'session', session: new Session({ ...o, scope: EMPTY, fingerprint: '' }, { flow, run }) };
+}
+
+const EMPTY = Buffer.alloc(0);
+
 /**
  * One request's flow. Events are fed one at a time through a promise chain, so a heartbeat
  * renew and the handler's end never interleave.
  */
 export class Session {
-  readonly #flow: native.ServerFlow;
+  /** The flow, once this session holds it (see {@link Session.#flow}). */
+  #own: native.ServerFlow | undefined;
+  /** The admission holding the flow (`Admission.scopeInMemory`), until it is taken out. */
+  #adm: native.Admission | undefined;
   readonly #o: SessionOptions;
   #chain: Promise<unknown> = Promise.resolve();
   #heartbeatMs: number | undefined;
@@ -198,8 +283,9 @@ export class Session {
   #ended = false;
   #lostReported = false;
   readonly #store: IdempotencyStore;
-  /** The store is idempo's own `MemoryStore` (methods not overridden): its primitives never
-   * block, so they get no deadline, and the common ones run inside the flow's native calls. */
+  /** The store is exactly idempo's own `MemoryStore` (no subclass, methods not overridden): its
+   * primitives never block, so they get no deadline, and while nothing listens to `store_op`
+   * the common ones run inside the flow's native calls (see {@link Session.#inline}). */
   readonly #mem: MemoryInline | undefined;
   /** Serialized steps queued or running: at 0, a synchronous step may run at once. */
   #running = 0;
@@ -208,16 +294,38 @@ export class Session {
   readonly #settled = (): void => {
     this.#running--;
   };
+  /** The claim's answer when the flow was made by {@link admitInMemory} (taken by `admitEager`). */
+  #pre: Preadmitted['run'] | undefined;
 
-  constructor(o: SessionOptions) {
+  constructor(o: SessionOptions, pre?: Preadmitted) {
     this.#o = o;
     this.#store = o.tx ?? o.store;
     this.#mem = o.tx ? undefined : memoryInline(o.store);
+    if (pre !== undefined) {
+      if (pre.flow instanceof native.ServerFlow) this.#own = pre.flow;
+      else this.#adm = pre.flow;
+      this.#pre = pre.run;
+      return;
+    }
     try {
-      this.#flow = new native.ServerFlow(o.config, o.scope, o.fingerprint, entropy());
+      this.#own = new native.ServerFlow(o.config, o.scope, o.fingerprint, entropy());
     } catch (e) {
       throw fromNative(e);
     }
+  }
+
+  /** The flow: taken out of the admission that kept it the first time a step needs it. */
+  get #flow(): native.ServerFlow {
+    if (this.#own !== undefined) return this.#own;
+    let flow: native.ServerFlow;
+    try {
+      flow = (this.#adm as native.Admission).takeFlow();
+    } catch (e) {
+      throw fromNative(e);
+    }
+    this.#own = flow;
+    this.#adm = undefined;
+    return flow;
   }
 
   /** Serializes a step on the flow. */
@@ -241,15 +349,14 @@ export class Session {
     }
   }
 
-  /** A native call that ran a primitive on the memory store (`...InMemory`): reports the
-   * primitive it ran as the JS host loop does. */
-  #feedMem(f: () => native.FlowAction): native.FlowAction {
-    const ev = this.#o.events;
-    if (ev.listenerCount('store_op') === 0) return this.#feed(f);
-    const started = performance.now();
-    const a = this.#feed(f);
-    if (a.ran !== undefined) ev.emit('store_op', { route: this.#o.route, op: a.ran, durationMs: performance.now() - started, failed: false });
-    return a;
+  /**
+   * The memory store's primitives may run inside the flow's native calls now: the store is
+   * exactly idempo's `MemoryStore`, no step is queued, and nothing listens to `store_op` (a
+   * listener gets every primitive through the ordinary host loop, which times each one).
+   */
+  #inline(): MemoryInline | undefined {
+    const mem = this.#mem;
+    return mem !== undefined && this.#running === 0 && this.#o.events.listenerCount('store_op') === 0 ? mem : undefined;
   }
 
   async #execStore(a: native.FlowAction): Promise<native.FlowAction> {
@@ -360,12 +467,15 @@ export class Session {
     return end;
   }
 
-  /** The flow's end as the host sends it (the synchronous part of {@link Session.#end}). */
-  #ending(a: native.FlowAction): FlowEnd {
+  /** The flow's end as the host sends it (the synchronous part of {@link Session.#end}).
+   * `live`: the handler's response, for an action that says it is the one to send (`a.live`). */
+  #ending(a: native.FlowAction, live?: HttpResponse): FlowEnd {
     this.#stopHeartbeat();
     this.#ended = true;
     let end: FlowEnd;
-    if (a.type === 'respond') end = { kind: 'respond', response: toHttp(a.http as native.HttpResponseData), outcome: a.outcome ?? '' };
+    if (a.type === 'respond' && a.live === true && live !== undefined) {
+      end = { kind: 'respond', response: { status: live.status, headers: live.headers, body: live.body }, outcome: a.outcome ?? '' };
+    } else if (a.type === 'respond') end = { kind: 'respond', response: toHttp(a.http as native.HttpResponseData), outcome: a.outcome ?? '' };
     else if (a.type === 'propagate_error') end = { kind: 'propagate', outcome: a.outcome ?? '' };
     else throw new Error(`idempo: the flow ended with an unexpected action ${a.type}`);
     if (end.outcome === 'lease_lost') this.#leaseLost();
@@ -432,17 +542,34 @@ export class Session {
 
   /** Claims the key: run the handler, or answer at once (replay, 409, 422, 503...). */
   admit(): Promise<Admission> {
-    const mem = this.#mem;
-    if (mem !== undefined && this.#running === 0) {
+    let r: Admission | Promise<Admission>;
+    try {
+      r = this.admitEager();
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    return r instanceof Promise ? r : Promise.resolve(r);
+  }
+
+  /**
+   * {@link Session.admit}, answered synchronously when the claim ran inside the flow's native
+   * call and needs no further step (the memory store's common answers), else its promise. A
+   * failure of the synchronous part is thrown.
+   */
+  admitEager(): Admission | Promise<Admission> {
+    const pre = this.#pre;
+    if (pre !== undefined) {
+      // The claim already ran inside Admission.scopeInMemory.
+      this.#pre = undefined;
+      if (pre !== 'continue') return this.#runWith(pre.generation, pre.downstreamKey, pre.heartbeatMs);
+      return this.#serial(() => this.#guarded(async () => this.#admittedAsync(await this.#settle(this.#feed(() => this.#flow.start())))));
+    }
+    const mem = this.#inline();
+    if (mem !== undefined) {
       // The memory store: the claim runs inside the flow's first native call, and the common
       // answers (run the handler, replay, 409, 422) need no further step.
-      let a: native.FlowAction;
-      try {
-        a = this.#feedMem(() => this.#flow.startInMemory(mem.core, mem.now(), this.#o.partition));
-        if (a.type === 'run_handler' || a.type === 'respond') return Promise.resolve(this.#admittedSync(a));
-      } catch (e) {
-        return Promise.reject(e);
-      }
+      const a = this.#feed(() => this.#flow.startInMemory(mem.core, mem.now(), this.#o.partition));
+      if (a.type === 'run_handler' || a.type === 'respond') return this.#admittedSync(a);
       return this.#serial(() => this.#guarded(async () => this.#admittedAsync(await this.#settle(a))));
     }
     return this.#serial(() => this.#guarded(async () => this.#admittedAsync(await this.#settle(this.#feed(() => this.#flow.start())))));
@@ -470,9 +597,13 @@ export class Session {
   }
 
   #run(a: native.FlowAction): Admission {
-    this.#heartbeatMs = a.heartbeatMs;
+    return this.#runWith(a.generation as number, a.downstreamKey as string, a.heartbeatMs);
+  }
+
+  #runWith(generation: number, downstreamKey: string, heartbeatMs: number | undefined): Admission {
+    this.#heartbeatMs = heartbeatMs;
     this.#scheduleHeartbeat();
-    const context = new Context(a.generation as number, a.downstreamKey as string, this);
+    const context = new Context(generation, downstreamKey, this);
     if (this.#o.tx) context.tx = this.#o.tx.tx;
     return { kind: 'run' as const, context };
   }
@@ -509,31 +640,53 @@ export class Session {
 
   /** The handler returned: record it (per core's policy) and get the response to send. */
   finish(result: HandlerResult): Promise<FlowEnd> {
+    let r: FlowEnd | Promise<FlowEnd>;
+    try {
+      r = this.finishEager(result);
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    return r instanceof Promise ? r : Promise.resolve(r);
+  }
+
+  /**
+   * {@link Session.finish}, answered synchronously when the completion ran inside the flow's
+   * native call and the flow ended there (the memory store's common case), else its promise. A
+   * failure of the synchronous part is thrown.
+   */
+  finishEager(result: HandlerResult): FlowEnd | Promise<FlowEnd> {
     this.#stopHeartbeat();
-    const mem = this.#mem;
-    if (mem !== undefined && this.#running === 0 && !this.#ended) {
+    const mem = this.#inline();
+    if (mem !== undefined && !this.#ended) {
       // The memory store: the completion (or release) runs inside the same native call.
-      let a: native.FlowAction;
+      let r: string | native.FlowAction;
+      const adm = this.#own === undefined ? this.#adm : undefined;
       try {
-        a = this.#feedMem(() =>
-          this.#flow.handlerFinishedInMemory(
-            mem.core,
-            mem.now(),
-            result.status,
-            result.headers,
-            result.body,
-            result.bodyToStore ?? null,
-            result.framework ?? false,
-            result.bodyTruncated ?? false,
-          ),
-        );
-        if (a.type === 'respond' || a.type === 'propagate_error') {
-          const end = this.#ending(a);
-          this.#startCleanup();
-          return Promise.resolve(end);
-        }
+        const args = [
+          mem.core,
+          mem.now(),
+          result.status,
+          result.headers,
+          result.body,
+          result.bodyToStore ?? null,
+          result.framework ?? false,
+          result.bodyTruncated ?? false,
+        ] as const;
+        r = adm !== undefined ? adm.finishInMemory(...args) : this.#flow.handlerFinishedInMemory(...args);
       } catch (e) {
-        return Promise.reject(e);
+        throw fromNative(e);
+      }
+      if (typeof r === 'string') {
+        // Core answers with the handler's own response, unchanged: only the outcome came back.
+        const end = this.#ending({ type: 'respond', live: true, outcome: r }, result);
+        this.#startCleanup();
+        return end;
+      }
+      const a = this.#feed(() => r as native.FlowAction);
+      if (a.type === 'respond' || a.type === 'propagate_error') {
+        const end = this.#ending(a, result);
+        this.#startCleanup();
+        return end;
       }
       return this.#serial(() => this.#guarded(async () => this.#end(await this.#settle(a))));
     }

@@ -168,11 +168,12 @@ export interface MemoryInline {
 const PRIMITIVES = ['claim', 'get', 'takeover', 'markUnknown', 'complete', 'release', 'renew'] as const;
 
 /**
- * The native store of idempo's own {@link MemoryStore} whose primitives are its own (a subclass
- * or an object overriding one gets the ordinary path, through its methods), else undefined.
+ * The native store of exactly idempo's own {@link MemoryStore} (not a subclass) whose primitives
+ * are its own (a subclass, or an object overriding one, gets the ordinary path, through its
+ * methods), else undefined.
  */
 export function memoryInline(store: unknown): MemoryInline | undefined {
-  if (!(store instanceof MemoryStore)) return undefined;
+  if (!(store instanceof MemoryStore) || Object.getPrototypeOf(store) !== MemoryStore.prototype) return undefined;
   const proto = MemoryStore.prototype as unknown as Record<string, unknown>;
   const own = store as unknown as Record<string, unknown>;
   for (const name of PRIMITIVES) if (own[name] !== proto[name]) return undefined;

@@ -1,0 +1,230 @@
+// The memory store's fast path (its primitives run inside the flow's native calls): taken only
+// for exactly idempo's MemoryStore with its own primitives and no `store_op` listener, and
+// equivalent to the ordinary host loop through the store's methods (Express and Fastify).
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { createRequire } from 'node:module';
+import { idempo } from './helpers.mjs';
+
+const require = createRequire(import.meta.url);
+const express = require('express');
+const Fastify = require('fastify');
+
+const native = require('../dist/native.js');
+
+/** Counts the combined admissions (`Admission.scopeInMemory`: scope stage, flow and claim in one
+ * native call) during `f`. */
+async function countingCombined(f) {
+  const proto = native.Admission.prototype;
+  const orig = proto.scopeInMemory;
+  let n = 0;
+  proto.scopeInMemory = function (...args) {
+    n++;
+    return orig.apply(this, args);
+  };
+  try {
+    await f();
+  } finally {
+    proto.scopeInMemory = orig;
+  }
+  return n;
+}
+
+const PRIMITIVES = ['claim', 'get', 'takeover', 'markUnknown', 'complete', 'release', 'renew'];
+
+/** Counts the calls to MemoryStore's primitive methods (wrapped on its prototype) during `f`. */
+async function countingMethods(f) {
+  const proto = idempo.MemoryStore.prototype;
+  const orig = {};
+  const calls = {};
+  for (const name of PRIMITIVES) {
+    orig[name] = proto[name];
+    proto[name] = function (...args) {
+      calls[name] = (calls[name] ?? 0) + 1;
+      return orig[name].apply(this, args);
+    };
+  }
+  try {
+    await f();
+  } finally {
+    for (const name of PRIMITIVES) proto[name] = orig[name];
+  }
+  return calls;
+}
+
+function handler(state) {
+  return (body) => {
+    state.runs++;
+    if (body?.fail) throw Object.assign(new Error('boom'), { noSideEffect: body.fail === 'clean' });
+    return { status: body?.status ?? 201, body: { amount: body?.amount, run: state.runs, big: body?.big ? 'x'.repeat(4096) : undefined } };
+  };
+}
+
+async function startExpress(opts, state) {
+  const app = express();
+  const mw = idempo.idempotency(opts);
+  const run = handler(state);
+  app.post('/pay/:id', mw, (req, res, next) => {
+    let r;
+    try {
+      r = run(req.body);
+    } catch (e) {
+      next(e);
+      return;
+    }
+    res.status(r.status).set('location', `/pay/${req.params.id}`).json({ ...r.body, dk: req.idempotency?.downstreamKey });
+  });
+  app.use((err, _req, res, _next) => res.status(500).json({ error: err.message }));
+  const server = await new Promise((resolve) => {
+    const s = app.listen(0, '127.0.0.1', () => resolve(s));
+  });
+  return {
+    url: `http://127.0.0.1:${server.address().port}`,
+    close: () =>
+      new Promise((r) => {
+        server.closeAllConnections();
+        server.close(r);
+      }),
+  };
+}
+
+async function startFastify(opts, state) {
+  const app = Fastify({ forceCloseConnections: true });
+  await app.register(idempo.idempotencyPlugin, opts);
+  const run = handler(state);
+  app.post('/pay/:id', async (req, reply) => {
+    const r = run(req.body);
+    reply.code(r.status).header('location', `/pay/${req.params.id}`);
+    return { ...r.body, dk: req.idempotency?.downstreamKey };
+  });
+  await app.listen({ port: 0, host: '127.0.0.1' });
+  return { url: `http://127.0.0.1:${app.server.address().port}`, close: () => app.close() };
+}
+
+const FRAMEWORKS = { express: startExpress, fastify: startFastify };
+
+/** The requests of the equivalence scenario: [key, body]. */
+const SCENARIO = [
+  ['fast-key-fresh-1', { amount: 1 }], // stored
+  ['fast-key-fresh-1', { amount: 1 }], // replayed
+  ['fast-key-fresh-1', { amount: 2 }], // 422 mismatch
+  ['fast-key-err500-1', { amount: 3, status: 500 }], // not stored: released
+  ['fast-key-err500-1', { amount: 3, status: 500 }], // runs again
+  ['fast-key-transient', { amount: 4, status: 429 }], // transient: released
+  ['fast-key-transient', { amount: 4 }], // runs, stored
+  ['fast-key-transient', { amount: 4 }], // replayed
+  ['fast-key-big-body1', { amount: 5, big: true }], // over maxStoredBodyBytes: not retained
+  ['fast-key-big-body1', { amount: 5, big: true }], // response-not-retained problem
+  ['fast-key-clean-err', { amount: 6, fail: 'clean' }], // side-effect free error: released
+  ['fast-key-clean-err', { amount: 6 }], // runs, stored
+  ['fast-key-dirty-err', { amount: 7, fail: 'dirty' }], // may have acted: outcome unknown
+  ['fast-key-dirty-err', { amount: 7, fail: 'dirty' }], // outcome-unknown problem, no run
+];
+
+/** Runs the scenario; returns every answer (status, headers but the date, body) and the outcomes. */
+async function runScenario(framework, store, extra = {}, scenario = SCENARIO) {
+  const state = { runs: 0 };
+  const events = new idempo.IdempotencyEvents();
+  const outcomes = [];
+  events.on('outcome', (o) => outcomes.push(o.outcome));
+  const srv = await FRAMEWORKS[framework]({ store, public: true, events, maxStoredBodyBytes: 1024, ...extra }, state);
+  const answers = [];
+  try {
+    for (const [key, body] of scenario) {
+      const r = await fetch(`${srv.url}/pay/1`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', 'idempotency-key': key },
+        body: JSON.stringify(body),
+      });
+      const headers = {};
+      for (const [n, v] of r.headers) if (n !== 'date' && n !== 'keep-alive' && n !== 'connection') headers[n] = v;
+      answers.push({ status: r.status, headers, body: await r.text() });
+    }
+  } finally {
+    await srv.close();
+  }
+  return { answers, outcomes, runs: state.runs };
+}
+
+class SubclassedStore extends idempo.MemoryStore {}
+
+for (const framework of Object.keys(FRAMEWORKS)) {
+  test(`${framework}: the fast path answers as the ordinary host loop does`, async () => {
+    const fast = await runScenario(framework, new idempo.MemoryStore());
+    const slow = await runScenario(framework, new SubclassedStore());
+    assert.deepEqual(fast, slow);
+    // The scenario exercised what it says (stored, replayed, mismatch, released, not retained,
+    // outcome unknown).
+    assert.deepEqual(
+      fast.answers.map((a) => a.status),
+      [201, 201, 422, 500, 500, 429, 201, 201, 201, 500, 500, 201, 500, 500],
+    );
+    assert.equal(fast.answers[1].headers['idempotent-replayed'], 'true');
+    assert.ok(fast.outcomes.includes('replayed') && fast.outcomes.includes('not_retained'), fast.outcomes.join());
+  });
+
+  test(`${framework}: the fast path is taken for exactly MemoryStore and no store_op listener`, async () => {
+    let combined = 0;
+    const calls = await countingMethods(async () => {
+      combined = await countingCombined(() => runScenario(framework, new idempo.MemoryStore()));
+    });
+    // Every admission took the combined native call (scope, flow and claim at once).
+    assert.equal(combined, SCENARIO.length);
+    // Claims and completions ran inside the native calls; only the handler errors' release and
+    // mark-unknown go through the store's methods.
+    assert.equal(calls.claim, undefined);
+    assert.equal(calls.complete, undefined);
+    assert.ok((calls.release ?? 0) + (calls.markUnknown ?? 0) <= 3, JSON.stringify(calls));
+  });
+
+  test(`${framework}: not taken for a subclass, an overridden primitive or a store_op listener`, async () => {
+    assert.equal(await countingCombined(() => runScenario(framework, new SubclassedStore())), 0);
+    const sub = await countingMethods(() => runScenario(framework, new SubclassedStore()));
+    assert.ok(sub.claim > 0 && sub.complete > 0, JSON.stringify(sub));
+
+    const own = new idempo.MemoryStore();
+    let ownClaims = 0;
+    own.claim = function (...args) {
+      ownClaims++;
+      return idempo.MemoryStore.prototype.claim.apply(this, args);
+    };
+    const overridden = await countingMethods(() => runScenario(framework, own));
+    assert.equal(ownClaims, SCENARIO.length);
+    assert.ok(overridden.complete > 0, JSON.stringify(overridden));
+
+    const ops = [];
+    const events = new idempo.IdempotencyEvents();
+    events.on('store_op', ({ op, failed }) => ops.push(`${op}${failed ? '!' : ''}`));
+    const listened = await countingMethods(() => runScenario(framework, new idempo.MemoryStore(), { events }));
+    assert.equal(listened.claim, SCENARIO.length);
+    assert.deepEqual(ops.slice(0, 3), ['claim', 'complete', 'claim']);
+    assert.equal(ops.filter((o) => o === 'claim').length, SCENARIO.length);
+  });
+}
+
+// After every test above: the refused claims leave background cleanups that call the store's
+// methods for a while (the counting tests above would see them).
+for (const framework of Object.keys(FRAMEWORKS)) {
+  test(`${framework}: the combined admission answers as the ordinary one for a full store and a scope function`, async () => {
+    // A full store refuses the second key's claim (503 store_full, through the store's own
+    // method); a scope function names the principal (the scope and the partition).
+    const scenario = [
+      ['fast-full-key-1', { amount: 1 }],
+      ['fast-full-key-2', { amount: 2 }],
+      ['fast-full-key-1', { amount: 1 }],
+      ['fast-full-key-1', { amount: 9 }],
+    ];
+    const limits = { maxEntries: 1, maxEntriesPerPartition: 1 };
+    for (const extra of [{}, { public: false, scope: () => 'alice' }]) {
+      const fast = await runScenario(framework, new idempo.MemoryStore(limits), extra, scenario);
+      const slow = await runScenario(framework, new SubclassedStore(limits), extra, scenario);
+      assert.deepEqual(fast, slow);
+      assert.deepEqual(
+        fast.answers.map((a) => a.status),
+        [201, 503, 201, 422],
+      );
+      assert.equal(fast.answers[2].headers['idempotent-replayed'], 'true');
+    }
+    assert.equal(await countingCombined(() => runScenario(framework, new idempo.MemoryStore(limits), {}, scenario)), scenario.length);
+  });
+}
