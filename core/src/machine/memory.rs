@@ -863,4 +863,50 @@ mod tests {
             40
         );
     }
+
+    #[test]
+    fn refusals_purges_and_sizes_read_back() {
+        assert_eq!(MemoryError::Full { retry_after_ms: 1 }.as_str(), "full");
+        assert_eq!(
+            MemoryError::QuotaExceeded { retry_after_ms: 1 }.as_str(),
+            "quota_exceeded"
+        );
+        let counts = PurgeCounts {
+            in_progress: 2,
+            completed: 3,
+            outcome_unknown: 5,
+        };
+        assert_eq!(counts.total(), 10);
+        assert_eq!(PurgeCounts::default().total(), 0);
+        let completed = |headers: Vec<(String, String)>, body: &[u8]| Record {
+            fingerprint: fp(),
+            generation: 1,
+            token: A,
+            expires_at_ms: 10,
+            state: RecordState::Completed {
+                response: StoredResponse {
+                    status: 201,
+                    headers,
+                    body: body.to_vec(),
+                },
+            },
+        };
+        // 160 overhead + 5 ("v1:aa") + body 4 + header names and values 12 + 7.
+        assert_eq!(
+            record_bytes(&completed(
+                vec![
+                    ("content-type".into(), "a/b".into()),
+                    ("x-a".into(), "1234".into())
+                ],
+                b"body"
+            )),
+            RECORD_OVERHEAD_BYTES + 5 + 4 + 12 + 3 + 3 + 4
+        );
+        let m = MemoryStore::new(limits(7, 3));
+        assert_eq!(m.limits(), limits(7, 3));
+        assert!(m.is_empty());
+        let mut m = m;
+        let _ = m.claim(scope(1), None, &fp(), A, 10, 100, 1_000);
+        assert!(!m.is_empty());
+    }
 }
