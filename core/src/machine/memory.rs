@@ -909,4 +909,40 @@ mod tests {
         let _ = m.claim(scope(1), None, &fp(), A, 10, 100, 1_000);
         assert!(!m.is_empty());
     }
+
+    /// Removing a record gives its partition back what it held: its bytes (a quota of one
+    /// record's size admits the next claim once the first is released) and its entry count
+    /// (the partition is forgotten only when it holds nothing).
+    #[test]
+    fn a_removed_record_gives_its_partition_back_its_room() {
+        let one = RECORD_OVERHEAD_BYTES + fp().as_str().len();
+        let mut m = MemoryStore::new(MemoryLimits {
+            max_entries: 10,
+            max_bytes: usize::MAX,
+            max_entries_per_partition: 10,
+            max_bytes_per_partition: one,
+        });
+        let p = Some(Partition::of_principal("alice"));
+        for round in 0..3u8 {
+            let token = FencingToken([round; 16]);
+            assert_eq!(
+                m.claim(scope(1), p, &fp(), token, 10, 100, 1_000),
+                Ok(ClaimOutcome::Claimed { generation: 1 }),
+                "round {round}"
+            );
+            assert_eq!(m.partition_len(p), 1);
+            assert!(matches!(
+                m.claim(scope(2), p, &fp(), token, 10, 100, 1_000),
+                Err(MemoryError::QuotaExceeded { .. })
+            ));
+            assert!(m.release(scope(1), token));
+            assert_eq!(m.partition_len(p), 0);
+            assert_eq!(m.bytes(), 0);
+        }
+        let mut m = MemoryStore::new(limits(10, 10));
+        let _ = m.claim(scope(1), p, &fp(), A, 10, 100, 1_000);
+        let _ = m.claim(scope(2), p, &fp(), A, 10, 100, 1_000);
+        assert!(m.release(scope(1), A));
+        assert_eq!(m.partition_len(p), 1, "one record left in the partition");
+    }
 }
