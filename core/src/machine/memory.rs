@@ -945,4 +945,69 @@ mod tests {
         assert!(m.release(scope(1), A));
         assert_eq!(m.partition_len(p), 1, "one record left in the partition");
     }
+
+    /// The byte limits are inclusive and count a claim as `record_bytes` of its record: two
+    /// records fill a limit of exactly two records' size, a third is refused; a limit one byte
+    /// short of two records refuses the second. The same holds for a partition's quota.
+    #[test]
+    fn byte_limits_are_inclusive_and_count_the_record() {
+        let one = RECORD_OVERHEAD_BYTES + fp().as_str().len();
+        let p = Some(Partition::of_principal("alice"));
+        for (max_bytes, per_partition, partition) in
+            [(2 * one, usize::MAX, None), (usize::MAX, 2 * one, p)]
+        {
+            let mut m = MemoryStore::new(MemoryLimits {
+                max_entries: 10,
+                max_bytes,
+                max_entries_per_partition: 10,
+                max_bytes_per_partition: per_partition,
+            });
+            for i in 1..=2 {
+                assert!(
+                    matches!(
+                        m.claim(scope(i), partition, &fp(), A, 10, 100, 1_000),
+                        Ok(ClaimOutcome::Claimed { .. })
+                    ),
+                    "record {i} fits"
+                );
+            }
+            assert_eq!(m.bytes(), 2 * one);
+            let third = m.claim(scope(3), partition, &fp(), A, 10, 100, 1_000);
+            assert!(
+                matches!(
+                    (&third, partition),
+                    (Err(MemoryError::Full { .. }), None)
+                        | (Err(MemoryError::QuotaExceeded { .. }), Some(_))
+                ),
+                "{third:?}"
+            );
+        }
+        let mut m = MemoryStore::new(MemoryLimits {
+            max_entries: 10,
+            max_bytes: 2 * one - 1,
+            max_entries_per_partition: 10,
+            max_bytes_per_partition: usize::MAX,
+        });
+        assert!(m.claim(scope(1), None, &fp(), A, 10, 100, 1_000).is_ok());
+        assert!(matches!(
+            m.claim(scope(2), None, &fp(), A, 10, 100, 1_000),
+            Err(MemoryError::Full { .. })
+        ));
+    }
+
+    #[test]
+    fn takeover_needs_the_seen_token_and_an_expired_lease() {
+        const B: FencingToken = FencingToken([0xb; 16]);
+        let mut m = MemoryStore::new(limits(10, 10));
+        assert_eq!(m.takeover(scope(1), A, B, 10, 1_000), None, "no record");
+        let _ = m.claim(scope(1), None, &fp(), A, 10, 100, 1_000);
+        assert_eq!(m.takeover(scope(1), A, B, 10, 1_005), None, "lease live");
+        assert_eq!(
+            m.takeover(scope(1), B, B, 10, 1_010),
+            None,
+            "not the seen token"
+        );
+        assert_eq!(m.takeover(scope(1), A, B, 10, 1_010), Some(1));
+        assert_eq!(m.get(&scope(1)).map(|r| r.token), Some(B));
+    }
 }
