@@ -1010,4 +1010,47 @@ mod tests {
         assert_eq!(m.takeover(scope(1), A, B, 10, 1_010), Some(1));
         assert_eq!(m.get(&scope(1)).map(|r| r.token), Some(B));
     }
+
+    /// The store's primitives answer as core's (`store.rs`) on the record they hold: each
+    /// needs the caller's token (the seen one for mark-unknown, after the lease) and leaves the
+    /// record its contract says.
+    #[test]
+    fn the_primitives_need_their_token_and_leave_their_record() {
+        const B: FencingToken = FencingToken([0xb; 16]);
+        let mut m = MemoryStore::new(limits(10, 10));
+        assert!(!m.mark_unknown(scope(1), A, 100, 1_000), "no record");
+        assert!(!m.renew(scope(1), A, 10, 1_000), "no record");
+        assert!(!m.release(scope(1), A), "no record");
+        let _ = m.claim(scope(1), None, &fp(), A, 10, 100, 1_000);
+        assert!(!m.mark_unknown(scope(1), A, 100, 1_005), "lease live");
+        assert!(!m.renew(scope(1), B, 10, 1_005), "another token");
+        assert!(m.renew(scope(1), A, 50, 1_005));
+        assert_eq!(
+            m.get(&scope(1)).map(|r| r.state.clone()),
+            Some(RecordState::InProgress {
+                lease_until_ms: 1_055
+            })
+        );
+        assert!(!m.release(scope(1), B), "another token");
+        assert_eq!(m.complete(scope(1), B, resp(), 100, 1_010), Ok(false));
+        assert_eq!(m.complete(scope(1), A, resp(), 100, 1_010), Ok(true));
+        assert!(matches!(
+            m.get(&scope(1)).map(|r| &r.state),
+            Some(RecordState::Completed { .. })
+        ));
+        assert!(!m.release(scope(1), A), "completed: not released");
+        let _ = m.claim(scope(2), None, &fp(), A, 10, 100, 1_000);
+        assert!(
+            !m.mark_unknown(scope(2), B, 100, 1_020),
+            "not the seen token"
+        );
+        assert!(m.mark_unknown(scope(2), A, 100, 1_020));
+        assert_eq!(
+            m.get(&scope(2)).map(|r| (r.state.clone(), r.expires_at_ms)),
+            Some((RecordState::OutcomeUnknown, 1_120))
+        );
+        let _ = m.claim(scope(3), None, &fp(), A, 10, 100, 1_000);
+        assert!(m.release(scope(3), A));
+        assert_eq!(m.get(&scope(3)), None);
+    }
 }
