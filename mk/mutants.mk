@@ -11,9 +11,10 @@
 #                           core's own tests and vectors (about an hour on 2 cores)
 #
 # Needs cargo-mutants from crates.io: `cargo install cargo-mutants --locked`.
-# 396 mutants today (cargo mutants --list). Slow: every mutant is a rebuild plus a test run. On
-# 2 cores expect days for pass 1 and a day for pass 2;
-# narrow it with MUTANTS_FILES (e.g. MUTANTS_FILES=core/src/machine/store.rs) or
+# 396 mutants today (cargo mutants --list). Every mutant is a rebuild plus a test run: pass 1's
+# first stage (core's tests) takes about an hour on 2 cores (~10 s a mutant), its later stages
+# only run the few it leaves; pass 2 is ~4 minutes a mutant (the model's fast tier).
+# Narrow it with MUTANTS_FILES (e.g. MUTANTS_FILES=core/src/machine/store.rs) or
 # MUTANTS_ARGS (e.g. MUTANTS_ARGS='--shard 0/8'). Not in TEST_TARGETS.
 .PHONY: mutants mutants-list mutants-suite mutants-model mutants-core
 
