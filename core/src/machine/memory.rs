@@ -1053,4 +1053,38 @@ mod tests {
         assert!(m.release(scope(3), A));
         assert_eq!(m.get(&scope(3)), None);
     }
+
+    /// A purge counts what it deleted per state, and deletes only what is due.
+    #[test]
+    fn purge_counts_each_state_it_deleted() {
+        let mut m = MemoryStore::new(limits(10, 10));
+        for i in 1..=6 {
+            let _ = m.claim(scope(i), None, &fp(), A, 10, 100, 1_000);
+        }
+        for i in 1..=3 {
+            assert_eq!(m.complete(scope(i), A, resp(), 100, 1_000), Ok(true));
+        }
+        assert!(m.mark_unknown(scope(4), A, 100, 1_010));
+        assert!(m.mark_unknown(scope(5), A, 100, 1_010));
+        // Records 1-3 completed (expire at 1,100), 4-5 outcome-unknown (1,110), 6 in progress
+        // (1,100): at 1,100 four are due, one of them in progress.
+        let counts = m.purge_expired(100, 1_100);
+        assert_eq!(
+            counts,
+            PurgeCounts {
+                in_progress: 1,
+                completed: 3,
+                outcome_unknown: 0,
+            }
+        );
+        assert_eq!(
+            m.purge_expired(100, 1_110),
+            PurgeCounts {
+                in_progress: 0,
+                completed: 0,
+                outcome_unknown: 2,
+            }
+        );
+        assert!(m.is_empty());
+    }
 }

@@ -384,4 +384,42 @@ mod tests {
         assert!(body.contains("\"code\":\"duplicate_member\""), "{body}");
         assert!(body.contains("JSON Pointer"), "{body}");
     }
+
+    /// Every kind has its own default `detail`, a sentence, and a problem response without a
+    /// detail of its own carries it.
+    #[test]
+    fn each_kind_has_its_own_default_detail() {
+        let kinds = [
+            ProblemKind::MissingKey,
+            ProblemKind::InvalidKey,
+            ProblemKind::InvalidBody,
+            ProblemKind::BodyTooLarge,
+            ProblemKind::InFlight,
+            ProblemKind::Mismatch,
+            ProblemKind::OutcomeUnknown,
+            ProblemKind::StoreUnavailable,
+            ProblemKind::Contention,
+            ProblemKind::ResponseNotRetained,
+            ProblemKind::ScopeUnresolved,
+            ProblemKind::BodyUnavailable,
+        ];
+        let details: std::collections::BTreeSet<&str> =
+            kinds.iter().map(|k| k.default_detail()).collect();
+        assert_eq!(details.len(), kinds.len(), "one detail per kind");
+        for kind in kinds {
+            let detail = kind.default_detail();
+            assert!(
+                detail.len() > 20 && detail.ends_with('.'),
+                "{kind:?}: {detail:?}"
+            );
+            let body =
+                String::from_utf8(problem_response(kind, None, None, None).body).expect("utf-8");
+            assert!(body.contains(detail), "{kind:?}: {body}");
+        }
+        assert!(
+            ProblemKind::MissingKey
+                .default_detail()
+                .contains("Idempotency-Key")
+        );
+    }
 }
