@@ -599,6 +599,23 @@ mod tests {
             admit(&small(), &[b"abcdefgh1"], Some(u64::MAX)),
             KeyStage::Refuse(r) if r.kind == ProblemKind::BodyTooLarge
         ));
+        // The same bound on the bytes read: 8 bytes are fingerprinted, 9 are refused.
+        let KeyStage::Continue(b) = admit(&small(), &[b"abcdefgh1"], None) else {
+            panic!("valid key");
+        };
+        let at = b.clone().body(
+            BodyRead::Complete(RequestParts::json("POST", "/p", b"[1,2,34]")),
+            &fp(),
+        );
+        assert!(matches!(at, Ok(BodyStage::Continue(_))), "{at:?}");
+        let over = b.body(
+            BodyRead::Complete(RequestParts::json("POST", "/p", b"[1,2,345]")),
+            &fp(),
+        );
+        assert!(
+            matches!(over, Ok(BodyStage::Refuse(ref r)) if r.response.status == 413),
+            "{over:?}"
+        );
     }
 
     /// The outcome names the metrics carry (`spec/METRICS.md`): one per refusal.
@@ -661,11 +678,18 @@ mod tests {
                     let log = r.log.expect("log line");
                     assert!(log.contains("POST /payments"), "{log}");
                     let body = String::from_utf8(r.response.body).expect("utf-8");
+                    assert!(!body.contains("scope function"), "{body}");
                     assert!(
                         body.contains("urn:idempo:problem:scope-unresolved"),
                         "{body}"
                     );
                     assert!(body.contains("POST /payments"), "{body}");
+                    // The log's fix names what a scope function must do, not a generic hint
+                    // (the client's body does not carry it).
+                    assert!(
+                        log.contains("Make your scope function return the principal"),
+                        "{log}"
+                    );
                 }
                 other => panic!("{got:?}: {other:?}"),
             }
