@@ -944,6 +944,31 @@ mod tests {
         let _ = m.claim(scope(2), p, &fp(), A, 10, 100, 1_000);
         assert!(m.release(scope(1), A));
         assert_eq!(m.partition_len(p), 1, "one record left in the partition");
+        // A partition that keeps a record: a quota of two records admits a third claim once
+        // one of the two is released (its bytes are given back, not added again).
+        let mut m = MemoryStore::new(MemoryLimits {
+            max_entries: 10,
+            max_bytes: usize::MAX,
+            max_entries_per_partition: 10,
+            max_bytes_per_partition: 2 * one,
+        });
+        for i in 1..=2 {
+            assert!(m.claim(scope(i), p, &fp(), A, 10, 100, 1_000).is_ok());
+        }
+        assert!(m.release(scope(1), A));
+        assert!(matches!(
+            m.claim(scope(3), p, &fp(), A, 10, 100, 1_000),
+            Ok(ClaimOutcome::Claimed { .. })
+        ));
+        assert!(matches!(
+            m.claim(scope(4), p, &fp(), A, 10, 100, 1_000),
+            Err(MemoryError::QuotaExceeded { .. })
+        ));
+        // Full to the byte: even a 2-byte response does not fit beside the two records.
+        assert!(matches!(
+            m.complete(scope(3), A, resp(), 100, 1_000),
+            Err(MemoryError::QuotaExceeded { .. })
+        ));
     }
 
     /// The byte limits are inclusive and count a claim as `record_bytes` of its record: two
