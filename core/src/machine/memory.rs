@@ -1112,4 +1112,39 @@ mod tests {
         );
         assert!(m.is_empty());
     }
+
+    /// A completion by anyone but the owner of an in-progress record is a plain `false`, even on
+    /// a full store: it never asks for room (no eviction, no refusal) it would not use.
+    #[test]
+    fn a_completion_without_the_record_is_false_even_when_full() {
+        const B: FencingToken = FencingToken([0xb; 16]);
+        let one = RECORD_OVERHEAD_BYTES + fp().as_str().len();
+        let mut m = MemoryStore::new(MemoryLimits {
+            max_entries: 10,
+            max_bytes: one,
+            max_entries_per_partition: 10,
+            max_bytes_per_partition: usize::MAX,
+        });
+        let _ = m.claim(scope(1), None, &fp(), A, 10, 100, 1_000);
+        assert_eq!(m.complete(scope(1), B, resp(), 100, 1_000), Ok(false));
+        assert!(matches!(
+            m.complete(scope(1), A, resp(), 100, 1_000),
+            Err(MemoryError::Full { .. })
+        ));
+        let mut m = MemoryStore::new(limits(10, 10));
+        let _ = m.claim(scope(1), None, &fp(), A, 10, 100, 1_000);
+        assert_eq!(m.complete(scope(1), A, resp(), 100, 1_000), Ok(true));
+        let full = MemoryLimits {
+            max_bytes: m.bytes(),
+            ..limits(10, 10)
+        };
+        let mut m2 = MemoryStore::new(full);
+        let _ = m2.claim(scope(1), None, &fp(), A, 10, 100, 1_000);
+        assert_eq!(m2.complete(scope(1), A, resp(), 100, 1_000), Ok(true));
+        assert_eq!(
+            m2.complete(scope(1), A, resp(), 100, 1_000),
+            Ok(false),
+            "completed: a second completion is false, not a refusal"
+        );
+    }
 }
