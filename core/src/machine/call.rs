@@ -400,7 +400,7 @@ impl CallAnswer {
 }
 
 /// Every [`Outcome`], for [`outcome_named`].
-const OUTCOMES: [Outcome; 13] = [
+pub(crate) const OUTCOMES: [Outcome; 13] = [
     Outcome::Stored,
     Outcome::NotStored,
     Outcome::NotRetained,
