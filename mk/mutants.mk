@@ -16,7 +16,14 @@
 # only run the few it leaves; pass 2 is ~4 minutes a mutant (the model's fast tier).
 # Narrow it with MUTANTS_FILES (e.g. MUTANTS_FILES=core/src/machine/store.rs) or
 # MUTANTS_ARGS (e.g. MUTANTS_ARGS='--shard 0/8'). Not in TEST_TARGETS.
-.PHONY: mutants mutants-list mutants-suite mutants-model mutants-core
+.PHONY: mutants mutants-tool mutants-list mutants-suite mutants-model mutants-core
+
+# cargo-mutants from crates.io, the version these results were taken with, installed when missing.
+MUTANTS_VERSION ?= 27.1.0
+mutants-tool:
+	@$(CARGO) mutants --version >/dev/null 2>&1 || { \
+	  echo "mutants: installing cargo-mutants $(MUTANTS_VERSION) from crates.io"; \
+	  $(CARGO) install --locked --version $(MUTANTS_VERSION) cargo-mutants; }
 
 MUTANTS_FILES ?= core/src/machine/*.rs core/src/policy.rs
 MUTANTS_TIMEOUT ?= 900
@@ -27,7 +34,7 @@ MUTANTS_FLAGS = --no-shuffle -j $(MUTANTS_JOBS) --timeout $(MUTANTS_TIMEOUT) \
 
 mutants: mutants-suite mutants-model
 
-mutants-list:
+mutants-list: mutants-tool
 	$(CARGO) mutants --list $(MUTANTS_FLAGS)
 
 # Pass 1: the whole suite judges each mutant of core, in three stages that end where
@@ -39,28 +46,37 @@ mutants-list:
 # The later stages skip the baseline (the unmutated suite passes in `make test-rust`).
 # cargo-mutants exits 2 when a mutant survives and 3 on a timeout: both are results, not errors.
 MUTANTS_RESULT = rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 2 ] || [ $$rc -eq 3 ] || exit $$rc
-mutants-suite:
+mutants-suite: mutants-tool
 	@mkdir -p target/mutants/suite
 	$(CARGO) mutants $(MUTANTS_FLAGS) --test-package idempo-core \
 		--output target/mutants/suite; $(MUTANTS_RESULT)
 	$(CARGO) mutants $(MUTANTS_FLAGS) --iterate --test-package idempo-tests --baseline skip \
 		--output target/mutants/suite; $(MUTANTS_RESULT)
 	$(CARGO) mutants $(MUTANTS_FLAGS) --iterate --test-workspace=true --baseline skip \
-		--output target/mutants/suite
+		--output target/mutants/suite; $(MUTANTS_RESULT)
+	python3 scripts/mutants_table.py target/mutants/suite
 
 # Pass 2: only the model's fast tier judges (what the model alone catches): its guarantee
 # tables and witnesses, without the pinned state counts (IDEMPO_MODEL_NO_PINS) and without the
 # mutation tests (whose pinned depths would judge by step count, not by a broken guarantee).
 # --baseline skip: cargo-mutants 27 runs its unmutated baseline on the mutated package (core),
 # which has no model_check target; the fast tier passes unmutated in test-rust.
-mutants-model:
+# By default only the 36 mutants the target names (spec/MODEL.md §5.2): every mutant of a store
+# primitive (store.rs) and of the flow's release/abandon choice, about 4 minutes each;
+# MUTANTS_MODEL_FILES='$(MUTANTS_FILES)' MUTANTS_MODEL_RE='.' judges all of them (days).
+MUTANTS_MODEL_FILES ?= core/src/machine/store.rs core/src/machine/flow.rs
+MUTANTS_MODEL_RE ?= store\.rs|ServerFlow::(on_finished|release|abandon)
+mutants-model: mutants-tool
 	@mkdir -p target/mutants/model
-	IDEMPO_MODEL_NO_PINS=1 $(CARGO) mutants $(MUTANTS_FLAGS) --test-package idempo-tests --baseline skip \
-		--output target/mutants/model -- --test model_check -- --skip mutation_
+	IDEMPO_MODEL_NO_PINS=1 $(CARGO) mutants --no-shuffle -j $(MUTANTS_JOBS) --timeout $(MUTANTS_TIMEOUT) \
+		$(foreach f,$(MUTANTS_MODEL_FILES),--file '$(f)') --re '$(MUTANTS_MODEL_RE)' $(MUTANTS_ARGS) \
+		--test-package idempo-tests --baseline skip \
+		--output target/mutants/model -- --test model_check -- --skip mutation_; $(MUTANTS_RESULT)
+	python3 scripts/mutants_table.py target/mutants/model
 
 # The scoped pass: the primitives, decide and the cleanup machine, judged by core's tests alone.
 MUTANTS_CORE_FILES = core/src/machine/store.rs core/src/machine/mod.rs core/src/machine/cleanup.rs
-mutants-core:
+mutants-core: mutants-tool
 	@mkdir -p target/mutants/core-primitives
 	$(CARGO) mutants --no-shuffle -j $(MUTANTS_JOBS) --timeout 300 \
 		$(foreach f,$(MUTANTS_CORE_FILES),--file '$(f)') --test-package idempo-core \
