@@ -1,6 +1,7 @@
 //! Running the model in tests: exhaustive exploration with an exact guarantee table, and
 //! mutation runs that stop at the expected counterexample.
 use std::collections::BTreeSet;
+use std::io::Write as _;
 use std::time::Instant;
 
 use stateright::{Checker, Expectation, HasDiscoveries, Model};
@@ -41,7 +42,20 @@ pub fn guarantees(
     reached: &[&str],
 ) -> Measured {
     let start = Instant::now();
-    let builder = model.checker();
+    let builder = if fail_fast() {
+        // Stop at the first counterexample the table does not expect: the run fails anyway.
+        let unexpected: BTreeSet<&'static str> = model
+            .properties()
+            .into_iter()
+            .filter(|p| p.expectation == Expectation::Always && !failing.contains(&p.name))
+            .map(|p| p.name)
+            .collect();
+        model
+            .checker()
+            .finish_when(HasDiscoveries::AnyOf(unexpected))
+    } else {
+        model.checker()
+    };
     match search {
         Search::Bfs => table(label, &builder.spawn_bfs().join(), start, failing, reached),
         Search::Dfs(threads) => table(
@@ -102,8 +116,28 @@ fn table<C: Checker<IdempoModel>>(
             _ => {}
         }
     }
+    if fail_fast() && !problems.is_empty() {
+        // One broken table decides the run: end the whole test process now instead of waiting
+        // for the other configurations, which is what makes a mutation pass finish.
+        // Written to the process's stderr directly: the test harness's capture would be lost.
+        let _ = writeln!(
+            std::io::stderr(),
+            "{label}: {problems:#?}\nIDEMPO_MODEL_FAIL_FAST: exiting at the first broken guarantee table"
+        );
+        std::process::exit(101);
+    }
     assert!(problems.is_empty(), "{label}: {problems:#?}");
     measured
+}
+
+/// Whether `IDEMPO_MODEL_FAIL_FAST` is set (the model-only mutation pass, `make mutants-model`):
+/// each exploration stops at the first counterexample its table does not expect, and the first
+/// broken table ends the test process with a failure. The verdict is the same as a full run's
+/// (a table with an unexpected counterexample fails either way); only the time differs. A run
+/// whose tables all hold explores everything, as without it.
+#[must_use]
+pub fn fail_fast() -> bool {
+    std::env::var_os("IDEMPO_MODEL_FAIL_FAST").is_some()
 }
 
 /// Explores breadth-first until every property in `expected` has a counterexample; returns the
