@@ -5,7 +5,8 @@
 //! bench_upstream PORT [WORK_MS]   # 0 picks a port; prints `listening PORT` on stdout once bound
 //! ```
 //!
-//! `WORK_MS` (default 0): each `POST` waits that long before it answers (a timer, no CPU), as a
+//! `WORK_MS` (default 0, fractions allowed): each `POST` waits that long before it answers (a
+//! thread sleep, no CPU, to the kernel's timer precision), as a
 //! service that calls its database or a payment provider does; `make bench-gateway
 //! BENCH_GATEWAY_ARGS="--upstream-work-ms 1"` reads the gateway's latency beside such a service.
 //!
@@ -66,7 +67,11 @@ async fn serve(
         .map(str::to_owned);
     let body = req.into_body().collect().await?.to_bytes();
     if !work.is_zero() {
-        tokio::time::sleep(work).await;
+        // A thread sleep on the blocking pool, not tokio's timer: tokio rounds every deadline up
+        // to a whole millisecond, so the requests that arrived within one millisecond would all
+        // wake on the same tick and reach the proxy in one burst, where each waits for the CPU
+        // of every one ahead of it. A service's own work is not aligned to a clock like that.
+        let _ = tokio::task::spawn_blocking(move || std::thread::sleep(work)).await;
     }
     let n = {
         let mut c = counts

@@ -28,7 +28,7 @@ warms up, then measures; rounds are interleaved and the table shows the median. 
 rounds each gateway row is checked once: the same key twice runs the upstream once and the second
 answer is the replay.
 
-``--upstream-work-ms N`` makes the upstream wait N ms (a timer, no CPU) before each answer, as a
+``--upstream-work-ms N`` makes the upstream wait N ms (a thread sleep, no CPU) before each answer, as a
 service that calls its database or a payment provider does: the default 0 keeps the trivial
 upstream, the worst case for the p50 target (the protocol's fixed CPU cost against a service that
 costs ~7 µs); with it the p50 rows read the gateway beside a service with work of its own. The
@@ -245,7 +245,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--no-services", action="store_true", help="skip the PostgreSQL row")
     ap.add_argument("--upstream-cpu", type=int, default=0, help="the CPU the upstream runs on (default 0, beside the gateway)")
     ap.add_argument("--upstream-work-ms", type=float, default=0.0,
-                    help="the upstream waits this long (ms, a timer) before each answer (default 0: trivial)")
+                    help="the upstream waits this long (ms, a thread sleep) before each answer (default 0: trivial)")
     ap.add_argument("--only", default="", help="comma-separated row names to run (e.g. 'plain proxy,gateway memory')")
     args = ap.parse_args(argv)
     if not args.upstream_work_ms >= 0:
@@ -290,7 +290,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"server side on CPU 0 (upstream on CPU {args.upstream_cpu}), wrk -t1 -c{args.connections} on CPU 1; "
           f"{args.rounds} interleaved round(s) of {args.seconds:g} s after {args.warmup:g} s of warm-up; "
           f"POST /pay, fresh Idempotency-Key per request, body {len(e2e.BODY)} B")
-    print(f"upstream work per request: {args.upstream_work_ms:g} ms (a timer, no CPU)"
+    print(f"upstream work per request: {args.upstream_work_ms:g} ms (a thread sleep, no CPU)"
           + ("; the Python ASGI rows' handler does none" if args.upstream_work_ms else " (the trivial upstream)") + "\n")
     t0 = time.monotonic()
     DATA.mkdir(exist_ok=True)
