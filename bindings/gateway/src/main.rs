@@ -1,11 +1,23 @@
-//! The `idempo-gateway` command: `check-config FILE` and `serve --config FILE`.
+//! The `idempo-gateway` command: `check-config FILE`, `serve --config FILE`, `--help`,
+//! `--version`.
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use idempo_gateway::config::{GatewayConfig, LoadError};
 
-const USAGE: &str =
-    "usage: idempo-gateway check-config FILE\n       idempo-gateway serve --config FILE";
+const USAGE: &str = "usage: idempo-gateway check-config FILE
+       idempo-gateway serve --config FILE
+       idempo-gateway --help | --version";
+
+const HELP: &str = "idempo-gateway: the idempotency protocol in front of any HTTP service.
+
+  check-config FILE     validate a configuration; prints OK (exit 0) or each error as
+                        file:line:column (exit 1; 2 when the file cannot be read)
+  serve --config FILE   run the gateway; SIGTERM or SIGINT finish in-flight requests, then stop
+  --help, -h            this text
+  --version, -V         the version
+
+Configuration reference: bindings/gateway/README.md";
 
 fn load(path: &str) -> Result<GatewayConfig, ExitCode> {
     match GatewayConfig::load(&PathBuf::from(path)) {
@@ -25,6 +37,14 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     match args.as_slice() {
+        ["--help" | "-h" | "help"] => {
+            println!("{USAGE}\n\n{HELP}");
+            ExitCode::SUCCESS
+        }
+        ["--version" | "-V"] => {
+            println!("idempo-gateway {}", env!("CARGO_PKG_VERSION"));
+            ExitCode::SUCCESS
+        }
         ["check-config", file] => match load(file) {
             Ok(_) => {
                 println!("OK");
@@ -32,7 +52,7 @@ fn main() -> ExitCode {
             }
             Err(code) => code,
         },
-        ["serve", "--config", file] => {
+        ["serve", "--config", file] | ["serve", "-c", file] => {
             let cfg = match load(file) {
                 Ok(c) => c,
                 Err(code) => return code,
