@@ -1,6 +1,7 @@
 //! Deep tier of the stateright model: larger configurations, depth-first on two threads.
 //!
-//! Ignored by default; run with `make model-deep` (one test at a time). Each run is exhaustive
+//! Ignored by default; run with `make model-deep` (one test at a time; the `open_` bound that has
+//! never finished is left to `make model-deep-open`). Each run is exhaustive
 //! and asserts the same exact guarantee table as the fast tier; state counts are printed and
 //! recorded in `spec/MODEL.md`, not pinned.
 use idempo_tests::model::harness::{Search, guarantees};
@@ -102,9 +103,12 @@ fn deep_two_scopes_with_crash() {
     );
 }
 
+/// Open: this bound has never finished (over 35 minutes on 2 cores, spec/MODEL.md §6), so
+/// `make model-deep` skips it (`--skip open_`) and the verb ends; run it on its own with
+/// `make model-deep-open`. The bound below it is the three-client one that finishes.
 #[test]
-#[ignore = "deep tier: make model-deep"]
-fn deep_transactional_three_clients() {
+#[ignore = "open: make model-deep-open (has not finished)"]
+fn open_transactional_three_clients_two_scopes() {
     guarantees(
         "deep: transactional alice-A/alice-B/bob-A, 2 retries, clock 4",
         IdempoModel::new(
