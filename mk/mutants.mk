@@ -47,15 +47,16 @@ mutants-list: mutants-tool
 # since a mutant core catches costs one rebuild of core instead of one of every crate above it.
 # The later stages skip the baseline (the unmutated suite passes in `make test-rust`).
 # cargo-mutants exits 2 when a mutant survives and 3 on a timeout: both are results, not errors.
-MUTANTS_RESULT = rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 2 ] || [ $$rc -eq 3 ] || exit $$rc
+# (Written as `cmd || {...}`: the recipe shell runs with -e, which would stop at `cmd; rc=$$?`.)
+MUTANTS_RESULT = || { rc=$$?; [ $$rc -eq 2 ] || [ $$rc -eq 3 ] || exit $$rc; }
 mutants-suite: mutants-tool
 	@mkdir -p target/mutants/suite
 	$(CARGO) mutants $(MUTANTS_FLAGS) --test-package idempo-core \
-		--output target/mutants/suite; $(MUTANTS_RESULT)
+		--output target/mutants/suite $(MUTANTS_RESULT)
 	$(CARGO) mutants $(MUTANTS_FLAGS) --iterate --test-package idempo-tests --baseline skip \
-		--output target/mutants/suite; $(MUTANTS_RESULT)
+		--output target/mutants/suite $(MUTANTS_RESULT)
 	$(CARGO) mutants $(MUTANTS_FLAGS) --iterate --test-workspace=true --baseline skip \
-		--output target/mutants/suite; $(MUTANTS_RESULT)
+		--output target/mutants/suite $(MUTANTS_RESULT)
 	python3 scripts/mutants_table.py target/mutants/suite
 
 # Pass 2: only the model's fast tier judges (what the model alone catches): its guarantee
@@ -76,7 +77,7 @@ mutants-model: mutants-tool
 	IDEMPO_MODEL_NO_PINS=1 IDEMPO_MODEL_FAIL_FAST=1 $(CARGO) mutants --no-shuffle -j $(MUTANTS_JOBS) --timeout $(MUTANTS_TIMEOUT) \
 		$(foreach f,$(MUTANTS_MODEL_FILES),--file '$(f)') --re '$(MUTANTS_MODEL_RE)' $(MUTANTS_ARGS) \
 		--test-package idempo-tests --baseline skip \
-		--output target/mutants/model -- --test model_check -- --skip mutation_; $(MUTANTS_RESULT)
+		--output target/mutants/model -- --test model_check -- --skip mutation_ $(MUTANTS_RESULT)
 	python3 scripts/mutants_table.py target/mutants/model
 
 # The scoped pass: the primitives, decide and the cleanup machine, judged by core's tests alone.
