@@ -128,6 +128,7 @@ fn open_transactional_three_clients_two_scopes() {
             W_RERUN_TTL,
             W_EXHAUSTED,
             W_BOTH_SCOPES,
+            W_LOCK_WAIT,
         ],
     );
 }
@@ -310,6 +311,7 @@ fn deep_transactional_store_faults_failures_and_retries() {
             W_RERUN_TTL,
             W_EXHAUSTED,
             W_STORE_UNAVAILABLE,
+            W_LOCK_WAIT,
         ],
     );
 }
