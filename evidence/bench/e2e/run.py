@@ -89,6 +89,8 @@ def variants(services: bool) -> List[Variant]:
     out = [
         Variant("FastAPI", "bare", "bare", "bare"),
         Variant("FastAPI", "idempo memory", "idempo-memory", "idempo", "memory"),
+        # FastAPI's integration as the README recommends it (route class + Depends(idempotency)).
+        Variant("FastAPI", "idempo dependency memory", "idempo-dependency-memory", "idempo", "memory"),
         Variant("FastAPI", "idempo SQLite", "idempo-sqlite", "idempo", "sqlite"),
         Variant("FastAPI", "asgi-idempotency-header", "asgi-idempotency-header", "peer", "memory"),
         Variant("Express 5", "bare", "express-bare", "bare"),
