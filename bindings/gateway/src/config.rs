@@ -194,6 +194,7 @@ struct RawJwt {
     algorithms: Opt<Vec<Spanned<String>>>,
     leeway_s: Opt<u64>,
     header: Opt<String>,
+    reload_s: Opt<u64>,
 }
 
 /// A string or a list of strings.
@@ -793,6 +794,7 @@ fn build_jwt(raw: &Spanned<RawJwt>, issues: &mut Issues<'_>) -> Option<JwtVerifi
             ),
         );
     }
+    let reload_s = val(&j.reload_s).unwrap_or(jwt::DEFAULT_RELOAD_S);
     let header = val(&j.header).unwrap_or_else(|| jwt::DEFAULT_HEADER.to_owned());
     if !is_header_name(&header) {
         issues.at(
@@ -811,6 +813,7 @@ fn build_jwt(raw: &Spanned<RawJwt>, issues: &mut Issues<'_>) -> Option<JwtVerifi
         algorithms,
         leeway_s,
         header,
+        reload_s,
     };
     match JwtVerifier::load(settings) {
         Ok(v) => Some(v),
@@ -1277,6 +1280,7 @@ lease_ms = 5000
         assert_eq!(s.claim, "sub");
         assert_eq!(s.header, "authorization");
         assert_eq!(s.leeway_s, jwt::DEFAULT_LEEWAY_S);
+        assert_eq!(s.reload_s, jwt::DEFAULT_RELOAD_S);
         assert_eq!(s.audience, vec!["api".to_owned()]);
         assert_eq!(v.key_count(), 2);
         assert_eq!(
@@ -1293,7 +1297,7 @@ lease_ms = 5000
         let e = one_issue(&list);
         assert_eq!(e.line, 8, "{e}");
         let list = with_jwt(&format!(
-            "{}, claim = \"tenant\", leeway_s = 5, header = \"X-Token\"",
+            "{}, claim = \"tenant\", leeway_s = 5, header = \"X-Token\", reload_s = 0",
             jwt_fields().replace("audience = \"api\"", "audience = [\"a\", \"b\"]")
         ));
         let c = GatewayConfig::parse("g.toml", &list).expect("valid");
@@ -1305,9 +1309,10 @@ lease_ms = 5000
             (
                 v.settings().claim.as_str(),
                 v.settings().leeway_s,
-                v.settings().header.as_str()
+                v.settings().header.as_str(),
+                v.settings().reload_s
             ),
-            ("tenant", 5, "X-Token")
+            ("tenant", 5, "X-Token", 0)
         );
     }
 

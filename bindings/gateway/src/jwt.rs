@@ -1,6 +1,9 @@
 //! The principal from a verified JWT: `[principal] jwt = { ... }`.
 //!
-//! The keys come from a JWKS file read once at start ([`JwtVerifier::load`]); only asymmetric
+//! The keys come from a JWKS file read at start ([`JwtVerifier::load`]) and read again when it
+//! changes ([`JwtVerifier::reload`]: the gateway checks it every `reload_s` seconds and on
+//! `SIGHUP`, so a rotated key set is picked up without a restart; a file that fails to load then
+//! keeps the last good keys and is logged). Only asymmetric
 //! algorithms are accepted (RSA, RSA-PSS, ECDSA P-256/P-384, Ed25519): never `none`, never
 //! HMAC. A token is taken from `<header>: Bearer <token>`; its key is the JWKS key named by its
 //! `kid`, or, when it has none, the JWKS's only key of the algorithm's type. The signature,
@@ -15,6 +18,8 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::SystemTime;
 
 use hyper::HeaderMap;
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, PublicKeyUse};
@@ -30,6 +35,8 @@ pub const DEFAULT_CLAIM: &str = "sub";
 pub const DEFAULT_LEEWAY_S: u64 = 30;
 /// The largest leeway accepted, in seconds.
 pub const MAX_LEEWAY_S: u64 = 600;
+/// Default interval between two checks of the JWKS file for a change, in seconds.
+pub const DEFAULT_RELOAD_S: u64 = 60;
 /// The algorithms a configuration may name.
 pub const SUPPORTED_ALGORITHMS: &[&str] = &[
     "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "EdDSA",
@@ -52,6 +59,8 @@ pub struct JwtSettings {
     pub leeway_s: u64,
     /// The request header carrying `Bearer <token>`.
     pub header: String,
+    /// Seconds between two checks of the JWKS file for a change (0: only on `SIGHUP`).
+    pub reload_s: u64,
 }
 
 /// An algorithm name a configuration cannot use.
@@ -169,10 +178,33 @@ impl VerifyKey {
     }
 }
 
+/// What identifies one version of the JWKS file without reading it: its modification time and
+/// length (a rotation that rewrites the file, or swaps a symlink to it, changes one of them).
+type Stamp = Option<(SystemTime, u64)>;
+
+fn stamp_of(path: &std::path::Path) -> Stamp {
+    let meta = std::fs::metadata(path).ok()?;
+    Some((meta.modified().ok()?, meta.len()))
+}
+
+/// What [`JwtVerifier::reload`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reload {
+    /// The file has not changed since it was last read: the keys stay.
+    Unchanged,
+    /// The file was read again and its keys replace the previous ones.
+    Loaded {
+        /// Keys now in use.
+        keys: usize,
+    },
+}
+
 /// Verifies bearer tokens against the keys of one JWKS file.
 pub struct JwtVerifier {
     settings: JwtSettings,
-    keys: Vec<VerifyKey>,
+    keys: RwLock<Arc<Vec<VerifyKey>>>,
+    /// The file version last read (loaded or refused), so an unchanged file is not read again.
+    seen: Mutex<Stamp>,
 }
 
 impl fmt::Debug for JwtVerifier {
@@ -182,9 +214,9 @@ impl fmt::Debug for JwtVerifier {
             .field(
                 "kids",
                 &self
-                    .keys
+                    .keys()
                     .iter()
-                    .map(|k| k.kid.as_deref())
+                    .map(|k| k.kid.clone())
                     .collect::<Vec<_>>(),
             )
             .finish()
@@ -297,23 +329,39 @@ impl JwtVerifier {
     /// used (symmetric, an unsupported curve, malformed, a `kid` twice), or has no key for
     /// any configured algorithm.
     pub fn load(settings: JwtSettings) -> Result<Self, JwksError> {
-        let path = settings.jwks_file.display().to_string();
-        let text =
-            std::fs::read_to_string(&settings.jwks_file).map_err(|source| JwksError::Read {
-                path: path.clone(),
-                source,
-            })?;
-        let keys = parse_jwks(&path, &text)?;
-        if !keys
-            .iter()
-            .any(|k| settings.algorithms.iter().any(|a| k.fits(*a)))
+        let seen = stamp_of(&settings.jwks_file);
+        let keys = read_keys(&settings)?;
+        Ok(Self {
+            settings,
+            keys: RwLock::new(Arc::new(keys)),
+            seen: Mutex::new(seen),
+        })
+    }
+
+    /// Reads the JWKS file again when it changed since it was last read (or always, with
+    /// `force`), and replaces the keys with its keys. A file that cannot be used (as
+    /// [`JwtVerifier::load`] would refuse it) leaves the keys in use as they are: tokens go on
+    /// verifying with the last good set, and the file is read again once it changes.
+    ///
+    /// # Errors
+    /// [`JwksError`] when the changed file cannot be used; the previous keys stay.
+    pub fn reload(&self, force: bool) -> Result<Reload, JwksError> {
+        let stamp = stamp_of(&self.settings.jwks_file);
         {
-            return Err(JwksError::NoUsableKey {
-                path,
-                algorithms: algorithm_list(&settings.algorithms),
-            });
+            let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+            if !force && stamp.is_some() && *seen == stamp {
+                return Ok(Reload::Unchanged);
+            }
+            *seen = stamp;
         }
-        Ok(Self { settings, keys })
+        let keys = read_keys(&self.settings)?;
+        let count = keys.len();
+        *self.keys.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(keys);
+        Ok(Reload::Loaded { keys: count })
+    }
+
+    fn keys(&self) -> Arc<Vec<VerifyKey>> {
+        Arc::clone(&self.keys.read().unwrap_or_else(PoisonError::into_inner))
     }
 
     /// The settings.
@@ -325,7 +373,7 @@ impl JwtVerifier {
     /// Keys loaded.
     #[must_use]
     pub fn key_count(&self) -> usize {
-        self.keys.len()
+        self.keys().len()
     }
 
     /// Verifies the bearer token in `headers` and reads the configured claim.
@@ -360,10 +408,10 @@ impl JwtVerifier {
         if !self.settings.algorithms.contains(&alg) {
             return Err(TokenError::AlgorithmNotAllowed(format!("{alg:?}")));
         }
+        let keys = self.keys();
         let key = match &header.kid {
             Some(kid) => {
-                let key = self
-                    .keys
+                let key = keys
                     .iter()
                     .find(|k| k.kid.as_deref() == Some(kid.as_str()))
                     .ok_or_else(|| TokenError::UnknownKey(kid.clone()))?;
@@ -373,7 +421,7 @@ impl JwtVerifier {
                 key
             }
             None => {
-                let mut fitting = self.keys.iter().filter(|k| k.fits(alg));
+                let mut fitting = keys.iter().filter(|k| k.fits(alg));
                 match (fitting.next(), fitting.next()) {
                     (Some(k), None) => k,
                     _ => return Err(TokenError::NoKeyId),
@@ -420,6 +468,26 @@ fn token_error(e: &jsonwebtoken::errors::Error) -> TokenError {
         | K::InvalidKeyFormat => TokenError::BadSignature,
         _ => TokenError::Malformed,
     }
+}
+
+/// The keys of `settings`' JWKS file, refused when none fits a configured algorithm.
+fn read_keys(settings: &JwtSettings) -> Result<Vec<VerifyKey>, JwksError> {
+    let path = settings.jwks_file.display().to_string();
+    let text = std::fs::read_to_string(&settings.jwks_file).map_err(|source| JwksError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    let keys = parse_jwks(&path, &text)?;
+    if !keys
+        .iter()
+        .any(|k| settings.algorithms.iter().any(|a| k.fits(*a)))
+    {
+        return Err(JwksError::NoUsableKey {
+            path,
+            algorithms: algorithm_list(&settings.algorithms),
+        });
+    }
+    Ok(keys)
 }
 
 fn algorithm_list(algs: &[Algorithm]) -> String {
@@ -641,10 +709,69 @@ mod tests {
             algorithms: vec![Algorithm::RS256],
             leeway_s: 0,
             header: "authorization".to_owned(),
+            reload_s: 0,
         })
         .expect("load");
         let _ = std::fs::remove_file(path);
         v
+    }
+
+    #[test]
+    fn a_rotated_jwks_is_picked_up_and_a_broken_one_keeps_the_last_good_keys() {
+        let path =
+            std::env::temp_dir().join(format!("idempo-jwt-rotate-{}.json", std::process::id()));
+        let write = |keys: &[serde_json::Value]| {
+            std::fs::write(&path, serde_json::json!({ "keys": keys }).to_string()).expect("write");
+        };
+        write(&[rsa1_jwk("old")]);
+        let v = JwtVerifier::load(JwtSettings {
+            jwks_file: path.clone(),
+            issuer: "iss".to_owned(),
+            audience: vec!["aud".to_owned()],
+            claim: "sub".to_owned(),
+            algorithms: vec![Algorithm::RS256],
+            leeway_s: 0,
+            header: "authorization".to_owned(),
+            reload_s: 1,
+        })
+        .expect("load");
+        let alice = Ok(Claim::Principal("alice".to_owned()));
+        assert_eq!(v.verify_token(&sign(Some("old"))), alice);
+        assert_eq!(
+            v.verify_token(&sign(Some("new"))),
+            Err(TokenError::UnknownKey("new".to_owned()))
+        );
+        // Unchanged file: not read again.
+        assert_eq!(v.reload(false).expect("reload"), Reload::Unchanged);
+        // The issuer rotates: both keys published (the file grows, so its stamp changes).
+        write(&[rsa1_jwk("old"), rsa1_jwk("new")]);
+        assert_eq!(v.reload(false).expect("reload"), Reload::Loaded { keys: 2 });
+        assert_eq!(v.verify_token(&sign(Some("new"))), alice);
+        assert_eq!(v.key_count(), 2);
+        // A broken file (a half-written rotation): refused, the last good keys stay in use.
+        std::fs::write(&path, "{\"keys\": [").expect("write");
+        let Err(e) = v.reload(false) else {
+            panic!("a broken JWKS was accepted")
+        };
+        assert!(e.to_string().contains("is not a JWKS"), "{e}");
+        assert_eq!(v.verify_token(&sign(Some("new"))), alice);
+        // The same broken file is not read (nor logged) again until it changes.
+        assert_eq!(v.reload(false).expect("unchanged"), Reload::Unchanged);
+        // A file with no key at all is refused the same way (forced: read whatever the stamp).
+        std::fs::write(&path, serde_json::json!({ "keys": [] }).to_string()).expect("write");
+        assert!(v.reload(true).is_err());
+        assert_eq!(v.verify_token(&sign(Some("old"))), alice);
+        // The old key retired.
+        write(&[rsa1_jwk("new")]);
+        assert_eq!(v.reload(true).expect("reload"), Reload::Loaded { keys: 1 });
+        assert_eq!(
+            v.verify_token(&sign(Some("old"))),
+            Err(TokenError::UnknownKey("old".to_owned()))
+        );
+        // A file that went away keeps the keys too.
+        let _ = std::fs::remove_file(&path);
+        assert!(v.reload(false).is_err());
+        assert_eq!(v.verify_token(&sign(Some("new"))), alice);
     }
 
     fn rsa1_jwk(kid: &str) -> serde_json::Value {

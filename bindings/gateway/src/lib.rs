@@ -8,7 +8,8 @@
 //! Modules: [`config`] (the TOML file), [`route`] (path templates), [`store`] (memory, SQLite,
 //! PostgreSQL, Redis), [`proxy`] (the server, routing, operations endpoints), [`admission`]
 //! (core's admission), [`driver`] (core's flow), [`exchange`] (the upstream call and the tee),
-//! [`jwt`] (the principal from a verified JWT), [`forward`], [`metrics`], [`log`], [`purge`],
+//! [`jwt`] (the principal from a verified JWT) and [`reload`] (its JWKS file read again), [`forward`],
+//! [`metrics`], [`log`], [`purge`],
 //! [`shutdown`], [`body`].
 #![cfg_attr(
     not(test),
@@ -28,6 +29,7 @@ pub mod log;
 pub mod metrics;
 pub mod proxy;
 pub mod purge;
+pub mod reload;
 pub mod route;
 pub mod shutdown;
 pub mod store;
@@ -86,9 +88,15 @@ pub async fn run(
     let store = open_store(&cfg)
         .await
         .map_err(|e| format!("cannot open the store: {e}"))?;
-    let listener = tokio::net::TcpListener::bind(cfg.listen)
+    let shared = proxy::Shared::new(cfg, store);
+    if let Store::Sqlite(s) = &shared.store {
+        shared.metrics.attach_sqlite_batches(s.batch_stats());
+    }
+    // Before the listener: a SIGHUP sent once the gateway says it listens reloads, never kills.
+    let reload = reload::start(&shared);
+    let listener = tokio::net::TcpListener::bind(shared.cfg.listen)
         .await
-        .map_err(|e| format!("cannot listen on {}: {e}", cfg.listen))?;
+        .map_err(|e| format!("cannot listen on {}: {e}", shared.cfg.listen))?;
     let addr = listener
         .local_addr()
         .map_err(|e| format!("no local address: {e}"))?;
@@ -96,14 +104,13 @@ pub async fn run(
         "listening",
         &[
             ("addr", serde_json::json!(addr.to_string())),
-            ("routes", serde_json::json!(cfg.routes.len())),
+            ("routes", serde_json::json!(shared.cfg.routes.len())),
         ],
     );
-    let shared = proxy::Shared::new(cfg, store);
-    if let Store::Sqlite(s) = &shared.store {
-        shared.metrics.attach_sqlite_batches(s.batch_stats());
-    }
     proxy::serve(Arc::clone(&shared), listener, shutdown).await;
+    if let Some(task) = reload {
+        task.abort();
+    }
     log::flush();
     Ok(())
 }

@@ -5,6 +5,7 @@
 //! principal. Histogram bounds are core's [`STORE_LATENCY_BUCKETS_SECONDS`].
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use idempo_core::metrics::STORE_LATENCY_BUCKETS_SECONDS;
@@ -24,6 +25,10 @@ pub const STORE_LATENCY: &str = "idempo_store_operation_duration_seconds";
 /// `idempo_gateway_sqlite_batch_size`: the gateway's own series (not in `spec/METRICS.md`), the
 /// write primitives each transaction of the SQLite store's group commit carried.
 pub const SQLITE_BATCH_SIZE: &str = "idempo_gateway_sqlite_batch_size";
+/// `idempo_gateway_jwks_reloads_total{result}`: the gateway's own series, each read of a changed
+/// JWKS file (`result="loaded"`, or `"failed"` when the file could not be used and the previous
+/// keys stayed). Exported when the principal is a verified JWT.
+pub const JWKS_RELOADS: &str = "idempo_gateway_jwks_reloads_total";
 
 #[derive(Default, Debug)]
 struct Histogram {
@@ -46,6 +51,9 @@ struct Inner {
 pub struct Metrics {
     inner: Mutex<Inner>,
     sqlite_batches: OnceLock<Arc<BatchStats>>,
+    jwks: AtomicBool,
+    jwks_loaded: AtomicU64,
+    jwks_failed: AtomicU64,
 }
 
 impl Metrics {
@@ -108,10 +116,32 @@ impl Metrics {
         let _ = self.sqlite_batches.set(stats);
     }
 
+    /// Exports [`JWKS_RELOADS`] (the principal is a verified JWT).
+    pub fn attach_jwks(&self) {
+        self.jwks.store(true, Ordering::Relaxed);
+    }
+
+    /// One read of a changed JWKS file: its keys `loaded`, or refused.
+    pub fn jwks_reload(&self, loaded: bool) {
+        let c = if loaded {
+            &self.jwks_loaded
+        } else {
+            &self.jwks_failed
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The Prometheus text exposition.
     #[must_use]
     pub fn render(&self) -> String {
         let mut out = String::new();
+        if self.jwks.load(Ordering::Relaxed) {
+            let _ = writeln!(out, "# TYPE {JWKS_RELOADS} counter");
+            for (result, c) in [("loaded", &self.jwks_loaded), ("failed", &self.jwks_failed)] {
+                let v = c.load(Ordering::Relaxed);
+                let _ = writeln!(out, "{JWKS_RELOADS}{{result=\"{result}\"}} {v}");
+            }
+        }
         if let Some(b) = self.sqlite_batches.get() {
             let _ = writeln!(out, "# TYPE {SQLITE_BATCH_SIZE} histogram");
             for (bound, c) in b.buckets() {

@@ -412,3 +412,126 @@ fn an_unusable_jwks_fails_start_naming_the_line_and_the_file() {
         .unwrap();
     assert!(!status.success());
 }
+
+/// The fixture JWKS with only the keys whose `kid` is in `kids`.
+fn jwks_with(kids: &[&str]) -> String {
+    let doc: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("jwks.json")).unwrap()).unwrap();
+    let keys: Vec<Value> = doc["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|k| kids.contains(&k["kid"].as_str().unwrap_or("")))
+        .cloned()
+        .collect();
+    assert_eq!(keys.len(), kids.len(), "fixture kids");
+    json!({ "keys": keys }).to_string()
+}
+
+/// The value of `idempo_gateway_jwks_reloads_total{result}` in a `/metrics` text.
+fn reloads(metrics: &str, result: &str) -> u64 {
+    let series = format!("idempo_gateway_jwks_reloads_total{{result=\"{result}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series.as_str()))
+        .map_or(0, |v| v.trim().parse().unwrap())
+}
+
+/// Polls `pay` with fresh keys until it answers `status` (the gateway reads the file on its own
+/// time), within `secs` seconds; the last answer.
+async fn until_status(c: &TestClient, gw: &Gateway, token: &str, status: u16, secs: u64) -> Answer {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    let mut n = 0_u32;
+    loop {
+        n += 1;
+        let a = pay(
+            c,
+            gw,
+            &format!("key-rotate-{status}-{n:06}"),
+            Some(token),
+            "{}",
+        )
+        .await;
+        if a.status == status || std::time::Instant::now() > deadline {
+            return a;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_rotated_jwks_is_read_again_on_sighup_and_on_its_interval() {
+    let dir = temp_dir("jwt-rotate");
+    let jwks = dir.join("jwks.json");
+    std::fs::write(&jwks, jwks_with(&["ec-1"])).unwrap();
+    let (up, seen) = upstream().await;
+    let config = jwt_config(up, &jwks).replace("leeway_s = 30", "leeway_s = 30, reload_s = 1");
+    let gw = Gateway::start(&dir, &config);
+    let c = client();
+    let rsa = rs256("alice");
+
+    // Signed with a key the file does not hold yet: refused, nothing forwarded.
+    let a = pay(&c, &gw, "key-rotate-before", Some(&rsa), "{}").await;
+    assert_eq!(a.status, 401, "{}", a.text());
+
+    // The issuer publishes rsa-1; SIGHUP reads the file at once.
+    std::fs::write(&jwks, jwks_with(&["ec-1", "rsa-1"])).unwrap();
+    let hup = std::process::Command::new("kill")
+        .args(["-HUP", &gw.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(hup.success());
+    let a = until_status(&c, &gw, &rsa, 201, 5).await;
+    assert_eq!(a.status, 201, "{}", a.text());
+
+    // A half-written file: refused, logged, counted; the last good keys stay in use.
+    std::fs::write(&jwks, "{\"keys\": [").unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let m = get(&c, &gw.url("/metrics")).await.text();
+        if reloads(&m, "failed") >= 1 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no failed reload counted: {m}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let a = pay(&c, &gw, "key-rotate-broken", Some(&rsa), "{}").await;
+    assert_eq!(a.status, 201, "{}", a.text());
+    assert!(
+        gw.logs
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("JWKS reload failed") && l.contains("is not a JWKS")),
+        "{:?}",
+        gw.logs.lock().unwrap()
+    );
+
+    // rsa-1 retired: the interval picks the file up without a signal.
+    std::fs::write(&jwks, jwks_with(&["ec-1"])).unwrap();
+    let a = until_status(&c, &gw, &rsa, 401, 5).await;
+    assert_eq!(a.status, 401, "{}", a.text());
+    // At least the two good files were loaded (a read that caught a file mid-write counts as
+    // one more failure, then the finished file loads).
+    let m = get(&c, &gw.url("/metrics")).await.text();
+    assert!(reloads(&m, "loaded") >= 2, "{m}");
+    // The gateway is still the same process (SIGHUP did not end it).
+    assert!(matches!(
+        std::process::Command::new("kill")
+            .args(["-0", &gw.child.id().to_string()])
+            .status(),
+        Ok(s) if s.success()
+    ));
+    assert!(
+        seen.lock()
+            .unwrap()
+            .calls
+            .get("/payments")
+            .copied()
+            .unwrap_or(0)
+            >= 2
+    );
+}
