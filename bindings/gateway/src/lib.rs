@@ -94,6 +94,11 @@ pub async fn run(
     }
     // Before the listener: a SIGHUP sent once the gateway says it listens reloads, never kills.
     let reload = reload::start(&shared);
+    // A Redis Cluster's primaries are checked again when they change (a failover).
+    let topology = match &shared.store {
+        Store::Redis(r) => r.watch(),
+        _ => None,
+    };
     let listener = tokio::net::TcpListener::bind(shared.cfg.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", shared.cfg.listen))?;
@@ -108,7 +113,7 @@ pub async fn run(
         ],
     );
     proxy::serve(Arc::clone(&shared), listener, shutdown).await;
-    if let Some(task) = reload {
+    for task in [reload, topology].into_iter().flatten() {
         task.abort();
     }
     log::flush();

@@ -257,3 +257,159 @@ fn a_server_that_may_evict_records_is_refused_unless_assumed() {
     drop(gw);
     drop(server);
 }
+
+/// A Redis Cluster of the test's own with a replica per primary
+/// (`scripts/test-services.sh start-cluster-replicas`), stopped on drop.
+struct ReplicatedCluster {
+    dir: std::path::PathBuf,
+    nodes: String,
+}
+
+impl ReplicatedCluster {
+    fn script() -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/test-services.sh")
+    }
+
+    fn start(tag: &str) -> Self {
+        let dir = temp_dir(tag);
+        let out = std::process::Command::new("bash")
+            .arg(Self::script())
+            .arg("start-cluster-replicas")
+            .arg(&dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "start-cluster-replicas: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let env = std::fs::read_to_string(dir.join("env")).unwrap();
+        let nodes = env
+            .lines()
+            .find_map(|l| l.strip_prefix("IDEMPO_TEST_REDIS_CLUSTER_NODES="))
+            .unwrap()
+            .to_owned();
+        Self { dir, nodes }
+    }
+
+    /// `redis-cli` against the node at `port`.
+    fn cli(port: &str, args: &[&str]) -> String {
+        let out = std::process::Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", port])
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// The port of one replica.
+    fn a_replica(&self) -> String {
+        let first = self
+            .nodes
+            .split(',')
+            .next()
+            .unwrap()
+            .rsplit_once(':')
+            .unwrap()
+            .1;
+        Self::cli(first, &["cluster", "nodes"])
+            .lines()
+            .find(|l| l.contains("slave"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|addr| addr.split('@').next())
+            .and_then(|addr| addr.rsplit_once(':'))
+            .map(|(_, port)| port.to_owned())
+            .unwrap()
+    }
+}
+
+impl Drop for ReplicatedCluster {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("bash")
+            .arg(Self::script())
+            .arg("stop")
+            .arg(&self.dir)
+            .output();
+    }
+}
+
+/// The answer to fresh keys once it is `status`, polling within `secs` seconds (the last one).
+async fn until_status(
+    c: &common::TestClient,
+    url: &str,
+    tag: &str,
+    status: u16,
+    secs: u64,
+) -> common::Answer {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let mut n = 0_u32;
+    loop {
+        n += 1;
+        let key = format!("key-0000-{tag}-{status}-{n:05}");
+        let r = post(c, url, &[("Idempotency-Key", key.as_str()), ALICE], "{}")
+            .await
+            .unwrap();
+        if r.status == status || Instant::now() > deadline {
+            return r;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+// A failover onto a replica whose maxmemory-policy may evict records: the gateway checks the new
+// primaries, refuses every request (503, nothing forwarded) until the node is fixed, then serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_onto_a_primary_that_may_evict_is_refused_until_fixed() {
+    if var("IDEMPO_TEST_REDIS_CLUSTER_NODES").is_none() {
+        return;
+    }
+    let cluster = ReplicatedCluster::start("redis-failover-policy");
+    let dir = temp_dir("redis-failover-gw");
+    let (up, seen) = upstream().await;
+    let store = cluster_store(&cluster.nodes, "failover");
+    let gw = Gateway::start(&dir, &config(&store, up, "/payments", ""));
+    let c = client();
+    let url = gw.url("/payments");
+    let ok = until_status(&c, &url, "before", 201, 5).await;
+    assert_eq!(ok.status, 201, "{}", ok.text());
+
+    // The replica was set up with a policy that evicts, then promoted.
+    let replica = cluster.a_replica();
+    let set = |policy: &str| {
+        ReplicatedCluster::cli(&replica, &["config", "set", "maxmemory-policy", policy])
+    };
+    assert!(set("allkeys-lru").contains("OK"));
+    assert!(ReplicatedCluster::cli(&replica, &["cluster", "failover"]).contains("OK"));
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !ReplicatedCluster::cli(&replica, &["role"]).starts_with("master") {
+        assert!(Instant::now() < deadline, "the replica was not promoted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let refused = until_status(&c, &url, "evicting", 503, 15).await;
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert_eq!(
+        refused.problem_type(),
+        "urn:idempo:problem:store-unavailable"
+    );
+    assert_eq!(get(&c, &gw.url("/readyz")).await.status, 503);
+    let calls = seen.lock().unwrap().calls.get("/payments").copied();
+    let again = until_status(&c, &url, "still", 201, 1).await;
+    assert_eq!(again.status, 503, "{}", again.text());
+    assert_eq!(
+        seen.lock().unwrap().calls.get("/payments").copied(),
+        calls,
+        "nothing forwarded while refused"
+    );
+    let logs = gw.logs.lock().unwrap().join("\n");
+    assert!(
+        logs.contains("may evict records") && logs.contains("allkeys-lru"),
+        "{logs}"
+    );
+
+    // The operator fixes the node: served again, without a restart.
+    assert!(set("noeviction").contains("OK"));
+    let back = until_status(&c, &url, "fixed", 201, 15).await;
+    assert_eq!(back.status, 201, "{}", back.text());
+    assert_eq!(get(&c, &gw.url("/readyz")).await.status, 200);
+}

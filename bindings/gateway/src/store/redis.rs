@@ -14,10 +14,14 @@
 //! - At open the store refuses a single-node URL that points at a cluster node, and a server (every
 //!   primary of a cluster) whose `maxmemory-policy` is not `noeviction` (an evicted claim is a
 //!   double execution), unless `assume_noeviction` (where `CONFIG` is disabled).
+//! - On a cluster the check runs again whenever the set of primaries changes (a failover, a
+//!   resharding that added a node), as the Python and Node stores do: [`RedisStore::watch`] asks a
+//!   node for `CLUSTER SLOTS` every [`TOPOLOGY_POLL`]. Until the new primaries are checked, and
+//!   while one of them may evict, every primitive fails with the refusal (503, nothing forwarded).
 //! - `purge_expired` deletes nothing and counts zero: Redis drops each hash by itself one minute
 //!   after its expiry (`spec/STORAGE.md` §5.1).
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use idempo_core::machine::memory::PurgeCounts;
@@ -33,6 +37,9 @@ use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Script, Value};
 
 use super::{Clock, StoreError, bounded};
+
+/// How often [`RedisStore::watch`] asks a cluster node for the set of primaries.
+pub const TOPOLOGY_POLL: Duration = Duration::from_secs(1);
 
 /// Where the Redis store's records live.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,6 +114,39 @@ struct Inner {
     prefix: Vec<u8>,
     timeout: Duration,
     clock: Clock,
+    assume_noeviction: bool,
+    /// The cluster's primaries as last checked, and why primitives are refused now (a primary
+    /// that may evict, or a new set of primaries not checked yet).
+    topology: RwLock<Topology>,
+}
+
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct Topology {
+    /// `host:port` of every primary the last successful check covered, sorted.
+    checked: Vec<String>,
+    /// Set while the primaries as they are now have not passed the check.
+    refused: Option<String>,
+}
+
+/// What one [`RedisStore::recheck`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recheck {
+    /// Nothing to watch: a single server, or `assume_noeviction`.
+    NotWatched,
+    /// The same primaries as at the last check, which passed.
+    Unchanged,
+    /// The primaries changed (or a refusal ended) and every one has `noeviction`.
+    Checked {
+        /// `host:port` of each primary.
+        primaries: Vec<String>,
+    },
+    /// A primary may evict records: primitives are refused until it is fixed.
+    Refused {
+        /// `host:port` of each primary.
+        primaries: Vec<String>,
+        /// Core's refusal, naming the node, its policy and the fix.
+        why: String,
+    },
 }
 
 /// A Redis or Redis Cluster store running core's scripts.
@@ -174,6 +214,8 @@ impl RedisStore {
                 prefix: options.prefix.as_bytes().to_vec(),
                 timeout,
                 clock,
+                assume_noeviction: options.assume_noeviction,
+                topology: RwLock::new(Topology::default()),
             }),
         };
         bounded(
@@ -215,31 +257,147 @@ impl RedisStore {
                     return Ok(());
                 }
                 let mut c = c.clone();
-                let slots = c
-                    .route_command(
-                        &redis::cmd("CLUSTER").arg("SLOTS").clone(),
-                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
-                    )
-                    .await?;
-                let mut policies = Vec::new();
-                for (host, port) in primaries(&slots)? {
-                    let reply = c
-                        .route_command(
-                            &redis::cmd("CONFIG")
-                                .arg("GET")
-                                .arg("maxmemory-policy")
-                                .clone(),
-                            RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
-                                host: host.clone(),
-                                port,
-                            }),
-                        )
-                        .await;
-                    policies.push((format!("{host}:{port}"), policy_of(reply)?));
-                }
-                refuse_policies(&policies)
+                let primaries = cluster_primaries(&mut c).await?;
+                check_cluster_policies(&mut c, &primaries).await?;
+                self.set_topology(Topology {
+                    checked: names(&primaries),
+                    refused: None,
+                });
+                Ok(())
             }
         }
+    }
+
+    fn set_topology(&self, t: Topology) {
+        *self
+            .inner
+            .topology
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = t;
+    }
+
+    fn topology(&self) -> Topology {
+        self.inner
+            .topology
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Why primitives are refused now, if they are.
+    #[must_use]
+    pub fn refusal(&self) -> Option<String> {
+        self.inner
+            .topology
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .refused
+            .clone()
+    }
+
+    /// On a cluster (without `assume_noeviction`): reads the set of primaries and, when it is
+    /// not the set the last successful check covered (or primitives are refused now), checks
+    /// every primary's `maxmemory-policy` again. A primary that may evict, or a new set whose
+    /// check could not run, refuses every primitive until a later check passes.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the primaries cannot be read or checked (the store's state is then as
+    /// described above).
+    pub async fn recheck(&self) -> Result<Recheck, StoreError> {
+        let Conn::Cluster(c) = &self.inner.conn else {
+            return Ok(Recheck::NotWatched);
+        };
+        if self.inner.assume_noeviction {
+            return Ok(Recheck::NotWatched);
+        }
+        let mut c = c.clone();
+        let timeout = self.inner.timeout;
+        let primaries = bounded(timeout, "check", cluster_primaries(&mut c)).await?;
+        let now = names(&primaries);
+        let before = self.topology();
+        if before.refused.is_none() && before.checked == now {
+            return Ok(Recheck::Unchanged);
+        }
+        match bounded(timeout, "check", check_cluster_policies(&mut c, &primaries)).await {
+            Ok(()) => {
+                self.set_topology(Topology {
+                    checked: now.clone(),
+                    refused: None,
+                });
+                Ok(Recheck::Checked { primaries: now })
+            }
+            Err(StoreError::Config(why)) => {
+                self.set_topology(Topology {
+                    checked: before.checked,
+                    refused: Some(why.clone()),
+                });
+                Ok(Recheck::Refused {
+                    primaries: now,
+                    why,
+                })
+            }
+            Err(e) => {
+                self.set_topology(Topology {
+                    checked: before.checked,
+                    refused: Some(format!(
+                        "the Redis Cluster's primaries changed ({}) and their maxmemory-policy \
+                         could not be checked yet: {e}",
+                        now.join(", ")
+                    )),
+                });
+                Err(e)
+            }
+        }
+    }
+
+    /// On a cluster (without `assume_noeviction`): a task that runs [`RedisStore::recheck`]
+    /// every [`TOPOLOGY_POLL`] and logs each change, until aborted. `None` otherwise.
+    #[must_use]
+    pub fn watch(&self) -> Option<tokio::task::JoinHandle<()>> {
+        if !matches!(self.inner.conn, Conn::Cluster(_)) || self.inner.assume_noeviction {
+            return None;
+        }
+        let store = self.clone();
+        Some(tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(TOPOLOGY_POLL);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut failing = false;
+            loop {
+                ticker.tick().await;
+                match store.recheck().await {
+                    Ok(Recheck::NotWatched | Recheck::Unchanged) => failing = false,
+                    Ok(Recheck::Checked { primaries }) => {
+                        failing = false;
+                        crate::log::info(
+                            "Redis Cluster primaries checked: noeviction on every primary",
+                            &[("primaries", serde_json::json!(primaries))],
+                        );
+                    }
+                    Ok(Recheck::Refused { primaries, why }) => {
+                        if !failing {
+                            crate::log::error(
+                                "a Redis Cluster primary may evict records: every request is \
+                                 refused (503) until it is fixed",
+                                &[
+                                    ("primaries", serde_json::json!(primaries)),
+                                    ("error", serde_json::json!(why)),
+                                ],
+                            );
+                        }
+                        failing = true;
+                    }
+                    Err(e) => {
+                        if !failing {
+                            crate::log::warn(
+                                "cannot read the Redis Cluster's primaries",
+                                &[("error", serde_json::json!(e.to_string()))],
+                            );
+                        }
+                        failing = true;
+                    }
+                }
+            }
+        }))
     }
 
     fn key(&self, scope: &idempo_core::scope::ScopeId) -> Vec<u8> {
@@ -270,6 +428,9 @@ impl RedisStore {
     /// # Errors
     /// [`StoreError`] for any Redis failure, timeout or invalid reply.
     pub async fn run(&self, op: StoreOp) -> Result<StoreResult, StoreError> {
+        if let Some(why) = self.refusal() {
+            return Err(StoreError::Config(why));
+        }
         let name = op.name();
         bounded(self.inner.timeout, name, self.run_unbounded(op)).await
     }
@@ -372,6 +533,9 @@ impl RedisStore {
     /// # Errors
     /// [`StoreError`] when it does not.
     pub async fn ping(&self) -> Result<(), StoreError> {
+        if let Some(why) = self.refusal() {
+            return Err(StoreError::Config(why));
+        }
         bounded(self.inner.timeout, "ping", async {
             let ping = redis::cmd("PING");
             let _: Value = match &self.inner.conn {
@@ -539,6 +703,47 @@ fn refuse_policies(policies: &[(String, Option<String>)]) -> Result<(), StoreErr
         policies.iter().map(|(n, p)| (n.as_str(), p.as_deref())),
     )
     .map_err(|e| StoreError::Config(e.to_string()))
+}
+
+/// The primaries of the cluster, as one of its nodes sees them (`CLUSTER SLOTS`), sorted.
+async fn cluster_primaries(c: &mut ClusterConnection) -> Result<Vec<(String, u16)>, StoreError> {
+    let slots = c
+        .route_command(
+            &redis::cmd("CLUSTER").arg("SLOTS").clone(),
+            RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+        )
+        .await?;
+    let mut list = primaries(&slots)?;
+    list.sort();
+    Ok(list)
+}
+
+/// Core's check of every primary's `maxmemory-policy`.
+async fn check_cluster_policies(
+    c: &mut ClusterConnection,
+    primaries: &[(String, u16)],
+) -> Result<(), StoreError> {
+    let mut policies = Vec::new();
+    for (host, port) in primaries {
+        let reply = c
+            .route_command(
+                &redis::cmd("CONFIG")
+                    .arg("GET")
+                    .arg(redis_check::POLICY_PARAMETER)
+                    .clone(),
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                    host: host.clone(),
+                    port: *port,
+                }),
+            )
+            .await;
+        policies.push((format!("{host}:{port}"), policy_of(reply)?));
+    }
+    refuse_policies(&policies)
+}
+
+fn names(primaries: &[(String, u16)]) -> Vec<String> {
+    primaries.iter().map(|(h, p)| format!("{h}:{p}")).collect()
 }
 
 /// The primaries (`host`, `port`) of a `CLUSTER SLOTS` reply, without duplicates.
