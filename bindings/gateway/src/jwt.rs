@@ -696,13 +696,10 @@ mod tests {
         jsonwebtoken::EncodingKey::from_rsa_der(&der)
     }
 
-    /// A verifier on `jwks` (a JWKS text written to a temporary file).
-    fn verifier(tag: &str, jwks: &str) -> JwtVerifier {
-        let path =
-            std::env::temp_dir().join(format!("idempo-jwt-{tag}-{}.json", std::process::id()));
-        std::fs::write(&path, jwks).expect("write");
-        let v = JwtVerifier::load(JwtSettings {
-            jwks_file: path.clone(),
+    /// The test settings (issuer `iss`, audience `aud`, RS256) on the JWKS file `path`.
+    fn settings(path: &std::path::Path) -> JwtSettings {
+        JwtSettings {
+            jwks_file: path.to_owned(),
             issuer: "iss".to_owned(),
             audience: vec!["aud".to_owned()],
             claim: "sub".to_owned(),
@@ -710,8 +707,15 @@ mod tests {
             leeway_s: 0,
             header: "authorization".to_owned(),
             reload_s: 0,
-        })
-        .expect("load");
+        }
+    }
+
+    /// A verifier on `jwks` (a JWKS text written to a temporary file).
+    fn verifier(tag: &str, jwks: &str) -> JwtVerifier {
+        let path =
+            std::env::temp_dir().join(format!("idempo-jwt-{tag}-{}.json", std::process::id()));
+        std::fs::write(&path, jwks).expect("write");
+        let v = JwtVerifier::load(settings(&path)).expect("load");
         let _ = std::fs::remove_file(path);
         v
     }
@@ -724,17 +728,7 @@ mod tests {
             std::fs::write(&path, serde_json::json!({ "keys": keys }).to_string()).expect("write");
         };
         write(&[rsa1_jwk("old")]);
-        let v = JwtVerifier::load(JwtSettings {
-            jwks_file: path.clone(),
-            issuer: "iss".to_owned(),
-            audience: vec!["aud".to_owned()],
-            claim: "sub".to_owned(),
-            algorithms: vec![Algorithm::RS256],
-            leeway_s: 0,
-            header: "authorization".to_owned(),
-            reload_s: 1,
-        })
-        .expect("load");
+        let v = JwtVerifier::load(settings(&path)).expect("load");
         let alice = Ok(Claim::Principal("alice".to_owned()));
         assert_eq!(v.verify_token(&sign(Some("old"))), alice);
         assert_eq!(
