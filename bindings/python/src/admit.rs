@@ -9,6 +9,7 @@ use idempo_core::machine::admit::{
     self as core_admit, AwaitingBody, AwaitingScope, BodyRead, BodyStage, KeyStage, Refusal,
     ScopeResolution, ScopeRule as CoreScopeRule, ScopeStage,
 };
+use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 
@@ -47,6 +48,16 @@ impl ScopeRule {
         matches!(self.inner, CoreScopeRule::Function { .. })
     }
 }
+
+/// What [`Admission::admit`] returns once admitted: `(key, scope_id, fingerprint, partition,
+/// warning)`.
+type Admitted<'py> = (
+    Bound<'py, PyString>,
+    Bound<'py, PyBytes>,
+    Bound<'py, PyString>,
+    Bound<'py, PyBytes>,
+    Option<String>,
+);
 
 enum Stage {
     Body(AwaitingBody),
@@ -94,6 +105,25 @@ impl Admission {
             respond(py, &r.response, Some(r.outcome()), false)?,
         )?);
         Ok(())
+    }
+
+    /// What a scope function gave: its return value, or its exception's text
+    /// (`"{type(exc).__name__}: {exc}"`) when it raised an `Exception` (anything else, e.g. a
+    /// cancellation, propagates).
+    fn call_scope<'py>(
+        py: Python<'py>,
+        function: &Bound<'py, PyAny>,
+        argument: &Bound<'py, PyAny>,
+    ) -> PyResult<Result<Bound<'py, PyAny>, String>> {
+        match function.call1((argument,)) {
+            Ok(v) => Ok(Ok(v)),
+            Err(e) if e.is_instance_of::<PyException>(py) => {
+                let name = e.get_type(py).name()?;
+                let text = e.value(py).str()?;
+                Ok(Err(format!("{}: {}", name.to_cow()?, text.to_cow()?)))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     fn out_of_order(py: Python<'_>, call: &str, kind: &str) -> PyErr {
@@ -245,6 +275,95 @@ impl Admission {
             }
         }
         Ok(())
+    }
+
+    /// Stages 2 and 3 in one call, as `body` then (when the body passed) `scope` would run
+    /// them: the body and its fingerprint, then the scope, calling `scope_function(scope_argument)`
+    /// only once the body passed and only when `rule.function` (a raised `Exception` is the
+    /// `raised` of `scope`). Returns `(key, scope_id, fingerprint, partition, warning)` once
+    /// admitted, or None when refused (`problem` and `log` are set, as by the stage that
+    /// refused).
+    #[pyo3(signature = (fingerprinter, rule, method, target, route, body, headers = None, content_type = None, *, over_limit = false, authenticated, scope_function = None, scope_argument = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn admit<'py>(
+        &mut self,
+        py: Python<'py>,
+        fingerprinter: &Fingerprinter,
+        rule: &ScopeRule,
+        method: &Bound<'py, PyString>,
+        target: &Bound<'py, PyString>,
+        route: &str,
+        body: &[u8],
+        headers: Option<&Bound<'py, PyAny>>,
+        content_type: Option<&str>,
+        over_limit: bool,
+        authenticated: bool,
+        scope_function: Option<&Bound<'py, PyAny>>,
+        scope_argument: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Option<Admitted<'py>>> {
+        self.body(
+            py,
+            fingerprinter,
+            method,
+            target,
+            body,
+            headers,
+            content_type,
+            over_limit,
+        )?;
+        if !matches!(self.stage, Stage::Scope(_)) {
+            return Ok(None);
+        }
+        let method = method.to_cow()?;
+        let called = match (
+            scope_function,
+            matches!(rule.inner, CoreScopeRule::Function { .. }),
+        ) {
+            (Some(function), true) => {
+                let none = py.None().into_bound(py);
+                Some(Self::call_scope(
+                    py,
+                    function,
+                    scope_argument.unwrap_or(&none),
+                )?)
+            }
+            _ => None,
+        };
+        match &called {
+            Some(Ok(returned)) => {
+                self.scope(
+                    py,
+                    rule,
+                    &method,
+                    route,
+                    authenticated,
+                    Some(returned),
+                    None,
+                )?;
+            }
+            Some(Err(raised)) => {
+                self.scope(py, rule, &method, route, authenticated, None, Some(raised))?;
+            }
+            None => self.scope(py, rule, &method, route, authenticated, None, None)?,
+        }
+        let (Some(key), Some(scope_id), Some(fingerprint), Some(partition)) = (
+            self.key.as_deref(),
+            self.scope_id.as_ref(),
+            self.fingerprint.as_deref(),
+            self.partition.as_ref(),
+        ) else {
+            return Ok(None);
+        };
+        if self.kind != "admitted" {
+            return Ok(None);
+        }
+        Ok(Some((
+            PyString::new(py, key),
+            scope_id.bind(py).clone(),
+            PyString::new(py, fingerprint),
+            partition.bind(py).clone(),
+            self.warning.clone(),
+        )))
     }
 
     fn __repr__(&self) -> String {

@@ -204,3 +204,85 @@ def test_scope_function_giving_nothing_refuses_asgi_and_wsgi(
 def test_public_with_a_scope_function_is_a_configuration_error() -> None:
     with pytest.raises(idempo.InvalidArgument, match="public"):
         AsgiMiddleware(lambda *a: None, store=MemoryStore(), scope=lambda s: "u", public=True)
+
+
+def _admission_state(a: Any) -> Tuple[Any, ...]:
+    problem = a.problem
+    return (
+        a.kind, a.log, a.warning, a.key, a.scope_id, a.fingerprint, a.partition,
+        None if problem is None else (problem.status, tuple(problem.headers), problem.body,
+                                      problem.outcome),
+    )
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+@pytest.mark.parametrize("over_limit", [False, True])
+def test_the_one_call_admission_answers_as_the_staged_calls(
+    case: Dict[str, Any], over_limit: bool
+) -> None:
+    """``Admission.admit`` (stages 2 and 3 in one call, what the hosts use) against ``body`` then
+    ``scope`` (the scope function called in between, as the hosts did): the same state, the same
+    answer, and the scope function called exactly when the staged path calls it."""
+    from idempo._idempo import Admission, Fingerprinter, ScopeRule
+
+    req, spec = case["request"], case["scope"]
+    config = idempo.Config(**case["config"])
+    rule = ScopeRule(function=spec["function"], public=spec["public"],
+                     empty_scope_is_anonymous=spec["empty_is_anonymous"])
+    fp = Fingerprinter()
+    body = req["body"].encode()
+    fields = [k.encode("latin-1") for k in req["key_fields"]]
+    staged = Admission.start(config, fields, req["declared_length"])
+    fused = Admission.start(config, fields, req["declared_length"])
+    if staged.kind != "read_body":
+        return  # stage 1 is the same call on both paths
+    fn = scope_fn(spec)
+    calls: List[str] = []
+
+    def counted(tag: str) -> Optional[Callable[[Any], Any]]:
+        if fn is None:
+            return None
+
+        def inner(request: Any) -> Any:
+            calls.append(tag)
+            return fn(request)
+
+        return inner
+
+    args = (req["method"], req["target"])
+    staged.body(fp, *args, body, [], req["content_type"], over_limit=over_limit)
+    if staged.kind == "resolve_scope":
+        staged_fn = counted("staged")
+        if staged_fn is None:
+            staged.scope(rule, req["method"], req["route"], authenticated=req["authenticated"])
+        else:
+            try:
+                returned = staged_fn(None)
+            except Exception as exc:  # noqa: BLE001 - as the hosts did
+                staged.scope(rule, req["method"], req["route"], authenticated=req["authenticated"],
+                             raised=f"{type(exc).__name__}: {exc}")
+            else:
+                staged.scope(rule, req["method"], req["route"], authenticated=req["authenticated"],
+                             returned=returned)
+    admitted = fused.admit(fp, rule, *args, req["route"], body, [], req["content_type"],
+                           over_limit=over_limit, authenticated=req["authenticated"],
+                           scope_function=counted("fused"), scope_argument=None)
+    assert _admission_state(fused) == _admission_state(staged)
+    assert calls.count("fused") == calls.count("staged")
+    if staged.kind == "admitted":
+        assert admitted == (staged.key, staged.scope_id, staged.fingerprint, staged.partition,
+                            staged.warning)
+    else:
+        assert admitted is None
+
+
+def test_the_one_call_admission_lets_a_cancellation_through() -> None:
+    from idempo._idempo import Admission, Fingerprinter, ScopeRule
+
+    def cancelled(_request: Any) -> Any:
+        raise asyncio.CancelledError()  # a BaseException: never the scope function's refusal
+
+    a = Admission.start(idempo.Config(), [b"key-000001"], None)
+    with pytest.raises(asyncio.CancelledError):
+        a.admit(Fingerprinter(), ScopeRule(function=True), "POST", "/p", "/p", b"{}",
+                authenticated=False, scope_function=cancelled, scope_argument=None)

@@ -1,6 +1,6 @@
 """Type stubs for the ``idempo._idempo`` extension module (checked by ``mypy.stubtest``)."""
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal, final
 
 __all__ = [
@@ -402,6 +402,22 @@ class Admission:
         returned: object | None = None,
         raised: str | None = None,
     ) -> None: ...
+    def admit(
+        self,
+        fingerprinter: Fingerprinter,
+        rule: ScopeRule,
+        method: str,
+        target: str,
+        route: str,
+        body: bytes,
+        headers: _Headers | None = None,
+        content_type: str | None = None,
+        *,
+        over_limit: bool = False,
+        authenticated: bool,
+        scope_function: Callable[[Any], object] | None = None,
+        scope_argument: object | None = None,
+    ) -> tuple[str, bytes, str, bytes, str | None] | None: ...
     @property
     def kind(self) -> str: ...
     @property
