@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import types
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
@@ -129,7 +128,7 @@ def run_scenario_sync(
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(_flow, "_execute", counted)
-        mp.setattr(_flow, "os", types.SimpleNamespace(urandom=lambda n: b"\x2a" * n))
+        mp.setattr(_flow, "_entropy", lambda: b"\x2a" * 16)
         for what, n, fp, arg in steps:
             if what == "tick":
                 clock.now += arg
@@ -184,7 +183,7 @@ def test_inline_memory_answers_the_same_from_asyncio() -> None:
         return out, rows(store, [scope_of(1), scope_of(2)])
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_flow, "os", types.SimpleNamespace(urandom=lambda n: b"\x2b" * n))
+        mp.setattr(_flow, "_entropy", lambda: b"\x2b" * 16)
         assert asyncio.run(scenario(True)) == asyncio.run(scenario(False))
 
 
@@ -341,3 +340,122 @@ def test_a_partition_view_runs_as_its_store_does() -> None:
         blocking = True
 
     assert _flow.store_mode(Blocking().with_partition(partition)) == _flow.THREAD
+
+
+def test_flow_tokens_are_drawn_once_each_across_blocks_and_threads() -> None:
+    import threading
+
+    drawn: List[bytes] = []
+
+    def draw() -> None:
+        got = [_flow._entropy() for _ in range(700)]  # crosses block boundaries (256 per block)
+        drawn.extend(got)
+
+    threads = [threading.Thread(target=draw) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(drawn) == 2800 and all(len(d) == 16 for d in drawn)
+    assert len(set(drawn)) == len(drawn)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_a_forked_child_draws_its_own_tokens_and_its_memory_store_fails_closed() -> None:
+    import os
+
+    store = MemoryStore()
+    _flow._entropy()  # the parent holds a block
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        try:
+            token = _flow._entropy()
+            try:
+                store.claim(scope_of(9), FP, b"\x01" * 16, LEASE, LEASE)
+                refused = b"0"
+            except StoreUnavailable:
+                refused = b"1"
+            os.write(write, token + refused)
+        finally:
+            os._exit(0)
+    os.close(write)
+    got = b""
+    while len(got) < 17:
+        chunk = os.read(read, 17 - len(got))
+        if not chunk:
+            break
+        got += chunk
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert len(got) == 17
+    child_token, refused = got[:16], got[16:]
+    assert refused == b"1"  # the store refuses a forked process, as before
+    parent = [_flow._entropy() for _ in range(256)]  # the rest of the parent's block and more
+    assert child_token not in parent
+
+
+def test_the_steps_without_suspending_answer_as_the_awaited_steps() -> None:
+    """``AsyncRequest`` on a store that runs inline takes its steps without suspending
+    (``begin_now``, ``finished_now``, ``failed_now``, ``close_now``: what the ASGI and FastAPI
+    hosts call); forced through the awaited steps, every answer, hook and record is the same."""
+
+    async def scenario(awaited: bool) -> Tuple[List[Any], List[Any], List[Any]]:
+        store = MemoryStore(clock=Clock())
+        seen: List[Any] = []
+        hooks = Hooks(on_outcome=lambda route, outcome: seen.append(outcome))
+        config = Config(lease_ms=LEASE)
+        out: List[Any] = []
+
+        def request(n: int, fp: str = FP) -> AsyncRequest:
+            req = AsyncRequest(store=store, config=config, scope=scope_of(n), fingerprint=fp,
+                               key=f"key-{n}", route=ROUTE, hooks=hooks,
+                               partition=memory_partition("dave"))
+            assert req.inline
+            if awaited:
+                req.inline = False  # the awaited steps, as for a store that can suspend
+            return req
+
+        first = request(1)
+        out.append(answer(await first.begin()))
+        out.append(answer(await request(1).begin()))  # in flight: 409
+        out.append(answer(await first.finished(ok())))
+        out.append(answer(await request(1).begin()))  # replay
+        out.append(answer(await request(1, OTHER_FP).begin()))  # 422
+        second = request(2)
+        out.append(answer(await second.begin()))
+        out.append(answer(await second.failed(False)))  # released
+        third = request(2)
+        out.append(answer(await third.begin()))
+        out.append(answer(await third.failed(True)))  # outcome unknown
+        out.append(answer(await request(2).begin()))
+        fourth = request(3)
+        out.append(answer(await fourth.begin()))
+        out.append(answer(await fourth.finished(ok(503))))  # transient: not stored
+        out.append(answer(await request(3).begin()))
+        await fourth.close()
+        return out, seen, rows(store, [scope_of(1), scope_of(2), scope_of(3)])
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_flow, "_entropy", lambda: b"\x2c" * 16)
+        assert asyncio.run(scenario(False)) == asyncio.run(scenario(True))
+
+
+def test_a_heartbeat_running_beside_an_inline_flow_stops_at_its_end() -> None:
+    """A handler that outlives the heartbeat interval gets its heartbeat task (renewals inline on
+    the loop); the step without suspending cancels it, as the awaited step does."""
+
+    async def scenario() -> Tuple[Any, Any, bool]:
+        store = MemoryStore()
+        req = AsyncRequest(store=store, config=Config(lease_ms=1_000, heartbeat_ms=20),
+                           scope=scope_of(5), fingerprint=FP, key="key-5", route=ROUTE,
+                           hooks=Hooks())
+        started = await req.begin()
+        await asyncio.sleep(0.15)  # several renewals
+        assert req._beat is not None and not req._beat.done()
+        done = req.finished_now(ok())
+        await asyncio.sleep(0)
+        return answer(started)[0], answer(done), req._beat.cancelled() or req._beat.done()
+
+    kind, done, stopped = asyncio.run(scenario())
+    assert kind == "execution" and done[1] == 201 and done[4] == "stored" and stopped

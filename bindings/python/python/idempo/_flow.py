@@ -15,7 +15,7 @@ import time
 import weakref
 from dataclasses import dataclass
 from typing import (
-    Any, Awaitable, Callable, Dict, List, NamedTuple, Optional, Tuple, TypeVar, Union,
+    Any, Awaitable, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple, TypeVar, Union,
 )
 
 from idempo._idempo import Action, Cleanup, Config, InlineMemory, ServerFlow
@@ -290,6 +290,29 @@ def _memory(store: Any, hooks: Hooks) -> Optional[InlineMemory]:
     return inline_memory(store)
 
 
+_ENTROPY_BLOCK = 4096
+"""Bytes of the OS's random generator read at once for flow tokens (256 tokens)."""
+_ENTROPY: List[Iterator[bytes]] = []
+"""The current block's unused 16-byte parts (a list iterator: each ``next`` is atomic)."""
+
+
+def _entropy() -> bytes:
+    """16 bytes from ``os.urandom`` for a flow's token: one system call per 256 flows instead of
+    one each. Every part of a block is handed out once (threads included); a forked child starts
+    a block of its own (``os.register_at_fork``), so parent and child never share a part."""
+    try:
+        return next(_ENTROPY[0])
+    except (IndexError, StopIteration):
+        block = os.urandom(_ENTROPY_BLOCK)
+        parts = iter([block[i:i + 16] for i in range(0, _ENTROPY_BLOCK, 16)])
+        _ENTROPY[:] = [parts]
+        return next(parts)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_ENTROPY.clear)
+
+
 def _start(request: _Request, session: Any, store: Any = None) -> Tuple[_Run, Action]:
     """Starts core's flow for the request (transactional when it runs in a ``session``)."""
     memory = None if session is not None or store is None else _memory(store, request.hooks)
@@ -297,7 +320,7 @@ def _start(request: _Request, session: Any, store: Any = None) -> Tuple[_Run, Ac
         request.scope,
         request.fingerprint,
         request.config,
-        os.urandom(16),
+        _entropy(),
         memory,
     )
     return _Run(flow, request.route, request.hooks, request.renderer, memory), action
@@ -772,17 +795,34 @@ class AsyncRequest(_Steps):
     def _init_host(self) -> None:
         self.mode = store_mode(self._store)
         """How the store's primitives run (:func:`store_mode`); ``"inline"`` never suspends."""
+        self.inline = self.mode == INLINE and self._session is None
+        """Every step of this flow runs without suspending (an inline store, no transaction):
+        the host may call the ``*_now`` twins of the steps instead of awaiting them."""
         self._lock: Optional[asyncio.Lock] = None
         self._beats: Optional[_Beats] = None
         """The loop's heartbeat timer this request waits in (until its first renewal is due)."""
         self._beat: "Optional[asyncio.Future[None]]" = None
 
     async def begin(self) -> Union[Response, Execution]:
+        if self.inline:
+            return self.begin_now()
         run, action = _start(self._request, self._session, self._store)
         self._run = run
         action = await _store_step_async(run, self._store, action, self.mode)
         if action.kind != "run_handler":
             return await self._end(action, None)
+        return self._started(action)
+
+    def begin_now(self) -> Union[Response, Execution]:
+        """:meth:`begin` of an :attr:`inline` flow, without suspending."""
+        run, action = _start(self._request, self._session, self._store)
+        self._run = run
+        action = _store_step(run, self._store, action)
+        if action.kind != "run_handler":
+            return self._end_now(action, None)
+        return self._started(action)
+
+    def _started(self, action: Action) -> Execution:
         info = _execution(self._request, action, self._session)
         if action.heartbeat_ms:
             # Most handlers end before their first heartbeat is due: the request waits in its
@@ -819,14 +859,46 @@ class AsyncRequest(_Steps):
             self._beat.cancel()
             return await _store_step_async(self._run, self._store, event(), self.mode)
 
+    def _step_now(self, event: Callable[[], Action]) -> Action:
+        """:meth:`_step` of an :attr:`inline` flow. Its heartbeat task holds the lock only
+        within one renewal, which never suspends on an inline store, so the lock is free here
+        (asserted) and the task is cancelled while it sleeps, as :meth:`_step` does."""
+        assert self._run is not None
+        self._stop_timer()
+        if self._beat is not None:
+            assert self._lock is None or not self._lock.locked()
+            self._beat.cancel()
+        return _store_step(self._run, self._store, event())
+
     async def finished(self, result: HandlerResult) -> Response:
+        if self.inline:
+            return self.finished_now(result)
         assert self._run is not None
         run = self._run
         action = await self._step(lambda: _handler_finished(run, result))
         return await self._end(action, result)
 
+    def finished_now(self, result: HandlerResult) -> Response:
+        """:meth:`finished` of an :attr:`inline` flow, without suspending (:meth:`_step_now`
+        with the handler's end, then :meth:`_end_now`, in one frame)."""
+        run = self._run
+        assert run is not None
+        self._stop_timer()
+        if self._beat is not None:
+            assert self._lock is None or not self._lock.locked()
+            self._beat.cancel()
+        action = _handler_finished(run, result)
+        if action.kind == "store":
+            action = _store_step(run, self._store, action)
+        try:
+            return self._answer(action, result)
+        finally:
+            self.close_now()
+
     async def failed(self, maybe_side_effect: bool = True) -> Optional[Response]:
         """As :meth:`SyncRequest.failed`."""
+        if self.inline:
+            return self.failed_now(maybe_side_effect)
         if self._closed:
             return None
         assert self._run is not None
@@ -840,26 +912,58 @@ class AsyncRequest(_Steps):
         finally:
             await self.close()
 
-    async def _end(self, action: Action, result: Optional[HandlerResult]) -> Response:
+    def failed_now(self, maybe_side_effect: bool = True) -> Optional[Response]:
+        """:meth:`failed` of an :attr:`inline` flow, without suspending."""
+        if self._closed:
+            return None
         assert self._run is not None
+        run = self._run
         try:
-            response = _respond(self._run, action, result)
-            cleanup = self._run.flow.cleanup
-            if cleanup is not None:
-                _spawn_cleanup_async(cleanup, self._store, self._run.route)
-            return response
+            action = self._step_now(
+                lambda: run.flow.handler_failed(maybe_side_effect, memory=run.memory))
+            if action.kind == "respond":
+                return self._end_now(action, None)
+            run.hooks.outcome(run.route, action.outcome or "handler_failed")
+            return None
+        finally:
+            self.close_now()
+
+    def _answer(self, action: Action, result: Optional[HandlerResult]) -> Response:
+        assert self._run is not None
+        response = _respond(self._run, action, result)
+        cleanup = self._run.flow.cleanup
+        if cleanup is not None:
+            _spawn_cleanup_async(cleanup, self._store, self._run.route)
+        return response
+
+    async def _end(self, action: Action, result: Optional[HandlerResult]) -> Response:
+        try:
+            return self._answer(action, result)
         finally:
             await self.close()
 
+    def _end_now(self, action: Action, result: Optional[HandlerResult]) -> Response:
+        try:
+            return self._answer(action, result)
+        finally:
+            self.close_now()
+
     async def close(self) -> None:
+        if self._closed:
+            return
+        self.close_now()
+        if self._session is not None:
+            await _maybe_await(self._session.close)
+
+    def close_now(self) -> None:
+        """Ends the flow's heartbeat (:meth:`close` without the transactional session's close,
+        which an :attr:`inline` flow does not have)."""
         if self._closed:
             return
         self._closed = True
         self._stop_timer()
         if self._beat is not None:
             self._beat.cancel()
-        if self._session is not None:
-            await _maybe_await(self._session.close)
 
 
 class _Beats:

@@ -8,14 +8,14 @@ import threading
 import warnings
 from dataclasses import dataclass, replace
 from typing import (
-    TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple,
-    TypedDict, TypeVar,
+    TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, List, NamedTuple, Optional, Sequence,
+    Tuple, TypedDict, TypeVar,
 )
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-from idempo._flow import Hooks, Response, log, response_of
+from idempo._flow import AsyncRequest, Hooks, Response, log, response_of
 from idempo._options import default
 from idempo._render import ProblemRenderer, check_renderer, render
 from idempo.stores._check import check_store
@@ -100,8 +100,7 @@ def route_overrides(endpoint: Any) -> Optional[Dict[str, Any]]:
     return found
 
 
-@dataclass(frozen=True)
-class Prepared:
+class Prepared(NamedTuple):
     """A request ready for the flow (or already answered)."""
 
     answer: Optional[Response] = None
@@ -337,6 +336,21 @@ class HostCore:
             renderer=self.renderer,
         )
 
+    def async_request(self, opts: RouteOptions, route: str, prepared: Prepared) -> AsyncRequest:
+        """The request's asyncio flow (:meth:`flow_args`, without the dictionary between)."""
+        assert prepared.key is not None
+        return AsyncRequest(
+            store=self.store,
+            config=opts.config,
+            scope=prepared.scope,
+            partition=prepared.partition,
+            fingerprint=prepared.fingerprint,
+            key=prepared.key,
+            route=route,
+            hooks=self.hooks,
+            renderer=self.renderer,
+        )
+
     def refused(self, route: str, admission: Admission) -> Response:
         """Core's refusal: logs core's line (if any), reports the outcome, returns the answer."""
         if admission.log is not None:
@@ -378,58 +392,44 @@ class HostCore:
         over_limit: bool,
         authenticated: bool,
     ) -> Prepared:
-        """Stages 2 and 3 of core's admission: the body and its fingerprint, then the scope.
+        """Stages 2 and 3 of core's admission, in one call (``Admission.admit``): the body and its
+        fingerprint, then the scope (core calls the route's scope function with ``request`` once
+        the body passed).
 
         The scope uses the route *template* (one record namespace per endpoint); the fingerprint
         covers the concrete ``target`` (path and query), so the same key sent to
         ``/accounts/1/payments`` and ``/accounts/2/payments`` is a 422, never a replay.
         """
-        admission.body(
+        admitted = admission.admit(
             self.fingerprinter(opts),
+            self._rule(opts),
             method,
             target,
+            route,
             body,
             headers,
             content_type,
             over_limit=over_limit,
+            authenticated=authenticated,
+            scope_function=opts.scope,
+            scope_argument=request,
         )
-        if admission.kind == "refuse":
+        if admitted is None:
             return Prepared(answer=self.refused(route, admission))
-        rule = self._rule(opts)
-        if opts.scope is not None:
-            try:
-                returned = opts.scope(request)
-            except Exception as exc:  # noqa: BLE001 - core refuses the request (scope-unresolved)
-                admission.scope(
-                    rule, method, route, authenticated=authenticated,
-                    raised=f"{type(exc).__name__}: {exc}",
-                )
-            else:
-                admission.scope(
-                    rule, method, route, authenticated=authenticated, returned=returned
-                )
-        else:
-            admission.scope(rule, method, route, authenticated=authenticated)
-        if admission.kind == "refuse":
-            return Prepared(answer=self.refused(route, admission))
-        if admission.warning is not None and self.warn_unscoped and route not in self._warned:
+        key, scope_id, fingerprint, partition, warning = admitted
+        if warning is not None and self.warn_unscoped and route not in self._warned:
             self._warned.add(route)
-            warnings.warn(admission.warning, UnscopedKeyWarning, stacklevel=2)
-        assert admission.key is not None and admission.scope_id is not None
-        assert admission.fingerprint is not None
+            warnings.warn(warning, UnscopedKeyWarning, stacklevel=2)
         partitioned = getattr(self.store, "partitioned", False) is True
-        return Prepared(
-            key=admission.key,
-            scope=admission.scope_id,
-            fingerprint=admission.fingerprint,
-            partition=admission.partition if partitioned else None,
-        )
+        return Prepared(None, key, scope_id, fingerprint, partition if partitioned else None)
 
 
 def declared_length(value: Optional[str]) -> Optional[int]:
     """The body length a ``Content-Length`` value declares (None: absent or unreadable)."""
     if value is None:
         return None
+    if value.isdigit() and value.isascii():  # the usual value: nothing to strip
+        return int(value)
     text = value.strip()
     return int(text) if text.isdigit() else None
 
@@ -449,8 +449,11 @@ def request_headers(
     headers: List[Tuple[str, str]] = []
     read: Dict[str, str] = {}
     key_fields: List[bytes] = []
+    wanted = _wanted(key_name, fingerprinted)
     for n, v in raw:
         low = n.lower()
+        if low not in wanted:  # most headers: one lookup
+            continue
         if low == key_name:
             key_fields.append(bytes(v))
         if low in _READ:
@@ -458,6 +461,19 @@ def request_headers(
         if low in fingerprinted:
             headers.append((n.decode("latin-1"), v.decode("latin-1")))
     return headers, read, key_fields
+
+
+_WANTED: Dict[Tuple[bytes, FrozenSet[bytes]], FrozenSet[bytes]] = {}
+
+
+def _wanted(key_name: bytes, fingerprinted: FrozenSet[bytes]) -> FrozenSet[bytes]:
+    """Every lowercase header name :func:`request_headers` reads (per key name and route)."""
+    found = _WANTED.get((key_name, fingerprinted))
+    if found is None:
+        if len(_WANTED) >= 1024:
+            _WANTED.clear()
+        found = _WANTED[(key_name, fingerprinted)] = _READ | fingerprinted | {key_name}
+    return found
 
 
 def with_content_length(headers: List[Tuple[str, str]], body: bytes) -> List[Tuple[str, str]]:

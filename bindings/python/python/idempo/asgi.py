@@ -44,7 +44,7 @@ from typing import (
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-from idempo._flow import AsyncRequest, HandlerResult, Response, failed_log
+from idempo._flow import HandlerResult, Response, failed_log
 from idempo._host import (
     HostCore, HostOptions, RouteOptions, declared_length, request_headers, with_content_length,
 )
@@ -249,6 +249,7 @@ class IdempotencyMiddleware:
     ) -> None:
         self.app = app
         self.route_fn = route
+        self._marked = False
         self._routes = _RouteCache()
         self.core = HostCore(store=store, host="idempo.asgi.IdempotencyMiddleware", **options)
 
@@ -271,7 +272,7 @@ class IdempotencyMiddleware:
                 return
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not getattr(self, "_marked", False):
+        if not self._marked:
             self._mark_framework_rejections()
         if scope["type"] != "http" or scope["method"].upper() not in self.core.methods:
             await self.app(scope, receive, send)
@@ -350,9 +351,9 @@ class IdempotencyMiddleware:
             return
         assert prepared.key is not None
 
-        flow = AsyncRequest(**core.flow_args(opts, route, prepared))
+        flow = core.async_request(opts, route, prepared)
         try:
-            started = await flow.begin()
+            started = flow.begin_now() if flow.inline else await flow.begin()
             if isinstance(started, Response):  # a replay or a problem: the handler does not run
                 await _send(send, started)
                 return
@@ -371,7 +372,10 @@ class IdempotencyMiddleware:
             finally:
                 flow.leave(token)
         finally:
-            await flow.close()
+            if flow.inline:
+                flow.close_now()
+            else:
+                await flow.close()
 
 
 def _marking(handler: Any) -> Any:
@@ -425,7 +429,10 @@ _FILE_CHUNK = 64 * 1024
 
 
 def _has_length(headers: List[Tuple[str, str]]) -> bool:
-    return any(n.lower() == "content-length" for n, _ in headers)
+    for name, _ in headers:
+        if name.lower() == "content-length":
+            return True
+    return False
 
 
 class _Capture:
@@ -448,12 +455,19 @@ class _Capture:
     no future per request).
     """
 
+    __slots__ = (
+        "config", "client", "state", "status", "headers", "length", "start", "chunks", "plan",
+        "capture", "sent", "truncated", "finished", "on_complete", "completing",
+    )
+
     def __init__(self, config: Config, client: Optional[Send]) -> None:
         self.config = config
         self.client = client
         self.state: Dict[str, Any] = {}
         self.status: Optional[int] = None
         self.headers: List[Tuple[str, str]] = []
+        self.length = False
+        """The response's headers declare a ``content-length``."""
         self.start: Optional[Message] = None
         self.chunks: List[bytes] = []
         self.plan: Optional[str] = None
@@ -481,7 +495,7 @@ class _Capture:
         plan, limit = self.config.capture_plan(
             self.status, self.headers, streaming=streaming, framework=self.framework)
         self.plan = plan
-        if limit is not None:
+        if limit is not None and plan != "buffer":  # a buffered body is bounded by the flow
             self.capture = BodyCapture(limit)
         if plan != "buffer":
             self.sent = True
@@ -492,11 +506,12 @@ class _Capture:
         if kind == "http.response.start":
             self.status = int(message["status"])
             self.start = message
-            self.headers = [
+            self.headers = headers = [
                 (bytes(n).decode("latin-1"), bytes(v).decode("latin-1"))
                 for n, v in message.get("headers", ())
             ]
-            if not _has_length(self.headers):
+            self.length = _has_length(headers)
+            if not self.length:
                 await self._decide(streaming=True)
             return
         if kind == "http.response.pathsend":
@@ -605,6 +620,8 @@ async def run_captured(
     application raises after the outcome is decided (its background tasks) propagates
     unchanged."""
     answered: List[Response] = []
+    # An inline flow (idempo._flow.AsyncRequest.inline) takes its steps without suspending.
+    now: Any = flow if getattr(flow, "inline", False) is True else None
 
     async def complete() -> None:
         try:
@@ -612,7 +629,7 @@ async def run_captured(
         except BaseException:
             capture.completing = False  # nothing decided: the failure is the handler's
             raise
-        answer = await flow.finished(result)
+        answer = now.finished_now(result) if now is not None else await flow.finished(result)
         answered.append(answer)
         if not capture.sent:
             await _send(send, answer, capture)
@@ -628,7 +645,7 @@ async def run_captured(
         if capture.completing:
             raise
         capture.completing = True  # the outcome is the failure's
-        answer = await flow.failed()
+        answer = now.failed_now() if now is not None else await flow.failed()
         if answer is None or not isinstance(exc, Exception):
             raise
         failed_log(flow.route, exc)
@@ -653,8 +670,8 @@ def _own_start(response: Response, capture: Optional[_Capture]) -> Optional[Mess
         or len(start) != 3
         or type(start.get("headers")) is not list
         or response.status != capture.status
+        or not capture.length
         or response.headers != capture.headers
-        or not _has_length(capture.headers)
     ):
         return None
     return start

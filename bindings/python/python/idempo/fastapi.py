@@ -233,8 +233,8 @@ class _Run:
         if prepared.answer is not None:
             return _Answer(prepared.answer)
         assert prepared.key is not None
-        flow = AsyncRequest(**core.flow_args(self.opts, self.route, prepared))
-        started = await _begin(flow)
+        flow = core.async_request(self.opts, self.route, prepared)
+        started = flow.begin_now() if flow.inline else await _begin(flow)
         if isinstance(started, Response):  # answered without running: a replay or a problem
             return _Answer(started)
         self.flow = flow
@@ -253,7 +253,8 @@ class _Run:
         """The handler ended with an error: the flow records it (core's rule), then the caller
         re-raises it."""
         assert self.flow is not None
-        answer = await _settle(self.flow, self.flow.failed())
+        flow = self.flow
+        answer = flow.failed_now() if flow.inline else await _settle(flow, flow.failed())
         if answer is not None and isinstance(exc, Exception):
             failed_log(self.route, exc)
 
@@ -267,7 +268,8 @@ class _Run:
         inner_scope = dict(scope)
         inner_scope["extensions"] = _without_pathsend(scope)
         await run_captured(
-            _Settled(flow), capture, self.opts,
+            # An inline flow's steps never suspend: nothing for a cancellation to interrupt.
+            flow if flow.inline else _Settled(flow), capture, self.opts,
             lambda out: inner(inner_scope, receive, out), send, answer_failures=False)
 
 

@@ -17,6 +17,7 @@ the middleware answers 503 with ``Retry-After`` without running the handler.
 
 from __future__ import annotations
 
+import operator
 import os
 import threading
 import time
@@ -40,6 +41,13 @@ from idempo.stores._base import (
 )
 
 __all__ = ["AsyncMemoryStore", "MemoryStore", "memory_partition"]
+
+
+_PID = [os.getpid()]
+"""This process's id, renewed in a forked child (``os.register_at_fork``): ``os.getpid()`` is a
+system call, and every primitive checks it."""
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
 
 
 def _monotonic_ms() -> int:
@@ -135,7 +143,7 @@ class MemoryStore:
     def _step(self) -> int:
         """Called holding the lock at the start of each primitive (one atomic step for threads):
         refuses a forked process (unless allowed) and gives the store's now."""
-        if self._pid != os.getpid() and not self._allow_multiprocess:
+        if self._pid != _PID[0] and not self._allow_multiprocess:
             self._check_process()
         return self._clock()
 
@@ -281,7 +289,13 @@ class _AsyncPartitionView(_PartitionView):
 _OWN = ("claim", "get", "takeover", "mark_unknown", "complete", "release", "renew", "_step")
 """The methods whose behaviour the flow's inline calls reproduce (:func:`inline_memory`)."""
 _OWN_METHODS = tuple(MemoryStore.__dict__[name] for name in _OWN)
-_VIEW = tuple(map(_PartitionView.__dict__.get, _OWN))
+_OWN_OF = operator.attrgetter(*_OWN)
+"""The class's methods by those names, in one call (what :func:`inline_memory` compares)."""
+_VIEW_OWN = tuple(name for name in _OWN if name in _PartitionView.__dict__)
+_VIEW_METHODS = tuple(_PartitionView.__dict__[name] for name in _VIEW_OWN)
+_VIEW_OF = operator.attrgetter(*_VIEW_OWN)
+_VIEW_REST = tuple(name for name in _OWN if name not in _PartitionView.__dict__)
+"""The primitives the view leaves to its store (through ``__getattr__``): none may be set on it."""
 
 
 def inline_memory(store: Any) -> Optional[InlineMemory]:
@@ -291,20 +305,33 @@ def inline_memory(store: Any) -> Optional[InlineMemory]:
     subclass or a patched store goes through its methods, as every other store does)."""
     partition = None
     if type(store) is _PartitionView:
-        if len(store.__dict__) != 2 or tuple(map(_PartitionView.__dict__.get, _OWN)) != _VIEW:
+        if len(store.__dict__) != 2 or not _own_view():
             return None
         partition = store._partition
         store = store._store
     if type(store) is not MemoryStore or type(store._core) is not MemoryStoreCore:
         return None
-    if tuple(map(MemoryStore.__dict__.get, _OWN)) != _OWN_METHODS:
-        return None  # a method replaced on the class (functions compare by identity)
+    try:
+        if _OWN_OF(MemoryStore) != _OWN_METHODS:
+            return None  # a method replaced on the class (functions compare by identity)
+    except AttributeError:
+        return None  # a method deleted from the class
     if not store.__dict__.keys().isdisjoint(_OWN):
         return None  # a method replaced on the instance
     try:
         return InlineMemory(store._core, store._lock, store._step, partition)
     except InvalidArgument:  # not a partition core takes: the claim refuses it as usual
         return None
+
+
+def _own_view() -> bool:
+    """The partition view's own methods are its own (none replaced, none added on the class)."""
+    try:
+        if _VIEW_OF(_PartitionView) != _VIEW_METHODS:
+            return False
+    except AttributeError:
+        return False
+    return _PartitionView.__dict__.keys().isdisjoint(_VIEW_REST)
 
 
 class AsyncMemoryStore:
