@@ -137,10 +137,18 @@ pub async fn handle(
         }
     }
     let method = req.method().as_str().to_owned();
+    // An exact match first; else a variant of a protected route (another letter case of the
+    // method or the path, a trailing slash, ...: `route.rs`) is protected as that route, never
+    // forwarded unprotected to the fallback.
     let Some(route) = shared
         .routes
         .iter()
         .find(|r| r.method == method && r.template.matches(path))
+        .or_else(|| {
+            shared.routes.iter().find(|r| {
+                r.method.eq_ignore_ascii_case(&method) && r.template.matches_variant(path)
+            })
+        })
         .cloned()
     else {
         return Ok(match &shared.cfg.fallback {

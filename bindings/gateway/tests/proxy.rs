@@ -718,3 +718,83 @@ async fn a_client_that_goes_away_mid_flow_still_gets_its_record_settled() {
     assert_eq!(again.header("idempotent-replayed"), Some("true"));
     assert_eq!(seen.lock().unwrap().calls.get("/slow"), Some(&1));
 }
+
+/// One raw HTTP/1.1 request (for what a client library would not send, such as a lower-case
+/// method); the status code of the answer.
+async fn raw_status(gw: &Gateway, head: &str, body: &str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    let req = format!(
+        "{head}\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).await.unwrap();
+    let text = String::from_utf8_lossy(&out);
+    text.split(' ').nth(1).unwrap_or("0").parse().unwrap_or(0)
+}
+
+// A variant of a protected path (a trailing slash, another letter case, a doubled slash, `;`
+// parameters, percent-encoded letters) is protected as its route, never forwarded unprotected to
+// the fallback upstream, whose own router may well run the same handler for it.
+#[tokio::test]
+async fn variants_of_a_protected_path_are_protected_not_passed_through() {
+    let dir = temp_dir("variants");
+    let (up, seen) = upstream().await;
+    let cfg = config("kind = \"memory\"", up, "/payments", "")
+        .replace("[store]", "fallback_upstream = \"app\"\n\n[store]");
+    let gw = Gateway::start(&dir, &cfg);
+    let c = client();
+    let body = r#"{"amount":10}"#;
+    let calls = || seen.lock().unwrap().calls.values().sum::<u64>();
+    for (i, path) in [
+        "/payments/",
+        "/PAYMENTS",
+        "//payments",
+        "/payments;v=1",
+        "/p%61yments",
+        "/x/../payments",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let key = format!("key-0000-variant-{i}");
+        let h = [("Idempotency-Key", key.as_str()), ALICE];
+        let before = calls();
+        let first = post(&c, &gw.url(path), &h, body).await.unwrap();
+        assert_eq!(first.status, 201, "{path}: {}", first.text());
+        let again = post(&c, &gw.url(path), &h, body).await.unwrap();
+        assert_eq!(again.status, 201, "{path}: {}", again.text());
+        assert_eq!(again.header("idempotent-replayed"), Some("true"), "{path}");
+        assert_eq!(calls(), before + 1, "{path}: the upstream ran once");
+        // Without a key the route's rule applies (key required: 400), not the fallback.
+        let nokey = post(&c, &gw.url(path), &[ALICE], body).await.unwrap();
+        assert_eq!(nokey.status, 400, "{path}: {}", nokey.text());
+        assert_eq!(
+            calls(),
+            before + 1,
+            "{path}: nothing forwarded without a key"
+        );
+    }
+    // The same key on another variant of the target is another request: 422, not a second run.
+    let h = [("Idempotency-Key", "key-0000-variant-0"), ALICE];
+    let other = post(&c, &gw.url("/payments"), &h, body).await.unwrap();
+    assert_eq!(other.status, 422, "{}", other.text());
+    // A lower-case method is the route's too (core's scope upper-cases it).
+    let before = calls();
+    let head =
+        "post /payments HTTP/1.1\r\nIdempotency-Key: key-0000-variant-lower\r\nX-Principal: alice";
+    assert_eq!(raw_status(&gw, head, body).await, 201);
+    assert_eq!(raw_status(&gw, head, body).await, 201);
+    assert_eq!(calls(), before + 1, "a lower-case method ran once");
+    // Paths that are not variants still pass through.
+    let refunds = post(&c, &gw.url("/payments/refunds"), &[ALICE], body)
+        .await
+        .unwrap();
+    assert_eq!(refunds.status, 201);
+    assert_eq!(
+        seen.lock().unwrap().calls.get("/payments/refunds"),
+        Some(&1)
+    );
+}
