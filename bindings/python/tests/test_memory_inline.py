@@ -363,11 +363,15 @@ def test_flow_tokens_are_drawn_once_each_across_blocks_and_threads() -> None:
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
 def test_a_forked_child_draws_its_own_tokens_and_its_memory_store_fails_closed() -> None:
     import os
+    import warnings
 
     store = MemoryStore()
     _flow._entropy()  # the parent holds a block
     read, write = os.pipe()
-    pid = os.fork()
+    with warnings.catch_warnings():
+        # Python 3.12+ warns when a process with threads forks (the child only reports here).
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
     if pid == 0:  # pragma: no cover - the child reports through the pipe
         try:
             token = _flow._entropy()
