@@ -185,6 +185,74 @@ export declare class FlowConfig {
   get unavailableRetryAfterMs(): number
 }
 
+/**
+ * Core's whole admission and the memory store's claim in one call, for one middleware on
+ * exactly idempo's `MemoryStore` (no object per request; see `admit`).
+ */
+export declare class MemoryGate {
+  /** The gate of one middleware: its flow configuration, fingerprinter handle and scope rule. */
+  constructor(config: FlowConfig, fingerprinter: ExternalObject<'FingerprinterHandle'>, rule: ScopeRule)
+  /**
+   * Fresh random bytes for the flows' fencing tokens (a multiple of 16; each flow takes the
+   * next 16, none is used twice).
+   */
+  refill(entropy: Uint8Array): void
+  /**
+   * Core's key stage (`Admission.start` without the object), for the `Idempotency-Key` field
+   * (one value, read as Latin-1 bytes as Node gives it; `null`: none) and the declared body
+   * length: -1 pass through, -2 refused (`Admission.start` says how), else the most body
+   * bytes to read.
+   */
+  keyStage(key?: string | undefined | null, declaredLength?: number | undefined | null): number
+  /**
+   * The whole admission of a request whose body was read (`body`, at most the key stage's
+   * limit), then the claim on `store` at `nowMs`: the key stage again (as `keyStage`), the
+   * body stage (method, request target, content type, the headers as a flat `[name, value,
+   * ...]` list when the fingerprint reads some), then the scope stage with `scope` (the
+   * scope function's return value kind: 0 `not_called`, 1 `string`, 2 `nothing`, 3 `other`,
+   * 4 `raised`, with `scopeText` as `ScopeReturn.text`; 5: the route has a scope function,
+   * call it now: result 5), the route and `authenticated`, then the flow and its claim as
+   * `Admission.scopeInMemory` runs them. `facts` (at least 128 bytes) as
+   * `Admission.scopeInMemory`'s, plus: result 0 is a refusal at any stage (the ordinary
+   * admission gives the problem), 4 asks for `refill` first (nothing ran), 5 holds the request
+   * for its scope function; for 1 and 5 the slot index (u32 LE) at 4 and its tag (u32 LE) at
+   * 28. Byte 1: `warning()` has a warning to emit.
+   */
+  admit(store: MemoryStoreCore, nowMs: number, key: string | null, declaredLength: number | null, method: string, target: string, route: string, body: Buffer, contentType: string | null, headers: string[] | null, authenticated: boolean, scope: number, scopeText: string | null, partitioned: boolean, facts: Uint8Array): ServerFlow | Buffer | null
+  /**
+   * The scope stage and the claim of a request `admit` held for its scope function (result
+   * 5, `slot` and `tag` from its facts), as `admit` runs them; the slot is given up whatever
+   * the result (4 keeps it: `refill`, then call again).
+   */
+  scope(slot: number, tag: number, store: MemoryStoreCore, nowMs: number, method: string, route: string, authenticated: boolean, scope: number, scopeText: string | null, partitioned: boolean, facts: Uint8Array): ServerFlow | Buffer | null
+  /**
+   * The request `admit` held for its scope function (result 5) as an `Admission` in its
+   * scope stage (for a scope function whose answer is awaited); the slot is given up.
+   */
+  takeAdmission(slot: number, tag: number): Admission
+  /**
+   * Gives up what a slot holds (a request dropped before its scope stage); nothing when the
+   * tag is stale.
+   */
+  dropSlot(slot: number, tag: number): void
+  /** The warning of the last admission that had one (facts byte 1). */
+  get warning(): string | null
+  /**
+   * `ServerFlow.handlerFinishedInMemory()` on the flow in `slot` (result 1), with the
+   * response's header fields as one string: each name and value followed by a line feed
+   * (neither can hold one: Node refuses such a header). The slot is given up once the flow
+   * has answered; otherwise `take()` hands the flow out for the steps that follow.
+   */
+  finish(slot: number, tag: number, store: MemoryStoreCore, nowMs: number, status: number, headers: string, body: Buffer, bodyToStore?: Uint8Array | undefined | null, framework?: boolean | undefined | null, bodyTruncated?: boolean | undefined | null): string | FlowAction
+  /**
+   * The flow in `slot` (result 1) as a `ServerFlow`, for any step other than `finish`; the
+   * slot is given up.
+   */
+  take(slot: number, tag: number): ServerFlow
+  /** Slots in use (requests held for their scope function or running their handler). */
+  get held(): number
+}
+
 /** Core's bounded memory store; the clock is supplied by the caller on every call. */
 export declare class MemoryStoreCore {
   /**

@@ -839,6 +839,7 @@ module.exports.Admission = nativeBinding.Admission
 module.exports.BodyCapture = nativeBinding.BodyCapture
 module.exports.Fingerprinter = nativeBinding.Fingerprinter
 module.exports.FlowConfig = nativeBinding.FlowConfig
+module.exports.MemoryGate = nativeBinding.MemoryGate
 module.exports.MemoryStoreCore = nativeBinding.MemoryStoreCore
 module.exports.RetryPolicy = nativeBinding.RetryPolicy
 module.exports.RouteFingerprinter = nativeBinding.RouteFingerprinter

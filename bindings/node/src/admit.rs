@@ -7,13 +7,13 @@
 use std::sync::Arc;
 
 use idempo_core::fingerprint::{Fingerprinter, RequestParts};
-use idempo_core::machine::HttpResponse;
 use idempo_core::machine::admit::{
     self as core_admit, AwaitingBody, AwaitingScope, BodyRead, BodyStage, KeyStage, Refusal,
     ScopeResolution, ScopeRule as CoreScopeRule, ScopeStage,
 };
+use idempo_core::machine::{self, HttpResponse};
 use napi::Env;
-use napi::bindgen_prelude::{Buffer, External};
+use napi::bindgen_prelude::{Buffer, BufferSlice, External};
 use napi_derive::napi;
 
 use crate::error::{Fail, code};
@@ -25,11 +25,85 @@ use idempo_core::machine::memory::Partition as MemoryPartition;
 use napi::Either;
 
 /// The size of `Admission.scopeInMemory`'s `facts`.
-const MEMORY_FACTS: usize = 128;
+pub(crate) const MEMORY_FACTS: usize = 128;
 
 /// A length as u32 (the addon's lengths are far below 4 GiB; saturates otherwise).
-fn len32(n: usize) -> u32 {
+pub(crate) fn len32(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// The declared body length (`Content-Length`) as core takes it: a length that is not a
+/// non-negative integer is no usable declaration.
+pub(crate) fn declared(v: Option<f64>) -> Option<u64> {
+    v.filter(|v| v.is_finite() && *v >= 0.0 && v.fract() == 0.0)
+        .map(|v| {
+            if v >= 18_446_744_073_709_551_615.0 {
+                u64::MAX
+            } else {
+                v as u64
+            }
+        })
+}
+
+/// What a scope function gave (`kind` as in [`ScopeReturn`]) as core's resolution.
+pub(crate) fn resolution<'t>(kind: &str, text: &'t str) -> ScopeResolution<'t> {
+    match kind {
+        "not_called" => ScopeResolution::NotCalled,
+        "string" => ScopeResolution::Principal(text),
+        "nothing" => ScopeResolution::Nothing(if text.is_empty() { "undefined" } else { text }),
+        "raised" => ScopeResolution::Raised(text),
+        // Anything else is a value core cannot use as a principal: fail closed.
+        _ => ScopeResolution::NotAString(text),
+    }
+}
+
+/// Writes a run-the-handler answer to `facts` (at least [`MEMORY_FACTS`] bytes, see
+/// `Admission.scopeInMemory`): byte 0 is 1, the generation (u32 LE) at 12, `heartbeatMs` (f64
+/// LE, NaN: none) at 16, the downstream key's length (u32 LE) at 24 and its ASCII bytes from 32.
+pub(crate) fn write_run(facts: &mut [u8], r: &machine::RunHandler) -> Result<(), Fail> {
+    let dk = r.downstream_key.as_str().as_bytes();
+    if dk.len() > MEMORY_FACTS - 32 {
+        return Err(Fail::new(code::FLOW, "downstream key too long"));
+    }
+    facts[0] = 1;
+    facts[12..16].copy_from_slice(&r.generation.to_le_bytes());
+    let hb = r.heartbeat_ms.map_or(f64::NAN, from_u64);
+    facts[16..24].copy_from_slice(&hb.to_le_bytes());
+    facts[24..28].copy_from_slice(&len32(dk.len()).to_le_bytes());
+    facts[32..32 + dk.len()].copy_from_slice(dk);
+    Ok(())
+}
+
+/// An answer to send now as one buffer (the outcome name, then each header name and value, every
+/// string as its length (u32 LE) and UTF-8 bytes, then the body); `facts`: byte 0 is 2, the
+/// status (u16 LE) at 2, the string count (u32 LE) at 4 and the body's offset (u32 LE) at 8.
+pub(crate) fn encode_answer(facts: &mut [u8], response: &HttpResponse, outcome: &str) -> Vec<u8> {
+    facts[0] = 2;
+    facts[2..4].copy_from_slice(&response.status.to_le_bytes());
+    let mut out = Vec::with_capacity(
+        response.body.len()
+            + outcome.len()
+            + 4
+            + response
+                .headers
+                .iter()
+                .map(|(n, v)| n.len() + v.len() + 8)
+                .sum::<usize>(),
+    );
+    let mut put = |t: &str| {
+        out.extend_from_slice(&len32(t.len()).to_le_bytes());
+        out.extend_from_slice(t.as_bytes());
+    };
+    put(outcome);
+    for (n, v) in &response.headers {
+        put(n);
+        put(v);
+    }
+    let count = 1 + 2 * response.headers.len();
+    facts[4..8].copy_from_slice(&len32(count).to_le_bytes());
+    facts[8..12].copy_from_slice(&len32(out.len()).to_le_bytes());
+    out.extend_from_slice(&response.body);
+    out
 }
 
 /// What a route declares about its scope (principal), validated by core: a scope function, or
@@ -53,6 +127,11 @@ impl ScopeRule {
         CoreScopeRule::new(has_function, public, empty_scope_is_anonymous)
             .map(|inner| Self { inner })
             .map_err(|e| Fail::new(code::CONFIG, e.to_string()).throw(&env))
+    }
+
+    /// Core's rule.
+    pub(crate) fn core(&self) -> CoreScopeRule {
+        self.inner
     }
 
     /// Whether the route has a scope function (the host calls it).
@@ -114,6 +193,25 @@ pub struct Admission {
 }
 
 impl Admission {
+    /// An admission in its scope stage (kind `resolve_scope`), from a stage another object ran
+    /// (the memory gate's).
+    pub(crate) fn awaiting_scope(s: AwaitingScope) -> Self {
+        Self {
+            kind: "resolve_scope",
+            problem: None,
+            outcome: None,
+            log: None,
+            warning: None,
+            body_limit: None,
+            key: Some(s.key().as_str().to_owned()),
+            scope_id: None,
+            fingerprint: Some(s.fingerprint().as_str().to_owned()),
+            partition: None,
+            flow: None,
+            stage: Stage::Scope(s),
+        }
+    }
+
     fn refused(&mut self, r: Refusal) {
         self.stage = Stage::Done;
         self.kind = "refuse";
@@ -149,16 +247,7 @@ impl Admission {
             return Err(Fail::new(code::INVALID_ARGUMENT, "facts must hold 16 bytes").throw(&env));
         }
         let fields: Vec<&[u8]> = key_fields.iter().map(|b| &b[..]).collect();
-        // A length that is not a non-negative integer is no usable declaration.
-        let declared = declared_length
-            .filter(|v| v.is_finite() && *v >= 0.0 && v.fract() == 0.0)
-            .map(|v| {
-                if v >= 18_446_744_073_709_551_615.0 {
-                    u64::MAX
-                } else {
-                    v as u64
-                }
-            });
+        let declared = declared(declared_length);
         let mut a = Self {
             stage: Stage::Done,
             kind: "pass_through",
@@ -356,49 +445,16 @@ impl Admission {
         .map_err(|f| f.throw(&env))?;
         Ok(Some(match admitted {
             MemoryAdmission::Run(r) => {
-                let dk = r.downstream_key.as_str().as_bytes();
-                if dk.len() > MEMORY_FACTS - 32 {
-                    return Err(Fail::new(code::FLOW, "downstream key too long").throw(&env));
-                }
-                facts[0] = 1;
-                facts[12..16].copy_from_slice(&r.generation.to_le_bytes());
-                let hb = r.heartbeat_ms.map_or(f64::NAN, from_u64);
-                facts[16..24].copy_from_slice(&hb.to_le_bytes());
-                facts[24..28].copy_from_slice(&len32(dk.len()).to_le_bytes());
-                facts[32..32 + dk.len()].copy_from_slice(dk);
+                write_run(facts, &r).map_err(|f| f.throw(&env))?;
                 // The flow stays here (no object per request): `finishInMemory()` ends it, and
                 // `takeFlow()` hands it out for any other step.
                 self.flow = Some(flow);
                 return Ok(None);
             }
-            MemoryAdmission::Respond(response, outcome) => {
-                facts[0] = 2;
-                facts[2..4].copy_from_slice(&response.status.to_le_bytes());
-                let mut out = Vec::with_capacity(
-                    response.body.len()
-                        + outcome.len()
-                        + 4
-                        + response
-                            .headers
-                            .iter()
-                            .map(|(n, v)| n.len() + v.len() + 8)
-                            .sum::<usize>(),
-                );
-                let mut put = |t: &str| {
-                    out.extend_from_slice(&len32(t.len()).to_le_bytes());
-                    out.extend_from_slice(t.as_bytes());
-                };
-                put(outcome);
-                for (n, v) in &response.headers {
-                    put(n);
-                    put(v);
-                }
-                let count = 1 + 2 * response.headers.len();
-                facts[4..8].copy_from_slice(&len32(count).to_le_bytes());
-                facts[8..12].copy_from_slice(&len32(out.len()).to_le_bytes());
-                out.extend_from_slice(&response.body);
-                Either::B(jsbuf::copy(&env, &out)?)
-            }
+            MemoryAdmission::Respond(response, outcome) => Either::B(jsbuf::copy(
+                &env,
+                &encode_answer(facts, &response, outcome),
+            )?),
             MemoryAdmission::Continue => {
                 facts[0] = 3;
                 Either::A(flow)
@@ -425,7 +481,7 @@ impl Admission {
         now_ms: f64,
         status: u32,
         headers: Vec<Vec<String>>,
-        body: Buffer,
+        body: BufferSlice<'_>,
         body_to_store: Option<&[u8]>,
         framework: Option<bool>,
         body_truncated: Option<bool>,
@@ -458,14 +514,7 @@ impl Admission {
         returned: &ScopeReturn,
     ) -> Option<core_admit::Admitted> {
         let text = returned.text.as_deref().unwrap_or("");
-        let resolution = match returned.kind.as_str() {
-            "not_called" => ScopeResolution::NotCalled,
-            "string" => ScopeResolution::Principal(text),
-            "nothing" => ScopeResolution::Nothing(if text.is_empty() { "undefined" } else { text }),
-            "raised" => ScopeResolution::Raised(text),
-            // Anything else is a value core cannot use as a principal: fail closed.
-            _ => ScopeResolution::NotAString(text),
-        };
+        let resolution = resolution(returned.kind.as_str(), text);
         match s.scope(rule.inner, resolution, authenticated, method, route) {
             ScopeStage::Refuse(r) => {
                 self.refused(r);

@@ -16,7 +16,7 @@ use idempo_core::record::FingerprintText;
 use idempo_core::scope::ScopeId;
 use napi::Either;
 use napi::Env;
-use napi::bindgen_prelude::Buffer;
+use napi::bindgen_prelude::{Buffer, BufferSlice};
 use napi_derive::napi;
 
 use crate::canonical::{limits, number_mode};
@@ -708,7 +708,7 @@ impl ServerFlow {
         next: Action,
         now_ms: u64,
         partition: Option<idempo_core::machine::memory::Partition>,
-        live: Option<Live>,
+        live: Option<Live<'_>>,
     ) -> napi::Result<FlowAction> {
         let Action::Store(op) = next else {
             return action(env, next);
@@ -742,7 +742,10 @@ impl ServerFlow {
                         .into_iter()
                         .map(|(n, v)| vec![n, v])
                         .collect(),
-                    body: live.map_or_else(|| Buffer::from(Vec::new()), |l| l.body),
+                    body: match live {
+                        Some(l) => l.body.into_buffer(env)?,
+                        None => Buffer::from(Vec::new()),
+                    },
                 });
                 o.outcome = Some(outcome.as_str().to_owned());
                 o
@@ -949,6 +952,7 @@ impl ServerFlow {
         framework: Option<bool>,
         body_truncated: Option<bool>,
     ) -> napi::Result<FlowAction> {
+        let headers = header_pairs(headers).map_err(|f| f.throw(&env))?;
         let event = finished(
             status,
             headers,
@@ -977,12 +981,40 @@ impl ServerFlow {
         now_ms: f64,
         status: u32,
         headers: Vec<Vec<String>>,
-        body: Buffer,
+        body: BufferSlice<'_>,
         body_to_store: Option<&[u8]>,
         framework: Option<bool>,
         body_truncated: Option<bool>,
     ) -> napi::Result<Either<String, FlowAction>> {
-        let now = to_u64(now_ms, "nowMs").map_err(|f| f.throw(&env))?;
+        let headers = header_pairs(headers).map_err(|f| f.throw(&env))?;
+        self.finish_pairs_in_memory(
+            &env,
+            store,
+            now_ms,
+            status,
+            headers,
+            body,
+            body_to_store,
+            framework,
+            body_truncated,
+        )
+    }
+
+    /// [`ServerFlow::handler_finished_in_memory`] with the header pairs already converted.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn finish_pairs_in_memory(
+        &mut self,
+        env: &Env,
+        store: &mut MemoryStoreCore,
+        now_ms: f64,
+        status: u32,
+        headers: Vec<(String, String)>,
+        body: BufferSlice<'_>,
+        body_to_store: Option<&[u8]>,
+        framework: Option<bool>,
+        body_truncated: Option<bool>,
+    ) -> napi::Result<Either<String, FlowAction>> {
+        let now = to_u64(now_ms, "nowMs").map_err(|f| f.throw(env))?;
         let event = finished(
             status,
             headers,
@@ -991,7 +1023,7 @@ impl ServerFlow {
             framework,
             body_truncated,
         )
-        .map_err(|f| f.throw(&env))?;
+        .map_err(|f| f.throw(env))?;
         let live = match &event {
             Event::HandlerFinished(r) => Some(Live {
                 status: r.status,
@@ -1003,12 +1035,17 @@ impl ServerFlow {
         let next = self
             .inner
             .handle(event)
-            .map_err(|e| flow_fail(&e).throw(&env))?;
-        let a = self.run_in_memory(&env, store, next, now, None, live)?;
+            .map_err(|e| flow_fail(&e).throw(env))?;
+        let a = self.run_in_memory(env, store, next, now, None, live)?;
         Ok(match a.outcome {
             Some(outcome) if a.live == Some(true) => Either::A(outcome),
             _ => Either::B(a),
         })
+    }
+
+    /// Whether the flow has answered and left nothing to clean up.
+    pub(crate) fn done(&self) -> bool {
+        self.inner.is_finished() && self.inner.cleanup().is_none()
     }
 
     /// The handler threw; `maybeSideEffect` false only when it certainly did nothing.
@@ -1076,13 +1113,13 @@ impl ServerFlow {
 
 /// The response the host passed to `handlerFinishedInMemory`, to tell whether core's answer is
 /// that very response (then nothing is converted back).
-struct Live {
+struct Live<'b> {
     status: u16,
     headers: Vec<(String, String)>,
-    body: Buffer,
+    body: BufferSlice<'b>,
 }
 
-impl Live {
+impl Live<'_> {
     fn is(&self, r: &HttpResponse) -> bool {
         r.status == self.status && r.headers == self.headers && r.body[..] == self.body[..]
     }
@@ -1100,7 +1137,7 @@ fn flow_fail(e: &machine::FlowError) -> Fail {
 /// The handler's end as core's event.
 fn finished(
     status: u32,
-    headers: Vec<Vec<String>>,
+    headers: Vec<(String, String)>,
     body: &[u8],
     body_to_store: Option<&[u8]>,
     framework: Option<bool>,
@@ -1108,7 +1145,7 @@ fn finished(
 ) -> Result<Event, Fail> {
     Ok(Event::HandlerFinished(HandlerResponse {
         status: to_status(status)?,
-        headers: header_pairs(headers)?,
+        headers,
         body: body.to_vec(),
         body_to_store: body_to_store.map(<[u8]>::to_vec),
         origin: origin(framework),

@@ -19,6 +19,7 @@ mod canonical;
 mod error;
 mod fingerprint;
 mod flow;
+mod gate;
 mod inline;
 mod intent;
 mod jsbuf;

@@ -12,20 +12,31 @@ const Fastify = require('fastify');
 
 const native = require('../dist/native.js');
 
-/** Counts the combined admissions (`Admission.scopeInMemory`: scope stage, flow and claim in one
- * native call) during `f`. */
+/** Counts the combined admissions during `f`: `Admission.scopeInMemory` (scope stage, flow and
+ * claim in one native call, Fastify) and `MemoryGate.admit` (the whole admission and the claim,
+ * Express), wrapped on their prototypes. */
 async function countingCombined(f) {
-  const proto = native.Admission.prototype;
-  const orig = proto.scopeInMemory;
+  const wrap = [
+    [native.Admission.prototype, 'scopeInMemory'],
+    [native.MemoryGate.prototype, 'admit'],
+  ];
+  const orig = wrap.map(([proto, name]) => proto[name]);
   let n = 0;
-  proto.scopeInMemory = function (...args) {
-    n++;
-    return orig.apply(this, args);
-  };
+  for (const [proto, name] of wrap) {
+    const own = proto[name];
+    proto[name] = function (...args) {
+      const r = own.apply(this, args);
+      // A gate whose random bytes ran out answers 4 (nothing ran) and is called again.
+      if (args.at(-1)[0] !== 4) n++;
+      return r;
+    };
+  }
   try {
     await f();
   } finally {
-    proto.scopeInMemory = orig;
+    wrap.forEach(([proto, name], i) => {
+      proto[name] = orig[i];
+    });
   }
   return n;
 }
@@ -228,3 +239,125 @@ for (const framework of Object.keys(FRAMEWORKS)) {
     assert.equal(await countingCombined(() => runScenario(framework, new idempo.MemoryStore(limits), {}, scenario)), scenario.length);
   });
 }
+
+/** Runs `f` with every `MemoryGate` made meanwhile collected (`gates`). */
+async function collectingGates(f) {
+  const proto = native.MemoryGate.prototype;
+  const orig = proto.admit;
+  const gates = new Set();
+  proto.admit = function (...args) {
+    gates.add(this);
+    return orig.apply(this, args);
+  };
+  try {
+    await f();
+  } finally {
+    proto.admit = orig;
+  }
+  return [...gates];
+}
+
+test('express: the memory gate answers refusals as the ordinary admission, and holds no slot afterwards', async () => {
+  // Missing and invalid keys, a body over the limit, a body the fingerprint refuses, a scope
+  // that does not resolve, then the ordinary outcomes; sync and async scope functions.
+  const send = async (url, key, body, type = 'application/json') => {
+    const headers = { 'content-type': type };
+    if (key !== null) headers['idempotency-key'] = key;
+    const r = await fetch(url, { method: 'POST', headers, body });
+    const h = {};
+    for (const [n, v] of r.headers) if (n !== 'date' && n !== 'keep-alive' && n !== 'connection') h[n] = v;
+    return { status: r.status, headers: h, body: await r.text() };
+  };
+  const requests = [
+    [null, '{"amount":1}'],
+    ['short', '{"amount":1}'],
+    ['gate-key-000001', JSON.stringify({ amount: 1, pad: 'x'.repeat(300) })],
+    ['gate-key-000002', '{"amount":'],
+    ['gate-key-000003', '{"amount":1,"amount":2}'],
+    ['gate-key-000004', '{"amount":1}'],
+    ['gate-key-000004', '{"amount":1}'],
+    ['gate-key-000004', '{"amount":2}'],
+    ['gate-key-000005', ''],
+  ];
+  const run = async (store, extra) => {
+    const state = { runs: 0 };
+    const events = new idempo.IdempotencyEvents();
+    const seen = [];
+    for (const name of ['outcome', 'scope_unresolved', 'warning', 'body_unavailable']) {
+      events.on(name, (e) => seen.push([name, e.outcome ?? e.message ?? '']));
+    }
+    const srv = await startExpress({ store, events, maxRequestBodyBytes: 256, maxStoredBodyBytes: 1024, ...extra }, state);
+    const answers = [];
+    try {
+      for (const [key, body] of requests) answers.push(await send(`${srv.url}/pay/1`, key, body));
+    } finally {
+      await srv.close();
+    }
+    return { answers, seen, runs: state.runs };
+  };
+  const scopes = [
+    { public: true },
+    { scope: () => 'alice' },
+    { scope: async () => 'alice' },
+    { scope: (req) => (req.body?.amount === 2 ? undefined : 'bob') },
+    { scope: async () => { throw new Error('no user'); } },
+  ];
+  for (const extra of scopes) {
+    let fast;
+    const gates = await collectingGates(async () => {
+      fast = await run(new idempo.MemoryStore(), extra);
+    });
+    const slow = await run(new SubclassedStore(), extra);
+    assert.deepEqual(fast, slow, JSON.stringify(extra));
+    assert.ok(gates.length >= 1);
+    for (const g of gates) assert.equal(g.held, 0);
+  }
+});
+
+test('express: a memory gate that throws: the handler does not run, the error handlers see the body as sent', async () => {
+  const proto = native.MemoryGate.prototype;
+  const orig = proto.admit;
+  proto.admit = () => {
+    throw new Error('gate broke');
+  };
+  const app = express();
+  let runs = 0;
+  app.post('/pay', idempo.idempotency({ store: new idempo.MemoryStore(), public: true }), (_req, res) => {
+    runs++;
+    res.json({ ok: true });
+  });
+  app.use((err, req, res, _next) => {
+    let raw = '';
+    req.setEncoding('utf8');
+    req.on('data', (c) => {
+      raw += c;
+    });
+    req.on('end', () => res.status(500).json({ error: err.message, raw, parsed: req.body }));
+  });
+  const server = await new Promise((resolve) => {
+    const s = app.listen(0, '127.0.0.1', () => resolve(s));
+  });
+  try {
+    const body = JSON.stringify({ amount: 7 });
+    const r = await fetch(`http://127.0.0.1:${server.address().port}/pay`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'idempotency-key': 'gate-throws-0001' },
+      body,
+    });
+    assert.equal(r.status, 500);
+    assert.deepEqual(await r.json(), { error: 'gate broke', raw: body, parsed: { amount: 7 } });
+    assert.equal(runs, 0);
+  } finally {
+    proto.admit = orig;
+    server.closeAllConnections();
+    await new Promise((r) => server.close(r));
+  }
+});
+
+test('express: gate slots are given up on every way out (errors, no heartbeat, replays)', async () => {
+  for (const extra of [{}, { heartbeatMs: 0 }]) {
+    const gates = await collectingGates(() => runScenario('express', new idempo.MemoryStore(), extra));
+    assert.ok(gates.length >= 1);
+    for (const g of gates) assert.equal(g.held, 0, JSON.stringify(extra));
+  }
+});

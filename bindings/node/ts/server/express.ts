@@ -23,8 +23,9 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Request as ExpressRequest } from 'express';
 import { Readable } from 'node:stream';
 import { ConfigError } from '../errors';
-import { admitKeyFacts, admitRestEager, Prepared } from './options';
-import type { Admitted, IdempotencyOptions } from './options';
+import { admitKeyFacts, admitRestEager, admitThroughGate, declaredLength, gateKeyStage, Prepared } from './options';
+import type { Admitted, GateFacts, IdempotencyOptions } from './options';
+import type { MemoryInline } from '../stores/memory';
 import native = require('../native');
 import type { Admission, ExecutionContext, FlowEnd, HandlerResult, HttpResponse, Session } from './session';
 import { IdempotencyEvents, toHttp } from './session';
@@ -121,45 +122,56 @@ interface RequestState {
   onError(err: unknown, res: Res, next: Next): void;
 }
 
-/** Reads the whole request body, at most `limit` bytes (`null`: over the limit). */
 /**
  * Reads the request body, at most `limit` bytes. Resolves `null` as soon as the body is known to be
  * larger (a `Content-Length` over the limit, or the first chunk past it) and stops reading, so a
  * hostile upload costs at most the limit plus one chunk.
  */
 export function readBody(req: IncomingMessage, limit: number): Promise<Buffer | null> {
+  return new Promise((resolve, reject) => readBodyThen(req, limit, (e, b) => (e !== undefined ? reject(e) : resolve(b))));
+}
+
+/**
+ * {@link readBody} with a callback (`err` undefined on success), always called from a microtask
+ * (as a promise's reaction would be): never inside the request's own `end` event, whose emitter
+ * goes on to check the stream's state (which {@link replayBody} replaces) once its listeners
+ * returned.
+ */
+function readBodyThen(req: IncomingMessage, limit: number, then: (err: unknown, body: Buffer | null) => void): void {
+  const done = (err: unknown, body: Buffer | null) => queueMicrotask(() => then(err, body));
   const declared = Number(req.headers['content-length']);
-  if (Number.isFinite(declared) && declared > limit) return Promise.resolve(null);
-  return new Promise((resolve, reject) => {
-    const chunks: Buffer[] = [];
-    let size = 0;
-    const onData = (c: Buffer) => {
-      size += c.length;
-      if (size <= limit) {
-        chunks.push(c);
-        return;
-      }
-      cleanup();
-      req.pause();
-      resolve(null);
-    };
-    const onEnd = () => {
-      cleanup();
-      resolve(Buffer.concat(chunks));
-    };
-    const onError = (e: Error) => {
-      cleanup();
-      reject(e);
-    };
-    const cleanup = () => {
-      req.off('data', onData);
-      req.off('end', onEnd);
-      req.off('error', onError);
-    };
-    req.on('data', onData);
-    req.on('end', onEnd);
-    req.on('error', onError);
-  });
+  if (Number.isFinite(declared) && declared > limit) {
+    done(undefined, null);
+    return;
+  }
+  const chunks: Buffer[] = [];
+  let size = 0;
+  const onData = (c: Buffer) => {
+    size += c.length;
+    if (size <= limit) {
+      chunks.push(c);
+      return;
+    }
+    cleanup();
+    req.pause();
+    done(undefined, null);
+  };
+  const onEnd = () => {
+    cleanup();
+    done(undefined, chunks.length === 1 ? (chunks[0] as Buffer) : Buffer.concat(chunks));
+  };
+  const onError = (e: Error) => {
+    cleanup();
+    done(e, null);
+  };
+  const cleanup = () => {
+    req.off('data', onData);
+    req.off('end', onEnd);
+    req.off('error', onError);
+  };
+  req.on('data', onData);
+  req.on('end', onEnd);
+  req.on('error', onError);
 }
 
 /**
@@ -206,7 +218,7 @@ function routing(req: Req): { strict: boolean; caseSensitive: boolean } {
 
 /** A path without its trailing slashes, unless the app routes strictly (`/payments/` == `/payments`). */
 function trimSlash(path: string, strict: boolean): string {
-  if (strict) return path;
+  if (strict || path.charCodeAt(path.length - 1) !== 47 /* '/' */) return path;
   const t = path.replace(/\/+$/, '');
   return t === '' ? '/' : t;
 }
@@ -266,10 +278,17 @@ function parseJson(req: Req, body: Buffer): void {
   }
 }
 
+/** The last content type {@link isJson} read, and its answer (one service sends one type). */
+let lastType: string | undefined;
+let lastJson = false;
+
 function isJson(ct: string | undefined): boolean {
   if (!ct) return false;
+  if (ct === lastType) return lastJson;
   const essence = (ct.split(';')[0] ?? '').trim().toLowerCase();
-  return essence === 'application/json' || essence.endsWith('+json');
+  lastJson = essence === 'application/json' || essence.endsWith('+json');
+  lastType = ct;
+  return lastJson;
 }
 
 function send(res: Res, r: HttpResponse): void {
@@ -433,102 +452,15 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
     }
   }
 
-  const mw = (async (req: Req, res: Res, next: Next) => {
-    const started = Date.now();
-    const method = (req.method ?? 'GET').toUpperCase();
-    if (!p.methods.has(method)) return next(unprotectedRoute(req, p.methods, p.events) ?? undefined);
-    const ident = identity(req);
-    const route = options.route ? options.route(req as never) : ident.route;
-    // Core's admission, in core's order: the key first, then the body, then the scope.
-    const key = admitKeyFacts(p, req.headers[p.header], req.headers['content-length']);
-    const adm = key.a;
-    const kind = key.kind;
-    if (kind === 'pass_through') return next();
-    // A body parser mounted before the middleware read the stream (Express 4's sets `_body`).
-    const consumed = req.readableEnded || req._body === true || (req.complete && !req.readable);
-    if (kind === 'refuse') {
-      const problem = toHttp(adm.problem as native.HttpResponseData);
-      emitOutcome(method, route, adm.outcome ?? 'refused', problem.status, started);
-      return refuse(req, res, consumed, problem);
-    }
-    const limit = key.bodyLimit;
-    let body: Buffer | null;
-    let unavailableFix: string | undefined;
-    if (consumed) {
-      // Only bytes a parser kept (`keepRawBody`) can be fingerprinted; a body whose bytes are gone
-      // is refused by core (500 body-unavailable), never fingerprinted as empty.
-      if (Buffer.isBuffer(req.rawBody)) body = req.rawBody.length > limit ? null : req.rawBody;
-      else if (declaresNoBody(req)) body = Buffer.alloc(0);
-      else {
-        body = Buffer.alloc(0);
-        unavailableFix = BODY_FIX;
-      }
-    } else {
-      body = await readBody(req, limit);
-    }
-    const ct = req.headers['content-type'];
-    // Parsers mounted after the middleware read these bytes again; with none, a JSON body is
-    // parsed here (other types stay in `req.rawBody`): before the admission when a `scope`
-    // function may read `req.body`, else only once the request goes on past the middleware (a
-    // replay, a 409 or a 422 answered here never parses it).
-    let unparsed: Buffer | null = null;
-    if (body !== null && !consumed) {
-      req.rawBody = body;
-      if (isJson(ct) && body.length > 0 && req.body === undefined) {
-        if (options.scope) parseJson(req, body);
-        else unparsed = body;
-      }
-    }
-    // Parsers after the middleware read the bytes again from the request stream, refilled only
-    // when something downstream can read it (not for a replay, a 409 or a 422 answered here).
-    const refill = body !== null && !consumed ? body : null;
-    const user = (req as Req & { user?: unknown }).user;
-    let admitted: Admitted | Promise<Admitted>;
-    try {
-      admitted = admitRestEager(p, adm, {
-      req: req as unknown as ExpressRequest,
-      method,
-      route,
-      target: ident.target,
-      contentType: ct,
-      headers: req.headers,
-      body,
-      ...(unavailableFix !== undefined ? { unavailableFix } : {}),
-      authenticated: req.headers.authorization !== undefined || (user !== undefined && user !== null),
-      });
-      if (admitted instanceof Promise) admitted = await admitted;
-    } catch (e) {
-      // The error handlers see the request as it would be without the deferred parse.
-      if (unparsed !== null) parseJson(req, unparsed);
-      throw e;
-    }
-    if (admitted.kind === 'answered') {
-      // Core's answer to the claim (the memory store's combined call): as a session's below.
-      emitOutcome(method, route, admitted.outcome, admitted.response.status, started);
-      return send(res, admitted.response);
-    }
-    if (admitted.kind !== 'session') {
-      if (refill !== null) replayBody(req, refill);
-      if (admitted.kind === 'unprotected') {
-        if (unparsed !== null) parseJson(req, unparsed);
-        return next();
-      }
-      emitOutcome(method, route, admitted.outcome, admitted.response.status, started);
-      return refuse(req, res, consumed, admitted.response);
-    }
-    const session = admitted.session;
-    let a: Admission | Promise<Admission>;
-    try {
-      a = session.admitEager();
-      if (a instanceof Promise) a = await a;
-    } catch (e) {
-      if (refill !== null) replayBody(req, refill);
-      if (unparsed !== null) parseJson(req, unparsed);
-      throw e;
-    }
+  /**
+   * The handler runs: its capture and error report (`a` is the claim's answer, `session` its
+   * flow; `refill`/`unparsed` as in {@link afterBody}).
+   */
+  function run(req: Req, res: Res, next: Next, session: Session, a: Admission, refill: Buffer | null, unparsed: Buffer | null, started: number, method: string, route: string): void {
     if (a.kind === 'respond') {
       emitOutcome(method, route, a.outcome, a.response.status, started);
-      return send(res, a.response);
+      send(res, a.response);
+      return;
     }
     if (refill !== null) replayBody(req, refill);
     if (unparsed !== null) parseJson(req, unparsed);
@@ -545,9 +477,211 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
       return;
     }
     next();
-  }) as unknown as IdempotencyMiddleware;
+  }
+
+  /** The request once its body is known: the rest of core's admission, then the handler or
+   * core's answer. `fast`: the key stage ran through the memory gate (`key` the field it read). */
+  function afterBody(
+    req: Req,
+    res: Res,
+    next: Next,
+    body: Buffer | null,
+    consumed: boolean,
+    unavailableFix: string | undefined,
+    adm: native.Admission | undefined,
+    fast: { gate: native.MemoryGate; mem: MemoryInline; key: string | undefined; declared: number | null } | undefined,
+    started: number,
+    method: string,
+    route: string,
+    target: string,
+  ): void {
+    const ct = req.headers['content-type'];
+    // Parsers mounted after the middleware read these bytes again; with none, a JSON body is
+    // parsed here (other types stay in `req.rawBody`): before the admission when a `scope`
+    // function may read `req.body`, else only once the request goes on past the middleware (a
+    // replay, a 409 or a 422 answered here never parses it).
+    let unparsed: Buffer | null = null;
+    if (body !== null && !consumed) {
+      req.rawBody = body;
+      if (body.length > 0 && req.body === undefined && isJson(ct)) {
+        if (options.scope) parseJson(req, body);
+        else unparsed = body;
+      }
+    }
+    // Parsers after the middleware read the bytes again from the request stream, refilled only
+    // when something downstream can read it (not for a replay, a 409 or a 422 answered here).
+    const refill = body !== null && !consumed ? body : null;
+    const user = (req as Req & { user?: unknown }).user;
+    const facts: GateFacts<ExpressRequest> = {
+      req: req as unknown as ExpressRequest,
+      method,
+      route,
+      target,
+      contentType: ct,
+      headers: req.headers,
+      body,
+      authenticated: req.headers.authorization !== undefined || (user !== undefined && user !== null),
+      key: fast?.key,
+      declared: fast?.declared ?? null,
+    };
+    if (unavailableFix !== undefined) facts.unavailableFix = unavailableFix;
+    let admitted: Admitted | Promise<Admitted>;
+    try {
+      if (fast !== undefined && body !== null && unavailableFix === undefined) {
+        // The memory store: core's whole admission and the claim in one native call.
+        admitted = admitThroughGate(p, fast.gate, fast.mem, facts);
+      } else {
+        const a = adm ?? admitKeyFacts(p, fast?.key, req.headers['content-length']).a;
+        admitted = admitRestEager(p, a, facts);
+      }
+    } catch (e) {
+      // The error handlers see the request as it would be without idempo (its body readable
+      // again, the deferred parse done), as on every other failure.
+      if (refill !== null) replayBody(req, refill);
+      if (unparsed !== null) parseJson(req, unparsed);
+      throw e;
+    }
+    if (admitted instanceof Promise) {
+      admitted.then(
+        (r) => admittedThen(req, res, next, r, consumed, refill, unparsed, started, method, route),
+        (e: unknown) => {
+          if (refill !== null) replayBody(req, refill);
+          if (unparsed !== null) parseJson(req, unparsed);
+          next(e);
+        },
+      ).catch(next);
+      return;
+    }
+    admittedThen(req, res, next, admitted, consumed, refill, unparsed, started, method, route);
+  }
+
+  function admittedThen(
+    req: Req,
+    res: Res,
+    next: Next,
+    admitted: Admitted,
+    consumed: boolean,
+    refill: Buffer | null,
+    unparsed: Buffer | null,
+    started: number,
+    method: string,
+    route: string,
+  ): void {
+    if (admitted.kind === 'answered') {
+      // Core's answer to the claim (the memory store's combined call): as a session's below.
+      emitOutcome(method, route, admitted.outcome, admitted.response.status, started);
+      send(res, admitted.response);
+      return;
+    }
+    if (admitted.kind !== 'session') {
+      if (refill !== null) replayBody(req, refill);
+      if (admitted.kind === 'unprotected') {
+        if (unparsed !== null) parseJson(req, unparsed);
+        next();
+        return;
+      }
+      emitOutcome(method, route, admitted.outcome, admitted.response.status, started);
+      refuse(req, res, consumed, admitted.response);
+      return;
+    }
+    const session = admitted.session;
+    let a: Admission | Promise<Admission>;
+    try {
+      a = session.admitEager();
+    } catch (e) {
+      if (refill !== null) replayBody(req, refill);
+      if (unparsed !== null) parseJson(req, unparsed);
+      throw e;
+    }
+    if (a instanceof Promise) {
+      a.then(
+        (r) => run(req, res, next, session, r, refill, unparsed, started, method, route),
+        (e: unknown) => {
+          if (refill !== null) replayBody(req, refill);
+          if (unparsed !== null) parseJson(req, unparsed);
+          next(e);
+        },
+      ).catch(next);
+      return;
+    }
+    run(req, res, next, session, a, refill, unparsed, started, method, route);
+  }
+
+  const mw = (req: Req, res: Res, next: Next): void => {
+    const started = Date.now();
+    const method = (req.method ?? 'GET').toUpperCase();
+    if (!p.methods.has(method)) {
+      next(unprotectedRoute(req, p.methods, p.events) ?? undefined);
+      return;
+    }
+    const ident = identity(req);
+    const route = options.route ? options.route(req as never) : ident.route;
+    // Core's admission, in core's order: the key first, then the body, then the scope.
+    const rawKey = req.headers[p.header];
+    // The memory gate takes one key field (a repeated header goes the ordinary way).
+    const gate = typeof rawKey !== 'object' ? p.memoryGate() : undefined;
+    let fast: { gate: native.MemoryGate; mem: MemoryInline; key: string | undefined; declared: number | null } | undefined;
+    let adm: native.Admission | undefined;
+    let kind: string;
+    let limit = 0;
+    if (gate !== undefined) {
+      const declared = declaredLength(req.headers['content-length']);
+      const k = gateKeyStage(gate.gate, rawKey as string | undefined, declared);
+      kind = k === -1 ? 'pass_through' : k === -2 ? 'refuse' : 'read_body';
+      limit = k;
+      fast = { gate: gate.gate, mem: gate.mem, key: rawKey as string | undefined, declared };
+    } else {
+      const key = admitKeyFacts(p, rawKey, req.headers['content-length']);
+      adm = key.a;
+      kind = key.kind;
+      limit = key.bodyLimit;
+    }
+    if (kind === 'pass_through') {
+      next();
+      return;
+    }
+    // A body parser mounted before the middleware read the stream (Express 4's sets `_body`).
+    const consumed = req.readableEnded || req._body === true || (req.complete && !req.readable);
+    if (kind === 'refuse') {
+      // Through the gate, the ordinary key stage gives the problem (the same core call).
+      const a = adm ?? admitKeyFacts(p, rawKey, req.headers['content-length']).a;
+      const problem = toHttp(a.problem as native.HttpResponseData);
+      emitOutcome(method, route, a.outcome ?? 'refused', problem.status, started);
+      refuse(req, res, consumed, problem);
+      return;
+    }
+    if (consumed) {
+      // Only bytes a parser kept (`keepRawBody`) can be fingerprinted; a body whose bytes are gone
+      // is refused by core (500 body-unavailable), never fingerprinted as empty.
+      let body: Buffer | null;
+      let unavailableFix: string | undefined;
+      if (Buffer.isBuffer(req.rawBody)) body = req.rawBody.length > limit ? null : req.rawBody;
+      else if (declaresNoBody(req)) body = Buffer.alloc(0);
+      else {
+        body = Buffer.alloc(0);
+        unavailableFix = BODY_FIX;
+      }
+      afterBody(req, res, next, body, true, unavailableFix, adm, fast, started, method, route, ident.target);
+      return;
+    }
+    readBodyThen(req, limit, (err, body) => {
+      if (err !== undefined) {
+        next(err);
+        return;
+      }
+      try {
+        afterBody(req, res, next, body, false, undefined, adm, fast, started, method, route, ident.target);
+      } catch (e) {
+        next(e);
+      }
+    });
+  };
   const wrapped = ((req: IncomingMessage, res: ServerResponse, next: Next) => {
-    (mw as unknown as (req: IncomingMessage, res: ServerResponse, next: Next) => Promise<void>)(req, res, next).catch(next);
+    try {
+      mw(req as Req, res, next);
+    } catch (e) {
+      next(e);
+    }
   }) as IdempotencyMiddleware;
   wrapped.events = p.events;
   return wrapped;

@@ -6,9 +6,10 @@ import { Fingerprinter, flatHeaders } from '../fingerprint';
 import type { NumberMode } from '../core';
 import type { IdempotencyStore } from '../stores/types';
 import { supportsTransactions } from '../stores/types';
-import { admitInMemory, IdempotencyEvents, Session, toHttp } from './session';
+import { admitInMemory, gateStep, IdempotencyEvents, Session, toHttp } from './session';
 import { memoryInline } from '../stores/memory';
-import type { HttpResponse } from './session';
+import type { GateAdmitted, HttpResponse, SessionOptions } from './session';
+import type { MemoryInline } from '../stores/memory';
 
 /**
  * Core's `Config` options, in camelCase (core's flat option set, `spec/PROTOCOL.md`). Every omitted
@@ -182,6 +183,40 @@ export class Prepared<Req> {
   }
 
   #warned = new Set<string>();
+  #gate: native.MemoryGate | undefined;
+  /** Per route: the options of its memory-gate sessions (the flow holds the scope and the
+   * fingerprint), made once. */
+  #memorySessions = new Map<string, SessionOptions>();
+
+  /** The session options of a memory-gate admission on `route` (see {@link memoryGate}). */
+  memorySessionOptions(route: string): SessionOptions {
+    let o = this.#memorySessions.get(route);
+    if (o === undefined) {
+      o = { store: this.o.store, config: this.config, scope: NO_BYTES, fingerprint: '', storeTimeoutMs: this.o.storeTimeoutMs ?? defaultStoreTimeoutMs(this.o.store), events: this.events, route };
+      // Bounded: a `route` function may name many routes; past the bound, made per request.
+      if (this.#memorySessions.size < 1024) this.#memorySessions.set(route, o);
+    }
+    return o;
+  }
+
+  /**
+   * The memory gate (core's whole admission and the claim in one native call, see
+   * `MemoryGate`) and the store's native core, when this request may take it: the store is
+   * exactly idempo's `MemoryStore` with its own primitives, not transactional, and nothing
+   * listens to `store_op` (checked per request: a listener may be added at any time). Else
+   * undefined: the ordinary admission.
+   */
+  memoryGate(): { gate: native.MemoryGate; mem: MemoryInline } | undefined {
+    if (this.o.transactional || this.events.listenerCount('store_op') !== 0) return undefined;
+    const mem = memoryInline(this.o.store);
+    if (mem === undefined) return undefined;
+    try {
+      this.#gate ??= new native.MemoryGate(this.config, this.fingerprinter.nativeHandle, this.scopeRule);
+    } catch (e) {
+      throw fromNative(e);
+    }
+    return { gate: this.#gate, mem };
+  }
 
   /** Emits core's warning once per route. */
   warnOnce(route: string, message: string): void {
@@ -254,6 +289,97 @@ export function admitKeyFacts<Req>(p: Prepared<Req>, keyHeader: string | string[
   const kind = KEY_KINDS[FACTS[0] as number];
   if (kind === undefined) throw new Error(`idempo: Admission.start wrote an unknown stage ${FACTS[0]}`);
   return { a, kind, bodyLimit: FACTS.readDoubleLE(8) };
+}
+
+/**
+ * Stage 1 of core's admission through the memory gate (no object): `-1` pass through, `-2`
+ * refused (then {@link admitKeyFacts} gives the problem), else the most body bytes to read.
+ */
+export function gateKeyStage(gate: native.MemoryGate, key: string | undefined, declared: number | null): number {
+  try {
+    return gate.keyStage(key ?? null, declared);
+  } catch (e) {
+    throw fromNative(e);
+  }
+}
+
+/** The request facts {@link admitThroughGate} needs: {@link RequestFacts} plus the key field
+ * (one value) and the declared body length, as the key stage took them. */
+export interface GateFacts<Req> extends RequestFacts<Req> {
+  key: string | undefined;
+  declared: number | null;
+}
+
+/** `MemoryGate`'s code for each kind of scope function return (see `MemoryGate.admit`). */
+const SCOPE_CODES: Record<string, number> = { not_called: 0, string: 1, nothing: 2, other: 3, raised: 4 };
+/** `MemoryGate.admit`'s scope code for "the route has a scope function: call it now". */
+const SCOPE_PENDING = 5;
+const NOT_CALLED: native.ScopeReturn = { kind: 'not_called' };
+
+const NO_BYTES = Buffer.alloc(0);
+
+/**
+ * Stages 2 and 3 of core's admission and the claim through the memory gate (see
+ * {@link Prepared.memoryGate}), for a body read whole (`f.body` not null, no `unavailableFix`):
+ * one native call when the route has no scope function, two around a synchronous one. The
+ * answers are the ordinary admission's: a refusal at any stage is rebuilt by the ordinary
+ * admission (core's problem, log line and outcome; nothing ran on the store), and a scope
+ * function that returns a promise continues on the ordinary path from the scope stage.
+ */
+export function admitThroughGate<Req>(p: Prepared<Req>, gate: native.MemoryGate, mem: MemoryInline, f: GateFacts<Req>): Admitted | Promise<Admitted> {
+  const o = p.memorySessionOptions(f.route);
+  const warn = (w: string) => p.warnOnce(f.route, w);
+  const partitioned = p.o.store.partitioned === true;
+  const scope = p.o.scope;
+  const body = f.body as Buffer;
+  const headers = p.fingerprinter.usesHeaders ? flatHeaders(f.headers) : null;
+  let r: GateAdmitted = gateStep(
+    gate,
+    mem,
+    (facts) =>
+      gate.admit(mem.core, mem.now(), f.key ?? null, f.declared, f.method, f.target, f.route, body, f.contentType ?? null, headers, f.authenticated, scope ? SCOPE_PENDING : 0, null, partitioned, facts),
+    o,
+    warn,
+  );
+  let returned = NOT_CALLED;
+  if (r.kind === 'scope' && scope) {
+    const held = r;
+    const v = callScope(scope, f.req);
+    if (v instanceof Promise) {
+      // Awaited: the request leaves the gate (nothing is held across a turn of the event loop).
+      let adm: native.Admission;
+      try {
+        adm = gate.takeAdmission(held.slot, held.tag);
+      } catch (e) {
+        throw fromNative(e);
+      }
+      return v.then((ret) => scoped(p, adm, f, ret));
+    }
+    returned = v;
+    r = gateStep(
+      gate,
+      mem,
+      (facts) => gate.scope(held.slot, held.tag, mem.core, mem.now(), f.method, f.route, f.authenticated, SCOPE_CODES[v.kind] ?? 3, v.text ?? null, partitioned, facts),
+      o,
+      warn,
+    );
+  }
+  if (r.kind === 'refused') return refusedAgain(p, f, returned);
+  if (r.kind === 'scope') throw new Error('idempo: MemoryGate held a request without a scope function');
+  return r;
+}
+
+/** The refusal the gate reported, from the ordinary admission run on the same inputs (core's
+ * stages are deterministic: the same stage refuses, with its problem, outcome and log line). */
+function refusedAgain<Req>(p: Prepared<Req>, f: GateFacts<Req>, returned: native.ScopeReturn): Admitted {
+  const a = admitKey(p, f.key, f.declared === null ? undefined : String(f.declared));
+  if (a.kind === 'refuse') return refused(p, a, f.route, f.method);
+  if (a.kind === 'read_body') {
+    const r = admitBody(p, a, f);
+    if (r !== undefined) return r;
+    if (a.scope(p.scopeRule, f.method, f.route, f.authenticated, returned) === null) return refused(p, a, f.route, f.method);
+  }
+  throw new Error(`idempo: the memory gate refused a request the admission admits (${a.kind})`);
 }
 
 /** The request parts admission needs after the key. */
@@ -350,12 +476,29 @@ export function admitScopeEager<Req>(p: Prepared<Req>, a: native.Admission, f: R
   return scopeReturn(p.o.scope, f.req).then((returned) => scoped(p, a, f, returned));
 }
 
+/** {@link scopeReturn} without a promise when the scope function returns no thenable. */
+function callScope<Req>(scope: (req: Req) => unknown, req: Req): native.ScopeReturn | Promise<native.ScopeReturn> {
+  let v: unknown;
+  let thenable = false;
+  try {
+    v = scope(req);
+    thenable = (typeof v === 'object' || typeof v === 'function') && v !== null && typeof (v as { then?: unknown }).then === 'function';
+  } catch (e) {
+    return raisedBy(e);
+  }
+  return thenable ? scopeReturn(() => v, req) : describe(v);
+}
+
+function raisedBy(e: unknown): native.ScopeReturn {
+  return { kind: 'raised', text: e instanceof Error ? `${e.name}: ${e.message}` : String(e) };
+}
+
 /** How the scope function ended, as core reads it (a description, never a decision). */
 async function scopeReturn<Req>(scope: (req: Req) => unknown, req: Req): Promise<native.ScopeReturn> {
   try {
     return describe(await scope(req));
   } catch (e) {
-    return { kind: 'raised', text: e instanceof Error ? `${e.name}: ${e.message}` : String(e) };
+    return raisedBy(e);
   }
 }
 

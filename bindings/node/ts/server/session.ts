@@ -184,8 +184,11 @@ export interface SessionOptions {
 
 /** What {@link Session} takes from {@link admitInMemory}: the flow it made and its claim's answer. */
 interface Preadmitted {
-  /** The flow (`continue`), or the admission holding it (`run`: see `Admission.takeFlow`). */
-  flow: native.ServerFlow | native.Admission;
+  /** The flow (`continue`), or the admission or gate slot holding it (`run`: see
+   * `Admission.takeFlow`, `MemoryGate.take`). */
+  flow: native.ServerFlow | native.Admission | GateSlot;
+  /** `memoryInline(store)` when the caller already has it. */
+  mem?: MemoryInline;
   /** The handler runs (`run`), or the flow goes on from its `start()` action (`continue`). */
   run: { generation: number; downstreamKey: string; heartbeatMs: number | undefined } | 'continue';
 }
@@ -231,35 +234,101 @@ export function admitInMemory(
   const kind = facts[0];
   if (kind === 0) return { kind: 'refused' };
   if (facts[1] === 1 && adm.warning) warn(adm.warning);
-  if (kind === 2 && Buffer.isBuffer(r)) {
-    const count = facts.readUInt32LE(4);
-    const [outcome, first] = readString(r, 0);
-    let at = first;
-    const headers: Array<[string, string]> = [];
-    for (let i = 1; i < count; i += 2) {
-      const [n, next] = readString(r, at);
-      const [v, after] = readString(r, next);
-      headers.push([n, v]);
-      at = after;
-    }
-    const response = { status: facts.readUInt16LE(2), headers, body: r.subarray(facts.readUInt32LE(8)) };
-    return { kind: 'answered', response, outcome };
-  }
+  if (kind === 2 && Buffer.isBuffer(r)) return answered(facts, r);
   let run: Preadmitted['run'] = 'continue';
   let flow: native.ServerFlow | native.Admission;
   if (kind === 3 && r instanceof native.ServerFlow) flow = r;
   else if (kind === 1 && r === null) {
     // The flow stays in the admission until a step other than the memory completion needs it.
     flow = adm;
-    const hb = facts.readDoubleLE(16);
-    run = {
-      generation: facts.readUInt32LE(12),
-      downstreamKey: facts.toString('latin1', 32, 32 + facts.readUInt32LE(24)),
-      heartbeatMs: Number.isNaN(hb) ? undefined : hb,
-    };
+    run = runFacts(facts);
   } else throw new Error(`idempo: Admission.scopeInMemory wrote an unknown result ${kind}`);
   // The session needs no scope or fingerprint of its own: the flow holds them.
   return { kind: 'session', session: new Session({ ...o, scope: EMPTY, fingerprint: '' }, { flow, run }) };
+}
+
+/** Core's answer written by `scopeInMemory` or `MemoryGate` (result 2): ready to send. */
+function answered(facts: Buffer, r: Buffer): { kind: 'answered'; response: HttpResponse; outcome: string } {
+  const count = facts.readUInt32LE(4);
+  const [outcome, first] = readString(r, 0);
+  let at = first;
+  const headers: Array<[string, string]> = [];
+  for (let i = 1; i < count; i += 2) {
+    const [n, next] = readString(r, at);
+    const [v, after] = readString(r, next);
+    headers.push([n, v]);
+    at = after;
+  }
+  const response = { status: facts.readUInt16LE(2), headers, body: r.subarray(facts.readUInt32LE(8)) };
+  return { kind: 'answered', response, outcome };
+}
+
+/** The run-the-handler facts (result 1). */
+function runFacts(facts: Buffer): Exclude<Preadmitted['run'], 'continue'> {
+  const hb = facts.readDoubleLE(16);
+  return {
+    generation: facts.readUInt32LE(12),
+    downstreamKey: facts.toString('latin1', 32, 32 + facts.readUInt32LE(24)),
+    heartbeatMs: Number.isNaN(hb) ? undefined : hb,
+  };
+}
+
+/** A flow the memory gate keeps for a session (`MemoryGate.finish`, `MemoryGate.take`). */
+export interface GateSlot {
+  gate: native.MemoryGate;
+  slot: number;
+  tag: number;
+}
+
+/** How {@link admitThroughGate} ended. */
+export type GateAdmitted =
+  | MemoryAdmitted
+  /** The route's scope function is to be called: the request is held in `slot`. */
+  | { kind: 'scope'; slot: number; tag: number };
+
+/** Random bytes handed to a gate per refill (256 flows). */
+const GATE_ENTROPY = 16 * POOL_TOKENS;
+
+/**
+ * Runs a {@link MemoryGate} step (`MemoryGate.admit` or `MemoryGate.scope`, given as `call`) and
+ * reads its facts: a refusal (`refused`: the ordinary admission says how), core's answer, the
+ * request held for its scope function, or the session (whose `admitEager()` gives the claim's
+ * answer). `warn` is called with the admission's warning.
+ */
+export function gateStep(
+  gate: native.MemoryGate,
+  mem: MemoryInline,
+  call: (facts: Buffer) => native.ServerFlow | Buffer | null,
+  o: SessionOptions,
+  warn: (message: string) => void,
+): GateAdmitted {
+  const facts = MEMORY_FACTS;
+  let r: native.ServerFlow | Buffer | null;
+  try {
+    r = call(facts);
+    if (facts[0] === 4) {
+      // The gate's random bytes ran out (nothing ran): a fresh draw, then the same step.
+      gate.refill(randomBytes(GATE_ENTROPY));
+      r = call(facts);
+    }
+  } catch (e) {
+    throw fromNative(e);
+  }
+  const kind = facts[0];
+  if (kind === 0) return { kind: 'refused' };
+  if (kind === 5) return { kind: 'scope', slot: facts.readUInt32LE(4), tag: facts.readUInt32LE(28) };
+  if (facts[1] === 1) {
+    const w = gate.warning;
+    if (w) warn(w);
+  }
+  if (kind === 2 && Buffer.isBuffer(r)) return answered(facts, r);
+  let pre: Preadmitted;
+  if (kind === 3 && r instanceof native.ServerFlow) pre = { flow: r, run: 'continue', mem };
+  else if (kind === 1 && r === null) {
+    pre = { flow: { gate, slot: facts.readUInt32LE(4), tag: facts.readUInt32LE(28) }, run: runFacts(facts), mem };
+  } else throw new Error(`idempo: MemoryGate wrote an unknown result ${kind}`);
+  // `o` carries no scope or fingerprint of its own: the flow holds them.
+  return { kind: 'session', session: new Session(o, pre) };
 }
 
 const EMPTY = Buffer.alloc(0);
@@ -273,8 +342,11 @@ export class Session {
   #own: native.ServerFlow | undefined;
   /** The admission holding the flow (`Admission.scopeInMemory`), until it is taken out. */
   #adm: native.Admission | undefined;
+  /** The memory gate's slot holding the flow (`MemoryGate.admit`), until it is taken out. */
+  #slot: GateSlot | undefined;
   readonly #o: SessionOptions;
-  #chain: Promise<unknown> = Promise.resolve();
+  /** The last serialized step (made on the first one: most memory-store sessions have none). */
+  #chain: Promise<unknown> | undefined;
   #heartbeatMs: number | undefined;
   /** This session's heartbeat, while one is scheduled (on the process's shared timers). */
   #beat: (() => void) | undefined;
@@ -291,19 +363,19 @@ export class Session {
   #running = 0;
   /** A store failure (or corrupt row) was fed: only then can the flow have a cleanup. */
   #mayCleanup = false;
-  readonly #settled = (): void => {
-    this.#running--;
-  };
+  /** Counts a serialized step out (made on the first step). */
+  #settled: (() => void) | undefined;
   /** The claim's answer when the flow was made by {@link admitInMemory} (taken by `admitEager`). */
   #pre: Preadmitted['run'] | undefined;
 
   constructor(o: SessionOptions, pre?: Preadmitted) {
     this.#o = o;
     this.#store = o.tx ?? o.store;
-    this.#mem = o.tx ? undefined : memoryInline(o.store);
+    this.#mem = o.tx ? undefined : (pre?.mem ?? memoryInline(o.store));
     if (pre !== undefined) {
       if (pre.flow instanceof native.ServerFlow) this.#own = pre.flow;
-      else this.#adm = pre.flow;
+      else if (pre.flow instanceof native.Admission) this.#adm = pre.flow;
+      else this.#slot = pre.flow;
       this.#pre = pre.run;
       return;
     }
@@ -318,21 +390,26 @@ export class Session {
   get #flow(): native.ServerFlow {
     if (this.#own !== undefined) return this.#own;
     let flow: native.ServerFlow;
+    const slot = this.#slot;
     try {
-      flow = (this.#adm as native.Admission).takeFlow();
+      flow = slot !== undefined ? slot.gate.take(slot.slot, slot.tag) : (this.#adm as native.Admission).takeFlow();
     } catch (e) {
       throw fromNative(e);
     }
     this.#own = flow;
     this.#adm = undefined;
+    this.#slot = undefined;
     return flow;
   }
 
   /** Serializes a step on the flow. */
   #serial<T>(f: () => Promise<T>): Promise<T> {
     this.#running++;
-    const next = this.#chain.then(f, f);
-    this.#chain = next.then(this.#settled, this.#settled);
+    const settled = (this.#settled ??= () => {
+      this.#running--;
+    });
+    const next = (this.#chain ?? Promise.resolve()).then(f, f);
+    this.#chain = next.then(settled, settled);
     return next;
   }
 
@@ -601,6 +678,9 @@ export class Session {
   }
 
   #runWith(generation: number, downstreamKey: string, heartbeatMs: number | undefined): Admission {
+    // Without heartbeats nothing would take a flow out of the gate's slot for a request that
+    // never ends (its session dropped): it is taken out now.
+    if (heartbeatMs === undefined && this.#slot !== undefined) void this.#flow;
     this.#heartbeatMs = heartbeatMs;
     this.#scheduleHeartbeat();
     const context = new Context(generation, downstreamKey, this);
@@ -661,7 +741,25 @@ export class Session {
       // The memory store: the completion (or release) runs inside the same native call.
       let r: string | native.FlowAction;
       const adm = this.#own === undefined ? this.#adm : undefined;
+      const slot = this.#own === undefined ? this.#slot : undefined;
       try {
+        if (slot !== undefined) {
+          let headers = '';
+          for (const [n, v] of result.headers) headers += `${n}\n${v}\n`;
+          const out = slot.gate.finish(
+            slot.slot,
+            slot.tag,
+            mem.core,
+            mem.now(),
+            result.status,
+            headers,
+            result.body,
+            result.bodyToStore ?? null,
+            result.framework ?? false,
+            result.bodyTruncated ?? false,
+          );
+          r = out;
+        } else {
         const args = [
           mem.core,
           mem.now(),
@@ -673,7 +771,10 @@ export class Session {
           result.bodyTruncated ?? false,
         ] as const;
         r = adm !== undefined ? adm.finishInMemory(...args) : this.#flow.handlerFinishedInMemory(...args);
+        }
       } catch (e) {
+        // The gate gives its slot up on a failure: nothing is left to take out.
+        this.#slot = undefined;
         throw fromNative(e);
       }
       if (typeof r === 'string') {

@@ -1,0 +1,514 @@
+//! The memory store's admission gate: core's staged admission (key, body and fingerprint, scope)
+//! and the flow's claim on idempo's memory store in one native call, with no JS object made per
+//! request.
+//!
+//! One `MemoryGate` per middleware (its configuration, fingerprinter and scope rule), used only
+//! for exactly idempo's `MemoryStore` with nothing listening to `store_op`. It runs the same core
+//! calls as `Admission.start` / `body` / `scopeInMemory` in the same order, so it answers as they
+//! do; what it saves is the `Admission` object, the argument objects and the key buffers. A
+//! refusal at any stage is reported as such (nothing has touched the store then), and the host
+//! asks the ordinary `Admission` for its problem. The flow of a request whose handler runs stays
+//! in one of the gate's slots, addressed by its index and a tag (a slot reused for another request
+//! never answers an old tag), until `finish` ends it or `take` hands it out as a `ServerFlow`.
+use std::sync::Arc;
+
+use idempo_core::fingerprint::{Fingerprinter, RequestParts};
+use idempo_core::machine::admit::{
+    self as core_admit, AwaitingScope, BodyRead, BodyStage, KeyStage, ScopeRule as CoreScopeRule,
+    ScopeStage,
+};
+use idempo_core::machine::memory::Partition as MemoryPartition;
+use napi::bindgen_prelude::{Buffer, BufferSlice, External};
+use napi::{Either, Env, JsString};
+use napi_derive::napi;
+
+use crate::admit::{
+    Admission, MEMORY_FACTS, ScopeRule, declared, encode_answer, resolution, write_run,
+};
+use crate::error::{Fail, code};
+use crate::flow::{FlowAction, FlowConfig, MemoryAdmission, ServerFlow};
+use crate::jsbuf;
+use crate::memstore::MemoryStoreCore;
+use crate::num::to_u64;
+use crate::strarg::{STACK_STR, StrArg};
+
+/// Random bytes one flow's fencing token takes from the pool.
+const ENTROPY: usize = 16;
+
+/// The scope function's return value kinds, by the number the host passes (as `ScopeReturn`'s
+/// `kind`); 5: the route has a scope function the host calls once the body stage passed.
+const SCOPE_KINDS: [&str; 5] = ["not_called", "string", "nothing", "other", "raised"];
+const SCOPE_PENDING: u32 = 5;
+
+// The slots live in one `Vec` reused across requests: boxing the flow would cost an allocation
+// per request for nothing.
+#[allow(clippy::large_enum_variant)]
+enum Slot {
+    Free,
+    /// A request past its body stage whose scope function is being called.
+    Scope(AwaitingScope, u32),
+    /// A request whose handler runs.
+    Flow(ServerFlow, u32),
+}
+
+/// Core's whole admission and the memory store's claim in one call, for one middleware on
+/// exactly idempo's `MemoryStore` (no object per request; see `admit`).
+#[napi]
+pub struct MemoryGate {
+    config: FlowConfig,
+    fingerprinter: Arc<Fingerprinter>,
+    rule: CoreScopeRule,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    tag: u32,
+    pool: Vec<u8>,
+    pool_at: usize,
+    warning: Option<String>,
+}
+
+/// What `admit` and `scope` write to `facts[0]`.
+mod result {
+    // 0: refused at some stage (nothing ran on the store): ask the ordinary admission how.
+    // 1: run the handler, 2: answer now, as `Admission.scopeInMemory` writes them.
+    /// Go on: the flow's first action after the claim (`start()` on the returned flow).
+    pub(super) const CONTINUE: u8 = 3;
+    /// The pool has too few random bytes for a flow (nothing ran): `refill`, then call again.
+    pub(super) const NEED_ENTROPY: u8 = 4;
+    /// The body stage passed and the route's scope function is to be called: `scope()` (or
+    /// `takeAdmission()`) with the slot.
+    pub(super) const SCOPE: u8 = 5;
+}
+
+fn read<'b>(s: &JsString<'_>, buf: &'b mut [u8; STACK_STR]) -> napi::Result<StrArg<'b>> {
+    StrArg::read(s, buf)
+}
+
+#[napi]
+impl MemoryGate {
+    /// The gate of one middleware: its flow configuration, fingerprinter handle and scope rule.
+    #[napi(constructor, catch_unwind)]
+    pub fn new(
+        config: &FlowConfig,
+        #[napi(ts_arg_type = "ExternalObject<'FingerprinterHandle'>")] fingerprinter: &External<
+            Arc<Fingerprinter>,
+        >,
+        rule: &ScopeRule,
+    ) -> Self {
+        Self {
+            config: FlowConfig {
+                inner: Arc::clone(&config.inner),
+            },
+            fingerprinter: Arc::clone(fingerprinter),
+            rule: rule.core(),
+            slots: Vec::new(),
+            free: Vec::new(),
+            tag: 0,
+            pool: Vec::new(),
+            pool_at: 0,
+            warning: None,
+        }
+    }
+
+    /// Fresh random bytes for the flows' fencing tokens (a multiple of 16; each flow takes the
+    /// next 16, none is used twice).
+    #[napi(catch_unwind)]
+    pub fn refill(&mut self, entropy: &[u8]) {
+        self.pool.clear();
+        self.pool.extend_from_slice(entropy);
+        self.pool_at = 0;
+    }
+
+    /// Core's key stage (`Admission.start` without the object), for the `Idempotency-Key` field
+    /// (one value, read as Latin-1 bytes as Node gives it; `null`: none) and the declared body
+    /// length: -1 pass through, -2 refused (`Admission.start` says how), else the most body
+    /// bytes to read.
+    #[napi(catch_unwind)]
+    pub fn key_stage(
+        &self,
+        key: Option<JsString<'_>>,
+        declared_length: Option<f64>,
+    ) -> napi::Result<f64> {
+        let field = key.map(JsString::into_latin1).transpose()?;
+        let fields: Vec<&[u8]> = field.iter().map(|f| f.as_slice()).collect();
+        Ok(
+            match core_admit::admit(&self.config.inner, &fields, declared(declared_length)) {
+                KeyStage::PassThrough => -1.0,
+                KeyStage::Refuse(_) => -2.0,
+                KeyStage::Continue(w) => {
+                    crate::num::from_u64(u64::try_from(w.body_limit()).unwrap_or(u64::MAX))
+                }
+            },
+        )
+    }
+
+    /// The whole admission of a request whose body was read (`body`, at most the key stage's
+    /// limit), then the claim on `store` at `nowMs`: the key stage again (as `keyStage`), the
+    /// body stage (method, request target, content type, the headers as a flat `[name, value,
+    /// ...]` list when the fingerprint reads some), then the scope stage with `scope` (the
+    /// scope function's return value kind: 0 `not_called`, 1 `string`, 2 `nothing`, 3 `other`,
+    /// 4 `raised`, with `scopeText` as `ScopeReturn.text`; 5: the route has a scope function,
+    /// call it now: result 5), the route and `authenticated`, then the flow and its claim as
+    /// `Admission.scopeInMemory` runs them. `facts` (at least 128 bytes) as
+    /// `Admission.scopeInMemory`'s, plus: result 0 is a refusal at any stage (the ordinary
+    /// admission gives the problem), 4 asks for `refill` first (nothing ran), 5 holds the request
+    /// for its scope function; for 1 and 5 the slot index (u32 LE) at 4 and its tag (u32 LE) at
+    /// 28. Byte 1: `warning()` has a warning to emit.
+    #[napi(
+        catch_unwind,
+        ts_return_type = "ServerFlow | Buffer | null",
+        ts_args_type = "store: MemoryStoreCore, nowMs: number, key: string | null, declaredLength: number | null, method: string, target: string, route: string, body: Buffer, contentType: string | null, headers: string[] | null, authenticated: boolean, scope: number, scopeText: string | null, partitioned: boolean, facts: Uint8Array"
+    )]
+    #[allow(clippy::too_many_arguments)]
+    pub fn admit(
+        &mut self,
+        env: Env,
+        store: &mut MemoryStoreCore,
+        now_ms: f64,
+        key: Option<JsString<'_>>,
+        declared_length: Option<f64>,
+        method: JsString<'_>,
+        target: JsString<'_>,
+        route: JsString<'_>,
+        body: &[u8],
+        content_type: Option<JsString<'_>>,
+        headers: Option<Vec<String>>,
+        authenticated: bool,
+        scope: u32,
+        scope_text: Option<String>,
+        partitioned: bool,
+        facts: Option<&mut [u8]>,
+    ) -> napi::Result<Option<Either<ServerFlow, Buffer>>> {
+        let Some(facts) = facts.filter(|b| b.len() >= MEMORY_FACTS) else {
+            return Err(Fail::new(code::INVALID_ARGUMENT, "facts must hold 128 bytes").throw(&env));
+        };
+        facts[..MEMORY_FACTS].fill(0);
+        if self.pool.len() < self.pool_at + ENTROPY {
+            facts[0] = result::NEED_ENTROPY;
+            return Ok(None);
+        }
+        let field = key.map(JsString::into_latin1).transpose()?;
+        let fields: Vec<&[u8]> = field.iter().map(|f| f.as_slice()).collect();
+        let KeyStage::Continue(w) =
+            core_admit::admit(&self.config.inner, &fields, declared(declared_length))
+        else {
+            return Ok(None);
+        };
+        let (mut mb, mut tb, mut rb, mut cb) = (
+            [0; STACK_STR],
+            [0; STACK_STR],
+            [0; STACK_STR],
+            [0; STACK_STR],
+        );
+        let method = read(&method, &mut mb)?;
+        let target = read(&target, &mut tb)?;
+        let content_type = content_type
+            .as_ref()
+            .map(|c| read(c, &mut cb))
+            .transpose()?;
+        let flat = headers.unwrap_or_default();
+        let pairs: Vec<(&str, &str)> = flat
+            .chunks_exact(2)
+            .map(|c| (c[0].as_str(), c[1].as_str()))
+            .collect();
+        let read_body = BodyRead::Complete(RequestParts {
+            method: method.as_str(),
+            route: target.as_str(),
+            headers: &pairs,
+            content_type: content_type.as_ref().map(StrArg::as_str),
+            body,
+        });
+        let s = match w
+            .body(read_body, &self.fingerprinter)
+            .map_err(|e| Fail::new(code::FINGERPRINT, e.to_string()).throw(&env))?
+        {
+            BodyStage::Refuse(_) => return Ok(None),
+            BodyStage::Continue(s) => s,
+        };
+        if scope == SCOPE_PENDING {
+            let (index, tag) = self.hold(Slot::Scope(s, 0));
+            facts[0] = result::SCOPE;
+            facts[4..8].copy_from_slice(&index.to_le_bytes());
+            facts[28..32].copy_from_slice(&tag.to_le_bytes());
+            return Ok(None);
+        }
+        let route = read(&route, &mut rb)?;
+        self.claim(
+            &env,
+            s,
+            store,
+            now_ms,
+            method.as_str(),
+            route.as_str(),
+            authenticated,
+            scope,
+            scope_text.as_deref(),
+            partitioned,
+            facts,
+        )
+    }
+
+    /// The scope stage and the claim of a request `admit` held for its scope function (result
+    /// 5, `slot` and `tag` from its facts), as `admit` runs them; the slot is given up whatever
+    /// the result (4 keeps it: `refill`, then call again).
+    #[napi(
+        catch_unwind,
+        ts_return_type = "ServerFlow | Buffer | null",
+        ts_args_type = "slot: number, tag: number, store: MemoryStoreCore, nowMs: number, method: string, route: string, authenticated: boolean, scope: number, scopeText: string | null, partitioned: boolean, facts: Uint8Array"
+    )]
+    #[allow(clippy::too_many_arguments)]
+    pub fn scope(
+        &mut self,
+        env: Env,
+        slot: u32,
+        tag: u32,
+        store: &mut MemoryStoreCore,
+        now_ms: f64,
+        method: JsString<'_>,
+        route: JsString<'_>,
+        authenticated: bool,
+        scope: u32,
+        scope_text: Option<String>,
+        partitioned: bool,
+        facts: Option<&mut [u8]>,
+    ) -> napi::Result<Option<Either<ServerFlow, Buffer>>> {
+        let Some(facts) = facts.filter(|b| b.len() >= MEMORY_FACTS) else {
+            return Err(Fail::new(code::INVALID_ARGUMENT, "facts must hold 128 bytes").throw(&env));
+        };
+        facts[..MEMORY_FACTS].fill(0);
+        if self.pool.len() < self.pool_at + ENTROPY {
+            facts[0] = result::NEED_ENTROPY;
+            return Ok(None);
+        }
+        let Slot::Scope(s, _) = self.release(slot, tag, true).map_err(|f| f.throw(&env))? else {
+            return Err(Fail::new(code::FLOW, "the slot holds no admission").throw(&env));
+        };
+        let (mut mb, mut rb) = ([0; STACK_STR], [0; STACK_STR]);
+        let method = read(&method, &mut mb)?;
+        let route = read(&route, &mut rb)?;
+        self.claim(
+            &env,
+            s,
+            store,
+            now_ms,
+            method.as_str(),
+            route.as_str(),
+            authenticated,
+            scope,
+            scope_text.as_deref(),
+            partitioned,
+            facts,
+        )
+    }
+
+    /// The request `admit` held for its scope function (result 5) as an `Admission` in its
+    /// scope stage (for a scope function whose answer is awaited); the slot is given up.
+    #[napi(catch_unwind)]
+    pub fn take_admission(&mut self, env: Env, slot: u32, tag: u32) -> napi::Result<Admission> {
+        match self.release(slot, tag, true).map_err(|f| f.throw(&env))? {
+            Slot::Scope(s, _) => Ok(Admission::awaiting_scope(s)),
+            _ => Err(Fail::new(code::FLOW, "the slot holds no admission").throw(&env)),
+        }
+    }
+
+    /// Gives up what a slot holds (a request dropped before its scope stage); nothing when the
+    /// tag is stale.
+    #[napi(catch_unwind)]
+    pub fn drop_slot(&mut self, slot: u32, tag: u32) {
+        let _ = self.release(slot, tag, false);
+    }
+
+    /// The warning of the last admission that had one (facts byte 1).
+    #[napi(getter)]
+    #[must_use]
+    pub fn warning(&self) -> Option<String> {
+        self.warning.clone()
+    }
+
+    /// `ServerFlow.handlerFinishedInMemory()` on the flow in `slot` (result 1), with the
+    /// response's header fields as one string: each name and value followed by a line feed
+    /// (neither can hold one: Node refuses such a header). The slot is given up once the flow
+    /// has answered; otherwise `take()` hands the flow out for the steps that follow.
+    #[napi(catch_unwind, ts_return_type = "string | FlowAction")]
+    #[allow(clippy::too_many_arguments)]
+    pub fn finish(
+        &mut self,
+        env: Env,
+        slot: u32,
+        tag: u32,
+        store: &mut MemoryStoreCore,
+        now_ms: f64,
+        status: u32,
+        headers: String,
+        body: BufferSlice<'_>,
+        body_to_store: Option<&[u8]>,
+        framework: Option<bool>,
+        body_truncated: Option<bool>,
+    ) -> napi::Result<Either<String, FlowAction>> {
+        let pairs = split_headers(&headers).map_err(|f| f.throw(&env))?;
+        let flow = self.flow_mut(slot, tag).map_err(|f| f.throw(&env))?;
+        let r = flow.finish_pairs_in_memory(
+            &env,
+            store,
+            now_ms,
+            status,
+            pairs,
+            body,
+            body_to_store,
+            framework,
+            body_truncated,
+        );
+        if r.is_err() || flow.done() {
+            let _ = self.release(slot, tag, false);
+        }
+        r
+    }
+
+    /// The flow in `slot` (result 1) as a `ServerFlow`, for any step other than `finish`; the
+    /// slot is given up.
+    #[napi(catch_unwind)]
+    pub fn take(&mut self, env: Env, slot: u32, tag: u32) -> napi::Result<ServerFlow> {
+        match self.release(slot, tag, true).map_err(|f| f.throw(&env))? {
+            Slot::Flow(f, _) => Ok(f),
+            _ => Err(Fail::new(code::FLOW, "the slot holds no flow").throw(&env)),
+        }
+    }
+
+    /// Slots in use (requests held for their scope function or running their handler).
+    #[napi(getter)]
+    #[must_use]
+    pub fn held(&self) -> u32 {
+        u32::try_from(self.slots.len() - self.free.len()).unwrap_or(u32::MAX)
+    }
+}
+
+impl MemoryGate {
+    /// The scope stage, the flow and its claim (see `admit`).
+    #[allow(clippy::too_many_arguments)]
+    fn claim(
+        &mut self,
+        env: &Env,
+        s: AwaitingScope,
+        store: &mut MemoryStoreCore,
+        now_ms: f64,
+        method: &str,
+        route: &str,
+        authenticated: bool,
+        scope: u32,
+        scope_text: Option<&str>,
+        partitioned: bool,
+        facts: &mut [u8],
+    ) -> napi::Result<Option<Either<ServerFlow, Buffer>>> {
+        let now = to_u64(now_ms, "nowMs").map_err(|f| f.throw(env))?;
+        let kind = usize::try_from(scope)
+            .ok()
+            .and_then(|i| SCOPE_KINDS.get(i))
+            .ok_or_else(|| Fail::new(code::INVALID_ARGUMENT, "unknown scope kind").throw(env))?;
+        let resolution = resolution(kind, scope_text.unwrap_or(""));
+        let a = match s.scope(self.rule, resolution, authenticated, method, route) {
+            ScopeStage::Refuse(_) => return Ok(None),
+            ScopeStage::Admitted(a) => a,
+        };
+        if a.warning.is_some() {
+            facts[1] = 1;
+            self.warning.clone_from(&a.warning);
+        }
+        let mut entropy = [0u8; ENTROPY];
+        entropy.copy_from_slice(&self.pool[self.pool_at..self.pool_at + ENTROPY]);
+        self.pool_at += ENTROPY;
+        let partition = partitioned.then_some(MemoryPartition(*a.partition.as_bytes()));
+        let (flow, admitted) = ServerFlow::admit_memory(
+            &self.config,
+            a.scope,
+            a.fingerprint,
+            entropy,
+            store,
+            now,
+            partition,
+        )
+        .map_err(|f| f.throw(env))?;
+        Ok(match admitted {
+            MemoryAdmission::Run(r) => {
+                write_run(facts, &r).map_err(|f| f.throw(env))?;
+                let (index, tag) = self.hold(Slot::Flow(flow, 0));
+                facts[4..8].copy_from_slice(&index.to_le_bytes());
+                facts[28..32].copy_from_slice(&tag.to_le_bytes());
+                None
+            }
+            MemoryAdmission::Respond(response, outcome) => Some(Either::B(jsbuf::copy(
+                env,
+                &encode_answer(facts, &response, outcome),
+            )?)),
+            MemoryAdmission::Continue => {
+                facts[0] = result::CONTINUE;
+                Some(Either::A(flow))
+            }
+        })
+    }
+
+    /// Puts `slot` (its tag set here) into a free slot: its index and tag.
+    fn hold(&mut self, slot: Slot) -> (u32, u32) {
+        self.tag = self.tag.wrapping_add(1);
+        let tag = self.tag;
+        let slot = match slot {
+            Slot::Scope(s, _) => Slot::Scope(s, tag),
+            Slot::Flow(f, _) => Slot::Flow(f, tag),
+            Slot::Free => Slot::Free,
+        };
+        if let Some(index) = self.free.pop()
+            && let Some(place) = self.slots.get_mut(index as usize)
+        {
+            *place = slot;
+            return (index, tag);
+        }
+        let index = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
+        self.slots.push(slot);
+        (index, tag)
+    }
+
+    fn tag_of(&self, index: u32) -> Option<u32> {
+        match self.slots.get(index as usize)? {
+            Slot::Scope(_, t) | Slot::Flow(_, t) => Some(*t),
+            Slot::Free => None,
+        }
+    }
+
+    /// Empties `slot` when it holds `tag`: what it held.
+    fn release(&mut self, index: u32, tag: u32, strict: bool) -> Result<Slot, Fail> {
+        if self.tag_of(index) != Some(tag) {
+            return if strict {
+                Err(Fail::new(
+                    code::FLOW,
+                    "the gate's slot was already given up",
+                ))
+            } else {
+                Ok(Slot::Free)
+            };
+        }
+        let held = self
+            .slots
+            .get_mut(index as usize)
+            .map_or(Slot::Free, |s| std::mem::replace(s, Slot::Free));
+        self.free.push(index);
+        Ok(held)
+    }
+
+    fn flow_mut(&mut self, index: u32, tag: u32) -> Result<&mut ServerFlow, Fail> {
+        match self.slots.get_mut(index as usize) {
+            Some(Slot::Flow(f, t)) if *t == tag => Ok(f),
+            _ => Err(Fail::new(code::FLOW, "the gate's slot holds no such flow")),
+        }
+    }
+}
+
+/// Header fields given as `name\nvalue\n...` as pairs.
+fn split_headers(s: &str) -> Result<Vec<(String, String)>, Fail> {
+    let mut parts = s.split_terminator('\n');
+    let mut out = Vec::new();
+    while let Some(name) = parts.next() {
+        let value = parts
+            .next()
+            .ok_or_else(|| Fail::new(code::INVALID_ARGUMENT, "a header name without a value"))?;
+        out.push((name.to_owned(), value.to_owned()));
+    }
+    Ok(out)
+}
