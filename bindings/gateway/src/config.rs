@@ -134,6 +134,9 @@ pub struct GatewayConfig {
     pub routes: Vec<RouteConfig>,
     /// Where requests that match no route go, unprotected (`fallback_upstream`); `None`: 404.
     pub fallback: Option<Uri>,
+    /// A separate address for `/healthz`, `/readyz` and `/metrics` (`operations_listen`); `None`:
+    /// they are answered on `listen`, before routing.
+    pub operations_listen: Option<SocketAddr>,
 }
 
 type Opt<T> = Option<Spanned<T>>;
@@ -149,6 +152,7 @@ struct RawConfig {
     purge_interval_ms: Opt<u64>,
     purge_batch: Opt<u64>,
     fallback_upstream: Opt<String>,
+    operations_listen: Opt<String>,
     store: Spanned<RawStore>,
     principal: Opt<RawPrincipal>,
     #[serde(default)]
@@ -319,20 +323,38 @@ impl GatewayConfig {
     }
 }
 
-fn build(raw: &RawConfig, issues: &mut Issues<'_>) -> Option<GatewayConfig> {
-    let listen = match raw.listen.get_ref().parse::<SocketAddr>() {
+/// A socket address such as `127.0.0.1:8080` (`name` names the key in the issue).
+fn address(name: &str, text: &Spanned<String>, issues: &mut Issues<'_>) -> Option<SocketAddr> {
+    match text.get_ref().parse::<SocketAddr>() {
         Ok(a) => Some(a),
         Err(e) => {
             issues.at(
-                raw.listen.span(),
+                text.span(),
                 format!(
-                    "listen: {:?} is not an address such as \"127.0.0.1:8080\" ({e})",
-                    raw.listen.get_ref()
+                    "{name}: {:?} is not an address such as \"127.0.0.1:8080\" ({e})",
+                    text.get_ref()
                 ),
             );
             None
         }
-    };
+    }
+}
+
+fn build(raw: &RawConfig, issues: &mut Issues<'_>) -> Option<GatewayConfig> {
+    let listen = address("listen", &raw.listen, issues);
+    let operations_listen = raw
+        .operations_listen
+        .as_ref()
+        .map(|a| address("operations_listen", a, issues));
+    if let (Some(Some(ops)), Some(main)) = (&operations_listen, &listen) {
+        if ops == main && ops.port() != 0 {
+            issues.at(
+                span_of(&raw.operations_listen).unwrap_or(0..0),
+                "operations_listen must differ from listen (leave it out to answer the \
+                 operations endpoints on listen)",
+            );
+        }
+    }
     let header_name = val(&raw.header_name).unwrap_or_else(|| options::HEADER_NAME.to_owned());
     if !is_header_name(&header_name) {
         issues.at(
@@ -424,6 +446,10 @@ fn build(raw: &RawConfig, issues: &mut Issues<'_>) -> Option<GatewayConfig> {
         store: store?,
         routes,
         fallback,
+        operations_listen: match operations_listen {
+            None => None,
+            Some(a) => Some(a?),
+        },
     })
 }
 
@@ -1039,6 +1065,35 @@ lease_ms = 5000
         let mut e = GatewayConfig::parse("g.toml", text).expect_err("invalid");
         assert!(!e.is_empty());
         e.remove(0)
+    }
+
+    #[test]
+    fn operations_listen_is_an_address_of_its_own() {
+        let c = GatewayConfig::parse("g.toml", GOOD).expect("valid");
+        assert_eq!(c.operations_listen, None);
+        let text = GOOD.replace(
+            "listen = \"127.0.0.1:0\"",
+            "listen = \"127.0.0.1:8080\"\noperations_listen = \"127.0.0.1:9090\"",
+        );
+        let c = GatewayConfig::parse("g.toml", &text).expect("valid");
+        assert_eq!(
+            c.operations_listen,
+            Some("127.0.0.1:9090".parse().expect("addr"))
+        );
+        let bad = GOOD.replace(
+            "listen = \"127.0.0.1:0\"",
+            "listen = \"127.0.0.1:0\"\noperations_listen = \"localhost\"",
+        );
+        let e = one_issue(&bad);
+        assert_eq!((e.line, e.column), (3, 21), "{e}");
+        assert!(e.message.contains("operations_listen"), "{e}");
+        let same = GOOD.replace(
+            "listen = \"127.0.0.1:0\"",
+            "listen = \"127.0.0.1:8080\"\noperations_listen = \"127.0.0.1:8080\"",
+        );
+        let e = one_issue(&same);
+        assert_eq!(e.line, 3, "{e}");
+        assert!(e.message.contains("must differ"), "{e}");
     }
 
     #[test]

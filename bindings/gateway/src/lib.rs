@@ -76,8 +76,9 @@ pub async fn open_store(cfg: &GatewayConfig) -> Result<Store, StoreError> {
     }
 }
 
-/// Runs the gateway for `cfg` until `shutdown` resolves: opens the store, binds the listener
-/// (its address is logged as `listening`), serves.
+/// Runs the gateway for `cfg` until `shutdown` resolves: opens the store, binds the operations
+/// listener when there is one (logged as `operations listening`) and the listener (its address
+/// is logged as `listening`), serves.
 ///
 /// # Errors
 /// A message when the store cannot be opened or the address bound.
@@ -99,6 +100,25 @@ pub async fn run(
         Store::Redis(r) => r.watch(),
         _ => None,
     };
+    let operations = match shared.cfg.operations_listen {
+        None => None,
+        Some(at) => {
+            let l = tokio::net::TcpListener::bind(at)
+                .await
+                .map_err(|e| format!("cannot listen on {at} (operations_listen): {e}"))?;
+            let addr = l
+                .local_addr()
+                .map_err(|e| format!("no local address: {e}"))?;
+            log::info(
+                "operations listening",
+                &[("addr", serde_json::json!(addr.to_string()))],
+            );
+            Some(tokio::spawn(proxy::serve_operations(
+                Arc::clone(&shared),
+                l,
+            )))
+        }
+    };
     let listener = tokio::net::TcpListener::bind(shared.cfg.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", shared.cfg.listen))?;
@@ -113,7 +133,7 @@ pub async fn run(
         ],
     );
     proxy::serve(Arc::clone(&shared), listener, shutdown).await;
-    for task in [reload, topology].into_iter().flatten() {
+    for task in [reload, topology, operations].into_iter().flatten() {
         task.abort();
     }
     log::flush();

@@ -108,6 +108,65 @@ pub async fn serve(shared: Arc<Shared>, listener: TcpListener, shutdown: impl Fu
     purge.abort();
 }
 
+/// `GET /healthz`, `/readyz` or `/metrics`: the operations endpoints' answer; `None` for any
+/// other request.
+pub async fn operations<B>(shared: &Shared, req: &Request<B>) -> Option<Response<BoxBody>> {
+    if req.method() != hyper::Method::GET {
+        return None;
+    }
+    Some(match req.uri().path() {
+        "/healthz" => text(200, "ok\n"),
+        "/readyz" => match shared.store.ping().await {
+            Ok(()) => text(200, "ready\n"),
+            Err(e) => text(503, format!("store unreachable: {e}\n")),
+        },
+        "/metrics" => {
+            let mut r = text(200, shared.metrics.render());
+            if let Ok(v) = hyper::header::HeaderValue::from_str("text/plain; version=0.0.4") {
+                r.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
+            }
+            r
+        }
+        _ => return None,
+    })
+}
+
+/// Serves the operations endpoints alone on `listener` (`operations_listen`; any other request
+/// is 404) until the task is aborted.
+pub async fn serve_operations(shared: Arc<Shared>, listener: TcpListener) {
+    let server = auto::Builder::new(TokioExecutor::new());
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                log::warn(
+                    "operations accept failed",
+                    &[("error", json!(e.to_string()))],
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let s = shared.clone();
+        let svc = service_fn(move |req: Request<Incoming>| {
+            let s = s.clone();
+            async move {
+                Ok::<_, Infallible>(
+                    operations(&s, &req)
+                        .await
+                        .unwrap_or_else(|| text(404, "not an operations endpoint\n")),
+                )
+            }
+        });
+        let conn = server
+            .serve_connection(TokioIo::new(stream), svc)
+            .into_owned();
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+    }
+}
+
 /// One request.
 ///
 /// # Errors
@@ -116,26 +175,12 @@ pub async fn handle(
     shared: Arc<Shared>,
     req: Request<Incoming>,
 ) -> Result<Response<BoxBody>, Infallible> {
-    let path = req.uri().path();
-    if req.method() == hyper::Method::GET {
-        match path {
-            "/healthz" => return Ok(text(200, "ok\n")),
-            "/readyz" => {
-                return Ok(match shared.store.ping().await {
-                    Ok(()) => text(200, "ready\n"),
-                    Err(e) => text(503, format!("store unreachable: {e}\n")),
-                });
-            }
-            "/metrics" => {
-                let mut r = text(200, shared.metrics.render());
-                if let Ok(v) = hyper::header::HeaderValue::from_str("text/plain; version=0.0.4") {
-                    r.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
-                }
-                return Ok(r);
-            }
-            _ => {}
+    if shared.cfg.operations_listen.is_none() {
+        if let Some(answer) = operations(&shared, &req).await {
+            return Ok(answer);
         }
     }
+    let path = req.uri().path();
     let method = req.method().as_str().to_owned();
     // An exact match first; else a variant of a protected route (another letter case of the
     // method or the path, a trailing slash, ...: `route.rs`) is protected as that route, never

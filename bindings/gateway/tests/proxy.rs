@@ -798,3 +798,56 @@ async fn variants_of_a_protected_path_are_protected_not_passed_through() {
         Some(&1)
     );
 }
+
+// With operations_listen, /healthz, /readyz and /metrics are answered there only: on the main
+// listener they are paths like any other (here forwarded to the fallback upstream), so the
+// metrics need not face the clients.
+#[tokio::test]
+async fn operations_endpoints_on_an_address_of_their_own() {
+    let dir = temp_dir("operations");
+    let (up, seen) = upstream().await;
+    let cfg = config("kind = \"memory\"", up, "/payments", "").replace(
+        "[store]",
+        "fallback_upstream = \"app\"\noperations_listen = \"127.0.0.1:0\"\n\n[store]",
+    );
+    let gw = Gateway::start(&dir, &cfg);
+    let ops: std::net::SocketAddr = gw
+        .logs
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["msg"] == "operations listening")
+        .and_then(|v| v["addr"].as_str().map(str::to_owned))
+        .expect("the operations address is logged before listening")
+        .parse()
+        .unwrap();
+    let c = client();
+    let h = [("Idempotency-Key", "key-0000-ops-1"), ALICE];
+    let paid = post(&c, &gw.url("/payments"), &h, "{}").await.unwrap();
+    assert_eq!(paid.status, 201, "{}", paid.text());
+
+    let at = |path: &str| format!("http://{ops}{path}");
+    assert_eq!(get(&c, &at("/healthz")).await.text(), "ok\n");
+    assert_eq!(get(&c, &at("/readyz")).await.status, 200);
+    let metrics = get(&c, &at("/metrics")).await;
+    assert_eq!(metrics.status, 200);
+    assert!(
+        metrics
+            .text()
+            .contains("idempo_requests_total{route=\"/payments\",outcome=\"stored\"} 1"),
+        "{}",
+        metrics.text()
+    );
+    assert_eq!(get(&c, &at("/payments")).await.status, 404);
+
+    // On the main listener the same paths belong to the upstream.
+    for path in ["/metrics", "/healthz", "/readyz"] {
+        let r = get(&c, &gw.url(path)).await;
+        assert_eq!(r.status, 201, "{path}: {}", r.text());
+        assert!(!r.text().contains("idempo_requests_total"), "{path}");
+    }
+    let s = seen.lock().unwrap();
+    assert_eq!(s.calls.get("/metrics"), Some(&1));
+    assert_eq!(s.calls.get("/healthz"), Some(&1));
+}
