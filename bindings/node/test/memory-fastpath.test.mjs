@@ -361,3 +361,30 @@ test('express: gate slots are given up on every way out (errors, no heartbeat, r
     for (const g of gates) assert.equal(g.held, 0, JSON.stringify(extra));
   }
 });
+
+test('express: the handler runs in the async context the middlewares before idempo entered (memory gate and ordinary path)', async () => {
+  const { AsyncLocalStorage } = await import('node:async_hooks');
+  const als = new AsyncLocalStorage();
+  for (const store of [new idempo.MemoryStore(), new SubclassedStore()]) {
+    const app = express();
+    app.use((req, _res, next) => als.run({ request: req.headers['x-request'] }, next));
+    app.post('/pay', idempo.idempotency({ store, public: true }), (_req, res) => {
+      res.status(201).json({ seen: als.getStore()?.request ?? null });
+    });
+    const server = await new Promise((resolve) => {
+      const s = app.listen(0, '127.0.0.1', () => resolve(s));
+    });
+    try {
+      const r = await fetch(`http://127.0.0.1:${server.address().port}/pay`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', 'idempotency-key': 'als-key-000001', 'x-request': 'r-1' },
+        body: '{"amount":1}',
+      });
+      assert.equal(r.status, 201);
+      assert.deepEqual(await r.json(), { seen: 'r-1' });
+    } finally {
+      server.closeAllConnections();
+      await new Promise((r) => server.close(r));
+    }
+  }
+});

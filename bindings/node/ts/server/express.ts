@@ -128,50 +128,38 @@ interface RequestState {
  * hostile upload costs at most the limit plus one chunk.
  */
 export function readBody(req: IncomingMessage, limit: number): Promise<Buffer | null> {
-  return new Promise((resolve, reject) => readBodyThen(req, limit, (e, b) => (e !== undefined ? reject(e) : resolve(b))));
-}
-
-/**
- * {@link readBody} with a callback (`err` undefined on success), always called from a microtask
- * (as a promise's reaction would be): never inside the request's own `end` event, whose emitter
- * goes on to check the stream's state (which {@link replayBody} replaces) once its listeners
- * returned.
- */
-function readBodyThen(req: IncomingMessage, limit: number, then: (err: unknown, body: Buffer | null) => void): void {
-  const done = (err: unknown, body: Buffer | null) => queueMicrotask(() => then(err, body));
   const declared = Number(req.headers['content-length']);
-  if (Number.isFinite(declared) && declared > limit) {
-    done(undefined, null);
-    return;
-  }
-  const chunks: Buffer[] = [];
-  let size = 0;
-  const onData = (c: Buffer) => {
-    size += c.length;
-    if (size <= limit) {
-      chunks.push(c);
-      return;
-    }
-    cleanup();
-    req.pause();
-    done(undefined, null);
-  };
-  const onEnd = () => {
-    cleanup();
-    done(undefined, chunks.length === 1 ? (chunks[0] as Buffer) : Buffer.concat(chunks));
-  };
-  const onError = (e: Error) => {
-    cleanup();
-    done(e, null);
-  };
-  const cleanup = () => {
-    req.off('data', onData);
-    req.off('end', onEnd);
-    req.off('error', onError);
-  };
-  req.on('data', onData);
-  req.on('end', onEnd);
-  req.on('error', onError);
+  if (Number.isFinite(declared) && declared > limit) return Promise.resolve(null);
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    let size = 0;
+    const onData = (c: Buffer) => {
+      size += c.length;
+      if (size <= limit) {
+        chunks.push(c);
+        return;
+      }
+      cleanup();
+      req.pause();
+      resolve(null);
+    };
+    const onEnd = () => {
+      cleanup();
+      resolve(chunks.length === 1 ? (chunks[0] as Buffer) : Buffer.concat(chunks));
+    };
+    const onError = (e: Error) => {
+      cleanup();
+      reject(e);
+    };
+    const cleanup = () => {
+      req.off('data', onData);
+      req.off('end', onEnd);
+      req.off('error', onError);
+    };
+    req.on('data', onData);
+    req.on('end', onEnd);
+    req.on('error', onError);
+  });
 }
 
 /**
@@ -664,17 +652,16 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
       afterBody(req, res, next, body, true, unavailableFix, adm, fast, started, method, route, ident.target);
       return;
     }
-    readBodyThen(req, limit, (err, body) => {
-      if (err !== undefined) {
-        next(err);
-        return;
-      }
+    // A promise's reaction (not a listener of the request's `end` event, whose emitter goes on
+    // to check the stream's state that replayBody() replaces), in the middleware's async
+    // context: the handler sees the AsyncLocalStorage stores the middlewares before it entered.
+    readBody(req, limit).then((body) => {
       try {
         afterBody(req, res, next, body, false, undefined, adm, fast, started, method, route, ident.target);
       } catch (e) {
         next(e);
       }
-    });
+    }, next);
   };
   const wrapped = ((req: IncomingMessage, res: ServerResponse, next: Next) => {
     try {
