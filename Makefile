@@ -2,6 +2,8 @@
 #
 #   make demo    set up what is missing and run the main demo
 #   make test    run every test (lint, Rust, and each binding's suite)
+#   make test-rust   cargo test --workspace beside throwaway PostgreSQL, PgBouncer and Redis
+#                (scripts/with-services.sh), so no store test skips
 #   make bench   print benchmark figures (never asserted)
 #   make bench-e2e   idempo's added time per request against the bare app and the peer middlewares
 #                (FastAPI, Express 5, Fastify 5; every store; wrk; ~10 min; mk/bench-e2e.mk)
@@ -62,8 +64,11 @@ check: lint
 	cd bindings/node && IDEMPO_SKIP_SERVICES=1 node --test --test-concurrency=4 test/*.test.mjs
 	@echo "make check: passed (services-backed tests skipped; make test runs everything)"
 
+# With the servers of scripts/test-services.sh, so the store tests of every crate run here (the
+# gateway's, the PostgreSQL recipes' linearizability) in the one build --workspace makes: a
+# `cargo test -p` of its own would resolve other features and build the dependencies again.
 test-rust:
-	$(CARGO) test --workspace -q
+	./scripts/with-services.sh $(CARGO) test --workspace -q
 
 bench: bench-report bench-rust $(BENCH_TARGETS)
 

@@ -23,6 +23,11 @@
 #   make bench-peers      one table: idempo vs serde_jcs/rfc8785/json.dumps/canonicalize/json-canonicalize
 #                         (+ SHA-256), same bodies, plus end-to-end requests/s and p50/p99 per store
 EV_PY := $(CURDIR)/.venv/bin/python
+# The gateway's debug binary as test-rust's `cargo test --workspace` builds it (target/debug/
+# idempo-gateway, its integration tests' binary): within `make test` nothing is built again, where a
+# `cargo build -p idempo-gateway` would resolve other features under another profile and build
+# every dependency a second time.
+EV_GATEWAY_BUILD := $(CARGO) test --workspace -q --no-run
 
 TEST_TARGETS += test-evidence
 
@@ -33,14 +38,14 @@ test-evidence: evidence-short
 evidence-short: python-setup node-build
 	$(EV_PY) -m mypy --ignore-missing-imports evidence
 	$(EV_PY) -m evidence.reliability.run --mode short
-	$(CARGO) build -q -p idempo-gateway
+	$(EV_GATEWAY_BUILD)
 	IDEMPO_GATEWAY_BIN=$${CARGO_TARGET_DIR:-target}/debug/idempo-gateway $(EV_PY) -m evidence.reliability.gateway --mode short
 	$(EV_PY) -m evidence.reliability.topologies --mode short
 	$(EV_PY) -m evidence.hostile.run
 
 evidence-long: python-setup node-build
 	$(EV_PY) -m evidence.reliability.run --mode long
-	$(CARGO) build -q -p idempo-gateway
+	$(EV_GATEWAY_BUILD)
 	IDEMPO_GATEWAY_BIN=$${CARGO_TARGET_DIR:-target}/debug/idempo-gateway $(EV_PY) -m evidence.reliability.gateway --mode long
 	$(EV_PY) -m evidence.hostile.run
 	$(EV_PY) -m evidence.reliability.topologies --mode long

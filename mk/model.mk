@@ -11,16 +11,12 @@
 #   make model-deep   deep tier: larger configurations (#[ignore]d tests in tests/tests/model_deep.rs),
 #                     depth-first on 2 threads; tens of minutes, several GB of memory
 #   make model-deep-open  the one deep bound that has never finished (opt-in)
-# Not in TEST_TARGETS: the fast tier already runs in test-rust (test-recipes-pg is: test-rust has
-# no servers, so there it only prints a notice).
-TEST_TARGETS += test-recipes-pg
+# Not in TEST_TARGETS: the fast tier and the recipes against PostgreSQL already run in test-rust
+# (which has the servers: scripts/with-services.sh).
 .PHONY: model model-deep model-deep-open test-recipes-pg
 
 test-recipes-pg:
-	svc=$$(mktemp -d); trap '$(CURDIR)/scripts/test-services.sh stop '"$$svc"' >/dev/null 2>&1 || true; rm -rf '"$$svc" EXIT; \
-	  scripts/test-services.sh start "$$svc" >/dev/null; \
-	  set -a; . "$$svc/env"; set +a; \
-	  $(CARGO) test -q -p idempo-tests --test recipes_postgres -- --nocapture --test-threads=1
+	./scripts/with-services.sh $(CARGO) test -q -p idempo-tests --test recipes_postgres -- --nocapture --test-threads=1
 
 model:
 	$(CARGO) test -p idempo-tests --test model_check --test recipes_model --test machine_proptest -- --nocapture

@@ -26,11 +26,7 @@ test-node: node-build
 	cd $(NODE_DIR) && node node_modules/typescript/bin/tsc -p test/tsconfig.json --noEmit
 	git diff --exit-code -- $(NODE_DIR)/native/index.d.ts $(NODE_DIR)/native/index.js || \
 	  { echo "test-node: the committed napi-generated files are stale; commit the regenerated ones" >&2; exit 1; }
-	svc=$$(mktemp -d); trap '$(CURDIR)/scripts/test-services.sh stop '"$$svc"' >/dev/null 2>&1 || true; rm -rf '"$$svc" EXIT; \
-	  scripts/test-services.sh start "$$svc" >/dev/null; \
-	  set -a; . "$$svc/env"; set +a; \
-	  cd $(NODE_DIR) && node --test --test-concurrency=1 test/*.test.mjs
-# (The EXIT trap runs after the `cd`: hence the absolute path of the stop script.)
+	cd $(NODE_DIR) && $(CURDIR)/scripts/with-services.sh node --test --test-concurrency=1 test/*.test.mjs
 
 node-dist: node-build
 	cd $(NODE_DIR) && node scripts/dist.cjs

@@ -57,6 +57,15 @@ pub(crate) fn resolution<'t>(kind: &str, text: &'t str) -> ScopeResolution<'t> {
     }
 }
 
+/// The `facts` buffer of a memory-store call: at least `MEMORY_FACTS` bytes, zeroed over those.
+pub(crate) fn memory_facts(facts: Option<&mut [u8]>) -> Result<&mut [u8], Fail> {
+    let facts = facts
+        .filter(|b| b.len() >= MEMORY_FACTS)
+        .ok_or_else(|| Fail::new(code::INVALID_ARGUMENT, "facts must hold 128 bytes"))?;
+    facts[..MEMORY_FACTS].fill(0);
+    Ok(facts)
+}
+
 /// Writes a run-the-handler answer to `facts` (at least [`MEMORY_FACTS`] bytes, see
 /// `Admission.scopeInMemory`): byte 0 is 1, the generation (u32 LE) at 12, `heartbeatMs` (f64
 /// LE, NaN: none) at 16, the downstream key's length (u32 LE) at 24 and its ASCII bytes from 32.
@@ -417,9 +426,7 @@ impl Admission {
         partitioned: bool,
         facts: Option<&mut [u8]>,
     ) -> napi::Result<Option<Either<ServerFlow, Buffer>>> {
-        let Some(facts) = facts.filter(|b| b.len() >= MEMORY_FACTS) else {
-            return Err(Fail::new(code::INVALID_ARGUMENT, "facts must hold 128 bytes").throw(&env));
-        };
+        let facts = memory_facts(facts).map_err(|f| f.throw(&env))?;
         let entropy: [u8; 16] = entropy.try_into().map_err(|_| {
             Fail::new(code::INVALID_ARGUMENT, "the flow needs 16 bytes of entropy").throw(&env)
         })?;
@@ -427,7 +434,6 @@ impl Admission {
         let Stage::Scope(s) = std::mem::replace(&mut self.stage, Stage::Done) else {
             return Err(self.out_of_order("scopeInMemory").throw(&env));
         };
-        facts[..MEMORY_FACTS].fill(0);
         let Some(a) = self.scoped(s, rule, &method, &route, authenticated, &returned) else {
             return Ok(None);
         };

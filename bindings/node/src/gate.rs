@@ -23,7 +23,7 @@ use napi::{Either, Env, JsString};
 use napi_derive::napi;
 
 use crate::admit::{
-    Admission, MEMORY_FACTS, ScopeRule, declared, encode_answer, resolution, write_run,
+    Admission, ScopeRule, declared, encode_answer, memory_facts, resolution, write_run,
 };
 use crate::error::{Fail, code};
 use crate::flow::{FlowAction, FlowConfig, MemoryAdmission, ServerFlow};
@@ -178,10 +178,7 @@ impl MemoryGate {
         partitioned: bool,
         facts: Option<&mut [u8]>,
     ) -> napi::Result<Option<Either<ServerFlow, Buffer>>> {
-        let Some(facts) = facts.filter(|b| b.len() >= MEMORY_FACTS) else {
-            return Err(Fail::new(code::INVALID_ARGUMENT, "facts must hold 128 bytes").throw(&env));
-        };
-        facts[..MEMORY_FACTS].fill(0);
+        let facts = memory_facts(facts).map_err(|f| f.throw(&env))?;
         if self.pool.len() < self.pool_at + ENTROPY {
             facts[0] = result::NEED_ENTROPY;
             return Ok(None);
@@ -271,10 +268,7 @@ impl MemoryGate {
         partitioned: bool,
         facts: Option<&mut [u8]>,
     ) -> napi::Result<Option<Either<ServerFlow, Buffer>>> {
-        let Some(facts) = facts.filter(|b| b.len() >= MEMORY_FACTS) else {
-            return Err(Fail::new(code::INVALID_ARGUMENT, "facts must hold 128 bytes").throw(&env));
-        };
-        facts[..MEMORY_FACTS].fill(0);
+        let facts = memory_facts(facts).map_err(|f| f.throw(&env))?;
         if self.pool.len() < self.pool_at + ENTROPY {
             facts[0] = result::NEED_ENTROPY;
             return Ok(None);

@@ -266,6 +266,15 @@ function parseJson(req: Req, body: Buffer): void {
   }
 }
 
+/**
+ * The request as it would be without idempo: its body readable again (`refill`) and the deferred
+ * JSON parse done (`unparsed`), for the handlers that run next.
+ */
+function restoreRequest(req: Req, refill: Buffer | null, unparsed: Buffer | null): void {
+  if (refill !== null) replayBody(req, refill);
+  if (unparsed !== null) parseJson(req, unparsed);
+}
+
 /** The last content type {@link isJson} read, and its answer (one service sends one type). */
 let lastType: string | undefined;
 let lastJson = false;
@@ -450,8 +459,7 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
       send(res, a.response);
       return;
     }
-    if (refill !== null) replayBody(req, refill);
-    if (unparsed !== null) parseJson(req, unparsed);
+    restoreRequest(req, refill, unparsed);
     req.idempotency = a.context;
     const st = new Guarded(session, res, next, started, method, route);
     req[IDEMPO] = st;
@@ -525,16 +533,14 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
     } catch (e) {
       // The error handlers see the request as it would be without idempo (its body readable
       // again, the deferred parse done), as on every other failure.
-      if (refill !== null) replayBody(req, refill);
-      if (unparsed !== null) parseJson(req, unparsed);
+      restoreRequest(req, refill, unparsed);
       throw e;
     }
     if (admitted instanceof Promise) {
       admitted.then(
         (r) => admittedThen(req, res, next, r, consumed, refill, unparsed, started, method, route),
         (e: unknown) => {
-          if (refill !== null) replayBody(req, refill);
-          if (unparsed !== null) parseJson(req, unparsed);
+          restoreRequest(req, refill, unparsed);
           next(e);
         },
       ).catch(next);
@@ -577,16 +583,14 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
     try {
       a = session.admitEager();
     } catch (e) {
-      if (refill !== null) replayBody(req, refill);
-      if (unparsed !== null) parseJson(req, unparsed);
+      restoreRequest(req, refill, unparsed);
       throw e;
     }
     if (a instanceof Promise) {
       a.then(
         (r) => run(req, res, next, session, r, refill, unparsed, started, method, route),
         (e: unknown) => {
-          if (refill !== null) replayBody(req, refill);
-          if (unparsed !== null) parseJson(req, unparsed);
+          restoreRequest(req, refill, unparsed);
           next(e);
         },
       ).catch(next);
