@@ -1,7 +1,8 @@
 # Python binding (bindings/python): the idempo package in a repo-local virtualenv.
 #
-#   make test-python    stubtest of the extension, mypy of the package, the pytest suite (starts throwaway PostgreSQL and
-#                       Redis via scripts/test-services.sh; IDEMPO_SKIP_SERVICES=1 skips those tests)
+#   make test-python    stubtest of the extension, mypy of the package, the pytest suite on two workers (each
+#                       file's tests on one; each worker starts its own throwaway PostgreSQL and Redis via
+#                       scripts/test-services.sh; IDEMPO_SKIP_SERVICES=1 skips those tests)
 #   make bench-python   fingerprint benchmark against json.dumps+sha256 and rfc8785 (prints ratios); WSGI
 #                       streamed responses: server peak memory for 100 MiB, time to first byte of a slow stream
 #   make demo-python    the payments demo: python -m idempo.demo
@@ -26,7 +27,7 @@ python-setup:
 test-python: python-setup
 	cd bindings/python && $(PY) -m mypy.stubtest idempo._idempo
 	cd bindings/python && $(PY) -m mypy python/idempo
-	cd bindings/python && $(PY) -m pytest -q
+	cd bindings/python && $(PY) -m pytest -q -n 2 --dist loadfile
 
 bench-python: python-setup
 	$(PY) bindings/python/bench/bench_fingerprint.py

@@ -11,6 +11,7 @@ the handler's own tables, how many times each charge ran. Exit status 1 if any e
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import socket
 import sqlite3
@@ -23,6 +24,11 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 LEASE_MS = 3000
+
+def started_mark(workdir: Path, key: str) -> Path:
+    """The file a slow request's handler creates when it starts (so a duplicate meets it in flight)."""
+    return workdir / f"started-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
 
 EFFECTS_SCHEMA = """
 CREATE TABLE IF NOT EXISTS charges (
@@ -75,6 +81,7 @@ def build_app(workdir: Path) -> Any:
         execution = request.state.idempotency
         delay_ms = int(request.headers.get("x-demo-delay-ms", "0"))
         if delay_ms:
+            started_mark(workdir, execution.key).touch()  # the demo waits for it (scenario 3)
             await asyncio.sleep(delay_ms / 1000)
         payment_id = await asyncio.to_thread(
             charge, execution.key, execution.downstream_key, body["account"], int(body["amount"])
@@ -261,7 +268,12 @@ class Demo:
         first = threading.Thread(
             target=lambda: results.__setitem__("first", self.raw(key, 4200, {"X-Demo-Delay-Ms": "1000"})))
         first.start()
-        time.sleep(0.3)
+        # The duplicate goes once the first request's handler runs (a loaded machine may take a
+        # while to get it there; sent earlier, the duplicate would be the first).
+        started = started_mark(self.workdir, key)
+        deadline = time.monotonic() + 10
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
         dup = self.raw(key, 4200)
         print(f"    duplicate during the run: {dup.status_code} Retry-After: "
               f"{dup.headers.get('retry-after')} {dup.json().get('title')}")
