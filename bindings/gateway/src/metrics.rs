@@ -39,7 +39,9 @@ struct Histogram {
 
 #[derive(Default, Debug)]
 struct Inner {
-    requests: BTreeMap<(String, String), u64>,
+    /// By route, then outcome (nested, so counting looks up borrowed names, allocating only on a
+    /// pair's first request).
+    requests: BTreeMap<String, BTreeMap<String, u64>>,
     lease_lost: BTreeMap<String, u64>,
     takeovers: BTreeMap<String, u64>,
     store_errors: BTreeMap<(String, String), u64>,
@@ -68,9 +70,16 @@ impl Metrics {
     /// One answered protected request.
     pub fn request(&self, route: &str, outcome: &str) {
         self.with(|i| {
-            *i.requests
-                .entry((route.to_owned(), outcome.to_owned()))
-                .or_default() += 1
+            let by_outcome = match i.requests.get_mut(route) {
+                Some(m) => m,
+                None => i.requests.entry(route.to_owned()).or_default(),
+            };
+            match by_outcome.get_mut(outcome) {
+                Some(c) => *c += 1,
+                None => {
+                    by_outcome.insert(outcome.to_owned(), 1);
+                }
+            }
         });
     }
 
@@ -96,10 +105,13 @@ impl Metrics {
     /// A store primitive's duration.
     pub fn store_latency(&self, op: &str, seconds: f64) {
         self.with(|i| {
-            let h = i.latency.entry(op.to_owned()).or_insert_with(|| Histogram {
-                counts: vec![0; STORE_LATENCY_BUCKETS_SECONDS.len()],
-                ..Histogram::default()
-            });
+            let h = match i.latency.get_mut(op) {
+                Some(h) => h,
+                None => i.latency.entry(op.to_owned()).or_insert_with(|| Histogram {
+                    counts: vec![0; STORE_LATENCY_BUCKETS_SECONDS.len()],
+                    ..Histogram::default()
+                }),
+            };
             for (c, bound) in h.counts.iter_mut().zip(STORE_LATENCY_BUCKETS_SECONDS) {
                 if seconds <= *bound {
                     *c += 1;
@@ -154,7 +166,11 @@ impl Metrics {
         }
         self.with(|i| {
             let _ = writeln!(out, "# TYPE {REQUESTS} counter");
-            for ((route, outcome), v) in &i.requests {
+            let pairs = i
+                .requests
+                .iter()
+                .flat_map(|(route, m)| m.iter().map(move |(outcome, v)| (route, outcome, v)));
+            for (route, outcome, v) in pairs {
                 let _ = writeln!(
                     out,
                     "{REQUESTS}{{route=\"{}\",outcome=\"{}\"}} {v}",
