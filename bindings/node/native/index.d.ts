@@ -205,6 +205,15 @@ export declare class MemoryGate {
    */
   keyStage(key?: string | undefined | null, declaredLength?: number | undefined | null): number
   /**
+   * Core's key and body stages as `admit` runs them (the key field, the declared length, then
+   * the body and its fingerprint), with nothing held and nothing claimed: `true` when the
+   * request passes both (its `admit` later runs the same stages on the same inputs, so they
+   * pass again), `false` when one refuses it (`Admission.start` and `body` say how). For a
+   * host that must refuse a body before its framework parses it but claims the key later
+   * (Fastify: `preParsing`, then the scope stage in `preHandler`).
+   */
+  bodyStage(key: string | null, declaredLength: number | null, method: string, target: string, body: Buffer, contentType: string | null, headers: string[] | null): boolean
+  /**
    * The whole admission of a request whose body was read (`body`, at most the key stage's
    * limit), then the claim on `store` at `nowMs`: the key stage again (as `keyStage`), the
    * body stage (method, request target, content type, the headers as a flat `[name, value,

@@ -141,6 +141,65 @@ impl MemoryGate {
         )
     }
 
+    /// Core's key and body stages as `admit` runs them (the key field, the declared length, then
+    /// the body and its fingerprint), with nothing held and nothing claimed: `true` when the
+    /// request passes both (its `admit` later runs the same stages on the same inputs, so they
+    /// pass again), `false` when one refuses it (`Admission.start` and `body` say how). For a
+    /// host that must refuse a body before its framework parses it but claims the key later
+    /// (Fastify: `preParsing`, then the scope stage in `preHandler`).
+    #[napi(
+        catch_unwind,
+        ts_args_type = "key: string | null, declaredLength: number | null, method: string, target: string, body: Buffer, contentType: string | null, headers: string[] | null"
+    )]
+    #[allow(clippy::too_many_arguments)]
+    pub fn body_stage(
+        &self,
+        env: Env,
+        key: Option<JsString<'_>>,
+        declared_length: Option<f64>,
+        method: JsString<'_>,
+        target: JsString<'_>,
+        body: &[u8],
+        content_type: Option<JsString<'_>>,
+        headers: Option<Vec<String>>,
+    ) -> napi::Result<bool> {
+        let field = key.map(JsString::into_latin1).transpose()?;
+        let fields: Vec<&[u8]> = field.iter().map(|f| f.as_slice()).collect();
+        let KeyStage::Continue(w) =
+            core_admit::admit(&self.config.inner, &fields, declared(declared_length))
+        else {
+            return Ok(false);
+        };
+        let (mut mb, mut tb, mut cb) = ([0; STACK_STR], [0; STACK_STR], [0; STACK_STR]);
+        let method = read(&method, &mut mb)?;
+        let target = read(&target, &mut tb)?;
+        let content_type = content_type
+            .as_ref()
+            .map(|c| read(c, &mut cb))
+            .transpose()?;
+        let flat = headers.unwrap_or_default();
+        let pairs: Vec<(&str, &str)> = flat
+            .chunks_exact(2)
+            .map(|c| (c[0].as_str(), c[1].as_str()))
+            .collect();
+        let read_body = BodyRead::Complete(RequestParts {
+            method: method.as_str(),
+            route: target.as_str(),
+            headers: &pairs,
+            content_type: content_type.as_ref().map(StrArg::as_str),
+            body,
+        });
+        Ok(
+            match w
+                .body(read_body, &self.fingerprinter)
+                .map_err(|e| Fail::new(code::FINGERPRINT, e.to_string()).throw(&env))?
+            {
+                BodyStage::Refuse(_) => false,
+                BodyStage::Continue(_) => true,
+            },
+        )
+    }
+
     /// The whole admission of a request whose body was read (`body`, at most the key stage's
     /// limit), then the claim on `store` at `nowMs`: the key stage again (as `keyStage`), the
     /// body stage (method, request target, content type, the headers as a flat `[name, value,

@@ -13,8 +13,9 @@ const Fastify = require('fastify');
 const native = require('../dist/native.js');
 
 /** Counts the combined admissions during `f`: `Admission.scopeInMemory` (scope stage, flow and
- * claim in one native call, Fastify) and `MemoryGate.admit` (the whole admission and the claim,
- * Express), wrapped on their prototypes. */
+ * claim in one native call) and `MemoryGate.admit` (the whole admission and the claim: Express,
+ * and Fastify's scope stage after `preParsing` passed the key and body stages on the gate),
+ * wrapped on their prototypes. */
 async function countingCombined(f) {
   const wrap = [
     [native.Admission.prototype, 'scopeInMemory'],
@@ -257,7 +258,7 @@ async function collectingGates(f) {
   return [...gates];
 }
 
-test('express: the memory gate answers refusals as the ordinary admission, and holds no slot afterwards', async () => {
+for (const framework of Object.keys(FRAMEWORKS)) test(`${framework}: the memory gate answers refusals as the ordinary admission, and holds no slot afterwards`, async () => {
   // Missing and invalid keys, a body over the limit, a body the fingerprint refuses, a scope
   // that does not resolve, then the ordinary outcomes; sync and async scope functions.
   const send = async (url, key, body, type = 'application/json') => {
@@ -286,7 +287,7 @@ test('express: the memory gate answers refusals as the ordinary admission, and h
     for (const name of ['outcome', 'scope_unresolved', 'warning', 'body_unavailable']) {
       events.on(name, (e) => seen.push([name, e.outcome ?? e.message ?? '']));
     }
-    const srv = await startExpress({ store, events, maxRequestBodyBytes: 256, maxStoredBodyBytes: 1024, ...extra }, state);
+    const srv = await FRAMEWORKS[framework]({ store, events, maxRequestBodyBytes: 256, maxStoredBodyBytes: 1024, ...extra }, state);
     const answers = [];
     try {
       for (const [key, body] of requests) answers.push(await send(`${srv.url}/pay/1`, key, body));
@@ -354,12 +355,70 @@ test('express: a memory gate that throws: the handler does not run, the error ha
   }
 });
 
-test('express: gate slots are given up on every way out (errors, no heartbeat, replays)', async () => {
+for (const framework of Object.keys(FRAMEWORKS)) test(`${framework}: gate slots are given up on every way out (errors, no heartbeat, replays)`, async () => {
   for (const extra of [{}, { heartbeatMs: 0 }]) {
-    const gates = await collectingGates(() => runScenario('express', new idempo.MemoryStore(), extra));
+    const gates = await collectingGates(() => runScenario(framework, new idempo.MemoryStore(), extra));
     assert.ok(gates.length >= 1);
     for (const g of gates) assert.equal(g.held, 0, JSON.stringify(extra));
   }
+});
+
+test('fastify: a store_op listener added between preParsing and the scope stage: the ordinary admission on the same bytes', async () => {
+  // preParsing passes the key and body stages on the memory gate; a listener added before the
+  // scope stage sends the claim through the store's methods (every primitive reported).
+  const run = async (store) => {
+    const state = { runs: 0 };
+    const events = new idempo.IdempotencyEvents();
+    const ops = [];
+    const app = Fastify({ forceCloseConnections: true });
+    app.addHook('preValidation', async () => {
+      if (events.listenerCount('store_op') === 0) events.on('store_op', ({ op }) => ops.push(op));
+    });
+    await app.register(idempo.idempotencyPlugin, { store, public: true, events });
+    app.post('/pay', async (req, reply) => {
+      state.runs++;
+      return reply.code(201).send({ amount: req.body.amount, run: state.runs });
+    });
+    await app.listen({ port: 0, host: '127.0.0.1' });
+    const answers = [];
+    try {
+      for (const [key, amount] of [['listen-key-0001', 1], ['listen-key-0001', 1], ['listen-key-0001', 2]]) {
+        const r = await fetch(`http://127.0.0.1:${app.server.address().port}/pay`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json', 'idempotency-key': key },
+          body: JSON.stringify({ amount }),
+        });
+        answers.push([r.status, r.headers.get('idempotent-replayed'), await r.text()]);
+      }
+    } finally {
+      await app.close();
+    }
+    return { answers, ops, runs: state.runs };
+  };
+  let fast;
+  let bodyStages = 0;
+  const proto = native.MemoryGate.prototype;
+  const bodyStage = proto.bodyStage;
+  proto.bodyStage = function (...args) {
+    bodyStages++;
+    return bodyStage.apply(this, args);
+  };
+  let gates;
+  try {
+    gates = await collectingGates(async () => {
+      fast = await run(new idempo.MemoryStore());
+    });
+  } finally {
+    proto.bodyStage = bodyStage;
+  }
+  // Only the first request's preParsing ran before the listener was added.
+  assert.equal(bodyStages, 1);
+  const slow = await run(new SubclassedStore());
+  assert.deepEqual(fast, slow);
+  assert.deepEqual(fast.answers.map((a) => a[0]), [201, 201, 422]);
+  assert.deepEqual(fast.ops, ['claim', 'complete', 'claim', 'claim']);
+  // The gate never admitted: the listener was there before every scope stage.
+  assert.equal(gates.length, 0);
 });
 
 test('express: the handler runs in the async context the middlewares before idempo entered (memory gate and ordinary path)', async () => {

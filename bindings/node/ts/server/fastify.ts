@@ -29,11 +29,12 @@ import type { Readable } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest, RouteOptions } from 'fastify';
 import native = require('../native');
 import { ConfigError } from '../errors';
-import { admitBody, admitKey, admitKeyFacts, admitScopeEager, Prepared } from './options';
-import type { Admitted, BodyFacts, IdempotencyOptions } from './options';
+import { admitBody, admitKey, admitKeyFacts, admitScopeEager, admitThroughGate, declaredLength, gateBodyStage, gateKeyStage, Prepared } from './options';
+import type { Admitted, BodyFacts, GateFacts, IdempotencyOptions } from './options';
 import type { ExecutionContext, FlowEnd, HandlerResult, HttpResponse, IdempotencyEvents, Session } from './session';
 import { toHttp } from './session';
 import { headerPairs } from './headers';
+import { flatHeaders } from '../fingerprint';
 import { txStorage } from './tx';
 import type { TxHolder } from './tx';
 
@@ -79,9 +80,14 @@ interface State {
   holder?: TxHolder;
 }
 
+/** The body `preParsing` read and passed through core's key and body stages on the memory gate
+ * (see {@link Prepared.memoryGate}): the scope stage admits it through the gate again. */
+const GATED = Symbol('idempo.fastify.gated');
+
 type Req = FastifyRequest & {
   [STATE]?: State;
   [ADMISSION]?: native.Admission;
+  [GATED]?: Buffer;
 };
 
 /** Options of the Fastify plugin (`scope` and `route` get the `FastifyRequest`). */
@@ -288,7 +294,30 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
     const req = request as Req;
     if (!isProtected(req)) return appLimited(req, reply, payload);
     const started = Date.now();
-    const key = admitKeyFacts(p, req.headers[p.header], req.headers['content-length']);
+    const rawKey = req.headers[p.header];
+    // The memory gate takes one key field (a repeated header goes the ordinary way).
+    const gate = typeof rawKey !== 'object' ? p.memoryGate() : undefined;
+    if (gate !== undefined) {
+      const read = payload as NodeJS.ReadableStream & { readableEnded?: boolean; readableDidRead?: boolean; receivedEncodedLength?: number };
+      const declared = declaredLength(req.headers['content-length']);
+      const k = gateKeyStage(gate.gate, rawKey as string | undefined, declared);
+      if (k === -1) return appLimited(req, reply, payload);
+      // A refusal, or a body another reader consumed first: the ordinary stages below say how.
+      if (k >= 0 && !(hasBody(req) && (read.readableEnded === true || read.readableDidRead === true))) {
+        const raw = await readLimited(read, k);
+        if (raw !== null) {
+          const headers = p.fingerprinter.usesHeaders ? flatHeaders(req.headers) : null;
+          if (gateBodyStage(gate.gate, rawKey as string | undefined, declared, req.method.toUpperCase(), req.url, raw, req.headers['content-type'] ?? null, headers)) {
+            req[GATED] = raw;
+            return replayOf(raw, read);
+          }
+        }
+        // Refused (over the limit, or by the fingerprint): the ordinary stages on the same bytes.
+        await refuseBody(req, reply, raw, started);
+        return payload;
+      }
+    }
+    const key = admitKeyFacts(p, rawKey, req.headers['content-length']);
     const adm = key.a;
     req[ADMISSION] = adm;
     const kind = key.kind;
@@ -317,11 +346,25 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
       await answerEarly(req, reply, refusal, raw === null, started);
       return payload;
     }
-    // The app's parser reads the same bytes.
+    return replayOf(raw, read);
+  });
+
+  /** The app's parser reads the same bytes. */
+  function replayOf(raw: Buffer | null, read: { receivedEncodedLength?: number }): Replay {
     const replay = new Replay(raw);
     if (typeof read.receivedEncodedLength === 'number') replay.receivedEncodedLength = read.receivedEncodedLength;
     return replay;
-  });
+  }
+
+  /** A body the memory gate's key and body stages refused (`raw` null: over the limit): core's
+   * problem from the ordinary stages, run on the same inputs. */
+  async function refuseBody(req: Req, reply: FastifyReply, raw: Buffer | null, started: number): Promise<void> {
+    const adm = admitKey(p, req.headers[p.header], req.headers['content-length']);
+    req[ADMISSION] = adm;
+    const refusal = adm.kind === 'read_body' ? admitBody(p, adm, { ...bodyFacts(req), body: raw }) : undefined;
+    if (refusal?.kind !== 'respond') throw new Error(`idempo: the memory gate refused a body the admission admits (${adm.kind})`);
+    await answerEarly(req, reply, refusal, raw === null, started);
+  }
 
   /** The scope stage and the claim; on routes registered after the plugin it runs as the route's
    * last `preHandler`, after the app's hooks (authentication). */
@@ -331,6 +374,36 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
     const started = Date.now();
     const method = req.method.toUpperCase();
     const route = routeOf(req);
+    const user = (req as FastifyRequest & { user?: unknown }).user;
+    const authenticated = req.headers.authorization !== undefined || (user !== undefined && user !== null);
+    const gated = req[GATED];
+    if (gated !== undefined) {
+      // preParsing passed the key and body stages on the memory gate: the whole admission and
+      // the claim through it (or the ordinary stages on the same bytes, when a store_op
+      // listener came meanwhile).
+      const gate = p.memoryGate();
+      const rawKey = req.headers[p.header] as string | undefined;
+      const f: GateFacts<FastifyRequest> = {
+        req,
+        method,
+        route,
+        target: req.url,
+        contentType: req.headers['content-type'],
+        headers: req.headers,
+        body: gated,
+        authenticated,
+        key: rawKey,
+        declared: declaredLength(req.headers['content-length']),
+      };
+      let admitted: Admitted | Promise<Admitted>;
+      if (gate !== undefined) admitted = admitThroughGate(p, gate.gate, gate.mem, f);
+      else {
+        const a = admitKey(p, rawKey, req.headers['content-length']);
+        admitted = admitBody(p, a, f) ?? admitScopeEager(p, a, f);
+      }
+      if (admitted instanceof Promise) admitted = await admitted;
+      return admittedThen(req, reply, admitted, started, method, route);
+    }
     const adm = req[ADMISSION] ?? admitKey(p, req.headers[p.header], req.headers['content-length']);
     req[ADMISSION] = adm;
     const kind = adm.kind;
@@ -354,7 +427,6 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
         return;
       }
     }
-    const user = (req as FastifyRequest & { user?: unknown }).user;
     // The same facts as bodyFacts(req), from the method and route already resolved above.
     let admitted = admitScopeEager(p, adm, {
       req,
@@ -364,9 +436,14 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
       contentType: req.headers['content-type'],
       headers: req.headers,
       body: null,
-      authenticated: req.headers.authorization !== undefined || (user !== undefined && user !== null),
+      authenticated,
     });
     if (admitted instanceof Promise) admitted = await admitted;
+    return admittedThen(req, reply, admitted, started, method, route);
+  }
+
+  /** Core's admission ended: its answer, or the handler runs with its session. */
+  async function admittedThen(req: Req, reply: FastifyReply, admitted: Admitted, started: number, method: string, route: string): Promise<void> {
     if (admitted.kind === 'unprotected') return;
     if (admitted.kind === 'respond' || admitted.kind === 'answered') {
       answer(req, reply, admitted.response, admitted.outcome, false, started);

@@ -303,6 +303,28 @@ export function gateKeyStage(gate: native.MemoryGate, key: string | undefined, d
   }
 }
 
+/**
+ * Core's key and body stages through the memory gate, nothing held (`MemoryGate.bodyStage`):
+ * true when the request passes both (then {@link admitThroughGate} on the same inputs passes
+ * them again), false when one refuses it (the ordinary stages say how).
+ */
+export function gateBodyStage(
+  gate: native.MemoryGate,
+  key: string | undefined,
+  declared: number | null,
+  method: string,
+  target: string,
+  body: Buffer,
+  contentType: string | null,
+  headers: string[] | null,
+): boolean {
+  try {
+    return gate.bodyStage(key ?? null, declared, method, target, body, contentType, headers);
+  } catch (e) {
+    throw fromNative(e);
+  }
+}
+
 /** The request facts {@link admitThroughGate} needs: {@link RequestFacts} plus the key field
  * (one value) and the declared body length, as the key stage took them. */
 export interface GateFacts<Req> extends RequestFacts<Req> {
