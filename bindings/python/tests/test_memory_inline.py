@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
@@ -463,3 +464,79 @@ def test_a_heartbeat_running_beside_an_inline_flow_stops_at_its_end() -> None:
 
     kind, done, stopped = asyncio.run(scenario())
     assert kind == "execution" and done[1] == 201 and done[4] == "stored" and stopped
+
+
+def test_a_hosts_remembered_partition_views_are_only_for_the_unpatched_store(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from idempo.stores.memory import _PartitionView, partition_memory
+
+    bob = memory_partition("bob")
+    store = MemoryStore()
+    cache: Dict[bytes, Any] = {}
+    first = partition_memory(store, bob, cache)
+    assert first is not None and type(first[0]) is _PartitionView and first[0]._partition == bob
+    assert isinstance(first[1], InlineMemory)
+    assert partition_memory(store, bob, cache) is first  # remembered
+    # A new lock or core on the store: made again, as the flow would make them.
+    store._lock = threading.Lock()
+    again = partition_memory(store, bob, cache)
+    assert again is not None and again is not first and again[3] is store._lock
+
+    class Sub(MemoryStore):
+        pass
+
+    assert partition_memory(Sub(), bob, {}) is None
+    assert partition_memory(AsyncMemoryStore(), bob, {}) is None
+    for name in ("claim", "get", "takeover", "mark_unknown", "complete", "release", "renew",
+                 "_step", "with_partition"):
+        patched = MemoryStore()
+        setattr(patched, name, lambda *a, **k: None)
+        assert partition_memory(patched, bob, {}) is None, name
+        with monkeypatch.context() as mp:
+            mp.setattr(MemoryStore, name, lambda *a, **k: None)
+            assert partition_memory(MemoryStore(), bob, {}) is None, name
+        assert partition_memory(MemoryStore(), bob, {}) is not None, name
+    for name in ("claim", "complete", "release"):
+        with monkeypatch.context() as mp:
+            mp.setattr(_PartitionView, name, lambda *a, **k: None)
+            assert partition_memory(store, bob, cache) is None, name
+    blocking = MemoryStore()
+    blocking.blocking = True  # type: ignore[misc]
+    assert partition_memory(blocking, bob, {}) is None
+
+
+def test_a_flow_on_remembered_views_answers_as_the_ordinary_flow() -> None:
+    async def scenario(memories: Optional[Dict[bytes, Any]], hooks: Hooks) -> List[Any]:
+        store = MemoryStore(clock=Clock())
+        config = Config(lease_ms=LEASE)
+        partition = memory_partition("alice")
+        out: List[Any] = []
+
+        def request(n: int, fp: str = FP) -> AsyncRequest:
+            return AsyncRequest(store=store, config=config, scope=scope_of(n), fingerprint=fp,
+                                key=f"key-{n}", route=ROUTE, hooks=hooks, partition=partition,
+                                memories=memories)
+
+        first = request(1)
+        out.append(first.inline)
+        out.append(answer(await first.begin()))
+        out.append(answer(await request(1).begin()))
+        out.append(answer(await first.finished(ok())))
+        out.append(answer(await request(1).begin()))
+        out.append(answer(await request(1, OTHER_FP).begin()))
+        second = request(2)
+        out.append(answer(await second.begin()))
+        out.append(answer(await second.failed(False)))
+        out.append(rows(store, [scope_of(1), scope_of(2)]))
+        return out
+
+    ops: List[str] = []
+    timed = Hooks(on_store_op=lambda route, op, seconds, failed: ops.append(op))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_flow, "_entropy", lambda: b"\x2b" * 16)
+        remembered = asyncio.run(scenario({}, Hooks()))
+        assert remembered == asyncio.run(scenario(None, Hooks()))
+        # A hook that times each primitive: every primitive through the store's methods.
+        assert asyncio.run(scenario({}, timed)) == remembered
+    assert ops.count("claim") == 5 and ops.count("complete") == 1

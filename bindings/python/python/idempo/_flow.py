@@ -22,7 +22,7 @@ from idempo._idempo import Action, Cleanup, Config, InlineMemory, ServerFlow
 from idempo._render import ProblemRenderer, render
 from idempo._plan import Plan, drive, drive_async
 from idempo.stores._tx import ThreadedSession, Transaction, enter, leave, require_transactions
-from idempo.stores.memory import inline_memory
+from idempo.stores.memory import PartitionMemories, inline_memory, partition_memory
 
 log = logging.getLogger("idempo")
 
@@ -185,16 +185,41 @@ def logging_hooks(logger: logging.Logger = log) -> Hooks:
     )
 
 
+_new = object.__new__
+"""Builds the frozen dataclasses of every request (:class:`Response`, :class:`Execution`,
+:class:`HandlerResult`) without their generated ``__init__`` (one ``object.__setattr__`` per
+field): the same object, its fields set in the same order (none has a ``__post_init__``)."""
+
+
 def response_of(action: Action) -> Response:
     """A :class:`Response` from a ``"respond"`` action."""
     assert action.kind == "respond" and action.status is not None and action.body is not None
-    return Response(
+    response: Response = _new(Response)
+    response.__dict__.update(
         status=action.status,
         headers=list(action.headers),
         body=action.body,
         outcome=action.outcome or "",
         handler_ran=action.handler_ran,
     )
+    return response
+
+
+def new_handler_result(
+    status: int,
+    headers: Headers,
+    body: bytes,
+    body_to_store: Optional[bytes] = None,
+    framework: bool = False,
+    body_truncated: bool = False,
+) -> HandlerResult:
+    """``HandlerResult(status, headers, body, body_to_store, framework, body_truncated)``, built
+    as :func:`response_of` builds its response."""
+    result: HandlerResult = _new(HandlerResult)
+    result.__dict__.update(
+        status=status, headers=headers, body=body, body_to_store=body_to_store,
+        framework=framework, body_truncated=body_truncated)
+    return result
 
 
 _ASYNC_TYPES: Dict[type, bool] = {}
@@ -313,9 +338,17 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_ENTROPY.clear)
 
 
-def _start(request: _Request, session: Any, store: Any = None) -> Tuple[_Run, Action]:
-    """Starts core's flow for the request (transactional when it runs in a ``session``)."""
-    memory = None if session is not None or store is None else _memory(store, request.hooks)
+_UNRESOLVED: Any = object()
+"""A flow's InlineMemory before :func:`_start` looked it up."""
+
+
+def _start(
+    request: _Request, session: Any, store: Any = None, memory: Any = _UNRESOLVED
+) -> Tuple[_Run, Action]:
+    """Starts core's flow for the request (transactional when it runs in a ``session``);
+    ``memory``: the store's InlineMemory when the host resolved it (:func:`_memory`)."""
+    if memory is _UNRESOLVED:
+        memory = None if session is not None or store is None else _memory(store, request.hooks)
     flow, action = ServerFlow.start(
         request.scope,
         request.fingerprint,
@@ -329,8 +362,14 @@ def _start(request: _Request, session: Any, store: Any = None) -> Tuple[_Run, Ac
 def _execution(request: _Request, action: Action, session: Any) -> Execution:
     """What the handler of a ``"run_handler"`` action is passed."""
     assert action.generation is not None and action.downstream_key is not None
-    tx = None if session is None else session.transaction
-    return Execution(request.key, action.generation, action.downstream_key, tx)
+    execution: Execution = _new(Execution)
+    execution.__dict__.update(
+        key=request.key,
+        generation=action.generation,
+        downstream_key=action.downstream_key,
+        transaction=None if session is None else session.transaction,
+    )
+    return execution
 
 
 def _handler_finished(run: _Run, result: HandlerResult) -> Action:
@@ -352,7 +391,9 @@ def _respond(run: _Run, action: Action, result: Optional[HandlerResult] = None) 
     response = response_of(action)
     if response.outcome == "lease_lost":
         run.lost()
-    run.hooks.outcome(run.route, response.outcome)
+    hooks = run.hooks
+    if hooks.on_outcome is not None or type(hooks) is not Hooks:  # nothing to call: no call
+        hooks.outcome(run.route, response.outcome)
     live = (
         result is not None
         and response.handler_ran
@@ -498,15 +539,29 @@ class _Steps:
         hooks: Hooks,
         partition: Optional[bytes] = None,
         renderer: Optional[ProblemRenderer] = None,
+        memories: Optional[PartitionMemories] = None,
     ) -> None:
+        """``memories``: the host's remembered partition views of its memory store
+        (:func:`idempo.stores.memory.partition_memory`), for a flow that would make the same."""
         self._request = _Request(config, scope, fingerprint, key, route, hooks, renderer)
         self._session: Any = None
+        self._memory: Any = _UNRESOLVED
+        """The InlineMemory the flow's calls run its store's primitives on (None: none), once
+        known."""
         if config.transactional:
             require_transactions(store)
             self._session = self._open_session(store.transaction())
             self._store = self._session
         else:
-            self._store = _for_partition(store, partition)
+            found = (
+                None
+                if memories is None or partition is None or hooks.on_store_op is not None
+                else partition_memory(store, partition, memories)
+            )
+            if found is None:
+                self._store = _for_partition(store, partition)
+            else:
+                self._store, self._memory = found[0], found[1]
         self._run: Optional[_Run] = None
         self._closed = False
         self._init_host()
@@ -551,7 +606,7 @@ class SyncRequest(_Steps):
         self._beat: Optional[threading.Thread] = None
 
     def begin(self) -> Union[Response, Execution]:
-        run, action = _start(self._request, self._session, self._store)
+        run, action = _start(self._request, self._session, self._store, self._memory)
         run.lock = threading.Lock()
         self._run = run
         action = _store_step(run, self._store, action)
@@ -793,7 +848,8 @@ class AsyncRequest(_Steps):
         return session if is_async_store(session) else ThreadedSession(session)
 
     def _init_host(self) -> None:
-        self.mode = store_mode(self._store)
+        # A memory store the host resolved (``memories``) never blocks: its steps run inline.
+        self.mode = store_mode(self._store) if self._memory is _UNRESOLVED else INLINE
         """How the store's primitives run (:func:`store_mode`); ``"inline"`` never suspends."""
         self.inline = self.mode == INLINE and self._session is None
         """Every step of this flow runs without suspending (an inline store, no transaction):
@@ -806,7 +862,7 @@ class AsyncRequest(_Steps):
     async def begin(self) -> Union[Response, Execution]:
         if self.inline:
             return self.begin_now()
-        run, action = _start(self._request, self._session, self._store)
+        run, action = _start(self._request, self._session, self._store, self._memory)
         self._run = run
         action = await _store_step_async(run, self._store, action, self.mode)
         if action.kind != "run_handler":
@@ -815,7 +871,7 @@ class AsyncRequest(_Steps):
 
     def begin_now(self) -> Union[Response, Execution]:
         """:meth:`begin` of an :attr:`inline` flow, without suspending."""
-        run, action = _start(self._request, self._session, self._store)
+        run, action = _start(self._request, self._session, self._store, self._memory)
         self._run = run
         action = _store_step(run, self._store, action)
         if action.kind != "run_handler":
@@ -883,15 +939,28 @@ class AsyncRequest(_Steps):
         with the handler's end, then :meth:`_end_now`, in one frame)."""
         run = self._run
         assert run is not None
-        self._stop_timer()
+        if self._beats is not None:  # _stop_timer, in this frame
+            self._stop_timer()
         if self._beat is not None:
             assert self._lock is None or not self._lock.locked()
             self._beat.cancel()
-        action = _handler_finished(run, result)
+        action = run.flow.handler_finished(  # _handler_finished, in this frame
+            result.status,
+            result.headers,
+            result.body,
+            result.body_to_store,
+            framework=result.framework,
+            body_truncated=result.body_truncated,
+            memory=run.memory,
+        )
         if action.kind == "store":
             action = _store_step(run, self._store, action)
         try:
-            return self._answer(action, result)
+            response = _respond(run, action, result)  # _answer, in this frame
+            cleanup = run.flow.cleanup
+            if cleanup is not None:
+                _spawn_cleanup_async(cleanup, self._store, run.route)
+            return response
         finally:
             self.close_now()
 
@@ -961,7 +1030,8 @@ class AsyncRequest(_Steps):
         if self._closed:
             return
         self._closed = True
-        self._stop_timer()
+        if self._beats is not None:
+            self._stop_timer()
         if self._beat is not None:
             self._beat.cancel()
 

@@ -9,7 +9,7 @@ import warnings
 from dataclasses import dataclass, replace
 from typing import (
     TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, List, NamedTuple, Optional, Sequence,
-    Tuple, TypedDict, TypeVar,
+    Tuple, TypedDict, TypeVar, Union,
 )
 
 if TYPE_CHECKING:
@@ -20,6 +20,7 @@ from idempo._options import default
 from idempo._render import ProblemRenderer, check_renderer, render
 from idempo.stores._check import check_store
 from idempo.stores._tx import require_transactions
+from idempo.stores.memory import PartitionMemories
 from idempo._idempo import (
     Admission,
     Config,
@@ -98,6 +99,19 @@ def route_overrides(endpoint: Any) -> Optional[Dict[str, Any]]:
     """The overrides set by :func:`idempotent` on an endpoint, if any."""
     found: Optional[Dict[str, Any]] = getattr(endpoint, _MARK, None)
     return found
+
+
+class RouteParts(NamedTuple):
+    """What a host reads for every request of a route, resolved once per :class:`RouteOptions`
+    object (:meth:`HostCore.parts`)."""
+
+    opts: RouteOptions
+    fingerprinter: Fingerprinter
+    rule: ScopeRule
+    fingerprinted: FrozenSet[bytes]
+    """:meth:`HostCore.fingerprinted`."""
+    wanted: FrozenSet[bytes]
+    """Every lowercase header name :func:`request_headers` reads for the route."""
 
 
 class Prepared(NamedTuple):
@@ -223,7 +237,27 @@ class HostCore:
         self._lock = threading.Lock()
         self._by_endpoint: Dict[Any, Optional[RouteOptions]] = {}
         self._fingerprinted: Dict[Tuple[str, ...], FrozenSet[bytes]] = {}
+        self._parts: Dict[int, RouteParts] = {}
+        self._memories: PartitionMemories = {}
+        """The partition views of a memory store, for its requests' flows
+        (:func:`idempo.stores.memory.partition_memory`)."""
         self._check(self.defaults)
+
+    def parts(self, opts: RouteOptions) -> RouteParts:
+        """The route's :class:`RouteParts` (remembered per options object: a host resolves one
+        per endpoint, :meth:`options_for`)."""
+        found = self._parts.get(id(opts))
+        if found is not None and found.opts is opts:
+            return found
+        fingerprinted = self.fingerprinted(opts)
+        found = RouteParts(
+            opts, self.fingerprinter(opts), self._rule(opts), fingerprinted,
+            _wanted(self.header_name_bytes, fingerprinted))
+        with self._lock:
+            if len(self._parts) >= _MAX_ENDPOINTS:
+                self._parts.clear()
+            self._parts[id(opts)] = found
+        return found
 
     def _rule(self, opts: RouteOptions) -> ScopeRule:
         """Core's validated scope rule of a route (a contradiction raises InvalidArgument)."""
@@ -349,6 +383,57 @@ class HostCore:
             route=route,
             hooks=self.hooks,
             renderer=self.renderer,
+            memories=self._memories,
+        )
+
+    def admitted_flow(
+        self,
+        admission: Admission,
+        parts: RouteParts,
+        request: Any,
+        method: str,
+        route: str,
+        target: str,
+        headers: List[Tuple[str, str]],
+        content_type: Optional[str],
+        body: bytes,
+        over_limit: bool,
+        authenticated: bool,
+    ) -> "Union[AsyncRequest, Response]":
+        """:meth:`admit_body` then :meth:`async_request` for an asyncio host, in one call: the
+        request's flow, or the answer when core refused the request."""
+        opts = parts.opts
+        admitted = admission.admit(
+            parts.fingerprinter,
+            parts.rule,
+            method,
+            target,
+            route,
+            body,
+            headers,
+            content_type,
+            over_limit=over_limit,
+            authenticated=authenticated,
+            scope_function=opts.scope,
+            scope_argument=request,
+        )
+        if admitted is None:
+            return self.refused(route, admission)
+        key, scope_id, fingerprint, partition, warning = admitted
+        if warning is not None and self.warn_unscoped and route not in self._warned:
+            self._warned.add(route)
+            warnings.warn(warning, UnscopedKeyWarning, stacklevel=2)
+        return AsyncRequest(
+            store=self.store,
+            config=opts.config,
+            scope=scope_id,
+            partition=partition if getattr(self.store, "partitioned", False) is True else None,
+            fingerprint=fingerprint,
+            key=key,
+            route=route,
+            hooks=self.hooks,
+            renderer=self.renderer,
+            memories=self._memories,
         )
 
     def refused(self, route: str, admission: Admission) -> Response:
@@ -439,17 +524,22 @@ _READ = frozenset((b"content-length", b"content-type", b"authorization"))
 
 
 def request_headers(
-    raw: Iterable[Tuple[bytes, bytes]], key_name: bytes, fingerprinted: FrozenSet[bytes]
+    raw: Iterable[Tuple[bytes, bytes]],
+    key_name: bytes,
+    fingerprinted: FrozenSet[bytes],
+    wanted: Optional[FrozenSet[bytes]] = None,
 ) -> Tuple[List[Tuple[str, str]], Dict[str, str], List[bytes]]:
     """One pass over an ASGI request's raw headers: the decoded pairs of the headers named in
     ``fingerprinted`` (lowercase; core's fingerprint reads those and no other, matching names
     without regard to ASCII case), the last value of ``content-length``, ``content-type`` and
     ``authorization`` by lowercase name, and the raw values of the key header ``key_name``
-    (lowercase) in order."""
+    (lowercase) in order. ``wanted``: the route's :attr:`RouteParts.wanted`, when the host has
+    it."""
     headers: List[Tuple[str, str]] = []
     read: Dict[str, str] = {}
     key_fields: List[bytes] = []
-    wanted = _wanted(key_name, fingerprinted)
+    if wanted is None:
+        wanted = _wanted(key_name, fingerprinted)
     for n, v in raw:
         low = n.lower()
         if low not in wanted:  # most headers: one lookup

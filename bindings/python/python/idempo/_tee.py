@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
-from idempo._flow import HandlerResult
+from idempo._flow import HandlerResult, new_handler_result
 from idempo._host import RouteOptions, response_length
 from idempo._idempo import BodyCapture
 
@@ -24,8 +24,7 @@ def handler_result(
     stored = None
     if opts.redact is not None and not truncated:
         stored = opts.redact(status, headers, body)
-    return HandlerResult(
-        status, headers, body, stored, framework=framework, body_truncated=truncated)
+    return new_handler_result(status, headers, body, stored, framework, truncated)
 
 
 class TeeRecord:

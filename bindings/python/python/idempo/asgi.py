@@ -48,7 +48,8 @@ from idempo._flow import HandlerResult, Response, failed_log
 from idempo._host import (
     HostCore, HostOptions, RouteOptions, declared_length, request_headers, with_content_length,
 )
-from idempo._idempo import BodyCapture, Config
+from idempo._idempo import Admission, BodyCapture, Config
+from idempo.stores._tx import enter, leave
 from idempo._tee import handler_result
 
 #: ``scope["state"]`` member set when the framework rejected the request before the handler ran.
@@ -294,16 +295,20 @@ class IdempotencyMiddleware:
             scope["state"] = {}
         await self._protected(scope, receive, send, opts, route)
 
-    async def _read_body(self, receive: Receive, limit: int) -> Tuple[Optional[bytes], bool]:
+    async def _read_body(
+        self, receive: Receive, limit: int, message: Optional[Message] = None
+    ) -> Tuple[Optional[bytes], bool]:
         """(body, over_limit); stops at the first chunk past ``limit``; body None when the
-        client went away."""
+        client went away. ``message``: the first message, already received."""
         chunks: List[bytes] = []
         size = 0
         while True:
-            message = await receive()
+            if message is None:
+                message = await receive()
             if message["type"] == "http.disconnect":
                 return None, False
             if message["type"] != "http.request":
+                message = None
                 continue
             chunk = message.get("body", b"")
             size += len(chunk)
@@ -312,46 +317,59 @@ class IdempotencyMiddleware:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks), False
+            message = None
 
     async def _protected(
         self, scope: Scope, receive: Receive, send: Send, opts: RouteOptions, route: str
     ) -> None:
         core = self.core
+        parts = core.parts(opts)
         headers, lower, key_fields = request_headers(
-            scope.get("headers", ()), core.header_name_bytes, core.fingerprinted(opts))
-        admission, answer = core.admit_key(
-            opts, route, key_fields, declared_length(lower.get("content-length"))
-        )
-        if answer is not None:
-            await _send(send, answer)
+            scope.get("headers", ()), core.header_name_bytes, parts.fingerprinted, parts.wanted)
+        # Stage 1 of core's admission (HostCore.admit_key, in this frame).
+        admission = Admission.start(
+            opts.config, key_fields, declared_length(lower.get("content-length")))
+        kind = admission.kind
+        if kind != "read_body":
+            if kind == "pass_through":  # no key, key optional: unprotected
+                await self.app(scope, receive, send)
+            else:
+                await _send(send, core.refused(route, admission))
             return
-        if admission is None:
-            await self.app(scope, receive, send)  # no key, key optional: unprotected
-            return
-        assert admission.body_limit is not None
-        body, over_limit = await self._read_body(receive, admission.body_limit)
-        if body is None:
-            return
-        method = scope["method"].upper()
-        prepared = core.admit_body(
+        limit = admission.body_limit
+        assert limit is not None
+        message = await receive()
+        body: Optional[bytes]
+        if (
+            message["type"] == "http.request"
+            and type(message.get("body", b"")) is bytes
+            and not message.get("more_body", False)
+        ):
+            # The whole body in one message (what _read_body reads of it, without its loop).
+            body = message.get("body", b"")
+            over_limit = len(body) > limit
+            if over_limit:
+                body = b""
+        else:
+            body, over_limit = await self._read_body(receive, limit, message)
+            if body is None:
+                return
+        flow = core.admitted_flow(
             admission,
-            opts=opts,
-            request=scope,
-            method=method,
-            route=route,
-            target=_target(scope),
-            headers=headers,
-            content_type=lower.get("content-type"),
-            body=body,
-            over_limit=over_limit,
-            authenticated=_authenticated(scope, lower),
+            parts,
+            scope,
+            scope["method"].upper(),
+            route,
+            _target(scope),
+            headers,
+            lower.get("content-type"),
+            body,
+            over_limit,
+            _authenticated(scope, lower),
         )
-        if prepared.answer is not None:
-            await _send(send, prepared.answer)
+        if isinstance(flow, Response):
+            await _send(send, flow)
             return
-        assert prepared.key is not None
-
-        flow = core.async_request(opts, route, prepared)
         try:
             started = flow.begin_now() if flow.inline else await flow.begin()
             if isinstance(started, Response):  # a replay or a problem: the handler does not run
@@ -365,12 +383,14 @@ class IdempotencyMiddleware:
             inner["extensions"] = _without_pathsend(scope)
             captured.state = state
             replay = _replay(body, receive)
-            token = flow.enter(started)
+            tx = started.transaction
+            token = None if tx is None else enter(tx)
             try:
                 await run_captured(
                     flow, captured, opts, lambda out: self.app(inner, replay, out), send)
             finally:
-                flow.leave(token)
+                if token is not None:
+                    leave(token)
         finally:
             if flow.inline:
                 flow.close_now()
@@ -455,32 +475,29 @@ class _Capture:
     no future per request).
     """
 
-    __slots__ = (
-        "config", "client", "state", "status", "headers", "length", "start", "chunks", "plan",
-        "capture", "sent", "truncated", "finished", "on_complete", "completing",
-    )
+    # Class-level defaults (no ``__slots__``): a capture sets only what differs per response.
+    status: Optional[int] = None
+    length = False
+    """The response's headers declare a ``content-length``."""
+    start: Optional[Message] = None
+    plan: Optional[str] = None
+    capture: Optional[BodyCapture] = None
+    sent = False
+    truncated = False
+    finished = False
+    """The last body message arrived (the response is complete)."""
+    on_complete: Optional[Callable[[], Awaitable[None]]] = None
+    """Awaited at the last body message (the host records the response and answers)."""
+    completing = False
+    """``on_complete`` started: what the application raises from now on is not the handler's
+    failure (the outcome is decided)."""
 
     def __init__(self, config: Config, client: Optional[Send]) -> None:
         self.config = config
         self.client = client
         self.state: Dict[str, Any] = {}
-        self.status: Optional[int] = None
         self.headers: List[Tuple[str, str]] = []
-        self.length = False
-        """The response's headers declare a ``content-length``."""
-        self.start: Optional[Message] = None
         self.chunks: List[bytes] = []
-        self.plan: Optional[str] = None
-        self.capture: Optional[BodyCapture] = None
-        self.sent = False
-        self.truncated = False
-        self.finished = False
-        """The last body message arrived (the response is complete)."""
-        self.on_complete: Optional[Callable[[], Awaitable[None]]] = None
-        """Awaited at the last body message (the host records the response and answers)."""
-        self.completing = False
-        """``on_complete`` started: what the application raises from now on is not the
-        handler's failure (the outcome is decided)."""
 
     @property
     def framework(self) -> bool:
@@ -493,7 +510,8 @@ class _Capture:
     async def _decide(self, streaming: bool) -> None:
         assert self.status is not None and self.start is not None
         plan, limit = self.config.capture_plan(
-            self.status, self.headers, streaming=streaming, framework=self.framework)
+            self.status, self.headers, streaming=streaming,
+            framework=bool(self.state.get(FRAMEWORK_REJECTION, False)))  # self.framework
         self.plan = plan
         if limit is not None and plan != "buffer":  # a buffered body is bounded by the flow
             self.capture = BodyCapture(limit)
@@ -582,9 +600,11 @@ class _Capture:
 
     def outcome(self, opts: RouteOptions) -> HandlerResult:
         """What the handler answered (its response as captured so far, see :meth:`ended`)."""
-        status, out_headers, out_body = self.result()
+        if self.status is None:  # self.result(), in this frame
+            raise RuntimeError("the application finished without starting a response")
         return handler_result(
-            opts, status, out_headers, out_body, self.truncated, framework=self.framework)
+            opts, self.status, self.headers, b"".join(self.chunks), self.truncated,
+            bool(self.state.get(FRAMEWORK_REJECTION, False)))
 
     def result(self) -> Tuple[int, List[Tuple[str, str]], bytes]:
         if self.status is None:

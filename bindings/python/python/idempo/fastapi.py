@@ -62,7 +62,8 @@ from idempo._render import ProblemRenderer
 from idempo._host import (
     HostCore, RouteOptions, declared_length, request_headers, route_overrides,
 )
-from idempo._idempo import Config, InvalidArgument
+from idempo._idempo import Admission, Config, InvalidArgument
+from idempo.stores._tx import enter, leave
 from idempo.asgi import _Capture, _send, _target, _without_pathsend, run_captured
 
 import fastapi.routing as _fastapi_routing
@@ -184,19 +185,21 @@ class _Answer(StarletteResponse):
 class _Run:
     """One request on a protected route: from the dependency to the response's last byte."""
 
+    # Class-level defaults: a request's run sets only what differs.
+    called = False
+    entered = False
+    principal: Any = None
+    flow: Optional[AsyncRequest] = None
+    """Set once the claim let the endpoint run (core's flow, waiting for its response)."""
+    capture: Optional[_Capture] = None
+
     def __init__(self, owner: "Idempotency", opts: RouteOptions, route: str,
                  request: Request) -> None:
         self.owner = owner
         self.opts = opts
         self.route = route
         self.request = request
-        self.called = False
-        self.entered = False
-        self.principal: Any = None
         self.placeholder = _Unclaimed()
-        self.flow: Optional[AsyncRequest] = None
-        """Set once the claim let the endpoint run (core's flow, waiting for its response)."""
-        self.capture: Optional[_Capture] = None
 
     async def execute(self, endpoint: Callable[..., Any], is_async: bool,
                       args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
@@ -205,46 +208,55 @@ class _Run:
             return await _call(endpoint, is_async, args, kwargs)
         core = self.owner.core
         request = self.request
+        opts = self.opts
+        parts = core.parts(opts)
+        scope = request.scope
         headers, lower, key_fields = request_headers(
-            request.scope.get("headers", ()), core.header_name_bytes,
-            core.fingerprinted(self.opts))
-        admission, answer = core.admit_key(
-            self.opts, self.route, key_fields, declared_length(lower.get("content-length")))
-        if answer is not None:
-            return _Answer(answer)
-        if admission is None:  # no key, key optional: the endpoint runs unprotected
-            return await _call(endpoint, is_async, args, self._given(kwargs, None))
+            scope.get("headers", ()), core.header_name_bytes, parts.fingerprinted, parts.wanted)
+        # Stage 1 of core's admission (HostCore.admit_key, in this frame).
+        admission = Admission.start(
+            opts.config, key_fields, declared_length(lower.get("content-length")))
+        kind = admission.kind
+        if kind != "read_body":
+            if kind == "pass_through":  # no key, key optional: the endpoint runs unprotected
+                return await _call(endpoint, is_async, args, self._given(kwargs, None))
+            return _Answer(core.refused(self.route, admission))
         assert admission.body_limit is not None
         body, over_limit = await _read_body(request, admission.body_limit)
-        method = request.method.upper()
-        prepared = core.admit_body(
+        flow = core.admitted_flow(
             admission,
-            opts=self.opts,
-            request=self,
-            method=method,
-            route=self.route,
-            target=_target(request.scope),
-            headers=headers,
-            content_type=lower.get("content-type"),
-            body=body,
-            over_limit=over_limit,
-            authenticated=self.owner.principal is not None or "authorization" in lower,
+            parts,
+            self,
+            scope["method"].upper(),
+            self.route,
+            _target(scope),
+            headers,
+            lower.get("content-type"),
+            body,
+            over_limit,
+            self.owner.principal is not None or "authorization" in lower,
         )
-        if prepared.answer is not None:
-            return _Answer(prepared.answer)
-        assert prepared.key is not None
-        flow = core.async_request(self.opts, self.route, prepared)
+        if isinstance(flow, Response):
+            return _Answer(flow)
         started = flow.begin_now() if flow.inline else await _begin(flow)
         if isinstance(started, Response):  # answered without running: a replay or a problem
             return _Answer(started)
         self.flow = flow
-        self.capture = _Capture(self.opts.config, None)
-        request.state.idempotency = started
-        token = flow.enter(started)
+        self.capture = _Capture(opts.config, None)
+        # request.state.idempotency = started: Request.state (made at its first use) is a view
+        # of scope["state"], which it creates when missing.
+        state = request.__dict__.get("_state")
+        if state is None:
+            scope.setdefault("state", {})["idempotency"] = started
+        else:
+            state.idempotency = started
+        tx = started.transaction
+        token = None if tx is None else enter(tx)
         try:
             return await _call(endpoint, is_async, args, self._given(kwargs, started))
         finally:
-            flow.leave(token)
+            if token is not None:
+                leave(token)
 
     def _given(self, kwargs: Dict[str, Any], execution: Optional[Execution]) -> Dict[str, Any]:
         return {k: (execution if v is self.placeholder else v) for k, v in kwargs.items()}

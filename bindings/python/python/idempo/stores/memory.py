@@ -21,7 +21,7 @@ import operator
 import os
 import threading
 import time
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from idempo._idempo import (
     InlineMemory, InvalidArgument, MemoryStoreCore, StoreUnavailable, memory_partition,
@@ -322,6 +322,54 @@ def inline_memory(store: Any) -> Optional[InlineMemory]:
         return InlineMemory(store._core, store._lock, store._step, partition)
     except InvalidArgument:  # not a partition core takes: the claim refuses it as usual
         return None
+
+
+_FAST = (*_OWN, "with_partition")
+_FAST_METHODS = tuple(MemoryStore.__dict__[name] for name in _FAST)
+_FAST_OF = operator.attrgetter(*_FAST)
+
+PartitionMemories = Dict[bytes, Tuple[Any, InlineMemory, Any, Any]]
+"""A host's remembered partition views of its memory store: ``(view, its InlineMemory, the
+store's core, the store's lock)`` per partition (:func:`partition_memory`)."""
+
+_MAX_PARTITIONS_CACHED = 1024
+
+
+def partition_memory(
+    store: Any, partition: bytes, cache: PartitionMemories
+) -> Optional[Tuple[Any, InlineMemory, Any, Any]]:
+    """What a request's flow makes of ``store`` for ``partition`` (``store.with_partition``,
+    then :func:`inline_memory` of the view), remembered per partition in ``cache`` (a host's,
+    for its one store), as ``(view, memory, core, lock)``; None: the flow makes them itself.
+    Only for idempo's own :class:`MemoryStore` that does not block, with none of its methods
+    (``with_partition`` included) nor its view's replaced, on the class or the instance, and the
+    core and lock it was remembered with (what the ordinary path would make of it each time)."""
+    try:
+        if (
+            type(store) is not MemoryStore
+            or _FAST_OF(MemoryStore) != _FAST_METHODS
+            or _VIEW_OF(_PartitionView) != _VIEW_METHODS
+        ):
+            return None
+    except AttributeError:
+        return None  # a method deleted from a class
+    if (
+        not store.__dict__.keys().isdisjoint(_FAST)
+        or not _PartitionView.__dict__.keys().isdisjoint(_VIEW_REST)
+        or store.blocking is not False
+    ):
+        return None
+    found = cache.get(partition)
+    if found is not None and found[2] is store._core and found[3] is store._lock:
+        return found
+    view = store.with_partition(partition)
+    memory = inline_memory(view)
+    if memory is None:
+        return None
+    if len(cache) >= _MAX_PARTITIONS_CACHED:
+        cache.clear()
+    found = cache[partition] = (view, memory, store._core, store._lock)
+    return found
 
 
 def _own_view() -> bool:
