@@ -194,6 +194,9 @@ impl SqliteStore {
             }
         }
         conn.execute_batch("PRAGMA synchronous = FULL")?;
+        // Every statement the writer runs stays prepared: nine recipes, the transaction and
+        // savepoint controls and the readiness probe are sixteen, rusqlite's default room.
+        conn.set_prepared_statement_cache_capacity(32);
         immediate(&conn, |c| {
             for statement in recipes::SQLITE_SCHEMA.split(';') {
                 if !statement.trim().is_empty() {
@@ -323,22 +326,28 @@ fn purge_result(r: Reply) -> Result<PurgeCounts, StoreError> {
     }
 }
 
+/// Runs one transaction-control statement (`BEGIN IMMEDIATE`, `COMMIT`, `ROLLBACK`) from the
+/// connection's statement cache: `execute_batch` would parse it again on every call.
+fn control(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(|_| ())
+}
+
 /// Runs `f` in `BEGIN IMMEDIATE … COMMIT` (rolled back on error).
 fn immediate<T>(
     conn: &Connection,
     f: impl FnOnce(&Connection) -> Result<T, StoreError>,
 ) -> Result<T, StoreError> {
-    conn.execute_batch("BEGIN IMMEDIATE")?;
+    control(conn, "BEGIN IMMEDIATE")?;
     match f(conn) {
-        Ok(v) => match conn.execute_batch("COMMIT") {
+        Ok(v) => match control(conn, "COMMIT") {
             Ok(()) => Ok(v),
             Err(e) => {
-                let _ = conn.execute_batch("ROLLBACK");
+                let _ = control(conn, "ROLLBACK");
                 Err(e.into())
             }
         },
         Err(e) => {
-            let _ = conn.execute_batch("ROLLBACK");
+            let _ = control(conn, "ROLLBACK");
             Err(e)
         }
     }
@@ -387,7 +396,7 @@ impl Writer {
             return;
         }
         self.stats.record(writes.len());
-        if let Err(e) = self.conn.execute_batch("BEGIN IMMEDIATE") {
+        if let Err(e) = control(&self.conn, "BEGIN IMMEDIATE") {
             let msg = e.to_string();
             let mut first = Some(e);
             for job in writes {
@@ -419,10 +428,10 @@ impl Writer {
         }
         let failure = match &lost {
             Some(msg) => Some(msg.clone()),
-            None => match self.conn.execute_batch("COMMIT") {
+            None => match control(&self.conn, "COMMIT") {
                 Ok(()) => None,
                 Err(e) => {
-                    let _ = self.conn.execute_batch("ROLLBACK");
+                    let _ = control(&self.conn, "ROLLBACK");
                     Some(e.to_string())
                 }
             },
