@@ -9,6 +9,7 @@
 #                (FastAPI, Express 5, Fastify 5; every store; wrk; ~10 min; mk/bench-e2e.mk)
 #   make bench-gateway   idempo-gateway on each store against a plain reverse proxy, the upstream
 #                alone and the Python ASGI integration (wrk; ~2.5 min; mk/bench-gateway.mk)
+#   make bench-gateway-count   the gateway's CPU instructions per request (valgrind; ~1.5 min)
 #   make lint    cargo fmt --check, clippy -D warnings (the workspace's lint policy is
 #                [workspace.lints] in Cargo.toml), each crate's rust-version against its
 #                dependencies under the committed Cargo.lock (scripts/check-msrv.py), and the
