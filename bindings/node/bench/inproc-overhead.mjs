@@ -4,14 +4,14 @@
 // the middleware takes the same paths as behind a listening socket), one keep-alive connection per
 // app, requests sent one after another. The figure is the process's CPU time (user + system,
 // `process.cpuUsage()`, every thread: GC included) per request of each variant minus the bare
-// app's in the same round, median over the rounds; variants interleave within each round. The
+// app's, compared turn by turn (see below): the median and a trimmed mean of those differences. The
 // apps are those of `bench/e2e-server.mjs` (a trivial JSON handler behind express.json(), or
 // behind idempo on MemoryStore; Fastify's own JSON parsing). Figures only, nothing asserted.
 //
 //   node bench/inproc-overhead.mjs [requests=1500] [rounds=15] [frameworks=express,fastify] [dist=dist]
 //
-// Short rounds, many of them: on a shared machine the neighbours' load moves every figure, and a
-// variant and its bare app measured seconds apart see about the same load.
+// Within a round the variants take turns every 100 requests, and there are many rounds: on a
+// shared machine the neighbours' load moves every figure, and it falls on every variant alike.
 //
 // `dist` names another compiled copy of the package's TypeScript in this folder (`dist-before`,
 // ...) for a before/after run in one process: it is measured as an extra variant `memory@<dir>`.
@@ -121,9 +121,11 @@ for (const f of frameworks) {
 const sockets = new Map();
 for (const [f, v] of variants) sockets.set(`${f}/${v}`, await app(f, v));
 
-async function run(socket, mode, tag, count) {
+/** `count` requests (fresh: keys `<tag>-<from>`, `<tag>-<from + 1>`, ...; replay: the key `<tag>`):
+ * the process's CPU time per request, µs. */
+async function run(socket, mode, tag, count, from = 0) {
   const before = process.cpuUsage();
-  for (let i = 0; i < count; i++) {
+  for (let i = from; i < from + count; i++) {
     const status = await socket.request(mode === 'fresh' ? `idem-key-${tag}-${i}` : `idem-key-${tag}`);
     if (status !== 200) throw new Error(`${tag}: status ${status}`);
   }
@@ -142,20 +144,27 @@ if (only) {
 // Warm-up: every variant and mode, until the JIT settles.
 for (const [name, s] of sockets) for (const mode of ['fresh', 'replay']) await run(s, mode, `warm-${name}-${mode}`, Math.min(requests, 3000));
 
+const CHUNK = 100;
+/** Per variant and mode: the CPU time per request of each chunk, and its difference from the
+ * bare app's chunk of the same turn. */
 const samples = new Map();
 for (let r = 0; r < rounds; r++) {
   for (const mode of ['fresh', 'replay']) {
     // Rotated per round, so no variant always runs right after another.
     const order = [...sockets];
     for (let i = 0; i < r % order.length; i++) order.push(order.shift());
-    const cpu = new Map();
-    for (const [name, s] of order) cpu.set(name, await run(s, mode, `r${r}-${name}-${mode}`, requests));
-    for (const [name] of order) {
-      const bare = cpu.get(`${name.split('/')[0]}/bare`);
-      const k = `${name} ${mode}`;
-      if (!samples.has(k)) samples.set(k, { cpu: [], added: [] });
-      samples.get(k).cpu.push(cpu.get(name));
-      samples.get(k).added.push(cpu.get(name) - bare);
+    // The variants take turns every `CHUNK` requests: a neighbour's burst of load falls on all
+    // of them alike, and each chunk is compared with the bare app's chunk of the same turn.
+    for (let done = 0; done < requests; done += CHUNK) {
+      const count = Math.min(CHUNK, requests - done);
+      const cpu = new Map();
+      for (const [name, s] of order) cpu.set(name, await run(s, mode, `r${r}-${name}-${mode}`, count, done));
+      for (const [name] of order) {
+        const k = `${name} ${mode}`;
+        if (!samples.has(k)) samples.set(k, { cpu: [], added: [] });
+        samples.get(k).cpu.push(cpu.get(name));
+        samples.get(k).added.push(cpu.get(name) - cpu.get(`${name.split('/')[0]}/bare`));
+      }
     }
   }
 }
@@ -165,14 +174,20 @@ const median = (xs) => {
   const m = s.length >> 1;
   return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
 };
-console.log(`in-process, node ${process.version}, ${requests} requests x ${rounds} rounds per variant and mode; CPU µs per request (median of rounds)`);
-console.log('variant                          mode     cpu µs/req  added µs/req  (min..max added)');
+/** The mean of the middle 60% (the bursts of a shared machine left out at both ends). */
+const trimmed = (xs) => {
+  const s = [...xs].sort((a, b) => a - b);
+  const cut = Math.floor(s.length * 0.2);
+  const mid = s.slice(cut, s.length - cut);
+  return mid.reduce((a, b) => a + b, 0) / mid.length;
+};
+const q = (xs, f) => [...xs].sort((a, b) => a - b)[Math.floor((xs.length - 1) * f)];
+console.log(`in-process, node ${process.version}, ${rounds} rounds x ${requests} requests per variant and mode, in turns of ${CHUNK}; CPU µs per request`);
+console.log('variant                          mode     cpu µs/req  added µs/req: median  trimmed mean  (quartiles)');
 for (const [f, v] of variants) {
   for (const mode of ['fresh', 'replay']) {
     const s = samples.get(`${f}/${v} ${mode}`);
-    const lo = Math.min(...s.added);
-    const hi = Math.max(...s.added);
-    console.log(`${`${f}/${v}`.padEnd(32)} ${mode.padEnd(7)} ${median(s.cpu).toFixed(1).padStart(11)} ${median(s.added).toFixed(1).padStart(13)}  (${lo.toFixed(1)}..${hi.toFixed(1)})`);
+    console.log(`${`${f}/${v}`.padEnd(32)} ${mode.padEnd(7)} ${median(s.cpu).toFixed(1).padStart(11)} ${median(s.added).toFixed(1).padStart(20)} ${trimmed(s.added).toFixed(1).padStart(13)}  (${q(s.added, 0.25).toFixed(1)}..${q(s.added, 0.75).toFixed(1)})`);
   }
 }
 process.exit(0);

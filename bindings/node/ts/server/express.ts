@@ -186,15 +186,22 @@ function declaresNoBody(req: IncomingMessage): boolean {
 /**
  * Puts the bytes idempo read back into the request stream, so body parsers mounted after the
  * middleware (`express.json()`, `urlencoded()`, `text()`, `raw()`, Express 4 and 5) parse the same
- * bytes as if idempo had never read them. The request gets a fresh readable state holding `body`.
+ * bytes as if idempo had never read them. The request gets a fresh readable state whose `_read`
+ * gives `body`, then the end, the first time anything reads (`read()`, `data` listeners, `pipe`,
+ * an async iterator; node's own drain once the response is out): a request whose handler reads
+ * only `req.body` never goes through the stream's buffering for nothing.
  */
 function replayBody(req: IncomingMessage, body: Buffer): void {
   const fresh = new Readable({ read() {}, autoDestroy: false });
   const r = req as unknown as { _readableState: unknown; _read: (n: number) => void };
   r._readableState = (fresh as unknown as { _readableState: unknown })._readableState;
-  r._read = () => undefined;
-  if (body.length > 0) req.push(body);
-  req.push(null);
+  let given = false;
+  r._read = function (this: IncomingMessage) {
+    if (given) return;
+    given = true;
+    if (body.length > 0) this.push(body);
+    this.push(null);
+  };
 }
 
 /** Express's routing settings that decide which paths reach one handler. */

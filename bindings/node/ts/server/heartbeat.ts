@@ -21,10 +21,11 @@ class Lane {
     if (this.#timer === undefined) this.#arm(this.ms);
   }
 
+  /** The lane's timer stays armed when its last beat goes (it is unref'd, and finds nothing due
+   * when it fires): a server with one request at a time would otherwise arm and clear a timer
+   * per request. */
   remove(beat: () => void): void {
-    if (!this.#due.delete(beat) || this.#due.size > 0 || this.#timer === undefined) return;
-    clearTimeout(this.#timer);
-    this.#timer = undefined;
+    this.#due.delete(beat);
   }
 
   #arm(delay: number): void {
