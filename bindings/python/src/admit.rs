@@ -11,8 +11,9 @@ use idempo_core::machine::admit::{
 };
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyString};
+use pyo3::types::{PyBytes, PyFrozenSet, PyString};
 
+use crate::asgi_headers::scan;
 use crate::convert::header_pairs;
 use crate::errors::invalid_argument;
 use crate::fingerprint::Fingerprinter;
@@ -93,7 +94,16 @@ pub(crate) struct Admission {
     /// The principal's quota partition (8 bytes), for a store with per-partition quotas.
     #[pyo3(get)]
     partition: Option<Py<PyBytes>>,
+    /// `start_asgi`: an `authorization` header came with the request.
+    #[pyo3(get)]
+    authorization: bool,
+    /// `start_asgi`: the fingerprinted header pairs and the `content-type` it read, for `body`
+    /// and `admit` called without theirs.
+    read: Option<ReadHeaders>,
 }
+
+/// What `start_asgi` read for stage 2: the fingerprinted header pairs and the `content-type`.
+type ReadHeaders = (Vec<(String, String)>, Option<String>);
 
 impl Admission {
     fn refused(&mut self, py: Python<'_>, r: &Refusal) -> PyResult<()> {
@@ -126,6 +136,41 @@ impl Admission {
         }
     }
 
+    /// Stage 1 on the key fields and the declared length.
+    fn started(
+        py: Python<'_>,
+        config: &Config,
+        key_fields: &[Vec<u8>],
+        declared_length: Option<u64>,
+    ) -> PyResult<Self> {
+        let fields: Vec<&[u8]> = key_fields.iter().map(Vec::as_slice).collect();
+        let mut a = Self {
+            stage: Stage::Done,
+            kind: "pass_through",
+            problem: None,
+            log: None,
+            warning: None,
+            body_limit: None,
+            key: None,
+            scope_id: None,
+            fingerprint: None,
+            partition: None,
+            authorization: false,
+            read: None,
+        };
+        match core_admit::admit(&config.inner, &fields, declared_length) {
+            KeyStage::PassThrough => {}
+            KeyStage::Refuse(r) => a.refused(py, &r)?,
+            KeyStage::Continue(w) => {
+                a.kind = "read_body";
+                a.body_limit = Some(w.body_limit());
+                a.key = Some(w.key().as_str().to_owned());
+                a.stage = Stage::Body(w);
+            }
+        }
+        Ok(a)
+    }
+
     fn out_of_order(py: Python<'_>, call: &str, kind: &str) -> PyErr {
         invalid_argument(
             py,
@@ -147,35 +192,39 @@ impl Admission {
         key_fields: Vec<Vec<u8>>,
         declared_length: Option<u64>,
     ) -> PyResult<Self> {
-        let fields: Vec<&[u8]> = key_fields.iter().map(Vec::as_slice).collect();
-        let mut a = Self {
-            stage: Stage::Done,
-            kind: "pass_through",
-            problem: None,
-            log: None,
-            warning: None,
-            body_limit: None,
-            key: None,
-            scope_id: None,
-            fingerprint: None,
-            partition: None,
+        Self::started(py, config, &key_fields, declared_length)
+    }
+
+    /// Stage 1 from an ASGI request's raw headers (a list of `(name, value)` tuples of
+    /// `bytes`), read in one pass as `idempo._host.request_headers(raw, key_name,
+    /// fingerprinted)` and `declared_length` read them: the fields of the key header
+    /// `key_name` (lowercase), the last `content-length`, and, kept for `body` and `admit`
+    /// called without theirs, the pairs of the headers named in `fingerprinted` (lowercase) and
+    /// the last `content-type`; `authorization` tells whether that header came. None when the
+    /// headers have another shape (not all `bytes`) or the `content-length` is not ASCII
+    /// digits within 64 bits: the host reads them itself and calls `start`.
+    #[staticmethod]
+    fn start_asgi(
+        py: Python<'_>,
+        config: &Config,
+        raw: &Bound<'_, PyAny>,
+        key_name: &[u8],
+        fingerprinted: &Bound<'_, PyFrozenSet>,
+    ) -> PyResult<Option<Self>> {
+        let Some(read) = scan(raw, key_name, fingerprinted)? else {
+            return Ok(None);
         };
-        match core_admit::admit(&config.inner, &fields, declared_length) {
-            KeyStage::PassThrough => {}
-            KeyStage::Refuse(r) => a.refused(py, &r)?,
-            KeyStage::Continue(w) => {
-                a.kind = "read_body";
-                a.body_limit = Some(w.body_limit());
-                a.key = Some(w.key().as_str().to_owned());
-                a.stage = Stage::Body(w);
-            }
-        }
-        Ok(a)
+        let mut a = Self::started(py, config, &read.key_fields, read.declared_length)?;
+        a.authorization = read.authorization;
+        a.read = Some((read.pairs, read.content_type));
+        Ok(Some(a))
     }
 
     /// Stage 2: the body as read (`over_limit=True` when the host stopped reading past
     /// `body_limit`; `body` is then ignored) with the route's fingerprinter, the method, the
     /// concrete request target (path and query), the header pairs and the `Content-Type`.
+    /// Without `headers`, an admission from `start_asgi` takes the pairs it read, and its
+    /// `content-type` unless `content_type` is given.
     #[pyo3(signature = (fingerprinter, method, target, body, headers = None, content_type = None, *, over_limit = false))]
     #[allow(clippy::too_many_arguments)]
     fn body(
@@ -192,7 +241,12 @@ impl Admission {
         let Stage::Body(w) = std::mem::replace(&mut self.stage, Stage::Done) else {
             return Err(Self::out_of_order(py, "body", self.kind));
         };
-        let pairs = header_pairs(headers)?;
+        let (pairs, read_type) = match (headers, self.read.take()) {
+            (Some(h), _) => (header_pairs(Some(h))?, None),
+            (None, Some((pairs, content_type))) => (pairs, content_type),
+            (None, None) => (Vec::new(), None),
+        };
+        let content_type = content_type.or(read_type.as_deref());
         let borrowed: Vec<(&str, &str)> = pairs
             .iter()
             .map(|(n, v)| (n.as_str(), v.as_str()))

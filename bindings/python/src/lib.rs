@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 mod admit;
+mod asgi_headers;
 mod busy;
 mod call;
 mod canonical;
@@ -36,6 +37,7 @@ fn _idempo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     call::register(m)?;
     m.add_function(wrap_pyfunction!(canonical::canonicalize, m)?)?;
+    m.add_function(wrap_pyfunction!(asgi_headers::asgi_response_headers, m)?)?;
     m.add_function(wrap_pyfunction!(fingerprint::fingerprint, m)?)?;
     m.add_function(wrap_pyfunction!(key::parse_key, m)?)?;
     m.add_function(wrap_pyfunction!(key::generate_key, m)?)?;

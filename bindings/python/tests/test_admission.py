@@ -286,3 +286,85 @@ def test_the_one_call_admission_lets_a_cancellation_through() -> None:
     with pytest.raises(asyncio.CancelledError):
         a.admit(Fingerprinter(), ScopeRule(function=True), "POST", "/p", "/p", b"{}",
                 authenticated=False, scope_function=cancelled, scope_argument=None)
+
+
+_RAW_HEADERS: Dict[str, Any] = {
+    "the usual": [(b"host", b"h"), (b"content-type", b"application/json"),
+                  (b"content-length", b"7"), (b"idempotency-key", b"key-000001")],
+    "no key": [(b"content-type", b"application/json"), (b"content-length", b"7")],
+    "two key fields, mixed case": [(b"Idempotency-Key", b"key-000001"),
+                                   (b"IDEMPOTENCY-KEY", b"key-000002")],
+    "a sf-string key, last content-type wins, authorization": [
+        (b"idempotency-key", b'"key-000001"'), (b"Content-Type", b"text/plain"),
+        (b"content-type", b"application/json; charset=utf-8"),
+        (b"Authorization", b"Bearer x")],
+    "fingerprinted headers, Latin-1": [(b"X-Tenant", b"caf\xe9"), (b"x-tenant", b"b"),
+                                       (b"idempotency-key", b"key-000001"),
+                                       (b"x-other", b"c")],
+    "a key too short": [(b"idempotency-key", b"k")],
+    "a large declared length": [(b"idempotency-key", b"key-000001"),
+                                (b"content-length", b"99999999999")],
+    "a length with spaces": [(b"idempotency-key", b"key-000001"),
+                             (b"content-length", b" 12 ")],
+    "a length of other digits": [(b"idempotency-key", b"key-000001"),
+                                 (b"content-length", b"\xb2")],
+    "a length past 64 bits": [(b"idempotency-key", b"key-000001"),
+                              (b"content-length", b"1" * 30)],
+    "an empty length": [(b"idempotency-key", b"key-000001"), (b"content-length", b"")],
+    "bytearray values": [(b"idempotency-key", bytearray(b"key-000001"))],
+    "str names": [("idempotency-key", b"key-000001")],
+    "a tuple of headers": ((b"idempotency-key", b"key-000001"),),
+    "list pairs": [[b"idempotency-key", b"key-000001"]],
+    "a generator": None,
+    "no headers": [],
+}
+
+
+@pytest.mark.parametrize("name", sorted(_RAW_HEADERS))
+@pytest.mark.parametrize("key_required", [True, False])
+def test_start_asgi_reads_the_headers_as_request_headers_does(
+    name: str, key_required: bool
+) -> None:
+    """``Admission.start_asgi`` (the headers read in the extension, what the asyncio hosts use)
+    against ``request_headers``, ``declared_length`` and ``start``: the same admission, the same
+    fingerprint from the pairs and content-type it kept; None (the host reads them itself) for
+    any other shape, or a length that is not ASCII digits within 64 bits."""
+    from idempo._host import declared_length, request_headers
+    from idempo._idempo import Admission, Fingerprinter, ScopeRule
+
+    raw = _RAW_HEADERS[name]
+    if raw is None:
+        raw = (h for h in [(b"idempotency-key", b"key-000001")])
+    config = idempo.Config(key_required=key_required, max_request_body_bytes=1000)
+    fingerprinted = frozenset([b"x-tenant"])
+    fast = Admission.start_asgi(config, raw, b"idempotency-key", fingerprinted)
+    plain_length = all(
+        n.lower() != b"content-length" or (v.isdigit() and int(v) < 2**64)
+        for n, v in (raw if isinstance(raw, (list, tuple)) else [])
+        if isinstance(n, bytes) and isinstance(v, bytes)
+    )
+    shaped = (
+        type(raw) in (list, tuple)
+        and all(type(p) is tuple and len(p) == 2 and type(p[0]) is bytes and type(p[1]) is bytes
+                for p in raw)
+    )
+    if not (shaped and plain_length):
+        assert fast is None, name
+        return
+    assert fast is not None, name
+    headers, lower, key_fields = request_headers(raw, b"idempotency-key", fingerprinted)
+    try:
+        length = declared_length(lower.get("content-length"))
+    except ValueError:  # pragma: no cover - not a shape start_asgi takes
+        raise
+    plain = Admission.start(config, key_fields, length)
+    assert _admission_state(fast) == _admission_state(plain), name
+    assert (fast.body_limit, fast.authorization) == (plain.body_limit, "authorization" in lower)
+    if plain.kind != "read_body":
+        return
+    rule = ScopeRule(function=False, public=True)
+    fp = Fingerprinter(header_names=["x-tenant"])
+    got = fast.admit(fp, rule, "POST", "/p", "/p", b'{"a":1}', authenticated=False)
+    want = plain.admit(fp, rule, "POST", "/p", "/p", b'{"a":1}', headers,
+                       lower.get("content-type"), authenticated=False)
+    assert got == want and _admission_state(fast) == _admission_state(plain), name

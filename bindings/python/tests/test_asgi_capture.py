@@ -439,3 +439,36 @@ def test_a_refusal_status_is_not_stored_and_the_fixed_request_runs(integration: 
 
     run(app, go)
     assert runs == ["pay", "pay"]
+
+
+@pytest.mark.parametrize("raw", [
+    [(b"content-type", b"application/json"), (b"content-length", b"7")],
+    [(b"Content-Length", b"7"), (b"x-caf\xe9", b"\xe9t\xe9")],
+    [(b"CONTENT-LENGTH", b"0")],
+    [(b"x-a", b"1"), (b"x-a", b"2")],
+    [(b"content-lengt", b"1"), (b"content-length-x", b"2")],
+    [],
+    (),
+    ((b"content-length", b"3"),),
+    [(bytearray(b"content-length"), b"3")],
+    [(b"content-length", memoryview(b"3"))],
+    [[b"content-length", b"3"]],
+    [(b"a", b"b", b"c")],
+    (h for h in [(b"content-length", b"3")]),
+])
+def test_the_response_headers_decoded_in_the_extension_are_the_capture_s(raw: Any) -> None:
+    """``asgi_response_headers`` (what the capture uses) against the capture's own decoding:
+    the same pairs and the same ``content-length`` verdict, or None (the capture decodes them
+    itself) for any other shape."""
+    from idempo._idempo import asgi_response_headers
+    from idempo.asgi import _has_length
+
+    got = asgi_response_headers(raw)
+    shaped = type(raw) in (list, tuple) and all(
+        type(p) is tuple and len(p) == 2 and type(p[0]) is bytes and type(p[1]) is bytes
+        for p in raw)
+    if not shaped:
+        assert got is None
+        return
+    want = [(bytes(n).decode("latin-1"), bytes(v).decode("latin-1")) for n, v in raw]
+    assert got == (want, _has_length(want))

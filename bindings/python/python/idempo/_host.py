@@ -394,14 +394,15 @@ class HostCore:
         method: str,
         route: str,
         target: str,
-        headers: List[Tuple[str, str]],
+        headers: Optional[List[Tuple[str, str]]],
         content_type: Optional[str],
         body: bytes,
         over_limit: bool,
         authenticated: bool,
     ) -> "Union[AsyncRequest, Response]":
         """:meth:`admit_body` then :meth:`async_request` for an asyncio host, in one call: the
-        request's flow, or the answer when core refused the request."""
+        request's flow, or the answer when core refused the request. ``headers`` None: those
+        ``Admission.start_asgi`` read (with its content-type unless ``content_type`` is given)."""
         opts = parts.opts
         admitted = admission.admit(
             parts.fingerprinter,

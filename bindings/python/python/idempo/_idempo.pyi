@@ -38,6 +38,7 @@ __all__ = [
     "ScopeRule",
     "ServerFlow",
     "StoreUnavailable",
+    "asgi_response_headers",
     "body_problem",
     "cache_fill_px",
     "cache_servable",
@@ -105,6 +106,7 @@ class InvalidArgument(IdempotencyError):
 STORE_LATENCY_BUCKETS: tuple[float, ...]
 """Histogram bounds (seconds) of ``idempo_store_operation_duration_seconds`` (core's)."""
 
+def asgi_response_headers(raw: object) -> tuple[list[tuple[str, str]], bool] | None: ...
 def canonicalize(
     data: _Bytes,
     *,
@@ -381,6 +383,10 @@ class Admission:
     def start(
         config: Config, key_fields: list[bytes], declared_length: int | None = None
     ) -> Admission: ...
+    @staticmethod
+    def start_asgi(
+        config: Config, raw: object, key_name: bytes, fingerprinted: frozenset[bytes]
+    ) -> Admission | None: ...
     def body(
         self,
         fingerprinter: Fingerprinter,
@@ -436,6 +442,8 @@ class Admission:
     def fingerprint(self) -> str | None: ...
     @property
     def partition(self) -> bytes | None: ...
+    @property
+    def authorization(self) -> bool: ...
 
 @final
 class Action:

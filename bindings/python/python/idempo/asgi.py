@@ -48,7 +48,7 @@ from idempo._flow import HandlerResult, Response, failed_log
 from idempo._host import (
     HostCore, HostOptions, RouteOptions, declared_length, request_headers, with_content_length,
 )
-from idempo._idempo import Admission, BodyCapture, Config
+from idempo._idempo import Admission, BodyCapture, Config, asgi_response_headers
 from idempo.stores._tx import enter, leave
 from idempo._tee import handler_result
 
@@ -190,11 +190,12 @@ def _match(
     return None, None
 
 
-def _authenticated(scope: Scope, headers: Dict[str, str]) -> bool:
+def _authenticated(scope: Scope, authorization: bool) -> bool:
+    """An authenticated user in the scope, else an ``authorization`` header came."""
     user = scope.get("user")
     if user is not None and getattr(user, "is_authenticated", False):
         return True
-    return "authorization" in headers
+    return authorization
 
 
 class IdempotencyMiddleware:
@@ -324,11 +325,22 @@ class IdempotencyMiddleware:
     ) -> None:
         core = self.core
         parts = core.parts(opts)
-        headers, lower, key_fields = request_headers(
-            scope.get("headers", ()), core.header_name_bytes, parts.fingerprinted, parts.wanted)
-        # Stage 1 of core's admission (HostCore.admit_key, in this frame).
-        admission = Admission.start(
-            opts.config, key_fields, declared_length(lower.get("content-length")))
+        raw = scope.get("headers", ())
+        # Stage 1 of core's admission (HostCore.admit_key, in this frame), on the headers read
+        # in the extension (their pairs and content-type kept there for stage 2).
+        admission = Admission.start_asgi(
+            opts.config, raw, core.header_name_bytes, parts.fingerprinted)
+        headers: Optional[List[Tuple[str, str]]] = None
+        content_type: Optional[str] = None
+        if admission is None:  # headers of another shape: read here, as they always were
+            headers, lower, key_fields = request_headers(
+                raw, core.header_name_bytes, parts.fingerprinted, parts.wanted)
+            admission = Admission.start(
+                opts.config, key_fields, declared_length(lower.get("content-length")))
+            content_type = lower.get("content-type")
+            authorization = "authorization" in lower
+        else:
+            authorization = admission.authorization
         kind = admission.kind
         if kind != "read_body":
             if kind == "pass_through":  # no key, key optional: unprotected
@@ -362,10 +374,10 @@ class IdempotencyMiddleware:
             route,
             _target(scope),
             headers,
-            lower.get("content-type"),
+            content_type,
             body,
             over_limit,
-            _authenticated(scope, lower),
+            _authenticated(scope, authorization),
         )
         if isinstance(flow, Response):
             await _send(send, flow)
@@ -524,11 +536,15 @@ class _Capture:
         if kind == "http.response.start":
             self.status = int(message["status"])
             self.start = message
-            self.headers = headers = [
-                (bytes(n).decode("latin-1"), bytes(v).decode("latin-1"))
-                for n, v in message.get("headers", ())
-            ]
-            self.length = _has_length(headers)
+            raw = message.get("headers", ())
+            decoded = asgi_response_headers(raw)  # bytes pairs, decoded in the extension
+            if decoded is None:
+                self.headers = headers = [
+                    (bytes(n).decode("latin-1"), bytes(v).decode("latin-1")) for n, v in raw
+                ]
+                self.length = _has_length(headers)
+            else:
+                self.headers, self.length = decoded
             if not self.length:
                 await self._decide(streaming=True)
             return

@@ -211,11 +211,22 @@ class _Run:
         opts = self.opts
         parts = core.parts(opts)
         scope = request.scope
-        headers, lower, key_fields = request_headers(
-            scope.get("headers", ()), core.header_name_bytes, parts.fingerprinted, parts.wanted)
-        # Stage 1 of core's admission (HostCore.admit_key, in this frame).
-        admission = Admission.start(
-            opts.config, key_fields, declared_length(lower.get("content-length")))
+        raw = scope.get("headers", ())
+        # Stage 1 of core's admission (HostCore.admit_key, in this frame), on the headers read
+        # in the extension (their pairs and content-type kept there for stage 2).
+        admission = Admission.start_asgi(
+            opts.config, raw, core.header_name_bytes, parts.fingerprinted)
+        headers: Optional[List[Tuple[str, str]]] = None
+        content_type: Optional[str] = None
+        if admission is None:  # headers of another shape: read here, as they always were
+            headers, lower, key_fields = request_headers(
+                raw, core.header_name_bytes, parts.fingerprinted, parts.wanted)
+            admission = Admission.start(
+                opts.config, key_fields, declared_length(lower.get("content-length")))
+            content_type = lower.get("content-type")
+            authorization = "authorization" in lower
+        else:
+            authorization = admission.authorization
         kind = admission.kind
         if kind != "read_body":
             if kind == "pass_through":  # no key, key optional: the endpoint runs unprotected
@@ -231,10 +242,10 @@ class _Run:
             self.route,
             _target(scope),
             headers,
-            lower.get("content-type"),
+            content_type,
             body,
             over_limit,
-            self.owner.principal is not None or "authorization" in lower,
+            self.owner.principal is not None or authorization,
         )
         if isinstance(flow, Response):
             return _Answer(flow)

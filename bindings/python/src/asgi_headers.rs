@@ -1,0 +1,133 @@
+//! One pass over an ASGI request's raw headers for core's admission (what
+//! `idempo._host.request_headers` reads, without a Python loop), for `Admission.start_asgi`.
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyFrozenSet, PyList, PyTuple};
+
+/// What the pass read: the key header's raw fields in order, the declared body length, the
+/// last `content-type`, whether an `authorization` header came, and the fingerprinted pairs
+/// (Latin-1, names as sent).
+pub(crate) struct Scanned {
+    pub(crate) key_fields: Vec<Vec<u8>>,
+    pub(crate) declared_length: Option<u64>,
+    pub(crate) content_type: Option<String>,
+    pub(crate) authorization: bool,
+    pub(crate) pairs: Vec<(String, String)>,
+}
+
+fn latin1(b: &[u8]) -> String {
+    b.iter().map(|&c| char::from(c)).collect()
+}
+
+/// Reads `raw` (a list or tuple of `(name, value)` tuples of `bytes`) as
+/// `request_headers(raw, key_name, fingerprinted)` and `declared_length` do. `None` for any
+/// other shape, or a `content-length` that is not ASCII digits within 64 bits: the host then
+/// reads the headers itself (with their errors, if any), as before.
+pub(crate) fn scan(
+    raw: &Bound<'_, PyAny>,
+    key_name: &[u8],
+    fingerprinted: &Bound<'_, PyFrozenSet>,
+) -> PyResult<Option<Scanned>> {
+    let items = if let Ok(list) = raw.cast_exact::<PyList>() {
+        list.to_tuple()
+    } else if let Ok(tuple) = raw.cast_exact::<PyTuple>() {
+        tuple.clone()
+    } else {
+        return Ok(None);
+    };
+    let mut names: Vec<Vec<u8>> = Vec::with_capacity(fingerprinted.len());
+    for name in fingerprinted.iter() {
+        match name.cast_exact::<PyBytes>() {
+            Ok(b) => names.push(b.as_bytes().to_vec()),
+            Err(_) => return Ok(None),
+        }
+    }
+    let mut out = Scanned {
+        key_fields: Vec::new(),
+        declared_length: None,
+        content_type: None,
+        authorization: false,
+        pairs: Vec::new(),
+    };
+    let mut length: Option<Vec<u8>> = None;
+    for item in items.iter() {
+        let Ok(pair) = item.cast_exact::<PyTuple>() else {
+            return Ok(None);
+        };
+        if pair.len() != 2 {
+            return Ok(None);
+        }
+        let (Ok(name), Ok(value)) = (
+            pair.get_item(0)?
+                .cast_exact::<PyBytes>()
+                .map(|b| b.as_bytes().to_vec()),
+            pair.get_item(1)?
+                .cast_exact::<PyBytes>()
+                .map(|b| b.as_bytes().to_vec()),
+        ) else {
+            return Ok(None);
+        };
+        let low = name.to_ascii_lowercase();
+        if low == key_name {
+            out.key_fields.push(value.clone());
+        }
+        match low.as_slice() {
+            b"content-length" => length = Some(value.clone()),
+            b"content-type" => out.content_type = Some(latin1(&value)),
+            b"authorization" => out.authorization = true,
+            _ => {}
+        }
+        if names.contains(&low) {
+            out.pairs.push((latin1(&name), latin1(&value)));
+        }
+    }
+    if let Some(digits) = length {
+        if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+            return Ok(None);
+        }
+        let Some(n) = std::str::from_utf8(&digits)
+            .ok()
+            .and_then(|t| t.parse::<u64>().ok())
+        else {
+            return Ok(None);
+        };
+        out.declared_length = Some(n);
+    }
+    Ok(Some(out))
+}
+
+/// An ASGI response's raw headers as `idempo.asgi._Capture` keeps them: the `(name, value)`
+/// pairs decoded as Latin-1, and whether one is a `content-length` (names compared without
+/// regard to ASCII case). None for any shape but a list or tuple of 2-tuples of `bytes`: the
+/// host decodes them itself, as before.
+#[pyfunction]
+pub(crate) fn asgi_response_headers<'py>(
+    py: Python<'py>,
+    raw: &Bound<'py, PyAny>,
+) -> PyResult<Option<(Bound<'py, PyList>, bool)>> {
+    let items = if let Ok(list) = raw.cast_exact::<PyList>() {
+        list.to_tuple()
+    } else if let Ok(tuple) = raw.cast_exact::<PyTuple>() {
+        tuple.clone()
+    } else {
+        return Ok(None);
+    };
+    let out = PyList::empty(py);
+    let mut length = false;
+    for item in items.iter() {
+        let Ok(pair) = item.cast_exact::<PyTuple>() else {
+            return Ok(None);
+        };
+        if pair.len() != 2 {
+            return Ok(None);
+        }
+        let (name, value) = (pair.get_item(0)?, pair.get_item(1)?);
+        let (Ok(name), Ok(value)) = (name.cast_exact::<PyBytes>(), value.cast_exact::<PyBytes>())
+        else {
+            return Ok(None);
+        };
+        let name = name.as_bytes();
+        length = length || name.eq_ignore_ascii_case(b"content-length");
+        out.append((latin1(name), latin1(value.as_bytes())))?;
+    }
+    Ok(Some((out, length)))
+}
