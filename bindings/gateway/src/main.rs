@@ -5,9 +5,6 @@ use std::process::ExitCode;
 
 use idempo_gateway::config::{GatewayConfig, LoadError};
 
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 const USAGE: &str = "usage: idempo-gateway check-config FILE
        idempo-gateway serve --config FILE
        idempo-gateway --help | --version";

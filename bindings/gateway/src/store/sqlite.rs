@@ -15,6 +15,7 @@
 //! readiness) run before the batch's transaction, outside it, so they see committed state only.
 //! A fresh request is still two durable commits (claim, complete), but concurrent requests share
 //! them: the disk's synchronous commit rate no longer caps the request rate.
+use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,7 +28,7 @@ use idempo_core::machine::{StoreOp, StoreResult};
 use idempo_core::recipes;
 use idempo_core::record::{Record, RecordRow};
 use rusqlite::types::Value;
-use rusqlite::{Connection, ErrorCode};
+use rusqlite::{Connection, ErrorCode, Statement};
 use tokio::sync::oneshot;
 
 use super::{Clock, StoreError};
@@ -194,9 +195,6 @@ impl SqliteStore {
             }
         }
         conn.execute_batch("PRAGMA synchronous = FULL")?;
-        // Every statement the writer runs stays prepared: nine recipes, the transaction and
-        // savepoint controls and the readiness probe are sixteen, rusqlite's default room.
-        conn.set_prepared_statement_cache_capacity(32);
         immediate(&conn, |c| {
             for statement in recipes::SQLITE_SCHEMA.split(';') {
                 if !statement.trim().is_empty() {
@@ -362,6 +360,12 @@ struct Writer {
 
 impl Writer {
     fn run(self, jobs: &mpsc::Receiver<Job>) {
+        let session = Session {
+            conn: &self.conn,
+            clock: &self.clock,
+            stats: &self.stats,
+            stmts: std::array::from_fn(|_| RefCell::new(None)),
+        };
         // Ends when every sender (every clone of the store) is gone.
         while let Ok(first) = jobs.recv() {
             let mut batch = Vec::with_capacity(8);
@@ -372,8 +376,122 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            self.batch(batch);
+            session.batch(batch);
         }
+    }
+}
+
+/// What runs in the connection's transaction control and primitives: each statement is
+/// prepared on its first use and kept for the writer's life. (rusqlite's own cache hashes a
+/// statement's whole text on every use, twice: a recipe is several hundred bytes.)
+#[derive(Clone, Copy)]
+enum Sql {
+    Begin,
+    Commit,
+    Rollback,
+    Savepoint,
+    RollbackTo,
+    ReleaseSavepoint,
+    Ping,
+    Claim,
+    Get,
+    TakeOver,
+    MarkUnknown,
+    Complete,
+    Release,
+    Renew,
+    Purge,
+}
+
+const SQL_COUNT: usize = Sql::Purge as usize + 1;
+
+impl Sql {
+    fn text(self) -> &'static str {
+        match self {
+            Self::Begin => "BEGIN IMMEDIATE",
+            Self::Commit => "COMMIT",
+            Self::Rollback => "ROLLBACK",
+            Self::Savepoint => "SAVEPOINT idempo_op",
+            Self::RollbackTo => "ROLLBACK TO idempo_op",
+            Self::ReleaseSavepoint => "RELEASE idempo_op",
+            Self::Ping => "SELECT 1 FROM idempo_record LIMIT 1",
+            Self::Claim => recipes::SQLITE_CLAIM,
+            Self::Get => recipes::SQLITE_GET,
+            Self::TakeOver => recipes::SQLITE_TAKEOVER,
+            Self::MarkUnknown => recipes::SQLITE_MARK_UNKNOWN,
+            Self::Complete => recipes::SQLITE_COMPLETE,
+            Self::Release => recipes::SQLITE_RELEASE,
+            Self::Renew => recipes::SQLITE_RENEW,
+            Self::Purge => recipes::SQLITE_PURGE,
+        }
+    }
+}
+
+/// The writer's connection with its prepared statements, for one run of the writer thread.
+struct Session<'c> {
+    conn: &'c Connection,
+    clock: &'c Clock,
+    stats: &'c BatchStats,
+    stmts: [RefCell<Option<Statement<'c>>>; SQL_COUNT],
+}
+
+impl<'c> Session<'c> {
+    /// Runs `f` on the statement for `sql`, prepared on its first use. Never called for the
+    /// statement it is already running (each primitive's helpers use other statements).
+    fn with<T>(
+        &self,
+        sql: Sql,
+        f: impl FnOnce(&mut Statement<'c>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let Some(cell) = self.stmts.get(sql as usize) else {
+            return Err(StoreError::Worker("no such statement".to_owned()));
+        };
+        let mut slot = cell
+            .try_borrow_mut()
+            .map_err(|_| StoreError::Worker("a statement ran within itself".to_owned()))?;
+        let stmt = match &mut *slot {
+            Some(stmt) => stmt,
+            empty => empty.insert(self.conn.prepare(sql.text())?),
+        };
+        f(stmt)
+    }
+
+    /// A statement without parameters or rows (transaction control).
+    fn control(&self, sql: Sql) -> Result<(), StoreError> {
+        self.with(sql, |stmt| Ok(stmt.raw_execute().map(|_| ())?))
+    }
+
+    fn query(&self, sql: Sql, params: &Params) -> Result<Vec<Vec<Value>>, StoreError> {
+        self.with(sql, |stmt| {
+            bind(stmt, params)?;
+            let n = stmt.column_count();
+            let mut rows = stmt.raw_query();
+            let mut out = Vec::new();
+            while let Some(row) = rows.next()? {
+                let mut vals = Vec::with_capacity(n);
+                for i in 0..n {
+                    vals.push(row.get::<_, Value>(i)?);
+                }
+                out.push(vals);
+            }
+            Ok(out)
+        })
+    }
+
+    fn execute(&self, sql: Sql, params: &Params) -> Result<usize, StoreError> {
+        self.with(sql, |stmt| {
+            bind(stmt, params)?;
+            Ok(stmt.raw_execute()?)
+        })
+    }
+
+    /// Primitive 2: the record (if any) and the store's now.
+    fn get(&self, scope: &[u8], now: &Value) -> Result<(Option<Record>, u64), StoreError> {
+        let rows = self.query(
+            Sql::Get,
+            &vec![(":scope", blob(scope)), (":now", now.clone())],
+        )?;
+        record_of(&rows)
     }
 
     fn now(&self) -> Value {
@@ -396,12 +514,12 @@ impl Writer {
             return;
         }
         self.stats.record(writes.len());
-        if let Err(e) = control(&self.conn, "BEGIN IMMEDIATE") {
-            let msg = e.to_string();
+        if let Err(e) = self.control(Sql::Begin) {
+            let msg = sqlite_message(&e);
             let mut first = Some(e);
             for job in writes {
                 let err = match first.take() {
-                    Some(e) => StoreError::Sqlite(e),
+                    Some(e) => e,
                     None => StoreError::SqliteBatch(msg.clone()),
                 };
                 job.waiter.answer(Err(err));
@@ -428,11 +546,11 @@ impl Writer {
         }
         let failure = match &lost {
             Some(msg) => Some(msg.clone()),
-            None => match control(&self.conn, "COMMIT") {
+            None => match self.control(Sql::Commit) {
                 Ok(()) => None,
                 Err(e) => {
-                    let _ = control(&self.conn, "ROLLBACK");
-                    Some(e.to_string())
+                    let _ = self.control(Sql::Rollback);
+                    Some(sqlite_message(&e))
                 }
             },
         };
@@ -449,30 +567,27 @@ impl Writer {
 
     /// One write inside `SAVEPOINT … RELEASE`, rolled back to the savepoint on error.
     fn savepoint(&self, work: &Work) -> Reply {
-        let c = &self.conn;
-        c.prepare_cached("SAVEPOINT idempo_op")?.execute([])?;
+        let c = self.conn;
+        self.control(Sql::Savepoint)?;
         let reply = self.write(work);
         if reply.is_err() && !c.is_autocommit() {
-            c.prepare_cached("ROLLBACK TO idempo_op")?.execute([])?;
+            self.control(Sql::RollbackTo)?;
         }
         if !c.is_autocommit() {
-            c.prepare_cached("RELEASE idempo_op")?.execute([])?;
+            self.control(Sql::ReleaseSavepoint)?;
         }
         reply
     }
 
     fn read(&self, work: &Work) -> Reply {
-        let c = &self.conn;
         match work {
             Work::Op(StoreOp::Get { scope }) => {
-                let (record, now_ms) = get(c, scope.as_bytes(), &self.now())?;
+                let (record, now_ms) = self.get(scope.as_bytes(), &self.now())?;
                 Ok(Answer::Op(StoreResult::Got { record, now_ms }))
             }
             Work::Op(StoreOp::Commit { .. }) => Err(StoreError::Unsupported("COMMIT")),
             Work::Ping => {
-                let mut stmt = c.prepare_cached("SELECT 1 FROM idempo_record LIMIT 1")?;
-                let mut rows = stmt.query([])?;
-                let _ = rows.next()?;
+                self.query(Sql::Ping, &Vec::new())?;
                 Ok(Answer::Pong)
             }
             Work::Op(_) | Work::Purge(_) => self.write(work),
@@ -488,9 +603,8 @@ impl Writer {
     }
 
     fn purge(&self, batch: u64) -> Result<PurgeCounts, StoreError> {
-        let rows = query(
-            &self.conn,
-            recipes::SQLITE_PURGE,
+        let rows = self.query(
+            Sql::Purge,
             &vec![(":batch", int(batch)), (":now", self.now())],
         )?;
         let mut counts = PurgeCounts::default();
@@ -507,7 +621,6 @@ impl Writer {
 
     /// One primitive on the connection (a write runs inside the caller's transaction).
     fn op(&self, op: &StoreOp) -> Result<StoreResult, StoreError> {
-        let c = &self.conn;
         let now = self.now();
         match op {
             StoreOp::Claim {
@@ -526,14 +639,14 @@ impl Writer {
                     (":now", now.clone()),
                 ];
                 for _ in 0..CLAIM_ATTEMPTS {
-                    let rows = query(c, recipes::SQLITE_CLAIM, &params)?;
+                    let rows = self.query(Sql::Claim, &params)?;
                     if let Some(row) = rows.first() {
                         return Ok(StoreResult::Claimed {
                             generation: u32_at(row, 0)?,
                             now_ms: u64_at(row, 1)?,
                         });
                     }
-                    let (record, now_ms) = get(c, scope.as_bytes(), &now)?;
+                    let (record, now_ms) = self.get(scope.as_bytes(), &now)?;
                     if let Some(record) = record {
                         if !record.is_expired(now_ms) {
                             return Ok(StoreResult::Existing { record, now_ms });
@@ -543,7 +656,7 @@ impl Writer {
                 Err(StoreError::Contention(CLAIM_ATTEMPTS))
             }
             StoreOp::Get { scope } => {
-                let (record, now_ms) = get(c, scope.as_bytes(), &now)?;
+                let (record, now_ms) = self.get(scope.as_bytes(), &now)?;
                 Ok(StoreResult::Got { record, now_ms })
             }
             StoreOp::TakeOver {
@@ -552,9 +665,8 @@ impl Writer {
                 new_token,
                 lease_ms,
             } => {
-                let rows = query(
-                    c,
-                    recipes::SQLITE_TAKEOVER,
+                let rows = self.query(
+                    Sql::TakeOver,
                     &vec![
                         (":scope", blob(scope.as_bytes())),
                         (":seen", blob(seen_token.as_bytes())),
@@ -573,9 +685,8 @@ impl Writer {
                 seen_token,
                 ttl_ms,
             } => {
-                let n = execute(
-                    c,
-                    recipes::SQLITE_MARK_UNKNOWN,
+                let n = self.execute(
+                    Sql::MarkUnknown,
                     &vec![
                         (":scope", blob(scope.as_bytes())),
                         (":seen", blob(seen_token.as_bytes())),
@@ -591,9 +702,8 @@ impl Writer {
                 response,
                 ttl_ms,
             } => {
-                let n = execute(
-                    c,
-                    recipes::SQLITE_COMPLETE,
+                let n = self.execute(
+                    Sql::Complete,
                     &vec![
                         (":scope", blob(scope.as_bytes())),
                         (":token", blob(token.as_bytes())),
@@ -605,9 +715,8 @@ impl Writer {
                 Ok(StoreResult::Completed(n == 1))
             }
             StoreOp::Release { scope, token } => {
-                let n = execute(
-                    c,
-                    recipes::SQLITE_RELEASE,
+                let n = self.execute(
+                    Sql::Release,
                     &vec![
                         (":scope", blob(scope.as_bytes())),
                         (":token", blob(token.as_bytes())),
@@ -620,9 +729,8 @@ impl Writer {
                 token,
                 lease_ms,
             } => {
-                let n = execute(
-                    c,
-                    recipes::SQLITE_RENEW,
+                let n = self.execute(
+                    Sql::Renew,
                     &vec![
                         (":scope", blob(scope.as_bytes())),
                         (":token", blob(token.as_bytes())),
@@ -644,38 +752,23 @@ fn is_busy(e: &rusqlite::Error) -> bool {
     )
 }
 
-fn prepare_bound<'c>(
-    c: &'c Connection,
-    sql: &str,
-    params: &Params,
-) -> Result<rusqlite::CachedStatement<'c>, StoreError> {
-    let mut stmt = c.prepare_cached(sql)?;
+/// SQLite's own message for an error (without [`StoreError::Sqlite`]'s prefix: a batch error
+/// adds its own).
+fn sqlite_message(e: &StoreError) -> String {
+    match e {
+        StoreError::Sqlite(inner) => inner.to_string(),
+        other => other.to_string(),
+    }
+}
+
+/// Binds `params` by name (a name the statement does not use is skipped).
+fn bind(stmt: &mut Statement<'_>, params: &Params) -> Result<(), StoreError> {
     for (name, value) in params {
         if let Some(i) = stmt.parameter_index(name)? {
             stmt.raw_bind_parameter(i, value)?;
         }
     }
-    Ok(stmt)
-}
-
-fn query(c: &Connection, sql: &str, params: &Params) -> Result<Vec<Vec<Value>>, StoreError> {
-    let mut stmt = prepare_bound(c, sql, params)?;
-    let n = stmt.column_count();
-    let mut rows = stmt.raw_query();
-    let mut out = Vec::new();
-    while let Some(row) = rows.next()? {
-        let mut vals = Vec::with_capacity(n);
-        for i in 0..n {
-            vals.push(row.get::<_, Value>(i)?);
-        }
-        out.push(vals);
-    }
-    Ok(out)
-}
-
-fn execute(c: &Connection, sql: &str, params: &Params) -> Result<usize, StoreError> {
-    let mut stmt = prepare_bound(c, sql, params)?;
-    Ok(stmt.raw_execute()?)
+    Ok(())
 }
 
 fn i64_at(row: &[Value], i: usize) -> Result<i64, StoreError> {
@@ -695,13 +788,8 @@ fn u32_at(row: &[Value], i: usize) -> Result<u32, StoreError> {
     u32::try_from(i64_at(row, i)?).map_err(|e| StoreError::Corrupt(format!("column {i}: {e}")))
 }
 
-/// Primitive 2 on `c`: the record (if any) and the store's now.
-fn get(c: &Connection, scope: &[u8], now: &Value) -> Result<(Option<Record>, u64), StoreError> {
-    let rows = query(
-        c,
-        recipes::SQLITE_GET,
-        &vec![(":scope", blob(scope)), (":now", now.clone())],
-    )?;
+/// Primitive 2's row: the record (if any) and the store's now.
+fn record_of(rows: &[Vec<Value>]) -> Result<(Option<Record>, u64), StoreError> {
     let row = rows
         .first()
         .ok_or_else(|| StoreError::Corrupt("get returned no row".to_owned()))?;
