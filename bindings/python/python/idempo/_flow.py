@@ -873,7 +873,8 @@ class AsyncRequest(_Steps):
         """:meth:`begin` of an :attr:`inline` flow, without suspending."""
         run, action = _start(self._request, self._session, self._store, self._memory)
         self._run = run
-        action = _store_step(run, self._store, action)
+        if action.kind == "store":  # the claim, when the flow did not run it inline
+            action = _store_step(run, self._store, action)
         if action.kind != "run_handler":
             return self._end_now(action, None)
         return self._started(action)

@@ -575,7 +575,9 @@ class _Capture:
                 await self._forward(message)
             return
         self.finished = True
-        await self.complete()
+        if not self.completing and self.on_complete is not None:  # self.complete(), here
+            self.completing = True
+            await self.on_complete()
         if self.plan != "buffer":
             # A streamed response's last message goes out once the record is written: a client
             # that has the whole response and retries finds the record, not the key in flight.
