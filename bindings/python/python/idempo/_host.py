@@ -259,6 +259,24 @@ class HostCore:
             self._parts[id(opts)] = found
         return found
 
+    def start_asgi(
+        self, opts: RouteOptions, parts: RouteParts, raw: Any
+    ) -> Tuple[Admission, Optional[List[Tuple[str, str]]], Optional[str], bool]:
+        """Stage 1 of core's admission (``admit_key``) on an ASGI scope's raw ``headers``: read
+        in the extension (``Admission.start_asgi``, which keeps their pairs and content-type for
+        stage 2), or, for headers of another shape, here as they always were. Returns the
+        admission, the fingerprinted headers and the content-type when read here (else None) and
+        whether an ``Authorization`` header came."""
+        admission = Admission.start_asgi(
+            opts.config, raw, self.header_name_bytes, parts.fingerprinted)
+        if admission is not None:
+            return admission, None, None, admission.authorization
+        headers, lower, key_fields = request_headers(
+            raw, self.header_name_bytes, parts.fingerprinted, parts.wanted)
+        admission = Admission.start(
+            opts.config, key_fields, declared_length(lower.get("content-length")))
+        return admission, headers, lower.get("content-type"), "authorization" in lower
+
     def _rule(self, opts: RouteOptions) -> ScopeRule:
         """Core's validated scope rule of a route (a contradiction raises InvalidArgument)."""
         key = (opts.scope is not None, opts.public, opts.empty_scope_is_anonymous)

@@ -46,9 +46,9 @@ if TYPE_CHECKING:
 
 from idempo._flow import HandlerResult, Response, failed_log
 from idempo._host import (
-    HostCore, HostOptions, RouteOptions, declared_length, request_headers, with_content_length,
+    HostCore, HostOptions, RouteOptions, with_content_length,
 )
-from idempo._idempo import Admission, BodyCapture, Config, asgi_response_headers
+from idempo._idempo import BodyCapture, Config, asgi_response_headers
 from idempo.stores._tx import enter, leave
 from idempo._tee import handler_result
 
@@ -326,21 +326,7 @@ class IdempotencyMiddleware:
         core = self.core
         parts = core.parts(opts)
         raw = scope.get("headers", ())
-        # Stage 1 of core's admission (HostCore.admit_key, in this frame), on the headers read
-        # in the extension (their pairs and content-type kept there for stage 2).
-        admission = Admission.start_asgi(
-            opts.config, raw, core.header_name_bytes, parts.fingerprinted)
-        headers: Optional[List[Tuple[str, str]]] = None
-        content_type: Optional[str] = None
-        if admission is None:  # headers of another shape: read here, as they always were
-            headers, lower, key_fields = request_headers(
-                raw, core.header_name_bytes, parts.fingerprinted, parts.wanted)
-            admission = Admission.start(
-                opts.config, key_fields, declared_length(lower.get("content-length")))
-            content_type = lower.get("content-type")
-            authorization = "authorization" in lower
-        else:
-            authorization = admission.authorization
+        admission, headers, content_type, authorization = core.start_asgi(opts, parts, raw)
         kind = admission.kind
         if kind != "read_body":
             if kind == "pass_through":  # no key, key optional: unprotected

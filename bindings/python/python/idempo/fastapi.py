@@ -60,9 +60,9 @@ from idempo._flow import (
 )
 from idempo._render import ProblemRenderer
 from idempo._host import (
-    HostCore, RouteOptions, declared_length, request_headers, route_overrides,
+    HostCore, RouteOptions, route_overrides,
 )
-from idempo._idempo import Admission, Config, InvalidArgument
+from idempo._idempo import Config, InvalidArgument
 from idempo.stores._tx import enter, leave
 from idempo.asgi import _Capture, _send, _target, _without_pathsend, run_captured
 
@@ -212,21 +212,7 @@ class _Run:
         parts = core.parts(opts)
         scope = request.scope
         raw = scope.get("headers", ())
-        # Stage 1 of core's admission (HostCore.admit_key, in this frame), on the headers read
-        # in the extension (their pairs and content-type kept there for stage 2).
-        admission = Admission.start_asgi(
-            opts.config, raw, core.header_name_bytes, parts.fingerprinted)
-        headers: Optional[List[Tuple[str, str]]] = None
-        content_type: Optional[str] = None
-        if admission is None:  # headers of another shape: read here, as they always were
-            headers, lower, key_fields = request_headers(
-                raw, core.header_name_bytes, parts.fingerprinted, parts.wanted)
-            admission = Admission.start(
-                opts.config, key_fields, declared_length(lower.get("content-length")))
-            content_type = lower.get("content-type")
-            authorization = "authorization" in lower
-        else:
-            authorization = admission.authorization
+        admission, headers, content_type, authorization = core.start_asgi(opts, parts, raw)
         kind = admission.kind
         if kind != "read_body":
             if kind == "pass_through":  # no key, key optional: the endpoint runs unprotected
