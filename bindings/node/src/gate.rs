@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 use idempo_core::fingerprint::{Fingerprinter, RequestParts};
 use idempo_core::machine::admit::{
-    self as core_admit, AwaitingScope, BodyRead, BodyStage, KeyStage, ScopeRule as CoreScopeRule,
-    ScopeStage,
+    self as core_admit, AwaitingBody, AwaitingScope, BodyRead, BodyStage, KeyStage,
+    ScopeRule as CoreScopeRule, ScopeStage,
 };
 use idempo_core::machine::memory::Partition as MemoryPartition;
 use napi::bindgen_prelude::{Buffer, BufferSlice, External};
@@ -81,6 +81,49 @@ mod result {
 
 fn read<'b>(s: &JsString<'_>, buf: &'b mut [u8; STACK_STR]) -> napi::Result<StrArg<'b>> {
     StrArg::read(s, buf)
+}
+
+/// A request's parts as JavaScript passed them, for core's body stage.
+struct Request<'a, 'j> {
+    method: &'a JsString<'j>,
+    target: &'a JsString<'j>,
+    content_type: Option<&'a JsString<'j>>,
+    /// The fingerprinted headers as a flat `[name, value, ...]` list.
+    headers: Option<Vec<String>>,
+    body: &'a [u8],
+}
+
+impl MemoryGate {
+    /// Core's body stage (the body, then its fingerprint) on `request`, the strings read on the
+    /// stack where they fit; also the method as read into `method_buf`, for the claim.
+    fn run_body_stage<'b>(
+        &self,
+        env: &Env,
+        w: AwaitingBody,
+        request: &Request<'_, '_>,
+        method_buf: &'b mut [u8; STACK_STR],
+    ) -> napi::Result<(BodyStage, StrArg<'b>)> {
+        let (mut tb, mut cb) = ([0; STACK_STR], [0; STACK_STR]);
+        let method = read(request.method, method_buf)?;
+        let target = read(request.target, &mut tb)?;
+        let content_type = request.content_type.map(|c| read(c, &mut cb)).transpose()?;
+        let flat = request.headers.as_deref().unwrap_or_default();
+        let pairs: Vec<(&str, &str)> = flat
+            .chunks_exact(2)
+            .map(|c| (c[0].as_str(), c[1].as_str()))
+            .collect();
+        let read_body = BodyRead::Complete(RequestParts {
+            method: method.as_str(),
+            route: target.as_str(),
+            headers: &pairs,
+            content_type: content_type.as_ref().map(StrArg::as_str),
+            body: request.body,
+        });
+        let stage = w
+            .body(read_body, &self.fingerprinter)
+            .map_err(|e| Fail::new(code::FINGERPRINT, e.to_string()).throw(env))?;
+        Ok((stage, method))
+    }
 }
 
 #[napi]
@@ -170,34 +213,16 @@ impl MemoryGate {
         else {
             return Ok(false);
         };
-        let (mut mb, mut tb, mut cb) = ([0; STACK_STR], [0; STACK_STR], [0; STACK_STR]);
-        let method = read(&method, &mut mb)?;
-        let target = read(&target, &mut tb)?;
-        let content_type = content_type
-            .as_ref()
-            .map(|c| read(c, &mut cb))
-            .transpose()?;
-        let flat = headers.unwrap_or_default();
-        let pairs: Vec<(&str, &str)> = flat
-            .chunks_exact(2)
-            .map(|c| (c[0].as_str(), c[1].as_str()))
-            .collect();
-        let read_body = BodyRead::Complete(RequestParts {
-            method: method.as_str(),
-            route: target.as_str(),
-            headers: &pairs,
-            content_type: content_type.as_ref().map(StrArg::as_str),
+        let mut mb = [0; STACK_STR];
+        let request = Request {
+            method: &method,
+            target: &target,
+            content_type: content_type.as_ref(),
+            headers,
             body,
-        });
-        Ok(
-            match w
-                .body(read_body, &self.fingerprinter)
-                .map_err(|e| Fail::new(code::FINGERPRINT, e.to_string()).throw(&env))?
-            {
-                BodyStage::Refuse(_) => false,
-                BodyStage::Continue(_) => true,
-            },
-        )
+        };
+        let (stage, _) = self.run_body_stage(&env, w, &request, &mut mb)?;
+        Ok(matches!(stage, BodyStage::Continue(_)))
     }
 
     /// The whole admission of a request whose body was read (`body`, at most the key stage's
@@ -249,34 +274,16 @@ impl MemoryGate {
         else {
             return Ok(None);
         };
-        let (mut mb, mut tb, mut rb, mut cb) = (
-            [0; STACK_STR],
-            [0; STACK_STR],
-            [0; STACK_STR],
-            [0; STACK_STR],
-        );
-        let method = read(&method, &mut mb)?;
-        let target = read(&target, &mut tb)?;
-        let content_type = content_type
-            .as_ref()
-            .map(|c| read(c, &mut cb))
-            .transpose()?;
-        let flat = headers.unwrap_or_default();
-        let pairs: Vec<(&str, &str)> = flat
-            .chunks_exact(2)
-            .map(|c| (c[0].as_str(), c[1].as_str()))
-            .collect();
-        let read_body = BodyRead::Complete(RequestParts {
-            method: method.as_str(),
-            route: target.as_str(),
-            headers: &pairs,
-            content_type: content_type.as_ref().map(StrArg::as_str),
+        let (mut mb, mut rb) = ([0; STACK_STR], [0; STACK_STR]);
+        let request = Request {
+            method: &method,
+            target: &target,
+            content_type: content_type.as_ref(),
+            headers,
             body,
-        });
-        let s = match w
-            .body(read_body, &self.fingerprinter)
-            .map_err(|e| Fail::new(code::FINGERPRINT, e.to_string()).throw(&env))?
-        {
+        };
+        let (stage, method) = self.run_body_stage(&env, w, &request, &mut mb)?;
+        let s = match stage {
             BodyStage::Refuse(_) => return Ok(None),
             BodyStage::Continue(s) => s,
         };
