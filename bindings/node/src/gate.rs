@@ -94,6 +94,21 @@ struct Request<'a, 'j> {
 }
 
 impl MemoryGate {
+    /// Core's key stage on the key header's one field (if any) and the declared body length.
+    fn run_key_stage(
+        &self,
+        key: Option<JsString<'_>>,
+        declared_length: Option<f64>,
+    ) -> napi::Result<KeyStage> {
+        let field = key.map(JsString::into_latin1).transpose()?;
+        let fields: Vec<&[u8]> = field.iter().map(|f| f.as_slice()).collect();
+        Ok(core_admit::admit(
+            &self.config.inner,
+            &fields,
+            declared(declared_length),
+        ))
+    }
+
     /// Core's body stage (the body, then its fingerprint) on `request`, the strings read on the
     /// stack where they fit; also the method as read into `method_buf`, for the claim.
     fn run_body_stage<'b>(
@@ -171,17 +186,13 @@ impl MemoryGate {
         key: Option<JsString<'_>>,
         declared_length: Option<f64>,
     ) -> napi::Result<f64> {
-        let field = key.map(JsString::into_latin1).transpose()?;
-        let fields: Vec<&[u8]> = field.iter().map(|f| f.as_slice()).collect();
-        Ok(
-            match core_admit::admit(&self.config.inner, &fields, declared(declared_length)) {
-                KeyStage::PassThrough => -1.0,
-                KeyStage::Refuse(_) => -2.0,
-                KeyStage::Continue(w) => {
-                    crate::num::from_u64(u64::try_from(w.body_limit()).unwrap_or(u64::MAX))
-                }
-            },
-        )
+        Ok(match self.run_key_stage(key, declared_length)? {
+            KeyStage::PassThrough => -1.0,
+            KeyStage::Refuse(_) => -2.0,
+            KeyStage::Continue(w) => {
+                crate::num::from_u64(u64::try_from(w.body_limit()).unwrap_or(u64::MAX))
+            }
+        })
     }
 
     /// Core's key and body stages as `admit` runs them (the key field, the declared length, then
@@ -206,11 +217,7 @@ impl MemoryGate {
         content_type: Option<JsString<'_>>,
         headers: Option<Vec<String>>,
     ) -> napi::Result<bool> {
-        let field = key.map(JsString::into_latin1).transpose()?;
-        let fields: Vec<&[u8]> = field.iter().map(|f| f.as_slice()).collect();
-        let KeyStage::Continue(w) =
-            core_admit::admit(&self.config.inner, &fields, declared(declared_length))
-        else {
+        let KeyStage::Continue(w) = self.run_key_stage(key, declared_length)? else {
             return Ok(false);
         };
         let mut mb = [0; STACK_STR];
@@ -267,11 +274,7 @@ impl MemoryGate {
             facts[0] = result::NEED_ENTROPY;
             return Ok(None);
         }
-        let field = key.map(JsString::into_latin1).transpose()?;
-        let fields: Vec<&[u8]> = field.iter().map(|f| f.as_slice()).collect();
-        let KeyStage::Continue(w) =
-            core_admit::admit(&self.config.inner, &fields, declared(declared_length))
-        else {
+        let KeyStage::Continue(w) = self.run_key_stage(key, declared_length)? else {
             return Ok(None);
         };
         let (mut mb, mut rb) = ([0; STACK_STR], [0; STACK_STR]);

@@ -18,6 +18,15 @@ fn latin1(b: &[u8]) -> String {
     b.iter().map(|&c| char::from(c)).collect()
 }
 
+/// The items of an ASGI header list (a `list` or `tuple`, exactly); None for anything else.
+fn items<'py>(raw: &Bound<'py, PyAny>) -> Option<Bound<'py, PyTuple>> {
+    if let Ok(list) = raw.cast_exact::<PyList>() {
+        Some(list.to_tuple())
+    } else {
+        raw.cast_exact::<PyTuple>().ok().cloned()
+    }
+}
+
 /// Reads `raw` (a list or tuple of `(name, value)` tuples of `bytes`) as
 /// `request_headers(raw, key_name, fingerprinted)` and `declared_length` do. `None` for any
 /// other shape, or a `content-length` that is not ASCII digits within 64 bits: the host then
@@ -27,11 +36,7 @@ pub(crate) fn scan(
     key_name: &[u8],
     fingerprinted: &Bound<'_, PyFrozenSet>,
 ) -> PyResult<Option<Scanned>> {
-    let items = if let Ok(list) = raw.cast_exact::<PyList>() {
-        list.to_tuple()
-    } else if let Ok(tuple) = raw.cast_exact::<PyTuple>() {
-        tuple.clone()
-    } else {
+    let Some(items) = items(raw) else {
         return Ok(None);
     };
     let mut names: Vec<Vec<u8>> = Vec::with_capacity(fingerprinted.len());
@@ -104,11 +109,7 @@ pub(crate) fn asgi_response_headers<'py>(
     py: Python<'py>,
     raw: &Bound<'py, PyAny>,
 ) -> PyResult<Option<(Bound<'py, PyList>, bool)>> {
-    let items = if let Ok(list) = raw.cast_exact::<PyList>() {
-        list.to_tuple()
-    } else if let Ok(tuple) = raw.cast_exact::<PyTuple>() {
-        tuple.clone()
-    } else {
+    let Some(items) = items(raw) else {
         return Ok(None);
     };
     let out = PyList::empty(py);

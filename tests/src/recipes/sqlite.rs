@@ -293,7 +293,7 @@ mod plans {
     }
 
     #[test]
-    fn per_request_statements_build_no_temporary_btree_but_returning_s() {
+    fn per_request_statements_build_no_temporary_btree_but_a_returning_buffer() {
         let db = db();
         for (name, sql) in [
             ("claim", recipes::SQLITE_CLAIM),

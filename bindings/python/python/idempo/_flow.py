@@ -945,15 +945,7 @@ class AsyncRequest(_Steps):
         if self._beat is not None:
             assert self._lock is None or not self._lock.locked()
             self._beat.cancel()
-        action = run.flow.handler_finished(  # _handler_finished, in this frame
-            result.status,
-            result.headers,
-            result.body,
-            result.body_to_store,
-            framework=result.framework,
-            body_truncated=result.body_truncated,
-            memory=run.memory,
-        )
+        action = _handler_finished(run, result)
         if action.kind == "store":
             action = _store_step(run, self._store, action)
         try:

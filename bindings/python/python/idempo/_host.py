@@ -422,26 +422,12 @@ class HostCore:
         request's flow, or the answer when core refused the request. ``headers`` None: those
         ``Admission.start_asgi`` read (with its content-type unless ``content_type`` is given)."""
         opts = parts.opts
-        admitted = admission.admit(
-            parts.fingerprinter,
-            parts.rule,
-            method,
-            target,
-            route,
-            body,
-            headers,
-            content_type,
-            over_limit=over_limit,
-            authenticated=authenticated,
-            scope_function=opts.scope,
-            scope_argument=request,
-        )
+        admitted = self._admit(
+            admission, parts.fingerprinter, parts.rule, opts, request, method, route, target,
+            headers, content_type, body, over_limit, authenticated)
         if admitted is None:
             return self.refused(route, admission)
-        key, scope_id, fingerprint, partition, warning = admitted
-        if warning is not None and self.warn_unscoped and route not in self._warned:
-            self._warned.add(route)
-            warnings.warn(warning, UnscopedKeyWarning, stacklevel=2)
+        key, scope_id, fingerprint, partition = admitted
         return AsyncRequest(
             store=self.store,
             config=opts.config,
@@ -454,6 +440,47 @@ class HostCore:
             renderer=self.renderer,
             memories=self._memories,
         )
+
+    def _admit(
+        self,
+        admission: Admission,
+        fingerprinter: Fingerprinter,
+        rule: ScopeRule,
+        opts: RouteOptions,
+        request: Any,
+        method: str,
+        route: str,
+        target: str,
+        headers: Optional[List[Tuple[str, str]]],
+        content_type: Optional[str],
+        body: bytes,
+        over_limit: bool,
+        authenticated: bool,
+    ) -> Optional[Tuple[str, bytes, str, bytes]]:
+        """Stages 2 and 3 (``Admission.admit``): the key, scope id, fingerprint and partition,
+        or None when core refused the request (``admission`` then holds the answer); warns once
+        per route when core says the key is not scoped to a principal."""
+        admitted = admission.admit(
+            fingerprinter,
+            rule,
+            method,
+            target,
+            route,
+            body,
+            headers,
+            content_type,
+            over_limit=over_limit,
+            authenticated=authenticated,
+            scope_function=opts.scope,
+            scope_argument=request,
+        )
+        if admitted is None:
+            return None
+        key, scope_id, fingerprint, partition, warning = admitted
+        if warning is not None and self.warn_unscoped and route not in self._warned:
+            self._warned.add(route)
+            warnings.warn(warning, UnscopedKeyWarning, stacklevel=3)
+        return key, scope_id, fingerprint, partition
 
     def refused(self, route: str, admission: Admission) -> Response:
         """Core's refusal: logs core's line (if any), reports the outcome, returns the answer."""
@@ -504,26 +531,12 @@ class HostCore:
         covers the concrete ``target`` (path and query), so the same key sent to
         ``/accounts/1/payments`` and ``/accounts/2/payments`` is a 422, never a replay.
         """
-        admitted = admission.admit(
-            self.fingerprinter(opts),
-            self._rule(opts),
-            method,
-            target,
-            route,
-            body,
-            headers,
-            content_type,
-            over_limit=over_limit,
-            authenticated=authenticated,
-            scope_function=opts.scope,
-            scope_argument=request,
-        )
+        admitted = self._admit(
+            admission, self.fingerprinter(opts), self._rule(opts), opts, request, method, route,
+            target, headers, content_type, body, over_limit, authenticated)
         if admitted is None:
             return Prepared(answer=self.refused(route, admission))
-        key, scope_id, fingerprint, partition, warning = admitted
-        if warning is not None and self.warn_unscoped and route not in self._warned:
-            self._warned.add(route)
-            warnings.warn(warning, UnscopedKeyWarning, stacklevel=2)
+        key, scope_id, fingerprint, partition = admitted
         partitioned = getattr(self.store, "partitioned", False) is True
         return Prepared(None, key, scope_id, fingerprint, partition if partitioned else None)
 
