@@ -23,6 +23,7 @@ from idempo._render import ProblemRenderer, render
 from idempo._plan import Plan, drive, drive_async
 from idempo.stores._tx import ThreadedSession, Transaction, enter, leave, require_transactions
 from idempo.stores.memory import PartitionMemories, inline_memory, partition_memory
+from idempo.stores.sqlite import Unstarted, loop_group
 
 log = logging.getLogger("idempo")
 
@@ -47,7 +48,17 @@ async def _in_thread(store: Any, action: Action) -> Any:
 
     Past the deadline the call is reported as failed (core answers 503 and, for a claim, hands
     back a cleanup); the thread finishes on its own and its late result is ignored, which core's
-    ambiguous-failure rules (PROTOCOL §7.4) already cover."""
+    ambiguous-failure rules (PROTOCOL §7.4) already cover.
+
+    idempo's own :class:`~idempo.stores.SQLiteStore` runs its writes on the loop instead, in the
+    loop's group commit (:func:`idempo.stores.sqlite.loop_group`), and comes here only for what
+    the group hands back unstarted."""
+    group = loop_group(store, action.op)
+    if group is not None:
+        try:
+            return await group.submit_call(action.op or "", action.args)
+        except Unstarted:
+            pass
     call = asyncio.to_thread(_execute, store, action)
     deadline = _store_deadline(store)
     if deadline is None:

@@ -17,6 +17,7 @@ import os
 import sqlite3
 import threading
 import time
+import weakref
 from contextlib import contextmanager
 from typing import (
     Any,
@@ -257,6 +258,11 @@ class SQLiteStore(_Plans, PrimitivesBase):
         self._all: List[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
         self._idle: List[Tuple[int, sqlite3.Connection]] = []
+        self._writer = _writer_lock(self.path)
+        """This process's lock for writers of the file (:func:`_writer_lock`)."""
+        self._groups: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopGroup]" = (
+            weakref.WeakKeyDictionary()
+        )
         if create_schema:
             self.create_schema()
 
@@ -276,11 +282,14 @@ class SQLiteStore(_Plans, PrimitivesBase):
         self._local.pid = os.getpid()
         return conn
 
-    def _open(self) -> sqlite3.Connection:
+    def _open(self, busy_timeout_ms: Optional[int] = None) -> sqlite3.Connection:
+        """A new connection (WAL, ``synchronous=FULL``) whose statements wait for a lock held
+        elsewhere up to ``busy_timeout_ms`` (the store's own by default)."""
+        busy_ms = self._busy_timeout_ms if busy_timeout_ms is None else busy_timeout_ms
         try:
             conn = sqlite3.connect(
                 self.path,
-                timeout=self._busy_timeout_ms / 1000,
+                timeout=busy_ms / 1000,
                 isolation_level=None,
                 # Each connection is used only by the thread that opened it; close() may run
                 # elsewhere.
@@ -293,7 +302,7 @@ class SQLiteStore(_Plans, PrimitivesBase):
                 f"cannot open {self.path!r}: {exc} (does its directory exist, and may this "
                 "process write there?)") from exc
         try:
-            conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+            conn.execute(f"PRAGMA busy_timeout = {busy_ms}")
             mode = _while_busy(self._busy_timeout_ms, "switching to WAL",
                                lambda: conn.execute("PRAGMA journal_mode = WAL").fetchone())
             if mode is None or str(mode[0]).lower() != "wal" and self.path != ":memory:":
@@ -314,7 +323,7 @@ class SQLiteStore(_Plans, PrimitivesBase):
         process queue on a lock of their own first and SQLite's busy wait is left to writers in
         other processes. The wait counts toward ``busy_timeout_ms``."""
         conn = self._conn()
-        writer = _writer_lock(self.path)
+        writer = self._writer
         if not writer.acquire(timeout=self._busy_timeout_ms / 1000):
             raise sqlite3.OperationalError(
                 "database is locked (this process's other writers held it past busy_timeout_ms)")
@@ -389,6 +398,16 @@ class SQLiteStore(_Plans, PrimitivesBase):
         for conn in conns:
             conn.close()
         self._local = threading.local()
+        self._groups = weakref.WeakKeyDictionary()
+
+    def _loop_group(self) -> "Optional[_LoopGroup]":
+        """The running event loop's group commit (:class:`_LoopGroup`), once its connection is
+        open (it opens in a worker thread on first use; until then, None)."""
+        loop = asyncio.get_running_loop()
+        group = self._groups.get(loop)
+        if group is None:
+            group = self._groups[loop] = _LoopGroup(self, loop)
+        return group if group.ready() else None
 
 
 class AsyncSQLiteStore(_Plans, AsyncPrimitivesBase):
@@ -398,6 +417,15 @@ class AsyncSQLiteStore(_Plans, AsyncPrimitivesBase):
         self.sync = SQLiteStore(path, **kwargs)
 
     async def _drive(self, name: str, plan: "Plan[Any, T]") -> T:
+        """A write primitive joins the loop's group commit (:class:`_LoopGroup`); a read, or a
+        write the group hands back unstarted, runs in a worker thread."""
+        if name in GROUPED:
+            group = self.sync._loop_group()
+            if group is not None:
+                try:
+                    return await group.submit(name, plan)
+                except Unstarted:
+                    pass
         return await asyncio.to_thread(self.sync._drive, name, plan)
 
     async def stats(self) -> StoreStats:
@@ -412,6 +440,211 @@ class AsyncSQLiteStore(_Plans, AsyncPrimitivesBase):
     def close(self) -> None:
         """Closes the underlying connections."""
         self.sync.close()
+
+
+GROUPED = frozenset(("claim", "takeover", "mark_unknown", "complete", "release", "renew"))
+"""The primitives the asyncio path runs in the loop's group commit (the writes a request's flow
+makes; ``get``, ``stats`` and ``purge_expired`` keep their worker thread)."""
+
+_GROUP_SAVEPOINT = "idempo_group"
+_OVERRIDES = frozenset(
+    (*PRIMITIVES, "purge_expired", "_drive", *(f"_plan_{name}" for name in PRIMITIVES))
+)
+
+
+class Unstarted(Exception):
+    """The loop's group commit could not start this primitive (the write lock was held by this
+    process's other writers or by another connection, or the group's transaction could not
+    begin): nothing of it ran, and the caller runs it the ordinary way, in a worker thread."""
+
+
+class _LoopGroup:
+    """Group commit on one asyncio event loop, the asyncio path of :class:`SQLiteStore` (and
+    :class:`AsyncSQLiteStore`).
+
+    The write primitives asked for during one turn of the loop run on the loop's own connection
+    in one ``BEGIN IMMEDIATE`` transaction, each inside a savepoint of its own (a primitive that
+    fails rolls back only itself and answers its own error), and each is answered only after the
+    group's ``COMMIT`` returned: one synchronous disk write for the group instead of one per
+    primitive, and no hop to a worker thread and back. A failed ``COMMIT`` answers every
+    primitive that had succeeded with the store error (503); none of them is durable.
+
+    The loop's connection never waits for a lock (``busy_timeout`` 0), so the loop is never
+    blocked by another writer: when this process's other writers (threads) or another process
+    hold the write lock, the group hands its primitives back unstarted (:class:`Unstarted`) and
+    they run as before, in worker threads with the store's ``busy_timeout`` and deadline. A
+    primitive whose caller gave up (its future cancelled) before the group ran is not applied.
+    The loop still waits for the ``COMMIT``'s own disk write, as the Node store's group commit
+    does."""
+
+    def __init__(self, store: SQLiteStore, loop: asyncio.AbstractEventLoop) -> None:
+        self.store = store
+        self.loop = loop
+        self.pid = os.getpid()
+        self.conn: Optional[sqlite3.Connection] = None
+        self.pending: "List[_Entry]" = []
+        self.batches = 0
+        """Group transactions committed (for tests and figures)."""
+        self.opening = False
+        self.retry_at = 0.0
+        self._open()
+
+    def _open(self) -> None:
+        """Opens the loop's connection in a worker thread (opening may wait for a lock)."""
+        self.opening = True
+        self.loop.run_in_executor(None, self.store._open, 0).add_done_callback(self._opened)
+
+    def _opened(self, fut: "asyncio.Future[sqlite3.Connection]") -> None:
+        self.opening = False
+        if not fut.cancelled() and fut.exception() is None:
+            self.conn = fut.result()
+            weakref.finalize(self.loop, _close_quietly, self.store, self.conn)
+        else:
+            # Until it opens, every call keeps the worker thread (which reports the store's own
+            # error); another attempt after a second.
+            self.retry_at = time.monotonic() + 1.0
+
+    def ready(self) -> bool:
+        """True once the loop's connection is open (in this process)."""
+        if self.conn is not None:
+            return self.pid == os.getpid()
+        if not self.opening and time.monotonic() >= self.retry_at:
+            self._open()
+        return False
+
+    def submit(self, name: str, plan: "Plan[Any, T]") -> "asyncio.Future[T]":
+        """Queue primitive ``name``'s plan for the next group commit."""
+        fut: "asyncio.Future[T]" = self.loop.create_future()
+        self.pending.append((name, plan, fut))
+        if len(self.pending) == 1:
+            self.loop.call_soon(self._flush)
+        return fut
+
+    def submit_call(self, name: str, args: Tuple[Any, ...]) -> "asyncio.Future[Any]":
+        """:meth:`submit` for the store's primitive ``name`` called with ``args`` (validated now,
+        as the primitive validates them)."""
+        plan = getattr(self.store, f"_plan_{name}")(*args)
+        return self.submit(name, plan)
+
+    def _flush(self) -> None:
+        batch = [entry for entry in self.pending if not entry[2].done()]
+        self.pending = []
+        if not batch:
+            return
+        conn = self.conn
+        writer = self.store._writer
+        if conn is None or not writer.acquire(blocking=False):
+            _hand_back(batch)
+            return
+        try:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error:
+                _hand_back(batch)
+                return
+            answers = self._run(conn, batch)
+        finally:
+            writer.release()
+        _answer(answers)
+
+    def _run(self, conn: sqlite3.Connection, batch: "List[_Entry]") -> "List[_Answer]":
+        """Runs ``batch`` inside the open transaction and ends it; returns each answer."""
+        clock = self.store._clock
+        errors = self.store._errors
+        answers: "List[_Answer]" = []
+        try:
+            for name, plan, fut in batch:
+                conn.execute(f"SAVEPOINT {_GROUP_SAVEPOINT}")
+                try:
+                    value = drive(plan, lambda op: _execute(conn, op, clock))
+                except Exception as exc:  # noqa: BLE001 - answered to its own caller
+                    conn.execute(f"ROLLBACK TO {_GROUP_SAVEPOINT}")
+                    conn.execute(f"RELEASE {_GROUP_SAVEPOINT}")
+                    if isinstance(exc, errors):
+                        answers.append((fut, False, _caused(f"SQLite {name} failed", exc)))
+                    else:
+                        answers.append((fut, False, exc))
+                else:
+                    conn.execute(f"RELEASE {_GROUP_SAVEPOINT}")
+                    answers.append((fut, True, value))
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            # The transaction itself failed (a savepoint statement or the commit): nothing of it
+            # is durable. The primitives that ran are answered 503 (those that failed on their
+            # own keep their error); those not started yet go back to the worker thread.
+            try:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            def failed() -> StoreUnavailable:
+                return _caused("SQLite group commit failed", exc)
+
+            ran = len(answers)
+            answers = [(fut, False, value if not ok else failed()) for fut, ok, value in answers]
+            if ran < len(batch):
+                answers.append((batch[ran][2], False, failed()))  # the one that broke it
+                rest = batch[ran + 1:]
+                if isinstance(exc, Exception):
+                    _hand_back(rest)
+                else:
+                    answers.extend((fut, False, failed()) for _, _, fut in rest)
+            if not isinstance(exc, Exception):
+                _answer(answers)
+                raise
+            return answers
+        self.batches += 1
+        return answers
+
+
+_Entry = Tuple[str, "Plan[Any, Any]", "asyncio.Future[Any]"]
+_Answer = Tuple["asyncio.Future[Any]", bool, Any]
+
+
+def _caused(message: str, exc: BaseException) -> StoreUnavailable:
+    """``unavailable(message, exc)`` raised ``from exc``, as the worker thread's path raises it."""
+    failed = unavailable(message, exc)
+    failed.__cause__ = exc
+    return failed
+
+
+def _answer(answers: "List[_Answer]") -> None:
+    for fut, ok, value in answers:
+        if fut.done():
+            continue
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
+
+
+def _hand_back(batch: "List[_Entry]") -> None:
+    for _, plan, fut in batch:
+        plan.close()
+        if not fut.done():
+            fut.set_exception(Unstarted())
+
+
+def _close_quietly(store: SQLiteStore, conn: sqlite3.Connection) -> None:
+    """Closes a finished loop's group connection and forgets it."""
+    with store._all_lock:
+        if conn in store._all:
+            store._all.remove(conn)
+    try:
+        conn.close()
+    except sqlite3.Error:
+        pass
+
+
+def loop_group(store: Any, op: Optional[str]) -> "Optional[_LoopGroup]":
+    """The running loop's group commit for primitive ``op`` of ``store``, when ``store`` is
+    exactly idempo's :class:`SQLiteStore` with none of its primitives replaced on the instance and
+    ``op`` is one the group runs (:data:`GROUPED`); else None (the caller uses a worker thread)."""
+    if type(store) is not SQLiteStore or op not in GROUPED:
+        return None
+    if not _OVERRIDES.isdisjoint(store.__dict__):
+        return None
+    return store._loop_group()
 
 
 def _while_busy(bound_ms: int, what: str, step: Callable[[], T]) -> T:
