@@ -345,10 +345,11 @@ def table(vs: List[Variant], commit_rate: float) -> None:
             w = c.get("writes", 0.0)
             limit = f"{commit_rate / w:,.0f}" if w else "-"
             print(f"  {v.framework:<10} {med(v, 'fresh', 'rps'):>7.0f} fresh req/s, p99 {med(v, 'fresh', 'p99_us') / 1e3:.1f} ms; "
-                  f"{w:.2f} write transactions per fresh request ({per_request(c)}), so the disk allows at most "
-                  f"{limit} fresh req/s; replay: {per_request(v.counts.get('replay', {}))}")
-        print("  (each store primitive but get runs in its own BEGIN IMMEDIATE ... COMMIT; a replay's claim finds the")
-        print("  completed record and writes nothing, so its commit syncs nothing)")
+                  f"{w:.2f} write primitives per fresh request ({per_request(c)}), so a disk that synced each one alone "
+                  f"would allow at most {limit} fresh req/s; replay: {per_request(v.counts.get('replay', {}))}")
+        print("  (every write primitive runs in a BEGIN IMMEDIATE ... COMMIT; from asyncio (Python) and from Node the")
+        print("  primitives queued during one event-loop turn share one (group commit), so under load a sync serves")
+        print("  several; a replay's claim finds the completed record and writes nothing, so its commit syncs nothing)")
 
     net = [v for v in vs if v.store in ("postgres", "pgbouncer", "redis") and v.runs.get("fresh")]
     if net:
