@@ -404,9 +404,12 @@ class SQLiteStore(_Plans, PrimitivesBase):
         """The running event loop's group commit (:class:`_LoopGroup`), once its connection is
         open (it opens in a worker thread on first use; until then, None)."""
         loop = asyncio.get_running_loop()
-        group = self._groups.get(loop)
-        if group is None:
-            group = self._groups[loop] = _LoopGroup(self, loop)
+        try:
+            group = self._groups.get(loop)
+            if group is None:
+                group = self._groups[loop] = _LoopGroup(self, loop)
+        except TypeError:  # a loop without weak references: keep the worker threads
+            return None
         return group if group.ready() else None
 
 
