@@ -580,8 +580,10 @@ class _LoopGroup:
                     conn.execute("ROLLBACK")
             except sqlite3.Error:
                 pass
+            cause: BaseException = exc
+
             def failed() -> StoreUnavailable:
-                return _caused("SQLite group commit failed", exc)
+                return _caused("SQLite group commit failed", cause)
 
             ran = len(answers)
             answers = [(fut, False, value if not ok else failed()) for fut, ok, value in answers]
