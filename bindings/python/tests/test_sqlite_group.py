@@ -6,6 +6,7 @@ primitive; anything the group cannot start runs in a worker thread as before."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import sqlite3
 import threading
@@ -259,12 +260,36 @@ def test_a_forked_child_does_not_use_its_parents_loop_connection(tmp_path: Path)
     loop = asyncio.new_event_loop()
     try:
         group = loop.run_until_complete(ready_group(store))
-        assert group.ready()
+        assert group.ready(loop)
         pid = os.fork()
         if pid == 0:  # pragma: no cover - child
-            os._exit(0 if not group.ready() else 1)
+            os._exit(0 if not group.ready(loop) else 1)
         _, status = os.waitpid(pid, 0)
         assert os.WEXITSTATUS(status) == 0
     finally:
         loop.close()
         store.close()
+
+
+def test_a_finished_loop_leaves_no_group_nor_connection_behind(tmp_path: Path) -> None:
+    path = tmp_path / "idempo.sqlite3"
+    store = SQLiteStore(path)
+    opened = len(store._all)
+    conns: List[sqlite3.Connection] = []
+
+    async def scenario(i: int) -> None:
+        group = await ready_group(store)
+        assert group.conn is not None
+        conns.append(group.conn)
+        assert isinstance(
+            await group.submit_call("claim", (scope(i), "fp", token(i), LEASE_MS, TTL_MS)), Claimed
+        )
+
+    for i in range(3):
+        asyncio.run(scenario(i))
+    gc.collect()
+    assert len(store._groups) == 0
+    assert len(store._all) == opened, "a finished loop's connection is still held"
+    with pytest.raises(sqlite3.ProgrammingError):
+        conns[0].execute("SELECT 1")  # closed
+    store.close()

@@ -410,7 +410,7 @@ class SQLiteStore(_Plans, PrimitivesBase):
                 group = self._groups[loop] = _LoopGroup(self, loop)
         except TypeError:  # a loop without weak references: keep the worker threads
             return None
-        return group if group.ready() else None
+        return group if group.ready(loop) else None
 
 
 class AsyncSQLiteStore(_Plans, AsyncPrimitivesBase):
@@ -481,8 +481,8 @@ class _LoopGroup:
     does."""
 
     def __init__(self, store: SQLiteStore, loop: asyncio.AbstractEventLoop) -> None:
+        # The loop is not held: the store keeps its groups in a dict weakly keyed by loop.
         self.store = store
-        self.loop = loop
         self.pid = os.getpid()
         self.conn: Optional[sqlite3.Connection] = None
         self.pending: "List[_Entry]" = []
@@ -490,37 +490,41 @@ class _LoopGroup:
         """Group transactions committed (for tests and figures)."""
         self.opening = False
         self.retry_at = 0.0
-        self._open()
+        self._open(loop)
 
-    def _open(self) -> None:
+    def _open(self, loop: asyncio.AbstractEventLoop) -> None:
         """Opens the loop's connection in a worker thread (opening may wait for a lock)."""
         self.opening = True
-        self.loop.run_in_executor(None, self.store._open, 0).add_done_callback(self._opened)
+        opening = loop.run_in_executor(None, self.store._open, 0)
+        opening.add_done_callback(lambda fut: self._opened(loop, fut))
 
-    def _opened(self, fut: "asyncio.Future[sqlite3.Connection]") -> None:
+    def _opened(
+        self, loop: asyncio.AbstractEventLoop, fut: "asyncio.Future[sqlite3.Connection]"
+    ) -> None:
         self.opening = False
         if not fut.cancelled() and fut.exception() is None:
             self.conn = fut.result()
-            weakref.finalize(self.loop, _close_quietly, self.store, self.conn)
+            weakref.finalize(loop, _close_quietly, self.store, self.conn)
         else:
             # Until it opens, every call keeps the worker thread (which reports the store's own
             # error); another attempt after a second.
             self.retry_at = time.monotonic() + 1.0
 
-    def ready(self) -> bool:
+    def ready(self, loop: asyncio.AbstractEventLoop) -> bool:
         """True once the loop's connection is open (in this process)."""
         if self.conn is not None:
             return self.pid == os.getpid()
         if not self.opening and time.monotonic() >= self.retry_at:
-            self._open()
+            self._open(loop)
         return False
 
     def submit(self, name: str, plan: "Plan[Any, T]") -> "asyncio.Future[T]":
         """Queue primitive ``name``'s plan for the next group commit."""
-        fut: "asyncio.Future[T]" = self.loop.create_future()
+        loop = asyncio.get_running_loop()
+        fut: "asyncio.Future[T]" = loop.create_future()
         self.pending.append((name, plan, fut))
         if len(self.pending) == 1:
-            self.loop.call_soon(self._flush)
+            loop.call_soon(self._flush)
         return fut
 
     def submit_call(self, name: str, args: Tuple[Any, ...]) -> "asyncio.Future[Any]":
