@@ -83,11 +83,14 @@ interface State {
 /** The body `preParsing` read and passed through core's key and body stages on the memory gate
  * (see {@link Prepared.memoryGate}): the scope stage admits it through the gate again. */
 const GATED = Symbol('idempo.fastify.gated');
+/** The gate's ticket for the body stage `preParsing` passed (see {@link gateBodyStage}). */
+const TICKET = Symbol('idempo.fastify.ticket');
 
 type Req = FastifyRequest & {
   [STATE]?: State;
   [ADMISSION]?: native.Admission;
   [GATED]?: Buffer;
+  [TICKET]?: number;
 };
 
 /** Options of the Fastify plugin (`scope` and `route` get the `FastifyRequest`). */
@@ -307,8 +310,10 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
         const raw = await readLimited(read, k);
         if (raw !== null) {
           const headers = p.fingerprinter.usesHeaders ? flatHeaders(req.headers) : null;
-          if (gateBodyStage(gate.gate, rawKey as string | undefined, declared, req.method.toUpperCase(), req.url, raw, req.headers['content-type'] ?? null, headers)) {
+          const ticket = gateBodyStage(gate.gate, rawKey as string | undefined, declared, req.method.toUpperCase(), req.url, raw, req.headers['content-type'] ?? null, headers);
+          if (ticket !== 0) {
             req[GATED] = raw;
+            req[TICKET] = ticket;
             return replayOf(raw, read);
           }
         }
@@ -395,6 +400,9 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
         key: rawKey,
         declared: declaredLength(req.headers['content-length']),
       };
+      // preParsing's body stage, kept by the gate that passed it (one gate per plugin).
+      const ticket = req[TICKET];
+      if (ticket !== undefined) f.ticket = ticket;
       let admitted: Admitted | Promise<Admitted>;
       if (gate !== undefined) admitted = admitThroughGate(p, gate.gate, gate.mem, f);
       else {
