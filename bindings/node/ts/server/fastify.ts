@@ -98,12 +98,15 @@ interface State {
 const GATED = Symbol('idempo.fastify.gated');
 /** The gate's ticket for the body stage `preParsing` passed (see {@link gateBodyStage}). */
 const TICKET = Symbol('idempo.fastify.ticket');
+/** The request's `routeOptions`, read once. */
+const ROUTE_OPTIONS = Symbol('idempo.fastify.routeOptions');
 
 type Req = FastifyRequest & {
   [STATE]?: State;
   [ADMISSION]?: native.Admission;
   [GATED]?: Buffer;
   [TICKET]?: number;
+  [ROUTE_OPTIONS]?: FastifyRequest['routeOptions'];
 };
 
 /** Options of the Fastify plugin (`scope` and `route` get the `FastifyRequest`). */
@@ -228,11 +231,13 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
   if (!app.hasDecorator('idempotencyEvents')) app.decorate('idempotencyEvents', p.events);
   if (!app.hasRequestDecorator('idempotency')) app.decorateRequest('idempotency', undefined);
 
+  // Fastify builds a new `routeOptions` object on every read: read once per request.
+  const routeOptions = (req: FastifyRequest): FastifyRequest['routeOptions'] => ((req as Req)[ROUTE_OPTIONS] ??= req.routeOptions);
   const routeConfig = (req: FastifyRequest): Record<string | symbol, unknown> =>
-    ((req.routeOptions as unknown as { config?: Record<string | symbol, unknown> }).config ?? {});
+    ((routeOptions(req) as unknown as { config?: Record<string | symbol, unknown> }).config ?? {});
   const isProtected = (req: FastifyRequest): boolean =>
     !req.is404 && p.methods.has(req.method.toUpperCase()) && routeConfig(req).idempotency !== false;
-  const routeOf = (req: FastifyRequest): string => (options.route ? options.route(req) : (req.routeOptions.url ?? req.url));
+  const routeOf = (req: FastifyRequest): string => (options.route ? options.route(req) : (routeOptions(req).url ?? req.url));
   const bodyFacts = (req: FastifyRequest): Omit<BodyFacts, 'body'> => ({
     method: req.method.toUpperCase(),
     route: routeOf(req),
@@ -243,7 +248,7 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
 
   /** Sends core's answer; `close`: the upload was not read to its end. */
   const answer = (req: FastifyRequest, reply: FastifyReply, response: HttpResponse, outcome: string, close: boolean, started: number) => {
-    emit({ method: req.method.toUpperCase(), route: routeOf(req), started }, outcome, response.status);
+    if (p.events.listenerCount('outcome') > 0) emit({ method: req.method.toUpperCase(), route: routeOf(req), started }, outcome, response.status);
     const body = apply(reply, response);
     if (close) reply.header('connection', 'close');
     return reply.send(body);
