@@ -206,13 +206,14 @@ export declare class MemoryGate {
   keyStage(key?: string | undefined | null, declaredLength?: number | undefined | null): number
   /**
    * Core's key and body stages as `admit` runs them (the key field, the declared length, then
-   * the body and its fingerprint), with nothing held and nothing claimed: `true` when the
-   * request passes both (its `admit` later runs the same stages on the same inputs, so they
-   * pass again), `false` when one refuses it (`Admission.start` and `body` say how). For a
-   * host that must refuse a body before its framework parses it but claims the key later
-   * (Fastify: `preParsing`, then the scope stage in `preHandler`).
+   * the body and its fingerprint), with nothing claimed: 0 when one refuses the request
+   * (`Admission.start` and `body` say how), else a ticket (never 0) under which the passed
+   * body stage is kept for `admitStaged` (its `admit` on the same inputs would pass them
+   * again). For a host that must refuse a body before its framework parses it but claims the
+   * key later (Fastify: `preParsing`, then the scope stage in `preHandler`). The last
+   * `STAGED` body stages are kept; an older one is dropped (`admitStaged` then says so).
    */
-  bodyStage(key: string | null, declaredLength: number | null, method: string, target: string, body: Buffer, contentType: string | null, headers: string[] | null): boolean
+  bodyStage(key: string | null, declaredLength: number | null, method: string, target: string, body: Buffer, contentType: string | null, headers: string[] | null): number
   /**
    * The whole admission of a request whose body was read (`body`, at most the key stage's
    * limit), then the claim on `store` at `nowMs`: the key stage again (as `keyStage`), the
@@ -228,6 +229,14 @@ export declare class MemoryGate {
    * 28. Byte 1: `warning()` has a warning to emit.
    */
   admit(store: MemoryStoreCore, nowMs: number, key: string | null, declaredLength: number | null, method: string, target: string, route: string, body: Buffer, contentType: string | null, headers: string[] | null, authenticated: boolean, scope: number, scopeText: string | null, partitioned: boolean, facts: Uint8Array): ServerFlow | Buffer | null
+  /**
+   * `admit` for a request whose key and body stages `bodyStage` passed (its `ticket`): the
+   * scope stage and the claim as `admit` runs them, on the body stage kept, whose inputs are
+   * not passed again. Result 6: that body stage is no longer kept (nothing ran): `admit`
+   * the request from its inputs. A ticket is used once (4 keeps it: `refill`, then call
+   * again).
+   */
+  admitStaged(ticket: number, store: MemoryStoreCore, nowMs: number, method: string, route: string, authenticated: boolean, scope: number, scopeText: string | null, partitioned: boolean, facts: Uint8Array): ServerFlow | Buffer | null
   /**
    * The scope stage and the claim of a request `admit` held for its scope function (result
    * 5, `slot` and `tag` from its facts), as `admit` runs them; the slot is given up whatever

@@ -35,6 +35,10 @@ use crate::strarg::{STACK_STR, StrArg};
 /// Random bytes one flow's fencing token takes from the pool.
 const ENTROPY: usize = 16;
 
+/// Body stages `bodyStage` keeps for `admitStaged` (a ring: the oldest is dropped first, and its
+/// request is admitted through `admit` from its inputs instead).
+const STAGED: usize = 64;
+
 /// The scope function's return value kinds, by the number the host passes (as `ScopeReturn`'s
 /// `kind`); 5: the route has a scope function the host calls once the body stage passed.
 const SCOPE_KINDS: [&str; 5] = ["not_called", "string", "nothing", "other", "raised"];
@@ -64,6 +68,10 @@ pub struct MemoryGate {
     pool: Vec<u8>,
     pool_at: usize,
     warning: Option<String>,
+    /// The body stages `bodyStage` passed, by ticket (see `admitStaged`).
+    staged: Vec<Option<(u32, AwaitingScope)>>,
+    staged_at: usize,
+    ticket: u32,
 }
 
 /// What `admit` and `scope` write to `facts[0]`.
@@ -77,6 +85,9 @@ mod result {
     /// The body stage passed and the route's scope function is to be called: `scope()` (or
     /// `takeAdmission()`) with the slot.
     pub(super) const SCOPE: u8 = 5;
+    /// `admitStaged`: the ticket's body stage is no longer kept (nothing ran): `admit` the
+    /// request from its inputs.
+    pub(super) const RESTAGE: u8 = 6;
 }
 
 fn read<'b>(s: &JsString<'_>, buf: &'b mut [u8; STACK_STR]) -> napi::Result<StrArg<'b>> {
@@ -164,6 +175,9 @@ impl MemoryGate {
             pool: Vec::new(),
             pool_at: 0,
             warning: None,
+            staged: Vec::new(),
+            staged_at: 0,
+            ticket: 0,
         }
     }
 
@@ -196,18 +210,19 @@ impl MemoryGate {
     }
 
     /// Core's key and body stages as `admit` runs them (the key field, the declared length, then
-    /// the body and its fingerprint), with nothing held and nothing claimed: `true` when the
-    /// request passes both (its `admit` later runs the same stages on the same inputs, so they
-    /// pass again), `false` when one refuses it (`Admission.start` and `body` say how). For a
-    /// host that must refuse a body before its framework parses it but claims the key later
-    /// (Fastify: `preParsing`, then the scope stage in `preHandler`).
+    /// the body and its fingerprint), with nothing claimed: 0 when one refuses the request
+    /// (`Admission.start` and `body` say how), else a ticket (never 0) under which the passed
+    /// body stage is kept for `admitStaged` (its `admit` on the same inputs would pass them
+    /// again). For a host that must refuse a body before its framework parses it but claims the
+    /// key later (Fastify: `preParsing`, then the scope stage in `preHandler`). The last
+    /// `STAGED` body stages are kept; an older one is dropped (`admitStaged` then says so).
     #[napi(
         catch_unwind,
         ts_args_type = "key: string | null, declaredLength: number | null, method: string, target: string, body: Buffer, contentType: string | null, headers: string[] | null"
     )]
     #[allow(clippy::too_many_arguments)]
     pub fn body_stage(
-        &self,
+        &mut self,
         env: Env,
         key: Option<JsString<'_>>,
         declared_length: Option<f64>,
@@ -216,9 +231,9 @@ impl MemoryGate {
         body: &[u8],
         content_type: Option<JsString<'_>>,
         headers: Option<Vec<String>>,
-    ) -> napi::Result<bool> {
+    ) -> napi::Result<u32> {
         let KeyStage::Continue(w) = self.run_key_stage(key, declared_length)? else {
-            return Ok(false);
+            return Ok(0);
         };
         let mut mb = [0; STACK_STR];
         let request = Request {
@@ -229,7 +244,10 @@ impl MemoryGate {
             body,
         };
         let (stage, _) = self.run_body_stage(&env, w, &request, &mut mb)?;
-        Ok(matches!(stage, BodyStage::Continue(_)))
+        Ok(match stage {
+            BodyStage::Continue(s) => self.stage(s),
+            BodyStage::Refuse(_) => 0,
+        })
     }
 
     /// The whole admission of a request whose body was read (`body`, at most the key stage's
@@ -277,7 +295,7 @@ impl MemoryGate {
         let KeyStage::Continue(w) = self.run_key_stage(key, declared_length)? else {
             return Ok(None);
         };
-        let (mut mb, mut rb) = ([0; STACK_STR], [0; STACK_STR]);
+        let mut mb = [0; STACK_STR];
         let request = Request {
             method: &method,
             target: &target,
@@ -290,21 +308,64 @@ impl MemoryGate {
             BodyStage::Refuse(_) => return Ok(None),
             BodyStage::Continue(s) => s,
         };
-        if scope == SCOPE_PENDING {
-            let (index, tag) = self.hold(Slot::Scope(s, 0));
-            facts[0] = result::SCOPE;
-            facts[4..8].copy_from_slice(&index.to_le_bytes());
-            facts[28..32].copy_from_slice(&tag.to_le_bytes());
-            return Ok(None);
-        }
-        let route = read(&route, &mut rb)?;
-        self.claim(
+        self.after_body(
             &env,
             s,
             store,
             now_ms,
             method.as_str(),
-            route.as_str(),
+            &route,
+            authenticated,
+            scope,
+            scope_text.as_deref(),
+            partitioned,
+            facts,
+        )
+    }
+
+    /// `admit` for a request whose key and body stages `bodyStage` passed (its `ticket`): the
+    /// scope stage and the claim as `admit` runs them, on the body stage kept, whose inputs are
+    /// not passed again. Result 6: that body stage is no longer kept (nothing ran): `admit`
+    /// the request from its inputs. A ticket is used once (4 keeps it: `refill`, then call
+    /// again).
+    #[napi(
+        catch_unwind,
+        ts_return_type = "ServerFlow | Buffer | null",
+        ts_args_type = "ticket: number, store: MemoryStoreCore, nowMs: number, method: string, route: string, authenticated: boolean, scope: number, scopeText: string | null, partitioned: boolean, facts: Uint8Array"
+    )]
+    #[allow(clippy::too_many_arguments)]
+    pub fn admit_staged(
+        &mut self,
+        env: Env,
+        ticket: u32,
+        store: &mut MemoryStoreCore,
+        now_ms: f64,
+        method: JsString<'_>,
+        route: JsString<'_>,
+        authenticated: bool,
+        scope: u32,
+        scope_text: Option<String>,
+        partitioned: bool,
+        facts: Option<&mut [u8]>,
+    ) -> napi::Result<Option<Either<ServerFlow, Buffer>>> {
+        let facts = memory_facts(facts).map_err(|f| f.throw(&env))?;
+        if self.pool.len() < self.pool_at + ENTROPY {
+            facts[0] = result::NEED_ENTROPY;
+            return Ok(None);
+        }
+        let Some(s) = self.unstage(ticket) else {
+            facts[0] = result::RESTAGE;
+            return Ok(None);
+        };
+        let mut mb = [0; STACK_STR];
+        let method = read(&method, &mut mb)?;
+        self.after_body(
+            &env,
+            s,
+            store,
+            now_ms,
+            method.as_str(),
+            &route,
             authenticated,
             scope,
             scope_text.as_deref(),
@@ -445,6 +506,69 @@ impl MemoryGate {
 }
 
 impl MemoryGate {
+    /// After the body stage (`admit`, `admitStaged`): the request held for its scope function
+    /// (`scope` 5), else the scope stage and the claim.
+    #[allow(clippy::too_many_arguments)]
+    fn after_body(
+        &mut self,
+        env: &Env,
+        s: AwaitingScope,
+        store: &mut MemoryStoreCore,
+        now_ms: f64,
+        method: &str,
+        route: &JsString<'_>,
+        authenticated: bool,
+        scope: u32,
+        scope_text: Option<&str>,
+        partitioned: bool,
+        facts: &mut [u8],
+    ) -> napi::Result<Option<Either<ServerFlow, Buffer>>> {
+        if scope == SCOPE_PENDING {
+            let (index, tag) = self.hold(Slot::Scope(s, 0));
+            facts[0] = result::SCOPE;
+            facts[4..8].copy_from_slice(&index.to_le_bytes());
+            facts[28..32].copy_from_slice(&tag.to_le_bytes());
+            return Ok(None);
+        }
+        let mut rb = [0; STACK_STR];
+        let route = read(route, &mut rb)?;
+        self.claim(
+            env,
+            s,
+            store,
+            now_ms,
+            method,
+            route.as_str(),
+            authenticated,
+            scope,
+            scope_text,
+            partitioned,
+            facts,
+        )
+    }
+
+    /// Keeps a passed body stage in the ring (dropping the oldest): its ticket.
+    fn stage(&mut self, s: AwaitingScope) -> u32 {
+        self.ticket = self.ticket.wrapping_add(1).max(1);
+        let entry = Some((self.ticket, s));
+        if self.staged.len() < STAGED {
+            self.staged.push(entry);
+        } else {
+            self.staged[self.staged_at] = entry;
+        }
+        self.staged_at = (self.staged_at + 1) % STAGED;
+        self.ticket
+    }
+
+    /// The body stage kept under `ticket`, taken out of the ring.
+    fn unstage(&mut self, ticket: u32) -> Option<AwaitingScope> {
+        let place = self
+            .staged
+            .iter_mut()
+            .find(|e| matches!(e, Some((t, _)) if *t == ticket))?;
+        place.take().map(|(_, s)| s)
+    }
+
     /// The scope stage, the flow and its claim (see `admit`).
     #[allow(clippy::too_many_arguments)]
     fn claim(

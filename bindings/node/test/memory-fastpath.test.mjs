@@ -13,13 +13,14 @@ const Fastify = require('fastify');
 const native = require('../dist/native.js');
 
 /** Counts the combined admissions during `f`: `Admission.scopeInMemory` (scope stage, flow and
- * claim in one native call) and `MemoryGate.admit` (the whole admission and the claim: Express,
- * and Fastify's scope stage after `preParsing` passed the key and body stages on the gate),
- * wrapped on their prototypes. */
+ * claim in one native call), `MemoryGate.admit` (the whole admission and the claim: Express) and
+ * `MemoryGate.admitStaged` (Fastify's scope stage and claim after `preParsing` passed the key and
+ * body stages on the gate), wrapped on their prototypes. */
 async function countingCombined(f) {
   const wrap = [
     [native.Admission.prototype, 'scopeInMemory'],
     [native.MemoryGate.prototype, 'admit'],
+    [native.MemoryGate.prototype, 'admitStaged'],
   ];
   const orig = wrap.map(([proto, name]) => proto[name]);
   let n = 0;
@@ -27,8 +28,9 @@ async function countingCombined(f) {
     const own = proto[name];
     proto[name] = function (...args) {
       const r = own.apply(this, args);
-      // A gate whose random bytes ran out answers 4 (nothing ran) and is called again.
-      if (args.at(-1)[0] !== 4) n++;
+      // A gate whose random bytes ran out answers 4 (nothing ran) and is called again; one that
+      // no longer keeps a staged body stage answers 6 (nothing ran) and `admit` runs instead.
+      if (args.at(-1)[0] !== 4 && args.at(-1)[0] !== 6) n++;
       return r;
     };
   }
@@ -244,16 +246,21 @@ for (const framework of Object.keys(FRAMEWORKS)) {
 /** Runs `f` with every `MemoryGate` made meanwhile collected (`gates`). */
 async function collectingGates(f) {
   const proto = native.MemoryGate.prototype;
-  const orig = proto.admit;
+  const names = ['admit', 'admitStaged'];
+  const orig = names.map((name) => proto[name]);
   const gates = new Set();
-  proto.admit = function (...args) {
-    gates.add(this);
-    return orig.apply(this, args);
-  };
+  names.forEach((name, i) => {
+    proto[name] = function (...args) {
+      gates.add(this);
+      return orig[i].apply(this, args);
+    };
+  });
   try {
     await f();
   } finally {
-    proto.admit = orig;
+    names.forEach((name, i) => {
+      proto[name] = orig[i];
+    });
   }
   return [...gates];
 }
@@ -446,4 +453,67 @@ test('express: the handler runs in the async context the middlewares before idem
       await new Promise((r) => server.close(r));
     }
   }
+});
+
+test('fastify: more requests between preParsing and the scope stage than the gate keeps body stages for: the oldest are admitted from their inputs, as the ordinary path', async () => {
+  // 70 requests held in a preValidation hook until all arrived: the gate keeps the last 64
+  // body stages; the 6 oldest answer 6 from admitStaged and go through admit on the same bytes.
+  const COUNT = 70;
+  const run = async (store) => {
+    const app = Fastify({ forceCloseConnections: true });
+    await app.register(idempo.idempotencyPlugin, { store, public: true });
+    let arrived = 0;
+    let release;
+    const all = new Promise((r) => {
+      release = r;
+    });
+    app.addHook('preValidation', async () => {
+      if (++arrived === COUNT) release();
+      await all;
+    });
+    let runs = 0;
+    app.post('/pay', async (req, reply) => {
+      runs++;
+      return reply.code(201).send({ amount: req.body.amount });
+    });
+    await app.listen({ port: 0, host: '127.0.0.1' });
+    const url = `http://127.0.0.1:${app.server.address().port}/pay`;
+    const send = (i, amount = i) =>
+      fetch(url, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', 'idempotency-key': `restage-key-${String(i).padStart(3, '0')}` },
+        body: JSON.stringify({ amount }),
+      }).then(async (r) => [r.status, r.headers.get('idempotent-replayed'), await r.text()]);
+    try {
+      const first = await Promise.all(Array.from({ length: COUNT }, (_, i) => send(i)));
+      arrived = -Infinity;
+      // Every key again (replays) and one with another body (422).
+      const again = await Promise.all(Array.from({ length: COUNT }, (_, i) => send(i)));
+      const mismatch = await send(0, 999);
+      return { first, again, mismatch, runs };
+    } finally {
+      await app.close();
+    }
+  };
+  const proto = native.MemoryGate.prototype;
+  const admitStaged = proto.admitStaged;
+  let restaged = 0;
+  proto.admitStaged = function (...args) {
+    const r = admitStaged.apply(this, args);
+    if (args.at(-1)[0] === 6) restaged++;
+    return r;
+  };
+  let fast;
+  try {
+    fast = await run(new idempo.MemoryStore());
+  } finally {
+    proto.admitStaged = admitStaged;
+  }
+  assert.ok(restaged >= COUNT - 64, `restaged ${restaged}`);
+  const slow = await run(new SubclassedStore());
+  assert.deepEqual(fast, slow);
+  assert.equal(fast.runs, COUNT);
+  assert.ok(fast.first.every(([s]) => s === 201));
+  assert.ok(fast.again.every(([s, replayed]) => s === 201 && replayed === 'true'));
+  assert.equal(fast.mismatch[0], 422);
 });

@@ -1,7 +1,7 @@
 //! One pass over an ASGI request's raw headers for core's admission (what
 //! `idempo._host.request_headers` reads, without a Python loop), for `Admission.start_asgi`.
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyFrozenSet, PyList, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyFrozenSet, PyList, PyString, PyTuple};
 
 /// What the pass read: the key header's raw fields in order, the declared body length, the
 /// last `content-type`, whether an `authorization` header came, and the fingerprinted pairs
@@ -131,4 +131,49 @@ pub(crate) fn asgi_response_headers<'py>(
         out.append((latin1(name), latin1(value.as_bytes())))?;
     }
     Ok(Some((out, length)))
+}
+
+/// An ASGI scope's concrete request target as `idempo.asgi._target` reads it (spec/CANONICAL.md
+/// §2.1): the `raw_path` (else the `path`) and, when not empty, `?` and the `query_string`,
+/// bytes read as Latin-1. None for a scope of another shape (not a `dict`; a `raw_path` or
+/// `query_string` present but not `bytes` or None; no `raw_path` and a `path` that is not a
+/// `str`): the host reads it itself, as before.
+#[pyfunction]
+pub(crate) fn asgi_target(scope: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
+    let Ok(scope) = scope.cast_exact::<PyDict>() else {
+        return Ok(None);
+    };
+    let bytes_of = |name: &str| -> PyResult<Option<Option<Vec<u8>>>> {
+        // Some(None): absent, None or empty (falsy); Some(Some(b)): non-empty bytes; None: other.
+        match scope.get_item(name)? {
+            None => Ok(Some(None)),
+            Some(v) if v.is_none() => Ok(Some(None)),
+            Some(v) => match v.cast_exact::<PyBytes>() {
+                Ok(b) if b.as_bytes().is_empty() => Ok(Some(None)),
+                Ok(b) => Ok(Some(Some(b.as_bytes().to_vec()))),
+                Err(_) => Ok(None),
+            },
+        }
+    };
+    let (Some(raw_path), Some(query)) = (bytes_of("raw_path")?, bytes_of("query_string")?) else {
+        return Ok(None);
+    };
+    let mut target = match raw_path {
+        Some(raw) => latin1(&raw),
+        None => match scope.get_item("path")? {
+            None => String::new(),
+            Some(p) => match p.cast_exact::<PyString>() {
+                Ok(text) => match text.to_cow() {
+                    Ok(path) => path.into_owned(),
+                    Err(_) => return Ok(None), // not UTF-8 (lone surrogates): the host's
+                },
+                Err(_) => return Ok(None),
+            },
+        },
+    };
+    if let Some(q) = query {
+        target.push('?');
+        target.push_str(&latin1(&q));
+    }
+    Ok(Some(target))
 }

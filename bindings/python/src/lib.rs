@@ -38,6 +38,7 @@ fn _idempo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     call::register(m)?;
     m.add_function(wrap_pyfunction!(canonical::canonicalize, m)?)?;
     m.add_function(wrap_pyfunction!(asgi_headers::asgi_response_headers, m)?)?;
+    m.add_function(wrap_pyfunction!(asgi_headers::asgi_target, m)?)?;
     m.add_function(wrap_pyfunction!(fingerprint::fingerprint, m)?)?;
     m.add_function(wrap_pyfunction!(key::parse_key, m)?)?;
     m.add_function(wrap_pyfunction!(key::generate_key, m)?)?;

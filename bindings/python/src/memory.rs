@@ -14,7 +14,8 @@ use idempo_core::record::{FencingToken, FingerprintText, Record, StoredResponse}
 use idempo_core::scope::ScopeId;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyTuple};
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyModule, PyTuple};
 
 use crate::errors::{RecordCorrupt, StoreUnavailable, invalid_argument, to_py, with_attrs};
 
@@ -121,20 +122,28 @@ pub(crate) struct InlineMemory {
     lock: Py<PyAny>,
     step: Py<PyAny>,
     partition: Option<Partition>,
+    /// The `MemoryStore` whose unreplaced `_step` `step` is: its usual case (no fork, the
+    /// default clock) is read here, without calling it.
+    store: Option<Py<PyAny>>,
 }
+
+/// `idempo.stores.memory` (imported at the first step read here).
+static MEMORY_MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
 
 #[pymethods]
 impl InlineMemory {
     /// `core`: the store's `MemoryStoreCore`; `lock`: its lock (`acquire()`/`release()`);
-    /// `step`: called holding the lock, returns the store's now in ms; `partition`: 8 bytes.
+    /// `step`: called holding the lock, returns the store's now in ms; `partition`: 8 bytes;
+    /// `store`: the `MemoryStore` when `step` is its own `MemoryStore._step`, unreplaced.
     #[new]
-    #[pyo3(signature = (core, lock, step, partition=None))]
+    #[pyo3(signature = (core, lock, step, partition=None, store=None))]
     fn new(
         py: Python<'_>,
         core: Py<MemoryStoreCore>,
         lock: Py<PyAny>,
         step: Py<PyAny>,
         partition: Option<&[u8]>,
+        store: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
         let partition = partition
             .map(|b| {
@@ -148,8 +157,40 @@ impl InlineMemory {
             lock,
             step,
             partition,
+            store,
         })
     }
+}
+
+/// What `MemoryStore._step` returns or raises in its usual case, read as it reads it: the
+/// store's process is this one (`self._pid == _PID[0]`) and its clock is the module's
+/// `_monotonic_ms` (`time.monotonic_ns() // 1_000_000`, with the module's `time`). None for any
+/// other case, or a read that fails (a forked process, another clock): the caller calls the
+/// step itself.
+fn usual_now<'py>(
+    py: Python<'py>,
+    store: &Bound<'py, PyAny>,
+) -> Option<PyResult<Bound<'py, PyAny>>> {
+    let module = MEMORY_MODULE
+        .get_or_try_init(py, || {
+            PyModule::import(py, "idempo.stores.memory").map(Bound::unbind)
+        })
+        .ok()?
+        .bind(py);
+    let current = module.getattr(intern!(py, "_PID")).ok()?.get_item(0).ok()?;
+    if store.getattr(intern!(py, "_pid")).ok()?.ne(current).ok()? {
+        return None;
+    }
+    let clock = store.getattr(intern!(py, "_clock")).ok()?;
+    if !clock.is(&module.getattr(intern!(py, "_monotonic_ms")).ok()?) {
+        return None;
+    }
+    let time = module.getattr(intern!(py, "time")).ok()?;
+    // From here on what the step would do: its clock's call, and its result or error.
+    Some(
+        time.call_method0(intern!(py, "monotonic_ns"))
+            .and_then(|ns| ns.floor_div(1_000_000)),
+    )
 }
 
 impl InlineMemory {
@@ -175,7 +216,13 @@ impl InlineMemory {
     }
 
     fn locked(&self, py: Python<'_>, op: &StoreOp) -> Option<StoreResult> {
-        let now_ms: u64 = self.step.bind(py).call0().ok()?.extract().ok()?;
+        // A read that fails or finds another case calls the step, as it always did.
+        let usual = self.store.as_ref().and_then(|s| usual_now(py, s.bind(py)));
+        let now = match usual {
+            Some(now) => now.ok()?,
+            None => self.step.bind(py).call0().ok()?,
+        };
+        let now_ms: u64 = now.extract().ok()?;
         let mut core = self.core.bind(py).try_borrow_mut().ok()?;
         core.inner.run(op, self.partition, now_ms).ok()
     }

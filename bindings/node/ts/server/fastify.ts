@@ -31,12 +31,25 @@ import native = require('../native');
 import { ConfigError } from '../errors';
 import { admitBody, admitKey, admitKeyFacts, admitScopeEager, admitThroughGate, declaredLength, gateBodyStage, gateKeyStage, Prepared } from './options';
 import type { Admitted, BodyFacts, GateFacts, IdempotencyOptions } from './options';
-import type { ExecutionContext, FlowEnd, HandlerResult, HttpResponse, IdempotencyEvents, Session } from './session';
+import type { Admission, ExecutionContext, FlowEnd, HandlerResult, HttpResponse, IdempotencyEvents, Session } from './session';
 import { toHttp } from './session';
 import { headerPairs } from './headers';
 import { flatHeaders } from '../fingerprint';
 import { txStorage } from './tx';
 import type { TxHolder } from './tx';
+
+/** A Fastify `preParsing` hook's callback. */
+type ParsingDone = (err: Error | null, payload?: NodeJS.ReadableStream) => void;
+/** A Fastify hook's callback. */
+type HookDone = (err?: Error | null) => void;
+
+/** Hands a hook's promise to its callback (a falsy rejection as Fastify reports it). */
+function settled<T>(r: Promise<T>, done: (err: Error | null, value?: T) => void): void {
+  r.then(
+    (v) => done(null, v),
+    (e: unknown) => done((e as Error) || new Error('idempo: a hook failed without an error')),
+  );
+}
 
 declare module 'fastify' {
   interface FastifyInstance {
@@ -83,11 +96,17 @@ interface State {
 /** The body `preParsing` read and passed through core's key and body stages on the memory gate
  * (see {@link Prepared.memoryGate}): the scope stage admits it through the gate again. */
 const GATED = Symbol('idempo.fastify.gated');
+/** The gate's ticket for the body stage `preParsing` passed (see {@link gateBodyStage}). */
+const TICKET = Symbol('idempo.fastify.ticket');
+/** The request's `routeOptions`, read once. */
+const ROUTE_OPTIONS = Symbol('idempo.fastify.routeOptions');
 
 type Req = FastifyRequest & {
   [STATE]?: State;
   [ADMISSION]?: native.Admission;
   [GATED]?: Buffer;
+  [TICKET]?: number;
+  [ROUTE_OPTIONS]?: FastifyRequest['routeOptions'];
 };
 
 /** Options of the Fastify plugin (`scope` and `route` get the `FastifyRequest`). */
@@ -105,36 +124,39 @@ function hasBody(req: FastifyRequest): boolean {
  * (reading stops there: the connection is closed after the answer).
  */
 function readLimited(payload: NodeJS.ReadableStream, limit: number): Promise<Buffer | null> {
-  return new Promise((resolve, reject) => {
-    const chunks: Buffer[] = [];
-    let size = 0;
-    const cleanup = () => {
-      payload.removeListener('data', onData);
-      payload.removeListener('end', onEnd);
-      payload.removeListener('error', onError);
-    };
-    const onData = (c: Buffer | string) => {
-      const b = chunkBytes(c);
-      size += b.length;
-      if (size > limit) {
-        cleanup();
-        payload.pause();
-        return resolve(null);
-      }
-      chunks.push(b);
-    };
-    const onEnd = () => {
+  return new Promise((resolve, reject) => readLimitedThen(payload, limit, (e, raw) => (e ? reject(e) : resolve(raw))));
+}
+
+/** {@link readLimited}, calling `cb` when the stream ended, failed or went past `limit`. */
+function readLimitedThen(payload: NodeJS.ReadableStream, limit: number, cb: (e: Error | null, raw: Buffer | null) => void): void {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  const cleanup = () => {
+    payload.removeListener('data', onData);
+    payload.removeListener('end', onEnd);
+    payload.removeListener('error', onError);
+  };
+  const onData = (c: Buffer | string) => {
+    const b = chunkBytes(c);
+    size += b.length;
+    if (size > limit) {
       cleanup();
-      resolve(Buffer.concat(chunks));
-    };
-    const onError = (e: Error) => {
-      cleanup();
-      reject(e);
-    };
-    payload.on('data', onData);
-    payload.on('end', onEnd);
-    payload.on('error', onError);
-  });
+      payload.pause();
+      return cb(null, null);
+    }
+    chunks.push(b);
+  };
+  const onEnd = () => {
+    cleanup();
+    cb(null, chunks.length === 1 ? (chunks[0] as Buffer) : Buffer.concat(chunks));
+  };
+  const onError = (e: Error) => {
+    cleanup();
+    cb(e, null);
+  };
+  payload.on('data', onData);
+  payload.on('end', onEnd);
+  payload.on('error', onError);
 }
 
 /** The bytes idempo read, handed on to the app's content-type parser as a stream. */
@@ -209,11 +231,13 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
   if (!app.hasDecorator('idempotencyEvents')) app.decorate('idempotencyEvents', p.events);
   if (!app.hasRequestDecorator('idempotency')) app.decorateRequest('idempotency', undefined);
 
+  // Fastify builds a new `routeOptions` object on every read: read once per request.
+  const routeOptions = (req: FastifyRequest): FastifyRequest['routeOptions'] => ((req as Req)[ROUTE_OPTIONS] ??= req.routeOptions);
   const routeConfig = (req: FastifyRequest): Record<string | symbol, unknown> =>
-    ((req.routeOptions as unknown as { config?: Record<string | symbol, unknown> }).config ?? {});
+    ((routeOptions(req) as unknown as { config?: Record<string | symbol, unknown> }).config ?? {});
   const isProtected = (req: FastifyRequest): boolean =>
     !req.is404 && p.methods.has(req.method.toUpperCase()) && routeConfig(req).idempotency !== false;
-  const routeOf = (req: FastifyRequest): string => (options.route ? options.route(req) : (req.routeOptions.url ?? req.url));
+  const routeOf = (req: FastifyRequest): string => (options.route ? options.route(req) : (routeOptions(req).url ?? req.url));
   const bodyFacts = (req: FastifyRequest): Omit<BodyFacts, 'body'> => ({
     method: req.method.toUpperCase(),
     route: routeOf(req),
@@ -224,7 +248,7 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
 
   /** Sends core's answer; `close`: the upload was not read to its end. */
   const answer = (req: FastifyRequest, reply: FastifyReply, response: HttpResponse, outcome: string, close: boolean, started: number) => {
-    emit({ method: req.method.toUpperCase(), route: routeOf(req), started }, outcome, response.status);
+    if (p.events.listenerCount('outcome') > 0) emit({ method: req.method.toUpperCase(), route: routeOf(req), started }, outcome, response.status);
     const body = apply(reply, response);
     if (close) reply.header('connection', 'close');
     return reply.send(body);
@@ -238,6 +262,9 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
       reply.raw.once('finish', resolve);
       answer(req, reply, a.response, a.outcome, close, started);
     });
+
+  /** The route-level `preHandler` hooks (the transaction's stage only in transactional mode). */
+  const stageHooks = p.o.transactional ? [scopeHook, txStage] : [scopeHook];
 
   // Which routes are protected, checked when each is registered (after the plugin).
   app.addHook('onRoute', (route: RouteOptions) => {
@@ -264,7 +291,7 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
     // route's own limit has to be raised to core's) and on every other route.
     const appLimit = route.bodyLimit ?? app.initialConfig.bodyLimit ?? 1024 * 1024;
     route.bodyLimit = Math.max(appLimit, limit);
-    route.preHandler = [...toArray(route.preHandler), scopeStage, txStage] as RouteOptions['preHandler'];
+    route.preHandler = [...toArray(route.preHandler), ...stageHooks] as RouteOptions['preHandler'];
     route.config = { ...config, [ROUTED]: true, [APP_LIMIT]: appLimit } as RouteOptions['config'];
   });
 
@@ -289,34 +316,69 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
     return replay;
   };
 
-  // Key, body size and fingerprint, on the raw bytes of every content type.
-  app.addHook('preParsing', async (request, reply, payload) => {
+  // Key, body size and fingerprint, on the raw bytes of every content type. A callback hook: the
+  // memory gate's common case goes on from the body's end with no promise.
+  app.addHook('preParsing', (request, reply, payload, fastifyDone) => {
     const req = request as Req;
-    if (!isProtected(req)) return appLimited(req, reply, payload);
-    const started = Date.now();
-    const rawKey = req.headers[p.header];
-    // The memory gate takes one key field (a repeated header goes the ordinary way).
-    const gate = typeof rawKey !== 'object' ? p.memoryGate() : undefined;
-    if (gate !== undefined) {
-      const read = payload as NodeJS.ReadableStream & { readableEnded?: boolean; readableDidRead?: boolean; receivedEncodedLength?: number };
-      const declared = declaredLength(req.headers['content-length']);
-      const k = gateKeyStage(gate.gate, rawKey as string | undefined, declared);
-      if (k === -1) return appLimited(req, reply, payload);
-      // A refusal, or a body another reader consumed first: the ordinary stages below say how.
-      if (k >= 0 && !(hasBody(req) && (read.readableEnded === true || read.readableDidRead === true))) {
-        const raw = await readLimited(read, k);
+    const done = fastifyDone as unknown as ParsingDone;
+    if (isProtected(req)) {
+      const started = Date.now();
+      const rawKey = req.headers[p.header];
+      // The memory gate takes one key field (a repeated header goes the ordinary way).
+      const gate = typeof rawKey !== 'object' ? p.memoryGate() : undefined;
+      if (gate !== undefined && gatedParsing(req, reply, payload, rawKey as string | undefined, gate.gate, started, done)) return;
+      settled(parsing(req, reply, payload, rawKey, started), done);
+      return;
+    }
+    settled(appLimited(req, reply, payload), done);
+  });
+
+  /** The memory gate's key and body stages in `preParsing`: false when the ordinary stages are
+   * to run instead (a refused key, or a body another reader consumed first: they say how); else
+   * `done` is called with the stream the app's parser reads. */
+  function gatedParsing(
+    req: Req,
+    reply: FastifyReply,
+    payload: NodeJS.ReadableStream,
+    rawKey: string | undefined,
+    gate: native.MemoryGate,
+    started: number,
+    done: ParsingDone,
+  ): boolean {
+    const read = payload as NodeJS.ReadableStream & { readableEnded?: boolean; readableDidRead?: boolean; receivedEncodedLength?: number };
+    const declared = declaredLength(req.headers['content-length']);
+    const k = gateKeyStage(gate, rawKey, declared);
+    if (k === -1) {
+      settled(appLimited(req, reply, payload), done);
+      return true;
+    }
+    if (k < 0 || (hasBody(req) && (read.readableEnded === true || read.readableDidRead === true))) return false;
+    readLimitedThen(read, k, (e, raw) => {
+      if (e) return done(e);
+      try {
         if (raw !== null) {
           const headers = p.fingerprinter.usesHeaders ? flatHeaders(req.headers) : null;
-          if (gateBodyStage(gate.gate, rawKey as string | undefined, declared, req.method.toUpperCase(), req.url, raw, req.headers['content-type'] ?? null, headers)) {
+          const ticket = gateBodyStage(gate, rawKey, declared, req.method.toUpperCase(), req.url, raw, req.headers['content-type'] ?? null, headers);
+          if (ticket !== 0) {
             req[GATED] = raw;
-            return replayOf(raw, read);
+            req[TICKET] = ticket;
+            return done(null, replayOf(raw, read));
           }
         }
-        // Refused (over the limit, or by the fingerprint): the ordinary stages on the same bytes.
-        await refuseBody(req, reply, raw, started);
-        return payload;
+      } catch (err) {
+        return done(err as Error);
       }
-    }
+      // Refused (over the limit, or by the fingerprint): the ordinary stages on the same bytes.
+      settled(
+        refuseBody(req, reply, raw, started).then(() => payload),
+        done,
+      );
+    });
+    return true;
+  }
+
+  /** The ordinary `preParsing` stages (no memory gate, or one that refused the key). */
+  async function parsing(req: Req, reply: FastifyReply, payload: NodeJS.ReadableStream, rawKey: string | string[] | undefined, started: number): Promise<NodeJS.ReadableStream> {
     const key = admitKeyFacts(p, rawKey, req.headers['content-length']);
     const adm = key.a;
     req[ADMISSION] = adm;
@@ -347,7 +409,7 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
       return payload;
     }
     return replayOf(raw, read);
-  });
+  }
 
   /** The app's parser reads the same bytes. */
   function replayOf(raw: Buffer | null, read: { receivedEncodedLength?: number }): Replay {
@@ -366,9 +428,24 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
     await answerEarly(req, reply, refusal, raw === null, started);
   }
 
+  /** {@link scopeStage} as a callback hook: the memory gate's common case goes on with no
+   * promise. */
+  function scopeHook(request: FastifyRequest, reply: FastifyReply, done: HookDone): void {
+    let r: void | Promise<void>;
+    try {
+      r = scopeStage(request, reply);
+    } catch (e) {
+      done(e as Error);
+      return;
+    }
+    if (r instanceof Promise) settled(r, done);
+    else done();
+  }
+
   /** The scope stage and the claim; on routes registered after the plugin it runs as the route's
-   * last `preHandler`, after the app's hooks (authentication). */
-  async function scopeStage(request: FastifyRequest, reply: FastifyReply): Promise<void> {
+   * last `preHandler`, after the app's hooks (authentication). Synchronous unless something is
+   * awaited (a scope function's promise, a store). */
+  function scopeStage(request: FastifyRequest, reply: FastifyReply): void | Promise<void> {
     const req = request as Req;
     if (req[STATE] !== undefined || reply.sent || !isProtected(req)) return;
     const started = Date.now();
@@ -395,13 +472,16 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
         key: rawKey,
         declared: declaredLength(req.headers['content-length']),
       };
+      // preParsing's body stage, kept by the gate that passed it (one gate per plugin).
+      const ticket = req[TICKET];
+      if (ticket !== undefined) f.ticket = ticket;
       let admitted: Admitted | Promise<Admitted>;
       if (gate !== undefined) admitted = admitThroughGate(p, gate.gate, gate.mem, f);
       else {
         const a = admitKey(p, rawKey, req.headers['content-length']);
         admitted = admitBody(p, a, f) ?? admitScopeEager(p, a, f);
       }
-      if (admitted instanceof Promise) admitted = await admitted;
+      if (admitted instanceof Promise) return admitted.then((r) => admittedThen(req, reply, r, started, method, route));
       return admittedThen(req, reply, admitted, started, method, route);
     }
     const adm = req[ADMISSION] ?? admitKey(p, req.headers[p.header], req.headers['content-length']);
@@ -428,7 +508,7 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
       }
     }
     // The same facts as bodyFacts(req), from the method and route already resolved above.
-    let admitted = admitScopeEager(p, adm, {
+    const admitted = admitScopeEager(p, adm, {
       req,
       method,
       route,
@@ -438,25 +518,31 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
       body: null,
       authenticated,
     });
-    if (admitted instanceof Promise) admitted = await admitted;
+    if (admitted instanceof Promise) return admitted.then((r) => admittedThen(req, reply, r, started, method, route));
     return admittedThen(req, reply, admitted, started, method, route);
   }
 
   /** Core's admission ended: its answer, or the handler runs with its session. */
-  async function admittedThen(req: Req, reply: FastifyReply, admitted: Admitted, started: number, method: string, route: string): Promise<void> {
+  function admittedThen(req: Req, reply: FastifyReply, admitted: Admitted, started: number, method: string, route: string): void | Promise<void> {
     if (admitted.kind === 'unprotected') return;
     if (admitted.kind === 'respond' || admitted.kind === 'answered') {
       answer(req, reply, admitted.response, admitted.outcome, false, started);
       return;
     }
-    let a = admitted.session.admitEager();
-    if (a instanceof Promise) a = await a;
+    const session = admitted.session;
+    const a = session.admitEager();
+    if (a instanceof Promise) return a.then((r) => claimed(req, reply, session, r, started, method, route));
+    claimed(req, reply, session, a, started, method, route);
+  }
+
+  /** The claim's answer: sent, or the handler runs with its session. */
+  function claimed(req: Req, reply: FastifyReply, session: Session, a: Admission, started: number, method: string, route: string): void {
     if (a.kind === 'respond') {
       answer(req, reply, a.response, a.outcome, false, started);
       return;
     }
     req.idempotency = a.context;
-    const st: State = { session: admitted.session, done: false, started, route, method };
+    const st: State = { session, done: false, started, route, method };
     if (a.context.tx !== undefined) st.holder = { tx: a.context.tx };
     req[STATE] = st;
     // A reply that never goes through onSend (hijacked): the flow ends when the response does.
@@ -481,20 +567,21 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
     else done();
   }
 
-  // Routes registered before the plugin (no route-level hooks): the same stages as app hooks,
-  // which run before any preHandler the app adds later.
-  app.addHook('preHandler', async (request, reply) => {
-    if (routeConfig(request)[ROUTED] === true || !isProtected(request)) return;
+  // Routes registered before the plugin (no route-level hooks): the same stages as one app hook,
+  // which runs before any preHandler the app adds later.
+  app.addHook('preHandler', (request, reply, done) => {
+    if (routeConfig(request)[ROUTED] === true) return done();
+    if (!isProtected(request)) return txStage(request, reply, done);
     const route = routeOf(request);
     p.warnOnce(
       `unrouted:${route}`,
       `idempo: route ${request.method.toUpperCase()} ${route} was registered before idempotencyPlugin: its scope runs before your preHandler hooks. Register the plugin before the routes.`,
     );
-    await scopeStage(request, reply);
-  });
-  app.addHook('preHandler', (request, reply, done) => {
-    if (routeConfig(request)[ROUTED] === true) return done();
-    txStage(request, reply, done);
+    scopeHook(request, reply, (err) => {
+      // As two hooks: the transaction's stage runs only when the scope stage sent nothing.
+      if (err || reply.sent) done(err ?? undefined);
+      else txStage(request, reply, done);
+    });
   });
 
   app.addHook('onError', async (request, _reply, error) => {

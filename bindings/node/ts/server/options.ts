@@ -304,9 +304,10 @@ export function gateKeyStage(gate: native.MemoryGate, key: string | undefined, d
 }
 
 /**
- * Core's key and body stages through the memory gate, nothing held (`MemoryGate.bodyStage`):
- * true when the request passes both (then {@link admitThroughGate} on the same inputs passes
- * them again), false when one refuses it (the ordinary stages say how).
+ * Core's key and body stages through the memory gate, nothing claimed (`MemoryGate.bodyStage`):
+ * 0 when one refuses the request (the ordinary stages say how), else the ticket under which the
+ * gate keeps the passed body stage for {@link admitThroughGate} (`GateFacts.ticket`; on the same
+ * inputs the stages would pass again).
  */
 export function gateBodyStage(
   gate: native.MemoryGate,
@@ -317,7 +318,7 @@ export function gateBodyStage(
   body: Buffer,
   contentType: string | null,
   headers: string[] | null,
-): boolean {
+): number {
   try {
     return gate.bodyStage(key ?? null, declared, method, target, body, contentType, headers);
   } catch (e) {
@@ -330,12 +331,18 @@ export function gateBodyStage(
 export interface GateFacts<Req> extends RequestFacts<Req> {
   key: string | undefined;
   declared: number | null;
+  /** {@link gateBodyStage}'s ticket for these inputs: the gate's kept body stage is admitted
+   * (`MemoryGate.admitStaged`), or, when the gate no longer keeps it, the request from its
+   * inputs. */
+  ticket?: number;
 }
 
 /** `MemoryGate`'s code for each kind of scope function return (see `MemoryGate.admit`). */
 const SCOPE_CODES: Record<string, number> = { not_called: 0, string: 1, nothing: 2, other: 3, raised: 4 };
 /** `MemoryGate.admit`'s scope code for "the route has a scope function: call it now". */
 const SCOPE_PENDING = 5;
+/** `MemoryGate.admitStaged`'s result when the ticket's body stage is no longer kept. */
+const RESTAGE = 6;
 const NOT_CALLED: native.ScopeReturn = { kind: 'not_called' };
 
 const NO_BYTES = Buffer.alloc(0);
@@ -354,12 +361,20 @@ export function admitThroughGate<Req>(p: Prepared<Req>, gate: native.MemoryGate,
   const partitioned = p.o.store.partitioned === true;
   const scope = p.o.scope;
   const body = f.body as Buffer;
-  const headers = p.fingerprinter.usesHeaders ? flatHeaders(f.headers) : null;
+  const scopeCode = scope ? SCOPE_PENDING : 0;
+  const ticket = f.ticket;
+  const admit = (facts: Buffer) =>
+    gate.admit(mem.core, mem.now(), f.key ?? null, f.declared, f.method, f.target, f.route, body, f.contentType ?? null, p.fingerprinter.usesHeaders ? flatHeaders(f.headers) : null, f.authenticated, scopeCode, null, partitioned, facts);
   let r: GateAdmitted = gateStep(
     gate,
     mem,
-    (facts) =>
-      gate.admit(mem.core, mem.now(), f.key ?? null, f.declared, f.method, f.target, f.route, body, f.contentType ?? null, headers, f.authenticated, scope ? SCOPE_PENDING : 0, null, partitioned, facts),
+    ticket === undefined
+      ? admit
+      : (facts) => {
+          const staged = gate.admitStaged(ticket, mem.core, mem.now(), f.method, f.route, f.authenticated, scopeCode, null, partitioned, facts);
+          // The gate no longer keeps that body stage (nothing ran): the request from its inputs.
+          return facts[0] === RESTAGE ? admit(facts) : staged;
+        },
     o,
     warn,
   );

@@ -555,10 +555,6 @@ class _Steps:
         """``memories``: the host's remembered partition views of its memory store
         (:func:`idempo.stores.memory.partition_memory`), for a flow that would make the same."""
         self._request = _Request(config, scope, fingerprint, key, route, hooks, renderer)
-        self._session: Any = None
-        self._memory: Any = _UNRESOLVED
-        """The InlineMemory the flow's calls run its store's primitives on (None: none), once
-        known."""
         if config.transactional:
             require_transactions(store)
             self._session = self._open_session(store.transaction())
@@ -573,9 +569,16 @@ class _Steps:
                 self._store = _for_partition(store, partition)
             else:
                 self._store, self._memory = found[0], found[1]
-        self._run: Optional[_Run] = None
-        self._closed = False
         self._init_host()
+
+    # Class-level defaults (no ``__slots__``): a request's flow sets only what differs.
+    _session: Any = None
+    """The transactional session (None: not transactional)."""
+    _memory: Any = _UNRESOLVED
+    """The InlineMemory the flow's calls run its store's primitives on (None: none), once
+    known."""
+    _run: Optional[_Run] = None
+    _closed = False
 
     def _open_session(self, session: Any) -> Any:
         """The session as this host drives it."""
@@ -858,17 +861,24 @@ class AsyncRequest(_Steps):
     def _open_session(self, session: Any) -> Any:
         return session if is_async_store(session) else ThreadedSession(session)
 
+    # Class-level defaults, as :class:`_Steps`'s: what a flow on a memory store the host
+    # resolved (``memories``) keeps; :meth:`_init_host` sets the others.
+    mode = INLINE
+    """How the store's primitives run (:func:`store_mode`); ``"inline"`` never suspends."""
+    inline = True
+    """Every step of this flow runs without suspending (an inline store, no transaction): the
+    host may call the ``*_now`` twins of the steps instead of awaiting them."""
+    _lock: Optional[asyncio.Lock] = None
+    _beats: "Optional[_Beats]" = None
+    """The loop's heartbeat timer this request waits in (until its first renewal is due)."""
+    _beat: "Optional[asyncio.Future[None]]" = None
+
     def _init_host(self) -> None:
-        # A memory store the host resolved (``memories``) never blocks: its steps run inline.
-        self.mode = store_mode(self._store) if self._memory is _UNRESOLVED else INLINE
-        """How the store's primitives run (:func:`store_mode`); ``"inline"`` never suspends."""
-        self.inline = self.mode == INLINE and self._session is None
-        """Every step of this flow runs without suspending (an inline store, no transaction):
-        the host may call the ``*_now`` twins of the steps instead of awaiting them."""
-        self._lock: Optional[asyncio.Lock] = None
-        self._beats: Optional[_Beats] = None
-        """The loop's heartbeat timer this request waits in (until its first renewal is due)."""
-        self._beat: "Optional[asyncio.Future[None]]" = None
+        # A memory store the host resolved (``memories``) never blocks: its steps run inline
+        # (the class's defaults).
+        if self._memory is _UNRESOLVED:
+            self.mode = store_mode(self._store)
+            self.inline = self.mode == INLINE and self._session is None
 
     async def begin(self) -> Union[Response, Execution]:
         if self.inline:

@@ -39,6 +39,7 @@ __all__ = [
     "ServerFlow",
     "StoreUnavailable",
     "asgi_response_headers",
+    "asgi_target",
     "body_problem",
     "cache_fill_px",
     "cache_servable",
@@ -107,6 +108,7 @@ STORE_LATENCY_BUCKETS: tuple[float, ...]
 """Histogram bounds (seconds) of ``idempo_store_operation_duration_seconds`` (core's)."""
 
 def asgi_response_headers(raw: object) -> tuple[list[tuple[str, str]], bool] | None: ...
+def asgi_target(scope: object) -> str | None: ...
 def canonicalize(
     data: _Bytes,
     *,
@@ -206,6 +208,7 @@ class InlineMemory:
         lock: Any,
         step: Any,
         partition: bytes | None = None,
+        store: Any = None,
     ) -> InlineMemory: ...
 
 @final

@@ -44,11 +44,11 @@ from typing import (
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-from idempo._flow import HandlerResult, Response, failed_log
+from idempo._flow import HandlerResult, Response, failed_log, new_handler_result
 from idempo._host import (
-    HostCore, HostOptions, RouteOptions, with_content_length,
+    HostCore, HostOptions, RouteOptions, RouteParts, with_content_length,
 )
-from idempo._idempo import BodyCapture, Config, asgi_response_headers
+from idempo._idempo import BodyCapture, Config, asgi_response_headers, asgi_target
 from idempo.stores._tx import enter, leave
 from idempo._tee import handler_result
 
@@ -123,14 +123,43 @@ def _path_routed(routes: Sequence[Any], depth: int = 0) -> bool:
     return True
 
 
+Decision = Tuple[Optional[RouteParts], str, str]
+"""A middleware's decision for an HTTP request's (method, path, root_path): the route's parts
+(None: the request passes through unprotected), its route template (else the path) and the
+method in upper case."""
+
+
 class _RouteCache:
     """The route found per (type, method, path, root_path), for an app whose routes all match by
-    method and path alone; forgotten when the app's route list changes."""
+    method and path alone, and the middleware's :data:`Decision` per (method, path, root_path)
+    (what it makes of that route; only without a ``route`` function); forgotten when the app's
+    route list changes."""
 
     def __init__(self) -> None:
         self.sig: Optional[Tuple[int, int, int]] = None
         self.usable = False
         self.found: Dict[Tuple[Any, ...], Tuple[Optional[str], Any, bool]] = {}
+        self.decided: Dict[Tuple[Any, ...], Decision] = {}
+
+    def decision(self, scope: Scope) -> Optional[Decision]:
+        """The decision remembered for an HTTP request, or None (decide it, then
+        :meth:`remember`)."""
+        app = scope.get("app")
+        routes = getattr(app, "routes", None)
+        if not routes or not self.usable or self.sig != (id(app), id(routes), len(routes)):
+            return None
+        return self.decided.get((scope["method"], scope["path"], scope.get("root_path", "")))
+
+    def remember(self, scope: Scope, decision: Decision) -> None:
+        """Keeps ``decision`` for the request's (method, path, root_path) when its route was
+        found by them alone (:meth:`route` just ran for it)."""
+        app = scope.get("app")
+        routes = getattr(app, "routes", None)
+        if not routes or not self.usable or self.sig != (id(app), id(routes), len(routes)):
+            return
+        if len(self.decided) >= _MAX_ROUTES_CACHED:
+            self.decided = {}
+        self.decided[(scope["method"], scope["path"], scope.get("root_path", ""))] = decision
 
     def route(self, scope: Scope) -> Tuple[Optional[str], Any, bool]:
         app = scope.get("app")
@@ -141,6 +170,7 @@ class _RouteCache:
         if sig != self.sig:
             self.sig = sig
             self.found = {}
+            self.decided = {}
             try:
                 self.usable = _path_routed(routes)
             except ImportError:  # pragma: no cover - Starlette is what sets scope["app"].routes
@@ -276,25 +306,45 @@ class IdempotencyMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if not self._marked:
             self._mark_framework_rejections()
-        if scope["type"] != "http" or scope["method"].upper() not in self.core.methods:
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        template, endpoint, routed = self._routes.route(scope)
-        if self.route_fn is not None:
-            template = self.route_fn(scope) or template
-        elif routed and template is None:
-            await self.app(scope, receive, send)  # no such route: the app answers 404/405
-            return
-        opts = self.core.options_for(endpoint)
-        if opts is None:
+        decided = None if self.route_fn is not None else self._routes.decision(scope)
+        if decided is None:
+            decided = self._decide(scope)
+        parts, route, method = decided
+        if parts is None:
             await self.app(scope, receive, send)
             return
-        route = template or scope["path"]
         if not isinstance(scope.get("state"), dict):
             # Servers without lifespan state (httpx.ASGITransport) set none; Starlette adds it
             # anyway, so a scope function reading scope["state"] sees an empty one.
             scope["state"] = {}
-        await self._protected(scope, receive, send, opts, route)
+        await self._protected(scope, receive, send, parts, route, method)
+
+    def _decide(self, scope: Scope) -> Decision:
+        """The :data:`Decision` for an HTTP request (remembered, without a ``route`` function,
+        for the next request with its method and path)."""
+        method = scope["method"].upper()
+        if method not in self.core.methods:
+            decided: Decision = (None, "", method)
+            if self.route_fn is None:
+                self._routes.remember(scope, decided)
+            return decided
+        template, endpoint, routed = self._routes.route(scope)
+        if self.route_fn is not None:
+            template = self.route_fn(scope) or template
+        elif routed and template is None:
+            # No such route: the app answers 404/405.
+            decided = (None, "", method)
+            self._routes.remember(scope, decided)
+            return decided
+        opts = self.core.options_for(endpoint)
+        decided = (
+            None if opts is None else self.core.parts(opts), template or scope["path"], method)
+        if self.route_fn is None:
+            self._routes.remember(scope, decided)
+        return decided
 
     async def _read_body(
         self, receive: Receive, limit: int, message: Optional[Message] = None
@@ -321,10 +371,11 @@ class IdempotencyMiddleware:
             message = None
 
     async def _protected(
-        self, scope: Scope, receive: Receive, send: Send, opts: RouteOptions, route: str
+        self, scope: Scope, receive: Receive, send: Send, parts: RouteParts, route: str,
+        method: str,
     ) -> None:
         core = self.core
-        parts = core.parts(opts)
+        opts = parts.opts
         raw = scope.get("headers", ())
         admission, headers, content_type, authorization = core.start_asgi(opts, parts, raw)
         kind = admission.kind
@@ -356,9 +407,9 @@ class IdempotencyMiddleware:
             admission,
             parts,
             scope,
-            scope["method"].upper(),
+            method,
             route,
-            _target(scope),
+            asgi_target(scope) or _target(scope),
             headers,
             content_type,
             body,
@@ -373,19 +424,17 @@ class IdempotencyMiddleware:
             if isinstance(started, Response):  # a replay or a problem: the handler does not run
                 await _send(send, started)
                 return
-            captured = _Capture(opts.config, send)
             inner = dict(scope)
             state = dict(scope.get("state") or {})
             state["idempotency"] = started
             inner["state"] = state
             inner["extensions"] = _without_pathsend(scope)
-            captured.state = state
-            replay = _replay(body, receive)
             tx = started.transaction
             token = None if tx is None else enter(tx)
             try:
                 await run_captured(
-                    flow, captured, opts, lambda out: self.app(inner, replay, out), send)
+                    flow, _Capture(opts.config, send, state), opts, self.app, inner,
+                    _replay(body, receive), send)
             finally:
                 if token is not None:
                     leave(token)
@@ -490,11 +539,18 @@ class _Capture:
     """``on_complete`` started: what the application raises from now on is not the handler's
     failure (the outcome is decided)."""
 
-    def __init__(self, config: Config, client: Optional[Send]) -> None:
+    headers: List[Tuple[str, str]] = []
+    """The response's headers (set at ``http.response.start``; this empty list is never
+    changed)."""
+
+    def __init__(
+        self, config: Config, client: Optional[Send], state: Optional[Dict[str, Any]] = None
+    ) -> None:
+        """``state``: the ``scope["state"]`` the application is given (where the framework
+        marks its own rejections)."""
         self.config = config
         self.client = client
-        self.state: Dict[str, Any] = {}
-        self.headers: List[Tuple[str, str]] = []
+        self.state: Dict[str, Any] = {} if state is None else state
         self.chunks: List[bytes] = []
 
     @property
@@ -606,9 +662,13 @@ class _Capture:
         """What the handler answered (its response as captured so far, see :meth:`ended`)."""
         if self.status is None:  # self.result(), in this frame
             raise RuntimeError("the application finished without starting a response")
+        framework = bool(self.state.get(FRAMEWORK_REJECTION, False))
+        if opts.redact is None:  # handler_result without a redact hook, in this frame
+            return new_handler_result(
+                self.status, self.headers, b"".join(self.chunks), None, framework,
+                self.truncated)
         return handler_result(
-            opts, self.status, self.headers, b"".join(self.chunks), self.truncated,
-            bool(self.state.get(FRAMEWORK_REJECTION, False)))
+            opts, self.status, self.headers, b"".join(self.chunks), self.truncated, framework)
 
     def result(self) -> Tuple[int, List[Tuple[str, str]], bytes]:
         if self.status is None:
@@ -631,17 +691,19 @@ async def run_captured(
     flow: FlowSteps,
     capture: _Capture,
     opts: RouteOptions,
-    app: Callable[[Send], Awaitable[None]],
+    app: ASGIApp,
+    scope: Scope,
+    receive: Receive,
     send: Send,
     answer_failures: bool = True,
 ) -> Optional[Response]:
-    """Runs the application (``app(capture.send)``, in this task) under ``flow`` once its
-    handler may run: the response is recorded and answered at its last body message (the
-    application's ``send`` returns after that), or when the application returns without one.
-    A failure before then is the handler's: core decides what to record and the error is
-    re-raised, unless core answers instead (transactional mode, a failed rollback: logged, and
-    returned and sent when ``answer_failures``, else the error is re-raised). What the
-    application raises after the outcome is decided (its background tasks) propagates
+    """Runs the application (``app(scope, receive, capture.send)``, in this task) under
+    ``flow`` once its handler may run: the response is recorded and answered at its last body
+    message (the application's ``send`` returns after that), or when the application returns
+    without one. A failure before then is the handler's: core decides what to record and the
+    error is re-raised, unless core answers instead (transactional mode, a failed rollback:
+    logged, and returned and sent when ``answer_failures``, else the error is re-raised). What
+    the application raises after the outcome is decided (its background tasks) propagates
     unchanged."""
     answered: List[Response] = []
     # An inline flow (idempo._flow.AsyncRequest.inline) takes its steps without suspending.
@@ -660,7 +722,7 @@ async def run_captured(
 
     capture.on_complete = complete
     try:
-        await app(capture.send)
+        await app(scope, receive, capture.send)
         if not capture.completing:
             capture.ended()
             await capture.complete()

@@ -62,7 +62,7 @@ from idempo._render import ProblemRenderer
 from idempo._host import (
     HostCore, RouteOptions, route_overrides,
 )
-from idempo._idempo import Config, InvalidArgument
+from idempo._idempo import Config, InvalidArgument, asgi_target
 from idempo.stores._tx import enter, leave
 from idempo.asgi import _Capture, _send, _target, _without_pathsend, run_captured
 
@@ -226,7 +226,7 @@ class _Run:
             self,
             scope["method"].upper(),
             self.route,
-            _target(scope),
+            asgi_target(scope) or _target(scope),
             headers,
             content_type,
             body,
@@ -278,8 +278,8 @@ class _Run:
         inner_scope["extensions"] = _without_pathsend(scope)
         await run_captured(
             # An inline flow's steps never suspend: nothing for a cancellation to interrupt.
-            flow if flow.inline else _Settled(flow), capture, self.opts,
-            lambda out: inner(inner_scope, receive, out), send, answer_failures=False)
+            flow if flow.inline else _Settled(flow), capture, self.opts, inner, inner_scope,
+            receive, send, answer_failures=False)
 
 
 class _Settled:

@@ -319,7 +319,8 @@ def inline_memory(store: Any) -> Optional[InlineMemory]:
     if not store.__dict__.keys().isdisjoint(_OWN):
         return None  # a method replaced on the instance
     try:
-        return InlineMemory(store._core, store._lock, store._step, partition)
+        # The store itself too: its unreplaced ``_step``'s usual case is read without a call.
+        return InlineMemory(store._core, store._lock, store._step, partition, store)
     except InvalidArgument:  # not a partition core takes: the claim refuses it as usual
         return None
 

@@ -1,0 +1,180 @@
+"""Shortcuts of the ASGI hosts' per-request work, each checked against the ordinary path it
+replaces: the request target read in the extension (``asgi_target``), the memory store's step
+read in the extension (``InlineMemory`` with its store), and the middleware's decision remembered
+per (method, path)."""
+
+from __future__ import annotations
+
+import asyncio
+import types
+from typing import Any, Dict, List, Optional
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+import idempo
+from idempo._idempo import ServerFlow, asgi_target
+from idempo.asgi import IdempotencyMiddleware, _target
+from idempo.stores import MemoryStore, memory_partition
+from idempo.stores import memory as memory_module
+from idempo.stores.memory import inline_memory
+
+FP = "v1:" + "7" * 64
+
+
+class Str(str):
+    pass
+
+
+SCOPES: List[Dict[str, Any]] = [
+    {"path": "/a", "raw_path": b"/a", "query_string": b""},
+    {"path": "/a", "raw_path": b"/a%20b", "query_string": b"x=1&y=\xe9"},
+    {"path": "/\u00e9", "query_string": b"q"},
+    {"path": "/p", "raw_path": None, "query_string": None},
+    {"path": "/p", "raw_path": b"", "query_string": b"z"},
+    {"raw_path": b"/only-raw"},
+    {},
+    {"path": "/p", "raw_path": bytearray(b"/ba"), "query_string": b"q"},
+    {"path": "/p", "raw_path": b"/r", "query_string": bytearray(b"q")},
+    {"path": "/p", "raw_path": b"/r", "query_string": memoryview(b"mv")},
+    {"path": Str("/sub"), "query_string": b""},
+    {"path": 7, "query_string": b""},
+    {"path": "/lone-\udc80", "query_string": b""},
+]
+
+
+@pytest.mark.parametrize("scope", SCOPES)
+def test_the_target_read_in_the_extension_is_the_hosts(scope: Dict[str, Any]) -> None:
+    expected = _target(scope)
+    found = asgi_target(scope)
+    assert found is None or found == expected
+    assert (found or _target(scope)) == expected
+
+
+def test_the_target_of_a_scope_that_is_not_a_dict_is_left_to_the_host() -> None:
+    class Scope(dict):  # type: ignore[type-arg]
+        pass
+
+    assert asgi_target(Scope(path="/a")) is None
+    assert asgi_target(types.MappingProxyType({"path": "/a"})) is None
+
+
+def _claimed_lease(store: MemoryStore) -> Optional[int]:
+    """The lease end of a claim the flow made on ``store`` inline (None: it went to the host)."""
+    memory = inline_memory(store.with_partition(memory_partition("p")))
+    assert memory is not None
+    _, action = ServerFlow.start(b"\x01" * 32, FP, idempo.Config(lease_ms=1_000), b"\x05" * 16,
+                                 memory)
+    if action.kind != "run_handler":
+        return None
+    row = store._core.get(b"\x01" * 32)
+    return int(row[4])
+
+
+def test_the_step_read_in_the_extension_is_the_stores(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The default clock, read through the module's ``time`` as ``_monotonic_ms`` reads it.
+    fake = types.SimpleNamespace(monotonic_ns=lambda: 7_000_000_123)
+    monkeypatch.setattr(memory_module, "time", fake)
+    assert MemoryStore()._step() == 7_000
+    assert _claimed_lease(MemoryStore()) == 7_000 + 1_000
+    # A clock of the store's own, set at construction or later: called.
+    assert _claimed_lease(MemoryStore(clock=lambda: 50_000)) == 51_000
+    late = MemoryStore()
+    memory = inline_memory(late.with_partition(memory_partition("p")))
+    late._clock = lambda: 90_000  # type: ignore[method-assign]
+    assert memory is not None
+    _, action = ServerFlow.start(b"\x02" * 32, FP, idempo.Config(lease_ms=1_000), b"\x06" * 16,
+                                 memory)
+    assert action.kind == "run_handler" and int(late._core.get(b"\x02" * 32)[4]) == 91_000
+    # A clock that raises, once: the claim goes to the store's method (which raises it).
+    calls: List[int] = []
+
+    def broken() -> int:
+        calls.append(1)
+        raise RuntimeError("clock")
+
+    monkeypatch.setattr(memory_module, "time", types.SimpleNamespace(monotonic_ns=broken))
+    assert _claimed_lease(MemoryStore()) is None
+    assert calls == [1]
+
+
+def test_a_forked_store_is_refused_by_its_own_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    store = MemoryStore()
+    store._pid = -1  # as if this process were a fork of the one that built the store
+    assert _claimed_lease(store) is None  # the store's method raises StoreUnavailable
+    allowed = MemoryStore(allow_multiprocess=True, clock=lambda: 3_000)
+    allowed._pid = -1
+    assert _claimed_lease(allowed) == 4_000
+
+
+def _app(seen: List[str]) -> Starlette:
+    async def pay(request: Request) -> Response:
+        seen.append(request.url.path)
+        return JSONResponse({"ok": True}, status_code=201)
+
+    @idempo.idempotent(enabled=False)
+    async def free(request: Request) -> Response:
+        seen.append("free")
+        return JSONResponse({"free": True})
+
+    return Starlette(routes=[Route("/pay/{id}", pay, methods=["POST", "PUT"]),
+                             Route("/free", free, methods=["POST"])])
+
+
+def _post(app: Any, path: str, key: str, method: str = "POST") -> httpx.Response:
+    async def go() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            return await c.request(method, path, json={"a": 1}, headers={"Idempotency-Key": f"fast-path-key-{key}-0123456789"})
+
+    return asyncio.run(go())
+
+
+def _middleware(app: Starlette) -> IdempotencyMiddleware:
+    """The app's idempo middleware (built with its first request)."""
+    found: Any = app.middleware_stack
+    while not isinstance(found, IdempotencyMiddleware):
+        found = found.app
+    return found
+
+
+def test_the_remembered_decision_is_the_decision() -> None:
+    seen: List[str] = []
+    app = _app(seen)
+    app.add_middleware(IdempotencyMiddleware, store=MemoryStore())
+    mw = app
+    for _ in range(2):
+        assert _post(mw, "/pay/1", "k1").status_code == 201
+    assert seen == ["/pay/1"]  # the second was a replay
+    for _ in range(2):  # exempt: runs every time
+        assert _post(mw, "/free", "k2").status_code == 200
+    for _ in range(2):  # not a protected method: runs every time
+        assert _post(mw, "/pay/2", "k3", "PUT").status_code == 201
+    assert _post(mw, "/nowhere", "k4").status_code == 404
+    assert seen == ["/pay/1", "free", "free", "/pay/2", "/pay/2"]
+    assert ("POST", "/pay/1", "") in _middleware(app)._routes.decided
+    # The app's routes replaced: decided again.
+    app.router.routes = [Route("/pay/{id}", app.routes[1].endpoint, methods=["POST"])]
+    for _ in range(2):
+        assert _post(mw, "/pay/1", "k5").status_code == 200
+    assert seen[-2:] == ["free", "free"]
+
+
+def test_a_route_function_is_called_for_every_request() -> None:
+    seen: List[str] = []
+    called: List[str] = []
+
+    def route(scope: Any) -> Optional[str]:
+        called.append(scope["path"])
+        return "/custom"
+
+    app = _app(seen)
+    app.add_middleware(IdempotencyMiddleware, store=MemoryStore(), route=route)
+    for _ in range(2):
+        assert _post(app, "/pay/1", "k1").status_code == 201
+    assert seen == ["/pay/1"] and called == ["/pay/1", "/pay/1"]
+    assert not _middleware(app)._routes.decided
