@@ -355,6 +355,7 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
     if (k < 0 || (hasBody(req) && (read.readableEnded === true || read.readableDidRead === true))) return false;
     readLimitedThen(read, k, (e, raw) => {
       if (e) return done(e);
+      let replay: Replay | undefined;
       try {
         if (raw !== null) {
           const headers = p.fingerprinter.usesHeaders ? flatHeaders(req.headers) : null;
@@ -362,12 +363,14 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
           if (ticket !== 0) {
             req[GATED] = raw;
             req[TICKET] = ticket;
-            return done(null, replayOf(raw, read));
+            replay = replayOf(raw, read);
           }
         }
       } catch (err) {
         return done(err as Error);
       }
+      // Outside the try: what Fastify runs next is never reported as this hook's failure.
+      if (replay !== undefined) return done(null, replay);
       // Refused (over the limit, or by the fingerprint): the ordinary stages on the same bytes.
       settled(
         refuseBody(req, reply, raw, started).then(() => payload),

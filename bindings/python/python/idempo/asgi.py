@@ -561,17 +561,20 @@ class _Capture:
         assert self.client is not None, "the client's send is set before the response starts"
         await self.client(message)
 
-    async def _decide(self, streaming: bool) -> None:
+    def _plan(self, streaming: bool) -> bool:
+        """Asks core's capture plan; True when the response's start is to go to the client now
+        (the caller forwards it: every plan but ``buffer``)."""
         assert self.status is not None and self.start is not None
         plan, limit = self.config.capture_plan(
             self.status, self.headers, streaming=streaming,
             framework=bool(self.state.get(FRAMEWORK_REJECTION, False)))  # self.framework
         self.plan = plan
-        if limit is not None and plan != "buffer":  # a buffered body is bounded by the flow
+        if plan == "buffer":  # a buffered body is bounded by the flow
+            return False
+        if limit is not None:
             self.capture = BodyCapture(limit)
-        if plan != "buffer":
-            self.sent = True
-            await self._forward(self.start)
+        self.sent = True
+        return True
 
     async def send(self, message: Message) -> None:
         kind = message["type"]
@@ -587,8 +590,8 @@ class _Capture:
                 self.length = _has_length(headers)
             else:
                 self.headers, self.length = decoded
-            if not self.length:
-                await self._decide(streaming=True)
+            if not self.length and self._plan(True):
+                await self._forward(message)
             return
         if kind == "http.response.pathsend":
             await self._send_file(str(message["path"]))
@@ -601,7 +604,8 @@ class _Capture:
         more = bool(message.get("more_body", False))
         if self.plan is None:
             assert self.status is not None, "body before http.response.start"
-            await self._decide(streaming=more)
+            if self._plan(more):
+                await self._forward(self.start)  # type: ignore[arg-type]
         if self.plan == "buffer":
             # Held for the live response (sent once the flow answers); the flow bounds the record.
             self.chunks.append(chunk)
