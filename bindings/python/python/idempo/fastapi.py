@@ -250,7 +250,10 @@ class _Run:
         tx = started.transaction
         token = None if tx is None else enter(tx)
         try:
-            return await _call(endpoint, is_async, args, self._given(kwargs, started))
+            given = self._given(kwargs, started)
+            if is_async:  # _call, in this frame
+                return await endpoint(*args, **given)
+            return await run_in_threadpool(endpoint, *args, **given)
         finally:
             if token is not None:
                 leave(token)
