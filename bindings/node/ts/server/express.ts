@@ -17,7 +17,7 @@
  * Transactional mode (`transactional: true`): the handler finds its open transaction in
  * `req.idempotency.tx` or `currentTransaction()`; the captured response is sent after `COMMIT`.
  */
-import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:http';
 // Express's request type (@types/express). Optional for users: the published declarations mark this
 // import `@ts-ignore` (scripts/optional-types.cjs), so without @types/express it is `any`.
 import type { Request as ExpressRequest } from 'express';
@@ -128,7 +128,13 @@ interface RequestState {
  * hostile upload costs at most the limit plus one chunk.
  */
 export function readBody(req: IncomingMessage, limit: number): Promise<Buffer | null> {
-  const declared = Number(req.headers['content-length']);
+  return readDeclared(req, req.headers['content-length'], limit);
+}
+
+/** {@link readBody} with the request's `Content-Length` field already read (each read of a
+ * property of an Express request is a slow lookup: its shape is new on every request). */
+function readDeclared(req: IncomingMessage, contentLength: string | undefined, limit: number): Promise<Buffer | null> {
+  const declared = Number(contentLength);
   if (Number.isFinite(declared) && declared > limit) return Promise.resolve(null);
   return new Promise((resolve, reject) => {
     const chunks: Buffer[] = [];
@@ -488,6 +494,7 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
     req: Req,
     res: Res,
     next: Next,
+    headers: IncomingHttpHeaders,
     body: Buffer | null,
     consumed: boolean,
     unavailableFix: string | undefined,
@@ -498,7 +505,7 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
     route: string,
     target: string,
   ): void {
-    const ct = req.headers['content-type'];
+    const ct = headers['content-type'];
     // Parsers mounted after the middleware read these bytes again; with none, a JSON body is
     // parsed here (other types stay in `req.rawBody`): before the admission when a `scope`
     // function may read `req.body`, else only once the request goes on past the middleware (a
@@ -521,9 +528,9 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
       route,
       target,
       contentType: ct,
-      headers: req.headers,
+      headers,
       body,
-      authenticated: req.headers.authorization !== undefined || (user !== undefined && user !== null),
+      authenticated: headers.authorization !== undefined || (user !== undefined && user !== null),
       key: fast?.key,
       declared: fast?.declared ?? null,
     };
@@ -534,7 +541,7 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
         // The memory store: core's whole admission and the claim in one native call.
         admitted = admitThroughGate(p, fast.gate, fast.mem, facts);
       } else {
-        const a = adm ?? admitKeyFacts(p, fast?.key, req.headers['content-length']).a;
+        const a = adm ?? admitKeyFacts(p, fast?.key, headers['content-length']).a;
         admitted = admitRestEager(p, a, facts);
       }
     } catch (e) {
@@ -616,7 +623,9 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
     const ident = identity(req);
     const route = options.route ? options.route(req as never) : ident.route;
     // Core's admission, in core's order: the key first, then the body, then the scope.
-    const rawKey = req.headers[p.header];
+    // Read once: a property of an Express request is a slow lookup (a new shape per request).
+    const headers = req.headers;
+    const rawKey = headers[p.header];
     // The memory gate takes one key field (a repeated header goes the ordinary way).
     const gate = typeof rawKey !== 'object' ? p.memoryGate() : undefined;
     let fast: { gate: native.MemoryGate; mem: MemoryInline; key: string | undefined; declared: number | null } | undefined;
@@ -624,13 +633,13 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
     let kind: string;
     let limit = 0;
     if (gate !== undefined) {
-      const declared = declaredLength(req.headers['content-length']);
+      const declared = declaredLength(headers['content-length']);
       const k = gateKeyStage(gate.gate, rawKey as string | undefined, declared);
       kind = k === -1 ? 'pass_through' : k === -2 ? 'refuse' : 'read_body';
       limit = k;
       fast = { gate: gate.gate, mem: gate.mem, key: rawKey as string | undefined, declared };
     } else {
-      const key = admitKeyFacts(p, rawKey, req.headers['content-length']);
+      const key = admitKeyFacts(p, rawKey, headers['content-length']);
       adm = key.a;
       kind = key.kind;
       limit = key.bodyLimit;
@@ -643,7 +652,7 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
     const consumed = req.readableEnded || req._body === true || (req.complete && !req.readable);
     if (kind === 'refuse') {
       // Through the gate, the ordinary key stage gives the problem (the same core call).
-      const a = adm ?? admitKeyFacts(p, rawKey, req.headers['content-length']).a;
+      const a = adm ?? admitKeyFacts(p, rawKey, headers['content-length']).a;
       const problem = toHttp(a.problem as native.HttpResponseData);
       emitOutcome(method, route, a.outcome ?? 'refused', problem.status, started);
       refuse(req, res, consumed, problem);
@@ -660,15 +669,15 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
         body = Buffer.alloc(0);
         unavailableFix = BODY_FIX;
       }
-      afterBody(req, res, next, body, true, unavailableFix, adm, fast, started, method, route, ident.target);
+      afterBody(req, res, next, headers, body, true, unavailableFix, adm, fast, started, method, route, ident.target);
       return;
     }
     // A promise's reaction (not a listener of the request's `end` event, whose emitter goes on
     // to check the stream's state that replayBody() replaces), in the middleware's async
     // context: the handler sees the AsyncLocalStorage stores the middlewares before it entered.
-    readBody(req, limit).then((body) => {
+    readDeclared(req, headers['content-length'], limit).then((body) => {
       try {
-        afterBody(req, res, next, body, false, undefined, adm, fast, started, method, route, ident.target);
+        afterBody(req, res, next, headers, body, false, undefined, adm, fast, started, method, route, ident.target);
       } catch (e) {
         next(e);
       }
