@@ -354,9 +354,21 @@ impl Pass<'_, '_> {
     /// `None`.
     #[inline(never)]
     fn escaped_string(&mut self, first: usize) -> Option<Text> {
+        let start = self.n;
+        self.write_unescaped(first)?;
+        Some(Text::Buffer(start as u32, self.n as u32))
+    }
+
+    /// [`Pass::escaped_string`]'s work: writes the string's canonical text into the buffer at
+    /// `n` and moves `pos` past it. Returns whether any escape decoded to a character that is
+    /// escaped again (`"`, `\\` or a control character): when none did, the text between the
+    /// quotes is the decoded string itself.
+    #[inline(always)]
+    fn write_unescaped(&mut self, first: usize) -> Option<bool> {
         let input = self.input;
         let buf = &mut *self.buf;
         let start = self.n;
+        let mut again = false;
         *buf.get_mut(start)? = b'"';
         let mut n = start + 1;
         let mut run = self.pos + 1;
@@ -370,28 +382,37 @@ impl Pass<'_, '_> {
                         buf.get_mut(n..n + plain.len())?.copy_from_slice(plain);
                         n += plain.len();
                     }
-                    let (cp, next) = decode_escape(input, at).ok()?;
-                    run = next;
-                    if cp < 0x20 || cp == u32::from(b'"') || cp == u32::from(b'\\') {
-                        let mut out = BufSink {
-                            buf,
-                            n,
-                            full: false,
-                        };
-                        write_escaped_byte(&mut out, cp as u8);
-                        if out.full {
-                            return None;
+                    // Escapes often come in runs (text written with every non-ASCII character
+                    // escaped): the next one is decoded at once, without a scan in between.
+                    loop {
+                        let (cp, next) = decode_escape(input, at).ok()?;
+                        run = next;
+                        if cp < 0x20 || cp == u32::from(b'"') || cp == u32::from(b'\\') {
+                            again = true;
+                            let mut out = BufSink {
+                                buf,
+                                n,
+                                full: false,
+                            };
+                            write_escaped_byte(&mut out, cp as u8);
+                            if out.full {
+                                return None;
+                            }
+                            n = out.n;
+                        } else {
+                            // All four bytes when there is room (nothing past `n` is live), so
+                            // the copy has a fixed length.
+                            let (bytes, len) = utf8(cp);
+                            match buf.get_mut(n..n + 4) {
+                                Some(dst) => dst.copy_from_slice(&bytes),
+                                None => buf.get_mut(n..n + len)?.copy_from_slice(bytes.get(..len)?),
+                            }
+                            n += len;
                         }
-                        n = out.n;
-                    } else {
-                        // All four bytes when there is room (nothing past `n` is live), so the
-                        // copy has a fixed length.
-                        let (bytes, len) = utf8(cp);
-                        match buf.get_mut(n..n + 4) {
-                            Some(dst) => dst.copy_from_slice(&bytes),
-                            None => buf.get_mut(n..n + len)?.copy_from_slice(bytes.get(..len)?),
+                        if input.get(run) != Some(&b'\\') {
+                            break;
                         }
-                        n += len;
+                        at = run;
                     }
                     at = scan_plain(input, run);
                 }
@@ -404,16 +425,36 @@ impl Pass<'_, '_> {
         *buf.get_mut(n)? = b'"';
         self.pos = at + 1;
         self.n = n + 1;
-        Some(Text::Buffer(start as u32, self.n as u32))
+        Some(again)
     }
 
     /// A member name at `pos` (its opening quote) whose first special byte is at `first`: when
-    /// it is a backslash, the name is decoded with the full parser's escape reader into `names`
-    /// (where it is ordered and compared) and its canonical text is written into the buffer.
-    /// Returns the name's prefix (not yet remapped), its range in `names` and its text's range
-    /// in the buffer; a control character or a bad escape: `None`.
+    /// it is a backslash, the name's canonical text is written into the buffer as a string
+    /// value's is ([`Pass::write_unescaped`]) and, unless an escape decoded to a character that
+    /// is escaped again, the text between its quotes is copied into `names` as the decoded name
+    /// (where it is ordered and compared); otherwise the name is decoded apart with the full
+    /// parser's escape reader and written with the emitter's escaping. Returns the name's prefix
+    /// (not yet remapped), its range in `names` and its text's range in the buffer; a control
+    /// character or a bad escape: `None`.
     #[inline(never)]
     fn escaped_name(&mut self, first: usize) -> Option<NameRead> {
+        let (pos, text_at) = (self.pos, self.n);
+        if !self.write_unescaped(first)? {
+            // The canonical text between its quotes is the decoded name: keep a copy of it.
+            let names = &mut *self.names;
+            let start = names.len();
+            let name = self.buf.get(text_at + 1..self.n - 1)?;
+            names.extend_from_slice(name);
+            self.ascii &= name.is_ascii();
+            return Some((
+                key_prefix(name),
+                (start as u32, names.len() as u32),
+                (text_at as u32, self.n as u32),
+            ));
+        }
+        // A name holding `"`, `\\` or a control character: decoded apart, then written.
+        self.pos = pos;
+        self.n = text_at;
         let input = self.input;
         let names = &mut *self.names;
         let start = names.len();
