@@ -287,11 +287,9 @@ impl MemoryGate {
         partitioned: bool,
         facts: Option<&mut [u8]>,
     ) -> napi::Result<Option<Either<ServerFlow, Buffer>>> {
-        let facts = memory_facts(facts).map_err(|f| f.throw(&env))?;
-        if self.pool.len() < self.pool_at + ENTROPY {
-            facts[0] = result::NEED_ENTROPY;
+        let Some(facts) = self.facts_for_flow(&env, facts)? else {
             return Ok(None);
-        }
+        };
         let KeyStage::Continue(w) = self.run_key_stage(key, declared_length)? else {
             return Ok(None);
         };
@@ -348,23 +346,19 @@ impl MemoryGate {
         partitioned: bool,
         facts: Option<&mut [u8]>,
     ) -> napi::Result<Option<Either<ServerFlow, Buffer>>> {
-        let facts = memory_facts(facts).map_err(|f| f.throw(&env))?;
-        if self.pool.len() < self.pool_at + ENTROPY {
-            facts[0] = result::NEED_ENTROPY;
+        let Some(facts) = self.facts_for_flow(&env, facts)? else {
             return Ok(None);
-        }
+        };
         let Some(s) = self.unstage(ticket) else {
             facts[0] = result::RESTAGE;
             return Ok(None);
         };
-        let mut mb = [0; STACK_STR];
-        let method = read(&method, &mut mb)?;
-        self.after_body(
+        self.after_scope_read(
             &env,
             s,
             store,
             now_ms,
-            method.as_str(),
+            &method,
             &route,
             authenticated,
             scope,
@@ -398,24 +392,23 @@ impl MemoryGate {
         partitioned: bool,
         facts: Option<&mut [u8]>,
     ) -> napi::Result<Option<Either<ServerFlow, Buffer>>> {
-        let facts = memory_facts(facts).map_err(|f| f.throw(&env))?;
-        if self.pool.len() < self.pool_at + ENTROPY {
-            facts[0] = result::NEED_ENTROPY;
+        let Some(facts) = self.facts_for_flow(&env, facts)? else {
             return Ok(None);
-        }
+        };
         let Slot::Scope(s, _) = self.release(slot, tag, true).map_err(|f| f.throw(&env))? else {
             return Err(Fail::new(code::FLOW, "the slot holds no admission").throw(&env));
         };
-        let (mut mb, mut rb) = ([0; STACK_STR], [0; STACK_STR]);
-        let method = read(&method, &mut mb)?;
-        let route = read(&route, &mut rb)?;
-        self.claim(
+        if scope == SCOPE_PENDING {
+            // The scope function was called: its return value's kind, never "call it".
+            return Err(unknown_scope_kind().throw(&env));
+        }
+        self.after_scope_read(
             &env,
             s,
             store,
             now_ms,
-            method.as_str(),
-            route.as_str(),
+            &method,
+            &route,
             authenticated,
             scope,
             scope_text.as_deref(),
@@ -506,7 +499,55 @@ impl MemoryGate {
 }
 
 impl MemoryGate {
-    /// After the body stage (`admit`, `admitStaged`): the request held for its scope function
+    /// The host's facts buffer (see `admit`), or `None` once result 4 is written to it: the pool
+    /// has too few random bytes for a flow (nothing ran).
+    fn facts_for_flow<'f>(
+        &self,
+        env: &Env,
+        facts: Option<&'f mut [u8]>,
+    ) -> napi::Result<Option<&'f mut [u8]>> {
+        let facts = memory_facts(facts).map_err(|f| f.throw(env))?;
+        if self.pool.len() < self.pool_at + ENTROPY {
+            facts[0] = result::NEED_ENTROPY;
+            return Ok(None);
+        }
+        Ok(Some(facts))
+    }
+
+    /// `after_body` with the method as JavaScript passed it (`admitStaged`, `scope`).
+    #[allow(clippy::too_many_arguments)]
+    fn after_scope_read(
+        &mut self,
+        env: &Env,
+        s: AwaitingScope,
+        store: &mut MemoryStoreCore,
+        now_ms: f64,
+        method: &JsString<'_>,
+        route: &JsString<'_>,
+        authenticated: bool,
+        scope: u32,
+        scope_text: Option<&str>,
+        partitioned: bool,
+        facts: &mut [u8],
+    ) -> napi::Result<Option<Either<ServerFlow, Buffer>>> {
+        let mut mb = [0; STACK_STR];
+        let method = read(method, &mut mb)?;
+        self.after_body(
+            env,
+            s,
+            store,
+            now_ms,
+            method.as_str(),
+            route,
+            authenticated,
+            scope,
+            scope_text,
+            partitioned,
+            facts,
+        )
+    }
+
+    /// After the body stage (`admit`, `admitStaged`, `scope`): the request held for its scope function
     /// (`scope` 5), else the scope stage and the claim.
     #[allow(clippy::too_many_arguments)]
     fn after_body(
@@ -589,7 +630,7 @@ impl MemoryGate {
         let kind = usize::try_from(scope)
             .ok()
             .and_then(|i| SCOPE_KINDS.get(i))
-            .ok_or_else(|| Fail::new(code::INVALID_ARGUMENT, "unknown scope kind").throw(env))?;
+            .ok_or_else(|| unknown_scope_kind().throw(env))?;
         let resolution = resolution(kind, scope_text.unwrap_or(""));
         let a = match s.scope(self.rule, resolution, authenticated, method, route) {
             ScopeStage::Refuse(_) => return Ok(None),
@@ -685,6 +726,11 @@ impl MemoryGate {
             _ => Err(Fail::new(code::FLOW, "the gate's slot holds no such flow")),
         }
     }
+}
+
+/// A scope kind outside `SCOPE_KINDS` where a return value's kind is due.
+fn unknown_scope_kind() -> Fail {
+    Fail::new(code::INVALID_ARGUMENT, "unknown scope kind")
 }
 
 /// Header fields given as `name\nvalue\n...` as pairs.

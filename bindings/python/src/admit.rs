@@ -75,7 +75,6 @@ enum Stage {
 #[pyclass(module = "idempo._idempo")]
 pub(crate) struct Admission {
     stage: Stage,
-    #[pyo3(get)]
     kind: &'static str,
     #[pyo3(get)]
     problem: Option<Py<Action>>,
@@ -418,6 +417,12 @@ impl Admission {
             partition.bind(py).clone(),
             self.warning.clone(),
         )))
+    }
+
+    /// The stage (see the type's docs).
+    #[getter(kind)]
+    fn kind_name<'py>(&self, py: Python<'py>) -> Bound<'py, PyString> {
+        crate::names::name(py, self.kind)
     }
 
     fn __repr__(&self) -> String {

@@ -1,6 +1,8 @@
 //! One pass over an ASGI request's raw headers for core's admission (what
 //! `idempo._host.request_headers` reads, without a Python loop), for `Admission.start_asgi`.
 use pyo3::prelude::*;
+
+use crate::names::header_name;
 use pyo3::types::{PyBytes, PyDict, PyFrozenSet, PyList, PyString, PyTuple};
 
 /// What the pass read: the key header's raw fields in order, the declared body length, the
@@ -128,7 +130,7 @@ pub(crate) fn asgi_response_headers<'py>(
         };
         let name = name.as_bytes();
         length = length || name.eq_ignore_ascii_case(b"content-length");
-        out.append((latin1(name), latin1(value.as_bytes())))?;
+        out.append((header_name(py, &latin1(name)), latin1(value.as_bytes())))?;
     }
     Ok(Some((out, length)))
 }

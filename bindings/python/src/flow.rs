@@ -27,6 +27,7 @@ use pyo3::types::{PyBytes, PyList, PyString, PyTuple, PyType};
 use crate::convert::{header_pairs, strings, with_bytes};
 use crate::errors::{CanonicalizationError, invalid_argument};
 use crate::memory::InlineMemory;
+use crate::names::{header_name, name};
 
 /// Per-route idempotency policy (core's `Config`), validated on construction by core's
 /// `ConfigOptions::build`. Every keyword is an option of core's flat option set, spelled as in
@@ -241,8 +242,9 @@ impl Config {
 
     /// Core's capture plan for a response (`spec/PROTOCOL.md` §7.5): `("pass_through", None)`,
     /// `("buffer", limit)` or `("tee", limit)`. `streaming`: the body arrives in several parts;
-    /// `framework`: the framework produced it before the handler ran.
-    #[pyo3(signature = (status, headers, *, streaming = false, framework = false))]
+    /// `framework`: the framework produced it before the handler ran (both may be passed by
+    /// position too).
+    #[pyo3(signature = (status, headers, streaming = false, framework = false))]
     fn capture_plan(
         &self,
         status: u16,
@@ -295,7 +297,7 @@ impl BodyCapture {
 }
 
 /// One step for the host: a store primitive to run, the handler to run, or the answer.
-#[pyclass(frozen, module = "idempo._idempo", get_all)]
+#[pyclass(frozen, module = "idempo._idempo")]
 pub(crate) struct Action {
     /// `"store"`, `"run_handler"`, `"wait"`, `"lease_lost"`, `"respond"` or `"propagate_error"`.
     kind: &'static str,
@@ -303,29 +305,57 @@ pub(crate) struct Action {
     /// `"release"`, `"renew"`, or in transactional mode `"commit"`) for `"store"`.
     op: Option<&'static str>,
     /// Positional arguments of the store primitive, in the store method's order.
+    #[pyo3(get)]
     args: Py<PyTuple>,
     /// HTTP status for `"respond"`.
+    #[pyo3(get)]
     status: Option<u16>,
     /// Header pairs for `"respond"`.
+    #[pyo3(get)]
     headers: Py<PyList>,
     /// Body for `"respond"`.
+    #[pyo3(get)]
     body: Option<Py<PyBytes>>,
     /// How the request ended (`"respond"`, `"propagate_error"`), e.g. `"replayed"`.
     outcome: Option<&'static str>,
     /// Whether the handler ran in this flow (`"respond"`, `"propagate_error"`).
+    #[pyo3(get)]
     handler_ran: bool,
     /// The fencing token of this execution (`"run_handler"`).
+    #[pyo3(get)]
     token: Option<Py<PyBytes>>,
     /// The record generation (`"run_handler"`).
+    #[pyo3(get)]
     generation: Option<u32>,
     /// Key for downstream side effects, stable across takeovers (`"run_handler"`).
+    #[pyo3(get)]
     downstream_key: Option<String>,
     /// Heartbeat interval while the handler runs (`"run_handler"`).
+    #[pyo3(get)]
     heartbeat_ms: Option<u64>,
 }
 
 #[pymethods]
 impl Action {
+    /// `"store"`, `"run_handler"`, `"wait"`, `"lease_lost"`, `"respond"` or `"propagate_error"`.
+    #[getter]
+    fn kind<'py>(&self, py: Python<'py>) -> Bound<'py, PyString> {
+        name(py, self.kind)
+    }
+
+    /// The store primitive (`"claim"`, `"get"`, `"takeover"`, `"mark_unknown"`, `"complete"`,
+    /// `"release"`, `"renew"`, or in transactional mode `"commit"`) for `"store"`.
+    #[getter]
+    fn op<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyString>> {
+        self.op.map(|op| name(py, op))
+    }
+
+    /// How the request ended (`"respond"`, `"propagate_error"`), e.g. `"replayed"`.
+    #[getter]
+    fn outcome<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyString>> {
+        self.outcome.map(|outcome| name(py, outcome))
+    }
+
     fn __repr__(&self) -> String {
         match (self.kind, self.op, self.status, self.outcome) {
             ("store", Some(op), _, _) => format!("Action(store {op})"),
@@ -360,7 +390,7 @@ pub(crate) fn respond(
 ) -> PyResult<Action> {
     let headers = PyList::empty(py);
     for (n, v) in &r.headers {
-        headers.append((n.as_str(), v.as_str()))?;
+        headers.append((header_name(py, n), v.as_str()))?;
     }
     let mut a = blank(py, "respond");
     a.status = Some(r.status);
@@ -582,9 +612,20 @@ impl ServerFlow {
     fn settle(
         &mut self,
         py: Python<'_>,
-        mut action: CoreAction,
+        action: CoreAction,
         memory: Option<&Bound<'_, InlineMemory>>,
     ) -> PyResult<Action> {
+        let action = self.settle_core(py, action, memory)?;
+        to_action(py, &action)
+    }
+
+    /// [`settle`](Self::settle) before the action is made a Python object.
+    fn settle_core(
+        &mut self,
+        py: Python<'_>,
+        mut action: CoreAction,
+        memory: Option<&Bound<'_, InlineMemory>>,
+    ) -> PyResult<CoreAction> {
         if let Some(memory) = memory {
             while let CoreAction::Store(op) = &action {
                 let Some(result) = memory.get().run(py, op) else {
@@ -594,7 +635,7 @@ impl ServerFlow {
             }
         }
         self.pending = pending_of(&action);
-        to_action(py, &action)
+        Ok(action)
     }
 
     fn feed(&mut self, py: Python<'_>, event: Event) -> PyResult<Action> {
@@ -748,8 +789,9 @@ impl ServerFlow {
     /// `framework=True` when the framework rejected the request before the handler ran (never
     /// stored); `body_truncated=True` when the host stopped recording the body at the capture
     /// limit (`BodyCapture`), so the record becomes the response-not-retained problem.
-    /// `memory`: as for `start`.
-    #[pyo3(signature = (status, headers, body, body_to_store = None, *, framework = false, body_truncated = false, memory = None))]
+    /// `memory`: as for `start`. (The options may be passed by position too: a call without
+    /// keywords costs no dictionary.)
+    #[pyo3(signature = (status, headers, body, body_to_store = None, framework = false, body_truncated = false, memory = None))]
     #[allow(clippy::too_many_arguments)]
     fn handler_finished(
         &mut self,
@@ -762,28 +804,52 @@ impl ServerFlow {
         body_truncated: bool,
         memory: Option<&Bound<'_, InlineMemory>>,
     ) -> PyResult<Action> {
-        let headers = header_pairs(Some(headers))?;
+        let given = (headers, body);
+        let headers = header_pairs(Some(given.0))?;
+        // The handler's own pairs, for an answer that is exactly the handler's response.
+        let pairs = headers.clone();
         let body = with_bytes(body, <[u8]>::to_vec)?;
         let body_to_store = match body_to_store {
             Some(b) if !b.is_none() => Some(with_bytes(b, <[u8]>::to_vec)?),
             _ => None,
         };
-        self.feed_inline(
-            py,
-            Event::HandlerFinished(HandlerResponse {
-                status,
-                headers,
-                body,
-                body_to_store,
-                origin: if framework {
-                    ResponseOrigin::Framework
-                } else {
-                    ResponseOrigin::Handler
-                },
-                body_truncated,
-            }),
-            memory,
-        )
+        let event = Event::HandlerFinished(HandlerResponse {
+            status,
+            headers,
+            body,
+            body_to_store,
+            origin: if framework {
+                ResponseOrigin::Framework
+            } else {
+                ResponseOrigin::Handler
+            },
+            body_truncated,
+        });
+        let action = self.advance(py, event)?;
+        let action = self.settle_core(py, action, memory)?;
+        if let CoreAction::Respond { response, outcome } = &action {
+            // Core answers with the handler's own response: its answer is made of the
+            // handler's header list and body objects (equal values, no copies).
+            if let (Ok(list), Ok(bytes)) = (
+                given.0.cast_exact::<PyList>(),
+                given.1.cast_exact::<PyBytes>(),
+            ) {
+                if response.status == status
+                    && response.headers == pairs
+                    && response.body.as_slice() == bytes.as_bytes()
+                    && list.len() == pairs.len()
+                {
+                    let mut a = blank(py, "respond");
+                    a.status = Some(status);
+                    a.headers = list.clone().unbind();
+                    a.body = Some(bytes.clone().unbind());
+                    a.outcome = Some(outcome.as_str());
+                    a.handler_ran = outcome.handler_ran();
+                    return Ok(a);
+                }
+            }
+        }
+        to_action(py, &action)
     }
 
     /// The handler raised. `maybe_side_effect=False` only when it certainly did nothing.

@@ -22,6 +22,7 @@ mod flow;
 mod intent;
 mod key;
 mod memory;
+mod names;
 mod options;
 mod recipes;
 mod redis_check;

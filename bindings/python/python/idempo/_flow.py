@@ -204,12 +204,14 @@ field): the same object, its fields set in the same order (none has a ``__post_i
 
 def response_of(action: Action) -> Response:
     """A :class:`Response` from a ``"respond"`` action."""
-    assert action.kind == "respond" and action.status is not None and action.body is not None
+    # Each of the action's attributes is read once (each read makes its Python value).
+    status, body = action.status, action.body
+    assert status is not None and body is not None and action.kind == "respond"
     response: Response = _new(Response)
     response.__dict__.update(
-        status=action.status,
+        status=status,
         headers=list(action.headers),
-        body=action.body,
+        body=body,
         outcome=action.outcome or "",
         handler_ran=action.handler_ran,
     )
@@ -372,12 +374,13 @@ def _start(
 
 def _execution(request: _Request, action: Action, session: Any) -> Execution:
     """What the handler of a ``"run_handler"`` action is passed."""
-    assert action.generation is not None and action.downstream_key is not None
+    generation, downstream_key = action.generation, action.downstream_key
+    assert generation is not None and downstream_key is not None
     execution: Execution = _new(Execution)
     execution.__dict__.update(
         key=request.key,
-        generation=action.generation,
-        downstream_key=action.downstream_key,
+        generation=generation,
+        downstream_key=downstream_key,
         transaction=None if session is None else session.transaction,
     )
     return execution
@@ -385,14 +388,14 @@ def _execution(request: _Request, action: Action, session: Any) -> Execution:
 
 def _handler_finished(run: _Run, result: HandlerResult) -> Action:
     """Tells the flow what the handler answered."""
-    return run.flow.handler_finished(
+    return run.flow.handler_finished(  # by position: no keyword dictionary per call
         result.status,
         result.headers,
         result.body,
         result.body_to_store,
-        framework=result.framework,
-        body_truncated=result.body_truncated,
-        memory=run.memory,
+        result.framework,
+        result.body_truncated,
+        run.memory,
     )
 
 
@@ -894,20 +897,23 @@ class AsyncRequest(_Steps):
         """:meth:`begin` of an :attr:`inline` flow, without suspending."""
         run, action = _start(self._request, self._session, self._store, self._memory)
         self._run = run
-        if action.kind == "store":  # the claim, when the flow did not run it inline
+        kind = action.kind
+        if kind == "store":  # the claim, when the flow did not run it inline
             action = _store_step(run, self._store, action)
-        if action.kind != "run_handler":
+            kind = action.kind
+        if kind != "run_handler":
             return self._end_now(action, None)
         return self._started(action)
 
     def _started(self, action: Action) -> Execution:
         info = _execution(self._request, action, self._session)
-        if action.heartbeat_ms:
+        heartbeat_ms = action.heartbeat_ms
+        if heartbeat_ms:
             # Most handlers end before their first heartbeat is due: the request waits in its
             # loop's one heartbeat timer, and the heartbeat task (with its lock) is created only
             # for a handler that outlives the interval.
-            self._beats = _beats(asyncio.get_running_loop())
-            self._beats.add(self, action.heartbeat_ms / 1000)
+            beats = self._beats = _beats(asyncio.get_running_loop())
+            beats.add(self, heartbeat_ms / 1000)
         return info
 
     def _start_beat(self, interval: float) -> None:

@@ -368,7 +368,6 @@ class Config:
         self,
         status: int,
         headers: _Headers,
-        *,
         streaming: bool = False,
         framework: bool = False,
     ) -> tuple[str, int | None]: ...
@@ -494,7 +493,6 @@ class ServerFlow:
         headers: _Headers,
         body: _Bytes,
         body_to_store: _Bytes | None = None,
-        *,
         framework: bool = False,
         body_truncated: bool = False,
         memory: InlineMemory | None = None,

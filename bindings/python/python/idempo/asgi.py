@@ -560,9 +560,9 @@ class _Capture:
         """Asks core's capture plan; True when the response's start is to go to the client now
         (the caller forwards it: every plan but ``buffer``)."""
         assert self.status is not None and self.start is not None
-        plan, limit = self.config.capture_plan(
-            self.status, self.headers, streaming=streaming,
-            framework=bool(self.state.get(FRAMEWORK_REJECTION, False)))  # self.framework
+        plan, limit = self.config.capture_plan(  # streaming, framework (self.framework)
+            self.status, self.headers, streaming,
+            bool(self.state.get(FRAMEWORK_REJECTION, False)))
         self.plan = plan
         if plan == "buffer":  # a buffered body is bounded by the flow
             return False
