@@ -401,6 +401,18 @@ pub(crate) fn respond(
     Ok(a)
 }
 
+/// Every item of `list` is a `(str, str)` tuple, exactly (what [`respond`] would make of them).
+fn str_pairs(list: &Bound<'_, PyList>) -> bool {
+    list.iter().all(|item| {
+        item.cast_exact::<PyTuple>().is_ok_and(|pair| {
+            pair.len() == 2
+                && pair
+                    .iter()
+                    .all(|part| part.cast_exact::<PyString>().is_ok())
+        })
+    })
+}
+
 fn store_action(py: Python<'_>, op: &StoreOp) -> PyResult<Action> {
     let mut a = blank(py, "store");
     let key = |s: &ScopeId| PyBytes::new(py, s.as_bytes()).into_any();
@@ -837,7 +849,7 @@ impl ServerFlow {
                 if response.status == status
                     && response.headers == pairs
                     && response.body.as_slice() == bytes.as_bytes()
-                    && list.len() == pairs.len()
+                    && str_pairs(list)
                 {
                     let mut a = blank(py, "respond");
                     a.status = Some(status);
