@@ -1,7 +1,7 @@
 """Shortcuts of the ASGI hosts' per-request work, each checked against the ordinary path it
 replaces: the request target read in the extension (``asgi_target``), the memory store's step
-read in the extension (``InlineMemory`` with its store), and the middleware's decision remembered
-per (method, path)."""
+read in the extension (``InlineMemory`` with its store), the middleware's decision remembered
+per (method, path), and the flow's answer made of the handler's own header list and body."""
 
 from __future__ import annotations
 
@@ -178,3 +178,34 @@ def test_a_route_function_is_called_for_every_request() -> None:
         assert _post(app, "/pay/1", "k1").status_code == 201
     assert seen == ["/pay/1"] and called == ["/pay/1", "/pay/1"]
     assert not _middleware(app)._routes.decided
+
+
+def _answer_to(headers: Any, body: Any) -> Any:
+    """The action answering a handler's response with ``headers`` and ``body``."""
+    store = MemoryStore()
+    memory = inline_memory(store.with_partition(memory_partition("p")))
+    flow, action = ServerFlow.start(b"\x03" * 32, FP, idempo.Config(), b"\x07" * 16, memory)
+    assert action.kind == "run_handler"
+    return flow.handler_finished(201, headers, body, None, False, False, memory)
+
+
+def test_an_answer_made_of_the_handlers_own_objects_is_the_same_answer() -> None:
+    pairs = [("content-type", "application/json"), ("x-trace", "\u00e9t\u00e9")]
+    body = b'{"ok":true}'
+    done = _answer_to(pairs, body)
+    assert (done.kind, done.status, done.outcome, done.handler_ran) == (
+        "respond", 201, "stored", True)
+    assert done.headers == pairs and done.body == body
+    assert done.headers is pairs and done.body is body  # the handler's own objects
+    # Other shapes: the same values, in the answer's own shape (tuples of str, bytes).
+    for headers, given in [
+        ([(b"content-type", b"application/json")], None),
+        (tuple(pairs[:1]), None),
+        ([(Str("content-type"), "application/json")], None),
+        (pairs[:1], bytearray(body)),
+    ]:
+        other = _answer_to(headers, body if given is None else given)
+        assert other.headers == [("content-type", "application/json")], headers
+        assert all(type(n) is str and type(v) is str for n, v in other.headers)
+        assert type(other.body) is bytes and other.body == body
+        assert other.headers is not headers
