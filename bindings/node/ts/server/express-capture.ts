@@ -12,9 +12,9 @@
  * Express offers no hook for this, so `res.write`, `res.end`, `res.writeHead` and
  * `res.flushHeaders` are intercepted while the handler runs. Normally this happens once, on node's
  * `ServerResponse.prototype` (the first time a response is captured): each of the four looks for
- * an active capture on the response (one symbol-keyed property, the request's
- * {@link ResponseCapture}) and otherwise is node's own method, so the response object is not
- * reshaped per request. A response that carries its own `write`/`end`/... (set by a middleware
+ * an active capture of the response (the request's {@link ResponseCapture}, kept in a `WeakMap`)
+ * and otherwise is node's own method, so the response object is not reshaped per request (Express
+ * gives every response a shape of its own, so a property added to one is slow to add and to read). A response that carries its own `write`/`end`/... (set by a middleware
  * before idempo, e.g. compression) or is not a node `ServerResponse` gets them replaced on the
  * object itself instead, by functions shared by every request; no closure is made per request.
  */
@@ -23,9 +23,10 @@ import native = require('../native');
 import { headerPairs } from './headers';
 import type { HandlerResult } from './session';
 
-const CAPTURE = Symbol('idempo.express.capture');
+/** Each captured response's capture (see the module docs). */
+const captures = new WeakMap<object, ResponseCapture>();
 
-type Res = ServerResponse & { [CAPTURE]?: ResponseCapture };
+type Res = ServerResponse;
 type Fn = (...a: unknown[]) => unknown;
 
 /** What a capture reports to. */
@@ -69,21 +70,21 @@ function patchPrototype(): Record<(typeof METHODS)[number], Fn> {
   const orig = { write: proto.write as Fn, end: proto.end as Fn, writeHead: proto.writeHead as Fn, flushHeaders: proto.flushHeaders as Fn };
   nodeMethods = orig;
   proto.write = function (this: Res, ...args: unknown[]) {
-    const c = this[CAPTURE];
+    const c = captures.get(this);
     return c !== undefined && c.active ? c.write(args[0], args[1], args[2]) : orig.write.apply(this, args);
   };
   proto.end = function (this: Res, ...args: unknown[]) {
-    const c = this[CAPTURE];
+    const c = captures.get(this);
     if (c === undefined || !c.active) return orig.end.apply(this, args);
     c.end(args[0], args[1], args[2]);
     return this;
   };
   proto.writeHead = function (this: Res, ...args: unknown[]) {
-    const c = this[CAPTURE];
+    const c = captures.get(this);
     return c !== undefined && c.active && c.holdsHead ? capWriteHead.apply(this, args as [number, ...unknown[]]) : orig.writeHead.apply(this, args);
   };
   proto.flushHeaders = function (this: Res, ...args: unknown[]) {
-    const c = this[CAPTURE];
+    const c = captures.get(this);
     return c !== undefined && c.active && c.holdsHead ? undefined : orig.flushHeaders.apply(this, args);
   };
   return orig;
@@ -100,11 +101,11 @@ function usesNodeMethods(res: object): boolean {
 }
 
 function capWrite(this: Res, chunk: unknown, enc?: unknown, cb?: unknown): boolean {
-  return (this[CAPTURE] as ResponseCapture).write(chunk, enc, cb);
+  return (captures.get(this) as ResponseCapture).write(chunk, enc, cb);
 }
 
 function capEnd(this: Res, chunk?: unknown, enc?: unknown, cb?: unknown): Res {
-  (this[CAPTURE] as ResponseCapture).end(chunk, enc, cb);
+  (captures.get(this) as ResponseCapture).end(chunk, enc, cb);
   return this;
 }
 
@@ -140,14 +141,14 @@ export class ResponseCapture {
       this.#end = orig.end;
       this.#writeHead = orig.writeHead;
       this.#flushHeaders = orig.flushHeaders;
-      r[CAPTURE] = this;
+      captures.set(r, this);
       return;
     }
     this.#write = r.write as Fn;
     this.#end = r.end as Fn;
     this.#writeHead = r.writeHead as Fn;
     this.#flushHeaders = r.flushHeaders as Fn;
-    r[CAPTURE] = this;
+    captures.set(r, this);
     const m = r as unknown as Record<string, unknown>;
     m.writeHead = capWriteHead;
     m.flushHeaders = capFlushHeaders;

@@ -63,11 +63,12 @@ interface Req extends IncomingMessage {
   originalUrl?: string;
   path?: string;
   _body?: boolean;
-  [IDEMPO]?: RequestState;
 }
 type Res = ServerResponse;
 
-const IDEMPO = Symbol('idempo.express');
+/** Each protected request's state, for the error tap. A `WeakMap`, not a property: Express gives
+ * every request a shape of its own, so a property added to one is slow to add. */
+const states = new WeakMap<object, RequestState>();
 
 /** Routes and apps that already carry the error tap. */
 const tapped = new WeakSet<object>();
@@ -82,7 +83,7 @@ interface AppLike {
 
 /** Reports a handler error to the flow, then lets it continue. */
 function errorTap(err: unknown, req: IncomingMessage, res: ServerResponse, next: Next): void {
-  const st = (req as Req)[IDEMPO];
+  const st = states.get(req);
   if (!st || st.done) {
     next(err);
     return;
@@ -475,7 +476,7 @@ export function idempotency(options: IdempotencyOptions<ExpressRequest>): Idempo
     restoreRequest(req, refill, unparsed);
     req.idempotency = a.context;
     const st = new Guarded(session, res, next, started, method, route);
-    req[IDEMPO] = st;
+    states.set(req, st);
     installErrorTap(req);
     st.capture = new ResponseCapture(res, st);
     if (a.context.tx !== undefined) {
