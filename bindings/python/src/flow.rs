@@ -245,13 +245,14 @@ impl Config {
     /// `framework`: the framework produced it before the handler ran (both may be passed by
     /// position too).
     #[pyo3(signature = (status, headers, streaming = false, framework = false))]
-    fn capture_plan(
+    fn capture_plan<'py>(
         &self,
+        py: Python<'py>,
         status: u16,
-        headers: &Bound<'_, PyAny>,
+        headers: &Bound<'py, PyAny>,
         streaming: bool,
         framework: bool,
-    ) -> PyResult<(&'static str, Option<usize>)> {
+    ) -> PyResult<(Bound<'py, PyString>, Option<usize>)> {
         let headers = header_pairs(Some(headers))?;
         let origin = if framework {
             ResponseOrigin::Framework
@@ -259,7 +260,7 @@ impl Config {
             ResponseOrigin::Handler
         };
         let plan = capture_plan(&self.inner, status, origin, &headers, streaming);
-        Ok((plan.as_str(), plan.limit()))
+        Ok((name(py, plan.as_str()), plan.limit()))
     }
 }
 
@@ -281,12 +282,15 @@ impl BodyCapture {
 
     /// Counts a chunk of `length` bytes: `"record"` (append it), `"discard"` (drop what was
     /// recorded and record nothing more) or `"skip"`.
-    fn accept(&mut self, length: usize) -> &'static str {
-        match self.inner.accept(length) {
-            CaptureStep::Record => "record",
-            CaptureStep::Discard => "discard",
-            CaptureStep::Skip => "skip",
-        }
+    fn accept<'py>(&mut self, py: Python<'py>, length: usize) -> Bound<'py, PyString> {
+        name(
+            py,
+            match self.inner.accept(length) {
+                CaptureStep::Record => "record",
+                CaptureStep::Discard => "discard",
+                CaptureStep::Skip => "skip",
+            },
+        )
     }
 
     /// True once the body went past the limit.
@@ -310,9 +314,8 @@ pub(crate) struct Action {
     /// HTTP status for `"respond"`.
     #[pyo3(get)]
     status: Option<u16>,
-    /// Header pairs for `"respond"`.
-    #[pyo3(get)]
-    headers: Py<PyList>,
+    /// Header pairs for `"respond"` (None: an empty list, made when read).
+    headers: Option<Py<PyList>>,
     /// Body for `"respond"`.
     #[pyo3(get)]
     body: Option<Py<PyBytes>>,
@@ -350,6 +353,14 @@ impl Action {
         self.op.map(|op| name(py, op))
     }
 
+    /// Header pairs for `"respond"` (empty for the other kinds).
+    #[getter]
+    fn headers(&self, py: Python<'_>) -> Py<PyList> {
+        self.headers
+            .as_ref()
+            .map_or_else(|| PyList::empty(py).unbind(), |h| h.clone_ref(py))
+    }
+
     /// How the request ended (`"respond"`, `"propagate_error"`), e.g. `"replayed"`.
     #[getter]
     fn outcome<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyString>> {
@@ -371,7 +382,7 @@ fn blank(py: Python<'_>, kind: &'static str) -> Action {
         op: None,
         args: PyTuple::empty(py).unbind(),
         status: None,
-        headers: PyList::empty(py).unbind(),
+        headers: None,
         body: None,
         outcome: None,
         handler_ran: false,
@@ -394,7 +405,7 @@ pub(crate) fn respond(
     }
     let mut a = blank(py, "respond");
     a.status = Some(r.status);
-    a.headers = headers.unbind();
+    a.headers = Some(headers.unbind());
     a.body = Some(PyBytes::new(py, &r.body).unbind());
     a.outcome = outcome;
     a.handler_ran = ran;
@@ -853,7 +864,7 @@ impl ServerFlow {
                 {
                     let mut a = blank(py, "respond");
                     a.status = Some(status);
-                    a.headers = list.clone().unbind();
+                    a.headers = Some(list.clone().unbind());
                     a.body = Some(bytes.clone().unbind());
                     a.outcome = Some(outcome.as_str());
                     a.handler_ran = outcome.handler_ran();

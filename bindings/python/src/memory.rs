@@ -15,7 +15,7 @@ use idempo_core::scope::ScopeId;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyModule, PyTuple};
+use pyo3::types::{PyBytes, PyModule, PyTuple, PyType};
 
 use crate::errors::{RecordCorrupt, StoreUnavailable, invalid_argument, to_py, with_attrs};
 
@@ -120,6 +120,9 @@ pub(crate) struct MemoryStoreCore {
 pub(crate) struct InlineMemory {
     core: Py<MemoryStoreCore>,
     lock: Py<PyAny>,
+    /// The lock's `acquire` and `release`, taken once when it is a `threading.Lock` (whose
+    /// methods cannot be replaced); else they are looked up at each use.
+    methods: Option<(Py<PyAny>, Py<PyAny>)>,
     step: Py<PyAny>,
     partition: Option<Partition>,
     /// The `MemoryStore` whose unreplaced `_step` `step` is: its usual case (no fork, the
@@ -152,14 +155,36 @@ impl InlineMemory {
                 })
             })
             .transpose()?;
+        let methods = thread_lock_methods(lock.bind(py));
         Ok(Self {
             core,
             lock,
+            methods,
             step,
             partition,
             store,
         })
     }
+}
+
+/// The type of `threading.Lock()` (made once).
+static THREAD_LOCK: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+
+/// `lock.acquire` and `lock.release` when `lock` is exactly a `threading.Lock`; else None.
+fn thread_lock_methods(lock: &Bound<'_, PyAny>) -> Option<(Py<PyAny>, Py<PyAny>)> {
+    let py = lock.py();
+    let kind = THREAD_LOCK
+        .get_or_try_init(py, || -> PyResult<Py<PyType>> {
+            let made = PyModule::import(py, "threading")?.call_method0("Lock")?;
+            Ok(made.get_type().unbind())
+        })
+        .ok()?;
+    if !lock.get_type().is(kind.bind(py)) {
+        return None;
+    }
+    let acquire = lock.getattr(intern!(py, "acquire")).ok()?;
+    let release = lock.getattr(intern!(py, "release")).ok()?;
+    Some((acquire.unbind(), release.unbind()))
 }
 
 /// What `MemoryStore._step` returns or raises in its usual case, read as it reads it: the
@@ -207,11 +232,17 @@ impl InlineMemory {
             return None;
         }
         let lock = self.lock.bind(py);
-        lock.call_method0(intern!(py, "acquire")).ok()?;
+        match &self.methods {
+            Some((acquire, _)) => acquire.bind(py).call0().ok()?,
+            None => lock.call_method0(intern!(py, "acquire")).ok()?,
+        };
         let out = self.locked(py, op);
         // Releasing a lock this call holds does not fail; if it did, `out` is still what the
         // store did.
-        let _ = lock.call_method0(intern!(py, "release"));
+        let _ = match &self.methods {
+            Some((_, release)) => release.bind(py).call0(),
+            None => lock.call_method0(intern!(py, "release")),
+        };
         out
     }
 

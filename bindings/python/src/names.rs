@@ -15,7 +15,7 @@ macro_rules! once {
     };
 }
 
-/// An action's kind, store primitive or outcome, or an admission's kind.
+/// An action's kind, store primitive or outcome, an admission's kind, a capture plan or step.
 pub(crate) fn name<'py>(py: Python<'py>, text: &str) -> Bound<'py, PyString> {
     once!(
         py,

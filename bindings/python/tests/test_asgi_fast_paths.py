@@ -209,3 +209,33 @@ def test_an_answer_made_of_the_handlers_own_objects_is_the_same_answer() -> None
         assert all(type(n) is str and type(v) is str for n, v in other.headers)
         assert type(other.body) is bytes and other.body == body
         assert other.headers is not headers
+
+
+def test_a_lock_of_another_kind_is_asked_at_each_step() -> None:
+    """The extension takes a ``threading.Lock``'s methods once; any other lock's are looked up
+    (and so can be replaced) at each step, as before."""
+    import threading
+
+    calls: List[str] = []
+
+    class Counting:
+        def __init__(self) -> None:
+            self.inner = threading.Lock()
+
+        def acquire(self) -> bool:
+            calls.append("acquire")
+            return self.inner.acquire()
+
+        def release(self) -> None:
+            calls.append("release")
+            self.inner.release()
+
+    store = MemoryStore(clock=lambda: 1_000)
+    lock = Counting()
+    store._lock = lock  # type: ignore[assignment]
+    assert _claimed_lease(store) == 2_000
+    assert calls == ["acquire", "release"]
+    lock.acquire = lambda: calls.append("replaced") or True  # type: ignore[method-assign]
+    memory = inline_memory(store.with_partition(memory_partition("p")))
+    ServerFlow.start(b"\x09" * 32, FP, idempo.Config(), b"\x08" * 16, memory)
+    assert calls[-2:] == ["replaced", "release"]
