@@ -9,7 +9,7 @@ use idempo_core::machine::admit::{
     self as core_admit, AwaitingBody, AwaitingScope, BodyRead, BodyStage, KeyStage, Refusal,
     ScopeResolution, ScopeRule as CoreScopeRule, ScopeStage,
 };
-use pyo3::exceptions::PyException;
+use pyo3::exceptions::{PyException, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyFrozenSet, PyString};
 
@@ -336,7 +336,10 @@ impl Admission {
     /// `raised` of `scope`). Returns `(key, scope_id, fingerprint, partition, warning)` once
     /// admitted, or None when refused (`problem` and `log` are set, as by the stage that
     /// refused).
-    #[pyo3(signature = (fingerprinter, rule, method, target, route, body, headers = None, content_type = None, *, over_limit = false, authenticated, scope_function = None, scope_argument = None))]
+    ///
+    /// Every argument may be passed by position (a host's call per request then builds no
+    /// keyword dictionary); `authenticated` is required all the same.
+    #[pyo3(signature = (fingerprinter, rule, method, target, route, body, headers = None, content_type = None, over_limit = false, authenticated = None, scope_function = None, scope_argument = None))]
     #[allow(clippy::too_many_arguments)]
     fn admit<'py>(
         &mut self,
@@ -350,10 +353,15 @@ impl Admission {
         headers: Option<&Bound<'py, PyAny>>,
         content_type: Option<&str>,
         over_limit: bool,
-        authenticated: bool,
+        authenticated: Option<bool>,
         scope_function: Option<&Bound<'py, PyAny>>,
         scope_argument: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Option<Admitted<'py>>> {
+        let Some(authenticated) = authenticated else {
+            return Err(PyTypeError::new_err(
+                "Admission.admit() missing required argument: 'authenticated'",
+            ));
+        };
         self.body(
             py,
             fingerprinter,

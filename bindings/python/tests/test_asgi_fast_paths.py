@@ -239,3 +239,35 @@ def test_a_lock_of_another_kind_is_asked_at_each_step() -> None:
     memory = inline_memory(store.with_partition(memory_partition("p")))
     ServerFlow.start(b"\x09" * 32, FP, idempo.Config(), b"\x08" * 16, memory)
     assert calls[-2:] == ["replaced", "release"]
+
+
+def test_admit_by_position_is_admit_by_keyword_and_authenticated_is_required() -> None:
+    from idempo._idempo import Admission, Fingerprinter, ScopeRule
+
+    config = idempo.Config()
+    key = [b"fast-path-admit-key-0123456789"]
+    seen: List[Any] = []
+
+    def principal(argument: Any) -> str:
+        seen.append(argument)
+        return "tenant-a"
+
+    rule = ScopeRule(function=True)
+    for authenticated in (False, True):
+        by_keyword = Admission.start(config, key, 7)
+        by_position = Admission.start(config, key, 7)
+        want = by_keyword.admit(
+            Fingerprinter(), rule, "POST", "/p?q", "/p", b'{"a":1}', None, "application/json",
+            over_limit=False, authenticated=authenticated, scope_function=principal,
+            scope_argument="arg")
+        got = by_position.admit(
+            Fingerprinter(), rule, "POST", "/p?q", "/p", b'{"a":1}', None, "application/json",
+            False, authenticated, principal, "arg")
+        assert got == want and got is not None
+        assert (by_position.kind, by_position.warning) == (by_keyword.kind, by_keyword.warning)
+    assert seen == ["arg"] * 4
+    for missing in ({}, {"authenticated": None}):
+        admission = Admission.start(config, key, 7)
+        with pytest.raises(TypeError, match="authenticated"):
+            admission.admit(Fingerprinter(), rule, "POST", "/p", "/p", b"{}", **missing)
+        assert admission.kind == "read_body"  # nothing ran

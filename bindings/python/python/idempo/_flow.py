@@ -208,13 +208,12 @@ def response_of(action: Action) -> Response:
     status, body = action.status, action.body
     assert status is not None and body is not None and action.kind == "respond"
     response: Response = _new(Response)
-    response.__dict__.update(
-        status=status,
-        headers=list(action.headers),
-        body=body,
-        outcome=action.outcome or "",
-        handler_ran=action.handler_ran,
-    )
+    fields = response.__dict__  # set one by one: no keyword dictionary between
+    fields["status"] = status
+    fields["headers"] = list(action.headers)
+    fields["body"] = body
+    fields["outcome"] = action.outcome or ""
+    fields["handler_ran"] = action.handler_ran
     return response
 
 
@@ -229,9 +228,13 @@ def new_handler_result(
     """``HandlerResult(status, headers, body, body_to_store, framework, body_truncated)``, built
     as :func:`response_of` builds its response."""
     result: HandlerResult = _new(HandlerResult)
-    result.__dict__.update(
-        status=status, headers=headers, body=body, body_to_store=body_to_store,
-        framework=framework, body_truncated=body_truncated)
+    fields = result.__dict__
+    fields["status"] = status
+    fields["headers"] = headers
+    fields["body"] = body
+    fields["body_to_store"] = body_to_store
+    fields["framework"] = framework
+    fields["body_truncated"] = body_truncated
     return result
 
 
@@ -377,12 +380,11 @@ def _execution(request: _Request, action: Action, session: Any) -> Execution:
     generation, downstream_key = action.generation, action.downstream_key
     assert generation is not None and downstream_key is not None
     execution: Execution = _new(Execution)
-    execution.__dict__.update(
-        key=request.key,
-        generation=generation,
-        downstream_key=downstream_key,
-        transaction=None if session is None else session.transaction,
-    )
+    fields = execution.__dict__
+    fields["key"] = request.key
+    fields["generation"] = generation
+    fields["downstream_key"] = downstream_key
+    fields["transaction"] = None if session is None else session.transaction
     return execution
 
 
@@ -543,7 +545,6 @@ class _Steps:
 
     def __init__(
         self,
-        *,
         store: Any,
         config: Config,
         scope: bytes,
@@ -556,7 +557,9 @@ class _Steps:
         memories: Optional[PartitionMemories] = None,
     ) -> None:
         """``memories``: the host's remembered partition views of its memory store
-        (:func:`idempo.stores.memory.partition_memory`), for a flow that would make the same."""
+        (:func:`idempo.stores.memory.partition_memory`), for a flow that would make the same.
+        (The arguments may be passed by position: a host's call per request then builds no
+        keyword dictionary.)"""
         self._request = _Request(config, scope, fingerprint, key, route, hooks, renderer)
         if config.transactional:
             require_transactions(store)

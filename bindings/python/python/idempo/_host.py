@@ -428,17 +428,12 @@ class HostCore:
         if admitted is None:
             return self.refused(route, admission)
         key, scope_id, fingerprint, partition = admitted
-        return AsyncRequest(
-            store=self.store,
-            config=opts.config,
-            scope=scope_id,
-            partition=partition if getattr(self.store, "partitioned", False) is True else None,
-            fingerprint=fingerprint,
-            key=key,
-            route=route,
-            hooks=self.hooks,
-            renderer=self.renderer,
-            memories=self._memories,
+        store = self.store
+        return AsyncRequest(  # by position (store, config, scope, fingerprint, key, route,
+            # hooks, partition, renderer, memories): no keyword dictionary per request
+            store, opts.config, scope_id, fingerprint, key, route, self.hooks,
+            partition if getattr(store, "partitioned", False) is True else None,
+            self.renderer, self._memories,
         )
 
     def _admit(
@@ -460,7 +455,7 @@ class HostCore:
         """Stages 2 and 3 (``Admission.admit``): the key, scope id, fingerprint and partition,
         or None when core refused the request (``admission`` then holds the answer); warns once
         per route when core says the key is not scoped to a principal."""
-        admitted = admission.admit(
+        admitted = admission.admit(  # by position: no keyword dictionary per request
             fingerprinter,
             rule,
             method,
@@ -469,10 +464,10 @@ class HostCore:
             body,
             headers,
             content_type,
-            over_limit=over_limit,
-            authenticated=authenticated,
-            scope_function=opts.scope,
-            scope_argument=request,
+            over_limit,
+            authenticated,
+            opts.scope,  # scope_function
+            request,  # scope_argument
         )
         if admitted is None:
             return None

@@ -420,9 +420,8 @@ class Admission:
         body: bytes,
         headers: _Headers | None = None,
         content_type: str | None = None,
-        *,
         over_limit: bool = False,
-        authenticated: bool,
+        authenticated: bool | None = None,  # required: TypeError without it (None)
         scope_function: Callable[[Any], object] | None = None,
         scope_argument: object | None = None,
     ) -> tuple[str, bytes, str, bytes, str | None] | None: ...
