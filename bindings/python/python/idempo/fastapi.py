@@ -259,7 +259,14 @@ class _Run:
                 leave(token)
 
     def _given(self, kwargs: Dict[str, Any], execution: Optional[Execution]) -> Dict[str, Any]:
-        return {k: (execution if v is self.placeholder else v) for k, v in kwargs.items()}
+        """``kwargs`` (the endpoint wrapper's own dictionary, made for its call) with the
+        placeholder's parameters given ``execution``, in place (values replaced while iterating:
+        the dictionary keeps its size)."""
+        placeholder = self.placeholder
+        for name, value in kwargs.items():
+            if value is placeholder:
+                kwargs[name] = execution
+        return kwargs
 
     async def failed(self, exc: BaseException) -> None:
         """The handler ended with an error: the flow records it (core's rule), then the caller
