@@ -128,6 +128,32 @@ def test_a_failing_primitive_fails_alone_and_the_rest_commit(tmp_path: Path) -> 
     store.close()
 
 
+def test_a_group_of_one_that_fails_rolls_back_and_the_next_group_works(tmp_path: Path) -> None:
+    """A lone primitive runs without a savepoint: its failure rolls the transaction back."""
+    path = tmp_path / "idempo.sqlite3"
+    store = SQLiteStore(path)
+    bad = scope(7)
+    setup = sqlite3.connect(path)
+    setup.execute(
+        "CREATE TRIGGER refuse_seven BEFORE INSERT ON idempo_record "
+        f"WHEN NEW.scope_key = x'{bad.hex()}' BEGIN SELECT RAISE(ABORT, 'refused by test'); END"
+    )
+    setup.commit()
+    setup.close()
+
+    async def scenario() -> None:
+        group = await ready_group(store)
+        with pytest.raises(StoreUnavailable, match="refused by test"):
+            await group.submit_call("claim", (bad, "fp", token(7), LEASE_MS, TTL_MS))
+        assert group.conn is not None and not group.conn.in_transaction
+        claimed = await group.submit_call("claim", (scope(8), "fp", token(8), LEASE_MS, TTL_MS))
+        assert isinstance(claimed, Claimed)
+
+    asyncio.run(scenario())
+    assert [key for key, _ in rows(path)] == [scope(8)]
+    store.close()
+
+
 def test_a_failed_commit_answers_every_primitive_of_the_group_and_keeps_none(
     tmp_path: Path,
 ) -> None:

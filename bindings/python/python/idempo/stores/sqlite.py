@@ -112,7 +112,9 @@ class _Op(NamedTuple):
 _Plan = Plan[_Op, T]
 
 
-def _execute(conn: sqlite3.Connection, op: _Op, clock: Optional[Callable[[], int]]) -> Any:
+def _execute(
+    conn: Union[sqlite3.Connection, sqlite3.Cursor], op: _Op, clock: Optional[Callable[[], int]]
+) -> Any:
     params = {**op.params, "now": None if clock is None else int(clock())}
     cur = conn.execute(op.sql, params)
     if op.fetch == "count":
@@ -485,6 +487,8 @@ class _LoopGroup:
         self.store = store
         self.pid = os.getpid()
         self.conn: Optional[sqlite3.Connection] = None
+        self.cur: Optional[sqlite3.Cursor] = None
+        """One cursor for every statement the group runs (no cursor built per statement)."""
         self.pending: "List[_Entry]" = []
         self.batches = 0
         """Group transactions committed (for tests and figures)."""
@@ -504,6 +508,7 @@ class _LoopGroup:
         self.opening = False
         if not fut.cancelled() and fut.exception() is None:
             self.conn = fut.result()
+            self.cur = self.conn.cursor()
             weakref.finalize(loop, _close_quietly, self.store, self.conn)
         else:
             # Until it opens, every call keeps the worker thread (which reports the store's own
@@ -538,50 +543,59 @@ class _LoopGroup:
         self.pending = []
         if not batch:
             return
-        conn = self.conn
+        conn, cur = self.conn, self.cur
         writer = self.store._writer
-        if conn is None or not writer.acquire(blocking=False):
+        if conn is None or cur is None or not writer.acquire(blocking=False):
             _hand_back(batch)
             return
         try:
             try:
-                conn.execute("BEGIN IMMEDIATE")
+                cur.execute("BEGIN IMMEDIATE")
             except sqlite3.Error:
                 _hand_back(batch)
                 return
-            answers = self._run(conn, batch)
+            answers = self._run(conn, cur, batch)
         finally:
             writer.release()
         _answer(answers)
 
-    def _run(self, conn: sqlite3.Connection, batch: "List[_Entry]") -> "List[_Answer]":
-        """Runs ``batch`` inside the open transaction and ends it; returns each answer."""
+    def _run(
+        self, conn: sqlite3.Connection, cur: sqlite3.Cursor, batch: "List[_Entry]"
+    ) -> "List[_Answer]":
+        """Runs ``batch`` inside the open transaction and ends it; returns each answer. A group
+        of one needs no savepoint: when its primitive fails, the transaction is rolled back."""
         clock = self.store._clock
         errors = self.store._errors
         answers: "List[_Answer]" = []
+        alone = len(batch) == 1
         try:
             for name, plan, fut in batch:
-                conn.execute(f"SAVEPOINT {_GROUP_SAVEPOINT}")
+                if not alone:
+                    cur.execute(f"SAVEPOINT {_GROUP_SAVEPOINT}")
                 try:
-                    value = drive(plan, lambda op: _execute(conn, op, clock))
+                    value = drive(plan, lambda op: _execute(cur, op, clock))
                 except Exception as exc:  # noqa: BLE001 - answered to its own caller
-                    conn.execute(f"ROLLBACK TO {_GROUP_SAVEPOINT}")
-                    conn.execute(f"RELEASE {_GROUP_SAVEPOINT}")
                     if isinstance(exc, errors):
                         answers.append((fut, False, _caused(f"SQLite {name} failed", exc)))
                     else:
                         answers.append((fut, False, exc))
+                    if alone:
+                        cur.execute("ROLLBACK")
+                        return answers
+                    cur.execute(f"ROLLBACK TO {_GROUP_SAVEPOINT}")
+                    cur.execute(f"RELEASE {_GROUP_SAVEPOINT}")
                 else:
-                    conn.execute(f"RELEASE {_GROUP_SAVEPOINT}")
+                    if not alone:
+                        cur.execute(f"RELEASE {_GROUP_SAVEPOINT}")
                     answers.append((fut, True, value))
-            conn.execute("COMMIT")
+            cur.execute("COMMIT")
         except BaseException as exc:
             # The transaction itself failed (a savepoint statement or the commit): nothing of it
             # is durable. The primitives that ran are answered 503 (those that failed on their
             # own keep their error); those not started yet go back to the worker thread.
             try:
                 if conn.in_transaction:
-                    conn.execute("ROLLBACK")
+                    cur.execute("ROLLBACK")
             except sqlite3.Error:
                 pass
             cause: BaseException = exc
