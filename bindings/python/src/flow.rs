@@ -19,10 +19,11 @@ use idempo_core::policy::{
 };
 use idempo_core::record::{FencingToken, FingerprintText, Record, RecordRow, StoredResponse};
 use idempo_core::scope::ScopeId;
+use pyo3::exceptions::PyAssertionError;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyList, PyString, PyTuple, PyType};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple, PyType};
 
 use crate::convert::{header_pairs, strings, with_bytes};
 use crate::errors::{CanonicalizationError, invalid_argument};
@@ -359,6 +360,32 @@ impl Action {
         self.headers
             .as_ref()
             .map_or_else(|| PyList::empty(py).unbind(), |h| h.clone_ref(py))
+    }
+
+    /// Sets a `"respond"` action's answer into `fields` (the `__dict__` of a new
+    /// `idempo._flow.Response`), in its fields' order: `status`, `headers` (a new list of the
+    /// pairs), `body`, `outcome` (`""` when none), `handler_ran`; what reading each attribute
+    /// would give, in one call. `AssertionError` for any other action (nothing is set).
+    fn fill_response(&self, py: Python<'_>, fields: &Bound<'_, PyDict>) -> PyResult<()> {
+        let (Some(status), Some(body), "respond") = (self.status, &self.body, self.kind) else {
+            return Err(PyAssertionError::new_err(format!(
+                "not a response: Action({})",
+                self.kind
+            )));
+        };
+        let headers = match &self.headers {
+            Some(h) => PyList::new(py, h.bind(py).iter())?,
+            None => PyList::empty(py),
+        };
+        fields.set_item(intern!(py, "status"), status)?;
+        fields.set_item(intern!(py, "headers"), headers)?;
+        fields.set_item(intern!(py, "body"), body.bind(py))?;
+        let outcome = self
+            .outcome
+            .map_or_else(|| intern!(py, "").clone(), |o| name(py, o));
+        fields.set_item(intern!(py, "outcome"), outcome)?;
+        fields.set_item(intern!(py, "handler_ran"), self.handler_ran)?;
+        Ok(())
     }
 
     /// How the request ended (`"respond"`, `"propagate_error"`), e.g. `"replayed"`.

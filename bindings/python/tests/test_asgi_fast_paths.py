@@ -271,3 +271,24 @@ def test_admit_by_position_is_admit_by_keyword_and_authenticated_is_required() -
         with pytest.raises(TypeError, match="authenticated"):
             admission.admit(Fingerprinter(), rule, "POST", "/p", "/p", b"{}", **missing)
         assert admission.kind == "read_body"  # nothing ran
+
+
+def test_a_response_filled_in_one_call_is_the_response_read_attribute_by_attribute() -> None:
+    from dataclasses import fields
+
+    from idempo._flow import Response as FlowResponse
+    from idempo._flow import response_of
+    from idempo._idempo import unavailable_problem
+
+    done = _answer_to([("content-type", "application/json")], b'{"ok":true}')
+    for action in (done, unavailable_problem(idempo.Config())):
+        response = response_of(action)
+        want = FlowResponse(action.status, list(action.headers), action.body,
+                            action.outcome or "", action.handler_ran)
+        assert response == want
+        assert list(vars(response)) == [f.name for f in fields(FlowResponse)]
+        assert response.headers is not action.headers  # a copy, as list(...) made
+    memory = inline_memory(MemoryStore().with_partition(memory_partition("p")))
+    _, running = ServerFlow.start(b"\x04" * 32, FP, idempo.Config(), b"\x0a" * 16, memory)
+    with pytest.raises(AssertionError):
+        response_of(running)

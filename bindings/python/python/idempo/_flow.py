@@ -204,16 +204,10 @@ field): the same object, its fields set in the same order (none has a ``__post_i
 
 def response_of(action: Action) -> Response:
     """A :class:`Response` from a ``"respond"`` action."""
-    # Each of the action's attributes is read once (each read makes its Python value).
-    status, body = action.status, action.body
-    assert status is not None and body is not None and action.kind == "respond"
     response: Response = _new(Response)
-    fields = response.__dict__  # set one by one: no keyword dictionary between
-    fields["status"] = status
-    fields["headers"] = list(action.headers)
-    fields["body"] = body
-    fields["outcome"] = action.outcome or ""
-    fields["handler_ran"] = action.handler_ran
+    # status, headers (a copy), body, outcome (or ""), handler_ran, in one call (AssertionError
+    # for an action that is not a response).
+    action.fill_response(response.__dict__)
     return response
 
 
