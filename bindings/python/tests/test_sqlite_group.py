@@ -55,6 +55,17 @@ def rows(path: Path) -> List[Any]:
         conn.close()
 
 
+def refuse_inserting(path: Path, key: bytes) -> None:
+    """A trigger that makes every insert of the record ``key`` fail (``refused by test``)."""
+    setup = sqlite3.connect(path)
+    setup.execute(
+        "CREATE TRIGGER refuse_key BEFORE INSERT ON idempo_record "
+        f"WHEN NEW.scope_key = x'{key.hex()}' BEGIN SELECT RAISE(ABORT, 'refused by test'); END"
+    )
+    setup.commit()
+    setup.close()
+
+
 def app_on(store: Any, runs: List[int]) -> Starlette:
     async def pay(request: Request) -> Response:
         runs.append(1)
@@ -101,13 +112,7 @@ def test_a_failing_primitive_fails_alone_and_the_rest_commit(tmp_path: Path) -> 
     path = tmp_path / "idempo.sqlite3"
     store = SQLiteStore(path)
     bad = scope(7)
-    setup = sqlite3.connect(path)
-    setup.execute(
-        "CREATE TRIGGER refuse_seven BEFORE INSERT ON idempo_record "
-        f"WHEN NEW.scope_key = x'{bad.hex()}' BEGIN SELECT RAISE(ABORT, 'refused by test'); END"
-    )
-    setup.commit()
-    setup.close()
+    refuse_inserting(path, bad)
 
     async def scenario() -> None:
         group = await ready_group(store)
@@ -133,13 +138,7 @@ def test_a_group_of_one_that_fails_rolls_back_and_the_next_group_works(tmp_path:
     path = tmp_path / "idempo.sqlite3"
     store = SQLiteStore(path)
     bad = scope(7)
-    setup = sqlite3.connect(path)
-    setup.execute(
-        "CREATE TRIGGER refuse_seven BEFORE INSERT ON idempo_record "
-        f"WHEN NEW.scope_key = x'{bad.hex()}' BEGIN SELECT RAISE(ABORT, 'refused by test'); END"
-    )
-    setup.commit()
-    setup.close()
+    refuse_inserting(path, bad)
 
     async def scenario() -> None:
         group = await ready_group(store)
