@@ -271,8 +271,10 @@ class SQLiteStore(_Plans, PrimitivesBase):
     @property
     def timeout(self) -> float:
         """Seconds one operation may wait for the database lock (``busy_timeout_ms``). Driven from
-        asyncio, a call is answered 503 once this much time (plus a small margin) has passed since
-        the request asked, however long it queued for a worker thread."""
+        asyncio, a write first tries the loop's group commit, which never waits for a lock; one
+        that runs in a worker thread instead (the lock held elsewhere, or a read) is answered 503
+        once this much time (plus a small margin) has passed since the request asked, however
+        long it queued for the thread."""
         return self._busy_timeout_ms / 1000
 
     def _conn(self) -> sqlite3.Connection:
