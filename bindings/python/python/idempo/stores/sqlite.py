@@ -418,7 +418,8 @@ class SQLiteStore(_Plans, PrimitivesBase):
 
 
 class AsyncSQLiteStore(_Plans, AsyncPrimitivesBase):
-    """The asyncio face of :class:`SQLiteStore`: each primitive runs in a worker thread."""
+    """The asyncio face of :class:`SQLiteStore`: the writes run in the event loop's group commit
+    (:class:`_LoopGroup`), the reads and anything the group hands back in a worker thread."""
 
     def __init__(self, path: Union[str, "os.PathLike[str]"], **kwargs: Any) -> None:
         self.sync = SQLiteStore(path, **kwargs)
