@@ -127,3 +127,18 @@ pub(crate) fn utf8(cp: u32) -> ([u8; 4], usize) {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::utf8;
+
+    #[test]
+    fn utf8_encodes_every_scalar_value_as_the_standard_library_does() {
+        for c in (0..=0x10_FFFF).filter_map(char::from_u32) {
+            let mut want = [0u8; 4];
+            let want = c.encode_utf8(&mut want).as_bytes();
+            let (bytes, len) = utf8(u32::from(c));
+            assert_eq!(&bytes[..len], want, "U+{:04X}", u32::from(c));
+        }
+    }
+}
