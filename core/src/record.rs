@@ -395,6 +395,18 @@ pub struct Record {
 }
 
 impl Record {
+    /// A stand-in holding no allocation, in a memory store's slot while a primitive runs on the
+    /// record it took out (`machine::memory`); never stored past that call, compared or shown.
+    pub(crate) fn vacant() -> Record {
+        Record {
+            fingerprint: FingerprintText(String::new()),
+            generation: 0,
+            token: FencingToken([0; 16]),
+            expires_at_ms: 0,
+            state: RecordState::OutcomeUnknown,
+        }
+    }
+
     /// True when the record counts as absent at `now_ms` (`expires_at <= now`).
     #[must_use]
     pub fn is_expired(&self, now_ms: u64) -> bool {

@@ -305,17 +305,22 @@ impl MemoryStore {
 
     fn detach(&mut self, scope: &ScopeId) -> Option<Entry> {
         let e = self.records.remove(scope)?;
-        self.by_expiry.remove(&(e.record.expires_at_ms, *scope));
-        self.bytes -= e.bytes;
-        if let Some(u) = self.usage.get_mut(&e.partition) {
+        self.unindex((e.record.expires_at_ms, *scope), e.bytes, e.partition);
+        Some(e)
+    }
+
+    /// Takes a removed record's expiry and bytes out of the indexes and counters.
+    fn unindex(&mut self, at: (u64, ScopeId), bytes: usize, partition: Option<Partition>) {
+        self.by_expiry.remove(&at);
+        self.bytes -= bytes;
+        if let Some(u) = self.usage.get_mut(&partition) {
             u.entries -= 1;
-            u.bytes -= e.bytes;
-            u.by_expiry.remove(&(e.record.expires_at_ms, *scope));
+            u.bytes -= bytes;
+            u.by_expiry.remove(&at);
             if u.entries == 0 {
-                self.usage.remove(&e.partition);
+                self.usage.remove(&partition);
             }
         }
-        Some(e)
     }
 
     fn attach(&mut self, scope: ScopeId, record: Record, partition: Option<Partition>) {
@@ -337,19 +342,47 @@ impl MemoryStore {
         );
     }
 
-    /// Runs `f` on the slot of `scope`, keeping the indexes right.
+    /// Runs `f` on the slot of `scope`, keeping the indexes right. A record that stays is
+    /// changed where it is in the map (one lookup; only a changed expiry moves in the expiry
+    /// indexes); a new one is attached to `partition`, a deleted one detached.
     fn with_slot<T>(
         &mut self,
         scope: ScopeId,
         partition: Option<Partition>,
         f: impl FnOnce(&mut Option<Record>) -> T,
     ) -> T {
-        let old = self.detach(&scope);
-        let keep = old.as_ref().map_or(partition, |e| e.partition);
-        let mut slot = old.map(|e| e.record);
+        let Some(e) = self.records.get_mut(&scope) else {
+            let mut slot = None;
+            let out = f(&mut slot);
+            if let Some(r) = slot {
+                self.attach(scope, r, partition);
+            }
+            return out;
+        };
+        let old_at = (e.record.expires_at_ms, scope);
+        let mut slot = Some(std::mem::replace(&mut e.record, Record::vacant()));
         let out = f(&mut slot);
-        if let Some(r) = slot {
-            self.attach(scope, r, keep);
+        let Some(record) = slot else {
+            let (bytes, part) = (e.bytes, e.partition);
+            self.records.remove(&scope);
+            self.unindex(old_at, bytes, part);
+            return out;
+        };
+        let (old_bytes, bytes) = (e.bytes, record_bytes(&record));
+        let at = (record.expires_at_ms, scope);
+        e.record = record;
+        e.bytes = bytes;
+        self.bytes = self.bytes - old_bytes + bytes;
+        if at != old_at {
+            self.by_expiry.remove(&old_at);
+            self.by_expiry.insert(at);
+        }
+        if let Some(u) = self.usage.get_mut(&e.partition) {
+            u.bytes = u.bytes - old_bytes + bytes;
+            if at != old_at {
+                u.by_expiry.remove(&old_at);
+                u.by_expiry.insert(at);
+            }
         }
         out
     }
@@ -422,12 +455,14 @@ impl MemoryStore {
         ttl_ms: u64,
         now_ms: u64,
     ) -> Result<ClaimOutcome, MemoryError> {
-        if let Some(e) = self.records.get(&scope) {
-            if !e.record.is_expired(now_ms) {
+        let old = match self.records.get(&scope) {
+            Some(e) if !e.record.is_expired(now_ms) => {
                 return Ok(ClaimOutcome::Existing(e.record.clone()));
             }
-        }
-        let old = self.detach(&scope);
+            // An expired record of this scope is replaced.
+            Some(_) => self.detach(&scope),
+            None => None,
+        };
         let demand = Demand {
             entries: 1,
             bytes: RECORD_OVERHEAD_BYTES + fingerprint.as_str().len(),
@@ -1145,6 +1180,99 @@ mod tests {
             m2.complete(scope(1), A, resp(), 100, 1_000),
             Ok(false),
             "completed: a second completion is false, not a refusal"
+        );
+    }
+
+    /// A partition's entries, bytes and expiry index.
+    type Held = (usize, usize, BTreeSet<(u64, ScopeId)>);
+
+    /// The indexes and counters, recomputed from the records alone.
+    fn assert_indexes_match_records(m: &MemoryStore) {
+        let mut by_expiry = BTreeSet::new();
+        let mut usage: BTreeMap<Option<Partition>, Held> = BTreeMap::new();
+        let mut bytes = 0;
+        for (k, e) in &m.records {
+            assert_eq!(e.bytes, record_bytes(&e.record), "an entry's bytes");
+            let at = (e.record.expires_at_ms, *k);
+            by_expiry.insert(at);
+            bytes += e.bytes;
+            let u = usage.entry(e.partition).or_default();
+            u.0 += 1;
+            u.1 += e.bytes;
+            u.2.insert(at);
+        }
+        assert_eq!(m.by_expiry, by_expiry, "the expiry index");
+        assert_eq!(m.bytes, bytes, "the byte count");
+        let held: BTreeMap<_, _> = m
+            .usage
+            .iter()
+            .map(|(p, u)| (*p, (u.entries, u.bytes, u.by_expiry.clone())))
+            .collect();
+        assert_eq!(held, usage, "the partitions' counts and indexes");
+    }
+
+    #[test]
+    fn every_primitive_keeps_the_indexes_true_to_the_records() {
+        // A fixed pseudo-random walk over few scopes, partitions and tokens, with time moving,
+        // so records are created, replaced when expired, changed in place, completed, released
+        // and purged; the indexes are checked after every step.
+        let mut m = MemoryStore::new(MemoryLimits::new(6, 1_000));
+        let parts = [
+            None,
+            Some(Partition::of_principal("a")),
+            Some(Partition::of_principal("b")),
+        ];
+        let tokens = [A, FencingToken([0xb; 16]), FencingToken([0xc; 16])];
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut now = 1_000;
+        let (mut changed, mut refused) = ([0; 8], 0);
+        for _ in 0..5_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let pick = |n: u64, shift: u32| (x >> shift) % n;
+            let s = scope(pick(8, 0) as u32);
+            let t = tokens[pick(3, 8) as usize];
+            let kind = pick(8, 16) as usize;
+            let ok = match kind {
+                0 | 1 => m
+                    .claim(
+                        s,
+                        parts[pick(3, 24) as usize],
+                        &fp(),
+                        t,
+                        20,
+                        40 + pick(60, 32),
+                        now,
+                    )
+                    .map(|o| matches!(o, ClaimOutcome::Claimed { .. })),
+                2 => {
+                    let r = StoredResponse {
+                        status: 201,
+                        headers: vec![("x".into(), "y".repeat(pick(40, 40) as usize))],
+                        body: vec![b'b'; pick(90, 48) as usize],
+                    };
+                    m.complete(s, t, r, 30 + pick(90, 32), now)
+                }
+                3 => Ok(m.release(s, t)),
+                4 => Ok(m.renew(s, t, 10 + pick(50, 32), now)),
+                5 => Ok(m
+                    .takeover(s, t, tokens[pick(3, 40) as usize], 25, now)
+                    .is_some()),
+                6 => Ok(m.mark_unknown(s, t, 50, now)),
+                _ => Ok(m.purge_expired(pick(3, 32) as usize, now).total() > 0),
+            };
+            match ok {
+                Ok(true) => changed[kind] += 1,
+                Ok(false) => {}
+                Err(_) => refused += 1,
+            }
+            assert_indexes_match_records(&m);
+            now += pick(7, 56);
+        }
+        assert!(
+            changed.iter().all(|&n| n >= 20) && refused >= 20,
+            "the walk exercised little: {changed:?} changed per primitive, {refused} refused"
         );
     }
 }
