@@ -39,6 +39,20 @@ fn claim(i: u32) -> StoreOp {
     }
 }
 
+/// A trigger on `conn`'s database that refuses the insert of `scope(i)`.
+fn poison(conn: &rusqlite::Connection, i: u32) {
+    let hex: String = scope(i)
+        .as_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    conn.execute_batch(&format!(
+        "CREATE TRIGGER poison BEFORE INSERT ON idempo_record \
+         WHEN NEW.scope_key = X'{hex}' BEGIN SELECT RAISE(ABORT, 'poisoned by the test'); END"
+    ))
+    .unwrap();
+}
+
 fn rows(path: &PathBuf) -> i64 {
     let c = rusqlite::Connection::open(path).unwrap();
     c.query_row("SELECT count(*) FROM idempo_record", [], |r| r.get(0))
@@ -86,17 +100,7 @@ async fn a_primitive_failing_inside_a_batch_fails_alone() {
     let poisoned = 7u32;
     let other = rusqlite::Connection::open(&path).unwrap();
     other.busy_timeout(Duration::from_secs(5)).unwrap();
-    let hex: String = scope(poisoned)
-        .as_bytes()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    other
-        .execute_batch(&format!(
-            "CREATE TRIGGER poison BEFORE INSERT ON idempo_record \
-             WHEN NEW.scope_key = X'{hex}' BEGIN SELECT RAISE(ABORT, 'poisoned by the test'); END"
-        ))
-        .unwrap();
+    poison(&other, poisoned);
     // Hold the write lock: the writer waits in BEGIN IMMEDIATE with a first primitive while the
     // next ones queue behind it, so they all run in the second transaction.
     other.execute_batch("BEGIN IMMEDIATE").unwrap();
@@ -148,6 +152,25 @@ async fn a_primitive_failing_inside_a_batch_fails_alone() {
         matches!(got, StoreResult::Got { record: None, .. }),
         "{got:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_alone_that_fails_is_rolled_back_and_the_next_one_commits() {
+    let path = temp_db("alone");
+    let store = SqliteStore::open(&path, 5000, Clock::System).unwrap();
+    let other = rusqlite::Connection::open(&path).unwrap();
+    poison(&other, 3);
+    match store.run(claim(3)).await {
+        Err(StoreError::Sqlite(e)) => assert!(e.to_string().contains("poisoned"), "{e}"),
+        other => panic!("the poisoned claim answered {other:?}"),
+    }
+    // The next write runs in a transaction of its own on the same connection, and commits.
+    assert!(matches!(
+        store.run(claim(4)).await,
+        Ok(StoreResult::Claimed { .. })
+    ));
+    assert_eq!(rows(&path), 1, "only the second claim");
+    assert_eq!(store.batch_stats().transactions(), 2);
 }
 
 #[test]

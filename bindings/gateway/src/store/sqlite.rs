@@ -499,7 +499,8 @@ impl<'c> Session<'c> {
     }
 
     /// Runs one batch: the reads first (committed state, no transaction), then the writes in one
-    /// transaction, a savepoint each; answers the writes after `COMMIT`.
+    /// transaction, a savepoint each (none for a write alone); answers the writes after
+    /// `COMMIT`.
     fn batch(&self, batch: Vec<Job>) {
         let mut writes = Vec::with_capacity(batch.len());
         for job in batch {
@@ -528,7 +529,22 @@ impl<'c> Session<'c> {
         }
         let mut done: Vec<(Waiter, Reply)> = Vec::with_capacity(writes.len());
         let mut lost: Option<String> = None;
+        // A write alone in its transaction needs no savepoint: when it fails, the whole
+        // transaction is rolled back below.
+        let alone = writes.len() == 1;
         for job in writes {
+            if alone {
+                let reply = self.write(&job.work);
+                if reply.is_err() {
+                    if !self.conn.is_autocommit() {
+                        let _ = self.control(Sql::Rollback);
+                    }
+                    job.waiter.answer(reply);
+                    return;
+                }
+                done.push((job.waiter, reply));
+                continue;
+            }
             if let Some(msg) = &lost {
                 // The transaction is gone (SQLite rolled it back after an I/O or full-disk
                 // error): nothing more runs in it.
