@@ -292,3 +292,80 @@ def test_a_response_filled_in_one_call_is_the_response_read_attribute_by_attribu
     _, running = ServerFlow.start(b"\x04" * 32, FP, idempo.Config(), b"\x0a" * 16, memory)
     with pytest.raises(AssertionError):
         response_of(running)
+
+
+def test_the_remembered_running_loop_is_the_running_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``idempo._loop.running_loop`` (``asyncio.get_running_loop`` without its ``getpid()`` on
+    3.11) answers what asyncio answers: a new loop in the same thread, another thread (with and
+    without a loop of its own), no loop at all, a forked child (RuntimeError, as asyncio)."""
+    import os
+    import sys
+    import threading
+
+    from idempo import _loop
+
+    asked: List[int] = []
+    real = asyncio.get_running_loop
+
+    def counted() -> asyncio.AbstractEventLoop:
+        asked.append(1)
+        return real()
+
+    monkeypatch.setattr(asyncio, "get_running_loop", counted)
+    seen: List[Any] = []
+
+    async def both() -> None:
+        for _ in range(3):
+            seen.append((_loop.running_loop(), real()))
+
+    asyncio.run(both())
+    asyncio.run(both())  # a new loop in the same thread: never the stopped one
+    assert len({id(loop) for loop, _ in seen}) == 2
+    assert all(mine is theirs for mine, theirs in seen)
+    if sys.version_info < (3, 12) and sys.platform != "win32":
+        assert len(asked) == 2, "the running loop is asked once per loop, then remembered"
+    with pytest.raises(RuntimeError):
+        _loop.running_loop()  # no loop runs (the last one stopped)
+
+    # Another thread, while this thread's loop runs and is remembered.
+    found: Dict[str, Any] = {}
+
+    def other() -> None:
+        try:
+            _loop.running_loop()
+            found["bare"] = "a loop"
+        except RuntimeError:
+            found["bare"] = None
+
+        async def own() -> None:
+            found["own"] = (_loop.running_loop(), real())
+
+        asyncio.run(own())
+
+    async def main() -> None:
+        _loop.running_loop()
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+        assert _loop.running_loop() is real()
+
+    asyncio.run(main())
+    assert found["bare"] is None, "another thread got this thread's loop"
+    assert found["own"][0] is found["own"][1]
+
+    if hasattr(os, "fork"):
+        async def forked() -> int:
+            assert _loop.running_loop() is real()
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - child: the parent's loop is not its own
+                try:
+                    _loop.running_loop()
+                    os._exit(1)
+                except RuntimeError:
+                    os._exit(0 if _loop.PID[0] == os.getpid() else 2)
+            return pid
+
+        status = os.waitpid(asyncio.run(forked()), 0)[1]
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status

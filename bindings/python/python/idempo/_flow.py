@@ -19,6 +19,7 @@ from typing import (
 )
 
 from idempo._idempo import Action, Cleanup, Config, InlineMemory, ServerFlow
+from idempo._loop import running_loop
 from idempo._render import ProblemRenderer, render
 from idempo._plan import Plan, drive, drive_async
 from idempo.stores._tx import ThreadedSession, Transaction, enter, leave, require_transactions
@@ -909,7 +910,7 @@ class AsyncRequest(_Steps):
             # Most handlers end before their first heartbeat is due: the request waits in its
             # loop's one heartbeat timer, and the heartbeat task (with its lock) is created only
             # for a handler that outlives the interval.
-            beats = self._beats = _beats(asyncio.get_running_loop())
+            beats = self._beats = _beats(running_loop())
             beats.add(self, heartbeat_ms / 1000)
         return info
 

@@ -41,7 +41,7 @@ import copy
 import functools
 import inspect
 from contextvars import ContextVar
-from typing import Any, Awaitable, Callable, Dict, Iterable, List, Optional, Set, Tuple, Union
+from typing import Any, Callable, Coroutine, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 try:
     from fastapi import Depends, Request
@@ -58,6 +58,7 @@ from starlette.types import Receive, Scope, Send
 from idempo._flow import (
     INLINE, AsyncRequest, Execution, HandlerResult, Hooks, Response, failed_log,
 )
+from idempo._loop import running_loop
 from idempo._render import ProblemRenderer
 from idempo._host import (
     HostCore, RouteOptions, route_overrides,
@@ -315,7 +316,7 @@ async def _begin(flow: AsyncRequest) -> Union[Response, Execution]:
     claim made for it is answered as a handler that failed (core decides what to record)."""
     if flow.mode == INLINE:
         return await flow.begin()
-    task = asyncio.ensure_future(flow.begin())
+    task = running_loop().create_task(flow.begin())
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
@@ -336,8 +337,8 @@ _PENDING: "Set[asyncio.Future[Any]]" = set()
 """Strong references to flows finishing on their own (the event loop keeps only weak ones)."""
 
 
-def _spawn(coro: "Awaitable[Any]") -> "asyncio.Future[Any]":
-    task: "asyncio.Future[Any]" = asyncio.ensure_future(coro)
+def _spawn(coro: "Coroutine[Any, Any, Any]") -> "asyncio.Future[Any]":
+    task: "asyncio.Future[Any]" = running_loop().create_task(coro)
     _PENDING.add(task)
     task.add_done_callback(_PENDING.discard)
     return task
