@@ -61,7 +61,7 @@ from idempo._flow import (
 from idempo._loop import running_loop
 from idempo._render import ProblemRenderer
 from idempo._host import (
-    HostCore, RouteOptions, route_overrides,
+    HostCore, RouteOptions, RouteParts, route_overrides,
 )
 from idempo._idempo import Config, InvalidArgument, asgi_target
 from idempo.stores._tx import enter, leave
@@ -183,6 +183,13 @@ class _Answer(StarletteResponse):
             await self.background()
 
 
+_UNCLAIMED = _Unclaimed()
+
+_PRINCIPAL = "__idempo_principal__"
+"""The endpoint's keyword argument that carries the principal on a route whose handler solves the
+principal dependency in place of ``Depends(idempotency)`` (:func:`_without_claim`)."""
+
+
 class _Run:
     """One request on a protected route: from the dependency to the response's last byte."""
 
@@ -193,24 +200,34 @@ class _Run:
     flow: Optional[AsyncRequest] = None
     """Set once the claim let the endpoint run (core's flow, waiting for its response)."""
     capture: Optional[_Capture] = None
+    placeholder = _UNCLAIMED
+    """What ``Depends(idempotency)`` gives before the claim."""
 
-    def __init__(self, owner: "Idempotency", opts: RouteOptions, route: str,
-                 request: Request) -> None:
+    def __init__(self, owner: "Idempotency", opts: RouteOptions, parts: RouteParts, route: str,
+                 request: Request, names: Optional[Tuple[str, ...]]) -> None:
         self.owner = owner
         self.opts = opts
+        self.parts = parts
         self.route = route
         self.request = request
-        self.placeholder = _Unclaimed()
+        self.names = names
+        """The endpoint's parameters that take the :class:`Execution` when the route's handler
+        runs without solving ``Depends(idempotency)`` (:func:`_without_claim`; the principal
+        then comes as the endpoint's ``_PRINCIPAL`` argument); None: FastAPI solved it
+        (:meth:`Idempotency.__call__` marked the run ``called``)."""
 
     async def execute(self, endpoint: Callable[..., Any], is_async: bool,
                       args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         """Admission and claim, then the endpoint (unless core answered without it)."""
-        if not self.called:  # Depends(idempotency) overridden (dependency_overrides): unprotected
-            return await _call(endpoint, is_async, args, kwargs)
+        if self.names is not None:  # the handler without Depends(idempotency): the principal
+            if self.owner.principal is not None:
+                self.principal = kwargs.pop(_PRINCIPAL, None)
+        elif not self.called:  # Depends(idempotency) overridden (dependency_overrides)
+            return await _call(endpoint, is_async, args, kwargs)  # unprotected
         core = self.owner.core
         request = self.request
         opts = self.opts
-        parts = core.parts(opts)
+        parts = self.parts
         scope = request.scope
         raw = scope.get("headers", ())
         admission, headers, content_type, authorization = core.start_asgi(opts, parts, raw)
@@ -262,7 +279,12 @@ class _Run:
     def _given(self, kwargs: Dict[str, Any], execution: Optional[Execution]) -> Dict[str, Any]:
         """``kwargs`` (the endpoint wrapper's own dictionary, made for its call) with the
         placeholder's parameters given ``execution``, in place (values replaced while iterating:
-        the dictionary keeps its size)."""
+        the dictionary keeps its size), or the parameters in :attr:`names`."""
+        names = self.names
+        if names is not None:
+            for name in names:
+                kwargs[name] = execution
+            return kwargs
         placeholder = self.placeholder
         for name, value in kwargs.items():
             if value is placeholder:
@@ -482,7 +504,49 @@ class IdempotentRoute(APIRoute):
                 f"idempo: {ctx.path}: the route uses Depends(idempotency) but is marked"
                 " idempotent(enabled=False)")
         _document(ctx, owner.header_name, opts.config)
-        return _route_handler(inner, owner, opts, str(ctx.path))
+        direct = None
+        without = _without_claim(ctx.dependant, owner)
+        if without is not None:
+            # The same handler on the route's dependencies without Depends(idempotency): FastAPI
+            # does not solve it per request (the endpoint's wrapper claims, as it does anyway).
+            dependant = ctx.dependant
+            ctx.dependant = without[0]
+            try:
+                direct = (super().get_route_handler(), without[1])
+            finally:
+                ctx.dependant = dependant
+        return _route_handler(inner, direct, owner, opts, str(ctx.path),
+                              getattr(ctx, "dependency_overrides_provider", None))
+
+
+def _without_claim(dependant: Any, owner: "Idempotency") -> Optional[Tuple[Any, Tuple[str, ...]]]:
+    """The route's dependencies with each ``Depends(idempotency)`` among its own replaced by what
+    that dependency depends on (the principal dependency, the same object as FastAPI built, its
+    result given to the endpoint as ``_PRINCIPAL``), and the endpoint's parameters that took
+    ``Depends(idempotency)``; None when the route uses it otherwise (inside another dependency)
+    or FastAPI built it differently than expected: the route's handler then solves it."""
+    deps = list(getattr(dependant, "dependencies", None) or ())
+    ours = [d for d in deps if d.call is owner]
+    if not ours or any(d.call is not owner and _uses(d, owner) for d in deps):
+        return None
+    expected = 0 if owner.principal is None else 1
+    for d in ours:
+        subs = list(d.dependencies)
+        if (len(subs) != expected or d.path_params or d.query_params or d.header_params
+                or d.cookie_params or d.body_params
+                or any(sub.call is not owner.principal or _uses(sub, owner) for sub in subs)):
+            return None
+    kept: List[Any] = []
+    for d in deps:
+        if d.call is not owner:
+            kept.append(d)
+        elif expected and not any(getattr(k, "name", None) == _PRINCIPAL for k in kept):
+            principal = copy.copy(d.dependencies[0])
+            principal.name = _PRINCIPAL
+            kept.append(principal)
+    without = copy.copy(dependant)
+    without.dependencies = kept
+    return without, tuple(d.name for d in ours if d.name is not None)
 
 
 def _wrap(endpoint: Callable[..., Any]) -> Callable[..., Any]:
@@ -493,6 +557,7 @@ def _wrap(endpoint: Callable[..., Any]) -> Callable[..., Any]:
     async def endpoint_with_claim(*args: Any, **kwargs: Any) -> Any:
         run = _CURRENT.get()
         if run is None or run.entered:
+            kwargs.pop(_PRINCIPAL, None)
             return await _call(endpoint, is_async, args, kwargs)
         run.entered = True
         return await run.execute(endpoint, is_async, args, kwargs)
@@ -504,14 +569,27 @@ def _wrap(endpoint: Callable[..., Any]) -> Callable[..., Any]:
 _ORIGINAL = "__idempo_original__"
 
 
-def _route_handler(inner: Callable[[Request], Any], owner: "Idempotency", opts: RouteOptions,
-                   route: str) -> Callable[[Request], Any]:
+def _route_handler(inner: Callable[[Request], Any],
+                   direct: Optional[Tuple[Callable[[Request], Any], Tuple[str, ...]]],
+                   owner: "Idempotency", opts: RouteOptions, route: str,
+                   provider: Any) -> Callable[[Request], Any]:
+    """The route's handler: ``inner`` (FastAPI's, solving ``Depends(idempotency)``) or, unless
+    the app overrides that dependency (``dependency_overrides``, checked per request),
+    ``direct`` (:func:`_without_claim`'s handler and parameters)."""
+    parts = owner.core.parts(opts)
+
     async def handler(request: Request) -> StarletteResponse:
-        run = _Run(owner, opts, route, request)
+        overrides = getattr(provider, "dependency_overrides", None)
+        if direct is None or (overrides and owner in overrides):
+            run = _Run(owner, opts, parts, route, request, None)
+            solve = inner
+        else:
+            run = _Run(owner, opts, parts, route, request, direct[1])
+            solve = direct[0]
         token = _CURRENT.set(run)
         try:
             try:
-                response: StarletteResponse = await inner(request)
+                response: StarletteResponse = await solve(request)
             except Exception as exc:
                 if run.flow is None:
                     raise  # before the claim (authentication, validation): FastAPI's answer
