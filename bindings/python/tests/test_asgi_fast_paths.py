@@ -369,3 +369,101 @@ def test_the_remembered_running_loop_is_the_running_loop(
 
         status = os.waitpid(asyncio.run(forked()), 0)[1]
         assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+
+
+@pytest.mark.parametrize("headers,body", [
+    ([], b""),
+    ([("content-type", "application/json")], b'{"a":1}'),
+    ([("Content-Length", "3"), ("x-a", "\u00e9\u00ff")], b"abc"),
+    ([("CONTENT-LENGTH", "9"), ("content-length", "3")], b"abc"),
+    ((("content-type", "text/plain"),), b"xyz"),
+    ([("idempotent-replayed", "true"), ("content-type", "application/problem+json")], b"{}"),
+])
+def test_start_headers_encoded_in_the_extension_are_the_hosts(
+    headers: Any, body: bytes
+) -> None:
+    from idempo._host import with_content_length
+    from idempo._idempo import asgi_start_headers
+
+    expected = [(n.encode("latin-1"), v.encode("latin-1"))
+                for n, v in with_content_length(list(headers), body)]
+    got = asgi_start_headers(headers, len(body))
+    assert got == expected
+    assert all(type(n) is bytes and type(v) is bytes for n, v in got or ())
+
+
+@pytest.mark.parametrize("headers", [
+    [("x-a", "\u0100")],  # not Latin-1: the host's encode raises, as it always did
+    [("x-\ud800", "v")],
+    [(b"x-a", b"v")],
+    [(Str("x-a"), "v")],
+    [("x-a", "v", "w")],
+    [["x-a", "v"]],
+    {"x-a": "v"},
+])
+def test_start_headers_of_another_shape_are_left_to_the_host(headers: Any) -> None:
+    from idempo._idempo import asgi_start_headers
+
+    assert asgi_start_headers(headers, 0) is None
+
+
+def test_a_body_the_dependency_reads_itself_is_read_as_starlettes_stream_reads_it() -> None:
+    """FastAPI's integration reads the body of an endpoint without a body parameter from the
+    request's messages (no stream generator): chunks joined, the limit counted across chunks,
+    the endpoint's own read finding the body, a disconnect raised as Starlette raises it."""
+    from fastapi import Depends, FastAPI
+
+    from idempo.fastapi import Idempotency
+
+    idempotency = Idempotency(store=MemoryStore(), public=True,
+                              config=idempo.Config(max_request_body_bytes=8))
+    app = FastAPI()
+    app.router.route_class = idempotency.route_class
+    seen: List[bytes] = []
+
+    @app.post("/raw")
+    async def raw(request: Request, execution: idempo.Execution = Depends(idempotency)) -> Any:
+        seen.append(await request.body())
+        seen.append(b"".join([chunk async for chunk in request.stream()]))
+        return {"n": len(seen)}
+
+    async def call(messages: List[Dict[str, Any]], key: bytes) -> List[Dict[str, Any]]:
+        sent: List[Dict[str, Any]] = []
+        queue = list(messages)
+
+        async def receive() -> Dict[str, Any]:
+            return queue.pop(0) if queue else {"type": "http.disconnect"}
+
+        async def send(message: Dict[str, Any]) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": "/raw", "raw_path": b"/raw",
+                 "query_string": b"", "root_path": "", "scheme": "http",
+                 "server": ("t", 80), "client": ("c", 1), "http_version": "1.1",
+                 "asgi": {"version": "3.0"},
+                 "headers": [(b"idempotency-key", key),
+                             (b"content-type", b"application/octet-stream")]}
+        await app(scope, receive, send)
+        return sent
+
+    def chunks(*parts: bytes) -> List[Dict[str, Any]]:
+        return [{"type": "http.request", "body": p, "more_body": i < len(parts) - 1}
+                for i, p in enumerate(parts)]
+
+    async def main() -> None:
+        ok = await call(chunks(b"ab", b"", b"cd"), b"body-0001")
+        assert ok[0]["status"] == 200 and seen == [b"abcd", b"abcd"]
+        again = await call(chunks(b"abc", b"d"), b"body-0001")  # the same body: a replay
+        assert (b"idempotent-replayed", b"true") in again[0]["headers"]
+        mismatch = await call(chunks(b"abcx"), b"body-0001")
+        assert mismatch[0]["status"] == 422
+        big = await call(chunks(b"12345", b"6789"), b"body-0002")  # 9 bytes over 8
+        assert big[0]["status"] == 413
+        assert (await call(chunks(b"123456789"), b"body-0004"))[0]["status"] == 413
+        from starlette.requests import ClientDisconnect
+        with pytest.raises(ClientDisconnect):
+            await call([{"type": "http.request", "body": b"ab", "more_body": True}],
+                       b"body-0003")
+        assert seen == [b"abcd", b"abcd"]
+
+    asyncio.run(main())

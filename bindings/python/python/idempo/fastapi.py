@@ -41,7 +41,9 @@ import copy
 import functools
 import inspect
 from contextvars import ContextVar
-from typing import Any, Callable, Coroutine, Dict, Iterable, List, Optional, Set, Tuple, Union
+from typing import (
+    Any, Callable, Coroutine, Dict, Iterable, List, Optional, Set, Tuple, Type, Union,
+)
 
 try:
     from fastapi import Depends, Request
@@ -52,6 +54,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response as StarletteResponse
 from starlette.types import Receive, Scope, Send
 
@@ -202,19 +205,19 @@ class _Run:
     capture: Optional[_Capture] = None
     placeholder = _UNCLAIMED
     """What ``Depends(idempotency)`` gives before the claim."""
+    # The route's, set on its own subclass (:func:`_run_class`): a request sets only its own.
+    owner: "Idempotency"
+    opts: RouteOptions
+    parts: RouteParts
+    route: str
+    names: Optional[Tuple[str, ...]] = None
+    """The endpoint's parameters that take the :class:`Execution` when the route's handler
+    runs without solving ``Depends(idempotency)`` (:func:`_without_claim`; the principal then
+    comes as the endpoint's ``_PRINCIPAL`` argument); None: FastAPI solved it
+    (:meth:`Idempotency.__call__` marked the run ``called``)."""
 
-    def __init__(self, owner: "Idempotency", opts: RouteOptions, parts: RouteParts, route: str,
-                 request: Request, names: Optional[Tuple[str, ...]]) -> None:
-        self.owner = owner
-        self.opts = opts
-        self.parts = parts
-        self.route = route
+    def __init__(self, request: Request) -> None:
         self.request = request
-        self.names = names
-        """The endpoint's parameters that take the :class:`Execution` when the route's handler
-        runs without solving ``Depends(idempotency)`` (:func:`_without_claim`; the principal
-        then comes as the endpoint's ``_PRINCIPAL`` argument); None: FastAPI solved it
-        (:meth:`Idempotency.__call__` marked the run ``called``)."""
 
     async def execute(self, endpoint: Callable[..., Any], is_async: bool,
                       args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
@@ -399,10 +402,58 @@ async def _call(endpoint: Callable[..., Any], is_async: bool, args: Tuple[Any, .
 
 
 async def _read_body(request: Request, limit: int) -> Tuple[bytes, bool]:
-    """The request body as FastAPI read it (or read now, at most ``limit`` plus one chunk)."""
+    """The request body as FastAPI read it (or read now, at most ``limit`` plus one chunk).
+    Starlette's own ``Request`` whose body nobody read has its messages received here as
+    ``Request.stream`` receives them (the same state kept: the stream consumed, the client
+    gone), without the stream's generator; the usual body comes in one message."""
     cached = getattr(request, "_body", None)
     if isinstance(cached, bytes):
         return (b"", True) if len(cached) > limit else (cached, False)
+    if type(request) is not Request or getattr(request, "_stream_consumed", None) is not False:
+        return await _stream_body(request, limit)
+    message = await request.receive()
+    if message["type"] == "http.request" and not message.get("more_body", False):
+        request._stream_consumed = True
+        body = message.get("body", b"")
+        if type(body) is bytes:
+            if len(body) > limit:
+                return b"", True
+            request._body = body  # the endpoint may still read it
+            return body, False
+    return await _receive_body(request, limit, message)
+
+
+async def _receive_body(request: Request, limit: int, message: Any) -> Tuple[bytes, bool]:
+    """:func:`_read_body` past the first message (``message``), as ``Request.stream`` reads."""
+    receive = request.receive
+    chunks: List[bytes] = []
+    size = 0
+    while True:
+        kind = message["type"]
+        if kind == "http.request":
+            chunk = message.get("body", b"")
+            more = message.get("more_body", False)
+            if not more:
+                request._stream_consumed = True
+            if chunk:
+                size += len(chunk)
+                if size > limit:
+                    return b"", True
+                chunks.append(chunk)
+            if not more:
+                break
+        elif kind == "http.disconnect":
+            request._is_disconnected = True
+            raise ClientDisconnect()
+        message = await receive()
+    body = b"".join(chunks)
+    request._body = body  # the endpoint may still read it
+    return body, False
+
+
+async def _stream_body(request: Request, limit: int) -> Tuple[bytes, bool]:
+    """:func:`_read_body` through ``request.stream()`` (another request class, or a stream
+    already under way)."""
     chunks: List[bytes] = []
     size = 0
     async for chunk in request.stream():
@@ -569,6 +620,21 @@ def _wrap(endpoint: Callable[..., Any]) -> Callable[..., Any]:
 _ORIGINAL = "__idempo_original__"
 
 
+def _run_class(owner: "Idempotency", opts: RouteOptions, parts: RouteParts, route: str,
+               names: Optional[Tuple[str, ...]]) -> "Type[_Run]":
+    """:class:`_Run` for one route's requests (what is the route's, on the class)."""
+
+    class RouteRun(_Run):
+        pass
+
+    RouteRun.owner = owner
+    RouteRun.opts = opts
+    RouteRun.parts = parts
+    RouteRun.route = route
+    RouteRun.names = names
+    return RouteRun
+
+
 def _route_handler(inner: Callable[[Request], Any],
                    direct: Optional[Tuple[Callable[[Request], Any], Tuple[str, ...]]],
                    owner: "Idempotency", opts: RouteOptions, route: str,
@@ -577,15 +643,18 @@ def _route_handler(inner: Callable[[Request], Any],
     the app overrides that dependency (``dependency_overrides``, checked per request),
     ``direct`` (:func:`_without_claim`'s handler and parameters)."""
     parts = owner.core.parts(opts)
+    full_run = _run_class(owner, opts, parts, route, None)
+    direct_run = full_run if direct is None else _run_class(owner, opts, parts, route, direct[1])
+    solve_direct = inner if direct is None else direct[0]
 
     async def handler(request: Request) -> StarletteResponse:
         overrides = getattr(provider, "dependency_overrides", None)
         if direct is None or (overrides and owner in overrides):
-            run = _Run(owner, opts, parts, route, request, None)
+            run = full_run(request)
             solve = inner
         else:
-            run = _Run(owner, opts, parts, route, request, direct[1])
-            solve = direct[0]
+            run = direct_run(request)
+            solve = solve_direct
         token = _CURRENT.set(run)
         try:
             try:
