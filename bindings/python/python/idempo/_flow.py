@@ -329,7 +329,9 @@ def _memory(store: Any, hooks: Hooks) -> Optional[InlineMemory]:
 _ENTROPY_BLOCK = 4096
 """Bytes of the OS's random generator read at once for flow tokens (256 tokens)."""
 _ENTROPY: List[Iterator[bytes]] = []
-"""The current block's unused 16-byte parts (a list iterator: each ``next`` is atomic)."""
+"""The current block's unused 16-byte parts (a ``map`` of the block's ``__getitem__`` over
+:data:`_PARTS`: each ``next`` runs in C only, so it is atomic, and slices on demand)."""
+_PARTS = tuple(slice(i, i + 16) for i in range(0, _ENTROPY_BLOCK, 16))
 
 
 def _entropy() -> bytes:
@@ -340,7 +342,7 @@ def _entropy() -> bytes:
         return next(_ENTROPY[0])
     except (IndexError, StopIteration):
         block = os.urandom(_ENTROPY_BLOCK)
-        parts = iter([block[i:i + 16] for i in range(0, _ENTROPY_BLOCK, 16)])
+        parts = map(block.__getitem__, _PARTS)
         _ENTROPY[:] = [parts]
         return next(parts)
 
