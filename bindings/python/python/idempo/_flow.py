@@ -895,15 +895,29 @@ class AsyncRequest(_Steps):
 
     def begin_now(self) -> Union[Response, Execution]:
         """:meth:`begin` of an :attr:`inline` flow, without suspending."""
-        run, action = _start(self._request, self._session, self._store, self._memory)
+        request = self._request
+        memory = self._memory
+        if memory is _UNRESOLVED:
+            run, action = _start(request, self._session, self._store, memory)
+        else:  # _start with the memory the host resolved, in this frame
+            flow, action = ServerFlow.start(
+                request.scope, request.fingerprint, request.config, _entropy(), memory)
+            run = _Run(flow, request.route, request.hooks, request.renderer, memory)
         self._run = run
         kind = action.kind
         if kind == "store":  # the claim, when the flow did not run it inline
             action = _store_step(run, self._store, action)
             kind = action.kind
-        if kind != "run_handler":
-            return self._end_now(action, None)
-        return self._started(action)
+        if kind == "run_handler":
+            return self._started(action)
+        try:  # _end_now, in this frame
+            response = _respond(run, action, None)
+            cleanup = run.flow.cleanup
+            if cleanup is not None:
+                _spawn_cleanup_async(cleanup, self._store, run.route)
+            return response
+        finally:
+            self.close_now()
 
     def _started(self, action: Action) -> Execution:
         info = _execution(self._request, action, self._session)
