@@ -170,8 +170,10 @@ pub(crate) fn asgi_start_headers<'py>(
             return Ok(None);
         }
         let (name, value) = (pair.get_item(0)?, pair.get_item(1)?);
-        let (Ok(name), Ok(value)) = (name.cast_exact::<PyString>(), value.cast_exact::<PyString>())
-        else {
+        let (Ok(name), Ok(value)) = (
+            name.cast_exact::<PyString>(),
+            value.cast_exact::<PyString>(),
+        ) else {
             return Ok(None);
         };
         let (Some(name), Some(value)) = (latin1_of(name), latin1_of(value)) else {
