@@ -135,6 +135,63 @@ pub(crate) fn asgi_response_headers<'py>(
     Ok(Some((out, length)))
 }
 
+/// `text` encoded as Latin-1 (as Python's `str.encode("latin-1")`); None when a character is
+/// outside it (or a lone surrogate).
+fn latin1_of(text: &Bound<'_, PyString>) -> Option<Vec<u8>> {
+    let text = text.to_cow().ok()?;
+    let mut out = Vec::with_capacity(text.len());
+    for c in text.chars() {
+        out.push(u8::try_from(u32::from(c)).ok()?);
+    }
+    Some(out)
+}
+
+/// The `headers` of the `http.response.start` message a host sends for an answer of its own
+/// (a replay, a problem), as `idempo.asgi._send` makes them: `headers` (a list or tuple of
+/// 2-tuples of `str`) encoded as Latin-1, with `content-length: body_len` added when no header
+/// is one (`idempo._host.with_content_length`). None for any other shape, or a character
+/// outside Latin-1: the host encodes them itself (raising as it always did).
+#[pyfunction]
+pub(crate) fn asgi_start_headers<'py>(
+    py: Python<'py>,
+    headers: &Bound<'py, PyAny>,
+    body_len: usize,
+) -> PyResult<Option<Bound<'py, PyList>>> {
+    let Some(items) = items(headers) else {
+        return Ok(None);
+    };
+    let out = PyList::empty(py);
+    let mut length = false;
+    for item in items.iter() {
+        let Ok(pair) = item.cast_exact::<PyTuple>() else {
+            return Ok(None);
+        };
+        if pair.len() != 2 {
+            return Ok(None);
+        }
+        let (name, value) = (pair.get_item(0)?, pair.get_item(1)?);
+        let (Ok(name), Ok(value)) = (
+            name.cast_exact::<PyString>(),
+            value.cast_exact::<PyString>(),
+        ) else {
+            return Ok(None);
+        };
+        let (Some(name), Some(value)) = (latin1_of(name), latin1_of(value)) else {
+            return Ok(None);
+        };
+        // Within Latin-1, Python's str.lower() folds only ASCII letters to ASCII.
+        length = length || name.eq_ignore_ascii_case(b"content-length");
+        out.append((PyBytes::new(py, &name), PyBytes::new(py, &value)))?;
+    }
+    if !length {
+        out.append((
+            PyBytes::new(py, b"content-length"),
+            PyBytes::new(py, body_len.to_string().as_bytes()),
+        ))?;
+    }
+    Ok(Some(out))
+}
+
 /// An ASGI scope's concrete request target as `idempo.asgi._target` reads it (spec/CANONICAL.md
 /// §2.1): the `raw_path` (else the `path`) and, when not empty, `?` and the `query_string`,
 /// bytes read as Latin-1. None for a scope of another shape (not a `dict`; a `raw_path` or

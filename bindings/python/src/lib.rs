@@ -39,6 +39,7 @@ fn _idempo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     call::register(m)?;
     m.add_function(wrap_pyfunction!(canonical::canonicalize, m)?)?;
     m.add_function(wrap_pyfunction!(asgi_headers::asgi_response_headers, m)?)?;
+    m.add_function(wrap_pyfunction!(asgi_headers::asgi_start_headers, m)?)?;
     m.add_function(wrap_pyfunction!(asgi_headers::asgi_target, m)?)?;
     m.add_function(wrap_pyfunction!(fingerprint::fingerprint, m)?)?;
     m.add_function(wrap_pyfunction!(key::parse_key, m)?)?;

@@ -292,3 +292,178 @@ def test_a_response_filled_in_one_call_is_the_response_read_attribute_by_attribu
     _, running = ServerFlow.start(b"\x04" * 32, FP, idempo.Config(), b"\x0a" * 16, memory)
     with pytest.raises(AssertionError):
         response_of(running)
+
+
+def test_the_remembered_running_loop_is_the_running_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``idempo._loop.running_loop`` (``asyncio.get_running_loop`` without its ``getpid()`` on
+    3.11) answers what asyncio answers: a new loop in the same thread, another thread (with and
+    without a loop of its own), no loop at all, a forked child (RuntimeError, as asyncio)."""
+    import os
+    import sys
+    import threading
+
+    from idempo import _loop
+
+    asked: List[int] = []
+    real = asyncio.get_running_loop
+
+    def counted() -> asyncio.AbstractEventLoop:
+        asked.append(1)
+        return real()
+
+    monkeypatch.setattr(asyncio, "get_running_loop", counted)
+    seen: List[Any] = []
+
+    async def both() -> None:
+        for _ in range(3):
+            seen.append((_loop.running_loop(), real()))
+
+    asyncio.run(both())
+    asyncio.run(both())  # a new loop in the same thread: never the stopped one
+    assert len({id(loop) for loop, _ in seen}) == 2
+    assert all(mine is theirs for mine, theirs in seen)
+    if sys.version_info < (3, 12) and sys.platform != "win32":
+        assert len(asked) == 2, "the running loop is asked once per loop, then remembered"
+    with pytest.raises(RuntimeError):
+        _loop.running_loop()  # no loop runs (the last one stopped)
+
+    # Another thread, while this thread's loop runs and is remembered.
+    found: Dict[str, Any] = {}
+
+    def other() -> None:
+        try:
+            _loop.running_loop()
+            found["bare"] = "a loop"
+        except RuntimeError:
+            found["bare"] = None
+
+        async def own() -> None:
+            found["own"] = (_loop.running_loop(), real())
+
+        asyncio.run(own())
+
+    async def main() -> None:
+        _loop.running_loop()
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+        assert _loop.running_loop() is real()
+
+    asyncio.run(main())
+    assert found["bare"] is None, "another thread got this thread's loop"
+    assert found["own"][0] is found["own"][1]
+
+    if hasattr(os, "fork"):
+        async def forked() -> int:
+            assert _loop.running_loop() is real()
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - child: the parent's loop is not its own
+                try:
+                    _loop.running_loop()
+                    os._exit(1)
+                except RuntimeError:
+                    os._exit(0 if _loop.PID[0] == os.getpid() else 2)
+            return pid
+
+        status = os.waitpid(asyncio.run(forked()), 0)[1]
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+
+
+@pytest.mark.parametrize("headers,body", [
+    ([], b""),
+    ([("content-type", "application/json")], b'{"a":1}'),
+    ([("Content-Length", "3"), ("x-a", "\u00e9\u00ff")], b"abc"),
+    ([("CONTENT-LENGTH", "9"), ("content-length", "3")], b"abc"),
+    ((("content-type", "text/plain"),), b"xyz"),
+    ([("idempotent-replayed", "true"), ("content-type", "application/problem+json")], b"{}"),
+])
+def test_start_headers_encoded_in_the_extension_are_the_hosts(
+    headers: Any, body: bytes
+) -> None:
+    from idempo._host import with_content_length
+    from idempo._idempo import asgi_start_headers
+
+    expected = [(n.encode("latin-1"), v.encode("latin-1"))
+                for n, v in with_content_length(list(headers), body)]
+    got = asgi_start_headers(headers, len(body))
+    assert got == expected
+    assert all(type(n) is bytes and type(v) is bytes for n, v in got or ())
+
+
+@pytest.mark.parametrize("headers", [
+    [("x-a", "\u0100")],  # not Latin-1: the host's encode raises, as it always did
+    [("x-\ud800", "v")],
+    [(b"x-a", b"v")],
+    [(Str("x-a"), "v")],
+    [("x-a", "v", "w")],
+    [["x-a", "v"]],
+    {"x-a": "v"},
+])
+def test_start_headers_of_another_shape_are_left_to_the_host(headers: Any) -> None:
+    from idempo._idempo import asgi_start_headers
+
+    assert asgi_start_headers(headers, 0) is None
+
+
+def test_a_body_the_dependency_reads_itself_is_read_as_starlettes_stream_reads_it() -> None:
+    """FastAPI's integration reads the body of an endpoint without a body parameter from the
+    request's messages (no stream generator): chunks joined, the limit counted across chunks,
+    the endpoint's own read finding the body, a disconnect raised as Starlette raises it."""
+    from fastapi import Depends, FastAPI
+
+    from idempo.fastapi import Idempotency
+
+    idempotency = Idempotency(store=MemoryStore(), public=True,
+                              config=idempo.Config(max_request_body_bytes=8))
+    app = FastAPI()
+    app.router.route_class = idempotency.route_class
+    seen: List[bytes] = []
+
+    @app.post("/raw")
+    async def raw(request: Request, execution: idempo.Execution = Depends(idempotency)) -> Any:
+        seen.append(await request.body())
+        seen.append(b"".join([chunk async for chunk in request.stream()]))
+        return {"n": len(seen)}
+
+    async def call(messages: List[Dict[str, Any]], key: bytes) -> List[Dict[str, Any]]:
+        sent: List[Dict[str, Any]] = []
+        queue = list(messages)
+
+        async def receive() -> Dict[str, Any]:
+            return queue.pop(0) if queue else {"type": "http.disconnect"}
+
+        async def send(message: Dict[str, Any]) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": "/raw", "raw_path": b"/raw",
+                 "query_string": b"", "root_path": "", "scheme": "http",
+                 "server": ("t", 80), "client": ("c", 1), "http_version": "1.1",
+                 "asgi": {"version": "3.0"},
+                 "headers": [(b"idempotency-key", key),
+                             (b"content-type", b"application/octet-stream")]}
+        await app(scope, receive, send)
+        return sent
+
+    def chunks(*parts: bytes) -> List[Dict[str, Any]]:
+        return [{"type": "http.request", "body": p, "more_body": i < len(parts) - 1}
+                for i, p in enumerate(parts)]
+
+    async def main() -> None:
+        ok = await call(chunks(b"ab", b"", b"cd"), b"body-0001")
+        assert ok[0]["status"] == 200 and seen == [b"abcd", b"abcd"]
+        again = await call(chunks(b"abc", b"d"), b"body-0001")  # the same body: a replay
+        assert (b"idempotent-replayed", b"true") in again[0]["headers"]
+        mismatch = await call(chunks(b"abcx"), b"body-0001")
+        assert mismatch[0]["status"] == 422
+        big = await call(chunks(b"12345", b"6789"), b"body-0002")  # 9 bytes over 8
+        assert big[0]["status"] == 413
+        assert (await call(chunks(b"123456789"), b"body-0004"))[0]["status"] == 413
+        from starlette.requests import ClientDisconnect
+        with pytest.raises(ClientDisconnect):
+            await call([{"type": "http.request", "body": b"ab", "more_body": True}],
+                       b"body-0003")
+        assert seen == [b"abcd", b"abcd"]
+
+    asyncio.run(main())

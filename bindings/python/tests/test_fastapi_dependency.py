@@ -364,3 +364,82 @@ def test_problem_renderer_gives_the_apis_own_envelope() -> None:
 
     run(app, go)
     assert runs == ["t1"]
+
+
+def test_the_handler_without_the_claim_dependency_keeps_its_principal_and_overrides(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A route whose own dependencies include Depends(idempotency) runs a handler that does not
+    solve it per request (the principal dependency in its place): the principal is the one
+    FastAPI solved once for the request (shared with the endpoint's own use of it), keys stay
+    per principal, an override of the principal dependency is the principal, an override of
+    Depends(idempotency) turns protection off, and a route that uses it inside another
+    dependency keeps FastAPI's handler."""
+    calls: List[str] = []
+    solved: List[str] = []
+    real_call = Idempotency.__call__
+
+    async def counted(self: Idempotency, *args: Any, **kwargs: Any) -> Any:
+        calls.append("dependency")
+        return await real_call(self, *args, **kwargs)
+
+    monkeypatch.setattr(Idempotency, "__call__", counted)
+
+    async def tenant_of(authorization: str = Header(default="")) -> str:
+        solved.append(authorization)
+        return await bearer_tenant(authorization)
+
+    runs: List[str] = []
+    idempotency = Idempotency(store=AsyncMemoryStore(), principal=tenant_of)
+    app = FastAPI()
+    app.router.route_class = idempotency.route_class
+
+    @app.post("/pay", status_code=201)
+    async def pay(payment: Payment, execution: idempo.Execution = Depends(idempotency),
+                  tenant: str = Depends(tenant_of)) -> Dict[str, Any]:
+        runs.append(tenant)
+        return {"tenant": tenant, "n": len(runs),
+                "execution": isinstance(execution, idempo.Execution)}
+
+    def via(execution: Any = Depends(idempotency)) -> Any:
+        return execution
+
+    @app.post("/nested", status_code=201)
+    async def nested(payment: Payment, execution: Any = Depends(via)) -> Dict[str, Any]:
+        runs.append("nested")
+        return {"n": len(runs), "execution": isinstance(execution, idempo.Execution)}
+
+    def h(tenant: str) -> Dict[str, str]:
+        return {"Idempotency-Key": "direct-0001", "Authorization": f"Bearer {tenant}"}
+
+    async def go(c: httpx.AsyncClient) -> None:
+        a1 = await c.post("/pay", json={"amount": 1}, headers=h("a"))
+        a2 = await c.post("/pay", json={"amount": 1}, headers=h("a"))
+        b1 = await c.post("/pay", json={"amount": 1}, headers=h("b"))
+        assert (a1.status_code, a2.status_code, b1.status_code) == (201, 201, 201)
+        assert a2.headers["idempotent-replayed"] == "true" and a2.json() == a1.json()
+        assert "idempotent-replayed" not in b1.headers and b1.json()["tenant"] == "b"
+        assert a1.json()["execution"] is True and b1.json()["execution"] is True
+        assert calls == [], "Depends(idempotency) was solved per request"
+        assert solved == ["Bearer a", "Bearer a", "Bearer b"], "the principal solved once each"
+        assert (await c.post("/pay", json={"amount": 1}, headers=h("banned"))).status_code == 403
+
+        app.dependency_overrides[tenant_of] = lambda: "a"  # every caller is tenant a
+        c1 = await c.post("/pay", json={"amount": 1}, headers=h("c"))
+        assert c1.headers["idempotent-replayed"] == "true" and c1.json() == a1.json()
+        del app.dependency_overrides[tenant_of]
+
+        app.dependency_overrides[idempotency] = lambda: None  # unprotected: runs every time
+        o1 = await c.post("/pay", json={"amount": 1}, headers=h("a"))
+        assert o1.status_code == 201 and "idempotent-replayed" not in o1.headers
+        assert o1.json()["n"] == 3 and o1.json()["execution"] is False
+        del app.dependency_overrides[idempotency]
+
+        n1 = await c.post("/nested", json={"amount": 1}, headers=h("a"))
+        n2 = await c.post("/nested", json={"amount": 1}, headers=h("a"))
+        assert n1.json()["execution"] is True  # the placeholder it passed on: the Execution
+        assert n2.headers["idempotent-replayed"] == "true" and n2.json() == n1.json()
+        assert calls == ["dependency", "dependency"]
+
+    run(app, go)
+    assert runs == ["a", "b", "a", "nested"]

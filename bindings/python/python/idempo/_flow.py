@@ -19,6 +19,7 @@ from typing import (
 )
 
 from idempo._idempo import Action, Cleanup, Config, InlineMemory, ServerFlow
+from idempo._loop import running_loop
 from idempo._render import ProblemRenderer, render
 from idempo._plan import Plan, drive, drive_async
 from idempo.stores._tx import ThreadedSession, Transaction, enter, leave, require_transactions
@@ -328,7 +329,9 @@ def _memory(store: Any, hooks: Hooks) -> Optional[InlineMemory]:
 _ENTROPY_BLOCK = 4096
 """Bytes of the OS's random generator read at once for flow tokens (256 tokens)."""
 _ENTROPY: List[Iterator[bytes]] = []
-"""The current block's unused 16-byte parts (a list iterator: each ``next`` is atomic)."""
+"""The current block's unused 16-byte parts (a ``map`` of the block's ``__getitem__`` over
+:data:`_PARTS`: each ``next`` runs in C only, so it is atomic, and slices on demand)."""
+_PARTS = tuple(slice(i, i + 16) for i in range(0, _ENTROPY_BLOCK, 16))
 
 
 def _entropy() -> bytes:
@@ -339,7 +342,7 @@ def _entropy() -> bytes:
         return next(_ENTROPY[0])
     except (IndexError, StopIteration):
         block = os.urandom(_ENTROPY_BLOCK)
-        parts = iter([block[i:i + 16] for i in range(0, _ENTROPY_BLOCK, 16)])
+        parts = map(block.__getitem__, _PARTS)
         _ENTROPY[:] = [parts]
         return next(parts)
 
@@ -892,15 +895,29 @@ class AsyncRequest(_Steps):
 
     def begin_now(self) -> Union[Response, Execution]:
         """:meth:`begin` of an :attr:`inline` flow, without suspending."""
-        run, action = _start(self._request, self._session, self._store, self._memory)
+        request = self._request
+        memory = self._memory
+        if memory is _UNRESOLVED:
+            run, action = _start(request, self._session, self._store, memory)
+        else:  # _start with the memory the host resolved, in this frame
+            flow, action = ServerFlow.start(
+                request.scope, request.fingerprint, request.config, _entropy(), memory)
+            run = _Run(flow, request.route, request.hooks, request.renderer, memory)
         self._run = run
         kind = action.kind
         if kind == "store":  # the claim, when the flow did not run it inline
             action = _store_step(run, self._store, action)
             kind = action.kind
-        if kind != "run_handler":
-            return self._end_now(action, None)
-        return self._started(action)
+        if kind == "run_handler":
+            return self._started(action)
+        try:  # _end_now, in this frame
+            response = _respond(run, action, None)
+            cleanup = run.flow.cleanup
+            if cleanup is not None:
+                _spawn_cleanup_async(cleanup, self._store, run.route)
+            return response
+        finally:
+            self.close_now()
 
     def _started(self, action: Action) -> Execution:
         info = _execution(self._request, action, self._session)
@@ -909,7 +926,7 @@ class AsyncRequest(_Steps):
             # Most handlers end before their first heartbeat is due: the request waits in its
             # loop's one heartbeat timer, and the heartbeat task (with its lock) is created only
             # for a handler that outlives the interval.
-            beats = self._beats = _beats(asyncio.get_running_loop())
+            beats = self._beats = _beats(running_loop())
             beats.add(self, heartbeat_ms / 1000)
         return info
 

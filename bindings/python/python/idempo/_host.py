@@ -422,12 +422,15 @@ class HostCore:
         request's flow, or the answer when core refused the request. ``headers`` None: those
         ``Admission.start_asgi`` read (with its content-type unless ``content_type`` is given)."""
         opts = parts.opts
-        admitted = self._admit(
-            admission, parts.fingerprinter, parts.rule, opts, request, method, route, target,
-            headers, content_type, body, over_limit, authenticated)
+        admitted = admission.admit(  # _admit, in this frame
+            parts.fingerprinter, parts.rule, method, target, route, body, headers, content_type,
+            over_limit, authenticated, opts.scope, request)
         if admitted is None:
             return self.refused(route, admission)
-        key, scope_id, fingerprint, partition = admitted
+        key, scope_id, fingerprint, partition, warning = admitted
+        if warning is not None and self.warn_unscoped and route not in self._warned:
+            self._warned.add(route)
+            warnings.warn(warning, UnscopedKeyWarning, stacklevel=2)
         store = self.store
         return AsyncRequest(  # by position (store, config, scope, fingerprint, key, route,
             # hooks, partition, renderer, memories): no keyword dictionary per request

@@ -39,6 +39,7 @@ __all__ = [
     "ServerFlow",
     "StoreUnavailable",
     "asgi_response_headers",
+    "asgi_start_headers",
     "asgi_target",
     "body_problem",
     "cache_fill_px",
@@ -108,6 +109,7 @@ STORE_LATENCY_BUCKETS: tuple[float, ...]
 """Histogram bounds (seconds) of ``idempo_store_operation_duration_seconds`` (core's)."""
 
 def asgi_response_headers(raw: object) -> tuple[list[tuple[str, str]], bool] | None: ...
+def asgi_start_headers(headers: object, body_len: int) -> list[tuple[bytes, bytes]] | None: ...
 def asgi_target(scope: object) -> str | None: ...
 def canonicalize(
     data: _Bytes,

@@ -48,7 +48,9 @@ from idempo._flow import HandlerResult, Response, failed_log, new_handler_result
 from idempo._host import (
     HostCore, HostOptions, RouteOptions, RouteParts, with_content_length,
 )
-from idempo._idempo import BodyCapture, Config, asgi_response_headers, asgi_target
+from idempo._idempo import (
+    BodyCapture, Config, asgi_response_headers, asgi_start_headers, asgi_target,
+)
 from idempo.stores._tx import enter, leave
 from idempo._tee import handler_result
 
@@ -760,12 +762,10 @@ async def _send(send: Send, response: Response, capture: Optional[_Capture] = No
         await send(start)
         await send({"type": "http.response.body", "body": response.body, "more_body": False})
         return
-    headers = with_content_length(response.headers, response.body)
-    await send(
-        {
-            "type": "http.response.start",
-            "status": response.status,
-            "headers": [(n.encode("latin-1"), v.encode("latin-1")) for n, v in headers],
-        }
-    )
-    await send({"type": "http.response.body", "body": response.body, "more_body": False})
+    body = response.body
+    raw = asgi_start_headers(response.headers, len(body))  # encoded in the extension
+    if raw is None:  # headers of another shape: as they always were
+        headers = with_content_length(response.headers, body)
+        raw = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in headers]
+    await send({"type": "http.response.start", "status": response.status, "headers": raw})
+    await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -41,7 +41,9 @@ import copy
 import functools
 import inspect
 from contextvars import ContextVar
-from typing import Any, Awaitable, Callable, Dict, Iterable, List, Optional, Set, Tuple, Union
+from typing import (
+    Any, Callable, Coroutine, Dict, Iterable, List, Optional, Set, Tuple, Type, Union,
+)
 
 try:
     from fastapi import Depends, Request
@@ -52,15 +54,17 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response as StarletteResponse
 from starlette.types import Receive, Scope, Send
 
 from idempo._flow import (
     INLINE, AsyncRequest, Execution, HandlerResult, Hooks, Response, failed_log,
 )
+from idempo._loop import running_loop
 from idempo._render import ProblemRenderer
 from idempo._host import (
-    HostCore, RouteOptions, route_overrides,
+    HostCore, RouteOptions, RouteParts, route_overrides,
 )
 from idempo._idempo import Config, InvalidArgument, asgi_target
 from idempo.stores._tx import enter, leave
@@ -182,6 +186,13 @@ class _Answer(StarletteResponse):
             await self.background()
 
 
+_UNCLAIMED = _Unclaimed()
+
+_PRINCIPAL = "__idempo_principal__"
+"""The endpoint's keyword argument that carries the principal on a route whose handler solves the
+principal dependency in place of ``Depends(idempotency)`` (:func:`_without_claim`)."""
+
+
 class _Run:
     """One request on a protected route: from the dependency to the response's last byte."""
 
@@ -192,24 +203,34 @@ class _Run:
     flow: Optional[AsyncRequest] = None
     """Set once the claim let the endpoint run (core's flow, waiting for its response)."""
     capture: Optional[_Capture] = None
+    placeholder = _UNCLAIMED
+    """What ``Depends(idempotency)`` gives before the claim."""
+    # The route's, set on its own subclass (:func:`_run_class`): a request sets only its own.
+    owner: "Idempotency"
+    opts: RouteOptions
+    parts: RouteParts
+    route: str
+    names: Optional[Tuple[str, ...]] = None
+    """The endpoint's parameters that take the :class:`Execution` when the route's handler
+    runs without solving ``Depends(idempotency)`` (:func:`_without_claim`; the principal then
+    comes as the endpoint's ``_PRINCIPAL`` argument); None: FastAPI solved it
+    (:meth:`Idempotency.__call__` marked the run ``called``)."""
 
-    def __init__(self, owner: "Idempotency", opts: RouteOptions, route: str,
-                 request: Request) -> None:
-        self.owner = owner
-        self.opts = opts
-        self.route = route
+    def __init__(self, request: Request) -> None:
         self.request = request
-        self.placeholder = _Unclaimed()
 
     async def execute(self, endpoint: Callable[..., Any], is_async: bool,
                       args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         """Admission and claim, then the endpoint (unless core answered without it)."""
-        if not self.called:  # Depends(idempotency) overridden (dependency_overrides): unprotected
-            return await _call(endpoint, is_async, args, kwargs)
+        if self.names is not None:  # the handler without Depends(idempotency): the principal
+            if self.owner.principal is not None:
+                self.principal = kwargs.pop(_PRINCIPAL, None)
+        elif not self.called:  # Depends(idempotency) overridden (dependency_overrides)
+            return await _call(endpoint, is_async, args, kwargs)  # unprotected
         core = self.owner.core
         request = self.request
         opts = self.opts
-        parts = core.parts(opts)
+        parts = self.parts
         scope = request.scope
         raw = scope.get("headers", ())
         admission, headers, content_type, authorization = core.start_asgi(opts, parts, raw)
@@ -261,7 +282,12 @@ class _Run:
     def _given(self, kwargs: Dict[str, Any], execution: Optional[Execution]) -> Dict[str, Any]:
         """``kwargs`` (the endpoint wrapper's own dictionary, made for its call) with the
         placeholder's parameters given ``execution``, in place (values replaced while iterating:
-        the dictionary keeps its size)."""
+        the dictionary keeps its size), or the parameters in :attr:`names`."""
+        names = self.names
+        if names is not None:
+            for name in names:
+                kwargs[name] = execution
+            return kwargs
         placeholder = self.placeholder
         for name, value in kwargs.items():
             if value is placeholder:
@@ -315,7 +341,7 @@ async def _begin(flow: AsyncRequest) -> Union[Response, Execution]:
     claim made for it is answered as a handler that failed (core decides what to record)."""
     if flow.mode == INLINE:
         return await flow.begin()
-    task = asyncio.ensure_future(flow.begin())
+    task = running_loop().create_task(flow.begin())
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
@@ -336,8 +362,8 @@ _PENDING: "Set[asyncio.Future[Any]]" = set()
 """Strong references to flows finishing on their own (the event loop keeps only weak ones)."""
 
 
-def _spawn(coro: "Awaitable[Any]") -> "asyncio.Future[Any]":
-    task: "asyncio.Future[Any]" = asyncio.ensure_future(coro)
+def _spawn(coro: "Coroutine[Any, Any, Any]") -> "asyncio.Future[Any]":
+    task: "asyncio.Future[Any]" = running_loop().create_task(coro)
     _PENDING.add(task)
     task.add_done_callback(_PENDING.discard)
     return task
@@ -376,10 +402,58 @@ async def _call(endpoint: Callable[..., Any], is_async: bool, args: Tuple[Any, .
 
 
 async def _read_body(request: Request, limit: int) -> Tuple[bytes, bool]:
-    """The request body as FastAPI read it (or read now, at most ``limit`` plus one chunk)."""
+    """The request body as FastAPI read it (or read now, at most ``limit`` plus one chunk).
+    Starlette's own ``Request`` whose body nobody read has its messages received here as
+    ``Request.stream`` receives them (the same state kept: the stream consumed, the client
+    gone), without the stream's generator; the usual body comes in one message."""
     cached = getattr(request, "_body", None)
     if isinstance(cached, bytes):
         return (b"", True) if len(cached) > limit else (cached, False)
+    if type(request) is not Request or getattr(request, "_stream_consumed", None) is not False:
+        return await _stream_body(request, limit)
+    message = await request.receive()
+    if message["type"] == "http.request" and not message.get("more_body", False):
+        request._stream_consumed = True
+        body = message.get("body", b"")
+        if type(body) is bytes:
+            if len(body) > limit:
+                return b"", True
+            request._body = body  # the endpoint may still read it
+            return body, False
+    return await _receive_body(request, limit, message)
+
+
+async def _receive_body(request: Request, limit: int, message: Any) -> Tuple[bytes, bool]:
+    """:func:`_read_body` past the first message (``message``), as ``Request.stream`` reads."""
+    receive = request.receive
+    chunks: List[bytes] = []
+    size = 0
+    while True:
+        kind = message["type"]
+        if kind == "http.request":
+            chunk = message.get("body", b"")
+            more = message.get("more_body", False)
+            if not more:
+                request._stream_consumed = True
+            if chunk:
+                size += len(chunk)
+                if size > limit:
+                    return b"", True
+                chunks.append(chunk)
+            if not more:
+                break
+        elif kind == "http.disconnect":
+            request._is_disconnected = True
+            raise ClientDisconnect()
+        message = await receive()
+    body = b"".join(chunks)
+    request._body = body  # the endpoint may still read it
+    return body, False
+
+
+async def _stream_body(request: Request, limit: int) -> Tuple[bytes, bool]:
+    """:func:`_read_body` through ``request.stream()`` (another request class, or a stream
+    already under way)."""
     chunks: List[bytes] = []
     size = 0
     async for chunk in request.stream():
@@ -481,7 +555,49 @@ class IdempotentRoute(APIRoute):
                 f"idempo: {ctx.path}: the route uses Depends(idempotency) but is marked"
                 " idempotent(enabled=False)")
         _document(ctx, owner.header_name, opts.config)
-        return _route_handler(inner, owner, opts, str(ctx.path))
+        direct = None
+        without = _without_claim(ctx.dependant, owner)
+        if without is not None:
+            # The same handler on the route's dependencies without Depends(idempotency): FastAPI
+            # does not solve it per request (the endpoint's wrapper claims, as it does anyway).
+            dependant = ctx.dependant
+            ctx.dependant = without[0]
+            try:
+                direct = (super().get_route_handler(), without[1])
+            finally:
+                ctx.dependant = dependant
+        return _route_handler(inner, direct, owner, opts, str(ctx.path),
+                              getattr(ctx, "dependency_overrides_provider", None))
+
+
+def _without_claim(dependant: Any, owner: "Idempotency") -> Optional[Tuple[Any, Tuple[str, ...]]]:
+    """The route's dependencies with each ``Depends(idempotency)`` among its own replaced by what
+    that dependency depends on (the principal dependency, the same object as FastAPI built, its
+    result given to the endpoint as ``_PRINCIPAL``), and the endpoint's parameters that took
+    ``Depends(idempotency)``; None when the route uses it otherwise (inside another dependency)
+    or FastAPI built it differently than expected: the route's handler then solves it."""
+    deps = list(getattr(dependant, "dependencies", None) or ())
+    ours = [d for d in deps if d.call is owner]
+    if not ours or any(d.call is not owner and _uses(d, owner) for d in deps):
+        return None
+    expected = 0 if owner.principal is None else 1
+    for d in ours:
+        subs = list(d.dependencies)
+        if (len(subs) != expected or d.path_params or d.query_params or d.header_params
+                or d.cookie_params or d.body_params
+                or any(sub.call is not owner.principal or _uses(sub, owner) for sub in subs)):
+            return None
+    kept: List[Any] = []
+    for d in deps:
+        if d.call is not owner:
+            kept.append(d)
+        elif expected and not any(getattr(k, "name", None) == _PRINCIPAL for k in kept):
+            principal = copy.copy(d.dependencies[0])
+            principal.name = _PRINCIPAL
+            kept.append(principal)
+    without = copy.copy(dependant)
+    without.dependencies = kept
+    return without, tuple(d.name for d in ours if d.name is not None)
 
 
 def _wrap(endpoint: Callable[..., Any]) -> Callable[..., Any]:
@@ -492,6 +608,7 @@ def _wrap(endpoint: Callable[..., Any]) -> Callable[..., Any]:
     async def endpoint_with_claim(*args: Any, **kwargs: Any) -> Any:
         run = _CURRENT.get()
         if run is None or run.entered:
+            kwargs.pop(_PRINCIPAL, None)
             return await _call(endpoint, is_async, args, kwargs)
         run.entered = True
         return await run.execute(endpoint, is_async, args, kwargs)
@@ -503,14 +620,45 @@ def _wrap(endpoint: Callable[..., Any]) -> Callable[..., Any]:
 _ORIGINAL = "__idempo_original__"
 
 
-def _route_handler(inner: Callable[[Request], Any], owner: "Idempotency", opts: RouteOptions,
-                   route: str) -> Callable[[Request], Any]:
+def _run_class(owner: "Idempotency", opts: RouteOptions, parts: RouteParts, route: str,
+               names: Optional[Tuple[str, ...]]) -> "Type[_Run]":
+    """:class:`_Run` for one route's requests (what is the route's, on the class)."""
+
+    class RouteRun(_Run):
+        pass
+
+    RouteRun.owner = owner
+    RouteRun.opts = opts
+    RouteRun.parts = parts
+    RouteRun.route = route
+    RouteRun.names = names
+    return RouteRun
+
+
+def _route_handler(inner: Callable[[Request], Any],
+                   direct: Optional[Tuple[Callable[[Request], Any], Tuple[str, ...]]],
+                   owner: "Idempotency", opts: RouteOptions, route: str,
+                   provider: Any) -> Callable[[Request], Any]:
+    """The route's handler: ``inner`` (FastAPI's, solving ``Depends(idempotency)``) or, unless
+    the app overrides that dependency (``dependency_overrides``, checked per request),
+    ``direct`` (:func:`_without_claim`'s handler and parameters)."""
+    parts = owner.core.parts(opts)
+    full_run = _run_class(owner, opts, parts, route, None)
+    direct_run = full_run if direct is None else _run_class(owner, opts, parts, route, direct[1])
+    solve_direct = inner if direct is None else direct[0]
+
     async def handler(request: Request) -> StarletteResponse:
-        run = _Run(owner, opts, route, request)
+        overrides = getattr(provider, "dependency_overrides", None)
+        if direct is None or (overrides and owner in overrides):
+            run = full_run(request)
+            solve = inner
+        else:
+            run = direct_run(request)
+            solve = solve_direct
         token = _CURRENT.set(run)
         try:
             try:
-                response: StarletteResponse = await inner(request)
+                response: StarletteResponse = await solve(request)
             except Exception as exc:
                 if run.flow is None:
                     raise  # before the claim (authentication, validation): FastAPI's answer

@@ -35,6 +35,7 @@ from typing import (
 
 from idempo._idempo import InvalidArgument, StoreUnavailable, sqlite_setup_pause_ms
 from idempo._options import default
+from idempo._loop import PID, running_loop
 from idempo.stores._base import (
     ClaimResult,
     Claimed,
@@ -279,11 +280,11 @@ class SQLiteStore(_Plans, PrimitivesBase):
 
     def _conn(self) -> sqlite3.Connection:
         conn: Optional[sqlite3.Connection] = getattr(self._local, "conn", None)
-        if conn is not None and getattr(self._local, "pid", None) == os.getpid():
+        if conn is not None and getattr(self._local, "pid", None) == PID[0]:
             return conn
         conn = self._open()
         self._local.conn = conn
-        self._local.pid = os.getpid()
+        self._local.pid = PID[0]
         return conn
 
     def _open(self, busy_timeout_ms: Optional[int] = None) -> sqlite3.Connection:
@@ -348,14 +349,14 @@ class SQLiteStore(_Plans, PrimitivesBase):
         with self._all_lock:
             while self._idle:
                 pid, conn = self._idle.pop()
-                if pid == os.getpid():
+                if pid == PID[0]:
                     return conn
         return self._open()
 
     def _give_back(self, conn: sqlite3.Connection, keep: bool) -> None:
         with self._all_lock:
             if keep and not conn.in_transaction and len(self._idle) < MAX_IDLE_DEDICATED:
-                self._idle.append((os.getpid(), conn))
+                self._idle.append((PID[0], conn))
                 return
             if conn in self._all:
                 self._all.remove(conn)
@@ -407,7 +408,7 @@ class SQLiteStore(_Plans, PrimitivesBase):
     def _loop_group(self) -> "Optional[_LoopGroup]":
         """The running event loop's group commit (:class:`_LoopGroup`), once its connection is
         open (it opens in a worker thread on first use; until then, None)."""
-        loop = asyncio.get_running_loop()
+        loop = running_loop()
         try:
             group = self._groups.get(loop)
             if group is None:
@@ -488,7 +489,7 @@ class _LoopGroup:
     def __init__(self, store: SQLiteStore, loop: asyncio.AbstractEventLoop) -> None:
         # The loop is not held: the store keeps its groups in a dict weakly keyed by loop.
         self.store = store
-        self.pid = os.getpid()
+        self.pid = PID[0]
         self.conn: Optional[sqlite3.Connection] = None
         self.cur: Optional[sqlite3.Cursor] = None
         """One cursor for every statement the group runs (no cursor built per statement)."""
@@ -521,14 +522,14 @@ class _LoopGroup:
     def ready(self, loop: asyncio.AbstractEventLoop) -> bool:
         """True once the loop's connection is open (in this process)."""
         if self.conn is not None:
-            return self.pid == os.getpid()
+            return self.pid == PID[0]
         if not self.opening and time.monotonic() >= self.retry_at:
             self._open(loop)
         return False
 
     def submit(self, name: str, plan: "Plan[Any, T]") -> "asyncio.Future[T]":
         """Queue primitive ``name``'s plan for the next group commit."""
-        loop = asyncio.get_running_loop()
+        loop = running_loop()
         fut: "asyncio.Future[T]" = loop.create_future()
         self.pending.append((name, plan, fut))
         if len(self.pending) == 1:
