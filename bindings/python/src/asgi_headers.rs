@@ -117,15 +117,7 @@ pub(crate) fn asgi_response_headers<'py>(
     let out = PyList::empty(py);
     let mut length = false;
     for item in items.iter() {
-        let Ok(pair) = item.cast_exact::<PyTuple>() else {
-            return Ok(None);
-        };
-        if pair.len() != 2 {
-            return Ok(None);
-        }
-        let (name, value) = (pair.get_item(0)?, pair.get_item(1)?);
-        let (Ok(name), Ok(value)) = (name.cast_exact::<PyBytes>(), value.cast_exact::<PyBytes>())
-        else {
+        let Some((name, value)) = pair_of::<PyBytes>(&item)? else {
             return Ok(None);
         };
         let name = name.as_bytes();
@@ -133,6 +125,24 @@ pub(crate) fn asgi_response_headers<'py>(
         out.append((header_name(py, &latin1(name)), latin1(value.as_bytes())))?;
     }
     Ok(Some((out, length)))
+}
+
+/// A header item's name and value when it is a 2-tuple of two objects of exactly type `T`; None
+/// for any other shape.
+fn pair_of<'py, T: pyo3::PyTypeInfo>(
+    item: &Bound<'py, PyAny>,
+) -> PyResult<Option<(Bound<'py, T>, Bound<'py, T>)>> {
+    let Ok(pair) = item.cast_exact::<PyTuple>() else {
+        return Ok(None);
+    };
+    if pair.len() != 2 {
+        return Ok(None);
+    }
+    let (name, value) = (pair.get_item(0)?, pair.get_item(1)?);
+    Ok(match (name.cast_exact::<T>(), value.cast_exact::<T>()) {
+        (Ok(name), Ok(value)) => Some((name.clone(), value.clone())),
+        _ => None,
+    })
 }
 
 /// `text` encoded as Latin-1 (as Python's `str.encode("latin-1")`); None when a character is
@@ -163,20 +173,10 @@ pub(crate) fn asgi_start_headers<'py>(
     let out = PyList::empty(py);
     let mut length = false;
     for item in items.iter() {
-        let Ok(pair) = item.cast_exact::<PyTuple>() else {
+        let Some((name, value)) = pair_of::<PyString>(&item)? else {
             return Ok(None);
         };
-        if pair.len() != 2 {
-            return Ok(None);
-        }
-        let (name, value) = (pair.get_item(0)?, pair.get_item(1)?);
-        let (Ok(name), Ok(value)) = (
-            name.cast_exact::<PyString>(),
-            value.cast_exact::<PyString>(),
-        ) else {
-            return Ok(None);
-        };
-        let (Some(name), Some(value)) = (latin1_of(name), latin1_of(value)) else {
+        let (Some(name), Some(value)) = (latin1_of(&name), latin1_of(&value)) else {
             return Ok(None);
         };
         // Within Latin-1, Python's str.lower() folds only ASCII letters to ASCII.
