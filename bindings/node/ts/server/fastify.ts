@@ -98,16 +98,43 @@ interface State {
 const GATED = Symbol('idempo.fastify.gated');
 /** The gate's ticket for the body stage `preParsing` passed (see {@link gateBodyStage}). */
 const TICKET = Symbol('idempo.fastify.ticket');
-/** The request's `routeOptions`, read once. */
-const ROUTE_OPTIONS = Symbol('idempo.fastify.routeOptions');
+
+/** On the raw response of a request whose handler runs: its state and reply, for the `close`
+ * listener (see `claimed`). */
+const RAW_STATE = Symbol('idempo.fastify.rawState');
+const RAW_REPLY = Symbol('idempo.fastify.rawReply');
+type RawReply = FastifyReply['raw'] & { [RAW_STATE]?: State; [RAW_REPLY]?: FastifyReply };
 
 type Req = FastifyRequest & {
   [STATE]?: State;
   [ADMISSION]?: native.Admission;
   [GATED]?: Buffer;
   [TICKET]?: number;
-  [ROUTE_OPTIONS]?: FastifyRequest['routeOptions'];
 };
+
+const NO_CONFIG: Record<string | symbol, unknown> = Object.freeze({});
+
+/**
+ * The key under which Fastify keeps a request's route context (whose `config` is what
+ * `request.routeOptions.config` returns), found on the first request and checked against
+ * `routeOptions` there: `null` when it is not found or does not check (the route's config is then
+ * read through `routeOptions`, which Fastify builds anew on every read).
+ */
+let contextKey: symbol | null | undefined;
+
+/** The route's `config` (Fastify puts the route's `url` and `method` in it), read without
+ * building `routeOptions` where Fastify's route context is found. */
+function routeConfigOf(req: FastifyRequest): Record<string | symbol, unknown> | undefined {
+  const r = req as unknown as Record<symbol, { config?: Record<string | symbol, unknown> } | undefined>;
+  if (contextKey === undefined) {
+    const config = (req.routeOptions as unknown as { config?: Record<string | symbol, unknown> }).config;
+    const key = Object.getOwnPropertySymbols(req).find((k) => k.description === 'fastify.context');
+    contextKey = key !== undefined && config !== undefined && r[key]?.config === config ? key : null;
+    return config;
+  }
+  if (contextKey !== null) return r[contextKey]?.config;
+  return (req.routeOptions as unknown as { config?: Record<string | symbol, unknown> }).config;
+}
 
 /** Options of the Fastify plugin (`scope` and `route` get the `FastifyRequest`). */
 export type FastifyIdempotencyOptions = IdempotencyOptions<FastifyRequest>;
@@ -195,9 +222,14 @@ function replyHeaders(reply: FastifyReply): Array<[string, string]> {
 function apply(reply: FastifyReply, r: HttpResponse): Buffer {
   for (const n in reply.getHeaders()) reply.removeHeader(n);
   reply.code(r.status);
+  const headers = r.headers;
+  if (!repeatsName(headers)) {
+    for (const [n, v] of headers) reply.header(n, v);
+    return r.body;
+  }
   // A name given more than once is set once, with all its values in order.
   const grouped = new Map<string, string | string[]>();
-  for (const [n, v] of r.headers) {
+  for (const [n, v] of headers) {
     const had = grouped.get(n);
     if (had === undefined) grouped.set(n, v);
     else if (Array.isArray(had)) had.push(v);
@@ -205,6 +237,15 @@ function apply(reply: FastifyReply, r: HttpResponse): Buffer {
   }
   for (const [n, v] of grouped) reply.header(n, v);
   return r.body;
+}
+
+/** Whether a header name comes more than once (a response carries a few fields: no set). */
+function repeatsName(headers: Array<[string, string]>): boolean {
+  for (let i = 1; i < headers.length; i++) {
+    const n = (headers[i] as [string, string])[0];
+    for (let j = 0; j < i; j++) if ((headers[j] as [string, string])[0] === n) return true;
+  }
+  return false;
 }
 
 function toArray<T>(v: T | T[] | undefined | null): T[] {
@@ -231,13 +272,17 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
   if (!app.hasDecorator('idempotencyEvents')) app.decorate('idempotencyEvents', p.events);
   if (!app.hasRequestDecorator('idempotency')) app.decorateRequest('idempotency', undefined);
 
-  // Fastify builds a new `routeOptions` object on every read: read once per request.
-  const routeOptions = (req: FastifyRequest): FastifyRequest['routeOptions'] => ((req as Req)[ROUTE_OPTIONS] ??= req.routeOptions);
-  const routeConfig = (req: FastifyRequest): Record<string | symbol, unknown> =>
-    ((routeOptions(req) as unknown as { config?: Record<string | symbol, unknown> }).config ?? {});
-  const isProtected = (req: FastifyRequest): boolean =>
-    !req.is404 && p.methods.has(req.method.toUpperCase()) && routeConfig(req).idempotency !== false;
-  const routeOf = (req: FastifyRequest): string => (options.route ? options.route(req) : (routeOptions(req).url ?? req.url));
+  const routeConfig = (req: FastifyRequest): Record<string | symbol, unknown> => routeConfigOf(req) ?? NO_CONFIG;
+  const isProtected = (req: FastifyRequest): boolean => {
+    const config = routeConfigOf(req);
+    // Fastify's `is404`: a request no route matched has a context without a route url.
+    return config?.url !== undefined && p.methods.has(req.method.toUpperCase()) && config.idempotency !== false;
+  };
+  const routeOf = (req: FastifyRequest): string => {
+    if (options.route) return options.route(req);
+    const url = routeConfigOf(req)?.url;
+    return typeof url === 'string' ? url : req.url;
+  };
   const bodyFacts = (req: FastifyRequest): Omit<BodyFacts, 'body'> => ({
     method: req.method.toUpperCase(),
     route: routeOf(req),
@@ -548,18 +593,28 @@ async function plugin(app: FastifyInstance, options: FastifyIdempotencyOptions):
     const st: State = { session, done: false, started, route, method };
     if (a.context.tx !== undefined) st.holder = { tx: a.context.tx };
     req[STATE] = st;
-    // A reply that never goes through onSend (hijacked): the flow ends when the response does.
-    reply.raw.once('close', () => {
-      if (st.done || !reply.sent) return;
-      st.done = true;
-      void st.session.fail(true).then(
-        (end) => {
-          if (st.holder) st.holder.tx = null;
-          emit(st, end.outcome, reply.raw.statusCode);
-        },
-        () => undefined,
-      );
-    });
+    // A reply that never goes through onSend (hijacked): the flow ends when the response does
+    // (one listener shared by every request, which finds the request's state on the response).
+    const raw = reply.raw as RawReply;
+    raw[RAW_STATE] = st;
+    raw[RAW_REPLY] = reply;
+    raw.on('close', rawClosed);
+  }
+
+  function rawClosed(this: RawReply): void {
+    const st = this[RAW_STATE];
+    const reply = this[RAW_REPLY];
+    this[RAW_STATE] = undefined;
+    this[RAW_REPLY] = undefined;
+    if (st === undefined || reply === undefined || st.done || !reply.sent) return;
+    st.done = true;
+    void st.session.fail(true).then(
+      (end) => {
+        if (st.holder) st.holder.tx = null;
+        emit(st, end.outcome, this.statusCode);
+      },
+      () => undefined,
+    );
   }
 
   /** Transactional mode: the handler runs inside the storage (a callback hook, so the handler's

@@ -165,17 +165,27 @@ export interface MemoryInline {
   now: () => number;
 }
 
-const PRIMITIVES = ['claim', 'get', 'takeover', 'markUnknown', 'complete', 'release', 'renew'] as const;
+const P = MemoryStore.prototype;
 
 /**
  * The native store of exactly idempo's own {@link MemoryStore} (not a subclass) whose primitives
  * are its own (a subclass, or an object overriding one, gets the ordinary path, through its
- * methods), else undefined.
+ * methods), else undefined. Runs on every request (a primitive may be replaced at any time): each
+ * primitive is read by name, not through a list of names, so every read is a plain property load.
  */
 export function memoryInline(store: unknown): MemoryInline | undefined {
-  if (!(store instanceof MemoryStore) || Object.getPrototypeOf(store) !== MemoryStore.prototype) return undefined;
-  const proto = MemoryStore.prototype as unknown as Record<string, unknown>;
-  const own = store as unknown as Record<string, unknown>;
-  for (const name of PRIMITIVES) if (own[name] !== proto[name]) return undefined;
-  return store[INLINE];
+  if (!(store instanceof MemoryStore) || Object.getPrototypeOf(store) !== P) return undefined;
+  const s = store as MemoryStore;
+  if (
+    s.claim !== P.claim ||
+    s.get !== P.get ||
+    s.takeover !== P.takeover ||
+    s.markUnknown !== P.markUnknown ||
+    s.complete !== P.complete ||
+    s.release !== P.release ||
+    s.renew !== P.renew
+  ) {
+    return undefined;
+  }
+  return s[INLINE];
 }
